@@ -1,0 +1,137 @@
+"""The in-process API of the SEPA engine: update, query, subscribe, unsubscribe.
+
+Gates, adapters, tools and tests all use this one object (ARCHITECTURE.md principle 2: one path
+for every update). It is synchronous and thread-safe: updates are serialized by a lock and each is
+acknowledged (the call returns) only after every subscription has processed it ("end of
+processing"); queries run concurrently with each other and with updates. The asyncio facade in
+:mod:`broker.core.async_engine` runs these calls off the event loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from broker.core.notification import Notification
+from broker.core.query_processor import QueryProcessor
+from broker.core.results import QueryResult, UpdateResult
+from broker.core.spu_manager import SpuManager
+from broker.core.stats import EngineStats
+from broker.core.subscription import Subscription
+from broker.core.update_processor import UpdateProcessor
+from broker.store import RdfStore
+
+NotificationCallback = Callable[[Notification], None]
+
+
+class Engine:
+    """One SEPA engine over one store.
+
+    mode: "incremental" (LUTT + incremental/re-evaluating SPUs, the product) or "naive" (every
+    subscription re-evaluated and diffed after every update: the reference broker's algorithm,
+    kept as the benchmark baseline and as a test oracle).
+    """
+
+    def __init__(self, store: RdfStore | None = None, *, mode: str = "incremental", allow_load: bool = False) -> None:
+        if mode not in ("incremental", "naive"):
+            raise ValueError(f"unknown engine mode {mode!r}")
+        self.store = store if store is not None else RdfStore.memory()
+        self.mode = mode
+        self.stats = EngineStats()
+        self.queries = QueryProcessor(self.store)
+        self.updates = UpdateProcessor(self.store, allow_load=allow_load)
+        self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"))
+        self._update_lock = threading.Lock()
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+        prefixes: dict[str, str] | None = None,
+    ) -> UpdateResult:
+        """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
+
+        Returns after end of processing with the quads really added and removed. Raises
+        SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure.
+        """
+        with self._update_lock:
+            started = time.perf_counter()
+            delta = self.updates.compute(
+                sparql,
+                using_graph_uri=using_graph_uri,
+                using_named_graph_uri=using_named_graph_uri,
+                base_iri=base_iri,
+                prefixes=prefixes,
+            )
+            computed = time.perf_counter()
+            notifications, timings = self.spus.process(delta, self.updates.apply)
+            timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
+            self.stats.record_update(timings, notifications)
+            return UpdateResult(delta.added, delta.removed, notifications, timings)
+
+    # -- querying -----------------------------------------------------------------------------
+
+    def query(
+        self,
+        sparql: str,
+        *,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+        prefixes: dict[str, str] | None = None,
+    ) -> QueryResult:
+        """Evaluate a SPARQL 1.1 query (SELECT, ASK, CONSTRUCT, DESCRIBE) and materialize it."""
+        raw = self.queries.run(
+            sparql,
+            default_graph_uri=default_graph_uri,
+            named_graph_uri=named_graph_uri,
+            base_iri=base_iri,
+            prefixes=prefixes,
+        )
+        return self.queries.materialize(raw)
+
+    # -- subscribing --------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        sparql: str,
+        callback: NotificationCallback,
+        *,
+        alias: str | None = None,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+        prefixes: dict[str, str] | None = None,
+    ) -> Subscription:
+        """Subscribe to a SELECT or ASK query.
+
+        The first notification (sequence 0, the full current result as added rows) is passed to
+        `callback` before this returns; later ones are passed from the thread that runs the
+        update, in sequence order. Identical subscriptions share one SPU.
+        """
+        with self._update_lock:
+            return self.spus.subscribe(
+                sparql,
+                callback,
+                alias=alias,
+                default_graph_uri=tuple(default_graph_uri),
+                named_graph_uri=tuple(named_graph_uri),
+                prefixes=prefixes,
+            )
+
+    def unsubscribe(self, spuid: str) -> Subscription:
+        """End a subscription; its SPU (and LUTT entries) are freed when no one else shares it.
+
+        Raises NotFound for an unknown spuid.
+        """
+        with self._update_lock:
+            return self.spus.unsubscribe(spuid)
+
+    @property
+    def subscription_count(self) -> int:
+        return self.spus.subscription_count

@@ -1,0 +1,284 @@
+"""Subscription processing units (SPUs).
+
+Two kinds, both exact (PROTOCOL.md "Notification semantics"):
+
+* :class:`IncrementalSpu` belongs to a :class:`ShapeGroup` (subscriptions that differ only in
+  parameter constants). The group derives the solutions that gained or lost a changed quad
+  (removed ones on the store before the update, added ones after) by binding the quad into the
+  matching pattern, and routes them to its SPUs by parameter values. Each SPU keeps, per
+  projected row, how many solutions produce it, so multisets, DISTINCT and ASK are exact.
+* :class:`ReevalSpu` re-runs its query when the LUTT says a changed quad may concern it, and
+  diffs the multiset of rows. It serves every other query and the naive (reference) mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Store, Variable
+
+from broker.core.bgp import Dataset, evaluate_bgp
+from broker.core.subscription import Subscription
+from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.query_shape import Shape
+from broker.sparql.terms import Row
+
+log = logging.getLogger(__name__)
+
+Mu = tuple[object, ...]  # one solution: values in Branch.variables order
+
+
+class SpuBase:
+    """What both kinds share: subscribers and sending a notification to each."""
+
+    is_ask: bool
+    variables: tuple[str, ...]
+
+    def __init__(self) -> None:
+        self.subscribers: list[Subscription] = []
+
+    def current_rows(self) -> tuple[Row, ...]:
+        raise NotImplementedError
+
+    def current_boolean(self) -> bool | None:
+        raise NotImplementedError
+
+    def notify(self, added: Sequence[Row], removed: Sequence[Row], boolean: bool | None, previous: bool | None) -> int:
+        """Send one notification to every subscriber; returns how many were sent."""
+        if boolean is not None:
+            if boolean == previous:
+                return 0
+        elif not added and not removed:
+            return 0
+        added_rows, removed_rows = tuple(added), tuple(removed)
+        for subscriber in list(self.subscribers):
+            try:
+                subscriber.emit(added_rows, removed_rows, boolean, previous)
+            except Exception:  # a failing callback must not stop the others
+                log.exception("notification callback failed", extra={"spuid": subscriber.spuid})
+        return len(self.subscribers)
+
+
+# -- incremental ------------------------------------------------------------------------------
+
+
+class IncrementalSpu(SpuBase):
+    """One parameter assignment of a shape group: the solution counts of one subscription query."""
+
+    def __init__(self, group: ShapeGroup, params: tuple[tuple[object, ...], ...]) -> None:
+        super().__init__()
+        self.group = group
+        self.params = params
+        self.is_ask = group.shape.kind == "ask"
+        self.variables = group.variables
+        self.counts: Counter[Row] = Counter()
+        self.total = 0
+
+    def load(self, store: Store) -> None:
+        """Initial evaluation (sequence 0)."""
+        for index, branch in enumerate(self.group.shape.branches):
+            binding = dict(zip(branch.param_vars, self.params[index], strict=True))
+            for mu in self.group.solutions(store, index, binding):
+                self.counts[self.group.project(index, mu)] += 1
+                self.total += 1
+
+    def current_rows(self) -> tuple[Row, ...]:
+        if self.group.shape.distinct:
+            return tuple(row for row, count in self.counts.items() if count > 0)
+        return tuple(self.counts.elements())
+
+    def current_boolean(self) -> bool | None:
+        return self.total > 0 if self.is_ask else None
+
+    def apply(self, removed: dict[int, set[Mu]], added: dict[int, set[Mu]]) -> int:
+        """Fold the solutions lost and gained into the counts and notify the difference."""
+        group = self.group
+        lost: Counter[Row] = Counter()
+        gained: Counter[Row] = Counter()
+        for index, mus in removed.items():
+            for mu in mus:
+                lost[group.project(index, mu)] += 1
+        for index, mus in added.items():
+            for mu in mus:
+                gained[group.project(index, mu)] += 1
+        counts = self.counts
+        if self.is_ask:
+            previous = self.total > 0
+            self.total += sum(gained.values()) - sum(lost.values())
+            return self.notify((), (), self.total > 0, previous)
+        if group.shape.distinct:
+            touched = set(lost) | set(gained)
+            before = {row: counts[row] > 0 for row in touched}
+            counts.update(gained)
+            counts.subtract(lost)
+            added_rows = [row for row in touched if counts[row] > 0 and not before[row]]
+            removed_rows = [row for row in touched if counts[row] <= 0 and before[row]]
+        else:
+            counts.update(gained)
+            counts.subtract(lost)
+            common = lost & gained
+            added_rows = list((gained - common).elements())
+            removed_rows = list((lost - common).elements())
+        for row in lost:
+            if counts[row] <= 0:
+                del counts[row]
+        return self.notify(added_rows, removed_rows, None, None)
+
+
+class ShapeGroup:
+    """All SPUs of one query shape over one dataset, and how to evaluate the shape."""
+
+    def __init__(
+        self,
+        key: tuple[object, ...],
+        shape: Shape,
+        variables: tuple[str, ...],
+        default_graphs: tuple[NamedNode, ...],
+        named_graphs: tuple[NamedNode, ...],
+    ) -> None:
+        self.key = key
+        self.shape = shape
+        self.variables = variables
+        self.spus: dict[tuple[tuple[object, ...], ...], IncrementalSpu] = {}
+        self.routes: list[dict[tuple[object, ...], set[IncrementalSpu]]] = [{} for _ in shape.branches]
+        self.dataset = Dataset(
+            default_graphs[0] if default_graphs else None, frozenset(named_graphs) if named_graphs else None
+        )
+        self.query_arguments: dict[str, object] = {}
+        if default_graphs:
+            self.query_arguments["default_graph"] = list(default_graphs)
+        if named_graphs:
+            self.query_arguments["named_graphs"] = list(named_graphs)
+        self.branch_queries = [
+            branch.query_text(shape.prologue) if branch.filters else None for branch in shape.branches
+        ]
+        self.projections = [
+            tuple(branch.variables.index(name) if name in branch.variables else -1 for name in variables)
+            for branch in shape.branches
+        ]
+
+    def project(self, branch: int, mu: Mu) -> Row:
+        return tuple(mu[index] if index >= 0 else None for index in self.projections[branch])  # type: ignore[misc]
+
+    def solutions(self, store: Store, branch_index: int, binding: dict[str, object]) -> Iterator[Mu]:
+        """Solutions of one branch extending `binding`, as tuples in Branch.variables order."""
+        branch = self.shape.branches[branch_index]
+        names = branch.variables
+        query = self.branch_queries[branch_index]
+        if query is None:
+            for solution in evaluate_bgp(store, branch.patterns, binding, self.dataset):
+                yield tuple(solution.get(name) for name in names)
+            return
+        substitutions = {Variable(name): value for name, value in binding.items()}
+        result = store.query(query, substitutions=substitutions, **self.query_arguments)  # type: ignore[arg-type]
+        order = [variable.value for variable in result.variables]
+        indexes = [order.index(name) if name in order else -1 for name in names]
+        for solution in result:
+            yield tuple(solution[index] if index >= 0 else None for index in indexes)
+
+    def match(self, pattern: QuadPattern, quad: Quad) -> dict[str, object] | None:
+        """The binding that makes `pattern` equal to `quad`, or None if it cannot."""
+        binding: dict[str, object] = {}
+        values = (quad.subject, quad.predicate, quad.object, quad.graph_name)
+        for index, position in enumerate(pattern.positions()):
+            value = values[index]
+            if isinstance(position, Var):
+                if index == 3 and isinstance(value, DefaultGraph):
+                    return None
+                if binding.setdefault(position.name, value) != value:
+                    return None
+            elif isinstance(position, DefaultGraph) and index == 3:
+                if value != self.dataset.default:
+                    return None
+            elif position != value:
+                return None
+        graph = binding.get(pattern.graph.name) if isinstance(pattern.graph, Var) else None
+        if graph is not None and self.dataset.named is not None and graph not in self.dataset.named:
+            return None
+        return binding
+
+    def collect(
+        self,
+        store: Store,
+        ref: tuple[int, int],
+        hits: list[tuple[Quad, set[object] | None]],
+        out: dict[IncrementalSpu, dict[int, set[Mu]]],
+    ) -> None:
+        """Solutions of branch ref[0] that use a hit quad at pattern ref[1], routed to their SPUs."""
+        branch_index, pattern_index = ref
+        branch = self.shape.branches[branch_index]
+        pattern = branch.patterns[pattern_index]
+        routes = self.routes[branch_index]
+        param_vars = branch.param_vars
+        for quad, spus in hits:
+            binding = self.match(pattern, quad)
+            if binding is None:
+                continue
+            if spus is not None and len(spus) == 1:
+                (spu,) = spus
+                params = spu.params[branch_index]  # type: ignore[attr-defined]
+                if any(
+                    binding.setdefault(name, value) != value for name, value in zip(param_vars, params, strict=True)
+                ):
+                    continue
+                target = out.setdefault(spu, {}).setdefault(branch_index, set())  # type: ignore[arg-type]
+                target.update(self.solutions(store, branch_index, binding))
+                continue
+            positions = [branch.variables.index(name) for name in param_vars]
+            for mu in self.solutions(store, branch_index, binding):
+                for spu in routes.get(tuple(mu[index] for index in positions), ()):
+                    out.setdefault(spu, {}).setdefault(branch_index, set()).add(mu)
+
+
+# -- re-evaluation ----------------------------------------------------------------------------
+
+
+class ReevalSpu(SpuBase):
+    """Re-runs its query and diffs the multiset of rows (exact for any SELECT or ASK)."""
+
+    def __init__(
+        self, key: tuple[object, ...], sparql: str, arguments: dict[str, object], prefixes: dict[str, str] | None
+    ) -> None:
+        super().__init__()
+        self.key = key
+        self.sparql = sparql
+        self.arguments = arguments
+        self.prefixes = prefixes
+        self.counts: Counter[Row] = Counter()
+        self.rows: tuple[Row, ...] = ()
+        self.boolean: bool | None = None
+        self.is_ask = False
+        self.variables: tuple[str, ...] = ()
+        self.lutt_keys: list[object] = []
+
+    def evaluate(self, store: Store) -> tuple[tuple[Row, ...], bool | None]:
+        result = store.query(self.sparql, prefixes=self.prefixes, **self.arguments)  # type: ignore[arg-type]
+        if isinstance(result, QueryBoolean):
+            self.is_ask = True
+            return (), bool(result)
+        self.variables = tuple(variable.value for variable in result.variables)
+        width = len(self.variables)
+        return tuple(tuple(solution[index] for index in range(width)) for solution in result), None
+
+    def load(self, store: Store) -> None:
+        self.rows, self.boolean = self.evaluate(store)
+        self.counts = Counter(self.rows)
+
+    def current_rows(self) -> tuple[Row, ...]:
+        return self.rows
+
+    def current_boolean(self) -> bool | None:
+        return self.boolean
+
+    def refresh(self, store: Store) -> int:
+        rows, boolean = self.evaluate(store)
+        if self.is_ask:
+            previous, self.boolean = self.boolean, boolean
+            return self.notify((), (), boolean, previous)
+        counts = Counter(rows)
+        added = list((counts - self.counts).elements())
+        removed = list((self.counts - counts).elements())
+        self.rows, self.counts = rows, counts
+        return self.notify(added, removed, None, None)

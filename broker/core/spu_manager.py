@@ -1,0 +1,304 @@
+"""SPU manager: subscriptions, the LUTT, and the processing of each update in two phases.
+
+For one update (seed 001 §III, "end of processing"):
+
+1. LUTT: the changed quads select the shape patterns and re-evaluating SPUs they can touch.
+2. Pre phase, on the store before the update: solutions that lose a removed quad.
+3. The delta is applied to the store.
+4. Post phase: solutions that gain an added quad; re-evaluating SPUs re-run their query.
+5. Each touched SPU folds its solutions into its counts and notifies its subscribers.
+
+The work of phases 2 and 4 is independent per shape pattern and per SPU, which is what parallel
+mode will split across worker processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pyoxigraph import DefaultGraph, NamedNode
+
+from broker.core.lutt import ANY, NAMED, Lutt, make_key
+from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
+from broker.core.spu import IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
+from broker.core.stats import EngineStats
+from broker.core.subscription import Subscription
+from broker.core.update_processor import Delta
+from broker.errors import InvalidRequest, NotFound
+from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.query_patterns import DEFAULT as LOOSE_DEFAULT
+from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
+from broker.sparql.query_patterns import query_patterns
+from broker.sparql.query_shape import NotIncremental, shape_query
+from broker.store import RdfStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRAPH = DefaultGraph()
+
+
+class SpuManager:
+    """Owns SPUs, shape groups and the LUTT. Not thread-safe: the engine serializes calls."""
+
+    def __init__(self, store: RdfStore, queries: QueryProcessor, stats: EngineStats, *, naive: bool = False) -> None:
+        self.store = store
+        self.queries = queries
+        self.stats = stats
+        self.naive = naive
+        self.lutt = Lutt()
+        self.groups: dict[tuple[object, ...], ShapeGroup] = {}
+        self.reeval: dict[tuple[object, ...], ReevalSpu] = {}
+        self.subscriptions: dict[str, tuple[Subscription, SpuBase]] = {}
+
+    @property
+    def subscription_count(self) -> int:
+        return len(self.subscriptions)
+
+    # -- subscribe / unsubscribe --------------------------------------------------------------
+
+    def subscribe(
+        self,
+        sparql: str,
+        callback: Callable,
+        *,
+        alias: str | None,
+        default_graph_uri: tuple[str, ...],
+        named_graph_uri: tuple[str, ...],
+        prefixes: dict[str, str] | None,
+    ) -> Subscription:
+        # validates syntax and the dataset, and tells SELECT from ASK and others
+        probe = self.queries.run(
+            sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri, prefixes=prefixes
+        )
+        kind = type(probe).__name__
+        if kind == "QueryTriples":
+            raise InvalidRequest("only SELECT and ASK queries can be subscribed (not CONSTRUCT or DESCRIBE)")
+        variables = tuple(v.value for v in probe.variables) if kind == "QuerySolutions" else ()
+        spu: SpuBase | None = None
+        if not self.naive and len(default_graph_uri) <= 1:
+            spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
+        if spu is None:
+            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes)
+        subscription = Subscription(alias, callback, spu.variables, spu.is_ask)
+        spu.subscribers.append(subscription)
+        self.subscriptions[subscription.spuid] = (subscription, spu)
+        if spu.is_ask:
+            subscription.emit((), (), spu.current_boolean(), None)
+        else:
+            subscription.emit(spu.current_rows(), ())
+        return subscription
+
+    def _incremental(
+        self,
+        sparql: str,
+        variables: tuple[str, ...],
+        default_graph_uri: tuple[str, ...],
+        named_graph_uri: tuple[str, ...],
+        prefixes: dict[str, str] | None,
+    ) -> IncrementalSpu | None:
+        try:
+            shaped = shape_query(sparql, prefixes)
+        except NotIncremental as reason:
+            log.debug("re-evaluated subscription: %s", reason)
+            return None
+        key = (shaped.shape.key(), variables, default_graph_uri, named_graph_uri)
+        group = self.groups.get(key)
+        if group is None:
+            group = ShapeGroup(
+                key,
+                shaped.shape,
+                variables,
+                tuple(graph_list(default_graph_uri, "default-graph-uri")),
+                tuple(graph_list(named_graph_uri, "named-graph-uri")),
+            )
+            self.groups[key] = group
+            self._index_group(group, add=True)
+        spu = group.spus.get(shaped.params)
+        if spu is None:
+            spu = IncrementalSpu(group, shaped.params)
+            spu.load(self.store.ox)
+            group.spus[shaped.params] = spu
+            for index, params in enumerate(shaped.params):
+                group.routes[index].setdefault(params, set()).add(spu)
+            self._index_spu(spu, add=True)
+        return spu
+
+    def _reevaluating(
+        self,
+        sparql: str,
+        default_graph_uri: tuple[str, ...],
+        named_graph_uri: tuple[str, ...],
+        prefixes: dict[str, str] | None,
+    ) -> ReevalSpu:
+        key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())))
+        spu = self.reeval.get(key)
+        if spu is None:
+            spu = ReevalSpu(key, sparql, dataset_arguments(default_graph_uri, named_graph_uri), prefixes)
+            spu.load(self.store.ox)
+            self.reeval[key] = spu
+            if not self.naive:
+                spu.lutt_keys = self._reeval_keys(sparql, default_graph_uri, named_graph_uri, prefixes)
+                for lutt_key in spu.lutt_keys:
+                    self.lutt.add(lutt_key, spu, None)  # type: ignore[arg-type]
+        return spu
+
+    def unsubscribe(self, spuid: str) -> Subscription:
+        entry = self.subscriptions.pop(spuid, None)
+        if entry is None:
+            raise NotFound(f"no subscription {spuid}")
+        subscription, spu = entry
+        spu.subscribers.remove(subscription)
+        if spu.subscribers:
+            return subscription
+        if isinstance(spu, ReevalSpu):
+            del self.reeval[spu.key]
+            for lutt_key in spu.lutt_keys:
+                self.lutt.remove(lutt_key, spu, None)  # type: ignore[arg-type]
+        elif isinstance(spu, IncrementalSpu):
+            group = spu.group
+            self._index_spu(spu, add=False)
+            del group.spus[spu.params]
+            for index, params in enumerate(spu.params):
+                routed = group.routes[index].get(params)
+                if routed is not None:
+                    routed.discard(spu)
+                    if not routed:
+                        del group.routes[index][params]
+            if not group.spus:
+                self._index_group(group, add=False)
+                del self.groups[group.key]
+        return subscription
+
+    # -- LUTT entries -------------------------------------------------------------------------
+
+    def _pattern_keys(self, group: ShapeGroup, pattern: QuadPattern, values: dict[str, object]) -> list:
+        def position(term: object) -> object:
+            if isinstance(term, Var):
+                return values.get(term.name)
+            return term
+
+        graph = pattern.graph
+        named = group.dataset.named
+        if isinstance(graph, DefaultGraph):
+            graphs: list[object] = [group.dataset.default]
+        elif isinstance(graph, Var) and graph.name in values:
+            value = values[graph.name]
+            graphs = [value] if named is None or value in named else []
+        elif isinstance(graph, Var):
+            graphs = [NAMED] if named is None else list(named)
+        else:
+            graphs = [graph]
+        subject, predicate, obj = position(pattern.subject), position(pattern.predicate), position(pattern.object)
+        return [make_key(g, subject, predicate, obj) for g in graphs]
+
+    def _index_group(self, group: ShapeGroup, *, add: bool) -> None:
+        """Shape-wide entries: patterns without parameters concern every SPU of the shape."""
+        for branch_index, branch in enumerate(group.shape.branches):
+            params = set(branch.param_vars)
+            for pattern_index, pattern in enumerate(branch.patterns):
+                if pattern.variables() & params:
+                    continue
+                for key in self._pattern_keys(group, pattern, {}):
+                    ref = (group, branch_index, pattern_index)
+                    (self.lutt.add if add else self.lutt.remove)(key, ref, None)
+
+    def _index_spu(self, spu: IncrementalSpu, *, add: bool) -> None:
+        group = spu.group
+        for branch_index, branch in enumerate(group.shape.branches):
+            values = dict(zip(branch.param_vars, spu.params[branch_index], strict=True))
+            for pattern_index, pattern in enumerate(branch.patterns):
+                if not pattern.variables() & values.keys():
+                    continue
+                for key in self._pattern_keys(group, pattern, values):
+                    ref = (group, branch_index, pattern_index)
+                    (self.lutt.add if add else self.lutt.remove)(key, ref, spu)
+
+    def _reeval_keys(
+        self,
+        sparql: str,
+        default_graph_uri: tuple[str, ...],
+        named_graph_uri: tuple[str, ...],
+        prefixes: dict[str, str] | None,
+    ) -> list:
+        defaults = graph_list(default_graph_uri, "default-graph-uri") or [DEFAULT_GRAPH]
+        named = graph_list(named_graph_uri, "named-graph-uri")
+        keys = []
+        for loose in query_patterns(sparql, prefixes):
+            if loose.graph == LOOSE_DEFAULT:
+                graphs: list[object] = list(defaults)
+            elif loose.graph == LOOSE_NAMED:
+                graphs = list(named) if named else [NAMED]
+            elif isinstance(loose.graph, NamedNode):
+                graphs = [loose.graph] if not named or loose.graph in named else []
+            else:
+                graphs = [ANY]
+            keys += [make_key(g, loose.subject, loose.predicate, loose.object) for g in graphs]
+        return list(dict.fromkeys(keys))
+
+    # -- processing an update -----------------------------------------------------------------
+
+    def process(self, delta: Delta, apply: Callable[[Delta], None]) -> tuple[int, dict[str, float]]:
+        """Apply `delta` between the two phases and notify; returns (notifications, timings)."""
+        store = self.store.ox
+        started = time.perf_counter()
+        if self.naive:
+            apply(delta)
+            applied = time.perf_counter()
+            notifications = sum(spu.refresh(store) for spu in self.reeval.values()) if not delta.empty else 0
+            done = time.perf_counter()
+            subscribers = sum(len(spu.subscribers) for spu in self.reeval.values()) if not delta.empty else 0
+            return notifications, {
+                "t_apply_s": applied - started,
+                "t_lutt_s": 0.0,
+                "t_booster_s": done - applied,
+                "t_notify_s": 0.0,
+                "lutt_hits": subscribers,
+            }
+        removed_hits = self.lutt.match_all(delta.removed)
+        added_hits = self.lutt.match_all(delta.added)
+        reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
+        if delta.graphs_created or delta.graphs_dropped:
+            reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
+        matched = time.perf_counter()
+
+        lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
+        gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
+        self._collect(removed_hits, lost)
+        pre_done = time.perf_counter()
+        apply(delta)
+        applied = time.perf_counter()
+        self._collect(added_hits, gained)
+        reeval_notifications = 0
+        for spu in reeval:
+            try:
+                reeval_notifications += spu.refresh(store)
+            except Exception:
+                log.exception("re-evaluation failed", extra={"query": spu.sparql})
+        post_done = time.perf_counter()
+
+        notifications = reeval_notifications
+        touched = lost.keys() | gained.keys()
+        for spu in touched:
+            notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
+        finished = time.perf_counter()
+        hits = sum(len(spu.subscribers) for spu in touched) + sum(len(spu.subscribers) for spu in reeval)
+        return notifications, {
+            "t_apply_s": applied - pre_done,
+            "t_lutt_s": matched - started,
+            "t_booster_s": (pre_done - matched) + (post_done - applied),
+            "t_notify_s": finished - post_done,
+            "lutt_hits": hits,
+        }
+
+    def _collect(self, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
+        store = self.store.ox
+        for ref, quads in hits.items():
+            if isinstance(ref, ReevalSpu):
+                continue
+            group, branch_index, pattern_index = ref
+            try:
+                group.collect(store, (branch_index, pattern_index), quads, out)
+            except Exception:
+                log.exception("incremental evaluation failed", extra={"shape": str(group.shape.branches)})

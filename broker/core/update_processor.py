@@ -1,0 +1,297 @@
+"""Update processor: turns a SPARQL 1.1 Update request into the exact quads it adds and removes.
+
+`compute` never leaves the store changed: a single-operation request (the common case) is
+evaluated against the store as it is; a multi-operation request applies its operations one by
+one (each sees the previous ones), keeps an undo log, and restores the store before returning.
+The net delta is then applied by the SPU manager between the two phases of subscription
+processing (removed results are computed on the old state, added ones on the new).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
+
+from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
+from broker.core.query_processor import graph_list
+from broker.errors import InvalidRequest, UpdateFailed
+from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.update_parser import (
+    DataOp,
+    GraphOp,
+    LoadOp,
+    ModifyOp,
+    fresh_blank_nodes,
+    located_error,
+    parse_update,
+)
+from broker.store import RdfStore
+
+LOAD_LIMIT_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """The net effect of one update request."""
+
+    added: frozenset[Quad]
+    removed: frozenset[Quad]
+    graphs_created: frozenset[NamedNode] = frozenset()
+    graphs_dropped: frozenset[NamedNode] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.graphs_created or self.graphs_dropped)
+
+
+class _NetDelta:
+    """Accumulates operation deltas into a net delta (a quad removed then re-added is neither)."""
+
+    def __init__(self) -> None:
+        self.added: set[Quad] = set()
+        self.removed: set[Quad] = set()
+
+    def add(self, added: Iterable[Quad], removed: Iterable[Quad]) -> None:
+        for quad in removed:
+            if quad in self.added:
+                self.added.discard(quad)
+            else:
+                self.removed.add(quad)
+        for quad in added:
+            if quad in self.removed:
+                self.removed.discard(quad)
+            else:
+                self.added.add(quad)
+
+
+def _instantiate(
+    pattern: QuadPattern, solution: dict[str, object], default_graph: object, fresh: dict | None
+) -> Quad | None:
+    """The template quad for one solution, or None when unbound or not a valid quad."""
+    terms = []
+    for position in (pattern.subject, pattern.predicate, pattern.object, pattern.graph):
+        if isinstance(position, Var):
+            position = solution.get(position.name)
+            if position is None:
+                return None
+        elif fresh is not None and isinstance(position, BlankNode):
+            position = fresh.setdefault(position, BlankNode())
+        terms.append(position)
+    subject, predicate, obj, graph = terms
+    if isinstance(graph, DefaultGraph):
+        graph = default_graph
+    if isinstance(subject, Literal) or not isinstance(predicate, NamedNode):
+        return None
+    if not isinstance(graph, NamedNode | BlankNode | DefaultGraph):
+        return None
+    return Quad(subject, predicate, obj, graph)  # type: ignore[arg-type]
+
+
+class UpdateProcessor:
+    """Computes and applies exact update deltas."""
+
+    def __init__(self, store: RdfStore, *, allow_load: bool = False) -> None:
+        self.store = store
+        self.allow_load = allow_load
+
+    def compute(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+        prefixes: dict[str, str] | None = None,
+    ) -> Delta:
+        """The net delta of `sparql`; the store is unchanged when this returns or raises."""
+        operations = parse_update(sparql, base_iri, prefixes).operations
+        protocol_using = graph_list(using_graph_uri, "using-graph-uri")
+        protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")
+        if protocol_using or protocol_named:
+            for operation in operations:
+                if isinstance(operation, ModifyOp) and (
+                    operation.using or operation.using_named or operation.with_graph
+                ):
+                    raise InvalidRequest("using-graph-uri/using-named-graph-uri cannot be combined with USING or WITH")
+        if len(operations) == 1:
+            added, removed, created, dropped = self._operation(operations[0], sparql, protocol_using, protocol_named)
+            return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
+        return self._sequence(operations, sparql, protocol_using, protocol_named)
+
+    def _sequence(self, operations: list, sparql: str, using: list[NamedNode], named: list[NamedNode]) -> Delta:
+        ox = self.store.ox
+        graphs_before = set(ox.named_graphs())
+        net = _NetDelta()
+        try:
+            for operation in operations:
+                added, removed, created, dropped = self._operation(operation, sparql, using, named)
+                self.store.apply(added, removed, created, dropped)
+                net.add(added, removed)
+        finally:
+            graphs_after = set(ox.named_graphs())
+            self.store.apply(net.removed, net.added)
+            for graph in graphs_after - graphs_before:
+                ox.remove_graph(graph)
+            for graph in graphs_before - graphs_after:
+                ox.add_graph(graph)
+        return Delta(
+            frozenset(net.added),
+            frozenset(net.removed),
+            frozenset(graphs_after - graphs_before),
+            frozenset(graphs_before - graphs_after),
+        )
+
+    def apply(self, delta: Delta) -> None:
+        self.store.apply(delta.added, delta.removed, delta.graphs_created, delta.graphs_dropped)
+
+    # -- one operation ------------------------------------------------------------------------
+
+    def _operation(self, operation: object, sparql: str, using: list[NamedNode], named: list[NamedNode]):  # type: ignore[no-untyped-def]
+        """(added, removed, graphs created, graphs dropped) of one operation on the current store."""
+        if isinstance(operation, DataOp):
+            return self._data(operation) + (set(), set())
+        if isinstance(operation, ModifyOp):
+            return self._modify(operation, sparql, using, named) + (set(), set())
+        if isinstance(operation, GraphOp):
+            return self._graph_op(operation)
+        if isinstance(operation, LoadOp):
+            return self._load(operation) + (set(), set())
+        raise TypeError(operation)
+
+    def _data(self, operation: DataOp) -> tuple[set[Quad], set[Quad]]:
+        ox = self.store.ox
+        if operation.insert:
+            return {quad for quad in fresh_blank_nodes(operation.quads) if quad not in ox}, set()
+        return set(), {quad for quad in operation.quads if quad in ox}
+
+    def _solutions(self, operation: ModifyOp, sparql: str, using: list[NamedNode], named: list[NamedNode]):  # type: ignore[no-untyped-def]
+        using = list(operation.using) or using
+        named = list(operation.using_named) or named
+        default_graph = using if using else ([operation.with_graph] if operation.with_graph else [])
+        if operation.where_bgp is not None and len(default_graph) <= 1 and not named:
+            dataset = Dataset(default_graph[0] if default_graph else None, frozenset() if using else None)
+            return list(evaluate_bgp(self.store.ox, operation.where_bgp, None, dataset))
+        arguments: dict[str, object] = {}
+        if default_graph:
+            arguments["default_graph"] = default_graph
+        if named or using:
+            arguments["named_graphs"] = named
+        try:
+            solutions = self.store.ox.query(operation.where_query, **arguments)
+        except SyntaxError as error:
+            raise located_error(sparql, str(error), None) from error
+        except (ValueError, RuntimeError) as error:
+            raise UpdateFailed(str(error)) from error
+        names = [variable.value for variable in solutions.variables]
+        return [
+            {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
+            for solution in solutions
+        ]
+
+    def _modify(
+        self, operation: ModifyOp, sparql: str, using: list[NamedNode], named: list[NamedNode]
+    ) -> tuple[set[Quad], set[Quad]]:
+        ox = self.store.ox
+        template_graph = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
+        to_delete: set[Quad] = set()
+        to_insert: set[Quad] = set()
+        for solution in self._solutions(operation, sparql, using, named):
+            for pattern in operation.delete:
+                quad = _instantiate(pattern, solution, template_graph, None)
+                if quad is not None:
+                    to_delete.add(quad)
+            fresh: dict = {}
+            for pattern in operation.insert:
+                quad = _instantiate(pattern, solution, template_graph, fresh)
+                if quad is not None:
+                    to_insert.add(quad)
+        removed = {quad for quad in to_delete if quad in ox}
+        added = {quad for quad in to_insert if quad not in ox}
+        return added, removed - to_insert
+
+    # -- graph management ---------------------------------------------------------------------
+
+    def _graph_quads(self, graph: NamedNode | DefaultGraph) -> set[Quad]:
+        return set(self.store.ox.quads_for_pattern(None, None, None, graph))
+
+    def _graphs(self, ref: object) -> list[NamedNode | DefaultGraph]:
+        if ref == "DEFAULT":
+            return [DEFAULT_GRAPH]
+        if ref == "NAMED":
+            return list(self.store.ox.named_graphs())
+        if ref == "ALL":
+            return [DEFAULT_GRAPH, *self.store.ox.named_graphs()]
+        return [ref]  # type: ignore[list-item]
+
+    def _graph_op(self, operation: GraphOp):  # type: ignore[no-untyped-def]
+        store = self.store
+        verb = operation.verb
+        if verb == "CREATE":
+            if store.graph_exists(operation.target):  # type: ignore[arg-type]
+                if operation.silent:
+                    return set(), set(), set(), set()
+                raise UpdateFailed(f"the graph {operation.target} already exists")
+            return set(), set(), {operation.target}, set()
+        if verb in ("CLEAR", "DROP"):
+            target = operation.target
+            if isinstance(target, NamedNode) and not store.graph_exists(target):
+                if operation.silent:
+                    return set(), set(), set(), set()
+                raise UpdateFailed(f"the graph {target} does not exist")
+            removed: set[Quad] = set()
+            dropped: set[NamedNode] = set()
+            for graph in self._graphs(target):
+                removed |= self._graph_quads(graph)
+                if verb == "DROP" and isinstance(graph, NamedNode | BlankNode):
+                    dropped.add(graph)  # type: ignore[arg-type]
+            return set(), removed, set(), dropped
+        source = DEFAULT_GRAPH if operation.source == "DEFAULT" else operation.source
+        target = DEFAULT_GRAPH if operation.target == "DEFAULT" else operation.target
+        if source == target:
+            return set(), set(), set(), set()
+        if verb == "MOVE" and not store.graph_exists(source):  # type: ignore[arg-type]
+            if operation.silent:
+                return set(), set(), set(), set()
+            raise UpdateFailed(f"the graph {source} does not exist")
+        source_quads = self._graph_quads(source)  # type: ignore[arg-type]
+        moved = {Quad(q.subject, q.predicate, q.object, target) for q in source_quads}  # type: ignore[arg-type]
+        removed = set()
+        if verb in ("COPY", "MOVE"):
+            removed = self._graph_quads(target) - moved  # type: ignore[arg-type]
+        added = {quad for quad in moved if quad not in store.ox}
+        dropped = set()
+        if verb == "MOVE":
+            removed |= source_quads
+            if isinstance(source, NamedNode):
+                dropped.add(source)
+        return added, removed, set(), dropped
+
+    # -- LOAD ---------------------------------------------------------------------------------
+
+    def _load(self, operation: LoadOp) -> tuple[set[Quad], set[Quad]]:
+        if not self.allow_load:
+            raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
+        try:
+            with urllib.request.urlopen(operation.source.value, timeout=30) as response:  # noqa: S310 - operator opt-in
+                data = response.read(LOAD_LIMIT_BYTES + 1)
+                media_type = response.headers.get_content_type() if hasattr(response, "headers") else None
+            if len(data) > LOAD_LIMIT_BYTES:
+                raise ValueError("document too large")
+            rdf_format = (RdfFormat.from_media_type(media_type) if media_type else None) or RdfFormat.from_extension(
+                operation.source.value.rsplit(".", 1)[-1]
+            )
+            if rdf_format is None:
+                raise ValueError("unknown RDF format")
+            graph = operation.into if operation.into is not None else DEFAULT_GRAPH
+            quads = [
+                Quad(q.subject, q.predicate, q.object, graph)
+                for q in parse(data, format=rdf_format, base_iri=operation.source.value, without_named_graphs=True)
+            ]
+        except Exception as error:  # noqa: BLE001 - any fetch/parse failure is the same user error
+            if operation.silent:
+                return set(), set()
+            raise UpdateFailed(f"LOAD {operation.source.value} failed: {error}") from error
+        return {quad for quad in fresh_blank_nodes(tuple(quads)) if quad not in self.store.ox}, set()

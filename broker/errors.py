@@ -1,0 +1,55 @@
+"""Errors the engine raises: each maps to one SPARQL 1.1 SE Protocol error (PROTOCOL.md).
+
+The gates turn these into `{"error", "error_description", "status_code"}` JSON, so every error
+carries its wire name and HTTP status here, once, instead of in every gate.
+"""
+
+from __future__ import annotations
+
+
+class SepaError(Exception):
+    """Base class: a request the engine refused. Nothing was changed."""
+
+    error = "internal_error"
+    status_code = 500
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": self.error, "error_description": self.description, "status_code": self.status_code}
+
+
+class SparqlSyntaxError(SepaError):
+    """Malformed SPARQL; the description names line and column."""
+
+    error = "invalid_request"
+    status_code = 400
+
+    def __init__(self, description: str, line: int | None = None, column: int | None = None) -> None:
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"SPARQL syntax error{where}: {description}")
+        self.line = line
+        self.column = column
+
+
+class InvalidRequest(SepaError):
+    """Well-formed SPARQL that cannot be executed as asked (bad graph parameters, LOAD disabled...)."""
+
+    error = "invalid_request"
+    status_code = 400
+
+
+class UpdateFailed(SepaError):
+    """An update operation failed at run time (e.g. CREATE of an existing graph); nothing changed."""
+
+    error = "update_failed"
+    status_code = 400
+
+
+class NotFound(SepaError):
+    """Unknown subscription or resource."""
+
+    error = "not_found"
+    status_code = 404

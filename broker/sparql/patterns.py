@@ -1,0 +1,190 @@
+"""Quad patterns: the common currency of templates, WHERE fast paths and subscriptions.
+
+A position of a pattern is either an RDF term or a :class:`Var`. Pieces of SPARQL that are only
+"triples and GRAPH blocks" (INSERT DATA blocks, DELETE/INSERT templates, simple WHERE clauses)
+are parsed by pyoxigraph's Rust TriG parser after variables are rewritten as reserved IRIs, so
+literal escapes, numbers, collections and prefixes are all handled by a real parser, fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
+
+from broker.sparql.tokens import Token, error_at, matching_brace
+
+VAR_IRI = "urn:x-sepa-var:"
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """A SPARQL variable (or a query blank node treated as one)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"?{self.name}"
+
+
+Position = NamedNode | BlankNode | Literal | DefaultGraph | Var
+
+
+@dataclass(frozen=True, slots=True)
+class QuadPattern:
+    subject: Position
+    predicate: Position
+    object: Position
+    graph: Position
+
+    def positions(self) -> tuple[Position, Position, Position, Position]:
+        return (self.subject, self.predicate, self.object, self.graph)
+
+    def variables(self) -> set[str]:
+        return {position.name for position in self.positions() if isinstance(position, Var)}
+
+    def to_sparql(self) -> str:
+        """The pattern as SPARQL text (GRAPH block unless it is in the default graph)."""
+        triple = f"{self.subject} {self.predicate} {self.object} ."
+        if isinstance(self.graph, DefaultGraph):
+            return triple
+        return f"GRAPH {self.graph} {{ {triple} }}"
+
+
+ALLOWED_NAMES = frozenset({"a", "true", "false"})
+ALLOWED_PUNCT = frozenset({".", ";", ",", "[", "]", "(", ")", "^^", "+", "-"})
+
+
+class BlockSyntax(Exception):
+    """A token that cannot appear in a quad block; carries the token for the error position."""
+
+    def __init__(self, token: Token | None, message: str) -> None:
+        super().__init__(message)
+        self.token = token
+        self.message = message
+
+
+def _check_token(token: Token, allow_vars: bool, allow_bnodes: bool, what: str) -> None:
+    kind = token.kind
+    if kind == "VAR":
+        if not allow_vars:
+            raise BlockSyntax(token, f"variables are not allowed in {what}")
+    elif kind == "BNODE" or (kind == "PUNCT" and token.text in ("[", "(")):
+        if not allow_bnodes:
+            raise BlockSyntax(token, f"blank nodes are not allowed in {what}")
+    elif kind == "NAME":
+        if token.text not in ALLOWED_NAMES and token.text.lower() not in ALLOWED_NAMES:
+            raise BlockSyntax(token, f"unexpected keyword in {what}")
+    elif kind == "PUNCT" and token.text not in ALLOWED_PUNCT:
+        raise BlockSyntax(token, f"unexpected symbol in {what}")
+
+
+def block_to_trig(
+    text: str,
+    tokens: list[Token],
+    open_index: int,
+    close_index: int,
+    *,
+    allow_vars: bool,
+    allow_bnodes: bool,
+    what: str,
+) -> str:
+    """Rewrite the quad block tokens[open_index..close_index] (braces included) as a TriG document.
+
+    Triples outside GRAPH go into `{ }` default-graph blocks, variables become reserved IRIs, the
+    optional dot after a GRAPH block is dropped; anything that is not triples or GRAPH blocks
+    raises BlockSyntax.
+    """
+    out: list[str] = []
+    segment_open = False
+    index = open_index + 1
+    cursor = tokens[open_index].start + 1
+
+    def copy_until(token: Token, replacement: str | None = None) -> None:
+        nonlocal cursor
+        out.append(text[cursor : token.start])
+        out.append(token.text if replacement is None else replacement)
+        cursor = token.start + len(token.text)
+
+    while index < close_index:
+        token = tokens[index]
+        if token.kind == "NAME" and token.text.upper() == "GRAPH":
+            if segment_open:
+                out.append(" }")
+                segment_open = False
+            name = tokens[index + 1] if index + 1 < close_index else None
+            brace = tokens[index + 2] if index + 2 < close_index else None
+            if name is None or name.kind not in ("IRI", "PNAME", "VAR"):
+                raise BlockSyntax(name, "expected a graph IRI or variable after GRAPH")
+            if brace is None or brace.text != "{":
+                raise BlockSyntax(brace, "expected '{' after GRAPH name")
+            end = matching_brace(tokens, index + 2, text)
+            if end > close_index:
+                raise BlockSyntax(tokens[close_index], "unbalanced braces")
+            _check_token(name, allow_vars, allow_bnodes, what)
+            copy_until(token)
+            copy_until(name, f"<{VAR_IRI}{name.text[1:]}>" if name.kind == "VAR" else None)
+            copy_until(brace)
+            for inner in tokens[index + 3 : end]:
+                if inner.text in ("{", "}") and inner.kind == "PUNCT":
+                    raise BlockSyntax(inner, f"nested blocks are not allowed in {what}")
+                if inner.kind == "NAME" and inner.text.upper() == "GRAPH":
+                    raise BlockSyntax(inner, f"nested GRAPH is not allowed in {what}")
+                _check_token(inner, allow_vars, allow_bnodes, what)
+                copy_until(inner, f"<{VAR_IRI}{inner.text[1:]}>" if inner.kind == "VAR" else None)
+            copy_until(tokens[end])
+            index = end + 1
+            if index < close_index and tokens[index].text == "." and tokens[index].kind == "PUNCT":
+                copy_until(tokens[index], "")
+                index += 1
+            continue
+        if token.kind == "PUNCT" and token.text in ("{", "}"):
+            raise BlockSyntax(token, f"unexpected brace in {what}")
+        _check_token(token, allow_vars, allow_bnodes, what)
+        if not segment_open:
+            out.append(text[cursor : token.start])
+            cursor = token.start
+            out.append("{ ")
+            segment_open = True
+        copy_until(token, f"<{VAR_IRI}{token.text[1:]}>" if token.kind == "VAR" else None)
+        index += 1
+    if segment_open:
+        out.append(" }")
+    return "".join(out)
+
+
+def _position(term: NamedNode | BlankNode | Literal | DefaultGraph) -> Position:
+    if isinstance(term, NamedNode) and term.value.startswith(VAR_IRI):
+        return Var(term.value[len(VAR_IRI) :])
+    return term
+
+
+def parse_block(trig: str, prologue: str, base_iri: str | None) -> list[QuadPattern]:
+    """Parse a block produced by :func:`block_to_trig` into quad patterns (raises SyntaxError)."""
+    document = f"{prologue}\n{trig}" if prologue else trig
+    patterns = []
+    for quad in parse(document, format=RdfFormat.TRIG, base_iri=base_iri):
+        patterns.append(
+            QuadPattern(
+                _position(quad.subject), _position(quad.predicate), _position(quad.object), _position(quad.graph_name)
+            )
+        )
+    return patterns
+
+
+def ground_quad(pattern: QuadPattern) -> Quad:
+    """A pattern without variables as a Quad."""
+    return Quad(pattern.subject, pattern.predicate, pattern.object, pattern.graph)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "VAR_IRI",
+    "BlockSyntax",
+    "Position",
+    "QuadPattern",
+    "Var",
+    "block_to_trig",
+    "error_at",
+    "ground_quad",
+    "parse_block",
+]

@@ -1,0 +1,122 @@
+"""Triple patterns of any SPARQL query, for the LUTT entries of re-evaluated subscriptions.
+
+Re-evaluating SPUs are exact whatever the query; the LUTT only has to be *conservative*: every
+quad that can change the result must hit one of these patterns (no false negatives). rdflib's
+full SPARQL 1.1 parser gives the algebra; every triple pattern in it counts, wherever it sits
+(OPTIONAL, MINUS, EXISTS, subqueries), with its GRAPH context. Variables, blank nodes and, to be
+safe against rdflib's literal normalisation, literals are wildcards; property paths contribute
+one pattern per IRI they mention; paths that can match zero steps or negated sets match anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pyoxigraph import NamedNode
+from rdflib import URIRef
+from rdflib.paths import AlternativePath, InvPath, MulPath, NegatedPath, Path, SequencePath
+from rdflib.plugins.sparql.algebra import translateQuery
+from rdflib.plugins.sparql.parser import parseQuery
+from rdflib.plugins.sparql.parserutils import CompValue
+
+DEFAULT = "default"  # the query's default graph
+NAMED = "named"  # any named graph (GRAPH ?g)
+ANY = "any"  # any graph at all
+
+GraphKey = str | NamedNode
+
+
+@dataclass(frozen=True, slots=True)
+class LoosePattern:
+    """A triple pattern for filtering: None is a wildcard; graph is DEFAULT, NAMED, ANY or an IRI."""
+
+    graph: GraphKey
+    subject: NamedNode | None
+    predicate: NamedNode | None
+    object: NamedNode | None
+
+
+EVERYTHING = (LoosePattern(ANY, None, None, None),)
+
+
+def _iri(term: object) -> NamedNode | None:
+    return NamedNode(str(term)) if isinstance(term, URIRef) else None
+
+
+def _path_iris(path: object) -> tuple[list[NamedNode], bool]:
+    """IRIs in a property path, and whether the path may match anything (zero steps, negation)."""
+    if isinstance(path, URIRef):
+        return [NamedNode(str(path))], False
+    if isinstance(path, NegatedPath):
+        return [], True
+    if isinstance(path, MulPath):
+        iris, wild = _path_iris(path.path)
+        return iris, wild or bool(path.zero)
+    if isinstance(path, InvPath):
+        return _path_iris(path.arg)
+    if isinstance(path, SequencePath | AlternativePath):
+        found: list[NamedNode] = []
+        wild = False
+        for arg in path.args:
+            more, more_wild = _path_iris(arg)
+            found += more
+            wild = wild or more_wild
+        return found, wild
+    return [], True
+
+
+def _triple(triple: object, graph: GraphKey) -> Iterator[LoosePattern]:
+    subject, predicate, obj = triple  # type: ignore[misc]
+    if isinstance(predicate, Path):
+        iris, wild = _path_iris(predicate)
+        if wild:
+            yield LoosePattern(graph, None, None, None)
+            return
+        for iri in iris:
+            yield LoosePattern(graph, None, iri, None)
+        return
+    yield LoosePattern(graph, _iri(subject), _iri(predicate), _iri(obj))
+
+
+def _walk(node: object, graph: GraphKey) -> Iterator[LoosePattern]:
+    if isinstance(node, CompValue):
+        if node.name in ("Graph", "GraphGraphPattern"):
+            inner: GraphKey = ANY if graph == ANY else (_iri(node.get("term")) or NAMED)
+            for key, value in node.items():
+                if key != "term":
+                    yield from _walk(value, inner)
+            return
+        if node.name == "ServiceGraphPattern":
+            return
+        triples = node.get("triples")
+        if isinstance(triples, list):
+            for triple in triples:
+                yield from _triple(triple, graph)
+        for key, value in node.items():
+            if key != "triples":
+                yield from _walk(value, graph)
+    elif isinstance(node, list | tuple):
+        for item in node:
+            yield from _walk(item, graph)
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from _walk(value, graph)
+
+
+@lru_cache(maxsize=1024)
+def _cached(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePattern, ...]:
+    try:
+        query = translateQuery(parseQuery(text), initNs=dict(prefixes))
+    except Exception:  # noqa: BLE001 - anything rdflib cannot read: match everything
+        return EVERYTHING
+    # FROM / FROM NAMED move the default graph: be conservative about graphs then
+    graph = ANY if query.algebra.get("datasetClause") else DEFAULT
+    patterns = tuple(dict.fromkeys(_walk(query.algebra, graph)))
+    return patterns or EVERYTHING
+
+
+def query_patterns(text: str, prefixes: dict[str, str] | None = None) -> tuple[LoosePattern, ...]:
+    """Conservative triple patterns of `text` (at least one)."""
+    return _cached(text, tuple(sorted((prefixes or {}).items())))

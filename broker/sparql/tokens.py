@@ -1,0 +1,117 @@
+"""A fast SPARQL 1.1 tokenizer: one compiled regular expression, run in C by `re`.
+
+The update path never parses SPARQL fully in Python (it would cost more than the whole update
+budget): it tokenizes, recognises the structure of the request, and hands the pieces to
+pyoxigraph's Rust parsers. Tokens keep their offsets so errors can name line and column and
+pieces of the original text can be passed on verbatim.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from broker.errors import SparqlSyntaxError
+
+_PN_CHARS_BASE = (
+    "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02ff\u0370-\u037d\u037f-\u1fff\u200c-\u200d"
+    "\u2070-\u218f\u2c00-\u2fef\u3001-\ud7ff\uf900-\ufdcf\ufdf0-\ufffd"
+)
+_PN_CHARS_U = _PN_CHARS_BASE + "_"
+_PN_CHARS = _PN_CHARS_U + "\\-0-9\u00b7\u0300-\u036f\u203f-\u2040"
+_PLX = r"%[0-9A-Fa-f]{2}|\\[_~.\-!$&'()*+,;=/?#@%]"
+_PN_PREFIX = f"[{_PN_CHARS_BASE}](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?"
+_PN_LOCAL = f"(?:[{_PN_CHARS_U}:0-9]|{_PLX})(?:(?:[{_PN_CHARS}.:]|{_PLX})*(?:[{_PN_CHARS}:]|{_PLX}))?"
+_ECHAR = r"\\[tbnrf\"'\\]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}"
+
+_TOKEN_RE = re.compile(
+    "|".join(
+        [
+            r"(?P<WS>\s+)",
+            r"(?P<COMMENT>#[^\r\n]*)",
+            r"(?P<IRI><[^<>\"{}|^`\\\x00-\x20]*>)",
+            rf"(?P<STRING>'''(?:(?:'|'')?(?:[^'\\]|{_ECHAR}))*'''"
+            rf'|"""(?:(?:"|"")?(?:[^"\\]|{_ECHAR}))*"""'
+            rf"|'(?:[^'\\\n\r]|{_ECHAR})*'"
+            rf'|"(?:[^"\\\n\r]|{_ECHAR})*")',
+            rf"(?P<PNAME>(?:{_PN_PREFIX})?:(?:{_PN_LOCAL})?)",
+            rf"(?P<BNODE>_:[{_PN_CHARS_U}0-9](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?)",
+            rf"(?P<VAR>[?$][{_PN_CHARS_U}0-9][{_PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*)",
+            r"(?P<LANG>@[a-zA-Z]+(?:-[a-zA-Z0-9]+)*)",
+            r"(?P<NUMBER>[0-9]+\.[0-9]*[eE][+-]?[0-9]+|\.[0-9]+[eE][+-]?[0-9]+|[0-9]+[eE][+-]?[0-9]+"
+            r"|[0-9]*\.[0-9]+|[0-9]+)",
+            r"(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)",
+            r"(?P<PUNCT>\^\^|&&|\|\||!=|<=|>=|[{}()\[\].;,*/|^+\-!?=<>])",
+            r"(?P<ERROR>.)",
+        ]
+    ),
+    re.DOTALL,
+)
+
+# Token kinds that denote one RDF term or a variable.
+TERM_KINDS = frozenset({"IRI", "PNAME", "BNODE", "VAR", "STRING", "NUMBER"})
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    kind: str
+    text: str
+    start: int
+
+    @property
+    def upper(self) -> str:
+        return self.text.upper()
+
+    def is_keyword(self, word: str) -> bool:
+        return self.kind == "NAME" and self.text.upper() == word
+
+
+def tokenize(text: str) -> list[Token]:
+    """All significant tokens of `text` (whitespace and comments dropped).
+
+    Raises SparqlSyntaxError, with line and column, on a character no SPARQL token starts with.
+    """
+    tokens: list[Token] = []
+    append = tokens.append
+    for match in _TOKEN_RE.finditer(text):
+        kind = match.lastgroup
+        if kind == "WS" or kind == "COMMENT":
+            continue
+        if kind == "ERROR":
+            line, column = line_column(text, match.start())
+            raise SparqlSyntaxError(f"unexpected character {match.group()!r}", line, column)
+        append(Token(kind, match.group(), match.start()))  # type: ignore[arg-type]
+    return tokens
+
+
+def line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based line and column of a character offset."""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return line, column
+
+
+def error_at(text: str, token: Token | None, message: str) -> SparqlSyntaxError:
+    """A syntax error located at `token` (or at the end of the text when None)."""
+    offset = token.start if token is not None else len(text)
+    line, column = line_column(text, offset)
+    found = f", found {token.text!r}" if token is not None else ", found end of request"
+    return SparqlSyntaxError(f"{message}{found}", line, column)
+
+
+def matching_brace(tokens: list[Token], open_index: int, text: str) -> int:
+    """Index of the `}` (or `)` / `]`) closing the bracket at `open_index`."""
+    opener = tokens[open_index].text
+    closer = {"{": "}", "(": ")", "[": "]"}[opener]
+    depth = 0
+    for index in range(open_index, len(tokens)):
+        token_text = tokens[index].text
+        if tokens[index].kind != "PUNCT":
+            continue
+        if token_text == opener:
+            depth += 1
+        elif token_text == closer:
+            depth -= 1
+            if depth == 0:
+                return index
+    raise error_at(text, None, f"unbalanced {opener!r}")

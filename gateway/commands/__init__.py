@@ -1,0 +1,1 @@
+"""Subcommands of ``sepa-gateway``: one module per command, each exposing ``register(subparsers)``."""

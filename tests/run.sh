@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh Debian / Raspberry Pi OS machine, then runs
+# the whole suite (lint included). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+
+# Debian packages the tests use (real services, not mocks).
+packages=(python3 python3-venv python3-pip)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e '.[test]'
+
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

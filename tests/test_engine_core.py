@@ -1,0 +1,125 @@
+"""Focused tests of the engine's own mechanisms: deltas, atomicity, LUTT, SPU sharing, errors."""
+
+from __future__ import annotations
+
+import pytest
+from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad
+
+from broker.core.engine import Engine
+from broker.core.lutt import Lutt, make_key
+from broker.core.notification import Notification
+from broker.core.spu import IncrementalSpu, ReevalSpu
+from broker.errors import InvalidRequest, NotFound, SparqlSyntaxError, UpdateFailed
+
+EX = "http://example.org/"
+
+
+def node(name: str) -> NamedNode:
+    return NamedNode(EX + name)
+
+
+@pytest.fixture
+def engine() -> Engine:
+    engine = Engine()
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:dim 10 . ex:lamp2 ex:dim 20 . ex:road ex:has ex:lamp1 }}")
+    return engine
+
+
+def test_delta_counts_only_real_changes(engine: Engine) -> None:
+    result = engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:dim 10 . ex:lamp3 ex:dim 5 }}")
+    assert result.added == {Quad(node("lamp3"), node("dim"), Literal("5", datatype=NamedNode("http://www.w3.org/2001/XMLSchema#integer")))}
+    assert not result.removed
+
+
+def test_deleted_and_reinserted_quad_is_in_neither(engine: Engine) -> None:
+    result = engine.update(f"PREFIX ex: <{EX}> DELETE {{ ?l ex:dim ?v }} INSERT {{ ?l ex:dim ?v }} WHERE {{ ?l ex:dim ?v }}")
+    assert not result.added and not result.removed
+
+
+def test_failing_request_changes_nothing(engine: Engine) -> None:
+    before = engine.store.quads()
+    with pytest.raises(UpdateFailed):
+        engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:a ex:b ex:c }} }} ; CLEAR GRAPH ex:g ; "
+                      f"DELETE DATA {{ ex:lamp1 ex:dim 10 }} ; CREATE GRAPH ex:g")
+    assert engine.store.quads() == before
+    assert list(engine.store.ox.named_graphs()) == []
+
+
+def test_syntax_error_names_line_and_column(engine: Engine) -> None:
+    before = engine.store.quads()
+    with pytest.raises(SparqlSyntaxError) as error:
+        engine.update("INSERT DATA {\n  <http://a> <http://b> }")
+    assert "line 2, column" in str(error.value)
+    assert engine.store.quads() == before
+
+
+def test_load_is_refused_unless_enabled(engine: Engine) -> None:
+    with pytest.raises(InvalidRequest, match="LOAD is disabled"):
+        engine.update("LOAD <http://example.org/data.ttl>")
+
+
+def test_lutt_lookup_cost_is_independent_of_subscriptions() -> None:
+    lutt = Lutt()
+    for index in range(100_000):
+        lutt.add(make_key(DefaultGraph(), node(f"lamp{index}"), node("dim"), None), ("ref", index), None)
+    quad = Quad(node("lamp42"), node("dim"), Literal("1"))
+    assert lutt.match(quad) == [(("ref", 42), None)]
+    assert lutt.match(Quad(node("lamp42"), node("other"), Literal("1"))) == []
+
+
+def test_identical_subscriptions_share_one_spu_and_unsubscribe_frees_it(engine: Engine) -> None:
+    seen: list[Notification] = []
+    query = f"PREFIX ex: <{EX}> SELECT ?v WHERE {{ ex:lamp1 ex:dim ?v }}"
+    first = engine.subscribe(query, seen.append)
+    second = engine.subscribe(query, seen.append)
+    spu_first = engine.spus.subscriptions[first.spuid][1]
+    assert spu_first is engine.spus.subscriptions[second.spuid][1]
+    assert isinstance(spu_first, IncrementalSpu)
+    assert first.spuid != second.spuid
+    entries = len(engine.spus.lutt)
+    engine.unsubscribe(first.spuid)
+    engine.unsubscribe(second.spuid)
+    assert len(engine.spus.lutt) < entries
+    assert not engine.spus.groups
+    with pytest.raises(NotFound):
+        engine.unsubscribe(first.spuid)
+
+
+def test_same_shape_subscriptions_share_a_group(engine: Engine) -> None:
+    seen: list[Notification] = []
+    for lamp in ("lamp1", "lamp2"):
+        engine.subscribe(f"PREFIX ex: <{EX}> SELECT ?v WHERE {{ ex:{lamp} ex:dim ?v }}", seen.append, alias=lamp)
+    assert len(engine.spus.groups) == 1
+    engine.update(f"PREFIX ex: <{EX}> DELETE {{ ex:lamp2 ex:dim ?v }} INSERT {{ ex:lamp2 ex:dim 99 }} WHERE {{ ex:lamp2 ex:dim ?v }}")
+    changes = [n for n in seen if n.sequence == 1]
+    assert [n.alias for n in changes] == ["lamp2"]
+    assert [row[0].value for row in changes[0].added] == ["99"]
+    assert [row[0].value for row in changes[0].removed] == ["20"]
+
+
+def test_filter_constant_tightens_the_lutt(engine: Engine) -> None:
+    seen: list[Notification] = []
+    engine.subscribe(
+        f"PREFIX ex: <{EX}> SELECT ?l ?v WHERE {{ ?l ex:dim ?v . ?r ex:has ?l FILTER(?r = ex:road) }}", seen.append
+    )
+    result = engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp2 ex:dim 20 }}")
+    assert result.notifications == 0 and result.timings["lutt_hits"] == 0
+    result = engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp1 ex:dim 10 }}")
+    assert result.notifications == 1
+
+
+def test_unsupported_forms_are_reevaluated_exactly(engine: Engine) -> None:
+    seen: list[Notification] = []
+    subscription = engine.subscribe(
+        f"PREFIX ex: <{EX}> SELECT ?l ?r WHERE {{ ?l ex:dim ?v OPTIONAL {{ ?r ex:has ?l }} }}", seen.append
+    )
+    assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:road ex:has ex:lamp2 }}")
+    assert seen[-1].sequence == 1
+    assert {tuple(map(str, row)) for row in seen[-1].added} == {(f"<{EX}lamp2>", f"<{EX}road>")}
+    assert {tuple(map(str, row)) for row in seen[-1].removed} == {(f"<{EX}lamp2>", "None")}
+
+
+def test_construct_cannot_be_subscribed(engine: Engine) -> None:
+    with pytest.raises(InvalidRequest):
+        engine.subscribe("CONSTRUCT { ?s ?p ?o } WHERE { ?s ?p ?o }", lambda n: None)

@@ -1,0 +1,1 @@
+"""The smart-city lighting benchmark of seed 001 (§IV-V): knowledge base, profiles, runner, KPIs."""
