@@ -173,7 +173,7 @@ class UpdateProcessor:
         default_graph = using if using else ([operation.with_graph] if operation.with_graph else [])
         if operation.where_bgp is not None and len(default_graph) <= 1 and not named:
             dataset = Dataset(default_graph[0] if default_graph else None, frozenset() if using else None)
-            return list(evaluate_bgp(self.store.ox, operation.where_bgp, None, dataset))
+            return list(evaluate_bgp(self.store.ox, operation.where_bgp, dict(operation.where_pins), dataset))
         arguments: dict[str, object] = {}
         if default_graph:
             arguments["default_graph"] = default_graph

@@ -9,7 +9,7 @@ pieces of the original text can be passed on verbatim.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.errors import SparqlSyntaxError
 
@@ -52,8 +52,9 @@ _TOKEN_RE = re.compile(
 TERM_KINDS = frozenset({"IRI", "PNAME", "BNODE", "VAR", "STRING", "NUMBER"})
 
 
-@dataclass(frozen=True, slots=True)
-class Token:
+class Token(NamedTuple):
+    """One token; a tuple because tokenizing creates many of them on the update hot path."""
+
     kind: str
     text: str
     start: int
@@ -73,6 +74,7 @@ def tokenize(text: str) -> list[Token]:
     """
     tokens: list[Token] = []
     append = tokens.append
+    new = Token._make
     for match in _TOKEN_RE.finditer(text):
         kind = match.lastgroup
         if kind == "WS" or kind == "COMMENT":
@@ -80,7 +82,7 @@ def tokenize(text: str) -> list[Token]:
         if kind == "ERROR":
             line, column = line_column(text, match.start())
             raise SparqlSyntaxError(f"unexpected character {match.group()!r}", line, column)
-        append(Token(kind, match.group(), match.start()))  # type: ignore[arg-type]
+        append(new((kind, match.group(), match.start())))
     return tokens
 
 

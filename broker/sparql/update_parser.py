@@ -36,6 +36,7 @@ class ModifyOp:
     insert: tuple[QuadPattern, ...]
     where_query: str
     where_bgp: tuple[QuadPattern, ...] | None
+    where_pins: tuple[tuple[str, NamedNode], ...]
     with_graph: NamedNode | None
     using: tuple[NamedNode, ...]
     using_named: tuple[NamedNode, ...]
@@ -254,7 +255,8 @@ class _Parser:
 
     def delete_where(self) -> ModifyOp:
         patterns, open_index, close_index = self.block(allow_vars=True, allow_bnodes=False, what="DELETE WHERE")
-        return ModifyOp(tuple(patterns), (), self.where_text(open_index, close_index), tuple(patterns), None, (), ())
+        where = self.where_text(open_index, close_index)
+        return ModifyOp(tuple(patterns), (), where, tuple(patterns), (), None, (), ())
 
     def modify(self) -> ModifyOp:
         with_graph = self.iri() if self.keyword("WITH") else None
@@ -278,34 +280,71 @@ class _Parser:
             raise self.error("expected '{' after WHERE")
         open_index = self.pos
         close_index = matching_brace(self.tokens, open_index, self.text)
-        where_bgp = self.simple_bgp(open_index, close_index)
+        where_bgp, where_pins = self.simple_bgp(open_index, close_index)
         self.pos = close_index + 1
         return ModifyOp(
             tuple(delete),
             tuple(insert),
             self.where_text(open_index, close_index),
             where_bgp,
+            where_pins,
             with_graph,
             tuple(using),
             tuple(using_named),
         )
 
-    def simple_bgp(self, open_index: int, close_index: int) -> tuple[QuadPattern, ...] | None:
-        """The WHERE clause as quad patterns when it is only triples and GRAPH blocks, else None.
+    def simple_bgp(
+        self, open_index: int, close_index: int
+    ) -> tuple[tuple[QuadPattern, ...] | None, tuple[tuple[str, NamedNode], ...]]:
+        """The WHERE clause as quad patterns plus `FILTER(?v = <iri>)` pins, when that is all it is.
 
-        Such clauses are evaluated by index lookups instead of the query engine (the common
-        IoT update: replace one value).
+        Such clauses (the common IoT update: replace one value, or the values of one group) are
+        evaluated by index lookups from the pinned values instead of by the query engine.
         """
-        for token in self.tokens[open_index + 1 : close_index]:
+        tokens = self.tokens
+        kept: list[Token] = [tokens[open_index]]
+        pinned: list[tuple[str, Token]] = []
+        index = open_index + 1
+        while index < close_index:
+            token = tokens[index]
             if token.kind == "BNODE" or (token.kind == "PUNCT" and token.text in ("[", "(", "+", "-")):
-                return None
+                return None, ()
+            if token.kind == "NAME" and token.text.upper() == "FILTER":
+                pin = _pin(tokens[index + 1 : index + 6])
+                if pin is None:
+                    return None, ()
+                pinned.append(pin)
+                index += 6
+                continue
+            kept.append(token)
+            index += 1
+        kept.append(tokens[close_index])
         try:
-            trig = block_to_trig(
-                self.text, self.tokens, open_index, close_index, allow_vars=True, allow_bnodes=False, what="WHERE"
-            )
-            return tuple(parse_block(trig, "\n".join(self.prologue), self.base_iri))
+            trig = block_to_trig(self.text, kept, 0, len(kept) - 1, allow_vars=True, allow_bnodes=False, what="WHERE")
+            patterns = tuple(parse_block(trig, "\n".join(self.prologue), self.base_iri))
         except (BlockSyntax, SyntaxError, SparqlSyntaxError):
-            return None
+            return None, ()
+        variables = {name for pattern in patterns for name in pattern.variables()}
+        pins: list[tuple[str, NamedNode]] = []
+        for name, iri_token in pinned:
+            if name not in variables:
+                return None, ()
+            saved = self.pos
+            self.pos = tokens.index(iri_token)
+            pins.append((name, self.iri()))
+            self.pos = saved
+        return patterns, tuple(pins)
+
+
+def _pin(tokens: list[Token]) -> tuple[str, Token] | None:
+    """`( ?v = <iri> )` or `( <iri> = ?v )` as (variable name, IRI token)."""
+    if len(tokens) != 5 or tokens[0].text != "(" or tokens[2].text != "=" or tokens[4].text != ")":
+        return None
+    if tokens[1].kind == "VAR" and tokens[3].kind in ("IRI", "PNAME"):
+        return tokens[1].text[1:], tokens[3]
+    if tokens[3].kind == "VAR" and tokens[1].kind in ("IRI", "PNAME"):
+        return tokens[3].text[1:], tokens[1]
+    return None
 
 
 def located_error(text: str, message: str, fallback: Token | None) -> SparqlSyntaxError:
@@ -331,9 +370,34 @@ def _parse_cached(text: str, base_iri: str | None, prefixes: tuple[tuple[str, st
     return _Parser(text, base_iri, dict(prefixes)).parse()
 
 
+_SHAPES: dict[tuple[str, tuple[tuple[str, str], ...]], ParsedUpdate | None] = {}
+SHAPE_CACHE_SIZE = 4096
+
+
 def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str] | None = None) -> ParsedUpdate:
-    """Parse an update request (cached by text); raises SparqlSyntaxError with line and column."""
-    return _parse_cached(text, base_iri, tuple(sorted((prefixes or {}).items())))
+    """Parse an update request; raises SparqlSyntaxError with line and column.
+
+    Cached by shape (see :mod:`broker.sparql.update_shapes`), falling back to a full parse.
+    """
+    from broker.sparql.update_shapes import instantiate, split_shape
+
+    prefix_items = tuple(sorted((prefixes or {}).items()))
+    split = split_shape(text) if base_iri is None else None
+    if split is not None:
+        shape, originals, constants = split
+        key = (shape, prefix_items)
+        plan = _SHAPES.get(key, False)
+        if plan is False:
+            try:
+                plan = _Parser(shape, None, prefixes).parse()
+            except SparqlSyntaxError:
+                plan = None  # report the error on the real text below
+            if len(_SHAPES) >= SHAPE_CACHE_SIZE:
+                _SHAPES.clear()
+            _SHAPES[key] = plan
+        if plan is not None:
+            return instantiate(plan, originals, constants)  # type: ignore[arg-type]
+    return _parse_cached(text, base_iri, prefix_items)
 
 
 def fresh_blank_nodes(quads: tuple[Quad, ...]) -> list[Quad]:

@@ -1,0 +1,122 @@
+"""Parsed update requests cached by *shape*: the request with its IRIs and strings taken out.
+
+IoT producers send the same request again and again with other constants (another lamp, another
+reading). One cheap regular-expression split finds those constants; the request with placeholders
+in their place is parsed once, and each later request of the same shape only converts its own
+constants and puts them in the cached plan. A placeholder is valid exactly where the constant it
+stands for is, so the shape parse also validates the instance.
+
+Requests the split cannot read safely (single-quoted or long strings, escapes, BASE) take the
+ordinary parse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+from pyoxigraph import Literal, NamedNode, Quad
+
+from broker.sparql.patterns import QuadPattern
+from broker.sparql.update_parser import DataOp, GraphOp, LoadOp, ModifyOp, ParsedUpdate
+
+_SPLIT = re.compile(r"""(<[^<>"{}|^`\\\x00-\x20]*>|"[^"\\\n\r]*"|#[^\n]*)""")
+_PROLOGUE_TAIL = re.compile(r"(?:PREFIX\s+[^\s:]*:\s*)$", re.IGNORECASE)
+_UNSAFE = re.compile(r"'|\\|\bBASE\b", re.IGNORECASE)
+_PLACEHOLDER = re.compile(r'<urn:x-sepa-slot:(\d+)>|"x-sepa-slot:(\d+)"')
+IRI_SLOT = "urn:x-sepa-slot:"
+STRING_SLOT = "x-sepa-slot:"
+
+Constants = list[NamedNode | str]
+
+
+def split_shape(text: str) -> tuple[str, list[str], Constants] | None:
+    """(shape text, original constant texts, constants) or None when the request is not simple."""
+    parts = _SPLIT.split(text)
+    if len(parts) == 1 or _UNSAFE.search(text):
+        return None
+    originals: list[str] = []
+    constants: Constants = []
+    for index in range(1, len(parts), 2):
+        part = parts[index]
+        first = part[0]
+        if first == "#" or (first == "<" and _PROLOGUE_TAIL.search(parts[index - 1])):
+            continue
+        slot = len(originals)
+        originals.append(part)
+        if first == "<":
+            try:
+                constants.append(NamedNode(part[1:-1]))
+            except ValueError:
+                return None
+            parts[index] = f"<{IRI_SLOT}{slot}>"
+        else:
+            constants.append(part[1:-1])
+            parts[index] = f'"{STRING_SLOT}{slot}"'
+    return "".join(parts), originals, constants
+
+
+def _term(term: object, constants: Constants) -> object:
+    if isinstance(term, NamedNode):
+        value = term.value
+        if value.startswith(IRI_SLOT):
+            return constants[int(value[len(IRI_SLOT) :])]
+    elif isinstance(term, Literal):
+        value = term.value
+        if value.startswith(STRING_SLOT):
+            text = constants[int(value[len(STRING_SLOT) :])]
+            if term.language:
+                return Literal(text, language=term.language)  # type: ignore[arg-type]
+            return Literal(text, datatype=term.datatype)  # type: ignore[arg-type]
+    return term
+
+
+def _patterns(patterns: tuple[QuadPattern, ...] | None, constants: Constants) -> tuple[QuadPattern, ...] | None:
+    if patterns is None:
+        return None
+    return tuple(
+        QuadPattern(
+            _term(p.subject, constants),  # type: ignore[arg-type]
+            _term(p.predicate, constants),  # type: ignore[arg-type]
+            _term(p.object, constants),  # type: ignore[arg-type]
+            _term(p.graph, constants),  # type: ignore[arg-type]
+        )
+        for p in patterns
+    )
+
+
+def instantiate(plan: ParsedUpdate, originals: list[str], constants: Constants) -> ParsedUpdate:
+    """The cached plan of a shape with this request's constants put back."""
+
+    def text(match: re.Match[str]) -> str:
+        return originals[int(match.group(1) or match.group(2))]
+
+    term: Callable[[object], object] = lambda t: _term(t, constants)  # noqa: E731
+    operations = []
+    for operation in plan.operations:
+        if isinstance(operation, DataOp):
+            quads = tuple(
+                Quad(term(q.subject), term(q.predicate), term(q.object), term(q.graph_name))  # type: ignore[arg-type]
+                for q in operation.quads
+            )
+            operations.append(DataOp(operation.insert, quads))
+        elif isinstance(operation, ModifyOp):
+            operations.append(
+                replace(
+                    operation,
+                    delete=_patterns(operation.delete, constants),
+                    insert=_patterns(operation.insert, constants),
+                    where_query=_PLACEHOLDER.sub(text, operation.where_query),
+                    where_bgp=_patterns(operation.where_bgp, constants),
+                    where_pins=tuple((name, term(value)) for name, value in operation.where_pins),
+                    with_graph=term(operation.with_graph),
+                    using=tuple(term(g) for g in operation.using),
+                    using_named=tuple(term(g) for g in operation.using_named),
+                )
+            )
+        elif isinstance(operation, GraphOp):
+            operations.append(replace(operation, target=term(operation.target), source=term(operation.source)))
+        elif isinstance(operation, LoadOp):
+            operations.append(replace(operation, source=term(operation.source), into=term(operation.into)))
+    return ParsedUpdate(operations)  # type: ignore[arg-type]
