@@ -21,26 +21,34 @@ def node(name: str) -> NamedNode:
 @pytest.fixture
 def engine() -> Engine:
     engine = Engine()
-    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:dim 10 . ex:lamp2 ex:dim 20 . ex:road ex:has ex:lamp1 }}")
+    engine.update(
+        f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:dim 10 . ex:lamp2 ex:dim 20 . ex:road ex:has ex:lamp1 }}"
+    )
     return engine
 
 
 def test_delta_counts_only_real_changes(engine: Engine) -> None:
     result = engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:dim 10 . ex:lamp3 ex:dim 5 }}")
-    assert result.added == {Quad(node("lamp3"), node("dim"), Literal("5", datatype=NamedNode("http://www.w3.org/2001/XMLSchema#integer")))}
+    assert result.added == {
+        Quad(node("lamp3"), node("dim"), Literal("5", datatype=NamedNode("http://www.w3.org/2001/XMLSchema#integer")))
+    }
     assert not result.removed
 
 
 def test_deleted_and_reinserted_quad_is_in_neither(engine: Engine) -> None:
-    result = engine.update(f"PREFIX ex: <{EX}> DELETE {{ ?l ex:dim ?v }} INSERT {{ ?l ex:dim ?v }} WHERE {{ ?l ex:dim ?v }}")
+    result = engine.update(
+        f"PREFIX ex: <{EX}> DELETE {{ ?l ex:dim ?v }} INSERT {{ ?l ex:dim ?v }} WHERE {{ ?l ex:dim ?v }}"
+    )
     assert not result.added and not result.removed
 
 
 def test_failing_request_changes_nothing(engine: Engine) -> None:
     before = engine.store.quads()
     with pytest.raises(UpdateFailed):
-        engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:a ex:b ex:c }} }} ; CLEAR GRAPH ex:g ; "
-                      f"DELETE DATA {{ ex:lamp1 ex:dim 10 }} ; CREATE GRAPH ex:g")
+        engine.update(
+            f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:a ex:b ex:c }} }} ; CLEAR GRAPH ex:g ; "
+            f"DELETE DATA {{ ex:lamp1 ex:dim 10 }} ; CREATE GRAPH ex:g"
+        )
     assert engine.store.quads() == before
     assert list(engine.store.ox.named_graphs()) == []
 
@@ -90,7 +98,10 @@ def test_same_shape_subscriptions_share_a_group(engine: Engine) -> None:
     for lamp in ("lamp1", "lamp2"):
         engine.subscribe(f"PREFIX ex: <{EX}> SELECT ?v WHERE {{ ex:{lamp} ex:dim ?v }}", seen.append, alias=lamp)
     assert len(engine.spus.groups) == 1
-    engine.update(f"PREFIX ex: <{EX}> DELETE {{ ex:lamp2 ex:dim ?v }} INSERT {{ ex:lamp2 ex:dim 99 }} WHERE {{ ex:lamp2 ex:dim ?v }}")
+    engine.update(
+        f"PREFIX ex: <{EX}> DELETE {{ ex:lamp2 ex:dim ?v }} INSERT {{ ex:lamp2 ex:dim 99 }} "
+        f"WHERE {{ ex:lamp2 ex:dim ?v }}"
+    )
     changes = [n for n in seen if n.sequence == 1]
     assert [n.alias for n in changes] == ["lamp2"]
     assert [row[0].value for row in changes[0].added] == ["99"]
@@ -123,3 +134,15 @@ def test_unsupported_forms_are_reevaluated_exactly(engine: Engine) -> None:
 def test_construct_cannot_be_subscribed(engine: Engine) -> None:
     with pytest.raises(InvalidRequest):
         engine.subscribe("CONSTRUCT { ?s ?p ?o } WHERE { ?s ?p ?o }", lambda n: None)
+
+
+def test_on_disk_store_keeps_data_across_reopen(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from broker.store import RdfStore
+
+    store = RdfStore.open(tmp_path / "data")
+    engine = Engine(store)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:a ex:b 1 }} }}")
+    store.flush()
+    del engine, store
+    reopened = Engine(RdfStore.open(tmp_path / "data"))
+    assert reopened.query(f"ASK {{ GRAPH <{EX}g> {{ <{EX}a> <{EX}b> 1 }} }}").boolean is True

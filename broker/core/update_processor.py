@@ -18,6 +18,7 @@ from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFor
 from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
 from broker.core.query_processor import graph_list
 from broker.errors import InvalidRequest, UpdateFailed
+from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.update_parser import (
     DataOp,
@@ -168,17 +169,23 @@ class UpdateProcessor:
         return set(), {quad for quad in operation.quads if quad in ox}
 
     def _solutions(self, operation: ModifyOp, sparql: str, using: list[NamedNode], named: list[NamedNode]):  # type: ignore[no-untyped-def]
-        using = list(operation.using) or using
-        named = list(operation.using_named) or named
-        default_graph = using if using else ([operation.with_graph] if operation.with_graph else [])
-        if operation.where_bgp is not None and len(default_graph) <= 1 and not named:
-            dataset = Dataset(default_graph[0] if default_graph else None, frozenset() if using else None)
+        if operation.using or operation.using_named:
+            default_graphs, named_graphs = list(operation.using), list(operation.using_named)
+        elif using or named:
+            default_graphs, named_graphs = using, named
+        else:
+            default_graphs = [operation.with_graph] if operation.with_graph is not None else None
+            named_graphs = None
+        if operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1):
+            dataset = Dataset(
+                default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
+            )
             return list(evaluate_bgp(self.store.ox, operation.where_bgp, dict(operation.where_pins), dataset))
         arguments: dict[str, object] = {}
-        if default_graph:
-            arguments["default_graph"] = default_graph
-        if named or using:
-            arguments["named_graphs"] = named
+        if default_graphs is not None:
+            arguments["default_graph"] = default_graphs
+        if named_graphs is not None:
+            arguments["named_graphs"] = named_graphs
         try:
             solutions = self.store.ox.query(operation.where_query, **arguments)
         except SyntaxError as error:
@@ -259,10 +266,12 @@ class UpdateProcessor:
         source_quads = self._graph_quads(source)  # type: ignore[arg-type]
         moved = {Quad(q.subject, q.predicate, q.object, target) for q in source_quads}  # type: ignore[arg-type]
         removed = set()
-        if verb in ("COPY", "MOVE"):
-            removed = self._graph_quads(target) - moved  # type: ignore[arg-type]
-        added = {quad for quad in moved if quad not in store.ox}
         dropped = set()
+        if verb in ("COPY", "MOVE"):  # the target is dropped first, as Oxigraph does
+            removed = self._graph_quads(target) - moved  # type: ignore[arg-type]
+            if not moved and isinstance(target, NamedNode) and store.graph_exists(target):
+                dropped.add(target)
+        added = {quad for quad in moved if quad not in store.ox}
         if verb == "MOVE":
             removed |= source_quads
             if isinstance(source, NamedNode):
@@ -287,7 +296,7 @@ class UpdateProcessor:
                 raise ValueError("unknown RDF format")
             graph = operation.into if operation.into is not None else DEFAULT_GRAPH
             quads = [
-                Quad(q.subject, q.predicate, q.object, graph)
+                Quad(q.subject, q.predicate, canonical(q.object), graph)
                 for q in parse(data, format=rdf_format, base_iri=operation.source.value, without_named_graphs=True)
             ]
         except Exception as error:  # noqa: BLE001 - any fetch/parse failure is the same user error

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
+from broker.sparql.canonical import canonical
 from broker.sparql.tokens import Token, error_at, matching_brace
 
 VAR_IRI = "urn:x-sepa-var:"
@@ -156,7 +157,7 @@ def block_to_trig(
 def _position(term: NamedNode | BlankNode | Literal | DefaultGraph) -> Position:
     if isinstance(term, NamedNode) and term.value.startswith(VAR_IRI):
         return Var(term.value[len(VAR_IRI) :])
-    return term
+    return canonical(term)  # type: ignore[return-value]
 
 
 def parse_block(trig: str, prologue: str, base_iri: str | None) -> list[QuadPattern]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from pyoxigraph import DefaultGraph, Literal, NamedNode, RdfFormat, parse
 
+from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.tokens import Token, matching_brace, tokenize
 
@@ -289,7 +290,7 @@ def _resolve_constants(texts: list[str], prologue: str) -> list[object]:
         raise NotIncremental(f"constant terms: {error}") from error
     resolved: list[object] = [None] * len(texts)
     for quad in quads:
-        resolved[int(quad.subject.value.rsplit(":", 1)[1])] = quad.object
+        resolved[int(quad.subject.value.rsplit(":", 1)[1])] = canonical(quad.object)
     return resolved
 
 

@@ -237,10 +237,11 @@ class _Parser:
             patterns = parse_block(trig, "\n".join(self.prologue), self.base_iri)
         except SyntaxError as error:
             raise located_error(self.text, str(error), open_token) from None
-        labels = {token.text for token in self.tokens[open_index:close_index] if token.kind == "BNODE"}
-        if labels & self.bnode_labels:
-            raise self.error("a blank node label cannot be shared by two blocks of one request", open_token)
-        self.bnode_labels |= labels
+        if what == "INSERT DATA":
+            labels = {token.text for token in self.tokens[open_index:close_index] if token.kind == "BNODE"}
+            if labels & self.bnode_labels:
+                raise self.error("a blank node label cannot be shared by two INSERT DATA blocks", open_token)
+            self.bnode_labels |= labels
         self.pos = close_index + 1
         return patterns, open_index, close_index
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from pyoxigraph import Literal, NamedNode, Quad
 
+from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern
 from broker.sparql.update_parser import DataOp, GraphOp, LoadOp, ModifyOp, ParsedUpdate
 
@@ -68,7 +69,7 @@ def _term(term: object, constants: Constants) -> object:
             text = constants[int(value[len(STRING_SLOT) :])]
             if term.language:
                 return Literal(text, language=term.language)  # type: ignore[arg-type]
-            return Literal(text, datatype=term.datatype)  # type: ignore[arg-type]
+            return canonical(Literal(text, datatype=term.datatype))  # type: ignore[arg-type]
     return term
 
 

@@ -1,0 +1,63 @@
+"""The asyncio facade: same engine, nothing on the event loop, notifications as an async iterator."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from broker.core.async_engine import AsyncEngine
+from broker.core.engine import Engine
+
+EX = "http://example.org/"
+
+
+def test_async_iteration_delivers_sequence_in_order() -> None:
+    async def scenario() -> list[tuple[int, int, int]]:
+        engine = AsyncEngine(Engine())
+        try:
+            subscription = await engine.subscribe(f"SELECT ?v WHERE {{ <{EX}s> <{EX}p> ?v }}", alias="a")
+            for value in range(3):
+                await engine.update(
+                    f"DELETE {{ <{EX}s> <{EX}p> ?v }} INSERT {{ <{EX}s> <{EX}p> {value} }} "
+                    f"WHERE {{ OPTIONAL {{ <{EX}s> <{EX}p> ?v }} }}"
+                )
+            seen = []
+            async for notification in subscription:
+                seen.append((notification.sequence, len(notification.added), len(notification.removed)))
+                if notification.sequence == 3:
+                    break
+            await engine.unsubscribe(subscription.spuid)
+            return seen
+        finally:
+            engine.close()
+
+    assert asyncio.run(scenario()) == [(0, 0, 0), (1, 1, 0), (2, 1, 1), (3, 1, 1)]
+
+
+def test_queries_run_while_an_update_holds_the_engine() -> None:
+    """A query is answered while the (serialized) update thread is busy."""
+    core = Engine()
+    blocked = threading.Event()
+    release = threading.Event()
+
+    def slow_callback(notification: object) -> None:
+        if getattr(notification, "sequence", 0) > 0:
+            blocked.set()
+            release.wait(5)
+
+    core.subscribe(f"SELECT * WHERE {{ ?s <{EX}p> ?o }}", slow_callback)  # runs on the update thread
+
+    async def scenario() -> bool:
+        engine = AsyncEngine(core)
+        try:
+            update = asyncio.create_task(engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}"))
+            await asyncio.get_running_loop().run_in_executor(None, blocked.wait, 5)
+            result = await asyncio.wait_for(engine.query(f"ASK {{ <{EX}a> <{EX}p> 1 }}"), 5)
+            release.set()
+            await update
+            return bool(result.boolean)
+        finally:
+            release.set()
+            engine.close()
+
+    assert asyncio.run(scenario()) is True
