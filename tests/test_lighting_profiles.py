@@ -127,3 +127,30 @@ def test_reevaluation_gives_the_papers_notification_counts(
     assert sum(notified.values()) == exp.expected_notifications == fine + coarse
     assert sum(n for j, n in notified.items() if j in lamp_subs) == fine
     assert tuple(changed_per_update) == exp.notified  # the model the runner checks engines against
+
+
+def test_kpis_follow_table_i() -> None:
+    from tools.lighting import kpi
+
+    meas = kpi.Measurements(
+        "ROAD", "incremental", n=310, m=1004, nu_avg=30.6, update_seconds=[0.25] * 310,
+        stage_seconds={"t_update_s": 27.125, "t_lutt_s": 2.0, "t_booster_s": 48.0, "t_notify_s": 0.5},
+        lutt_hits=2240, latencies=[0.002, 0.5], notifications=1004, expected_notifications=1004,
+    )
+    k = kpi.compute(meas)
+    assert k["t_total_s"] == pytest.approx(77.5)
+    assert k["ups"] == pytest.approx(4.0) and k["sps"] == pytest.approx(4016.0)
+    assert k["tps"] == pytest.approx(30.6 * 4016.0)
+    assert k["e2e"] == pytest.approx((77.5 - 27.125) / 27.125)
+    assert (k["nl_min_ms"], k["nl_max_ms"]) == (pytest.approx(2.0), pytest.approx(500.0))
+    assert round(k["lhr_percent"], 2) == 0.72 and k["counts_ok"]
+
+
+def test_cli_registers_the_lighting_bench() -> None:
+    from gateway.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "lighting", "--json", "--modes", "incremental"])
+    assert args.json and args.modes == ["incremental"] and args.experiments == ["LAMP", "ROAD"]
+    assert callable(args.handler) and not args.all_subscribed
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "lighting", "--experiments", "LAMP,BRIDGE"])

@@ -4,6 +4,9 @@ For the IoT common case (one or a few triple patterns, mostly bound) a nested-lo
 `quads_for_pattern` costs a few microseconds where a SPARQL query costs tens: the parse alone
 dominates. Used for simple WHERE clauses of updates and by incremental SPUs.
 
+A join order is planned once per (patterns, variables bound on entry) and cached: most bound
+pattern first, so the first lookup is the most selective.
+
 Semantics are SPARQL's: BGP matching by RDF term equality, GRAPH ?g ranging over named graphs
 only, and one solution per distinct mapping of all variables.
 """
@@ -11,6 +14,7 @@ only, and one solution per distinct mapping of all variables.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Store
 
@@ -19,6 +23,7 @@ from broker.sparql.patterns import QuadPattern, Var
 Binding = dict[str, object]
 
 DEFAULT_GRAPH = DefaultGraph()
+CONSTANT, BOUND, FREE = 0, 1, 2
 
 
 class Dataset:
@@ -39,17 +44,47 @@ class Dataset:
 
 STORE_DATASET = Dataset()
 
+# A step: for each of subject, predicate, object, graph a (kind, value) pair: CONSTANT with a
+# term, BOUND with a variable bound earlier, FREE with a variable this step binds. For the graph,
+# a default-graph position is CONSTANT with None (resolved from the dataset at run time).
+Step = tuple[tuple[int, object], tuple[int, object], tuple[int, object], tuple[int, object]]
 
-def _resolve(position: object, binding: Binding) -> object:
-    return binding.get(position.name) if isinstance(position, Var) else position
 
+@lru_cache(maxsize=4096)
+def plan(patterns: tuple[QuadPattern, ...], bound: frozenset[str]) -> tuple[Step, ...]:
+    """Join order and per-position roles for `patterns` entered with `bound` variables."""
+    known = set(bound)
+    remaining = list(patterns)
+    steps: list[Step] = []
+    while remaining:
 
-def _bound_count(pattern: QuadPattern, binding: Binding) -> int:
-    return sum(
-        1
-        for position in (pattern.subject, pattern.predicate, pattern.object)
-        if not isinstance(position, Var) or position.name in binding
-    )
+        def score(pattern: QuadPattern) -> int:
+            return sum(
+                1
+                for position in (pattern.subject, pattern.predicate, pattern.object)
+                if not isinstance(position, Var) or position.name in known
+            )
+
+        best = max(remaining, key=score)
+        remaining.remove(best)
+        roles = []
+        binding_here: set[str] = set()
+        for index, position in enumerate(best.positions()):
+            if isinstance(position, Var):
+                if position.name in known:
+                    roles.append((BOUND, position.name))
+                elif position.name in binding_here:
+                    roles.append((BOUND, position.name))  # second occurrence within the pattern
+                else:
+                    roles.append((FREE, position.name))
+                    binding_here.add(position.name)
+            elif index == 3 and isinstance(position, DefaultGraph):
+                roles.append((CONSTANT, None))
+            else:
+                roles.append((CONSTANT, position))
+        known |= binding_here
+        steps.append(tuple(roles))  # type: ignore[arg-type]
+    return tuple(steps)
 
 
 def evaluate_bgp(
@@ -57,67 +92,58 @@ def evaluate_bgp(
 ) -> Iterator[Binding]:
     """All solutions of the patterns extending `binding` (each a new dict)."""
     start: Binding = dict(binding) if binding else {}
-    yield from _join(store, list(patterns), start, dataset)
+    steps = plan(tuple(patterns), frozenset(start))
+    yield from _run(store, steps, 0, start, dataset)
 
 
-def _join(store: Store, remaining: list[QuadPattern], binding: Binding, dataset: Dataset) -> Iterator[Binding]:
-    if not remaining:
+def _value(role: tuple[int, object], binding: Binding) -> object:
+    kind, value = role
+    if kind == CONSTANT:
+        return value
+    if kind == BOUND:
+        return binding.get(value)  # type: ignore[arg-type]
+    return None
+
+
+def _run(store: Store, steps: tuple[Step, ...], index: int, binding: Binding, dataset: Dataset) -> Iterator[Binding]:
+    if index == len(steps):
         yield dict(binding)
         return
-    # most bound pattern first: cheapest lookup, smallest fan-out
-    best = max(range(len(remaining)), key=lambda index: _bound_count(remaining[index], binding))
-    pattern = remaining[best]
-    rest = remaining[:best] + remaining[best + 1 :]
-    subject = _resolve(pattern.subject, binding)
-    predicate = _resolve(pattern.predicate, binding)
-    obj = _resolve(pattern.object, binding)
+    s_role, p_role, o_role, g_role = steps[index]
+    subject = _value(s_role, binding)
+    predicate = _value(p_role, binding)
+    obj = _value(o_role, binding)
     if isinstance(subject, Literal) or (predicate is not None and not isinstance(predicate, NamedNode)):
         return
-    graph_position = pattern.graph
-    graph_var = graph_position.name if isinstance(graph_position, Var) else None
-    if isinstance(graph_position, DefaultGraph):
-        graph = dataset.default
-    elif graph_var is not None:
-        graph = binding.get(graph_var)
-        if isinstance(graph, DefaultGraph) or (graph is not None and not isinstance(graph, NamedNode | BlankNode)):
+    g_kind, g_value = g_role
+    named = dataset.named
+    if g_kind == CONSTANT:
+        graph = dataset.default if g_value is None else g_value
+        if g_value is not None and named is not None and graph not in named:
+            return
+    elif g_kind == BOUND:
+        graph = binding.get(g_value)  # type: ignore[arg-type]
+        if not isinstance(graph, NamedNode | BlankNode) or (named is not None and graph not in named):
             return
     else:
-        graph = graph_position
-    if (
-        graph is not None
-        and dataset.named is not None
-        and not isinstance(graph_position, DefaultGraph)
-        and graph not in dataset.named
-    ):
-        return
-    variables = [
-        (index, position.name)
-        for index, position in enumerate((pattern.subject, pattern.predicate, pattern.object, graph_position))
-        if isinstance(position, Var) and position.name not in binding
+        graph = None
+    free = [(position, role[1]) for position, role in enumerate(steps[index]) if role[0] == FREE]
+    repeated = [
+        (position, role[1]) for position, role in enumerate(steps[index]) if role[0] == BOUND and role[1] not in binding
     ]
+    following = index + 1
     for quad in store.quads_for_pattern(subject, predicate, obj, graph):
         if graph is None:
             quad_graph = quad.graph_name
-            if isinstance(quad_graph, DefaultGraph):
+            if isinstance(quad_graph, DefaultGraph) or (named is not None and quad_graph not in named):
                 continue
-            if dataset.named is not None and quad_graph not in dataset.named:
-                continue
-        if not variables:
-            yield from _join(store, rest, binding, dataset)
+        if not free:
+            yield from _run(store, steps, following, binding, dataset)
             continue
         values = (quad.subject, quad.predicate, quad.object, quad.graph_name)
-        added: list[str] = []
-        consistent = True
-        for index, name in variables:
-            value = values[index]
-            if name in binding:  # same variable twice in this pattern
-                if binding[name] != value:
-                    consistent = False
-                    break
-            else:
-                binding[name] = value
-                added.append(name)
-        if consistent:
-            yield from _join(store, rest, binding, dataset)
-        for name in added:
+        for position, name in free:
+            binding[name] = values[position]
+        if all(binding[name] == values[position] for position, name in repeated):
+            yield from _run(store, steps, following, binding, dataset)
+        for _, name in free:
             del binding[name]

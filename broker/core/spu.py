@@ -162,13 +162,18 @@ class ShapeGroup:
     def project(self, branch: int, mu: Mu) -> Row:
         return tuple(mu[index] if index >= 0 else None for index in self.projections[branch])  # type: ignore[misc]
 
-    def solutions(self, store: Store, branch_index: int, binding: dict[str, object]) -> Iterator[Mu]:
-        """Solutions of one branch extending `binding`, as tuples in Branch.variables order."""
+    def solutions(self, store: Store, branch_index: int, binding: dict[str, object], skip: int = -1) -> Iterator[Mu]:
+        """Solutions of one branch extending `binding`, as tuples in Branch.variables order.
+
+        `skip`: index of a pattern already known to match under `binding` (the changed quad
+        bound into it), left out of a plain BGP join.
+        """
         branch = self.shape.branches[branch_index]
         names = branch.variables
         query = self.branch_queries[branch_index]
         if query is None:
-            for solution in evaluate_bgp(store, branch.patterns, binding, self.dataset):
+            patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
+            for solution in evaluate_bgp(store, patterns, binding, self.dataset):
                 yield tuple(solution.get(name) for name in names)
             return
         substitutions = {Variable(name): value for name, value in binding.items()}
@@ -224,10 +229,10 @@ class ShapeGroup:
                 ):
                     continue
                 target = out.setdefault(spu, {}).setdefault(branch_index, set())  # type: ignore[arg-type]
-                target.update(self.solutions(store, branch_index, binding))
+                target.update(self.solutions(store, branch_index, binding, pattern_index))
                 continue
             positions = [branch.variables.index(name) for name in param_vars]
-            for mu in self.solutions(store, branch_index, binding):
+            for mu in self.solutions(store, branch_index, binding, pattern_index):
                 for spu in routes.get(tuple(mu[index] for index in positions), ()):
                     out.setdefault(spu, {}).setdefault(branch_index, set()).add(mu)
 

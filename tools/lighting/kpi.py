@@ -12,11 +12,14 @@ time without the harness's work between updates, which the paper calls T_OVERHEA
 - NL_min / NL_max: time from issuing an update to its notification reaching the callback. Unlike
   the paper's tl + tb + te it includes the store update, because the callback is all a client sees.
 - E2E = (T_TOTAL - T_UPDATE) / T_UPDATE, the engine's overhead over the bare SPARQL endpoint
-- LHR = 100 * (sum of the LUTT matrix) / (n * m), from the engine's lutt_hits counter
+- LHR = 100 * (sum of the LUTT matrix) / (n * m), from the engine's lutt_hits counter, so it is
+  whatever the engine counts as a hit; expected_lhr_percent is the paper's LUTT (Table IV) applied
+  to the profile, for comparison with Table VIII
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +57,7 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def _ms(seconds: list[float], pick: Any) -> float | None:
+def _ms(seconds: list[float], pick: Callable[[list[float]], float]) -> float | None:
     return 1000.0 * pick(seconds) if seconds else None
 
 

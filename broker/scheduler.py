@@ -1,9 +1,12 @@
-"""asyncio facade of the engine: nothing here blocks the event loop.
+"""The scheduler: admission control and dispatch of requests to the engine, off the event loop.
 
-Updates (and subscribe/unsubscribe, which must not interleave with an update) run one at a time
-on a dedicated thread, in arrival order; queries run on a small thread pool, concurrently with
-each other and with updates. Notifications produced on the update thread are handed to the loop
-thread-safely, so an :class:`AsyncSubscription` is consumed with `async for`.
+Every request is admitted into a bounded FIFO (``queue_size`` requests in flight at most; past
+that :class:`TooManyRequests`, 429 on the wire). Updates, subscribes and unsubscribes run one at
+a time on a dedicated thread, in arrival order (they must not interleave); queries run on a small
+thread pool, concurrently with each other and with updates. A publisher's reply is sent after
+end of processing, because ``Engine.update`` returns only then. Notifications produced on the
+update thread are handed to the event loop thread-safely; an :class:`AsyncSubscription` is also
+consumed with ``async for``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
+from broker.errors import SepaError
+
+
+class TooManyRequests(SepaError):
+    """The scheduler queue is full: try again later."""
+
+    error = "too_many_requests"
+    status_code = 429
 
 
 class AsyncSubscription:
@@ -39,17 +50,35 @@ class AsyncSubscription:
         return await self.queue.get()
 
 
-class AsyncEngine:
-    """Runs an :class:`Engine` off the event loop."""
+class Scheduler:
+    """Runs an :class:`Engine` off the event loop, with a bounded number of requests in flight."""
 
-    def __init__(self, engine: Engine, *, query_threads: int = 4) -> None:
+    def __init__(self, engine: Engine, *, queue_size: int = 1000, query_threads: int = 4) -> None:
         self.engine = engine
+        self.queue_size = queue_size
+        self.in_flight = 0
+        self.rejected = 0
         self._updates = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-update")
         self._queries = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="sepa-query")
 
     async def _run(self, executor: ThreadPoolExecutor, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, functools.partial(call, *args, **kwargs))
+        if self.in_flight >= self.queue_size:
+            self.rejected += 1
+            raise TooManyRequests(f"the request queue is full ({self.queue_size} requests); retry later")
+        self.in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(executor, functools.partial(call, *args, **kwargs))
+        finally:
+            self.in_flight -= 1
+
+    async def serialized(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run an engine call that must not interleave with updates (subscribe, unsubscribe)."""
+        return await self._run(self._updates, call, *args, **kwargs)
+
+    async def run_query(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run any read-only engine call (query + serialization) on the query pool."""
+        return await self._run(self._queries, call, *args, **kwargs)
 
     async def update(self, sparql: str, **options: Any) -> UpdateResult:
         """Apply an update; returns after every subscription has processed it."""

@@ -1,11 +1,11 @@
-"""The asyncio facade: same engine, nothing on the event loop, notifications as an async iterator."""
+"""The scheduler: the engine off the event loop, FIFO updates, concurrent queries, admission control."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 
-from broker.core.async_engine import AsyncEngine
+from broker.scheduler import Scheduler, TooManyRequests
 from broker.core.engine import Engine
 
 EX = "http://example.org/"
@@ -13,7 +13,7 @@ EX = "http://example.org/"
 
 def test_async_iteration_delivers_sequence_in_order() -> None:
     async def scenario() -> list[tuple[int, int, int]]:
-        engine = AsyncEngine(Engine())
+        engine = Scheduler(Engine())
         try:
             subscription = await engine.subscribe(f"SELECT ?v WHERE {{ <{EX}s> <{EX}p> ?v }}", alias="a")
             for value in range(3):
@@ -48,7 +48,7 @@ def test_queries_run_while_an_update_holds_the_engine() -> None:
     core.subscribe(f"SELECT * WHERE {{ ?s <{EX}p> ?o }}", slow_callback)  # runs on the update thread
 
     async def scenario() -> bool:
-        engine = AsyncEngine(core)
+        engine = Scheduler(core)
         try:
             update = asyncio.create_task(engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}"))
             await asyncio.get_running_loop().run_in_executor(None, blocked.wait, 5)
@@ -61,3 +61,30 @@ def test_queries_run_while_an_update_holds_the_engine() -> None:
             engine.close()
 
     assert asyncio.run(scenario()) is True
+
+
+def test_full_queue_is_refused_with_429_and_nothing_changes() -> None:
+    core = Engine()
+    release = threading.Event()
+    core.subscribe(f"SELECT * WHERE {{ ?s <{EX}p> ?o }}", lambda n: n.sequence and release.wait(5))
+
+    async def scenario() -> tuple[int, bool]:
+        scheduler = Scheduler(core, queue_size=2)
+        try:
+            first = asyncio.create_task(scheduler.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}"))
+            second = asyncio.create_task(scheduler.update(f"INSERT DATA {{ <{EX}b> <{EX}p> 1 }}"))
+            await asyncio.sleep(0.05)
+            try:
+                await scheduler.update(f"INSERT DATA {{ <{EX}c> <{EX}p> 1 }}")
+                status = 200
+            except TooManyRequests as error:
+                status = error.status_code
+            release.set()
+            await asyncio.gather(first, second)
+            refused_applied = (await scheduler.query(f"ASK {{ <{EX}c> <{EX}p> 1 }}")).boolean
+            return status, bool(refused_applied)
+        finally:
+            release.set()
+            scheduler.close()
+
+    assert asyncio.run(scenario()) == (429, False)

@@ -1,0 +1,102 @@
+"""HTTP gate: SPARQL 1.1 Protocol query and update (PROTOCOL.md "HTTP")."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from aiohttp import web
+from multidict import MultiDictProxy
+
+from broker.core.engine import Engine
+from broker.gates.errors import BadRequest, UnsupportedMediaType
+from broker.gates.negotiation import serialize
+from broker.scheduler import Scheduler
+
+FORM = "application/x-www-form-urlencoded"
+QUERY_TYPE = "application/sparql-query"
+UPDATE_TYPE = "application/sparql-update"
+
+
+def _single(params: MultiDictProxy[str], name: str) -> str | None:
+    values = params.getall(name, [])
+    if len(values) > 1:
+        raise BadRequest(f"more than one {name!r} parameter")
+    return values[0] if values else None
+
+
+async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
+    """The SPARQL text and the protocol parameters, from GET, form POST or direct POST."""
+    if request.method == "GET":
+        if field == "update":
+            raise web.HTTPMethodNotAllowed("GET", ["POST"], reason="updates must be sent with POST")
+        params = request.query
+    elif request.content_type == FORM:
+        try:
+            form = await request.post()
+        except UnicodeDecodeError as error:
+            raise BadRequest("the form is not valid UTF-8") from error
+        if _single(request.query, field) is not None:
+            raise BadRequest(f"{field!r} given both in the URL and in the body")
+        merged = request.query.copy()
+        merged.extend(form)  # type: ignore[arg-type]
+        params = MultiDictProxy(merged)
+    elif request.content_type == direct_type:
+        try:
+            text = await request.text()
+        except UnicodeDecodeError as error:
+            raise BadRequest("the body is not valid UTF-8") from error
+        if _single(request.query, field) is not None:
+            raise BadRequest(f"{field!r} given both in the URL and in the body")
+        return text, request.query
+    else:
+        raise UnsupportedMediaType(f"send {direct_type} or {FORM}, not {request.content_type or 'no content type'}")
+    text = _single(params, field)  # type: ignore[arg-type]
+    if text is None:
+        raise BadRequest(f"missing {field!r} parameter")
+    return text, params  # type: ignore[return-value]
+
+
+class HttpGate:
+    """Handlers of /query and /update over one scheduler."""
+
+    def __init__(self, scheduler: Scheduler, counters: Counter[str]) -> None:
+        self.scheduler = scheduler
+        self.engine: Engine = scheduler.engine
+        self.counters = counters
+
+    async def query(self, request: web.Request) -> web.Response:
+        sparql, params = await _read(request, "query", QUERY_TYPE)
+        if "update" in params:
+            raise BadRequest("'update' is not a parameter of the query operation")
+        self.counters["http_queries"] += 1
+        accept = request.headers.get("Accept")
+        default_graphs = params.getall("default-graph-uri", [])
+        named_graphs = params.getall("named-graph-uri", [])
+
+        def run() -> tuple[bytes, str]:
+            raw = self.engine.queries.run(sparql, default_graph_uri=default_graphs, named_graph_uri=named_graphs)
+            return serialize(raw, accept)
+
+        body, content_type = await self.scheduler.run_query(run)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def update(self, request: web.Request) -> web.Response:
+        sparql, params = await _read(request, "update", UPDATE_TYPE)
+        if "query" in params:
+            raise BadRequest("'query' is not a parameter of the update operation")
+        self.counters["http_updates"] += 1
+        result = await self.scheduler.update(
+            sparql,
+            using_graph_uri=params.getall("using-graph-uri", []),
+            using_named_graph_uri=params.getall("using-named-graph-uri", []),
+        )
+        return web.Response(text=json.dumps(result.to_json()), content_type="application/json")
+
+    def routes(self, query_path: str = "/query", update_path: str = "/update") -> list[web.RouteDef]:
+        return [
+            web.get(query_path, self.query),
+            web.post(query_path, self.query),
+            web.get(update_path, self.update),
+            web.post(update_path, self.update),
+        ]

@@ -1,0 +1,71 @@
+"""Content negotiation of query results (SPARQL 1.1 Protocol): Accept header -> serializer."""
+
+from __future__ import annotations
+
+from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, RdfFormat
+
+from broker.errors import SepaError
+
+RESULT_FORMATS: dict[str, QueryResultsFormat] = {
+    "application/sparql-results+json": QueryResultsFormat.JSON,
+    "application/json": QueryResultsFormat.JSON,
+    "application/sparql-results+xml": QueryResultsFormat.XML,
+    "application/xml": QueryResultsFormat.XML,
+    "text/csv": QueryResultsFormat.CSV,
+    "text/tab-separated-values": QueryResultsFormat.TSV,
+}
+GRAPH_FORMATS: dict[str, RdfFormat] = {
+    "text/turtle": RdfFormat.TURTLE,
+    "application/n-triples": RdfFormat.N_TRIPLES,
+    "application/ld+json": RdfFormat.JSON_LD,
+    "application/rdf+xml": RdfFormat.RDF_XML,
+    "application/n-quads": RdfFormat.N_QUADS,
+    "application/trig": RdfFormat.TRIG,
+}
+
+
+class NotAcceptable(SepaError):
+    error = "not_acceptable"
+    status_code = 406
+
+
+def _accepted(accept: str | None) -> list[str]:
+    """Media types of an Accept header, best first (q-values honoured, parameters ignored)."""
+    if not accept:
+        return ["*/*"]
+    ranked: list[tuple[float, int, str]] = []
+    for position, item in enumerate(accept.split(",")):
+        media_type, *parameters = (part.strip() for part in item.split(";"))
+        quality = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        if media_type and quality > 0:
+            ranked.append((-quality, position, media_type.lower()))
+    return [media_type for _, _, media_type in sorted(ranked)] or ["*/*"]
+
+
+def choose(result: object, accept: str | None) -> tuple[object, str]:
+    """(pyoxigraph format, media type) for this result and Accept header; raises NotAcceptable."""
+    table: dict[str, object] = GRAPH_FORMATS if isinstance(result, QueryTriples) else RESULT_FORMATS  # type: ignore[assignment]
+    default = next(iter(table))
+    for media_type in _accepted(accept):
+        if media_type in table:
+            return table[media_type], media_type
+        if media_type in ("*/*", "application/*", "text/*") and (
+            media_type == "*/*" or default.startswith(media_type[:-1])
+        ):
+            return table[default], default
+    raise NotAcceptable(f"cannot produce any of {accept!r}; available: {', '.join(table)}")
+
+
+def serialize(result: QuerySolutions | QueryBoolean | QueryTriples, accept: str | None) -> tuple[bytes, str]:
+    """Serialize a pyoxigraph result for the client; returns (body, content type)."""
+    result_format, media_type = choose(result, accept)
+    body = result.serialize(format=result_format)  # type: ignore[arg-type]
+    charset = "; charset=utf-8" if media_type.startswith("text/") or "json" in media_type else ""
+    return body, media_type + charset

@@ -1,0 +1,89 @@
+"""The gates on the network: aiohttp applications for the HTTP port and the WebSocket port."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from broker.gates.errors import make_error_middleware
+from broker.gates.http import HttpGate
+from broker.gates.websocket import WebSocketGate
+from broker.scheduler import Scheduler
+
+
+@dataclass
+class GateSettings:
+    query_path: str = "/query"
+    update_path: str = "/update"
+    subscribe_path: str = "/subscribe"
+    max_request_bytes: int = 1 << 20
+    heartbeat_s: float = 30.0
+    queue_limit: int = 10_000
+    max_message_bytes: int = 1 << 20
+
+
+class Gates:
+    """The plain gates over one scheduler (secure gates will wrap the same handlers)."""
+
+    def __init__(self, scheduler: Scheduler, settings: GateSettings | None = None) -> None:
+        self.settings = settings or GateSettings()
+        self.scheduler = scheduler
+        self.counters: Counter[str] = Counter()
+        self.http = HttpGate(scheduler, self.counters)
+        self.websocket = WebSocketGate(
+            scheduler,
+            self.counters,
+            queue_limit=self.settings.queue_limit,
+            heartbeat_s=self.settings.heartbeat_s,
+            max_message_bytes=self.settings.max_message_bytes,
+        )
+
+    def _app(self) -> web.Application:
+        return web.Application(
+            middlewares=[make_error_middleware(self.counters)], client_max_size=self.settings.max_request_bytes
+        )
+
+    def http_app(self) -> web.Application:
+        """Query, update, subscribe (so a browser needs one origin) and metrics."""
+        app = self._app()
+        app.add_routes(self.http.routes(self.settings.query_path, self.settings.update_path))
+        app.add_routes(
+            [web.get(self.settings.subscribe_path, self.websocket.handle), web.get("/metrics", self.metrics)]
+        )
+        return app
+
+    def websocket_app(self) -> web.Application:
+        app = self._app()
+        app.add_routes([web.get(self.settings.subscribe_path, self.websocket.handle)])
+        return app
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text format: engine stages, gate counters, scheduler admission."""
+        engine = self.scheduler.engine
+        lines = [
+            f"sepa_updates_total {engine.stats.updates}",
+            f"sepa_notifications_total {engine.stats.notifications}",
+            f"sepa_lutt_hits_total {engine.stats.lutt_hits}",
+            f"sepa_subscriptions {engine.subscription_count}",
+            f"sepa_ws_connections {len(self.websocket.connections)}",
+            f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
+            f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
+        ]
+        lines += [
+            f'sepa_stage_seconds_total{{stage="{name[:-2]}"}} {value}' for name, value in engine.stats.timers.items()
+        ]
+        for key, value in sorted(self.counters.items()):
+            name, _, status = key.partition(":")
+            if status:
+                lines.append(f'sepa_errors_total{{error="{name}",status="{status}"}} {value}')
+            else:
+                lines.append(f"sepa_{name}_total {value}")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def close_connections(self) -> None:
+        """Close every WebSocket with 1001 (going away); their subscriptions end."""
+        for connection in list(self.websocket.connections):
+            connection.closing = True
+            await connection.ws.close(code=1001, message=b"gateway shutting down")

@@ -1,0 +1,194 @@
+"""WebSocket gate: the SPARQL 1.1 Subscribe Language over JSON text frames (PROTOCOL.md).
+
+Each connection has its own bounded outgoing queue drained by its own writer task, so a slow or
+stalled subscriber never delays the update path or anyone else: the engine thread only appends
+to the queue (via the event loop). When a queue overflows, that connection is closed with a
+logged reason; a notification is never dropped while the client stays connected. Closing a
+socket, or failing to answer pings (aiohttp heartbeat), ends all of its subscriptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter, deque
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from broker.core.notification import Notification
+from broker.errors import NotFound, SepaError
+from broker.gates.errors import error_body
+from broker.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class Connection:
+    """One client socket: its subscriptions and its outgoing queue."""
+
+    def __init__(self, ws: web.WebSocketResponse, limit: int, peer: str) -> None:
+        self.ws = ws
+        self.limit = limit
+        self.peer = peer
+        self.pending: deque[Notification | dict[str, Any]] = deque()
+        self.ready = asyncio.Event()
+        self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
+        self.closing = False
+
+    def push(self, item: Notification | dict[str, Any]) -> None:
+        """Queue a message; on overflow, disconnect this client (never drop silently)."""
+        if self.closing:
+            return
+        if len(self.pending) >= self.limit:
+            self.closing = True
+            log.warning(
+                "disconnecting slow subscriber: outgoing queue full",
+                extra={"peer": self.peer, "queued": len(self.pending), "subscriptions": len(self.subscriptions)},
+            )
+            self.pending.clear()
+            asyncio.ensure_future(self.ws.close(code=1008, message=b"outgoing queue overflow: read faster"))
+            return
+        self.pending.append(item)
+        self.ready.set()
+
+    async def writer(self) -> None:
+        while not self.closing:
+            await self.ready.wait()
+            self.ready.clear()
+            while self.pending and not self.closing:
+                item = self.pending.popleft()
+                body = item.to_json() if isinstance(item, Notification) else item
+                await self.ws.send_str(json.dumps(body))
+
+
+class WebSocketGate:
+    """Handler of /subscribe; one :class:`Connection` per socket."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        counters: Counter[str],
+        *,
+        queue_limit: int = 10_000,
+        heartbeat_s: float = 30.0,
+        max_message_bytes: int = 1 << 20,
+    ) -> None:
+        self.scheduler = scheduler
+        self.counters = counters
+        self.queue_limit = queue_limit
+        self.heartbeat_s = heartbeat_s
+        self.max_message_bytes = max_message_bytes
+        self.connections: set[Connection] = set()
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes)
+        await ws.prepare(request)
+        connection = Connection(ws, self.queue_limit, request.remote or "?")
+        self.connections.add(connection)
+        self.counters["ws_connections"] += 1
+        writer = asyncio.create_task(connection.writer())
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.TEXT:
+                    await self.on_text(connection, message.data)
+                elif message.type == WSMsgType.BINARY:
+                    self.reply_error(
+                        connection, "invalid_request", "binary frames are not supported: send JSON text", 400
+                    )
+                elif message.type == WSMsgType.ERROR:
+                    break
+        finally:
+            connection.closing = True
+            writer.cancel()
+            self.connections.discard(connection)
+            await self.end_all(connection)
+        return ws
+
+    async def end_all(self, connection: Connection) -> None:
+        for spuid in list(connection.subscriptions):
+            try:
+                await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
+            except SepaError:
+                pass
+        connection.subscriptions.clear()
+
+    def reply_error(self, connection: Connection, error: str, description: str, status: int, alias: Any = None) -> None:
+        self.counters[f"ws_{error}:{status}"] += 1
+        connection.push(error_body(error, description, status, alias=alias))
+
+    async def on_text(self, connection: Connection, data: str) -> None:
+        if len(data.encode("utf-8")) > self.max_message_bytes:
+            self.reply_error(
+                connection, "request_too_large", f"messages are limited to {self.max_message_bytes} bytes", 413
+            )
+            return
+        try:
+            message = json.loads(data)
+        except ValueError as error:
+            self.reply_error(connection, "invalid_request", f"not JSON: {error}", 400)
+            return
+        if isinstance(message, dict) and isinstance(message.get("subscribe"), dict):
+            await self.subscribe(connection, message["subscribe"])
+        elif isinstance(message, dict) and isinstance(message.get("unsubscribe"), dict):
+            await self.unsubscribe(connection, message["unsubscribe"])
+        else:
+            self.reply_error(
+                connection, "invalid_request", 'expected {"subscribe": {...}} or {"unsubscribe": {...}}', 400
+            )
+
+    async def subscribe(self, connection: Connection, body: dict[str, Any]) -> None:
+        alias = body.get("alias")
+        if alias is not None and not isinstance(alias, str):
+            self.reply_error(connection, "invalid_request", "'alias' must be a string or null", 400)
+            return
+        sparql = body.get("sparql")
+        if not isinstance(sparql, str):
+            self.reply_error(connection, "invalid_request", "'sparql' (a string) is required", 400, alias)
+            return
+        graphs: dict[str, list[str]] = {}
+        for member in ("default-graph-uri", "named-graph-uri"):
+            value = body.get(member, [])
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list) or not all(isinstance(iri, str) for iri in value):
+                self.reply_error(connection, "invalid_request", f"'{member}' must be an array of IRIs", 400, alias)
+                return
+            graphs[member] = value
+        loop = asyncio.get_running_loop()
+
+        def from_engine(notification: Notification) -> None:
+            loop.call_soon_threadsafe(connection.push, notification)
+
+        try:
+            subscription = await self.scheduler.serialized(
+                self.scheduler.engine.subscribe,
+                sparql,
+                from_engine,
+                alias=alias,
+                default_graph_uri=graphs["default-graph-uri"],
+                named_graph_uri=graphs["named-graph-uri"],
+            )
+        except SepaError as error:
+            self.reply_error(connection, error.error, error.description, error.status_code, alias)
+            return
+        self.counters["ws_subscribes"] += 1
+        if connection.closing:  # the client left while we subscribed
+            await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
+            return
+        connection.subscriptions[subscription.spuid] = alias
+
+    async def unsubscribe(self, connection: Connection, body: dict[str, Any]) -> None:
+        spuid = body.get("spuid")
+        if not isinstance(spuid, str):
+            self.reply_error(connection, "invalid_request", "'spuid' (a string) is required", 400)
+            return
+        if spuid not in connection.subscriptions:
+            self.reply_error(connection, "not_found", f"no subscription {spuid} on this connection", 404)
+            return
+        alias = connection.subscriptions.pop(spuid)
+        try:
+            await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
+        except NotFound:
+            pass
+        connection.push({"unsubscribed": {"spuid": spuid, "alias": alias}})

@@ -1,0 +1,93 @@
+"""The appliance's lifecycle: build store, engine, scheduler and gates from the config, serve
+until SIGTERM/SIGINT, then finish in-flight updates, close sockets cleanly and flush the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+
+from broker.core.engine import Engine
+from broker.gates.server import Gates, GateSettings
+from broker.scheduler import Scheduler
+from broker.store import RdfStore
+from gateway.config import Config
+
+log = logging.getLogger("sepa_gateway")
+
+
+class StartupError(Exception):
+    """The gateway cannot start (port in use, data directory unusable...): one line for the operator."""
+
+
+class Gateway:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
+        self.engine = Engine(self.store, mode=config.engine.mode, allow_load=config.engine.allow_load)
+        self.scheduler = Scheduler(
+            self.engine, queue_size=config.scheduler.queue_size, query_threads=config.scheduler.query_threads
+        )
+        self.gates = Gates(
+            self.scheduler,
+            GateSettings(
+                query_path=config.http.query_path,
+                update_path=config.http.update_path,
+                subscribe_path=config.websocket.path,
+                max_request_bytes=config.http.max_request_bytes,
+                heartbeat_s=config.websocket.heartbeat_s,
+                queue_limit=config.websocket.queue_limit,
+                max_message_bytes=config.websocket.max_message_bytes,
+            ),
+        )
+        self.runners: list[web.AppRunner] = []
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> list[str]:
+        """Listen on the HTTP and WebSocket ports; returns the URLs served."""
+        host = self.config.http.host
+        plan = [
+            (self.gates.http_app(), self.config.http.port),
+            (self.gates.websocket_app(), self.config.websocket.port),
+        ]
+        for app, port in plan:
+            runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await runner.setup()
+            self.runners.append(runner)
+            try:
+                await web.TCPSite(runner, host, port, reuse_address=True).start()
+            except OSError as error:
+                await self.stop()
+                raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+        shown = "localhost" if host in ("0.0.0.0", "::") else host
+        http = f"http://{shown}:{self.config.http.port}"
+        return [
+            f"{http}{self.config.http.query_path}",
+            f"{http}{self.config.http.update_path}",
+            f"ws://{shown}:{self.config.websocket.port}{self.config.websocket.path}",
+            f"ws://{shown}:{self.config.http.port}{self.config.websocket.path}",
+            f"{http}/metrics",
+        ]
+
+    async def stop(self) -> None:
+        await self.gates.close_connections()
+        for runner in self.runners:
+            await runner.cleanup()
+        self.runners.clear()
+        await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
+        self.store.flush()
+
+    async def serve(self) -> None:
+        """Run until SIGTERM or SIGINT, then shut down cleanly."""
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stopped.set)
+        urls = await self.start()
+        store = self.config.store.data_dir or "memory"
+        log.info("sepa-gateway serving", extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode})
+        await self.stopped.wait()
+        log.info("sepa-gateway stopping: finishing in-flight updates")
+        await self.stop()
+        log.info("sepa-gateway stopped")

@@ -1,0 +1,53 @@
+"""`sepa-gateway run`: serve the SEPA broker on its embedded defaults or a TOML config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from gateway.app import Gateway, StartupError
+from gateway.config import ConfigError, load_config
+from gateway.logs import setup_logging
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="run the gateway (HTTP + WebSocket gates)")
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration (see systemd/sepa-gateway.toml)")
+    parser.add_argument("--data-dir", metavar="DIR", help="on-disk store directory (default: in-memory store)")
+    parser.add_argument("--host", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--http-port", type=int, help="SPARQL 1.1 Protocol port (default 8000)")
+    parser.add_argument("--ws-port", type=int, help="subscription WebSocket port (default 9000)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+        if args.data_dir is not None:
+            config.store.data_dir = args.data_dir
+        if args.host is not None:
+            config.http.host = args.host
+        if args.http_port is not None:
+            config.http.port = args.http_port
+        if args.ws_port is not None:
+            config.websocket.port = args.ws_port
+        config.validate()
+    except ConfigError as error:
+        print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)
+        return 2
+    setup_logging(config.logging.level)
+    try:
+        gateway = _build(config)
+        asyncio.run(gateway.serve())
+    except StartupError as error:
+        print(f"sepa-gateway: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _build(config):  # type: ignore[no-untyped-def]
+    try:
+        return Gateway(config)
+    except OSError as error:
+        raise StartupError(f"cannot open the data directory {config.store.data_dir}: {error}") from error

@@ -1,0 +1,131 @@
+"""The gateway's configuration: one TOML file, every setting with a documented default.
+
+`systemd/sepa-gateway.toml` is the annotated file with every default; a test keeps it equal to
+the defaults here. A bad file is a :class:`ConfigError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(Exception):
+    """A configuration problem, said in one line."""
+
+
+@dataclass
+class EngineConfig:
+    mode: str = "incremental"  # "incremental" (LUTT + incremental SPUs) or "naive" (re-evaluate everything)
+    allow_load: bool = False  # allow SPARQL LOAD (fetches URLs from the gateway)
+
+
+@dataclass
+class StoreConfig:
+    data_dir: str = ""  # empty: in-memory store (lost on restart); else a directory for the on-disk store
+
+
+@dataclass
+class HttpConfig:
+    host: str = "0.0.0.0"
+    port: int = 8000
+    query_path: str = "/query"
+    update_path: str = "/update"
+    max_request_bytes: int = 1 << 20  # larger request bodies get 413
+
+
+@dataclass
+class WebSocketConfig:
+    port: int = 9000  # the subscribe path is also served on the HTTP port
+    path: str = "/subscribe"
+    heartbeat_s: float = 30.0  # ping interval; a client that does not answer is dropped
+    queue_limit: int = 10_000  # notifications queued for one slow client before it is disconnected
+    max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
+
+
+@dataclass
+class SchedulerConfig:
+    queue_size: int = 1000  # requests in flight before 429 too_many_requests
+    query_threads: int = 4
+
+
+@dataclass
+class LoggingConfig:
+    level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR; INFO logs only lifecycle events
+
+
+@dataclass
+class Config:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> Config:
+        if self.engine.mode not in ("incremental", "naive"):
+            raise ConfigError(f"engine.mode must be 'incremental' or 'naive', not {self.engine.mode!r}")
+        for name, port in (("http.port", self.http.port), ("websocket.port", self.websocket.port)):
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
+        for name, value in (
+            ("http.max_request_bytes", self.http.max_request_bytes),
+            ("websocket.queue_limit", self.websocket.queue_limit),
+            ("websocket.max_message_bytes", self.websocket.max_message_bytes),
+            ("scheduler.queue_size", self.scheduler.queue_size),
+            ("scheduler.query_threads", self.scheduler.query_threads),
+        ):
+            if value < 1:
+                raise ConfigError(f"{name} must be at least 1, not {value}")
+        if self.websocket.heartbeat_s <= 0:
+            raise ConfigError("websocket.heartbeat_s must be positive")
+        for name, path in (
+            ("http.query_path", self.http.query_path),
+            ("http.update_path", self.http.update_path),
+            ("websocket.path", self.websocket.path),
+        ):
+            if not path.startswith("/"):
+                raise ConfigError(f"{name} must start with '/', not {path!r}")
+        if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
+        return self
+
+
+def _section(cls: type, name: str, values: Any) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    known = {f.name: f for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"unknown setting {name}.{key} (known: {', '.join(known)})")
+    instance = cls()
+    for key, value in values.items():
+        expected = type(getattr(instance, key))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not expected:
+            raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({value!r})")
+        setattr(instance, key, value)
+    return instance
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Defaults, overridden by the TOML file at `path` when given."""
+    if path is None:
+        return Config().validate()
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from error
+    sections = {f.name: f for f in fields(Config)}
+    config = Config()
+    for name, values in data.items():
+        if name not in sections:
+            raise ConfigError(f"unknown section [{name}] (known: {', '.join(sections)})")
+        setattr(config, name, _section(type(getattr(config, name)), name, values))
+    return config.validate()
