@@ -50,6 +50,15 @@ STORE_DATASET = Dataset()
 Step = tuple[tuple[int, object], tuple[int, object], tuple[int, object], tuple[int, object]]
 
 
+def _score(pattern: QuadPattern, known: frozenset[str]) -> int:
+    """How many of subject, predicate, object are known: the more, the cheaper the lookup."""
+    return sum(
+        1
+        for position in (pattern.subject, pattern.predicate, pattern.object)
+        if not isinstance(position, Var) or position.name in known
+    )
+
+
 @lru_cache(maxsize=4096)
 def plan(patterns: tuple[QuadPattern, ...], bound: frozenset[str]) -> tuple[Step, ...]:
     """Join order and per-position roles for `patterns` entered with `bound` variables."""
@@ -57,15 +66,7 @@ def plan(patterns: tuple[QuadPattern, ...], bound: frozenset[str]) -> tuple[Step
     remaining = list(patterns)
     steps: list[Step] = []
     while remaining:
-
-        def score(pattern: QuadPattern) -> int:
-            return sum(
-                1
-                for position in (pattern.subject, pattern.predicate, pattern.object)
-                if not isinstance(position, Var) or position.name in known
-            )
-
-        best = max(remaining, key=score)
+        best = max(remaining, key=lambda pattern, known=frozenset(known): _score(pattern, known))
         remaining.remove(best)
         roles = []
         binding_here: set[str] = set()

@@ -10,6 +10,7 @@ socket, or failing to answer pings (aiohttp heartbeat), ends all of its subscrip
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter, deque
@@ -108,10 +109,8 @@ class WebSocketGate:
 
     async def end_all(self, connection: Connection) -> None:
         for spuid in list(connection.subscriptions):
-            try:
+            with contextlib.suppress(SepaError):
                 await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
-            except SepaError:
-                pass
         connection.subscriptions.clear()
 
     def reply_error(self, connection: Connection, error: str, description: str, status: int, alias: Any = None) -> None:
@@ -187,8 +186,6 @@ class WebSocketGate:
             self.reply_error(connection, "not_found", f"no subscription {spuid} on this connection", 404)
             return
         alias = connection.subscriptions.pop(spuid)
-        try:
+        with contextlib.suppress(NotFound):
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
-        except NotFound:
-            pass
         connection.push({"unsubscribed": {"spuid": spuid, "alias": alias}})
