@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs sepa-gateway on Debian / Raspberry Pi OS as a systemd service and starts it on its
+# embedded defaults (the installed /etc/sepa-gateway/sepa-gateway.toml lists every default; the
+# service keeps its store in /var/lib/sepa-gateway/store). Safe to run again to upgrade.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+[ "$(id -u)" -eq 0 ] || exec sudo "$0" "$@"
+
+prefix=/opt/sepa-gateway
+etc=/etc/sepa-gateway
+state=/var/lib/sepa-gateway
+
+missing=()
+for package in python3 python3-venv python3-pip; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --shell /usr/sbin/nologin sepa-gateway
+
+# Debian's own interpreter: the service user must be able to run it (not a per-user Python).
+[ -x "$prefix/bin/python" ] && "$prefix/bin/python" -c "" 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -m venv "$prefix"; }
+"$prefix/bin/pip" install -q --upgrade pip
+"$prefix/bin/pip" install -q "$src"
+install -m 0644 "$src/README.md" "$prefix/README.md"
+install -d -m 0755 "$etc"
+[ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+
+if [ -d /run/systemd/system ]; then
+    install -m 0644 "$src/systemd/sepa-gateway.service" /etc/systemd/system/sepa-gateway.service
+    systemctl daemon-reload
+    systemctl enable sepa-gateway >/dev/null
+    systemctl restart sepa-gateway
+    started="systemctl status sepa-gateway; journalctl -u sepa-gateway"
+else
+    # No systemd (a container): run the same command line in the background instead.
+    pkill -f "$prefix/bin/sepa-gateway run" 2>/dev/null && sleep 1 || true
+    command=$(sed -n 's/^ExecStart=//p' "$src/systemd/sepa-gateway.service")
+    su -s /bin/sh sepa-gateway -c "nohup $command >>$state/sepa-gateway.log 2>&1 &"
+    started="$state/sepa-gateway.log (no systemd here: started in the background)"
+fi
+
+port=$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$etc/sepa-gateway.toml" | head -n 1)
+port=${port:-8000}
+for _ in $(seq 1 60); do
+    if "$prefix/bin/python" -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$port" 2>/dev/null; then
+        echo "sepa-gateway is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+        echo "logs: $started"
+        exit 0
+    fi
+    sleep 0.5
+done
+echo "sepa-gateway did not start; see $started" >&2
+exit 1
