@@ -22,7 +22,7 @@ fi
 id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --shell /usr/sbin/nologin sepa-gateway
 
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
-[ -x "$prefix/bin/python" ] && "$prefix/bin/python" -c "" 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -m venv "$prefix"; }
+"$prefix/bin/python" -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -m venv "$prefix"; }
 "$prefix/bin/pip" install -q --upgrade pip
 "$prefix/bin/pip" install -q "$src"
 install -m 0644 "$src/README.md" "$prefix/README.md"

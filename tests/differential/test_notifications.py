@@ -32,7 +32,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from pyoxigraph import Quad
 from queries import POOL, PoolQuery
-from strategies import UpdateRequest, budget, datasets, update_requests
+from strategies import Scenario, UpdateRequest, budget, scenarios
 
 from broker.core.engine import Engine
 from broker.core.notification import Notification
@@ -211,35 +211,25 @@ def step(engine: Engine, request: UpdateRequest, views: Sequence[ClientView],
 
 @pytest.mark.parametrize("mode", MODES)
 @budget(20)
-@given(dataset=datasets(), updates=st.lists(update_requests(), min_size=1, max_size=8))
-def test_notifications_rebuild_query_results(mode: str, dataset: str, updates: list[UpdateRequest]) -> None:
+@given(scenario=scenarios(max_updates=8))
+def test_notifications_rebuild_query_results(mode: str, scenario: Scenario) -> None:
     """Every pool query subscribed at once; rules (a)-(d) after every random update."""
     engine = Engine(mode=mode)
-    engine.update(dataset)
+    engine.update(scenario.dataset)
     views = [subscribe(engine, query, query.name)[1] for query in POOL]
     for view in views:
         view.check_against(engine)
-    for request in updates:
+    for request in scenario.updates:
         step(engine, request, views)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @budget(15)
 @given(
-    dataset=datasets(),
-    before=st.lists(update_requests(), max_size=3),
-    middle=st.lists(update_requests(), min_size=1, max_size=3),
-    after=st.lists(update_requests(), min_size=1, max_size=3),
+    scenario=scenarios(min_updates=3, max_updates=9),
     picks=st.lists(st.sampled_from(POOL), min_size=1, max_size=4, unique_by=lambda q: q.name),
 )
-def test_subscribe_and_unsubscribe_midway(
-    mode: str,
-    dataset: str,
-    before: list[UpdateRequest],
-    middle: list[UpdateRequest],
-    after: list[UpdateRequest],
-    picks: list[PoolQuery],
-) -> None:
+def test_subscribe_and_unsubscribe_midway(mode: str, scenario: Scenario, picks: list[PoolQuery]) -> None:
     """Subscriptions joining and leaving mid-stream.
 
     A late subscriber must start from the current result (not from an SPU's stale state), twin
@@ -247,8 +237,12 @@ def test_subscribe_and_unsubscribe_midway(
     numbers and correct views, and after unsubscribe nothing more is delivered while the twin
     sharing the same SPU keeps working.
     """
+    third = len(scenario.updates) // 3
+    before = scenario.updates[:third]
+    middle = scenario.updates[third : 2 * third]
+    after = scenario.updates[2 * third :]
     engine = Engine(mode=mode)
-    engine.update(dataset)
+    engine.update(scenario.dataset)
     early = [subscribe(engine, query, query.name) for query in picks]
     for request in before:
         step(engine, request, [view for _, view in early])

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, note
-from hypothesis import strategies as st
 from pyoxigraph import Quad, Store
-from strategies import UpdateRequest, budget, datasets, update_requests
+from strategies import Scenario, budget, scenarios
 
 from broker.core.engine import Engine
 from broker.errors import SepaError
@@ -44,15 +43,15 @@ def _show(quads: frozenset[Quad]) -> list[str]:
 
 @pytest.mark.parametrize("mode", MODES)
 @budget(60)
-@given(dataset=datasets(), updates=st.lists(update_requests(bnodes=False), min_size=1, max_size=4))
-def test_update_matches_pyoxigraph(mode: str, dataset: str, updates: list[UpdateRequest]) -> None:
+@given(scenario=scenarios(max_updates=4, bnodes=False))
+def test_update_matches_pyoxigraph(mode: str, scenario: Scenario) -> None:
     """Same request on the engine and on a plain pyoxigraph store: same outcome, exact delta."""
     engine = Engine(mode=mode)
-    engine.update(dataset)
+    engine.update(scenario.dataset)
     oracle = Store()
     oracle.extend(engine.store.ox)
-    assert all(request.deterministic for request in updates)
-    for request in updates:
+    assert all(request.deterministic for request in scenario.updates)
+    for request in scenario.updates:
         note(f"update: {request}")
         before = _quads(engine.store.ox)
         assert before == _quads(oracle), "stores diverged before the update"
