@@ -52,6 +52,7 @@ class Gateway:
             (self.gates.http_app(), self.config.http.port),
             (self.gates.websocket_app(), self.config.websocket.port),
         ]
+        bound: list[int] = []
         for app, port in plan:
             runner = web.AppRunner(app, handle_signals=False, access_log=None)
             await runner.setup()
@@ -61,13 +62,15 @@ class Gateway:
             except OSError as error:
                 await self.stop()
                 raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+            bound.append(runner.addresses[0][1] if runner.addresses else port)  # port 0: the one the OS chose
+        http_port, ws_port = bound
         shown = "localhost" if host in ("0.0.0.0", "::") else host
-        http = f"http://{shown}:{self.config.http.port}"
+        http = f"http://{shown}:{http_port}"
         return [
             f"{http}{self.config.http.query_path}",
             f"{http}{self.config.http.update_path}",
-            f"ws://{shown}:{self.config.websocket.port}{self.config.websocket.path}",
-            f"ws://{shown}:{self.config.http.port}{self.config.websocket.path}",
+            f"ws://{shown}:{ws_port}{self.config.websocket.path}",
+            f"ws://{shown}:{http_port}{self.config.websocket.path}",
             f"{http}/metrics",
         ]
 

@@ -76,6 +76,9 @@ def make_error_middleware(counters: Counter[str]) -> Callable[..., Awaitable[web
             name = HTTP_ERRORS.get(error.status, "http_error")
             counters[f"{name}:{error.status}"] += 1
             return json_error(name, error.reason or name, error.status)
+        except ConnectionResetError:  # the client left before its request was complete: not an internal fault
+            counters["invalid_request:400"] += 1
+            return json_error("invalid_request", "connection lost before the request was complete", 400)
         except Exception:
             counters["internal_error:500"] += 1
             log.exception("internal error", extra={"path": request.path})

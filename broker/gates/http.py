@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from urllib.parse import parse_qsl
 
 from aiohttp import web
-from multidict import MultiDictProxy
+from multidict import MultiDict, MultiDictProxy
 
 from broker.core.engine import Engine
 from broker.gates.errors import BadRequest, UnsupportedMediaType
@@ -25,6 +26,14 @@ def _single(params: MultiDictProxy[str], name: str) -> str | None:
     return values[0] if values else None
 
 
+async def _utf8_body(request: web.Request) -> str:
+    """The body as text: SPARQL requests are UTF-8 (strictly), whatever charset the client claims."""
+    charset = request.charset
+    if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+        raise BadRequest(f"the body must be UTF-8, not {charset}")
+    return (await request.read()).decode("utf-8")
+
+
 async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
     """The SPARQL text and the protocol parameters, from GET, form POST or direct POST."""
     if request.method == "GET":
@@ -33,7 +42,7 @@ async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str
         params = request.query
     elif request.content_type == FORM:
         try:
-            form = await request.post()
+            form = MultiDict(parse_qsl(await _utf8_body(request), keep_blank_values=True, errors="strict"))
         except UnicodeDecodeError as error:
             raise BadRequest("the form is not valid UTF-8") from error
         if _single(request.query, field) is not None:
@@ -43,7 +52,7 @@ async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str
         params = MultiDictProxy(merged)
     elif request.content_type == direct_type:
         try:
-            text = await request.text()
+            text = await _utf8_body(request)
         except UnicodeDecodeError as error:
             raise BadRequest("the body is not valid UTF-8") from error
         if _single(request.query, field) is not None:
@@ -55,6 +64,11 @@ async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str
     if text is None:
         raise BadRequest(f"missing {field!r} parameter")
     return text, params  # type: ignore[return-value]
+
+
+def _endpoint(request: web.Request) -> str:
+    """The base IRI of relative IRIs in a request: the service endpoint (SPARQL 1.1 Protocol)."""
+    return f"{request.scheme}://{request.host}{request.path}"
 
 
 class HttpGate:
@@ -74,8 +88,12 @@ class HttpGate:
         default_graphs = params.getall("default-graph-uri", [])
         named_graphs = params.getall("named-graph-uri", [])
 
+        base_iri = _endpoint(request)
+
         def run() -> tuple[bytes, str]:
-            raw = self.engine.queries.run(sparql, default_graph_uri=default_graphs, named_graph_uri=named_graphs)
+            raw = self.engine.queries.run(
+                sparql, default_graph_uri=default_graphs, named_graph_uri=named_graphs, base_iri=base_iri
+            )
             return serialize(raw, accept)
 
         body, content_type = await self.scheduler.run_query(run)
@@ -90,6 +108,7 @@ class HttpGate:
             sparql,
             using_graph_uri=params.getall("using-graph-uri", []),
             using_named_graph_uri=params.getall("using-named-graph-uri", []),
+            base_iri=_endpoint(request),
         )
         return web.Response(text=json.dumps(result.to_json()), content_type="application/json")
 

@@ -29,11 +29,13 @@ class NotAcceptable(SepaError):
     status_code = 406
 
 
-def _accepted(accept: str | None) -> list[str]:
-    """Media types of an Accept header, best first (q-values honoured, parameters ignored)."""
-    if not accept:
-        return ["*/*"]
+def _accepted(accept: str | None) -> tuple[list[str], set[str]]:
+    """Media types of an Accept header, best first (q-values honoured, parameters ignored), and the
+    media types refused with q=0."""
+    if not accept or not accept.strip():
+        return ["*/*"], set()
     ranked: list[tuple[float, int, str]] = []
+    refused: set[str] = set()
     for position, item in enumerate(accept.split(",")):
         media_type, *parameters = (part.strip() for part in item.split(";"))
         quality = 1.0
@@ -44,22 +46,30 @@ def _accepted(accept: str | None) -> list[str]:
                     quality = float(value)
                 except ValueError:
                     quality = 0.0
-        if media_type and quality > 0:
+        if not media_type:
+            continue
+        if quality > 0:
             ranked.append((-quality, position, media_type.lower()))
-    return [media_type for _, _, media_type in sorted(ranked)] or ["*/*"]
+        else:
+            refused.add(media_type.lower())
+    if not ranked and not refused:  # nothing usable in the header: as if it were absent
+        return ["*/*"], set()
+    return [media_type for _, _, media_type in sorted(ranked)], refused
 
 
 def choose(result: object, accept: str | None) -> tuple[object, str]:
     """(pyoxigraph format, media type) for this result and Accept header; raises NotAcceptable."""
     table: dict[str, object] = GRAPH_FORMATS if isinstance(result, QueryTriples) else RESULT_FORMATS  # type: ignore[assignment]
-    default = next(iter(table))
-    for media_type in _accepted(accept):
+    wanted, refused = _accepted(accept)
+    refused_formats = [table[media_type] for media_type in refused if media_type in table]
+    for media_type in wanted:
         if media_type in table:
             return table[media_type], media_type
-        if media_type in ("*/*", "application/*", "text/*") and (
-            media_type == "*/*" or default.startswith(media_type[:-1])
-        ):
-            return table[default], default
+        if media_type == "*/*" or media_type.endswith("/*"):
+            prefix = "" if media_type == "*/*" else media_type[:-1]
+            for candidate in table:  # in order of preference: the first one is the default
+                if candidate.startswith(prefix) and table[candidate] not in refused_formats:
+                    return table[candidate], candidate
     raise NotAcceptable(f"cannot produce any of {accept!r}; available: {', '.join(table)}")
 
 

@@ -16,7 +16,7 @@ import logging
 from collections import Counter, deque
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker.core.notification import Notification
 from broker.errors import NotFound, SepaError
@@ -29,14 +29,18 @@ log = logging.getLogger(__name__)
 class Connection:
     """One client socket: its subscriptions and its outgoing queue."""
 
-    def __init__(self, ws: web.WebSocketResponse, limit: int, peer: str) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, limit: int, peer: str, transport: asyncio.BaseTransport | None = None
+    ) -> None:
         self.ws = ws
         self.limit = limit
         self.peer = peer
+        self.transport = transport
         self.pending: deque[Notification | dict[str, Any]] = deque()
         self.ready = asyncio.Event()
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
         self.closing = False
+        self.dropping: asyncio.Future[None] | None = None
 
     def push(self, item: Notification | dict[str, Any]) -> None:
         """Queue a message; on overflow, disconnect this client (never drop silently)."""
@@ -49,19 +53,27 @@ class Connection:
                 extra={"peer": self.peer, "queued": len(self.pending), "subscriptions": len(self.subscriptions)},
             )
             self.pending.clear()
-            asyncio.ensure_future(self.ws.close(code=1008, message=b"outgoing queue overflow: read faster"))
+            self.dropping = asyncio.ensure_future(self.drop())  # keep a reference: tasks are weakly held
             return
         self.pending.append(item)
         self.ready.set()
 
+    async def drop(self) -> None:
+        """Close with 1008; a client that stopped reading never takes the close frame, so then abort."""
+        with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+            await asyncio.wait_for(self.ws.close(code=1008, message=b"outgoing queue overflow: read faster"), 1.0)
+        if self.transport is not None:
+            self.transport.abort()  # a plain close() would wait for the unread data to drain, forever
+
     async def writer(self) -> None:
-        while not self.closing:
-            await self.ready.wait()
-            self.ready.clear()
-            while self.pending and not self.closing:
-                item = self.pending.popleft()
-                body = item.to_json() if isinstance(item, Notification) else item
-                await self.ws.send_str(json.dumps(body))
+        with contextlib.suppress(ConnectionError):
+            while not self.closing:
+                await self.ready.wait()
+                self.ready.clear()
+                while self.pending and not self.closing:
+                    item = self.pending.popleft()
+                    body = item.to_json() if isinstance(item, Notification) else item
+                    await self.ws.send_str(json.dumps(body))
 
 
 class WebSocketGate:
@@ -86,7 +98,7 @@ class WebSocketGate:
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes)
         await ws.prepare(request)
-        connection = Connection(ws, self.queue_limit, request.remote or "?")
+        connection = Connection(ws, self.queue_limit, request.remote or "?", request.transport)
         self.connections.add(connection)
         self.counters["ws_connections"] += 1
         writer = asyncio.create_task(connection.writer())
@@ -104,6 +116,8 @@ class WebSocketGate:
             connection.closing = True
             writer.cancel()
             self.connections.discard(connection)
+            if ws.close_code == WSCloseCode.ABNORMAL_CLOSURE and connection.transport is not None:
+                connection.transport.abort()  # unanswered pings: free the socket even with unsent data
             await self.end_all(connection)
         return ws
 

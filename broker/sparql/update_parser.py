@@ -371,7 +371,7 @@ def _parse_cached(text: str, base_iri: str | None, prefixes: tuple[tuple[str, st
     return _Parser(text, base_iri, dict(prefixes)).parse()
 
 
-_SHAPES: dict[tuple[str, tuple[tuple[str, str], ...]], ParsedUpdate | None] = {}
+_SHAPES: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], ParsedUpdate | None] = {}
 SHAPE_CACHE_SIZE = 4096
 
 
@@ -383,14 +383,14 @@ def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str
     from broker.sparql.update_shapes import instantiate, split_shape
 
     prefix_items = tuple(sorted((prefixes or {}).items()))
-    split = split_shape(text) if base_iri is None else None
+    split = split_shape(text)
     if split is not None:
         shape, originals, constants = split
-        key = (shape, prefix_items)
+        key = (shape, base_iri, prefix_items)
         plan = _SHAPES.get(key, False)
         if plan is False:
             try:
-                plan = _Parser(shape, None, prefixes).parse()
+                plan = _Parser(shape, base_iri, prefixes).parse()
             except SparqlSyntaxError:
                 plan = None  # report the error on the real text below
             if len(_SHAPES) >= SHAPE_CACHE_SIZE:

@@ -6,8 +6,8 @@ in their place is parsed once, and each later request of the same shape only con
 constants and puts them in the cached plan. A placeholder is valid exactly where the constant it
 stands for is, so the shape parse also validates the instance.
 
-Requests the split cannot read safely (single-quoted or long strings, escapes, BASE) take the
-ordinary parse.
+Requests the split cannot read safely (single-quoted or long strings, escapes, BASE, relative
+IRIs) take the ordinary parse. The cache key includes the base IRI the request is parsed with.
 """
 
 from __future__ import annotations

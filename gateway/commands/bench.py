@@ -1,4 +1,4 @@
-"""``sepa-gateway bench ...``: benchmarks; today the lighting benchmark of seed 001.
+"""``sepa-gateway bench ...``: benchmarks: the in-process lighting benchmark of seed 001, and ``wire``.
 
 Why the imports inside the handler: the benchmark pulls in the engine and the generator, which
 other commands (and ``--help``) should not pay for or depend on.
@@ -10,6 +10,8 @@ import argparse
 import resource
 import sys
 from typing import Any
+
+from gateway.commands import bench_wire
 
 EXPERIMENTS = ("LAMP", "ROAD")
 MODES = ("incremental", "naive")
@@ -56,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     lighting.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     lighting.set_defaults(handler=run_lighting)
+    bench_wire.register(kinds)
 
 
 def peak_rss_mb() -> float:

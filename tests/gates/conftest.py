@@ -1,0 +1,361 @@
+"""Fixtures that run the gateway for real: a `sepa-gateway run` subprocess, or a Gateway in a thread.
+
+Both listen on 127.0.0.1 with port 0 (the OS picks free ports, so test files can run in parallel)
+and are reached over real sockets. The subprocess gateway is found through the URLs its
+"sepa-gateway serving" log line announces, then polled until it answers; on teardown it gets
+SIGTERM and must exit with code 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import pytest
+
+from gateway.app import Gateway
+from gateway.config import Config
+
+STARTUP_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 20.0
+SERVING = re.compile(r'msg="sepa-gateway serving" urls="([^"]+)"')
+
+
+@dataclass
+class Reply:
+    """One HTTP reply, read completely."""
+
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    @property
+    def media_type(self) -> str:
+        return (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class Endpoint:
+    """A running gateway reached over HTTP: `request` and the SPARQL shortcuts `query` / `update`."""
+
+    http_url: str  # http://127.0.0.1:PORT (no path)
+    ws_url: str  # ws://127.0.0.1:PORT (no path)
+    query_path = "/query"
+    update_path = "/update"
+
+    @property
+    def http_port(self) -> int:
+        port = urlsplit(self.http_url).port
+        assert port is not None
+        return port
+
+    @property
+    def ws_port(self) -> int:
+        port = urlsplit(self.ws_url).port
+        assert port is not None
+        return port
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        *,
+        params: Sequence[tuple[str, str]] | Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> Reply:
+        """Send one request on a fresh connection and read the whole reply."""
+        if params:
+            path = f"{path}{'&' if '?' in path else '?'}{urlencode(params)}"
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=dict(headers or {}))
+            response = connection.getresponse()
+            return Reply(response.status, response.headers, response.read())
+        finally:
+            connection.close()
+
+    def query(
+        self,
+        sparql: str,
+        *,
+        accept: str | None = None,
+        params: Sequence[tuple[str, str]] = (),
+    ) -> Reply:
+        """POST a query directly (application/sparql-query)."""
+        headers = {"Content-Type": "application/sparql-query"}
+        if accept is not None:
+            headers["Accept"] = accept
+        return self.request("POST", self.query_path, sparql, headers, params=params)
+
+    def select(self, sparql: str, *, params: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
+        """Rows of a SELECT as {variable: lexical value}; fails unless the reply is 200."""
+        reply = self.query(sparql, params=params)
+        assert reply.status == 200, reply.body
+        return [{name: term["value"] for name, term in row.items()} for row in reply.json()["results"]["bindings"]]
+
+    def ask(self, sparql: str, *, params: Sequence[tuple[str, str]] = ()) -> bool:
+        reply = self.query(sparql, params=params)
+        assert reply.status == 200, reply.body
+        return bool(reply.json()["boolean"])
+
+    def update(self, sparql: str, *, params: Sequence[tuple[str, str]] = ()) -> Reply:
+        """POST an update directly (application/sparql-update)."""
+        headers = {"Content-Type": "application/sparql-update"}
+        return self.request("POST", self.update_path, sparql, headers, params=params)
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples, keyed by the sample name with its labels."""
+        reply = self.request("GET", "/metrics")
+        assert reply.status == 200, reply.body
+        samples = {}
+        for line in reply.text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+
+def gateway_argv() -> list[str]:
+    """The `sepa-gateway` command of the interpreter running the tests."""
+    script = Path(sys.executable).parent / "sepa-gateway"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("sepa-gateway")
+    if found:
+        return [found]
+    return [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+
+
+@dataclass
+class RunningGateway(Endpoint):
+    """A `sepa-gateway run` subprocess; its stderr is collected line by line."""
+
+    process: subprocess.Popen[str]
+    urls: list[str] = field(default_factory=list)
+    stderr_lines: list[str] = field(default_factory=list)
+    _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+    _reader: threading.Thread | None = None
+    http_url: str = ""
+    ws_url: str = ""
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.stderr_lines.append(line.rstrip("\n"))
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def wait_for_line(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first stderr line (from now on) matching `pattern`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no stderr line matching {pattern.pattern!r}: {self.stderr_lines}")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(
+                    f"gateway exited ({self.process.wait()}) before {pattern.pattern!r}: {self.stderr_lines}"
+                )
+            match = pattern.search(line)
+            if match:
+                return match
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Send `signum` and wait for the exit code (killed after `timeout`, then the test fails)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"gateway did not stop within {timeout}s after signal {signum}") from None
+        if self._reader is not None:
+            self._reader.join(timeout)  # every stderr line is in stderr_lines once stop() returns
+        return code
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+
+def wait_until_answering(endpoint: Endpoint, timeout: float = STARTUP_TIMEOUT_S) -> None:
+    """Poll /metrics on the HTTP port and a TCP connect on the WebSocket port until both answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if endpoint.request("GET", "/metrics", timeout=2).status == 200:
+                socket.create_connection(("127.0.0.1", endpoint.ws_port), timeout=2).close()
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gateway at {endpoint.http_url} does not answer")
+        time.sleep(0.02)
+
+
+def launch_gateway(
+    *args: str,
+    config: Path | None = None,
+    data_dir: Path | None = None,
+    http_port: int = 0,
+    ws_port: int = 0,
+) -> RunningGateway:
+    """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers."""
+    argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
+    if config is not None:
+        argv += ["--config", str(config)]
+    if data_dir is not None:
+        argv += ["--data-dir", str(data_dir)]
+    argv += list(args)
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    gateway = RunningGateway(process=process)
+    gateway._reader = threading.Thread(target=gateway._drain, name="gateway-stderr", daemon=True)
+    gateway._reader.start()
+    try:
+        match = gateway.wait_for_line(SERVING, STARTUP_TIMEOUT_S)
+        gateway.urls = match.group(1).split()
+        query_url = urlsplit(gateway.urls[0])
+        ws = urlsplit(gateway.urls[2])
+        gateway.http_url = f"http://127.0.0.1:{query_url.port}"
+        gateway.ws_url = f"ws://127.0.0.1:{ws.port}"
+        gateway.query_path = query_url.path
+        gateway.update_path = urlsplit(gateway.urls[1]).path
+        wait_until_answering(gateway)
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        raise
+    return gateway
+
+
+def _stop_and_check(gateway: RunningGateway) -> None:
+    if gateway.running:
+        code = gateway.stop(signal.SIGTERM)
+        assert code == 0, f"gateway exited {code} on SIGTERM: {gateway.stderr_lines}"
+
+
+@pytest.fixture(scope="session")
+def gateway_command() -> list[str]:
+    """argv of the `sepa-gateway` command (add "run" and its options)."""
+    return gateway_argv()
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[RunningGateway]:
+    """A `sepa-gateway run` subprocess on an in-memory store, shared by the tests of one module."""
+    running = launch_gateway()
+    yield running
+    _stop_and_check(running)
+
+
+@pytest.fixture
+def start_gateway() -> Iterator[Callable[..., RunningGateway]]:
+    """Factory: start `sepa-gateway run` with extra options; every one still running at teardown
+    gets SIGTERM and must exit 0."""
+    started: list[RunningGateway] = []
+
+    def start(*args: str, config: Path | None = None, data_dir: Path | None = None) -> RunningGateway:
+        running = launch_gateway(*args, config=config, data_dir=data_dir)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        _stop_and_check(running)
+
+
+@dataclass
+class InProcessGateway(Endpoint):
+    """A :class:`gateway.app.Gateway` serving from an event loop on a background thread."""
+
+    gateway: Gateway
+    loop: asyncio.AbstractEventLoop
+    http_url: str = ""
+    ws_url: str = ""
+
+    def call(self, coroutine: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the gateway's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def submit(self, coroutine: Any) -> Any:
+        """Start a coroutine on the gateway's loop; returns its concurrent future."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+
+def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
+    config.http.host = "127.0.0.1"
+    config.http.port = 0
+    config.websocket.port = 0
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="gateway-loop", daemon=True)
+    thread.start()
+
+    async def build() -> tuple[Gateway, list[str]]:
+        built = Gateway(config.validate())
+        return built, await built.start()
+
+    built, urls = asyncio.run_coroutine_threadsafe(build(), loop).result(STARTUP_TIMEOUT_S)
+    endpoint = InProcessGateway(
+        gateway=built,
+        loop=loop,
+        http_url=f"http://127.0.0.1:{urlsplit(urls[0]).port}",
+        ws_url=f"ws://127.0.0.1:{urlsplit(urls[2]).port}",
+    )
+    wait_until_answering(endpoint)
+    return endpoint, thread
+
+
+@pytest.fixture
+def in_process_gateway() -> Iterator[Callable[[Config], InProcessGateway]]:
+    """Factory: a Gateway for `config` (host and ports forced to 127.0.0.1:0) on a thread's loop."""
+    running: list[tuple[InProcessGateway, threading.Thread]] = []
+
+    def start(config: Config | None = None) -> InProcessGateway:
+        running.append(start_in_process(config or Config()))
+        return running[-1][0]
+
+    yield start
+    for endpoint, thread in running:
+        endpoint.call(endpoint.gateway.stop(), timeout=STOP_TIMEOUT_S)
+        endpoint.loop.call_soon_threadsafe(endpoint.loop.stop)
+        thread.join(STOP_TIMEOUT_S)
+        endpoint.loop.close()
