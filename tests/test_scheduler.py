@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from broker.scheduler import Scheduler, TooManyRequests
 from broker.core.engine import Engine
+from broker.scheduler import Scheduler, TooManyRequests
 
 EX = "http://example.org/"
 

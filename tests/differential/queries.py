@@ -131,6 +131,28 @@ POOL: tuple[PoolQuery, ...] = (
     # -- blank nodes in query patterns (they act as undistinguished variables)
     _q("blank_node_pattern", "SELECT ?s ?o WHERE { ?s ex:p _:x . _:x ex:q ?o }"),
     _q("blank_node_brackets", "SELECT ?s WHERE { ?s ex:p [ ?p ?o ] }"),
+    # -- same shape, different constants: incremental engines group these and route rows by the
+    #    constants' values, so "1" / 01 / 1.0 / "1" and "a"@EN / "a"^^xsd:string must route right
+    _q("twin_other_predicate", "SELECT ?s ?o WHERE { ?s ex:q ?o }"),
+    _q("twin_other_subject", "SELECT ?p ?o WHERE { ex:s2 ?p ?o }"),
+    _q("twin_other_graph", "SELECT ?s ?o WHERE { GRAPH ex:g1 { ?s ?p ?o } }"),
+    _q("twin_filter_other_value", "SELECT ?s ?o WHERE { ?s ?p ?o FILTER(?o = 2) }"),
+    _q("object_integer_1", "SELECT ?s WHERE { ?s ?p 1 }"),
+    _q("object_integer_01", "SELECT ?s WHERE { ?s ?p 01 }"),
+    _q("object_decimal_1", "SELECT ?s WHERE { ?s ?p 1.0 }"),
+    _q("object_string_1", 'SELECT ?s WHERE { ?s ?p "1" }'),
+    _q("object_lang_upper", 'SELECT ?s ?p WHERE { ?s ?p "a"@EN }'),
+    _q("object_typed_string", 'SELECT ?s ?p WHERE { ?s ?p "a"^^xsd:string }'),
+    # -- other spellings (the engine parses subscriptions itself to find incremental shapes)
+    _q("spelled_full_datatype_iri", 'SELECT ?s WHERE { ?s ?p "2"^^<http://www.w3.org/2001/XMLSchema#integer> }'),
+    _q("spelled_string_datatype_iri", 'SELECT ?s WHERE { ?s ?p "a"^^<http://www.w3.org/2001/XMLSchema#string> }'),
+    _q("spelled_escape", r'SELECT ?s ?p WHERE { ?s ?p "\u0061" }'),
+    _q(
+        "spelled_lowercase_iris",
+        "select ?s ?o where { ?s <http://example.org/p> ?o filter(?o != <http://example.org/o>) }",
+    ),
+    _q("spelled_object_list", "SELECT ?s WHERE { ?s ex:p ex:s1 , ex:s2 }"),
+    _q("spelled_a", "SELECT ?s WHERE { ?s a ?o }"),
     # -- ASK
     _q("ask_value", "ASK { ?s ?p ?o FILTER(?o = 1) }"),
     _q("ask_graph", "ASK { GRAPH ex:g2 { ?s ?p ?o } }"),
@@ -138,6 +160,8 @@ POOL: tuple[PoolQuery, ...] = (
     # -- datasets given by the protocol (default-graph-uri / named-graph-uri) and by FROM
     _q("dataset_default_merge", "SELECT ?s ?o WHERE { ?s ex:p ?o }", default_graph_uri=(G1, G2)),
     _q("dataset_named_only", "SELECT ?g ?s WHERE { GRAPH ?g { ?s ?p ?o } }", named_graph_uri=(G1,)),
+    # named-graph-uri alone replaces the dataset: its default graph is empty (SPARQL 1.1 Query 13.2)
+    _q("dataset_named_only_default_empty", "SELECT ?s ?o WHERE { ?s ex:p ?o }", named_graph_uri=(G1,)),
     _q(
         "dataset_both",
         "SELECT ?g ?s ?o WHERE { { ?s ex:q ?o } UNION { GRAPH ?g { ?s ex:q ?o } } }",

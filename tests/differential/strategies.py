@@ -23,7 +23,8 @@ no one" is part of the contract under test.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -415,19 +416,123 @@ def _plain(text: str, *, bnodes: bool = False) -> UpdateRequest:
     return UpdateRequest(PROLOGUE + text, oracle_sparql=PROLOGUE + text, deterministic=not bnodes)
 
 
+# Multi-operation requests whose operations interact (each sees the previous ones): the net delta
+# must cancel a quad deleted and re-inserted, and count one inserted and deleted again as nothing.
+INTERACTING = (
+    "INSERT DATA { ex:s1 ex:r ex:o } ; DELETE WHERE { ex:s1 ex:r ?o }",
+    'DELETE WHERE { ?s ex:p ?o } ; INSERT DATA { ex:s1 ex:p ex:s1 . ex:s1 ex:p "a" }',
+    "INSERT { ?s ex:r ?o } WHERE { ?s ex:p ?o } ; DELETE { ?s ex:p ?o } WHERE { ?s ex:r ?o }",
+    'CLEAR DEFAULT ; INSERT DATA { ex:s1 ex:p ex:s2 . ex:s2 ex:q "a" }',
+    "CREATE SILENT GRAPH ex:g3 ; INSERT DATA { GRAPH ex:g3 { ex:s1 ex:p ex:o } } ; DROP GRAPH ex:g3",
+    "MOVE SILENT DEFAULT TO ex:g3 ; MOVE SILENT ex:g3 TO DEFAULT",
+    "COPY DEFAULT TO ex:g1 ; ADD ex:g1 TO ex:g2 ; DROP SILENT GRAPH ex:g1",
+    "DELETE { ?s ?p ?o } INSERT { ?s ?p ?o } WHERE { ?s ?p ?o } ; INSERT DATA { ex:s3 ex:q 2 }",
+    "INSERT DATA { ex:s1 ex:p 01 } ; DELETE DATA { ex:s1 ex:p 1 }",
+    'INSERT DATA { ex:s2 ex:p "a" } ; DELETE DATA { ex:s2 ex:p "a"^^xsd:string }',
+)
+
+# Other spellings of the same grammar, because the engine parses updates itself: keyword case,
+# predicate-object lists, quoting and escapes, numeric / boolean shorthands, `a`, BASE, a prefix
+# redefinition, comments, full datatype IRIs, an empty GRAPH block, a trailing `;`, and WHERE
+# clauses beyond basic graph patterns (UNION, OPTIONAL, MINUS, NOT EXISTS, property paths, BIND,
+# VALUES, subqueries). The flag says whether the request inserts blank nodes.
+SYNTAX: tuple[tuple[str, bool], ...] = (
+    ("insert data { ex:s1 ex:p ex:o . graph ex:g1 { ex:s2 ex:q ex:s1 } }", False),
+    ('INSERT DATA { ex:s1 ex:p ex:o , ex:s2 ; ex:q "a" , "b" . }', False),
+    ("INSERT DATA { ex:s1 ex:p 'a' , '''b''' , \"\"\"c\"\"\" }", False),
+    (r'INSERT DATA { ex:s1 ex:p "\u0061" , "a\"b" , "t\tx" }', False),
+    ("INSERT DATA { ex:s1 ex:p true , -1 , +2 , 1.5e0 , .5 }", False),
+    ("INSERT DATA { ex:s1 a ex:o }", False),
+    ('INSERT DATA { ex:s1 ex:p "a"@en-GB , "2"^^<http://www.w3.org/2001/XMLSchema#integer> }', False),
+    ('INSERT DATA { ex:s2 ex:q "x"^^ex:myType , "1"^^<http://www.w3.org/2001/XMLSchema#decimal> }', False),
+    ("# a comment\nINSERT DATA { ex:s1 ex:p ex:o } # trailing comment", False),
+    ("BASE <http://example.org/>\nINSERT DATA { <s1> <p> <o> . GRAPH <g1> { <s2> <q> <s1> } }", False),
+    ("PREFIX : <http://example.org/>\nINSERT DATA { :s1 :p :s2 }", False),
+    ("PREFIX ex: <http://other.example/>\nINSERT DATA { ex:s1 ex:p ex:o }", False),
+    ("INSERT DATA { GRAPH ex:g1 { ex:s1 ex:p ex:o } . ex:s2 ex:p ex:o . GRAPH ex:g2 { } }", False),
+    ("INSERT DATA { ex:s1 ex:p ex:o } ;", False),
+    ('INSERT DATA { ex:s1 ex:p [ ex:q "a" ] }', True),
+    ('INSERT DATA { ex:s1 ex:p ( ex:s1 "a" ) }', True),
+    ("INSERT DATA { [] ex:p ex:o }", True),
+    (
+        "DELETE DATA { <http://example.org/s1> <http://example.org/p> "
+        '"1"^^<http://www.w3.org/2001/XMLSchema#integer> , "a"^^<http://www.w3.org/2001/XMLSchema#string> }',
+        False,
+    ),
+    ("DELETE WHERE { ?s ex:p ?o ; ex:q ?x }", False),
+    ("INSERT { ?s ex:r ?o } WHERE { ?s ex:p ?o . FILTER (?o != ex:o) }", False),
+    ("INSERT { ?s ex:r ?o } WHERE { { ?s ex:p ?o } UNION { ?s ex:q ?o } }", False),
+    ("INSERT { ?s ex:r ?n } WHERE { { SELECT ?s (COUNT(*) AS ?n) WHERE { ?s ?p ?o } GROUP BY ?s } }", False),
+    ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o OPTIONAL { ?o ex:q ?x } FILTER(!bound(?x)) }", False),
+    ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o MINUS { ?s ex:q ?x } }", False),
+    ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o FILTER NOT EXISTS { ?o ?p2 ?x } }", False),
+    ("INSERT { ?s ex:r ?o } WHERE { ?s ex:p+ ?o }", False),
+    ("INSERT { ?s ex:r ?o } WHERE { ?s ex:p/ex:q|^ex:q ?o }", False),
+    ("INSERT { ?s ex:r ?len } WHERE { ?s ex:p ?o BIND(STRLEN(STR(?o)) AS ?len) }", False),
+    ("DELETE { ?s ?p ?o } WHERE { VALUES (?s ?p) { (ex:s1 ex:p) (ex:s2 ex:q) } ?s ?p ?o }", False),
+    ("INSERT { GRAPH ?g { ?s ex:r ?o } } WHERE { GRAPH ?g { ?s ex:p ?o } FILTER(?g = ex:g1) }", False),
+    ("INSERT { ?s ex:r ?o } WHERE { GRAPH ex:g1 { ?s ?p ?o } ?s ex:p ?x }", False),
+    ("DELETE { ?s ex:p ?o } INSERT { ?o ex:p ?s } WHERE { ?s ex:p ?o }", False),
+    (
+        "INSERT { ?s ex:q ?o } WHERE { SELECT ?s ?o WHERE { ?s ex:p ?o FILTER(isIRI(?s) && isIRI(?o)) } "
+        "ORDER BY ?s ?o LIMIT 1 }",
+        False,
+    ),
+    ('INSERT { ?s ex:q ?o } WHERE { ?s ex:p ?o FILTER(?o = "1"^^<http://www.w3.org/2001/XMLSchema#integer>) }', False),
+    ('INSERT { ?s ex:q "2"^^<http://www.w3.org/2001/XMLSchema#integer> } WHERE { ?s ex:p ?o }', False),
+    ("INSERT { _:n ex:p ?o . _:n ex:q ?s } WHERE { ?s ex:p ?o }", True),
+    ("ADD GRAPH ex:g1 TO GRAPH ex:g2", False),
+    ("clear silent graph ex:g1 ; drop silent named", False),
+)
+
+_KEYWORDS = re.compile(
+    r"\b(PREFIX|BASE|INSERT|DELETE|DATA|WHERE|GRAPH|WITH|USING|NAMED|DEFAULT|ALL|SILENT|CLEAR|DROP|"
+    r"CREATE|ADD|MOVE|COPY|TO|FILTER|IN)\b"
+)
+
+
+def respell(text: str, *, full_iris: bool, lowercase: bool) -> str:
+    """The same request with prefixed names written as full IRIs and/or lower-case keywords."""
+    if full_iris:
+        text = re.sub(r"\bex:([A-Za-z0-9_]+)", rf"<{EX}\1>", text)
+        text = re.sub(r"\bxsd:([A-Za-z0-9_]+)", rf"<{XSD}\1>", text)
+    if lowercase:
+        text = _KEYWORDS.sub(lambda m: m.group(1).lower(), text)
+    return text
+
+
 @st.composite
 def update_requests(draw: st.DrawFn, *, bnodes: bool = True, known: tuple[Quad, ...] = ()) -> UpdateRequest:
-    """Any SPARQL 1.1 Update request.
+    """Any SPARQL 1.1 Update request, sometimes respelled (full IRIs, lower-case keywords).
 
     bnodes=False: no request inserts blank nodes. known: quads of the initial data, so that
     DELETE DATA / INSERT DATA often name quads that exist (else they would nearly always be no-ops).
     """
+    request = draw(_update_request(bnodes=bnodes, known=known))
+    spelling = draw(st.integers(0, 7))
+    if spelling >= 6:
+        full_iris, lowercase = spelling == 6, spelling == 7
+        request = replace(
+            request,
+            sparql=respell(request.sparql, full_iris=full_iris, lowercase=lowercase),
+            oracle_sparql=respell(request.oracle_sparql, full_iris=full_iris, lowercase=lowercase),
+        )
+    return request
+
+
+@st.composite
+def _update_request(draw: st.DrawFn, *, bnodes: bool, known: tuple[Quad, ...]) -> UpdateRequest:
     known = tuple(q for q in known if "_:" not in q[1] + q[3])
-    choice = draw(st.integers(0, 19))  # Hypothesis favours small values: the common case first
-    if choice == 19:
+    choice = draw(st.integers(0, 21))  # Hypothesis favours small values: the common case first
+    if choice == 21:
         return _plain(draw(st.sampled_from(FAILING)))
-    if choice == 18:
+    if choice == 20:
         return _plain(draw(st.sampled_from(NO_CHANGE)))
+    if choice == 19:
+        return _plain(draw(st.sampled_from(INTERACTING)))
+    if choice == 18:
+        text, uses_bnodes = draw(st.sampled_from([entry for entry in SYNTAX if bnodes or not entry[1]]))
+        return _plain(text, bnodes=uses_bnodes)
     if choice == 17:
         return draw(_protocol_using(bnodes=bnodes))
     if choice >= 14:

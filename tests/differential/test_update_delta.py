@@ -42,7 +42,7 @@ def _show(quads: frozenset[Quad]) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@budget(60)
+@budget(400)
 @given(scenario=scenarios(max_updates=4, bnodes=False))
 def test_update_matches_pyoxigraph(mode: str, scenario: Scenario) -> None:
     """Same request on the engine and on a plain pyoxigraph store: same outcome, exact delta."""
