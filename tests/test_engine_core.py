@@ -146,3 +146,15 @@ def test_on_disk_store_keeps_data_across_reopen(tmp_path) -> None:  # type: igno
     del engine, store
     reopened = Engine(RdfStore.open(tmp_path / "data"))
     assert reopened.query(f"ASK {{ GRAPH <{EX}g> {{ <{EX}a> <{EX}b> 1 }} }}").boolean is True
+
+
+def test_same_shape_requests_keep_their_own_constants(engine: Engine) -> None:
+    """The shape cache swaps IRIs and strings, never datatype IRIs or prefix declarations."""
+    xsd_integer = "http://www.w3.org/2001/XMLSchema#integer"
+    for value in ("7", "8"):
+        result = engine.update(f'INSERT DATA {{ <{EX}s{value}> <{EX}p> "{value}"^^<{xsd_integer}> }}')
+        (quad,) = result.added
+        assert quad.subject == node(f"s{value}")
+        assert quad.object == Literal(value, datatype=NamedNode(xsd_integer))
+    result = engine.update(f'DELETE DATA {{ <{EX}s7> <{EX}p> "7"^^<{xsd_integer}> }}')
+    assert len(result.removed) == 1

@@ -36,9 +36,12 @@ def graph_list(iris: Sequence[str], what: str) -> list[NamedNode]:
 
 
 def dataset_arguments(default_graph_uri: Sequence[str], named_graph_uri: Sequence[str]) -> dict[str, object]:
-    """pyoxigraph keyword arguments for a SPARQL Protocol dataset (empty: the store's own)."""
+    """pyoxigraph keyword arguments for a SPARQL Protocol dataset (none given: the store's own).
+
+    With named-graph-uri alone the default graph is empty (SPARQL 1.1 Query §13.2).
+    """
     arguments: dict[str, object] = {}
-    if default_graph_uri:
+    if default_graph_uri or named_graph_uri:  # a protocol dataset: its default graph may be empty
         arguments["default_graph"] = graph_list(default_graph_uri, "default-graph-uri")
     if named_graph_uri:
         arguments["named_graphs"] = graph_list(named_graph_uri, "named-graph-uri")

@@ -77,7 +77,8 @@ class SpuManager:
             raise InvalidRequest("only SELECT and ASK queries can be subscribed (not CONSTRUCT or DESCRIBE)")
         variables = tuple(v.value for v in probe.variables) if kind == "QuerySolutions" else ()
         spu: SpuBase | None = None
-        if not self.naive and len(default_graph_uri) <= 1:
+        # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
+        if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
         if spu is None:
             spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes)
@@ -222,8 +223,8 @@ class SpuManager:
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
     ) -> list:
-        defaults = graph_list(default_graph_uri, "default-graph-uri") or [DEFAULT_GRAPH]
         named = graph_list(named_graph_uri, "named-graph-uri")
+        defaults = graph_list(default_graph_uri, "default-graph-uri") or ([] if named else [DEFAULT_GRAPH])
         keys = []
         for loose in query_patterns(sparql, prefixes):
             if loose.graph == LOOSE_DEFAULT:

@@ -259,9 +259,7 @@ class UpdateProcessor:
         target = DEFAULT_GRAPH if operation.target == "DEFAULT" else operation.target
         if source == target:
             return set(), set(), set(), set()
-        if verb == "MOVE" and not store.graph_exists(source):  # type: ignore[arg-type]
-            if operation.silent:
-                return set(), set(), set(), set()
+        if verb == "MOVE" and not store.graph_exists(source) and not operation.silent:  # type: ignore[arg-type]
             raise UpdateFailed(f"the graph {source} does not exist")
         source_quads = self._graph_quads(source)  # type: ignore[arg-type]
         moved = {Quad(q.subject, q.predicate, q.object, target) for q in source_quads}  # type: ignore[arg-type]
@@ -274,7 +272,7 @@ class UpdateProcessor:
         added = {quad for quad in moved if quad not in store.ox}
         if verb == "MOVE":
             removed |= source_quads
-            if isinstance(source, NamedNode):
+            if isinstance(source, NamedNode) and store.graph_exists(source):
                 dropped.add(source)
         return added, removed, set(), dropped
 

@@ -42,8 +42,10 @@ def split_shape(text: str) -> tuple[str, list[str], Constants] | None:
     for index in range(1, len(parts), 2):
         part = parts[index]
         first = part[0]
-        if first == "#" or (first == "<" and _PROLOGUE_TAIL.search(parts[index - 1])):
-            continue
+        if first == "#" or (
+            first == "<" and (_PROLOGUE_TAIL.search(parts[index - 1]) or parts[index - 1].rstrip().endswith("^^"))
+        ):
+            continue  # comments, prefix declarations and datatype IRIs are part of the shape
         slot = len(originals)
         originals.append(part)
         if first == "<":

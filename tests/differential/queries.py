@@ -34,8 +34,9 @@ class PoolQuery:
         return self.sparql.removeprefix(PROLOGUE).lstrip().startswith("ASK")
 
 
-def _q(name: str, body: str, default_graph_uri: tuple[str, ...] = (),
-       named_graph_uri: tuple[str, ...] = ()) -> PoolQuery:
+def _q(
+    name: str, body: str, default_graph_uri: tuple[str, ...] = (), named_graph_uri: tuple[str, ...] = ()
+) -> PoolQuery:
     return PoolQuery(name, PROLOGUE + body, default_graph_uri, named_graph_uri)
 
 
@@ -92,13 +93,11 @@ POOL: tuple[PoolQuery, ...] = (
     _q("count_group", "SELECT ?s (COUNT(*) AS ?n) WHERE { ?s ?p ?o } GROUP BY ?s"),
     _q(
         "count_sum_having",
-        "SELECT ?p (COUNT(DISTINCT ?o) AS ?n) (SUM(?o) AS ?sum) WHERE { ?s ?p ?o } "
-        "GROUP BY ?p HAVING (COUNT(?o) > 1)",
+        "SELECT ?p (COUNT(DISTINCT ?o) AS ?n) (SUM(?o) AS ?sum) WHERE { ?s ?p ?o } GROUP BY ?p HAVING (COUNT(?o) > 1)",
     ),
     _q(
         "min_max_avg_no_group",
-        "SELECT (MIN(?o) AS ?min) (MAX(?o) AS ?max) (AVG(?o) AS ?avg) (COUNT(?o) AS ?c) "
-        "WHERE { ?s ex:q ?o }",
+        "SELECT (MIN(?o) AS ?min) (MAX(?o) AS ?max) (AVG(?o) AS ?avg) (COUNT(?o) AS ?c) WHERE { ?s ex:q ?o }",
     ),
     _q(
         "subquery_aggregate_join",
@@ -115,13 +114,11 @@ POOL: tuple[PoolQuery, ...] = (
     _q("reduced", "SELECT REDUCED ?p WHERE { ?s ?p ?o }"),
     _q(
         "order_limit",
-        "SELECT ?s ?o WHERE { ?s ?p ?o FILTER(!isBlank(?s) && !isBlank(?o)) } "
-        f"ORDER BY ?s ?o {_TOTAL_ORDER} LIMIT 2",
+        f"SELECT ?s ?o WHERE {{ ?s ?p ?o FILTER(!isBlank(?s) && !isBlank(?o)) }} ORDER BY ?s ?o {_TOTAL_ORDER} LIMIT 2",
     ),
     _q(
         "order_desc_limit_offset",
-        "SELECT ?o WHERE { ?s ?p ?o FILTER(!isBlank(?o)) } "
-        f"ORDER BY DESC(?o) {_TOTAL_ORDER} LIMIT 3 OFFSET 1",
+        f"SELECT ?o WHERE {{ ?s ?p ?o FILTER(!isBlank(?o)) }} ORDER BY DESC(?o) {_TOTAL_ORDER} LIMIT 3 OFFSET 1",
     ),
     # -- VALUES and BIND
     _q("values", "SELECT ?s ?p ?o WHERE { VALUES ?p { ex:p ex:q } ?s ?p ?o }"),
@@ -171,7 +168,6 @@ POOL: tuple[PoolQuery, ...] = (
     _q("dataset_ask", "ASK { ?s ex:p ?o }", default_graph_uri=(G1,)),
     _q(
         "from_and_from_named",
-        "SELECT ?g ?s ?o FROM ex:g1 FROM NAMED ex:g2 "
-        "WHERE { { ?s ex:p ?o } UNION { GRAPH ?g { ?s ex:p ?o } } }",
+        "SELECT ?g ?s ?o FROM ex:g1 FROM NAMED ex:g2 WHERE { { ?s ex:p ?o } UNION { GRAPH ?g { ?s ex:p ?o } } }",
     ),
 )

@@ -19,7 +19,8 @@ After every random update, for every subscription of the pool in ``queries.py``:
 
 Also checked on the way, because a wrong delta breaks every subscriber silently: the update's
 reported ``added`` / ``removed`` equal the difference of the store's quads, and a refused update
-leaves the store as it was.
+leaves the store as it was. And since rule (a) trusts ``engine.query``, a last test checks that
+oracle itself against plain pyoxigraph (with the SPARQL 1.1 Protocol dataset rules).
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ def normalize(variables: Sequence[str], rows: Iterable[Sequence[object]]) -> Cou
 
 
 def _show(rows: Counter[NormalRow]) -> str:
-    return "; ".join(
-        f"{count}x " + " ".join(f"?{var}={term}" for var, term in row) for row, count in sorted(
-            rows.items(), key=lambda item: str(item[0])
+    return (
+        "; ".join(
+            f"{count}x " + " ".join(f"?{var}={term}" for var, term in row)
+            for row, count in sorted(rows.items(), key=lambda item: str(item[0]))
         )
-    ) or "(none)"
+        or "(none)"
+    )
 
 
 class ClientView:
@@ -127,14 +130,10 @@ class ClientView:
     def check_against(self, engine: Engine) -> None:
         """Rule (a): the rebuilt view equals the query's answer now."""
         q = self.query
-        result = engine.query(
-            q.sparql, default_graph_uri=q.default_graph_uri, named_graph_uri=q.named_graph_uri
-        )
+        result = engine.query(q.sparql, default_graph_uri=q.default_graph_uri, named_graph_uri=q.named_graph_uri)
         if q.is_ask:
             assert result.boolean is not None, f"{q.name}: query() gave no boolean"
-            assert self.boolean == result.boolean, (
-                f"{q.name}: client holds {self.boolean}, query says {result.boolean}"
-            )
+            assert self.boolean == result.boolean, f"{q.name}: client holds {self.boolean}, query says {result.boolean}"
             return
         expected = normalize(result.variables, result.rows)
         if self.variables is not None:
@@ -185,14 +184,14 @@ def apply_update(engine: Engine, request: UpdateRequest) -> UpdateResult | None:
         f"reported added {sorted(map(str, result.added))} != store diff {sorted(map(str, after - before))}"
     )
     assert result.removed == before - after, (
-        f"reported removed {sorted(map(str, result.removed))} "
-        f"!= store diff {sorted(map(str, before - after))}"
+        f"reported removed {sorted(map(str, result.removed))} != store diff {sorted(map(str, before - after))}"
     )
     return result
 
 
-def step(engine: Engine, request: UpdateRequest, views: Sequence[ClientView],
-         silent: Sequence[ClientView] = ()) -> None:
+def step(
+    engine: Engine, request: UpdateRequest, views: Sequence[ClientView], silent: Sequence[ClientView] = ()
+) -> None:
     """Apply one update, deliver its notifications, and check rules (a)-(d) on every view.
 
     `silent` are views of subscriptions that were ended: they must receive nothing.
@@ -300,8 +299,9 @@ def test_query_oracle_agrees_with_pyoxigraph(scenario: Scenario) -> None:
     for graph in engine.store.ox.named_graphs():
         oracle.add_graph(graph)
     for query in POOL:
-        got = engine.query(query.sparql, default_graph_uri=query.default_graph_uri,
-                           named_graph_uri=query.named_graph_uri)
+        got = engine.query(
+            query.sparql, default_graph_uri=query.default_graph_uri, named_graph_uri=query.named_graph_uri
+        )
         expected = _oracle_query(oracle, query)
         if isinstance(expected, bool):
             assert got.boolean == expected, f"{query.name}: engine says {got.boolean}, pyoxigraph {expected}"

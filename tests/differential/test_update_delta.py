@@ -67,9 +67,7 @@ def test_update_matches_pyoxigraph(mode: str, scenario: Scenario) -> None:
                 using_named_graph_uri=request.using_named_graph_uri,
             )
         except SepaError as error:
-            assert oracle_error is not None, (
-                f"engine refused ({type(error).__name__}: {error}); pyoxigraph accepted"
-            )
+            assert oracle_error is not None, f"engine refused ({type(error).__name__}: {error}); pyoxigraph accepted"
             assert error.status_code < 500, f"refusal reported as internal error: {error!r}"
             assert _quads(engine.store.ox) == before, "a refused update changed the engine's store"
             # pyoxigraph is atomic too, but reset anyway: this test is about the engine.
@@ -90,9 +88,7 @@ def test_update_matches_pyoxigraph(mode: str, scenario: Scenario) -> None:
             f"named graphs differ: engine {sorted(map(str, engine_graphs))}, "
             f"pyoxigraph {sorted(map(str, oracle_graphs))}"
         )
-        assert result.added == after - before, (
-            f"added {_show(result.added)} != store diff {_show(after - before)}"
-        )
+        assert result.added == after - before, f"added {_show(result.added)} != store diff {_show(after - before)}"
         assert result.removed == before - after, (
             f"removed {_show(result.removed)} != store diff {_show(before - after)}"
         )
