@@ -44,47 +44,46 @@ class Dataset:
 
 STORE_DATASET = Dataset()
 
-# A step: for each of subject, predicate, object, graph a (kind, value) pair: CONSTANT with a
-# term, BOUND with a variable bound earlier, FREE with a variable this step binds. For the graph,
-# a default-graph position is CONSTANT with None (resolved from the dataset at run time).
-Step = tuple[tuple[int, object], tuple[int, object], tuple[int, object], tuple[int, object]]
+# A step: the index of the pattern it matches and, for each of subject, predicate, object and
+# graph, a (kind, name) pair: CONSTANT (the pattern's own term; name None), BOUND (a variable bound
+# earlier), FREE (a variable this step binds). Plans depend only on the patterns' skeleton (which
+# positions are which variables), so requests that differ only in constants share one plan.
+Step = tuple[int, tuple[tuple[int, object], ...]]
 
 
-def _score(pattern: QuadPattern, known: frozenset[str]) -> int:
-    """How many of subject, predicate, object are known: the more, the cheaper the lookup."""
-    return sum(
-        1
-        for position in (pattern.subject, pattern.predicate, pattern.object)
-        if not isinstance(position, Var) or position.name in known
+def _skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
+    return tuple(
+        tuple(position.name if isinstance(position, Var) else None for position in pattern.positions())
+        for pattern in patterns
     )
 
 
+def _score(skeleton: tuple[str | None, ...], known: frozenset[str]) -> int:
+    """How many of subject, predicate, object are known: the more, the cheaper the lookup."""
+    return sum(1 for name in skeleton[:3] if name is None or name in known)
+
+
 @lru_cache(maxsize=4096)
-def plan(patterns: tuple[QuadPattern, ...], bound: frozenset[str]) -> tuple[Step, ...]:
-    """Join order and per-position roles for `patterns` entered with `bound` variables."""
+def plan(skeletons: tuple[tuple[str | None, ...], ...], bound: frozenset[str]) -> tuple[Step, ...]:
+    """Join order and per-position roles for patterns of this skeleton entered with `bound`."""
     known = set(bound)
-    remaining = list(patterns)
+    remaining = list(range(len(skeletons)))
     steps: list[Step] = []
     while remaining:
-        best = max(remaining, key=lambda pattern, known=frozenset(known): _score(pattern, known))
+        best = max(remaining, key=lambda index, known=frozenset(known): _score(skeletons[index], known))
         remaining.remove(best)
         roles = []
         binding_here: set[str] = set()
-        for index, position in enumerate(best.positions()):
-            if isinstance(position, Var):
-                if position.name in known:
-                    roles.append((BOUND, position.name))
-                elif position.name in binding_here:
-                    roles.append((BOUND, position.name))  # second occurrence within the pattern
-                else:
-                    roles.append((FREE, position.name))
-                    binding_here.add(position.name)
-            elif index == 3 and isinstance(position, DefaultGraph):
+        for name in skeletons[best]:
+            if name is None:
                 roles.append((CONSTANT, None))
+            elif name in known or name in binding_here:
+                roles.append((BOUND, name))
             else:
-                roles.append((CONSTANT, position))
+                roles.append((FREE, name))
+                binding_here.add(name)
         known |= binding_here
-        steps.append(tuple(roles))  # type: ignore[arg-type]
+        steps.append((best, tuple(roles)))
     return tuple(steps)
 
 
@@ -93,44 +92,55 @@ def evaluate_bgp(
 ) -> Iterator[Binding]:
     """All solutions of the patterns extending `binding` (each a new dict)."""
     start: Binding = dict(binding) if binding else {}
-    steps = plan(tuple(patterns), frozenset(start))
-    yield from _run(store, steps, 0, start, dataset)
+    patterns = tuple(patterns)
+    steps = plan(_skeleton(patterns), frozenset(start))
+    yield from _run(store, patterns, steps, 0, start, dataset)
 
 
-def _value(role: tuple[int, object], binding: Binding) -> object:
-    kind, value = role
+def _value(role: tuple[int, object], term: object, binding: Binding) -> object:
+    kind, name = role
     if kind == CONSTANT:
-        return value
+        return term
     if kind == BOUND:
-        return binding.get(value)  # type: ignore[arg-type]
+        return binding.get(name)  # type: ignore[arg-type]
     return None
 
 
-def _run(store: Store, steps: tuple[Step, ...], index: int, binding: Binding, dataset: Dataset) -> Iterator[Binding]:
+def _run(
+    store: Store,
+    patterns: tuple[QuadPattern, ...],
+    steps: tuple[Step, ...],
+    index: int,
+    binding: Binding,
+    dataset: Dataset,
+) -> Iterator[Binding]:
     if index == len(steps):
         yield dict(binding)
         return
-    s_role, p_role, o_role, g_role = steps[index]
-    subject = _value(s_role, binding)
-    predicate = _value(p_role, binding)
-    obj = _value(o_role, binding)
+    pattern_index, roles = steps[index]
+    pattern = patterns[pattern_index]
+    s_role, p_role, o_role, g_role = roles
+    subject = _value(s_role, pattern.subject, binding)
+    predicate = _value(p_role, pattern.predicate, binding)
+    obj = _value(o_role, pattern.object, binding)
     if isinstance(subject, Literal) or (predicate is not None and not isinstance(predicate, NamedNode)):
         return
-    g_kind, g_value = g_role
+    g_kind, g_name = g_role
     named = dataset.named
     if g_kind == CONSTANT:
-        graph = dataset.default if g_value is None else g_value
-        if g_value is not None and named is not None and graph not in named:
+        default = isinstance(pattern.graph, DefaultGraph)
+        graph = dataset.default if default else pattern.graph
+        if not default and named is not None and graph not in named:
             return
     elif g_kind == BOUND:
-        graph = binding.get(g_value)  # type: ignore[arg-type]
+        graph = binding.get(g_name)  # type: ignore[arg-type]
         if not isinstance(graph, NamedNode | BlankNode) or (named is not None and graph not in named):
             return
     else:
         graph = None
-    free = [(position, role[1]) for position, role in enumerate(steps[index]) if role[0] == FREE]
+    free = [(position, role[1]) for position, role in enumerate(roles) if role[0] == FREE]
     repeated = [
-        (position, role[1]) for position, role in enumerate(steps[index]) if role[0] == BOUND and role[1] not in binding
+        (position, role[1]) for position, role in enumerate(roles) if role[0] == BOUND and role[1] not in binding
     ]
     following = index + 1
     for quad in store.quads_for_pattern(subject, predicate, obj, graph):
@@ -139,12 +149,12 @@ def _run(store: Store, steps: tuple[Step, ...], index: int, binding: Binding, da
             if isinstance(quad_graph, DefaultGraph) or (named is not None and quad_graph not in named):
                 continue
         if not free:
-            yield from _run(store, steps, following, binding, dataset)
+            yield from _run(store, patterns, steps, following, binding, dataset)
             continue
         values = (quad.subject, quad.predicate, quad.object, quad.graph_name)
         for position, name in free:
             binding[name] = values[position]
         if all(binding[name] == values[position] for position, name in repeated):
-            yield from _run(store, steps, following, binding, dataset)
+            yield from _run(store, patterns, steps, following, binding, dataset)
         for _, name in free:
             del binding[name]
