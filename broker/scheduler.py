@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +24,8 @@ from broker.core.notification import Notification
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
 from broker.errors import SepaError
+
+log = logging.getLogger(__name__)
 
 
 class TooManyRequests(SepaError):
@@ -50,6 +54,35 @@ class AsyncSubscription:
         return await self.queue.get()
 
 
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run `call`; an error leaves this thread without its traceback frames.
+
+    The frames hold pyoxigraph objects that must not be dropped on another thread; engine bugs
+    are logged here, with their traceback, before it is cut.
+    """
+    try:
+        return call(*args, **kwargs)
+    except BaseException as error:
+        if not isinstance(error, SepaError):
+            log.exception("engine call failed")
+        chained: BaseException | None = error
+        seen: set[int] = set()
+        while chained is not None and id(chained) not in seen:
+            seen.add(id(chained))
+            chained.__traceback__ = None
+            chained = chained.__cause__ or chained.__context__
+        raise error from None
+
+
 class Scheduler:
     """Runs an :class:`Engine` off the event loop, with a bounded number of requests in flight."""
 
@@ -60,21 +93,59 @@ class Scheduler:
         self.rejected = 0
         self._updates = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-update")
         self._queries = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="sepa-query")
+        self._serial: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
+        self._draining = False
 
-    async def _run(self, executor: ThreadPoolExecutor, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def _admit(self) -> None:
         if self.in_flight >= self.queue_size:
             self.rejected += 1
             raise TooManyRequests(f"the request queue is full ({self.queue_size} requests); retry later")
+
+    async def _run(self, executor: ThreadPoolExecutor, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        self._admit()
         self.in_flight += 1
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(executor, functools.partial(call, *args, **kwargs))
+            return await loop.run_in_executor(executor, functools.partial(_clean_errors, call, *args, **kwargs))
         finally:
             self.in_flight -= 1
 
     async def serialized(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run an engine call that must not interleave with updates (subscribe, unsubscribe)."""
-        return await self._run(self._updates, call, *args, **kwargs)
+        """Run an engine call that must not interleave with updates (updates, subscribe, unsubscribe).
+
+        Calls queue in arrival order; one job on the update thread drains the queue, so a burst of
+        updates costs one hand-over to the thread, not one each (the GIL makes hand-overs dear).
+        """
+        self._admit()
+        self.in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[Any] = loop.create_future()
+            self._serial.append((functools.partial(call, *args, **kwargs), future))
+            if not self._draining:
+                self._draining = True
+                self._updates.submit(self._drain, loop)
+            return await future
+        finally:
+            self.in_flight -= 1
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the update thread: run queued serial calls in order until the queue is empty."""
+        while True:
+            try:
+                call, future = self._serial.popleft()
+            except IndexError:
+                self._draining = False
+                if not self._serial:
+                    return
+                self._draining = True  # something arrived between the two checks
+                continue
+            try:
+                result = _clean_errors(call)
+            except BaseException as error:  # delivered to the awaiting request
+                loop.call_soon_threadsafe(_settle, future, None, error)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
 
     async def run_query(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run any read-only engine call (query + serialization) on the query pool."""
@@ -82,7 +153,7 @@ class Scheduler:
 
     async def update(self, sparql: str, **options: Any) -> UpdateResult:
         """Apply an update; returns after every subscription has processed it."""
-        return await self._run(self._updates, self.engine.update, sparql, **options)
+        return await self.serialized(self.engine.update, sparql, **options)
 
     async def query(self, sparql: str, **options: Any) -> QueryResult:
         return await self._run(self._queries, self.engine.query, sparql, **options)
@@ -109,8 +180,7 @@ class Scheduler:
         def from_engine_thread(notification: Notification) -> None:
             loop.call_soon_threadsafe(deliver, notification)
 
-        handle.subscription = await self._run(
-            self._updates,
+        handle.subscription = await self.serialized(
             self.engine.subscribe,
             sparql,
             from_engine_thread,
@@ -122,7 +192,7 @@ class Scheduler:
         return handle
 
     async def unsubscribe(self, spuid: str) -> Subscription:
-        return await self._run(self._updates, self.engine.unsubscribe, spuid)
+        return await self.serialized(self.engine.unsubscribe, spuid)
 
     def close(self) -> None:
         """Finish queued updates, then stop the threads."""

@@ -23,7 +23,7 @@ from broker.sparql.patterns import QuadPattern, Var
 Binding = dict[str, object]
 
 DEFAULT_GRAPH = DefaultGraph()
-CONSTANT, BOUND, FREE = 0, 1, 2
+CONSTANT, BOUND, FREE, REPEAT = 0, 1, 2, 3
 
 
 class Dataset:
@@ -46,9 +46,11 @@ STORE_DATASET = Dataset()
 
 # A step: the index of the pattern it matches and, for each of subject, predicate, object and
 # graph, a (kind, name) pair: CONSTANT (the pattern's own term; name None), BOUND (a variable bound
-# earlier), FREE (a variable this step binds). Plans depend only on the patterns' skeleton (which
-# positions are which variables), so requests that differ only in constants share one plan.
-Step = tuple[int, tuple[tuple[int, object], ...]]
+# earlier), FREE (a variable this step binds), REPEAT (a variable this step binds twice, whose
+# values must agree); then the FREE and REPEAT (position, name) lists. Plans depend only on the
+# patterns' skeleton (which positions are which variables), so requests that differ only in
+# constants share one plan.
+Step = tuple[int, tuple[tuple[int, object], ...], tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]
 
 
 def _skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
@@ -77,13 +79,17 @@ def plan(skeletons: tuple[tuple[str | None, ...], ...], bound: frozenset[str]) -
         for name in skeletons[best]:
             if name is None:
                 roles.append((CONSTANT, None))
-            elif name in known or name in binding_here:
+            elif name in known:
                 roles.append((BOUND, name))
+            elif name in binding_here:
+                roles.append((REPEAT, name))
             else:
                 roles.append((FREE, name))
                 binding_here.add(name)
         known |= binding_here
-        steps.append((best, tuple(roles)))
+        free = tuple((position, role[1]) for position, role in enumerate(roles) if role[0] == FREE)
+        repeated = tuple((position, role[1]) for position, role in enumerate(roles) if role[0] == REPEAT)
+        steps.append((best, tuple(roles), free, repeated))  # type: ignore[arg-type]
     return tuple(steps)
 
 
@@ -103,7 +109,7 @@ def _value(role: tuple[int, object], term: object, binding: Binding) -> object:
         return term
     if kind == BOUND:
         return binding.get(name)  # type: ignore[arg-type]
-    return None
+    return None  # FREE or REPEAT: a wildcard in the lookup
 
 
 def _run(
@@ -117,7 +123,7 @@ def _run(
     if index == len(steps):
         yield dict(binding)
         return
-    pattern_index, roles = steps[index]
+    pattern_index, roles, free, repeated = steps[index]
     pattern = patterns[pattern_index]
     s_role, p_role, o_role, g_role = roles
     subject = _value(s_role, pattern.subject, binding)
@@ -138,10 +144,6 @@ def _run(
             return
     else:
         graph = None
-    free = [(position, role[1]) for position, role in enumerate(roles) if role[0] == FREE]
-    repeated = [
-        (position, role[1]) for position, role in enumerate(roles) if role[0] == BOUND and role[1] not in binding
-    ]
     following = index + 1
     for quad in store.quads_for_pattern(subject, predicate, obj, graph):
         if graph is None:

@@ -9,7 +9,6 @@ an XSD datatype is round-tripped once through a scratch store, and the answer ca
 
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
 
 from pyoxigraph import Literal, NamedNode, Quad, Store
@@ -17,18 +16,16 @@ from pyoxigraph import Literal, NamedNode, Quad, Store
 XSD = "http://www.w3.org/2001/XMLSchema#"
 XSD_STRING = XSD + "string"
 
-_scratch = Store()
-_lock = threading.Lock()
 _SUBJECT = NamedNode("urn:x-sepa:canonical")
 
 
 @lru_cache(maxsize=65536)
 def _round_trip(literal: Literal) -> Literal:
-    with _lock:
-        quad = Quad(_SUBJECT, _SUBJECT, literal)
-        _scratch.add(quad)
-        (stored,) = _scratch.quads_for_pattern(_SUBJECT, _SUBJECT, None, None)
-        _scratch.clear()
+    # A fresh scratch store each time (~7 us): a reused in-memory store keeps what was removed
+    # from it, and grows slower with every literal (measured: 0.5 ms per literal after 10k).
+    scratch = Store()
+    scratch.add(Quad(_SUBJECT, _SUBJECT, literal))
+    (stored,) = scratch.quads_for_pattern(_SUBJECT, _SUBJECT, None, None)
     return stored.object  # type: ignore[return-value]
 
 

@@ -9,7 +9,6 @@ producers repeat the same request often.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse
 
@@ -366,23 +365,34 @@ def located_error(text: str, message: str, fallback: Token | None) -> SparqlSynt
     return error_at(text, fallback, message.removeprefix("error at "))
 
 
-@lru_cache(maxsize=2048)
-def _parse_cached(text: str, base_iri: str | None, prefixes: tuple[tuple[str, str], ...]) -> ParsedUpdate:
-    return _Parser(text, base_iri, dict(prefixes)).parse()
-
-
 _SHAPES: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], ParsedUpdate | None] = {}
 SHAPE_CACHE_SIZE = 4096
+_TEXTS: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], ParsedUpdate] = {}
+TEXT_CACHE_SIZE = 4096
 
 
 def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str] | None = None) -> ParsedUpdate:
     """Parse an update request; raises SparqlSyntaxError with line and column.
 
-    Cached by shape (see :mod:`broker.sparql.update_shapes`), falling back to a full parse.
+    Cached by exact text (producers repeat requests), then by shape (see
+    :mod:`broker.sparql.update_shapes`), falling back to a full parse.
     """
+    prefix_items = tuple(sorted((prefixes or {}).items()))
+    seen = _TEXTS.get((text, base_iri, prefix_items))
+    if seen is not None:
+        return seen
+    parsed = _parse_shaped(text, base_iri, prefixes, prefix_items)
+    if len(_TEXTS) >= TEXT_CACHE_SIZE:
+        _TEXTS.clear()
+    _TEXTS[(text, base_iri, prefix_items)] = parsed
+    return parsed
+
+
+def _parse_shaped(
+    text: str, base_iri: str | None, prefixes: dict[str, str] | None, prefix_items: tuple[tuple[str, str], ...]
+) -> ParsedUpdate:
     from broker.sparql.update_shapes import instantiate, split_shape
 
-    prefix_items = tuple(sorted((prefixes or {}).items()))
     split = split_shape(text)
     if split is not None:
         shape, originals, constants = split
@@ -398,7 +408,7 @@ def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str
             _SHAPES[key] = plan
         if plan is not None:
             return instantiate(plan, originals, constants)  # type: ignore[arg-type]
-    return _parse_cached(text, base_iri, prefix_items)
+    return _Parser(text, base_iri, prefixes).parse()
 
 
 def fresh_blank_nodes(quads: tuple[Quad, ...]) -> list[Quad]:
