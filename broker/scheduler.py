@@ -168,14 +168,15 @@ class Scheduler:
         named_graph_uri: Sequence[str] = (),
         prefixes: dict[str, str] | None = None,
     ) -> AsyncSubscription:
-        """Subscribe; notifications go to `callback` (called on the loop) and to the async iterator."""
+        """Subscribe; notifications go to `callback` (called on the loop), else to the async iterator."""
         loop = asyncio.get_running_loop()
         handle = AsyncSubscription()
 
         def deliver(notification: Notification) -> None:
-            handle.queue.put_nowait(notification)
             if callback is not None:
                 callback(notification)
+            else:
+                handle.queue.put_nowait(notification)
 
         def from_engine_thread(notification: Notification) -> None:
             loop.call_soon_threadsafe(deliver, notification)

@@ -76,6 +76,7 @@ class SpuManager:
         if kind == "QueryTriples":
             raise InvalidRequest("only SELECT and ASK queries can be subscribed (not CONSTRUCT or DESCRIBE)")
         variables = tuple(v.value for v in probe.variables) if kind == "QuerySolutions" else ()
+        del probe  # a lazy pyoxigraph result must be dropped on the thread that made it
         spu: SpuBase | None = None
         # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
         if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):

@@ -258,8 +258,12 @@ def post_quads(x: int, y: int) -> list[Quad]:
     timestamp = Literal(str(TIMESTAMP_BASE_US + (x * 1000 + y) * 1_000_003), datatype=XSD_LONG)
     fahrenheit = x % 10 == 0
     sensors = (
-        ("Temperature", "TEMPERATURE", "FAHRENHEIT" if fahrenheit else "CELSIUS",
-         str((x + 3 * y) % 35 + (32 if fahrenheit else 0))),
+        (
+            "Temperature",
+            "TEMPERATURE",
+            "FAHRENHEIT" if fahrenheit else "CELSIUS",
+            str((x + 3 * y) % 35 + (32 if fahrenheit else 0)),
+        ),
         ("Presence", "PRESENCE", "BOOLEAN", "True" if (x * y) % 4 == 0 else "False"),
     )
     for kind, sensor_type, unit, value in sensors:

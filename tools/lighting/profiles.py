@@ -151,13 +151,9 @@ def s_profile() -> tuple[SubscriptionSpec, ...]:
 
 def all_subscribed_profile() -> tuple[SubscriptionSpec, ...]:
     """Variant: every lamp (9,500 S_LAMP) and every road (310 S_ROAD) subscribed, m = 9,810."""
-    subs = [
-        subscription_lamp(x, y, 0) for x in range(1, N_ROADS + 1) for y in range(1, lamps_in_road(x) + 1)
-    ]
+    subs = [subscription_lamp(x, y, 0) for x in range(1, N_ROADS + 1) for y in range(1, lamps_in_road(x) + 1)]
     subs += [subscription_road(x, 0) for x in range(1, N_ROADS + 1)]
-    return tuple(
-        SubscriptionSpec(j, s.name, s.sparql, s.road, s.lamp) for j, s in enumerate(subs, start=1)
-    )
+    return tuple(SubscriptionSpec(j, s.name, s.sparql, s.road, s.lamp) for j, s in enumerate(subs, start=1))
 
 
 # -- experiments and their expected figures --------------------------------------------------------
@@ -216,10 +212,7 @@ class Experiment:
             by_road.setdefault(s.road, []).append(s)
         out = []
         for u in self.updates:
-            changed = [
-                lamp for lamp in u.lamps
-                if dimming.get(lamp, initial_dimming(*lamp)) != DIMMING_SET_BY_UPDATES
-            ]
+            changed = [lamp for lamp in u.lamps if dimming.get(lamp, initial_dimming(*lamp)) != DIMMING_SET_BY_UPDATES]
             for lamp in changed:
                 dimming[lamp] = DIMMING_SET_BY_UPDATES
             hit = {s.index for lamp in changed for s in by_road.get(lamp[0], ()) if s.monitors(lamp)}
@@ -239,4 +232,3 @@ def experiment(name: str, *, all_subscribed: bool = False) -> Experiment:
         raise ValueError(f"unknown experiment {name!r}; expected one of {', '.join(EXPERIMENTS)}")
     subs = all_subscribed_profile() if all_subscribed else s_profile()
     return Experiment(name, updates[name](), subs)
-

@@ -89,8 +89,13 @@ def run_experiment(exp: Experiment, mode: str, log: Log | None = None) -> dict[s
     """One experiment in one engine mode on a fresh engine; returns the KPI dict of :mod:`kpi`."""
     say = log or (lambda _msg: None)
     meas = kpi.Measurements(
-        exp.name, mode, exp.n, exp.m, exp.nu_avg,
-        expected_notifications=exp.expected_notifications, expected_lhr_percent=exp.lhr_percent,
+        exp.name,
+        mode,
+        exp.n,
+        exp.m,
+        exp.nu_avg,
+        expected_notifications=exp.expected_notifications,
+        expected_lhr_percent=exp.lhr_percent,
     )
     engine = Engine(mode=mode)
     started = time.perf_counter()
@@ -124,8 +129,8 @@ def run_experiment(exp: Experiment, mode: str, log: Log | None = None) -> dict[s
     meas.latencies = recorder.latencies
     meas.notifications = recorder.count
     meas.late_notifications = recorder.late
-    meas.unexpected_notifications, meas.missing_notifications, meas.notified_subscriptions = (
-        recorder.compare(exp.notified)
+    meas.unexpected_notifications, meas.missing_notifications, meas.notified_subscriptions = recorder.compare(
+        exp.notified
     )
     del engine
     gc.collect()

@@ -48,8 +48,6 @@ class OxigraphProcess:
 def start(children: Children, binary: str, workdir: Path, timeout: float = 30.0) -> OxigraphProcess:
     """``oxigraph serve --bind 127.0.0.1:PORT`` (in-memory store), once it answers HTTP."""
     port = free_port()
-    child = children.start(
-        "oxigraph", [binary, "serve", "--bind", f"{HOST}:{port}"], log_path=workdir / "oxigraph.log"
-    )
+    child = children.start("oxigraph", [binary, "serve", "--bind", f"{HOST}:{port}"], log_path=workdir / "oxigraph.log")
     wait_http(f"http://{HOST}:{port}/", child, timeout)
     return OxigraphProcess(child, port)

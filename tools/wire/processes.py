@@ -264,9 +264,7 @@ def start_gateway(
     """
     config = workdir / "gateway.toml"
     config.write_text(
-        GATEWAY_CONFIG.format(
-            allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes
-        ),
+        GATEWAY_CONFIG.format(allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes),
         encoding="utf-8",
     )
     launcher = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"

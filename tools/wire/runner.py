@@ -77,8 +77,15 @@ def publish(children: Children, url: str, options: WireOptions, deadline: Deadli
     """Run the publisher process against `url` and return its report."""
     limit = deadline.left(options.timeout_s)
     argv = python_module(
-        "tools.wire.publisher", "--url", url, "--updates", str(options.updates),
-        "--concurrency", str(options.concurrency), "--timeout", f"{limit:.0f}",
+        "tools.wire.publisher",
+        "--url",
+        url,
+        "--updates",
+        str(options.updates),
+        "--concurrency",
+        str(options.concurrency),
+        "--timeout",
+        f"{limit:.0f}",
     )
     log(f"{label}: sending {options.updates:,} updates, {options.concurrency} in flight")
     publisher = children.start(f"{label} publisher", argv, pipes=True)
@@ -93,32 +100,47 @@ def publish(children: Children, url: str, options: WireOptions, deadline: Deadli
 
 
 def gateway_phase(
-    children: Children, workdir: Path, kb: loader.KnowledgeBase, options: WireOptions, expected: int,
-    deadline: Deadline, log: Log,
+    children: Children,
+    workdir: Path,
+    kb: loader.KnowledgeBase,
+    options: WireOptions,
+    expected: int,
+    deadline: Deadline,
+    log: Log,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """(facts, publisher report, subscriber report) of the gateway with its subscriptions."""
     gateway = processes.start_gateway(
-        children, workdir, allow_load=options.load_method == "load", max_request_bytes=INSERT_MAX_REQUEST_BYTES,
+        children,
+        workdir,
+        allow_load=options.load_method == "load",
+        max_request_bytes=INSERT_MAX_REQUEST_BYTES,
         timeout=deadline.left(60),
     )
     log(f"gateway: pid {gateway.child.pid}, http://{processes.HOST}:{gateway.http_port}, {gateway.subscribe_url}")
     with processes.explain_failure(gateway.child):
-        load_s = asyncio.run(asyncio.wait_for(
-            loader.load_gateway(gateway.update_url, kb, options.load_method), deadline.left(600)
-        ))
+        load_s = asyncio.run(
+            asyncio.wait_for(loader.load_gateway(gateway.update_url, kb, options.load_method), deadline.left(600))
+        )
         triples = asyncio.run(loader.count_triples(gateway.query_url))
         log(f"gateway: {triples:,} triples loaded in {load_s:.2f} s ({options.load_method}, {len(kb.chunks)} requests)")
         if triples != kb.triples:
             raise BenchError(f"the gateway holds {triples} triples after loading, not {kb.triples}")
 
         argv = python_module(
-            "tools.wire.subscriber", "--url", gateway.subscribe_url, "--sockets", str(options.sockets),
-            "--timeout", f"{deadline.left(300):.0f}",
+            "tools.wire.subscriber",
+            "--url",
+            gateway.subscribe_url,
+            "--sockets",
+            str(options.sockets),
+            "--timeout",
+            f"{deadline.left(300):.0f}",
         )
         subscriber = children.start("subscriber", argv, pipes=True)
         ready = subscriber.receive(deadline.left(300) + 10)
-        log(f"subscriber: {ready['subscriptions']:,} subscriptions on {ready['sockets']} WebSockets, "
-            f"every sequence-0 reply in {ready['seconds']:.2f} s")
+        log(
+            f"subscriber: {ready['subscriptions']:,} subscriptions on {ready['sockets']} WebSockets, "
+            f"every sequence-0 reply in {ready['seconds']:.2f} s"
+        )
 
         metrics_url = f"http://{processes.HOST}:{gateway.http_port}/metrics"
         engine_before = engine_seconds(metrics_url)
@@ -147,8 +169,13 @@ def gateway_phase(
 
 
 def oxigraph_phase(
-    children: Children, workdir: Path, kb: loader.KnowledgeBase, binary: str, options: WireOptions,
-    deadline: Deadline, log: Log,
+    children: Children,
+    workdir: Path,
+    kb: loader.KnowledgeBase,
+    binary: str,
+    options: WireOptions,
+    deadline: Deadline,
+    log: Log,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(facts, publisher report) of Oxigraph with the same knowledge base and stream."""
     server = oxigraph.start(children, binary, workdir, timeout=deadline.left(60))
@@ -178,8 +205,10 @@ def run(options: WireOptions, log: Log | None = None) -> dict[str, Any]:
     expected = workload.expected_notifications(stream, workload.subscriptions())
     chunk = loader.LOAD_CHUNK_TRIPLES if options.load_method == "load" else loader.INSERT_CHUNK_TRIPLES
     kb = loader.generate(options.lamps_per_road, chunk)
-    say(f"knowledge base: {kb.triples:,} triples, {kb.size_bytes / 1e6:.0f} MB of N-Triples in "
-        f"{len(kb.chunks)} chunks, generated in {kb.seconds:.1f} s")
+    say(
+        f"knowledge base: {kb.triples:,} triples, {kb.size_bytes / 1e6:.0f} MB of N-Triples in "
+        f"{len(kb.chunks)} chunks, generated in {kb.seconds:.1f} s"
+    )
 
     with tempfile.TemporaryDirectory(prefix="sepa-wire-") as tmp, Children() as children:
         workdir = Path(tmp)
@@ -189,6 +218,4 @@ def run(options: WireOptions, log: Log | None = None) -> dict[str, Any]:
             oxigraph_facts, oxigraph_published = oxigraph_phase(children, workdir, kb, binary, options, deadline, say)
             facts.update(oxigraph_facts)
     matching = report.match(expected, stream, notes["notifications"], published["sent_ns"])
-    return report.summarize(
-        published=published, matching=matching, oxigraph_published=oxigraph_published, facts=facts
-    )
+    return report.summarize(published=published, matching=matching, oxigraph_published=oxigraph_published, facts=facts)

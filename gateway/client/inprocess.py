@@ -1,0 +1,163 @@
+"""InProcessTransport: the client API straight onto the engine, through the scheduler.
+
+Why through the :class:`~broker.scheduler.Scheduler` and not the engine directly: the scheduler is
+the one path every update takes (ARCHITECTURE.md principle 2), it keeps blocking engine calls off
+the event loop, and it applies the same admission control (429) to adapters as to HTTP clients.
+No sockets, no JSON: results and notifications are the engine's own objects, handed over by
+reference.
+
+``inline=True`` runs the engine calls on the event loop's own thread instead (the engine is
+thread-safe; a call made while the scheduler's thread holds the engine waits for it). Under the
+GIL a second thread buys responsiveness, not parallelism, and each hop to it and back costs about
+as much as a small update (~60 us on this 2-core VM: +90 % on the lighting LAMP profile). Inline
+calls block the loop for the duration of each engine call, so use it only for producers of small,
+frequent updates in a process that has nothing latency-critical on its loop (tools/client_overhead
+measures both); the gateway's own gates always go through the scheduler's thread.
+
+Notifications are produced on the engine's update thread; they reach the sink through
+``loop.call_soon_threadsafe``, which preserves their order. A notification racing with the loop's
+shutdown is dropped rather than raised into the engine thread, where it would fail somebody
+else's update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from broker.core.engine import Engine
+from broker.core.notification import Notification
+from broker.core.results import QueryResult
+from broker.core.subscription import Subscription
+from broker.errors import NotFound, SepaError
+from broker.scheduler import Scheduler
+from gateway.client.errors import SepaClientError
+from gateway.client.transport import NotificationSink, TransportSubscription, UpdateSummary
+
+
+class InProcessTransport:
+    """A :class:`~gateway.client.transport.Transport` over a Scheduler (or an Engine it wraps in one)."""
+
+    def __init__(self, broker: Scheduler | Engine, *, queue_size: int = 1000, inline: bool = False) -> None:
+        self.inline = inline
+        if isinstance(broker, Engine):
+            self.scheduler = Scheduler(broker, queue_size=queue_size)
+            self._owns_scheduler = True
+        else:
+            self.scheduler = broker
+            self._owns_scheduler = False
+        self._subscriptions: dict[str, TransportSubscription] = {}
+        self._orphans: set[asyncio.Future[Subscription]] = set()
+        self._closed = False
+
+    @property
+    def engine(self) -> Engine:
+        return self.scheduler.engine
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SepaClientError("invalid_request", "the client is closed", 400)
+
+    async def query(
+        self, sparql: str, *, default_graph_uri: Sequence[str] = (), named_graph_uri: Sequence[str] = ()
+    ) -> QueryResult:
+        self._check_open()
+        try:
+            result: QueryResult = await self.scheduler.query(
+                sparql, default_graph_uri=tuple(default_graph_uri), named_graph_uri=tuple(named_graph_uri)
+            )
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+        return result
+
+    async def update(
+        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+    ) -> UpdateSummary:
+        self._check_open()
+        options = {"using_graph_uri": tuple(using_graph_uri), "using_named_graph_uri": tuple(using_named_graph_uri)}
+        try:
+            if self.inline:
+                result = self.engine.update(sparql, **options)  # type: ignore[arg-type]
+            else:
+                result = await self.scheduler.update(sparql, **options)
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+        return UpdateSummary.of(result)
+
+    async def subscribe(
+        self,
+        sparql: str,
+        sink: NotificationSink,
+        *,
+        alias: str | None = None,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+    ) -> TransportSubscription:
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        handle = TransportSubscription(sparql, sink, alias, tuple(default_graph_uri), tuple(named_graph_uri))
+
+        def deliver(notification: Notification) -> None:
+            if handle.active:
+                sink.notify(notification, resync=False)
+
+        def from_engine_thread(notification: Notification) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
+                loop.call_soon_threadsafe(deliver, notification)
+
+        call = asyncio.ensure_future(
+            self.scheduler.serialized(
+                self.engine.subscribe,
+                sparql,
+                from_engine_thread,
+                alias=alias,
+                default_graph_uri=handle.default_graph_uri,
+                named_graph_uri=handle.named_graph_uri,
+            )
+        )
+        try:
+            subscription = await asyncio.shield(call)
+        except SepaError as error:
+            raise SepaClientError.from_engine(error, alias=alias) from error
+        except asyncio.CancelledError:
+            # the engine thread may still complete the subscription: end it then, or it would leak
+            handle.active = False
+            call.add_done_callback(self._end_orphan)
+            raise
+        handle.spuid = subscription.spuid
+        self._subscriptions[handle.spuid] = handle
+        # sequence 0 was queued with call_soon_threadsafe before the executor's result, so it has
+        # already been delivered; yield once anyway so this holds for any future scheduler too
+        await asyncio.sleep(0)
+        return handle
+
+    def _end_orphan(self, call: asyncio.Future[Subscription]) -> None:
+        if not call.cancelled() and call.exception() is None:
+            task = asyncio.ensure_future(self.scheduler.unsubscribe(call.result().spuid))
+            self._orphans.add(task)
+            task.add_done_callback(self._orphans.discard)
+
+    async def unsubscribe(self, subscription: TransportSubscription) -> None:
+        subscription.active = False
+        if self._subscriptions.pop(subscription.spuid, None) is None:
+            return
+        try:
+            await self.scheduler.unsubscribe(subscription.spuid)
+        except NotFound:
+            pass  # already ended on the engine side: the caller's wish is fulfilled
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+
+    async def close(self) -> None:
+        """Unsubscribe everything (the engine would otherwise keep calling into this loop)."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in list(self._subscriptions.values()):
+            handle.active = False
+            with contextlib.suppress(SepaError):
+                await self.scheduler.serialized(self.engine.unsubscribe, handle.spuid)
+        self._subscriptions.clear()
+        if self._owns_scheduler:
+            await asyncio.to_thread(self.scheduler.close)

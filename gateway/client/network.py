@@ -1,0 +1,651 @@
+"""NetworkTransport: the SPARQL 1.1 SE Protocol over HTTP and one WebSocket (PROTOCOL.md).
+
+Why it is written against PROTOCOL.md only (no knowledge of this broker's internals): the same
+client must work against any SEPA broker, so everything here is what the wire says. Queries and
+updates are SPARQL 1.1 Protocol POSTs (``application/sparql-query`` /
+``application/sparql-update``, graphs as URL parameters); results are parsed from SPARQL JSON (or
+N-Triples for CONSTRUCT/DESCRIBE) into the engine's own :class:`QueryResult` of pyoxigraph terms,
+so an application cannot tell this transport from the in-process one.
+
+All of a client's subscriptions share ONE WebSocket. Replies are matched as the protocol allows:
+a sequence-0 notification or an error answers the oldest pending subscribe with the same alias,
+so every subscribe is sent with an alias (the application's, or a generated unique one when it
+gave none; the application still sees its own alias). Later notifications are routed by spuid;
+``unsubscribed`` replies by spuid.
+
+Reconnection. When the socket drops while subscriptions are live, the transport reconnects with
+exponential backoff and jitter (:class:`ReconnectPolicy`: the delay of attempt k is
+``min(max_delay_s, initial_delay_s * multiplier**k)`` scaled by a random factor in
+``[1 - jitter, 1]``, optionally a bounded number of attempts), then subscribes every live
+subscription again. The new sequence-0 result is delivered to the subscription's sink with
+``resync=True``; the client diffs it against its view, so the application sees one synthetic
+notification instead of a duplicate or a gap. A notification whose sequence number is not the
+next one expected (a broker bug or a lost frame) is treated like a lost connection: the socket is
+closed and everything is re-synchronised the same way.
+
+Requests during an outage (decision documented in gateway/client/README.md):
+  * queries are idempotent and are retried with the same backoff for up to
+    ``ReconnectPolicy.query_retry_s`` seconds, then fail with :class:`SepaConnectionError`;
+  * updates are never retried (not idempotent, and a lost reply leaves their fate unknown):
+    ``connection_failed`` when nothing was sent, ``connection_lost`` when the reply was lost;
+  * subscribe fails at once with ``connection_failed`` while the socket is down (the live
+    subscriptions are restored automatically); unsubscribe succeeds at once (the broker ends every
+    subscription of a closed socket);
+  * requests waiting for a reply on the socket when it drops fail with ``connection_lost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pyoxigraph import RdfFormat, Triple, parse
+
+from broker.core.notification import Notification
+from broker.core.results import QueryResult
+from broker.sparql.terms import Row, term_from_json
+from gateway.client.errors import SepaClientError, SepaConnectionError
+from gateway.client.transport import NotificationSink, TransportSubscription, UpdateSummary
+
+log = logging.getLogger(__name__)
+
+QUERY_TYPE = "application/sparql-query"
+UPDATE_TYPE = "application/sparql-update"
+JSON_TYPES = ("application/sparql-results+json", "application/json")
+# SELECT/ASK come back as SPARQL JSON; CONSTRUCT/DESCRIBE (not JSON-representable) as N-Triples
+QUERY_ACCEPT = "application/sparql-results+json, application/n-triples;q=0.9, text/turtle;q=0.8"
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectPolicy:
+    """How the network transport reconnects its WebSocket (and retries queries).
+
+    Exponential backoff with "equal jitter": attempt k (from 0) waits
+    ``min(max_delay_s, initial_delay_s * multiplier**k) * (1 - jitter * U)`` with U uniform in
+    [0, 1), so delays are bounded by `max_delay_s` and clients that lost the same broker do not
+    come back in lock-step. `max_attempts` None means keep trying for ever (an IoT gateway's
+    clients should outlive a broker restart); after that many failed attempts every live
+    subscription ends with a :class:`SepaConnectionError`.
+    """
+
+    enabled: bool = True
+    initial_delay_s: float = 0.1
+    max_delay_s: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    max_attempts: int | None = None
+    query_retry_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.initial_delay_s < 0 or self.max_delay_s < self.initial_delay_s or self.multiplier < 1:
+            raise ValueError("need 0 <= initial_delay_s <= max_delay_s and multiplier >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter is a fraction in [0, 1]")
+        if self.max_attempts is not None and self.max_attempts < 0:
+            raise ValueError("max_attempts must be >= 0 (or None: for ever)")
+
+    def delay(self, attempt: int, uniform: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before reconnection attempt `attempt` (0-based)."""
+        ceiling = min(self.max_delay_s, self.initial_delay_s * self.multiplier ** min(attempt, 64))
+        return ceiling * (1.0 - self.jitter * uniform())
+
+
+# -- parsing the wire ------------------------------------------------------------------------------
+
+
+def _row(variables: Sequence[str], binding: dict[str, Any]) -> Row:
+    return tuple(term_from_json(binding[name]) if name in binding else None for name in variables)
+
+
+def parse_results_json(document: Any) -> QueryResult:
+    """A SPARQL 1.1 Query Results JSON document as a QueryResult of pyoxigraph terms."""
+    if "boolean" in document:
+        return QueryResult("ask", boolean=bool(document["boolean"]))
+    variables = tuple(document.get("head", {}).get("vars", []))
+    bindings = document.get("results", {}).get("bindings", [])
+    return QueryResult("select", variables, tuple(_row(variables, binding) for binding in bindings))
+
+
+def parse_query_reply(content_type: str, body: bytes) -> QueryResult:
+    """A query reply body (SPARQL JSON, or an RDF graph for CONSTRUCT/DESCRIBE) as a QueryResult."""
+    if content_type in JSON_TYPES or not content_type:
+        return parse_results_json(json.loads(body))
+    rdf_format = RdfFormat.from_media_type(content_type)
+    if rdf_format is None:
+        raise SepaClientError("invalid_response", f"the broker answered a query with {content_type}", 502)
+    quads = parse(body, format=rdf_format)
+    return QueryResult("graph", triples=tuple(Triple(q.subject, q.predicate, q.object) for q in quads))
+
+
+def parse_notification(body: dict[str, Any], alias: str | None) -> Notification:
+    """The `notification` member of a WebSocket message as the engine's Notification.
+
+    `alias` replaces the wire alias (which may be one the transport generated). ASK notifications
+    carry ``{"head": {}, "boolean": b}``; removedResults holds the previous value after sequence 0.
+    """
+    added = body.get("addedResults") or {}
+    removed = body.get("removedResults") or {}
+    spuid, sequence = str(body.get("spuid")), int(body.get("sequence", 0))
+    if "boolean" in added:
+        previous = removed.get("boolean")
+        return Notification(
+            spuid,
+            alias,
+            sequence,
+            (),
+            boolean=bool(added["boolean"]),
+            previous=None if previous is None else bool(previous),
+        )
+    variables = tuple(added.get("head", {}).get("vars") or removed.get("head", {}).get("vars") or ())
+    added_rows = tuple(_row(variables, b) for b in added.get("results", {}).get("bindings", []))
+    removed_rows = tuple(_row(variables, b) for b in removed.get("results", {}).get("bindings", []))
+    return Notification(spuid, alias, sequence, variables, added_rows, removed_rows)
+
+
+# -- per-subscription bookkeeping -------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _State:
+    wire_alias: str
+    expected: int = 0  # next sequence number from the broker
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A subscribe waiting for its sequence-0 reply (or its error)."""
+
+    handle: TransportSubscription
+    future: asyncio.Future[None]
+    resync: bool
+    abandoned: bool = False  # the caller stopped waiting: end the subscription if it arrives
+
+
+@dataclass
+class NetworkStats:
+    """What the transport did, for tests, logs and metrics."""
+
+    connects: int = 0
+    reconnects: int = 0
+    reconnect_attempts: int = 0
+    resubscriptions: int = 0
+    sequence_gaps: int = 0
+    query_retries: int = 0
+    delays: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+
+
+class NetworkTransport:
+    """A :class:`~gateway.client.transport.Transport` speaking PROTOCOL.md to a broker."""
+
+    def __init__(
+        self,
+        query_url: str,
+        update_url: str,
+        subscribe_url: str,
+        *,
+        reconnect: ReconnectPolicy | None = None,
+        request_timeout_s: float = 30.0,
+        heartbeat_s: float | None = 10.0,
+        authorization: str | None = None,
+        max_message_bytes: int = 64 << 20,
+    ) -> None:
+        self.query_url = query_url
+        self.update_url = update_url
+        self.subscribe_url = subscribe_url
+        self.reconnect = reconnect or ReconnectPolicy()
+        self.request_timeout_s = request_timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.authorization = authorization
+        self.max_message_bytes = max_message_bytes
+        self.stats = NetworkStats()
+        self.state = "idle"  # idle | connected | reconnecting | closed
+        self._session: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._resubscriber: asyncio.Task[None] | None = None
+        self._connect_lock: asyncio.Lock | None = None
+        self._live: dict[TransportSubscription, None] = {}  # ordered set of established subscriptions
+        self._by_spuid: dict[str, TransportSubscription] = {}
+        self._pending: dict[str, deque[_Pending]] = {}
+        self._unsubscribing: dict[str, asyncio.Future[None]] = {}
+        self._background: set[asyncio.Future[Any]] = set()
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self.state == "closed":
+            raise SepaClientError("invalid_request", "the client is closed", 400)
+        if self._session is None:
+            # no session-wide total timeout: it would also bound the WebSocket handshake's lifetime;
+            # each HTTP request gets its own
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self._session
+
+    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
+        headers = {"Content-Type": f"{content_type}; charset=utf-8", "Accept": accept}
+        if self.authorization is not None:
+            headers["Authorization"] = self.authorization
+        return headers
+
+    async def _post(
+        self, url: str, text: str, content_type: str, params: list[tuple[str, str]], accept: str
+    ) -> tuple[int, str, bytes]:
+        session = self._http()
+        try:
+            async with session.post(
+                url,
+                data=text.encode("utf-8"),
+                params=params,
+                headers=self._headers(content_type, accept),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
+            ) as response:
+                return response.status, response.content_type, await response.read()
+        except aiohttp.ClientConnectorError as error:
+            raise SepaConnectionError("connection_failed", f"cannot connect to {url}: {error}") from error
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            detail = str(error) or type(error).__name__
+            raise SepaConnectionError("connection_lost", f"no reply from {url}: {detail}") from error
+
+    @staticmethod
+    def _refusal(status: int, content_type: str, body: bytes) -> SepaClientError:
+        text = body.decode("utf-8", errors="replace")
+        try:
+            document = json.loads(text)
+        except ValueError:
+            document = None
+        return SepaClientError.from_json(document, status_code=status, fallback=text[:500] or f"HTTP {status}")
+
+    async def query(
+        self, sparql: str, *, default_graph_uri: Sequence[str] = (), named_graph_uri: Sequence[str] = ()
+    ) -> QueryResult:
+        params = [("default-graph-uri", iri) for iri in default_graph_uri]
+        params += [("named-graph-uri", iri) for iri in named_graph_uri]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.reconnect.query_retry_s if self.reconnect.enabled else 0.0)
+        attempt = 0
+        while True:
+            try:
+                status, content_type, body = await self._post(self.query_url, sparql, QUERY_TYPE, params, QUERY_ACCEPT)
+                break
+            except SepaConnectionError:
+                delay = self.reconnect.delay(attempt)
+                if loop.time() + delay > deadline:
+                    raise
+                self.stats.query_retries += 1
+                attempt += 1
+                await asyncio.sleep(delay)
+        if status != 200:
+            raise self._refusal(status, content_type, body)
+        try:
+            return parse_query_reply(content_type, body)
+        except (ValueError, KeyError, TypeError, SyntaxError) as error:
+            raise SepaClientError("invalid_response", f"unreadable query result: {error}", 502) from error
+
+    async def update(
+        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+    ) -> UpdateSummary:
+        params = [("using-graph-uri", iri) for iri in using_graph_uri]
+        params += [("using-named-graph-uri", iri) for iri in using_named_graph_uri]
+        status, content_type, body = await self._post(self.update_url, sparql, UPDATE_TYPE, params, "application/json")
+        if status != 200:
+            raise self._refusal(status, content_type, body)
+        try:
+            document = json.loads(body) if body.strip() else {}
+        except ValueError:
+            document = {}
+        document = document if isinstance(document, dict) else {}
+
+        def count(name: str) -> int:
+            value = document.get(name, 0)
+            return value if isinstance(value, int) else 0
+
+        return UpdateSummary(count("added"), count("removed"), count("notifications"))
+
+    # -- the WebSocket --------------------------------------------------------------------------------
+
+    async def _open_socket(self) -> aiohttp.ClientWebSocketResponse:
+        session = self._http()
+        try:
+            ws = await asyncio.wait_for(
+                session.ws_connect(self.subscribe_url, heartbeat=self.heartbeat_s, max_msg_size=self.max_message_bytes),
+                self.request_timeout_s,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            detail = str(error) or type(error).__name__
+            raise SepaConnectionError("connection_failed", f"cannot open {self.subscribe_url}: {detail}") from error
+        self.stats.connects += 1
+        return ws
+
+    async def _connected(self) -> aiohttp.ClientWebSocketResponse:
+        """The open socket, opening it (and starting its reader) on first use."""
+        if self.state == "closed":
+            raise SepaClientError("invalid_request", "the client is closed", 400)
+        if self.state == "reconnecting" or (self.state == "connected" and (self._ws is None or self._ws.closed)):
+            # (a socket that closed but whose reader has not noticed yet is the supervisor's to replace)
+            raise SepaConnectionError(
+                "connection_failed", f"the connection to {self.subscribe_url} is down; reconnecting"
+            )
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if self.state == "connected" and self._ws is not None and not self._ws.closed:
+                return self._ws
+            ws = await self._open_socket()
+            self._ws, self.state = ws, "connected"
+            self._supervisor = asyncio.create_task(self._supervise(ws), name="sepa-client-websocket")
+            return ws
+
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse, message: dict[str, Any]) -> None:
+        try:
+            await ws.send_str(json.dumps(message))
+        except (ConnectionError, aiohttp.ClientError, RuntimeError) as error:
+            raise SepaConnectionError("connection_lost", f"cannot send on {self.subscribe_url}: {error}") from error
+
+    def _subscribe_message(self, handle: TransportSubscription) -> dict[str, Any]:
+        body: dict[str, Any] = {"sparql": handle.sparql, "alias": handle.state.wire_alias}
+        if handle.default_graph_uri:
+            body["default-graph-uri"] = list(handle.default_graph_uri)
+        if handle.named_graph_uri:
+            body["named-graph-uri"] = list(handle.named_graph_uri)
+        if self.authorization is not None:
+            body["authorization"] = self.authorization
+        return {"subscribe": body}
+
+    async def _request_subscription(
+        self, ws: aiohttp.ClientWebSocketResponse, handle: TransportSubscription, *, resync: bool
+    ) -> None:
+        """Send one subscribe and wait until its sequence 0 was delivered (or its error)."""
+        pending = _Pending(handle, asyncio.get_running_loop().create_future(), resync)
+        queue = self._pending.setdefault(handle.state.wire_alias, deque())
+        queue.append(pending)
+        try:
+            await self._send(ws, self._subscribe_message(handle))
+        except SepaConnectionError:
+            with contextlib.suppress(ValueError):
+                queue.remove(pending)
+            raise
+        try:
+            await asyncio.wait_for(asyncio.shield(pending.future), self.request_timeout_s)
+        except asyncio.CancelledError:
+            pending.abandoned = True  # if the reply ever comes, the reader ends that subscription
+            raise
+        except TimeoutError as error:
+            pending.abandoned = True
+            raise SepaConnectionError(
+                "connection_lost", f"no reply to subscribe within {self.request_timeout_s} s", alias=handle.alias
+            ) from error
+
+    async def subscribe(
+        self,
+        sparql: str,
+        sink: NotificationSink,
+        *,
+        alias: str | None = None,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+    ) -> TransportSubscription:
+        ws = await self._connected()
+        handle = TransportSubscription(sparql, sink, alias, tuple(default_graph_uri), tuple(named_graph_uri))
+        handle.state = _State(alias if alias is not None else f"sepa-client/{uuid.uuid4().hex}")
+        try:
+            await self._request_subscription(ws, handle, resync=False)
+        except SepaClientError:
+            handle.active = False  # errors carry the application's alias, never a generated one
+            raise
+        return handle
+
+    async def unsubscribe(self, subscription: TransportSubscription) -> None:
+        subscription.active = False
+        self._live.pop(subscription, None)
+        spuid = subscription.spuid
+        if self._by_spuid.get(spuid) is not subscription:
+            return  # never established, or ended with a previous socket
+        del self._by_spuid[spuid]
+        ws = self._ws
+        if ws is None or ws.closed or self.state != "connected":
+            return  # the broker ends every subscription of a closed socket
+        future = asyncio.get_running_loop().create_future()
+        self._unsubscribing[spuid] = future
+        message: dict[str, Any] = {"spuid": spuid}
+        if self.authorization is not None:
+            message["authorization"] = self.authorization
+        try:
+            await self._send(ws, {"unsubscribe": message})
+            await asyncio.wait_for(asyncio.shield(future), self.request_timeout_s)
+        except SepaConnectionError:
+            return  # the socket closed: so did the subscription
+        except TimeoutError as error:
+            raise SepaConnectionError(
+                "connection_lost", f"no reply to unsubscribe within {self.request_timeout_s} s"
+            ) from error
+        except SepaClientError as error:
+            if error.error != "not_found":  # already gone is what the caller wanted
+                raise
+        finally:
+            self._unsubscribing.pop(spuid, None)
+
+    # -- reading, routing, reconnecting -------------------------------------------------------------
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Route every message until the socket closes."""
+        try:
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    self._on_text(ws, message.data)
+                elif message.type == aiohttp.WSMsgType.ERROR:
+                    log.info("websocket error on %s: %s", self.subscribe_url, ws.exception())
+                    break
+        except (ConnectionError, aiohttp.ClientError) as error:
+            log.info("websocket to %s lost: %s", self.subscribe_url, error)
+
+    def _on_text(self, ws: aiohttp.ClientWebSocketResponse, data: str) -> None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            log.warning("ignoring a non-JSON message from %s", self.subscribe_url)
+            return
+        if not isinstance(message, dict):
+            return
+        try:
+            if isinstance(message.get("notification"), dict):
+                self._on_notification(ws, message["notification"])
+            elif isinstance(message.get("unsubscribed"), dict):
+                future = self._unsubscribing.get(str(message["unsubscribed"].get("spuid")))
+                if future is not None and not future.done():
+                    future.set_result(None)
+            elif "error" in message:
+                self._on_error(message)
+        except Exception:  # one bad message must not end every subscription of the socket
+            log.exception("cannot handle a message from %s: %.200s", self.subscribe_url, data)
+
+    def _on_notification(self, ws: aiohttp.ClientWebSocketResponse, body: dict[str, Any]) -> None:
+        spuid = body.get("spuid")
+        sequence = body.get("sequence")
+        handle = self._by_spuid.get(spuid) if isinstance(spuid, str) else None
+        if handle is not None:
+            if sequence != handle.state.expected:
+                self.stats.sequence_gaps += 1
+                expected = handle.state.expected
+                log.warning("subscription %s: sequence %s, expected %s; re-synchronising", spuid, sequence, expected)
+                self._by_spuid.clear()  # nothing more from this socket: everything is re-subscribed
+                self._spawn(ws.close())
+                return
+            handle.state.expected += 1
+            self._deliver(handle, parse_notification(body, handle.alias), resync=False)
+            return
+        if sequence != 0:
+            return  # a subscription ended locally; its last notifications may still be in flight
+        queue = self._pending.get(str(body.get("alias")))
+        if not queue:
+            log.debug("unexpected sequence 0 for %s", spuid)
+            return
+        pending = queue.popleft()
+        handle = pending.handle
+        if pending.abandoned or not handle.active:
+            self._spawn(self._send(ws, {"unsubscribe": {"spuid": spuid}}))
+            if not pending.future.done():
+                pending.future.set_result(None)
+            return
+        handle.spuid = str(spuid)
+        handle.state.expected = 1
+        self._by_spuid[handle.spuid] = handle
+        self._live[handle] = None
+        if pending.resync:
+            self.stats.resubscriptions += 1
+        self._deliver(handle, parse_notification(body, handle.alias), resync=pending.resync)
+        if not pending.future.done():
+            pending.future.set_result(None)
+
+    def _deliver(self, handle: TransportSubscription, notification: Notification, *, resync: bool) -> None:
+        try:
+            handle.sink.notify(notification, resync=resync)
+        except Exception:
+            log.exception("notification sink failed for %s", handle.spuid)
+
+    def _on_error(self, message: dict[str, Any]) -> None:
+        error = SepaClientError.from_json(message)
+        alias = message.get("alias")
+        queue = self._pending.get(alias) if isinstance(alias, str) else None
+        if queue:
+            pending = queue.popleft()
+            error.alias = pending.handle.alias
+            if not pending.future.done():
+                pending.future.set_exception(error)
+            if pending.resync:  # the broker refuses a subscription it accepted before
+                self._end(pending.handle, error)
+            return
+        if alias is None and self._unsubscribing:
+            for future in self._unsubscribing.values():
+                if not future.done():
+                    future.set_exception(error)
+                    return
+        log.warning("unmatched error from %s: %s", self.subscribe_url, message)
+
+    def _end(self, handle: TransportSubscription, error: SepaClientError) -> None:
+        handle.active = False
+        self._live.pop(handle, None)
+        try:
+            handle.sink.lost(error)
+        except Exception:
+            log.exception("notification sink failed for %s", handle.spuid)
+
+    def _fail_pending(self, error: SepaConnectionError) -> None:
+        for queue in self._pending.values():
+            for pending in queue:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+                    pending.future.exception()  # mark retrieved: nobody may be waiting any more
+        self._pending.clear()
+        for future in self._unsubscribing.values():
+            if not future.done():
+                future.set_exception(error)
+                future.exception()
+
+    def _spawn(self, awaitable: Any) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self._background.add(task)
+
+        def done(finished: asyncio.Future[Any]) -> None:
+            self._background.discard(finished)
+            if not finished.cancelled():
+                finished.exception()  # a failed fire-and-forget send is not worth a warning
+
+        task.add_done_callback(done)
+
+    async def _supervise(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Read the socket; when it drops, reconnect and re-subscribe while subscriptions are live."""
+        while True:
+            await self._read(ws)
+            self._ws = None
+            self._by_spuid.clear()
+            if self._resubscriber is not None:
+                self._resubscriber.cancel()
+            self._fail_pending(
+                SepaConnectionError("connection_lost", f"the connection to {self.subscribe_url} was lost")
+            )
+            if self.state == "closed":
+                return
+            if not self._live:
+                self.state = "idle"  # nothing to restore: the next subscribe reconnects
+                return
+            self.state = "reconnecting"
+            log.warning("websocket to %s lost; %d subscriptions to restore", self.subscribe_url, len(self._live))
+            reopened = await self._reopen() if self.reconnect.enabled else None
+            if reopened is None:
+                error = SepaConnectionError(
+                    "connection_lost", f"the connection to {self.subscribe_url} was lost and could not be restored"
+                )
+                for handle in list(self._live):
+                    self._end(handle, error)
+                if self.state != "closed":
+                    self.state = "idle"
+                return
+            ws = reopened
+            self._ws, self.state = ws, "connected"
+            self.stats.reconnects += 1
+            self._resubscriber = asyncio.create_task(self._resubscribe_all(ws), name="sepa-client-resubscribe")
+
+    async def _reopen(self) -> aiohttp.ClientWebSocketResponse | None:
+        attempt = 0
+        while self.state == "reconnecting":
+            if self.reconnect.max_attempts is not None and attempt >= self.reconnect.max_attempts:
+                log.error("giving up on %s after %d attempts", self.subscribe_url, attempt)
+                return None
+            delay = self.reconnect.delay(attempt)
+            self.stats.delays.append(delay)
+            await asyncio.sleep(delay)
+            attempt += 1
+            self.stats.reconnect_attempts += 1
+            if not self._live:
+                return None  # everything was unsubscribed meanwhile
+            with contextlib.suppress(SepaConnectionError):
+                return await self._open_socket()
+        return None
+
+    async def _resubscribe_all(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Subscribe every live subscription again; each new sequence 0 goes out with resync=True."""
+        handles = [handle for handle in self._live if handle.active]
+
+        async def one(handle: TransportSubscription) -> None:
+            try:
+                await self._request_subscription(ws, handle, resync=True)
+            except SepaConnectionError:
+                # the socket dropped again, or the broker did not answer: either way the supervisor
+                # starts over (reconnect, re-subscribe everything) once this socket is closed
+                if not ws.closed:
+                    self._spawn(ws.close())
+            except SepaClientError as error:
+                log.error("re-subscribing %s was refused: %s", handle.alias or handle.spuid, error)
+                # _on_error already ended it
+
+        await asyncio.gather(*(one(handle) for handle in handles))
+        log.info("re-subscribed %d subscriptions on %s", len(handles), self.subscribe_url)
+
+    async def close(self) -> None:
+        """Close the socket (the broker ends its subscriptions) and the HTTP session."""
+        if self.state == "closed":
+            return
+        self.state = "closed"
+        for handle in self._live:
+            handle.active = False
+        self._live.clear()
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+        for task in (self._supervisor, self._resubscriber, *self._background):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        self._fail_pending(SepaConnectionError("connection_lost", "the client was closed"))
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,110 @@
+"""The transport protocol: what a client needs from a broker, whatever carries the requests.
+
+Why a protocol with two implementations (ARCHITECTURE.md principle 1, adapters are clients): the
+MQTT/CoAP adapters and the cloud shipper run inside the gateway process and must not pay for
+sockets and JSON, while external applications talk to a broker over the network; both must see
+exactly the same API and the same result objects, so every feature an adapter needs is one every
+user gets. Queries return the engine's :class:`~broker.core.results.QueryResult`, notifications
+are the engine's :class:`~broker.core.notification.Notification`, updates an
+:class:`UpdateSummary`.
+
+A transport only moves requests and notifications. Sequence numbers as the application sees
+them, the result view and the resynchronisation after a reconnect live in the client
+(:mod:`gateway.client.client`), so they are the same code for every transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from broker.core.notification import Notification
+from broker.core.results import QueryResult, UpdateResult
+from gateway.client.errors import SepaClientError
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSummary:
+    """What an update changed, as the broker acknowledged it (after end of processing).
+
+    `added` / `removed` count the quads really added and removed (PROTOCOL.md: the reply counts
+    them); `notifications` is how many notifications the update produced (0 when the broker does
+    not say). `result` is the engine's full :class:`UpdateResult` (with the quads themselves) when
+    the in-process transport produced the summary, None over the network.
+    """
+
+    added: int
+    removed: int
+    notifications: int = 0
+    result: UpdateResult | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, result: UpdateResult) -> UpdateSummary:
+        return cls(len(result.added), len(result.removed), result.notifications, result)
+
+
+class NotificationSink(Protocol):
+    """Where a transport delivers one subscription's notifications (on the event loop)."""
+
+    def notify(self, notification: Notification, *, resync: bool) -> None:
+        """A notification in server order. `resync` marks the complete result (sequence 0) sent
+        again after a re-subscription: the receiver diffs it against what it holds."""
+
+    def lost(self, error: SepaClientError) -> None:
+        """The subscription ended without being asked to (reconnection given up, re-subscribe refused)."""
+
+
+@dataclass(eq=False)
+class TransportSubscription:
+    """A transport's handle of one live subscription.
+
+    `spuid` is the broker's current identifier; it changes when the network transport
+    re-subscribes after a reconnection, so callers keep this handle, never the string.
+    """
+
+    sparql: str
+    sink: NotificationSink
+    alias: str | None = None
+    default_graph_uri: tuple[str, ...] = ()
+    named_graph_uri: tuple[str, ...] = ()
+    spuid: str = ""
+    active: bool = True
+    state: Any = None  # the transport's own bookkeeping
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """The four operations of the SPARQL 1.1 SE Protocol, plus close."""
+
+    async def query(
+        self, sparql: str, *, default_graph_uri: Sequence[str] = (), named_graph_uri: Sequence[str] = ()
+    ) -> QueryResult:
+        """Evaluate a query (SELECT, ASK, CONSTRUCT, DESCRIBE); raises SepaClientError."""
+        ...
+
+    async def update(
+        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+    ) -> UpdateSummary:
+        """Apply an update; returns after the broker's end of processing; raises SepaClientError."""
+        ...
+
+    async def subscribe(
+        self,
+        sparql: str,
+        sink: NotificationSink,
+        *,
+        alias: str | None = None,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+    ) -> TransportSubscription:
+        """Subscribe; the sequence-0 notification has been given to `sink` when this returns."""
+        ...
+
+    async def unsubscribe(self, subscription: TransportSubscription) -> None:
+        """End a subscription; no notification reaches its sink after this returns."""
+        ...
+
+    async def close(self) -> None:
+        """End every subscription and release sockets and threads."""
+        ...
