@@ -15,9 +15,10 @@ def test_modes_deliver_the_same_notifications() -> None:
     lamp = experiment("LAMP")
     small = Experiment("LAMP", lamp.updates[:12], lamp.subscriptions[:60] + lamp.subscriptions[-4:])
     assert small.expected_notifications > 0
-    report = measure(1, small, modes=("direct", "client"))
+    report = measure(1, small, modes=("direct", "client", "client_inline"))
     assert report["notifications"] == {
         "direct": [small.expected_notifications],
         "client": [small.expected_notifications],
+        "client_inline": [small.expected_notifications],
     }
-    assert set(report["added_cost_percent"]) == {"client"}
+    assert set(report["added_cost_percent"]) == {"client", "client_inline"}
