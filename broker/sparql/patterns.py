@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
 from broker.sparql.canonical import canonical
-from broker.sparql.tokens import Token, error_at, matching_brace
+from broker.sparql.tokens import Token, matching_brace
 
 VAR_IRI = "urn:x-sepa-var:"
 
@@ -176,16 +176,3 @@ def parse_block(trig: str, prologue: str, base_iri: str | None) -> list[QuadPatt
 def ground_quad(pattern: QuadPattern) -> Quad:
     """A pattern without variables as a Quad."""
     return Quad(pattern.subject, pattern.predicate, pattern.object, pattern.graph)  # type: ignore[arg-type]
-
-
-__all__ = [
-    "VAR_IRI",
-    "BlockSyntax",
-    "Position",
-    "QuadPattern",
-    "Var",
-    "block_to_trig",
-    "error_at",
-    "ground_quad",
-    "parse_block",
-]

@@ -21,7 +21,7 @@ from pyoxigraph import DefaultGraph, Literal, NamedNode, RdfFormat, parse
 
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
-from broker.sparql.tokens import Token, matching_brace, tokenize
+from broker.sparql.tokens import matching_brace, tokenize
 
 RDF_TYPE = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
 PARAM_PREFIX = "__sepa_p"
@@ -360,6 +360,3 @@ def _position(raw: object, allow_param: bool, constants: list[object], param_var
 def _is_literal(raw: object, constants: list[object]) -> bool:
     kind, value = raw  # type: ignore[misc]
     return kind == "const" and isinstance(constants[value], Literal)
-
-
-__all__ = ["Branch", "NotIncremental", "Shape", "ShapedQuery", "Token", "shape_query"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse
+from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.errors import SparqlSyntaxError
 from broker.sparql.patterns import BlockSyntax, QuadPattern, block_to_trig, ground_quad, parse_block
@@ -425,6 +425,3 @@ def fresh_blank_nodes(quads: tuple[Quad, ...]) -> list[Quad]:
     if not any(isinstance(t, BlankNode) for quad in quads for t in (quad.subject, quad.object, quad.graph_name)):
         return list(quads)
     return [Quad(fresh(q.subject), q.predicate, fresh(q.object), fresh(q.graph_name)) for q in quads]
-
-
-__all__ = ["DataOp", "DefaultGraph", "GraphOp", "LoadOp", "ModifyOp", "Operation", "ParsedUpdate", "parse_update"]
