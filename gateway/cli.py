@@ -12,7 +12,7 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ("gateway.commands.run", "gateway.commands.bench")
+COMMAND_MODULES: tuple[str, ...] = ("gateway.commands.run", "gateway.commands.bench", "gateway.commands.client")
 
 
 def build_parser() -> argparse.ArgumentParser:
