@@ -36,8 +36,17 @@ def test_table_ii_sizes(quads: list[ox.Quad]) -> None:
 def test_every_post_has_its_lamp_sensors_and_35_triples(quads: list[ox.Quad]) -> None:
     assert all(len(kb.post_quads(x, y)) == kb.TRIPLES_PER_POST for x, y in [(1, 1), (150, 25), (310, 100)])
     predicates = Counter(q.predicate.value.removeprefix(kb.NS) for q in quads)
-    for per_post in ("isConnectedTo", "hasLamp", "hasDimmingValue", "hasStatus", "hasLampType",
-                     "hasLatitude", "hasLongitude", "hasTemperatureSensor", "hasPresenceSensor"):
+    for per_post in (
+        "isConnectedTo",
+        "hasLamp",
+        "hasDimmingValue",
+        "hasStatus",
+        "hasLampType",
+        "hasLatitude",
+        "hasLongitude",
+        "hasTemperatureSensor",
+        "hasPresenceSensor",
+    ):
         assert predicates[per_post] == kb.N_POSTS, per_post
     assert predicates["hasMeasure"] == predicates["hasValue"] == kb.N_SENSORS
     dimming = [q.object for q in quads if q.predicate.value == kb.NS + "hasDimmingValue"]
@@ -133,9 +142,17 @@ def test_kpis_follow_table_i() -> None:
     from tools.lighting import kpi
 
     meas = kpi.Measurements(
-        "ROAD", "incremental", n=310, m=1004, nu_avg=30.6, update_seconds=[0.25] * 310,
+        "ROAD",
+        "incremental",
+        n=310,
+        m=1004,
+        nu_avg=30.6,
+        update_seconds=[0.25] * 310,
         stage_seconds={"t_update_s": 27.125, "t_lutt_s": 2.0, "t_booster_s": 48.0, "t_notify_s": 0.5},
-        lutt_hits=2240, latencies=[0.002, 0.5], notifications=1004, expected_notifications=1004,
+        lutt_hits=2240,
+        latencies=[0.002, 0.5],
+        notifications=1004,
+        expected_notifications=1004,
     )
     k = kpi.compute(meas)
     assert k["t_total_s"] == pytest.approx(77.5)
