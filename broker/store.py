@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, Store
+
+from broker.core.clock import EngineClock
 
 
 class RdfStore:
@@ -18,6 +21,11 @@ class RdfStore:
     def __init__(self, ox: Store, path: Path | None = None) -> None:
         self.ox = ox
         self.path = path
+        self.clock = EngineClock()
+
+    def query(self, sparql: str, **options: Any) -> Any:
+        """pyoxigraph's query with the engine clock's SPARQL functions (broker.core.clock)."""
+        return self.ox.query(sparql, custom_functions=self.clock.functions(), **options)
 
     @classmethod
     def memory(cls) -> RdfStore:

@@ -60,7 +60,7 @@ class Engine:
         Returns after end of processing with the quads really added and removed. Raises
         SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure.
         """
-        with self._update_lock:
+        with self._update_lock, self.store.clock.request():
             started = time.perf_counter()
             delta = self.updates.compute(
                 sparql,

@@ -66,7 +66,7 @@ class QueryProcessor:
     ) -> RawResult:
         """Evaluate and return pyoxigraph's lazy result (iterate it, or serialize it directly)."""
         try:
-            return self.store.ox.query(
+            return self.store.query(
                 sparql,
                 base_iri=base_iri,
                 prefixes=prefixes,

@@ -17,13 +17,14 @@ import logging
 from collections import Counter
 from collections.abc import Iterator, Sequence
 
-from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Store, Variable
+from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
 from broker.core.bgp import Dataset, evaluate_bgp
 from broker.core.subscription import Subscription
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
 from broker.sparql.terms import Row
+from broker.store import RdfStore
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class IncrementalSpu(SpuBase):
         self.counts: Counter[Row] = Counter()
         self.total = 0
 
-    def load(self, store: Store) -> None:
+    def load(self, store: RdfStore) -> None:
         """Initial evaluation (sequence 0)."""
         for index, branch in enumerate(self.group.shape.branches):
             binding = dict(zip(branch.param_vars, self.params[index], strict=True))
@@ -162,7 +163,7 @@ class ShapeGroup:
     def project(self, branch: int, mu: Mu) -> Row:
         return tuple(mu[index] if index >= 0 else None for index in self.projections[branch])  # type: ignore[misc]
 
-    def solutions(self, store: Store, branch_index: int, binding: dict[str, object], skip: int = -1) -> Iterator[Mu]:
+    def solutions(self, store: RdfStore, branch_index: int, binding: dict[str, object], skip: int = -1) -> Iterator[Mu]:
         """Solutions of one branch extending `binding`, as tuples in Branch.variables order.
 
         `skip`: index of a pattern already known to match under `binding` (the changed quad
@@ -173,7 +174,7 @@ class ShapeGroup:
         query = self.branch_queries[branch_index]
         if query is None:
             patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
-            for solution in evaluate_bgp(store, patterns, binding, self.dataset):
+            for solution in evaluate_bgp(store.ox, patterns, binding, self.dataset):
                 yield tuple(solution.get(name) for name in names)
             return
         substitutions = {Variable(name): value for name, value in binding.items()}
@@ -206,7 +207,7 @@ class ShapeGroup:
 
     def collect(
         self,
-        store: Store,
+        store: RdfStore,
         ref: tuple[int, int],
         hits: list[tuple[Quad, set[object] | None]],
         out: dict[IncrementalSpu, dict[int, set[Mu]]],
@@ -258,7 +259,7 @@ class ReevalSpu(SpuBase):
         self.variables: tuple[str, ...] = ()
         self.lutt_keys: list[object] = []
 
-    def evaluate(self, store: Store) -> tuple[tuple[Row, ...], bool | None]:
+    def evaluate(self, store: RdfStore) -> tuple[tuple[Row, ...], bool | None]:
         result = store.query(self.sparql, prefixes=self.prefixes, **self.arguments)  # type: ignore[arg-type]
         if isinstance(result, QueryBoolean):
             self.is_ask = True
@@ -267,7 +268,7 @@ class ReevalSpu(SpuBase):
         width = len(self.variables)
         return tuple(tuple(solution[index] for index in range(width)) for solution in result), None
 
-    def load(self, store: Store) -> None:
+    def load(self, store: RdfStore) -> None:
         self.rows, self.boolean = self.evaluate(store)
         self.counts = Counter(self.rows)
 
@@ -277,7 +278,7 @@ class ReevalSpu(SpuBase):
     def current_boolean(self) -> bool | None:
         return self.boolean
 
-    def refresh(self, store: Store) -> int:
+    def refresh(self, store: RdfStore) -> int:
         rows, boolean = self.evaluate(store)
         if self.is_ask:
             previous, self.boolean = self.boolean, boolean

@@ -120,7 +120,7 @@ class SpuManager:
         spu = group.spus.get(shaped.params)
         if spu is None:
             spu = IncrementalSpu(group, shaped.params)
-            spu.load(self.store.ox)
+            spu.load(self.store)
             group.spus[shaped.params] = spu
             for index, params in enumerate(shaped.params):
                 group.routes[index].setdefault(params, set()).add(spu)
@@ -138,7 +138,7 @@ class SpuManager:
         spu = self.reeval.get(key)
         if spu is None:
             spu = ReevalSpu(key, sparql, dataset_arguments(default_graph_uri, named_graph_uri), prefixes)
-            spu.load(self.store.ox)
+            spu.load(self.store)
             self.reeval[key] = spu
             if not self.naive:
                 spu.lutt_keys = self._reeval_keys(sparql, default_graph_uri, named_graph_uri, prefixes)
@@ -243,7 +243,7 @@ class SpuManager:
 
     def process(self, delta: Delta, apply: Callable[[Delta], None]) -> tuple[int, dict[str, float]]:
         """Apply `delta` between the two phases and notify; returns (notifications, timings)."""
-        store = self.store.ox
+        store = self.store
         started = time.perf_counter()
         if self.naive:
             apply(delta)
@@ -295,7 +295,7 @@ class SpuManager:
         }
 
     def _collect(self, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
-        store = self.store.ox
+        store = self.store
         for ref, quads in hits.items():
             if isinstance(ref, ReevalSpu):
                 continue

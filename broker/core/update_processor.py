@@ -187,7 +187,7 @@ class UpdateProcessor:
         if named_graphs is not None:
             arguments["named_graphs"] = named_graphs
         try:
-            solutions = self.store.ox.query(operation.where_query, **arguments)
+            solutions = self.store.query(operation.where_query, **arguments)
         except SyntaxError as error:
             raise located_error(sparql, str(error), None) from error
         except (ValueError, RuntimeError) as error:

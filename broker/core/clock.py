@@ -1,0 +1,64 @@
+"""The engine clock: one time for the whole gateway, readable from SPARQL.
+
+Seed 001 §II-C: the broker manages time so that clients need no clocks of their own. Two SPARQL
+functions give the engine's current time, usable in updates and queries:
+
+* `<http://w3id.org/sepa-gateway/fn#now>()`: an xsd:dateTime (UTC, microseconds);
+* `<http://w3id.org/sepa-gateway/fn#nowMicros>()`: Unix time in microseconds, an xsd:integer.
+
+Within one request every call returns the same value (an update and all the subscription
+processing it causes see one instant), so timestamps written by one request agree.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from pyoxigraph import Literal, NamedNode
+
+from broker.sparql.canonical import canonical
+
+FUNCTIONS_NS = "http://w3id.org/sepa-gateway/fn#"
+NOW = NamedNode(FUNCTIONS_NS + "now")
+NOW_MICROS = NamedNode(FUNCTIONS_NS + "nowMicros")
+XSD = "http://www.w3.org/2001/XMLSchema#"
+
+
+def micros_to_datetime(micros: int) -> Literal:
+    """An xsd:dateTime literal (UTC) in the store's canonical form."""
+    text = datetime.fromtimestamp(micros / 1_000_000, tz=UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return canonical(Literal(text, datatype=NamedNode(XSD + "dateTime")))  # type: ignore[return-value]
+
+
+class EngineClock:
+    """Wall-clock time in microseconds, pinned for the duration of a request on its thread."""
+
+    def __init__(self, source: Callable[[], int] = time.time_ns) -> None:
+        self._source = source
+        self._pinned = threading.local()
+
+    def micros(self) -> int:
+        pinned = getattr(self._pinned, "value", None)
+        return pinned if pinned is not None else self._source() // 1000
+
+    @contextmanager
+    def request(self) -> Iterator[int]:
+        """Pin the clock for one request on this thread; yields the pinned value."""
+        value = self._source() // 1000
+        self._pinned.value = value
+        try:
+            yield value
+        finally:
+            self._pinned.value = None
+
+    def functions(self) -> dict[NamedNode, Callable[[], Literal]]:
+        """pyoxigraph custom functions for one evaluation: both return this one instant."""
+        value = self.micros()
+        return {
+            NOW: lambda: micros_to_datetime(value),
+            NOW_MICROS: lambda: Literal(str(value), datatype=NamedNode(XSD + "integer")),
+        }
