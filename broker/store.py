@@ -2,17 +2,64 @@
 
 The engine changes the store only through :meth:`RdfStore.apply` with an exact delta computed by
 the update processor, so what subscriptions are told is exactly what the store did.
+
+On disk, a delta's removals and additions are several pyoxigraph writes (pyoxigraph has no
+multi-write transaction), so a process killed in the middle would leave an update half-applied.
+The delta is therefore journalled first (`apply.journal` beside the `store` directory) and the
+journal emptied once applied; a store opened with a non-empty, complete journal re-applies it
+(removals and additions are idempotent), so after a crash every update is applied whole or not at
+all. The journal is not fsync'd, like RocksDB's own write-ahead log: it guards against the process
+being killed, not against power loss.
+
+Layout of a data directory: `store/` (Oxigraph/RocksDB) and `apply.journal`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from pyoxigraph import DefaultGraph, NamedNode, Quad, Store
+from pyoxigraph import DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
 from broker.core.clock import EngineClock
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "apply.journal"
+_MAGIC = b"SEPA-DELTA"
+
+
+def _encode(added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]) -> bytes:
+    parts = [
+        serialize(removed, format=RdfFormat.N_QUADS) if removed else b"",
+        serialize(added, format=RdfFormat.N_QUADS) if added else b"",
+        "\n".join(graph.value for graph in created).encode(),
+        "\n".join(graph.value for graph in dropped).encode(),
+    ]
+    header = _MAGIC + b" " + b" ".join(str(len(part)).encode() for part in parts) + b"\n"
+    return header + b"".join(parts)
+
+
+def _decode(data: bytes) -> tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]] | None:
+    """The journalled delta, or None when the journal is empty or was cut while being written."""
+    header, newline, body = data.partition(b"\n")
+    fields = header.split()
+    if not newline or len(fields) != 5 or fields[0] != _MAGIC:
+        return None
+    sizes = [int(field) for field in fields[1:]]
+    if len(body) != sum(sizes):
+        return None
+    parts, offset = [], 0
+    for size in sizes:
+        parts.append(body[offset : offset + size])
+        offset += size
+    removed = list(parse(parts[0], format=RdfFormat.N_QUADS)) if parts[0] else []
+    added = list(parse(parts[1], format=RdfFormat.N_QUADS)) if parts[1] else []
+    created = [NamedNode(line) for line in parts[2].decode().splitlines() if line]
+    dropped = [NamedNode(line) for line in parts[3].decode().splitlines() if line]
+    return added, removed, created, dropped
 
 
 class RdfStore:
@@ -22,6 +69,11 @@ class RdfStore:
         self.ox = ox
         self.path = path
         self.clock = EngineClock()
+        self._journal: BinaryIO | None = None
+        if path is not None:
+            journal = path / JOURNAL
+            self._recover(journal)
+            self._journal = journal.open("r+b" if journal.exists() else "w+b")
 
     def query(self, sparql: str, **options: Any) -> Any:
         """pyoxigraph's query with the engine clock's SPARQL functions (broker.core.clock)."""
@@ -33,10 +85,22 @@ class RdfStore:
 
     @classmethod
     def open(cls, path: str | Path) -> RdfStore:
-        """Open (creating if needed) an on-disk store in `path`."""
+        """Open (creating if needed) an on-disk store in the data directory `path`."""
         directory = Path(path)
-        directory.mkdir(parents=True, exist_ok=True)
-        return cls(Store(str(directory)), directory)
+        (directory / "store").mkdir(parents=True, exist_ok=True)
+        return cls(Store(str(directory / "store")), directory)
+
+    def _recover(self, journal: Path) -> None:
+        """Finish an apply that a killed process left half done (see the module docstring)."""
+        if not journal.exists():
+            return
+        delta = _decode(journal.read_bytes())
+        if delta is not None:
+            added, removed, created, dropped = delta
+            log.warning("finishing an interrupted update from the journal", extra={"quads": len(added) + len(removed)})
+            self._apply(added, removed, created, dropped)
+            self.ox.flush()
+        journal.write_bytes(b"")
 
     @property
     def on_disk(self) -> bool:
@@ -49,7 +113,29 @@ class RdfStore:
         graphs_created: Iterable[NamedNode] = (),
         graphs_dropped: Iterable[NamedNode] = (),
     ) -> None:
-        """Remove then add exactly these quads, then create/drop empty named graphs."""
+        """Remove then add exactly these quads, then create/drop empty named graphs: whole or not at all."""
+        journal = self._journal
+        if journal is None:
+            self._apply(added, removed, graphs_created, graphs_dropped)
+            return
+        added, removed = list(added), list(removed)
+        graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
+        journal.seek(0)
+        journal.write(_encode(added, removed, graphs_created, graphs_dropped))  # type: ignore[arg-type]
+        journal.truncate()
+        journal.flush()
+        self._apply(added, removed, graphs_created, graphs_dropped)
+        journal.seek(0)
+        journal.truncate()
+        journal.flush()
+
+    def _apply(
+        self,
+        added: Iterable[Quad],
+        removed: Iterable[Quad],
+        graphs_created: Iterable[NamedNode],
+        graphs_dropped: Iterable[NamedNode],
+    ) -> None:
         remove = self.ox.remove
         for quad in removed:
             remove(quad)
@@ -69,3 +155,10 @@ class RdfStore:
     def flush(self) -> None:
         if self.on_disk:
             self.ox.flush()
+
+    def close(self) -> None:
+        """Flush and release the journal (the pyoxigraph store closes when dropped)."""
+        self.flush()
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None

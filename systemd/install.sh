@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs sepa-gateway on Debian / Raspberry Pi OS as a systemd service and starts it on its
 # embedded defaults (the installed /etc/sepa-gateway/sepa-gateway.toml lists every default; the
-# service keeps its store in /var/lib/sepa-gateway/store). Safe to run again to upgrade.
+# service keeps its store in /var/lib/sepa-gateway/data). Safe to run again to upgrade.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 [ "$(id -u)" -eq 0 ] || exec sudo "$0" "$@"
