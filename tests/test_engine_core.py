@@ -158,3 +158,14 @@ def test_same_shape_requests_keep_their_own_constants(engine: Engine) -> None:
         assert quad.object == Literal(value, datatype=NamedNode(xsd_integer))
     result = engine.update(f'DELETE DATA {{ <{EX}s7> <{EX}p> "7"^^<{xsd_integer}> }}')
     assert len(result.removed) == 1
+
+
+def test_large_requests_are_not_kept_in_the_parse_caches(engine: Engine) -> None:
+    from broker.sparql import update_parser
+
+    body = " ".join(f"<{EX}s{index}> <{EX}p> {index} ." for index in range(2000))
+    text = f"INSERT DATA {{ {body} }}"
+    assert len(text) > update_parser.CACHED_REQUEST_CHARS
+    assert len(engine.update(text).added) == 2000
+    cached = list(update_parser._TEXTS) + list(update_parser._SHAPES)
+    assert all(len(key[0]) <= update_parser.CACHED_REQUEST_CHARS + 100 for key in cached)

@@ -369,6 +369,9 @@ _SHAPES: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], ParsedUpdate 
 SHAPE_CACHE_SIZE = 4096
 _TEXTS: dict[tuple[str, str | None, tuple[tuple[str, str], ...]], ParsedUpdate] = {}
 TEXT_CACHE_SIZE = 4096
+# Only requests up to this size are cached or split into shapes: the IoT requests that repeat are
+# small, and a cached bulk INSERT DATA would hold its whole plan in memory (a Pi has little).
+CACHED_REQUEST_CHARS = 8192
 
 
 def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str] | None = None) -> ParsedUpdate:
@@ -378,6 +381,8 @@ def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str
     :mod:`broker.sparql.update_shapes`), falling back to a full parse.
     """
     prefix_items = tuple(sorted((prefixes or {}).items()))
+    if len(text) > CACHED_REQUEST_CHARS:
+        return _Parser(text, base_iri, prefixes).parse()
     seen = _TEXTS.get((text, base_iri, prefix_items))
     if seen is not None:
         return seen
