@@ -6,7 +6,8 @@ a time on a dedicated thread, in arrival order (they must not interleave); queri
 thread pool, concurrently with each other and with updates. A publisher's reply is sent after
 end of processing, because ``Engine.update`` returns only then. Notifications produced on the
 update thread are handed to the event loop thread-safely; an :class:`AsyncSubscription` is also
-consumed with ``async for``.
+consumed with ``async for``. Delayed updates (:mod:`broker.delayed`) fall due into the same
+serial queue, so they take the path of every other update.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Any
 
 from broker.core.engine import Engine
 from broker.core.notification import Notification
+from broker.core.pending import PendingUpdates
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
+from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,15 @@ def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
 class Scheduler:
     """Runs an :class:`Engine` off the event loop, with a bounded number of requests in flight."""
 
-    def __init__(self, engine: Engine, *, queue_size: int = 1000, query_threads: int = 4) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        queue_size: int = 1000,
+        query_threads: int = 4,
+        pending: PendingUpdates | None = None,
+        max_pending: int = 100_000,
+    ) -> None:
         self.engine = engine
         self.queue_size = queue_size
         self.in_flight = 0
@@ -95,6 +106,9 @@ class Scheduler:
         self._queries = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="sepa-query")
         self._serial: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._draining = False
+        self.delayed = DelayedUpdates(
+            self, pending if pending is not None else PendingUpdates(), max_pending=max_pending
+        )
 
     def _admit(self) -> None:
         if self.in_flight >= self.queue_size:
@@ -119,15 +133,23 @@ class Scheduler:
         self._admit()
         self.in_flight += 1
         try:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[Any] = loop.create_future()
-            self._serial.append((functools.partial(call, *args, **kwargs), future))
-            if not self._draining:
-                self._draining = True
-                self._updates.submit(self._drain, loop)
-            return await future
+            return await self.submit_serial(functools.partial(call, *args, **kwargs))
         finally:
             self.in_flight -= 1
+
+    def submit_serial(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Queue a serial call without admission control; call on the event loop.
+
+        For work the gateway itself originates and has already admitted, such as a delayed update
+        falling due (it was admitted when scheduled). Queued calls run in submission order.
+        """
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._serial.append((call, future))
+        if not self._draining:
+            self._draining = True
+            self._updates.submit(self._drain, loop)
+        return future
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the update thread: run queued serial calls in order until the queue is empty."""

@@ -11,13 +11,21 @@ journal emptied once applied; a store opened with a non-empty, complete journal 
 all. The journal is not fsync'd, like RocksDB's own write-ahead log: it guards against the process
 being killed, not against power loss.
 
+An update may carry an :class:`ApplyMark` (a delayed update firing does): its tag is journalled
+with the delta and its `committed` callback runs after the store was changed and before the
+journal is emptied. A journal re-applied at start-up keeps its tag in :attr:`RdfStore.recovered_tags`
+(and on disk until the next apply), so whoever owns the tag learns that its update is in the store
+even when the process was killed between the store write and the callback: that is what makes
+delayed updates run exactly once across kill -9.
+
 Layout of a data directory: `store/` (Oxigraph/RocksDB) and `apply.journal`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,22 +39,36 @@ JOURNAL = "apply.journal"
 _MAGIC = b"SEPA-DELTA"
 
 
-def _encode(added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]) -> bytes:
+@dataclass(frozen=True, slots=True)
+class ApplyMark:
+    """A tag journalled with one delta, and what to do once that delta is in the store."""
+
+    tag: str
+    committed: Callable[[str], None]
+
+
+def _encode(
+    added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode], tag: str = ""
+) -> bytes:
     parts = [
         serialize(removed, format=RdfFormat.N_QUADS) if removed else b"",
         serialize(added, format=RdfFormat.N_QUADS) if added else b"",
         "\n".join(graph.value for graph in created).encode(),
         "\n".join(graph.value for graph in dropped).encode(),
+        tag.encode(),
     ]
     header = _MAGIC + b" " + b" ".join(str(len(part)).encode() for part in parts) + b"\n"
     return header + b"".join(parts)
 
 
-def _decode(data: bytes) -> tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]] | None:
-    """The journalled delta, or None when the journal is empty or was cut while being written."""
+Journalled = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str]
+
+
+def _decode(data: bytes) -> Journalled | None:
+    """The journalled delta and tag, or None when the journal is empty or was cut while being written."""
     header, newline, body = data.partition(b"\n")
     fields = header.split()
-    if not newline or len(fields) != 5 or fields[0] != _MAGIC:
+    if not newline or len(fields) not in (5, 6) or fields[0] != _MAGIC:
         return None
     sizes = [int(field) for field in fields[1:]]
     if len(body) != sum(sizes):
@@ -59,7 +81,8 @@ def _decode(data: bytes) -> tuple[list[Quad], list[Quad], list[NamedNode], list[
     added = list(parse(parts[1], format=RdfFormat.N_QUADS)) if parts[1] else []
     created = [NamedNode(line) for line in parts[2].decode().splitlines() if line]
     dropped = [NamedNode(line) for line in parts[3].decode().splitlines() if line]
-    return added, removed, created, dropped
+    tag = parts[4].decode() if len(parts) > 4 else ""
+    return added, removed, created, dropped, tag
 
 
 class RdfStore:
@@ -70,6 +93,7 @@ class RdfStore:
         self.path = path
         self.clock = EngineClock()
         self._journal: BinaryIO | None = None
+        self.recovered_tags: list[str] = []
         if path is not None:
             journal = path / JOURNAL
             self._recover(journal)
@@ -96,10 +120,13 @@ class RdfStore:
             return
         delta = _decode(journal.read_bytes())
         if delta is not None:
-            added, removed, created, dropped = delta
+            added, removed, created, dropped, tag = delta
             log.warning("finishing an interrupted update from the journal", extra={"quads": len(added) + len(removed)})
             self._apply(added, removed, created, dropped)
             self.ox.flush()
+            if tag:
+                self.recovered_tags.append(tag)
+                return  # kept until the next apply, in case we are killed before the tag's owner hears of it
         journal.write_bytes(b"")
 
     @property
@@ -112,19 +139,28 @@ class RdfStore:
         removed: Iterable[Quad],
         graphs_created: Iterable[NamedNode] = (),
         graphs_dropped: Iterable[NamedNode] = (),
+        mark: ApplyMark | None = None,
     ) -> None:
-        """Remove then add exactly these quads, then create/drop empty named graphs: whole or not at all."""
+        """Remove then add exactly these quads, then create/drop empty named graphs: whole or not at all.
+
+        With a `mark`, its callback runs once the change is in the store (see the module docstring).
+        """
         journal = self._journal
         if journal is None:
             self._apply(added, removed, graphs_created, graphs_dropped)
+            if mark is not None:
+                mark.committed(mark.tag)
             return
         added, removed = list(added), list(removed)
         graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
+        tag = mark.tag if mark is not None else ""
         journal.seek(0)
-        journal.write(_encode(added, removed, graphs_created, graphs_dropped))  # type: ignore[arg-type]
+        journal.write(_encode(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
         journal.truncate()
         journal.flush()
         self._apply(added, removed, graphs_created, graphs_dropped)
+        if mark is not None:
+            mark.committed(mark.tag)
         journal.seek(0)
         journal.truncate()
         journal.flush()

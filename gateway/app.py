@@ -10,6 +10,7 @@ import signal
 from aiohttp import web
 
 from broker.core.engine import Engine
+from broker.core.pending import PendingUpdates
 from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler
 from broker.store import RdfStore
@@ -27,14 +28,20 @@ class Gateway:
         self.config = config
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
         self.engine = Engine(self.store, mode=config.engine.mode, allow_load=config.engine.allow_load)
+        self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(
-            self.engine, queue_size=config.scheduler.queue_size, query_threads=config.scheduler.query_threads
+            self.engine,
+            queue_size=config.scheduler.queue_size,
+            query_threads=config.scheduler.query_threads,
+            pending=self.pending,
+            max_pending=config.scheduler.max_pending,
         )
         self.gates = Gates(
             self.scheduler,
             GateSettings(
                 query_path=config.http.query_path,
                 update_path=config.http.update_path,
+                scheduled_path=config.http.scheduled_path,
                 subscribe_path=config.websocket.path,
                 max_request_bytes=config.http.max_request_bytes,
                 heartbeat_s=config.websocket.heartbeat_s,
@@ -46,7 +53,9 @@ class Gateway:
         self.stopped = asyncio.Event()
 
     async def start(self) -> list[str]:
-        """Listen on the HTTP and WebSocket ports; returns the URLs served."""
+        """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
+        returns the URLs served."""
+        await self.scheduler.delayed.start()
         host = self.config.http.host
         plan = [
             (self.gates.http_app(), self.config.http.port),
@@ -72,14 +81,17 @@ class Gateway:
             f"ws://{shown}:{ws_port}{self.config.websocket.path}",
             f"ws://{shown}:{http_port}{self.config.websocket.path}",
             f"{http}/metrics",
+            f"{http}{self.config.http.scheduled_path}",
         ]
 
     async def stop(self) -> None:
+        await self.scheduler.delayed.stop()
         await self.gates.close_connections()
         for runner in self.runners:
             await runner.cleanup()
         self.runners.clear()
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
+        self.pending.close()
         self.store.flush()
 
     async def serve(self) -> None:

@@ -33,6 +33,7 @@ class HttpConfig:
     port: int = 8000
     query_path: str = "/query"
     update_path: str = "/update"
+    scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
 
 
@@ -49,6 +50,7 @@ class WebSocketConfig:
 class SchedulerConfig:
     queue_size: int = 1000  # requests in flight before 429 too_many_requests
     query_threads: int = 4
+    max_pending: int = 100_000  # delayed updates waiting for their due time before new ones get 429
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Config:
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
             ("scheduler.queue_size", self.scheduler.queue_size),
             ("scheduler.query_threads", self.scheduler.query_threads),
+            ("scheduler.max_pending", self.scheduler.max_pending),
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
@@ -85,6 +88,7 @@ class Config:
         for name, path in (
             ("http.query_path", self.http.query_path),
             ("http.update_path", self.http.update_path),
+            ("http.scheduled_path", self.http.scheduled_path),
             ("websocket.path", self.websocket.path),
         ):
             if not path.startswith("/"):

@@ -28,10 +28,15 @@ NOW_MICROS = NamedNode(FUNCTIONS_NS + "nowMicros")
 XSD = "http://www.w3.org/2001/XMLSchema#"
 
 
+def rfc3339(micros: int) -> str:
+    """Unix microseconds as RFC 3339 UTC with microseconds, e.g. 2026-11-22T18:30:00.000000Z (exact, no float)."""
+    instant = datetime.fromtimestamp(micros // 1_000_000, tz=UTC).replace(microsecond=micros % 1_000_000)
+    return instant.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
 def micros_to_datetime(micros: int) -> Literal:
     """An xsd:dateTime literal (UTC) in the store's canonical form."""
-    text = datetime.fromtimestamp(micros / 1_000_000, tz=UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-    return canonical(Literal(text, datatype=NamedNode(XSD + "dateTime")))  # type: ignore[return-value]
+    return canonical(Literal(rfc3339(micros), datatype=NamedNode(XSD + "dateTime")))  # type: ignore[return-value]
 
 
 class EngineClock:

@@ -9,6 +9,7 @@ processing"); queries run concurrently with each other and with updates. The asy
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import UpdateProcessor
-from broker.store import RdfStore
+from broker.store import ApplyMark, RdfStore
 
 NotificationCallback = Callable[[Notification], None]
 
@@ -54,11 +55,13 @@ class Engine:
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
+        mark: ApplyMark | None = None,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
 
         Returns after end of processing with the quads really added and removed. Raises
-        SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure.
+        SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure. A `mark`
+        is journalled with the delta and told once it is in the store (delayed updates use it).
         """
         with self._update_lock, self.store.clock.request():
             started = time.perf_counter()
@@ -70,10 +73,24 @@ class Engine:
                 prefixes=prefixes,
             )
             computed = time.perf_counter()
-            notifications, timings = self.spus.process(delta, self.updates.apply)
+            apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
+            notifications, timings = self.spus.process(delta, apply)
             timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
             self.stats.record_update(timings, notifications)
             return UpdateResult(delta.added, delta.removed, notifications, timings)
+
+    def check_update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+    ) -> None:
+        """Raise what :meth:`update` would for a malformed request, without running it."""
+        self.updates.check(
+            sparql, using_graph_uri=using_graph_uri, using_named_graph_uri=using_named_graph_uri, base_iri=base_iri
+        )
 
     # -- querying -----------------------------------------------------------------------------
 

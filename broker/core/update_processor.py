@@ -29,7 +29,7 @@ from broker.sparql.update_parser import (
     located_error,
     parse_update,
 )
-from broker.store import RdfStore
+from broker.store import ApplyMark, RdfStore
 
 LOAD_LIMIT_BYTES = 64 * 1024 * 1024
 
@@ -108,6 +108,29 @@ class UpdateProcessor:
         prefixes: dict[str, str] | None = None,
     ) -> Delta:
         """The net delta of `sparql`; the store is unchanged when this returns or raises."""
+        operations, protocol_using, protocol_named = self.check(
+            sparql,
+            using_graph_uri=using_graph_uri,
+            using_named_graph_uri=using_named_graph_uri,
+            base_iri=base_iri,
+            prefixes=prefixes,
+        )
+        if len(operations) == 1:
+            added, removed, created, dropped = self._operation(operations[0], sparql, protocol_using, protocol_named)
+            return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
+        return self._sequence(operations, sparql, protocol_using, protocol_named)
+
+    def check(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+        prefixes: dict[str, str] | None = None,
+    ) -> tuple[list, list[NamedNode], list[NamedNode]]:
+        """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
+        for a malformed request (delayed updates are checked when scheduled, not when due)."""
         operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")
@@ -117,10 +140,9 @@ class UpdateProcessor:
                     operation.using or operation.using_named or operation.with_graph
                 ):
                     raise InvalidRequest("using-graph-uri/using-named-graph-uri cannot be combined with USING or WITH")
-        if len(operations) == 1:
-            added, removed, created, dropped = self._operation(operations[0], sparql, protocol_using, protocol_named)
-            return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
-        return self._sequence(operations, sparql, protocol_using, protocol_named)
+        if not self.allow_load and any(isinstance(operation, LoadOp) for operation in operations):
+            raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
+        return operations, protocol_using, protocol_named
 
     def _sequence(self, operations: list, sparql: str, using: list[NamedNode], named: list[NamedNode]) -> Delta:
         ox = self.store.ox
@@ -145,8 +167,8 @@ class UpdateProcessor:
             frozenset(graphs_before - graphs_after),
         )
 
-    def apply(self, delta: Delta) -> None:
-        self.store.apply(delta.added, delta.removed, delta.graphs_created, delta.graphs_dropped)
+    def apply(self, delta: Delta, mark: ApplyMark | None = None) -> None:
+        self.store.apply(delta.added, delta.removed, delta.graphs_created, delta.graphs_dropped, mark)
 
     # -- one operation ------------------------------------------------------------------------
 
@@ -279,8 +301,7 @@ class UpdateProcessor:
     # -- LOAD ---------------------------------------------------------------------------------
 
     def _load(self, operation: LoadOp) -> tuple[set[Quad], set[Quad]]:
-        if not self.allow_load:
-            raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
+        """Fetch and parse the document (`check` refused LOAD already unless the operator allowed it)."""
         try:
             with urllib.request.urlopen(operation.source.value, timeout=30) as response:  # noqa: S310 - operator opt-in
                 data = response.read(LOAD_LIMIT_BYTES + 1)

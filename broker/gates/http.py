@@ -9,7 +9,11 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
 
+from broker.core.clock import rfc3339
+from broker.core.due import due_micros
 from broker.core.engine import Engine
+from broker.core.pending import PendingUpdate
+from broker.delayed import now_micros
 from broker.gates.errors import BadRequest, UnsupportedMediaType
 from broker.gates.negotiation import serialize
 from broker.scheduler import Scheduler
@@ -100,22 +104,60 @@ class HttpGate:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def update(self, request: web.Request) -> web.Response:
+        """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id)."""
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
+        options = {
+            "using_graph_uri": params.getall("using-graph-uri", []),
+            "using_named_graph_uri": params.getall("using-named-graph-uri", []),
+            "base_iri": _endpoint(request),
+        }
+        if "delay" in params or "at" in params:
+            due = due_micros(_single(params, "delay"), _single(params, "at"), now_micros())
+            assert due is not None
+            entry = await self.scheduler.delayed.schedule(sparql, due, **options)  # type: ignore[arg-type]
+            self.counters["http_delayed_updates"] += 1
+            return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
-        result = await self.scheduler.update(
-            sparql,
-            using_graph_uri=params.getall("using-graph-uri", []),
-            using_named_graph_uri=params.getall("using-named-graph-uri", []),
-            base_iri=_endpoint(request),
-        )
+        result = await self.scheduler.update(sparql, **options)  # type: ignore[arg-type]
         return web.Response(text=json.dumps(result.to_json()), content_type="application/json")
 
-    def routes(self, query_path: str = "/query", update_path: str = "/update") -> list[web.RouteDef]:
+    async def scheduled(self, request: web.Request) -> web.Response:
+        """GET /scheduled: the pending delayed updates, in due order."""
+        entries = await self.scheduler.delayed.list()
+        return _json({"scheduled": [scheduled_json(entry, full=True) for entry in entries]})
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run)."""
+        entry = await self.scheduler.delayed.cancel(request.match_info["id"])
+        return _json({"cancelled": scheduled_json(entry)})
+
+    def routes(
+        self, query_path: str = "/query", update_path: str = "/update", scheduled_path: str = "/scheduled"
+    ) -> list[web.RouteDef]:
         return [
             web.get(query_path, self.query),
             web.post(query_path, self.query),
             web.get(update_path, self.update),
             web.post(update_path, self.update),
+            web.get(scheduled_path, self.scheduled),
+            web.delete(scheduled_path + "/{id}", self.cancel),
         ]
+
+
+def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, object]:
+    """A delayed update as the gate shows it: id and due time, and with `full` what it will do."""
+    shown: dict[str, object] = {"id": entry.id, "due": rfc3339(entry.due_us)}
+    if full:
+        shown["update"] = entry.sparql
+        shown["created"] = rfc3339(entry.created_us)
+        if entry.using_graph_uri:
+            shown["using-graph-uri"] = list(entry.using_graph_uri)
+        if entry.using_named_graph_uri:
+            shown["using-named-graph-uri"] = list(entry.using_named_graph_uri)
+    return shown
+
+
+def _json(document: object, *, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(document), status=status, content_type="application/json")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from broker.delayed import DelayedUpdates
 from broker.gates.errors import make_error_middleware
 from broker.gates.http import HttpGate
 from broker.gates.websocket import WebSocketGate
@@ -17,6 +18,7 @@ from broker.scheduler import Scheduler
 class GateSettings:
     query_path: str = "/query"
     update_path: str = "/update"
+    scheduled_path: str = "/scheduled"
     subscribe_path: str = "/subscribe"
     max_request_bytes: int = 1 << 20
     heartbeat_s: float = 30.0
@@ -48,7 +50,9 @@ class Gates:
     def http_app(self) -> web.Application:
         """Query, update, subscribe (so a browser needs one origin) and metrics."""
         app = self._app()
-        app.add_routes(self.http.routes(self.settings.query_path, self.settings.update_path))
+        app.add_routes(
+            self.http.routes(self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
+        )
         app.add_routes(
             [web.get(self.settings.subscribe_path, self.websocket.handle), web.get("/metrics", self.metrics)]
         )
@@ -71,6 +75,7 @@ class Gates:
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
         ]
+        lines += delayed_metrics(self.scheduler.delayed)
         lines += [
             f'sepa_stage_seconds_total{{stage="{name[:-2]}"}} {value}' for name, value in engine.stats.timers.items()
         ]
@@ -87,3 +92,23 @@ class Gates:
         for connection in list(self.websocket.connections):
             connection.closing = True
             await connection.ws.close(code=1001, message=b"gateway shutting down")
+
+
+def delayed_metrics(delayed: DelayedUpdates) -> list[str]:
+    """The delayed-update timer on /metrics: pending, outcomes, and how late updates ran."""
+    stats = delayed.stats
+    lines = [
+        f"sepa_delayed_pending {delayed.count}",
+        f"sepa_delayed_scheduled_total {stats.scheduled}",
+        f"sepa_delayed_fired_total {stats.fired}",
+        f"sepa_delayed_failed_total {stats.failed}",
+        f"sepa_delayed_cancelled_total {stats.cancelled}",
+        f"sepa_delayed_recovered_total {stats.recovered}",
+        f"sepa_delayed_lateness_max_seconds {stats.max_lateness_us / 1e6}",
+    ]
+    samples = sorted(stats.lateness_us)
+    for quantile in (0.5, 0.99):
+        if samples:
+            value = samples[min(len(samples) - 1, int(quantile * len(samples)))] / 1e6
+            lines.append(f'sepa_delayed_lateness_seconds{{quantile="{quantile}"}} {value}')
+    return lines

@@ -1,0 +1,72 @@
+"""When a delayed update is due: the `delay` and `at` parameters of an update request.
+
+`delay` is milliseconds (a non-negative integer) or an ISO 8601 duration (`PT30S`, `PT1.5S`,
+`P1DT2H`, `P2W`); years and months are refused because they have no fixed length. `at` is an
+RFC 3339 instant with its offset (`2026-11-22T18:30:00Z`, `...+01:00`); an instant in the past
+is due at once. Times are Unix microseconds, the engine clock's unit.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from broker.errors import InvalidRequest
+
+MAX_DELAY_US = 10 * 366 * 86_400 * 1_000_000  # ten years: anything longer is a mistake, not a plan
+_DURATION = re.compile(
+    r"P(?!$)(?:(?P<weeks>\d+(?:[.,]\d+)?)W)?(?:(?P<days>\d+(?:[.,]\d+)?)D)?"
+    r"(?:T(?=\d)(?:(?P<hours>\d+(?:[.,]\d+)?)H)?(?:(?P<minutes>\d+(?:[.,]\d+)?)M)?(?:(?P<seconds>\d+(?:[.,]\d+)?)S)?)?",
+    re.IGNORECASE,
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_UNIT_US = {"weeks": 604_800_000_000, "days": 86_400_000_000, "hours": 3_600_000_000, "minutes": 60_000_000}
+
+
+def parse_delay(text: str) -> int:
+    """A `delay` parameter in microseconds."""
+    text = text.strip()
+    if text.isdigit():
+        delay_us = int(text) * 1000
+    else:
+        match = _DURATION.fullmatch(text)
+        if match is None:
+            raise InvalidRequest(
+                f"delay must be milliseconds or an ISO 8601 duration such as PT30S or P1DT2H, not {text[:40]!r}"
+                " (years and months are not fixed lengths: use days)"
+            )
+        delay_us = 0
+        for unit, value in match.groupdict().items():
+            if value is not None:
+                amount = float(value.replace(",", "."))
+                delay_us += round(amount * (1_000_000 if unit == "seconds" else _UNIT_US[unit]))
+    if delay_us > MAX_DELAY_US:
+        raise InvalidRequest("delay is longer than ten years")
+    return delay_us
+
+
+def parse_at(text: str) -> int:
+    """An `at` parameter (RFC 3339 with offset) in Unix microseconds."""
+    try:
+        instant = datetime.fromisoformat(text.strip())
+    except ValueError:
+        instant = None
+    if instant is None or instant.tzinfo is None or "T" not in text.upper():
+        raise InvalidRequest(
+            f"at must be an RFC 3339 instant with its offset, such as 2026-11-22T18:30:00Z, not {text[:40]!r}"
+        )
+    return (instant - _EPOCH) // timedelta(microseconds=1)
+
+
+def due_micros(delay: str | None, at: str | None, now_us: int) -> int | None:
+    """The due time of an update request, or None when it is not delayed."""
+    if delay is not None and at is not None:
+        raise InvalidRequest("give either delay or at, not both")
+    if delay is not None:
+        return now_us + parse_delay(delay)
+    if at is not None:
+        due = parse_at(at)
+        if due - now_us > MAX_DELAY_US:
+            raise InvalidRequest("at is more than ten years away")
+        return due
+    return None

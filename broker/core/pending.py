@@ -1,0 +1,131 @@
+"""Pending delayed updates, kept where they survive a restart.
+
+With a data directory the table lives in SQLite (`scheduled.sqlite3`, WAL, synchronous=NORMAL:
+a committed row survives the process being killed, like the store itself); without one it lives
+in memory and is lost with the process, like the in-memory store.
+
+A row is deleted in the same step that puts its update's delta in the store (the store's
+:class:`~broker.store.ApplyMark` callback), so a row exists exactly as long as its update has not
+run: that, with the tags the store recovers from its journal, is the exactly-once guarantee.
+Calls come from the engine's update thread and from the query pool; one lock serializes them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+FILE = "scheduled.sqlite3"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pending (
+    id TEXT PRIMARY KEY,
+    due_us INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    created_us INTEGER NOT NULL,
+    sparql TEXT NOT NULL,
+    options TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS pending_due ON pending (due_us, seq);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingUpdate:
+    """One scheduled update request, with the protocol options it was sent with."""
+
+    id: str
+    due_us: int
+    seq: int
+    created_us: int
+    sparql: str
+    using_graph_uri: tuple[str, ...] = ()
+    using_named_graph_uri: tuple[str, ...] = ()
+    base_iri: str | None = None
+
+    def order(self) -> tuple[int, int]:
+        """Due order: by due time, then by the order they were scheduled in."""
+        return (self.due_us, self.seq)
+
+
+class PendingUpdates:
+    """The table of pending delayed updates (see the module docstring)."""
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.path = Path(directory) / FILE if directory is not None else None
+        self._db = sqlite3.connect(
+            str(self.path) if self.path else ":memory:", check_same_thread=False, isolation_level=None
+        )
+        self._lock = threading.Lock()
+        with self._lock:
+            if self.path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()
+        self._seq = int(last)
+
+    def add(
+        self,
+        id: str,
+        due_us: int,
+        created_us: int,
+        sparql: str,
+        *,
+        using_graph_uri: tuple[str, ...] = (),
+        using_named_graph_uri: tuple[str, ...] = (),
+        base_iri: str | None = None,
+    ) -> PendingUpdate:
+        options = {"using_graph_uri": list(using_graph_uri), "using_named_graph_uri": list(using_named_graph_uri)}
+        if base_iri is not None:
+            options["base_iri"] = base_iri  # type: ignore[assignment]
+        with self._lock:
+            self._seq += 1
+            self._db.execute(
+                "INSERT INTO pending (id, due_us, seq, created_us, sparql, options) VALUES (?, ?, ?, ?, ?, ?)",
+                (id, due_us, self._seq, created_us, sparql, json.dumps(options)),
+            )
+            seq = self._seq
+        return PendingUpdate(id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri)
+
+    def get(self, id: str) -> PendingUpdate | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM pending WHERE id = ?", (id,)).fetchone()
+        return _pending(row) if row is not None else None
+
+    def remove(self, id: str) -> bool:
+        """Delete a row (run or cancelled); False when there was none."""
+        with self._lock:
+            return self._db.execute("DELETE FROM pending WHERE id = ?", (id,)).rowcount > 0
+
+    def all(self) -> list[PendingUpdate]:
+        """Every pending update, in due order."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM pending ORDER BY due_us, seq").fetchall()
+        return [_pending(row) for row in rows]
+
+    def __len__(self) -> int:
+        with self._lock:
+            (count,) = self._db.execute("SELECT COUNT(*) FROM pending").fetchone()
+        return int(count)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _pending(row: tuple) -> PendingUpdate:
+    id, due_us, seq, created_us, sparql, options_json = row
+    options = json.loads(options_json)
+    return PendingUpdate(
+        id,
+        due_us,
+        seq,
+        created_us,
+        sparql,
+        tuple(options.get("using_graph_uri", ())),
+        tuple(options.get("using_named_graph_uri", ())),
+        options.get("base_iri"),
+    )

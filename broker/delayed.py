@@ -1,0 +1,256 @@
+"""Delayed updates: SPARQL updates that run at a given time (seed 001 §II-C/D, event negation).
+
+A delayed update is checked (parsed, protocol graphs validated) and stored when it is scheduled,
+so invalid SPARQL is refused then, not when due. A timer task on the event loop sleeps until the
+earliest due time and hands due updates to the scheduler's serial queue, in due order: at its due
+time an update takes the same path as every other one (update processor, SPUs, notifications).
+
+Exactly once: the pending row is deleted by the store's :class:`~broker.store.ApplyMark` callback,
+in the same journalled step that puts the update's delta in the store; the tags a store recovers
+from its journal after a kill are deleted at start-up. So a row still there at start-up is an
+update that has not run, and a row that is gone has run (or was cancelled). Updates that fell due
+while the gateway was down run at start-up, in due order.
+
+Never early: the timer compares the wall clock (the engine clock's source) with the due time
+before handing an update over, and the update thread checks again; the timer also wakes at least
+once a second, so a wall clock stepped by NTP (a Raspberry Pi has no RTC) is noticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import sqlite3
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker.core.pending import PendingUpdate, PendingUpdates
+from broker.errors import NotFound, SepaError
+from broker.store import ApplyMark
+
+if TYPE_CHECKING:
+    from broker.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+MAX_SLEEP_S = 1.0  # wake at least this often, to notice wall-clock steps
+BATCH = 64  # due updates handed to the update thread per serial call, so other requests interleave
+LATENESS_SAMPLES = 100_000
+
+
+class TooManyPending(SepaError):
+    """The table of pending delayed updates is full."""
+
+    error = "too_many_requests"
+    status_code = 429
+
+
+def now_micros() -> int:
+    """The wall clock in Unix microseconds: the engine clock's source."""
+    return time.time_ns() // 1000
+
+
+@dataclass
+class DelayedStats:
+    """What the timer did since start-up (on /metrics and in the scheduling benchmark)."""
+
+    scheduled: int = 0
+    fired: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    recovered: int = 0
+    lateness_us: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
+    max_lateness_us: int = 0
+
+
+class DelayedUpdates:
+    """Schedules, lists, cancels and fires delayed updates over one scheduler."""
+
+    def __init__(self, scheduler: Scheduler, pending: PendingUpdates, *, max_pending: int = 100_000) -> None:
+        self.scheduler = scheduler
+        self.pending = pending
+        self.max_pending = max_pending
+        self.stats = DelayedStats()
+        self._heap: list[tuple[int, int, PendingUpdate]] = []
+        self._count = len(pending)  # changed only by serial calls, on the update thread
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._batches: set[asyncio.Future[object]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Settle what a killed process left, load the pending updates and start the timer.
+
+        Overdue updates run at once, in due order. Idempotent; also called by the first `schedule`.
+        """
+        if self._task is not None:
+            return
+        store = self.scheduler.engine.store
+        for tag in store.recovered_tags:
+            if self.pending.remove(tag):
+                self.stats.recovered += 1
+                log.info("delayed update ran before the restart", extra={"id": tag})
+        store.recovered_tags.clear()
+        self._heap = [(entry.due_us, entry.seq, entry) for entry in self.pending.all()]
+        heapq.heapify(self._heap)
+        self._count = len(self._heap)
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._timer(), name="delayed-updates")
+
+    async def stop(self) -> None:
+        """Stop the timer; updates not yet run stay pending (they run at the next start)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        sparql: str,
+        due_us: int,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+    ) -> PendingUpdate:
+        """Check and store an update due at `due_us`; raises what the update would raise if malformed."""
+        await self.start()
+        engine = self.scheduler.engine
+        using, named = tuple(using_graph_uri), tuple(using_named_graph_uri)
+
+        def check_and_store() -> PendingUpdate:
+            if self._count >= self.max_pending:
+                raise TooManyPending(f"{self.max_pending} delayed updates are already pending; retry later")
+            engine.check_update(sparql, using_graph_uri=using, using_named_graph_uri=named, base_iri=base_iri)
+            self._count += 1
+            return self.pending.add(
+                uuid.uuid4().hex,
+                due_us,
+                now_micros(),
+                sparql,
+                using_graph_uri=using,
+                using_named_graph_uri=named,
+                base_iri=base_iri,
+            )
+
+        entry: PendingUpdate = await self.scheduler.serialized(check_and_store)
+        self.stats.scheduled += 1
+        self._push(entry)
+        return entry
+
+    async def cancel(self, id: str) -> PendingUpdate:
+        """Cancel a pending update; NotFound when it is unknown, already ran or was cancelled."""
+        entry = await self.scheduler.serialized(self._take, id)
+        if entry is None:
+            raise NotFound(f"no pending delayed update {id!r}")
+        self.stats.cancelled += 1
+        return entry
+
+    def _take(self, id: str) -> PendingUpdate | None:
+        entry = self.pending.get(id)
+        if entry is None or not self.pending.remove(id):
+            return None
+        self._count -= 1  # the heap entry is dropped when it falls due
+        return entry
+
+    async def list(self) -> list[PendingUpdate]:
+        """Every pending update, in due order."""
+        return await self.scheduler.run_query(self.pending.all)
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    # -- the timer ----------------------------------------------------------------------------
+
+    def _push(self, entry: PendingUpdate) -> None:
+        heapq.heappush(self._heap, (entry.due_us, entry.seq, entry))
+        if self._wake is not None and self._heap[0][2] is entry:
+            self._wake.set()
+
+    async def _timer(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            now = now_micros()
+            due: list[PendingUpdate] = []
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap)[2])
+            for start in range(0, len(due), BATCH):
+                self._hand_over(due[start : start + BATCH])
+            if due:
+                continue
+            sleep_s = min((self._heap[0][0] - now) / 1_000_000, MAX_SLEEP_S) if self._heap else MAX_SLEEP_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), sleep_s)
+
+    def _hand_over(self, batch: list[PendingUpdate]) -> None:
+        future = self.scheduler.submit_serial(lambda: self._fire(batch))
+        self._batches.add(future)
+        future.add_done_callback(self._batch_done)
+
+    def _batch_done(self, future: asyncio.Future[object]) -> None:
+        self._batches.discard(future)
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:
+            log.error("delayed updates could not be run", extra={"error": str(error)})
+            return
+        for entry in future.result():  # type: ignore[union-attr]
+            self._push(entry)  # not due after all: the wall clock was stepped back
+
+    def _fire(self, batch: list[PendingUpdate]) -> list[PendingUpdate]:
+        """On the update thread: run each due update still pending; returns those not yet due."""
+        engine = self.scheduler.engine
+        early: list[PendingUpdate] = []
+        for entry in batch:
+            if self.pending.get(entry.id) is None:
+                continue  # cancelled
+            if now_micros() < entry.due_us:
+                early.append(entry)
+                continue
+            mark = ApplyMark(entry.id, lambda _tag, entry=entry: self._ran(entry))  # type: ignore[misc]
+            try:
+                engine.update(
+                    entry.sparql,
+                    using_graph_uri=entry.using_graph_uri,
+                    using_named_graph_uri=entry.using_named_graph_uri,
+                    base_iri=entry.base_iri,
+                    mark=mark,
+                )
+            except SepaError as error:
+                self.stats.failed += 1
+                if self.pending.remove(entry.id):
+                    self._count -= 1
+                log.warning("delayed update failed", extra={"id": entry.id, "error": error.description})
+            except Exception:
+                self.stats.failed += 1
+                if self.pending.remove(entry.id):
+                    self._count -= 1
+                log.exception("delayed update failed", extra={"id": entry.id})
+        return early
+
+    def _ran(self, entry: PendingUpdate) -> None:
+        """The update's delta is in the store: its row goes in the same step (store.ApplyMark)."""
+        try:
+            self.pending.remove(entry.id)
+        except sqlite3.Error:  # the update itself is in the store: it must still notify
+            log.exception("could not mark a delayed update as run: it may run again after a restart")
+        self._count -= 1
+        self.stats.fired += 1
+        lateness = self.scheduler.engine.store.clock.micros() - entry.due_us
+        self.stats.lateness_us.append(lateness)
+        self.stats.max_lateness_us = max(self.stats.max_lateness_us, lateness)
