@@ -2,8 +2,9 @@
 
 A delayed update is checked (parsed, protocol graphs validated) and stored when it is scheduled,
 so invalid SPARQL is refused then, not when due. A timer task on the event loop sleeps until the
-earliest due time and hands due updates to the scheduler's serial queue, in due order: at its due
-time an update takes the same path as every other one (update processor, SPUs, notifications).
+earliest due time and hands due updates to the scheduler's serial queue, in due order and ahead
+of requests still queued (their place in the order of updates is their due time): from then on an
+update takes the same path as every other one (update processor, SPUs, notifications).
 
 Exactly once: the pending row is deleted by the store's :class:`~broker.store.ApplyMark` callback,
 in the same journalled step that puts the update's delta in the store; the tags a store recovers
@@ -197,7 +198,7 @@ class DelayedUpdates:
                 await asyncio.wait_for(self._wake.wait(), sleep_s)
 
     def _hand_over(self, batch: list[PendingUpdate]) -> None:
-        future = self.scheduler.submit_serial(lambda: self._fire(batch))
+        future = self.scheduler.submit_due(lambda: self._fire(batch))
         self._batches.add(future)
         future.add_done_callback(self._batch_done)
 

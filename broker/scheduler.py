@@ -105,6 +105,7 @@ class Scheduler:
         self._updates = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-update")
         self._queries = ThreadPoolExecutor(max_workers=query_threads, thread_name_prefix="sepa-query")
         self._serial: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
+        self._due: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._draining = False
         self.delayed = DelayedUpdates(
             self, pending if pending is not None else PendingUpdates(), max_pending=max_pending
@@ -133,32 +134,41 @@ class Scheduler:
         self._admit()
         self.in_flight += 1
         try:
-            return await self.submit_serial(functools.partial(call, *args, **kwargs))
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[Any] = loop.create_future()
+            self._serial.append((functools.partial(call, *args, **kwargs), future))
+            self._kick(loop)
+            return await future
         finally:
             self.in_flight -= 1
 
-    def submit_serial(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
-        """Queue a serial call without admission control; call on the event loop.
+    def submit_due(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
+        """Queue a serial call that is due now, ahead of queued requests; call on the event loop.
 
-        For work the gateway itself originates and has already admitted, such as a delayed update
-        falling due (it was admitted when scheduled). Queued calls run in submission order.
+        For delayed updates falling due: they were admitted when scheduled, and their place in
+        the order of updates is their due time, which is earlier than the arrival of most requests
+        still queued (those can only have arrived in the last few milliseconds). Due calls run in
+        submission order, before any other queued serial call.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._serial.append((call, future))
+        self._due.append((call, future))
+        self._kick(loop)
+        return future
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self._draining:
             self._draining = True
             self._updates.submit(self._drain, loop)
-        return future
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the update thread: run queued serial calls in order until the queue is empty."""
         while True:
             try:
-                call, future = self._serial.popleft()
+                call, future = self._due.popleft() if self._due else self._serial.popleft()
             except IndexError:
                 self._draining = False
-                if not self._serial:
+                if not (self._serial or self._due):
                     return
                 self._draining = True  # something arrived between the two checks
                 continue

@@ -13,12 +13,16 @@ Calls come from the engine's update thread and from the query pool; one lock ser
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 FILE = "scheduled.sqlite3"
+CHECKPOINT_INTERVAL_S = 1.0
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
     id TEXT PRIMARY KEY,
@@ -59,13 +63,37 @@ class PendingUpdates:
             str(self.path) if self.path else ":memory:", check_same_thread=False, isolation_level=None
         )
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         with self._lock:
             if self.path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)
             (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()
         self._seq = int(last)
+        if self.path is not None:
+            self._checkpointer = threading.Thread(target=self._checkpoint, name="sepa-pending-checkpoint", daemon=True)
+            self._checkpointer.start()
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database file every second, on this thread.
+
+        SQLite would otherwise checkpoint (and fsync) inside whichever commit crosses the WAL size
+        limit: on the engine's update thread, stalling every update behind it for milliseconds.
+        A PASSIVE checkpoint never blocks the writer.
+        """
+        assert self.path is not None
+        connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        try:
+            while not self._stop.wait(CHECKPOINT_INTERVAL_S):
+                try:
+                    connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error as error:
+                    log.warning("pending-update checkpoint failed", extra={"error": str(error)})
+        finally:
+            connection.close()
 
     def add(
         self,
@@ -112,7 +140,14 @@ class PendingUpdates:
         return int(count)
 
     def close(self) -> None:
+        """Stop the checkpointer, fold the WAL into the database file and close."""
+        if self._checkpointer is not None:
+            self._stop.set()
+            self._checkpointer.join()
+            self._checkpointer = None
         with self._lock:
+            if self.path is not None:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
 
 

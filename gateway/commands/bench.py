@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from gateway.commands import bench_wire
+from gateway.commands import bench_scheduling, bench_wire
 
 EXPERIMENTS = ("LAMP", "ROAD")
 MODES = ("incremental", "naive")
@@ -59,6 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lighting.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     lighting.set_defaults(handler=run_lighting)
     bench_wire.register(kinds)
+    bench_scheduling.register(kinds)
 
 
 def peak_rss_mb() -> float:
