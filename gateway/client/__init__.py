@@ -15,7 +15,7 @@ from gateway.client.errors import SepaClientError, SepaConnectionError
 from gateway.client.inprocess import InProcessTransport
 from gateway.client.network import NetworkTransport, ReconnectPolicy
 from gateway.client.sync import SyncSepaClient, SyncSubscription
-from gateway.client.transport import NotificationSink, Transport, TransportSubscription, UpdateSummary
+from gateway.client.transport import NotificationSink, Scheduled, Transport, TransportSubscription, UpdateSummary
 from gateway.client.view import ResultView
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Producer",
     "ReconnectPolicy",
     "ResultView",
+    "Scheduled",
     "SepaClient",
     "SepaClientError",
     "SepaConnectionError",

@@ -11,10 +11,18 @@ network transport (:func:`client_for`).
 The SPARQL text always comes from the JSAP: ``jsap.update_text(id, bindings)`` /
 ``jsap.query_text(id, bindings)`` prepend the namespaces and substitute forced bindings safely
 (no injection), and ``jsap.graphs_for(id)`` gives the protocol graphs of that entry.
+
+An update entry with a ``delay`` (``jsap.update_delay(id)``) is a delayed update (seed 001 §II-C):
+its producer schedules it on the broker, which runs it when due, and gets a
+:class:`~gateway.client.transport.Scheduled` back instead of an UpdateSummary. That is how an
+aggregator detects that something did *not* happen within an interval (event negation, §II-D):
+the delayed update's WHERE clause matches only if the state it saw is still there when it runs,
+so the application keeps no timers.
 """
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -23,9 +31,10 @@ from typing import Any, Protocol
 from broker.core.notification import Notification
 from broker.sparql.terms import Term
 from gateway.client.client import ClientSubscription, SepaClient, rows_as_bindings
+from gateway.client.delays import Delay, delay_param
 from gateway.client.errors import SepaClientError
 from gateway.client.network import NetworkTransport, ReconnectPolicy
-from gateway.client.transport import UpdateSummary
+from gateway.client.transport import Scheduled, UpdateSummary
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +60,38 @@ class JsapLike(Protocol):
 
     def graphs_for(self, id: str, kind: str | None = None) -> Mapping[str, Any]: ...
 
+    def update_delay(self, id: str) -> str | None: ...
+
+
+class FromJsap(enum.Enum):
+    """The type of :data:`FROM_JSAP`, the default of a producer's `delay`: the JSAP entry's own."""
+
+    DELAY = "the JSAP entry's delay"
+
+
+FROM_JSAP = FromJsap.DELAY
+
 
 async def _maybe_await(outcome: Any) -> Any:
     return await outcome if inspect.isawaitable(outcome) else outcome
 
 
 class Producer:
-    """Publishes one JSAP update with per-call forced bindings."""
+    """Publishes one JSAP update with per-call forced bindings, at once or delayed.
+
+    `delay` defaults to the entry's JSAP ``delay`` (:data:`FROM_JSAP`); pass None to apply a
+    delayed entry at once, or a delay (int milliseconds, timedelta, ISO 8601 duration) to override
+    it. A bad delay is refused here (SepaClientError invalid_request), before anything is sent.
+    """
 
     def __init__(
-        self, client: SepaClient, jsap: JsapLike, update_id: str, *, bindings: Mapping[str, Any] | None = None
+        self,
+        client: SepaClient,
+        jsap: JsapLike,
+        update_id: str,
+        *,
+        bindings: Mapping[str, Any] | None = None,
+        delay: Delay | FromJsap | None = FROM_JSAP,
     ) -> None:
         self.client = client
         self.jsap = jsap
@@ -69,15 +100,24 @@ class Producer:
         graphs = jsap.graphs_for(update_id, "update")
         self._using = graphs.get("using-graph-uri")
         self._using_named = graphs.get("using-named-graph-uri")
+        chosen = jsap.update_delay(update_id) if delay is FROM_JSAP else delay
+        self.delay: str | None = None if chosen is None else delay_param(chosen)  # the wire's `delay`
 
-    async def produce(self, **bindings: Any) -> UpdateSummary:
-        """Substitute `bindings` (over the defaults) into the update and apply it.
+    async def produce(self, **bindings: Any) -> UpdateSummary | Scheduled:
+        """Substitute `bindings` (over the defaults) into the update and apply or schedule it.
 
         Raises SepaClientError if the broker refuses it, ValueError (JsapError) if a binding cannot
-        be written safely; returns after the broker's end of processing.
+        be written safely. Without a delay, returns the UpdateSummary after the broker's end of
+        processing; with one, the :class:`Scheduled` update once the broker has stored it.
         """
         sparql = self.jsap.update_text(self.update_id, {**self.defaults, **bindings})
-        return await self.client.update(sparql, using_graph_uri=self._using, using_named_graph_uri=self._using_named)
+        if self.delay is None:
+            return await self.client.update(
+                sparql, using_graph_uri=self._using, using_named_graph_uri=self._using_named
+            )
+        return await self.client.update(
+            sparql, using_graph_uri=self._using, using_named_graph_uri=self._using_named, delay=self.delay
+        )
 
 
 class Consumer:
@@ -165,7 +205,9 @@ class Aggregator(Consumer):
     bindings of one update, a list of them (one update each, in order), or None for no update; it
     may be a coroutine function. Subclasses override :meth:`on_notification` instead and call
     :meth:`produce`. Updates run one at a time in notification order; a refused update is logged
-    and counted in `failures`, and the aggregator carries on with the next notification.
+    and counted in `failures`, and the aggregator carries on with the next notification. A delayed
+    update entry (JSAP ``delay``, or `delay` here) is scheduled rather than applied: :meth:`produce`
+    then returns its :class:`Scheduled`.
     """
 
     def __init__(
@@ -179,20 +221,26 @@ class Aggregator(Consumer):
         query_bindings: Mapping[str, Any] | None = None,
         update_bindings: Mapping[str, Any] | None = None,
         alias: str | None = None,
+        delay: Delay | FromJsap | None = FROM_JSAP,
     ) -> None:
         super().__init__(client, jsap, query_id, bindings=query_bindings, alias=alias)
-        self.producer = Producer(client, jsap, update_id, bindings=update_bindings)
+        self.producer = Producer(client, jsap, update_id, bindings=update_bindings, delay=delay)
         self.mapper = mapper
         self.produced = 0
         self.failures = 0
 
-    async def produce(self, **bindings: Any) -> UpdateSummary | None:
-        """Apply the aggregator's update with these bindings; None (logged) if it was refused."""
+    async def produce(self, **bindings: Any) -> UpdateSummary | Scheduled | None:
+        """Apply (or schedule, when delayed) the aggregator's update; None (logged) if it was refused."""
+        return await self.produce_with(self.producer, bindings)
+
+    async def produce_with(self, producer: Producer, bindings: Mapping[str, Any]) -> UpdateSummary | Scheduled | None:
+        """:meth:`produce` with another producer: for aggregators whose notifications drive several
+        updates (e.g. one applied at once, one delayed), all counted and logged alike."""
         try:
-            summary = await self.producer.produce(**bindings)
+            summary = await producer.produce(**bindings)
         except (SepaClientError, ValueError) as error:
             self.failures += 1
-            log.error("aggregator %s: update %s failed: %s", self.alias, self.producer.update_id, error)
+            log.error("aggregator %s: update %s failed: %s", self.alias, producer.update_id, error)
             return None
         self.produced += 1
         return summary

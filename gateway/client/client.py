@@ -31,12 +31,13 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, overload
 
 from broker.core.notification import Notification
 from broker.core.results import QueryResult
+from gateway.client.delays import Delay, Instant, due_params
 from gateway.client.errors import SepaClientError
-from gateway.client.transport import Transport, TransportSubscription, UpdateSummary
+from gateway.client.transport import Scheduled, Transport, TransportSubscription, UpdateSummary
 from gateway.client.view import ResultView
 
 log = logging.getLogger(__name__)
@@ -230,13 +231,76 @@ class SepaClient:
             sparql, default_graph_uri=graph_list(default_graph_uri), named_graph_uri=graph_list(named_graph_uri)
         )
 
+    @overload
     async def update(
-        self, sparql: str, *, using_graph_uri: Graphs = None, using_named_graph_uri: Graphs = None
-    ) -> UpdateSummary:
-        """Apply an update; returns once every subscription of the broker has processed it."""
-        return await self.transport.update(
-            sparql, using_graph_uri=graph_list(using_graph_uri), using_named_graph_uri=graph_list(using_named_graph_uri)
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: None = None,
+        at: None = None,
+    ) -> UpdateSummary: ...
+
+    @overload
+    async def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: Delay,
+        at: None = None,
+    ) -> Scheduled: ...
+
+    @overload
+    async def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: None = None,
+        at: Instant,
+    ) -> Scheduled: ...
+
+    async def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: Delay | None = None,
+        at: Instant | None = None,
+    ) -> UpdateSummary | Scheduled:
+        """Apply an update now, or have the broker apply it later (seed 001 §II-C, delayed update).
+
+        Without `delay` / `at`: returns once every subscription of the broker has processed the
+        update. With `delay` (int milliseconds, a timedelta or an ISO 8601 duration such as
+        ``"PT30S"``) or `at` (an aware datetime or an RFC 3339 string): returns a
+        :class:`Scheduled` once the broker has checked and stored it; its subscriptions are notified
+        when it runs. A bad delay or instant is refused (invalid_request, 400) before anything is
+        sent.
+        """
+        using, named = graph_list(using_graph_uri), graph_list(using_named_graph_uri)
+        if delay is None and at is None:
+            return await self.transport.update(sparql, using_graph_uri=using, using_named_graph_uri=named)
+        delay_text, at_text = due_params(delay, at)
+        return await self.transport.schedule(
+            sparql, delay=delay_text, at=at_text, using_graph_uri=using, using_named_graph_uri=named
         )
+
+    async def scheduled(self) -> list[Scheduled]:
+        """The broker's pending delayed updates (every client's), in due order, with their SPARQL."""
+        return await self.transport.scheduled()
+
+    async def cancel_scheduled(self, id: str | Scheduled) -> Scheduled:
+        """Cancel a pending delayed update (by id or by the Scheduled that `update` returned).
+
+        Raises SepaClientError not_found (404) when the broker has no such pending update: unknown,
+        cancelled already, or already run.
+        """
+        return await self.transport.cancel_scheduled(id.id if isinstance(id, Scheduled) else id)
 
     async def subscribe(
         self,

@@ -18,6 +18,11 @@ Notifications are produced on the engine's update thread; they reach the sink th
 ``loop.call_soon_threadsafe``, which preserves their order. A notification racing with the loop's
 shutdown is dropped rather than raised into the engine thread, where it would fail somebody
 else's update.
+
+Delayed updates go to the scheduler's :class:`~broker.delayed.DelayedUpdates` (``scheduler.delayed``),
+the table and timer the HTTP gate uses too, so an adapter's delayed update and a remote client's
+are listed, cancelled and fired alike. The timer runs on the event loop of the first delayed
+update; a transport that built its own scheduler stops it on close.
 """
 
 from __future__ import annotations
@@ -26,14 +31,24 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from broker.core.due import due_micros
 from broker.core.engine import Engine
 from broker.core.notification import Notification
+from broker.core.pending import PendingUpdate
 from broker.core.results import QueryResult
 from broker.core.subscription import Subscription
+from broker.delayed import now_micros
 from broker.errors import NotFound, SepaError
 from broker.scheduler import Scheduler
 from gateway.client.errors import SepaClientError
-from gateway.client.transport import NotificationSink, TransportSubscription, UpdateSummary
+from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
+
+
+def scheduled_of(entry: PendingUpdate, *, full: bool = False) -> Scheduled:
+    """A pending update as the HTTP gate shows it: id and due, and with `full` its SPARQL and creation."""
+    if not full:
+        return Scheduled(entry.id, Scheduled.instant(entry.due_us))
+    return Scheduled(entry.id, Scheduled.instant(entry.due_us), entry.sparql, Scheduled.instant(entry.created_us))
 
 
 class InProcessTransport:
@@ -84,6 +99,43 @@ class InProcessTransport:
         except SepaError as error:
             raise SepaClientError.from_engine(error) from error
         return UpdateSummary.of(result)
+
+    async def schedule(
+        self,
+        sparql: str,
+        *,
+        delay: str | None = None,
+        at: str | None = None,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+    ) -> Scheduled:
+        self._check_open()
+        try:
+            due = due_micros(delay, at, now_micros())
+            if due is None:
+                raise SepaClientError("invalid_request", "a delayed update needs a delay or an at", 400)
+            entry = await self.scheduler.delayed.schedule(
+                sparql, due, using_graph_uri=tuple(using_graph_uri), using_named_graph_uri=tuple(using_named_graph_uri)
+            )
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+        return scheduled_of(entry)
+
+    async def scheduled(self) -> list[Scheduled]:
+        self._check_open()
+        try:
+            entries = await self.scheduler.delayed.list()
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+        return [scheduled_of(entry, full=True) for entry in entries]
+
+    async def cancel_scheduled(self, id: str) -> Scheduled:
+        self._check_open()
+        try:
+            entry = await self.scheduler.delayed.cancel(id)
+        except SepaError as error:
+            raise SepaClientError.from_engine(error) from error
+        return scheduled_of(entry)
 
     async def subscribe(
         self,
@@ -160,4 +212,5 @@ class InProcessTransport:
                 await self.scheduler.serialized(self.engine.unsubscribe, handle.spuid)
         self._subscriptions.clear()
         if self._owns_scheduler:
+            await self.scheduler.delayed.stop()  # pending updates stay in its table, not run
             await asyncio.to_thread(self.scheduler.close)

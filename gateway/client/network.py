@@ -32,6 +32,12 @@ Requests during an outage (decision documented in gateway/client/README.md):
     subscriptions are restored automatically); unsubscribe succeeds at once (the broker ends every
     subscription of a closed socket);
   * requests waiting for a reply on the socket when it drops fail with ``connection_lost``.
+
+Delayed updates (seed 001 §II-C; this broker's extension, not in the SPARQL 1.1 SE Protocol) are
+the update POST with a ``delay`` or ``at`` URL parameter, answered 202 with the update's id; the
+pending ones are listed by ``GET scheduled_url`` and cancelled by ``DELETE scheduled_url/{id}``.
+Scheduling is never retried (like any update); listing is, like a query. A 200 to a delayed
+update means a broker that ignored the parameter and ran the update at once: that is an error.
 """
 
 from __future__ import annotations
@@ -41,11 +47,13 @@ import contextlib
 import json
 import logging
 import random
+import urllib.parse
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import aiohttp
 from pyoxigraph import RdfFormat, Triple, parse
@@ -54,9 +62,10 @@ from broker.core.notification import Notification
 from broker.core.results import QueryResult
 from broker.sparql.terms import Row, term_from_json
 from gateway.client.errors import SepaClientError, SepaConnectionError
-from gateway.client.transport import NotificationSink, TransportSubscription, UpdateSummary
+from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 QUERY_TYPE = "application/sparql-query"
 UPDATE_TYPE = "application/sparql-update"
@@ -151,6 +160,42 @@ def parse_notification(body: dict[str, Any], alias: str | None) -> Notification:
     return Notification(spuid, alias, sequence, variables, added_rows, removed_rows)
 
 
+def _member(body: bytes, name: str, kind: type = dict) -> Any:
+    """The member `name` of a JSON reply, of type `kind` (invalid_response otherwise)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    value = document.get(name) if isinstance(document, dict) else None
+    if not isinstance(value, kind):
+        raise SepaClientError("invalid_response", f"expected {name!r} in the JSON reply, got {body[:200]!r}", 502)
+    return value
+
+
+def _instant(text: Any) -> datetime:
+    instant = datetime.fromisoformat(text) if isinstance(text, str) else None
+    if instant is None or instant.tzinfo is None:
+        raise ValueError(f"not an RFC 3339 instant: {text!r}")
+    return instant.astimezone(UTC)
+
+
+def _scheduled(entry: Any) -> Scheduled:
+    """A delayed update as the broker shows it (``{"id", "due"}``, plus ``update`` and ``created`` in a list)."""
+    try:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            raise ValueError(f"no id in {entry!r}")
+        update = entry.get("update")
+        created = entry.get("created")
+        return Scheduled(
+            entry["id"],
+            _instant(entry.get("due")),
+            update if isinstance(update, str) else None,
+            None if created is None else _instant(created),
+        )
+    except ValueError as error:
+        raise SepaClientError("invalid_response", f"unreadable scheduled update: {error}", 502) from error
+
+
 # -- per-subscription bookkeeping -------------------------------------------------------------------
 
 
@@ -197,10 +242,14 @@ class NetworkTransport:
         heartbeat_s: float | None = 10.0,
         authorization: str | None = None,
         max_message_bytes: int = 64 << 20,
+        scheduled_url: str | None = None,
     ) -> None:
         self.query_url = query_url
         self.update_url = update_url
         self.subscribe_url = subscribe_url
+        # GET lists / DELETE {id} cancels delayed updates; by default the update URL's sibling
+        # (http://h:8000/update -> http://h:8000/scheduled), where this broker serves it
+        self.scheduled_url = scheduled_url or urllib.parse.urljoin(update_url, "scheduled")
         self.reconnect = reconnect or ReconnectPolicy()
         self.request_timeout_s = request_timeout_s
         self.heartbeat_s = heartbeat_s
@@ -230,8 +279,10 @@ class NetworkTransport:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self._session
 
-    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
-        headers = {"Content-Type": f"{content_type}; charset=utf-8", "Accept": accept}
+    def _headers(self, content_type: str | None, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept}
+        if content_type is not None:
+            headers["Content-Type"] = f"{content_type}; charset=utf-8"
         if self.authorization is not None:
             headers["Authorization"] = self.authorization
         return headers
@@ -239,13 +290,24 @@ class NetworkTransport:
     async def _post(
         self, url: str, text: str, content_type: str, params: list[tuple[str, str]], accept: str
     ) -> tuple[int, str, bytes]:
+        return await self._request("POST", url, text.encode("utf-8"), self._headers(content_type, accept), params)
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        params: list[tuple[str, str]] | None = None,
+    ) -> tuple[int, str, bytes]:
         session = self._http()
         try:
-            async with session.post(
+            async with session.request(
+                method,
                 url,
-                data=text.encode("utf-8"),
+                data=data,
                 params=params,
-                headers=self._headers(content_type, accept),
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout_s),
             ) as response:
                 return response.status, response.content_type, await response.read()
@@ -269,13 +331,24 @@ class NetworkTransport:
     ) -> QueryResult:
         params = [("default-graph-uri", iri) for iri in default_graph_uri]
         params += [("named-graph-uri", iri) for iri in named_graph_uri]
+        status, content_type, body = await self._retried(
+            lambda: self._post(self.query_url, sparql, QUERY_TYPE, params, QUERY_ACCEPT)
+        )
+        if status != 200:
+            raise self._refusal(status, content_type, body)
+        try:
+            return parse_query_reply(content_type, body)
+        except (ValueError, KeyError, TypeError, SyntaxError) as error:
+            raise SepaClientError("invalid_response", f"unreadable query result: {error}", 502) from error
+
+    async def _retried(self, request: Callable[[], Awaitable[T]]) -> T:
+        """An idempotent request, retried with the reconnection backoff for up to `query_retry_s`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.reconnect.query_retry_s if self.reconnect.enabled else 0.0)
         attempt = 0
         while True:
             try:
-                status, content_type, body = await self._post(self.query_url, sparql, QUERY_TYPE, params, QUERY_ACCEPT)
-                break
+                return await request()
             except SepaConnectionError:
                 delay = self.reconnect.delay(attempt)
                 if loop.time() + delay > deadline:
@@ -283,12 +356,6 @@ class NetworkTransport:
                 self.stats.query_retries += 1
                 attempt += 1
                 await asyncio.sleep(delay)
-        if status != 200:
-            raise self._refusal(status, content_type, body)
-        try:
-            return parse_query_reply(content_type, body)
-        except (ValueError, KeyError, TypeError, SyntaxError) as error:
-            raise SepaClientError("invalid_response", f"unreadable query result: {error}", 502) from error
 
     async def update(
         self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
@@ -309,6 +376,52 @@ class NetworkTransport:
             return value if isinstance(value, int) else 0
 
         return UpdateSummary(count("added"), count("removed"), count("notifications"))
+
+    # -- delayed updates (this broker's extension of the update operation) -------------------------
+
+    async def schedule(
+        self,
+        sparql: str,
+        *,
+        delay: str | None = None,
+        at: str | None = None,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+    ) -> Scheduled:
+        """POST the update with `delay` / `at` in the URL; 202 ``{"scheduled": {"id", "due"}}``. Never retried."""
+        params = [("using-graph-uri", iri) for iri in using_graph_uri]
+        params += [("using-named-graph-uri", iri) for iri in using_named_graph_uri]
+        params += [(name, value) for name, value in (("delay", delay), ("at", at)) if value is not None]
+        status, content_type, body = await self._post(self.update_url, sparql, UPDATE_TYPE, params, "application/json")
+        if status == 200:
+            raise SepaClientError(
+                "invalid_response",
+                f"{self.update_url} applied the update at once: that broker does not support delayed updates",
+                502,
+            )
+        if status != 202:
+            raise self._refusal(status, content_type, body)
+        return _scheduled(_member(body, "scheduled"))
+
+    async def scheduled(self) -> list[Scheduled]:
+        """GET the scheduled URL (idempotent: retried like a query)."""
+        headers = self._headers(None, "application/json")
+        status, content_type, body = await self._retried(
+            lambda: self._request("GET", self.scheduled_url, None, headers)
+        )
+        if status != 200:
+            raise self._refusal(status, content_type, body)
+        listed = _member(body, "scheduled", list)
+        return [_scheduled(entry) for entry in listed]
+
+    async def cancel_scheduled(self, id: str) -> Scheduled:
+        """DELETE the scheduled URL's `/{id}`; the broker answers 404 not_found for an unknown id."""
+        headers = self._headers(None, "application/json")
+        url = f"{self.scheduled_url.rstrip('/')}/{urllib.parse.quote(id, safe='')}"
+        status, content_type, body = await self._request("DELETE", url, None, headers)
+        if status != 200:
+            raise self._refusal(status, content_type, body)
+        return _scheduled(_member(body, "cancelled"))
 
     # -- the WebSocket --------------------------------------------------------------------------------
 

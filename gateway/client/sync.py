@@ -15,13 +15,14 @@ import asyncio
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from broker.core.notification import Notification
 from broker.core.results import QueryResult
 from gateway.client.client import ClientSubscription, Graphs, SepaClient
+from gateway.client.delays import Delay, Instant
 from gateway.client.errors import SepaClientError
-from gateway.client.transport import Transport, UpdateSummary
+from gateway.client.transport import Scheduled, Transport, UpdateSummary
 from gateway.client.view import ResultView
 
 T = TypeVar("T")
@@ -100,12 +101,66 @@ class SyncSepaClient:
             self.client.query(sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri)
         )
 
+    @overload
     def update(
-        self, sparql: str, *, using_graph_uri: Graphs = None, using_named_graph_uri: Graphs = None
-    ) -> UpdateSummary:
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: None = None,
+        at: None = None,
+    ) -> UpdateSummary: ...
+
+    @overload
+    def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: Delay,
+        at: None = None,
+    ) -> Scheduled: ...
+
+    @overload
+    def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: None = None,
+        at: Instant,
+    ) -> Scheduled: ...
+
+    def update(
+        self,
+        sparql: str,
+        *,
+        using_graph_uri: Graphs = None,
+        using_named_graph_uri: Graphs = None,
+        delay: Delay | None = None,
+        at: Instant | None = None,
+    ) -> UpdateSummary | Scheduled:
+        """Apply an update now, or schedule it with `delay` / `at` (see :meth:`SepaClient.update`)."""
         return self._call(
-            self.client.update(sparql, using_graph_uri=using_graph_uri, using_named_graph_uri=using_named_graph_uri)
+            self.client.update(  # type: ignore[call-overload]
+                sparql,
+                using_graph_uri=using_graph_uri,
+                using_named_graph_uri=using_named_graph_uri,
+                delay=delay,
+                at=at,
+            )
         )
+
+    def scheduled(self) -> list[Scheduled]:
+        """The broker's pending delayed updates, in due order."""
+        return self._call(self.client.scheduled())
+
+    def cancel_scheduled(self, id: str | Scheduled) -> Scheduled:
+        """Cancel a pending delayed update (SepaClientError not_found when unknown or already run)."""
+        return self._call(self.client.cancel_scheduled(id))
 
     def subscribe(
         self,

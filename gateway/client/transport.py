@@ -6,7 +6,7 @@ sockets and JSON, while external applications talk to a broker over the network;
 exactly the same API and the same result objects, so every feature an adapter needs is one every
 user gets. Queries return the engine's :class:`~broker.core.results.QueryResult`, notifications
 are the engine's :class:`~broker.core.notification.Notification`, updates an
-:class:`UpdateSummary`.
+:class:`UpdateSummary`, delayed updates (seed 001 §II-C) a :class:`Scheduled`.
 
 A transport only moves requests and notifications. Sequence numbers as the application sees
 them, the result view and the resynchronisation after a reconnect live in the client
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from broker.core.notification import Notification
@@ -42,6 +43,32 @@ class UpdateSummary:
     @classmethod
     def of(cls, result: UpdateResult) -> UpdateSummary:
         return cls(len(result.added), len(result.removed), result.notifications, result)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A delayed update the broker accepted: it runs at `due` (UTC), through the broker's own timer.
+
+    Why a type of its own rather than an UpdateSummary with zero counts: a scheduled update has not
+    run yet, so nothing was added or removed; what the application holds is a handle (`id`) to list
+    or cancel it. The members are the ones the broker reports for the request that produced the
+    object, identically over both transports: scheduling and cancelling report `id` and `due`;
+    listing (:meth:`~gateway.client.SepaClient.scheduled`) also the SPARQL `update` and when it
+    was scheduled (`created`).
+    """
+
+    id: str
+    due: datetime
+    update: str | None = None
+    created: datetime | None = None
+
+    @staticmethod
+    def instant(micros: int) -> datetime:
+        """Unix microseconds as a UTC datetime (exact: no float on the way)."""
+        return _EPOCH + timedelta(microseconds=micros)
 
 
 class NotificationSink(Protocol):
@@ -75,7 +102,7 @@ class TransportSubscription:
 
 @runtime_checkable
 class Transport(Protocol):
-    """The four operations of the SPARQL 1.1 SE Protocol, plus close."""
+    """The four operations of the SPARQL 1.1 SE Protocol, delayed updates, and close."""
 
     async def query(
         self, sparql: str, *, default_graph_uri: Sequence[str] = (), named_graph_uri: Sequence[str] = ()
@@ -87,6 +114,30 @@ class Transport(Protocol):
         self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
     ) -> UpdateSummary:
         """Apply an update; returns after the broker's end of processing; raises SepaClientError."""
+        ...
+
+    async def schedule(
+        self,
+        sparql: str,
+        *,
+        delay: str | None = None,
+        at: str | None = None,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+    ) -> Scheduled:
+        """Have the broker apply an update later; returns once it is checked and stored.
+
+        `delay` (milliseconds or an ISO 8601 duration) or `at` (RFC 3339) are the wire's
+        parameters, already validated by the client; raises SepaClientError.
+        """
+        ...
+
+    async def scheduled(self) -> list[Scheduled]:
+        """The broker's pending delayed updates, in due order (with their SPARQL)."""
+        ...
+
+    async def cancel_scheduled(self, id: str) -> Scheduled:
+        """Cancel a pending delayed update; SepaClientError not_found (404) when it is unknown or ran."""
         ...
 
     async def subscribe(

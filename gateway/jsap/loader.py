@@ -4,8 +4,9 @@ Missing sections take the PROTOCOL.md defaults (http 8000 /query /update, https 
 /secure/query /secure/update, ws 9000 /subscribe, wss 9443 /secure/subscribe, host localhost).
 Forced bindings are checked at load time, default values included, so a JSAP that loads can
 always be rendered with its defaults; type names are case-insensitive (`bNode`) and
-`"value": ""` means "no default" (sepy's convention). Errors name the member
-(`updates.SEND.forcedBindings.text.language: ...`).
+`"value": ""` means "no default" (sepy's convention). An update may carry a `delay`
+(milliseconds or an ISO 8601 duration, checked as the broker checks it): its producers schedule
+it (seed 001 §II-C). Errors name the member (`updates.SEND.forcedBindings.text.language: ...`).
 
 Precedence (entry overrides win over globals): an entry's `sparql11protocol` /
 `sparql11seprotocol` members, then its `host`, then the global members, then the global `host`.
@@ -27,6 +28,7 @@ from gateway.jsap.members import (
     HTTP_DEFAULTS,
     WS_DEFAULTS,
     choice_member,
+    delay_member,
     expected,
     graphs_part,
     host_member,
@@ -206,6 +208,11 @@ def entry(raw: Any, section: str, entry_id: str, context: Context) -> Entry:
             context.se, se_part(obj.get("sparql11seprotocol"), f"{path}.sparql11seprotocol"), host, context.host
         )
     graphs = Graphs.from_members({**context.graphs, **graphs_part(obj.get("graphs"), f"{path}.graphs")})
+    delay = None
+    if obj.get("delay") is not None:
+        if kind != "update":
+            raise JsapError(f"{path}.delay", "only an update can be delayed")
+        delay = delay_member(obj["delay"], f"{path}.delay")
     return Entry(
         id=entry_id,
         kind=kind,
@@ -218,4 +225,5 @@ def entry(raw: Any, section: str, entry_id: str, context: Context) -> Entry:
         prefixes=MappingProxyType(prefixes),
         prologue=_prologue(context.namespaces, template.declared_prefixes, template.used_prefixes),
         template=template,
+        delay=delay,
     )

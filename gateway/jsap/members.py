@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from broker.core.due import parse_delay
+from broker.errors import SepaError
 from broker.sparql.tokens import _PN_PREFIX
 from gateway.jsap.errors import JsapError
 from gateway.jsap.model import GRAPH_KEYS, OAuth, url
@@ -108,6 +110,27 @@ def iri_member(value: Any, path: str, prefixes: Mapping[str, str] | None = None)
         return iri_term(expand_prefixed(text, prefixes) if prefixes else text).value
     except TermError as error:
         raise JsapError(path, str(error)) from None
+
+
+def delay_member(value: Any, path: str) -> str:
+    """An update's `delay`, as the broker's `delay` parameter: milliseconds or an ISO 8601 duration.
+
+    Checked with the broker's own rules (seed 001 §II-C), so a profile that loads never produces a
+    delayed update the broker refuses for its delay.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise expected(path, "milliseconds (a non-negative integer) or an ISO 8601 duration string", value)
+    if isinstance(value, int):
+        if value < 0:
+            raise JsapError(path, f"a delay cannot be negative, got {value}")
+        text = str(value)
+    else:
+        text = string_member(value, path).strip()
+    try:
+        parse_delay(text)
+    except SepaError as error:
+        raise JsapError(path, error.description) from None
+    return text
 
 
 # -- sections (partial: only the members present, validated) ---------------------------------

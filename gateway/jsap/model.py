@@ -150,7 +150,9 @@ class Entry:
 
     `sparql11seprotocol` is None for updates (they are never subscribed). `prefixes` is what a
     prefixed-name value is expanded with (well-known, then JSAP namespaces, then PREFIXes of the
-    text); `prologue` the PREFIX declarations prepended to the text.
+    text); `prologue` the PREFIX declarations prepended to the text. `delay` (updates only) is the
+    entry's default delay as the broker's `delay` parameter (milliseconds or an ISO 8601
+    duration): its producers schedule it instead of applying it at once (seed 001 §II-C).
     """
 
     id: str
@@ -164,6 +166,7 @@ class Entry:
     prefixes: Mapping[str, str]
     prologue: str
     template: Template
+    delay: str | None = None
 
     @property
     def path(self) -> str:

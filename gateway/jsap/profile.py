@@ -121,6 +121,13 @@ class Jsap:
         assert protocol is not None  # queries always have one
         return protocol.subscribe_url
 
+    def update_delay(self, id: str) -> str | None:
+        """Update `id`'s `delay` (milliseconds or an ISO 8601 duration, as the broker takes it), or None.
+
+        A producer of a delayed entry schedules the update (seed 001 §II-C) instead of applying it.
+        """
+        return self.update(id).delay
+
     def graphs_for(self, id: str, kind: str | None = None) -> Graphs:
         """The dataset parameters of an entry (its `graphs` overriding the global ones, key by key).
 

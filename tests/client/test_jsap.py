@@ -222,6 +222,10 @@ def _fb(**binding: Any) -> dict[str, Any]:
     return _q(forcedBindings={"x": binding})
 
 
+def _off(**entry: Any) -> dict[str, Any]:
+    return {"updates": {"OFF": {"sparql": "DELETE DATA { <urn:lamp> <urn:status> <urn:ON> }", **entry}}}
+
+
 MALFORMED = [
     ([], "", "a JSAP must be a JSON object, got list"),
     (
@@ -280,6 +284,14 @@ MALFORMED = [
         "queries.Q.forcedBindings.x",
         "declared by VALUES",
     ),
+    (_off(delay=-5), "updates.OFF.delay", "a delay cannot be negative, got -5"),
+    (_off(delay=1.5), "updates.OFF.delay", "expected milliseconds (a non-negative integer) or an ISO 8601 duration"),
+    (_off(delay=True), "updates.OFF.delay", "got boolean"),
+    (_off(delay=""), "updates.OFF.delay", "must not be empty"),
+    (_off(delay="soon"), "updates.OFF.delay", "delay must be milliseconds or an ISO 8601 duration"),
+    (_off(delay="P1M"), "updates.OFF.delay", "years and months are not fixed lengths"),
+    (_off(delay=10**12), "updates.OFF.delay", "longer than ten years"),
+    (_q(delay="PT5S"), "queries.Q.delay", "only an update can be delayed"),
 ]
 
 
@@ -294,6 +306,27 @@ def test_malformed_jsap_names_the_member(data: Any, path: str, detail: str) -> N
 def test_the_documented_message_form() -> None:
     error = error_of(MALFORMED[1][0])
     assert str(error) == "queries.RECEIVED.forcedBindings.sender.type: expected one of uri, literal, bnode, got 'url'"
+
+
+def test_an_update_may_carry_a_delay() -> None:
+    """Seed 001 §II-C: the JSAP says which updates are delayed, as the broker's `delay` parameter."""
+    jsap = make(
+        updates={
+            "OFF": _off(delay=1500)["updates"]["OFF"],
+            "LATER": _off(delay=" PT1M30S ")["updates"]["OFF"],
+            "DIGITS": _off(delay="250")["updates"]["OFF"],
+            "NOW": _off(delay=None)["updates"]["OFF"],
+        },
+    )
+    assert jsap.update_delay("OFF") == "1500" and jsap.update("OFF").delay == "1500"
+    assert jsap.update_delay("LATER") == "PT1M30S"
+    assert jsap.update_delay("DIGITS") == "250"
+    assert jsap.update_delay("NOW") is None
+    with pytest.raises(JsapError) as unknown:
+        jsap.update_delay("ON")
+    assert unknown.value.path == "updates.ON"
+    lighting = Jsap.load(ROOT / "examples" / "smart_lighting" / "smart_lighting.jsap")
+    assert lighting.update_delay("SWITCH_OFF") == "PT2S" and lighting.update_delay("SWITCH_ON") is None
 
 
 def test_load_reports_file_problems(tmp_path: Path) -> None:

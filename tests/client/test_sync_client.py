@@ -2,20 +2,22 @@
 
 What it protects: blocking query/update/subscribe/unsubscribe/close work from a plain thread,
 callbacks arrive in order on the client's own thread with the view already updated, and a
-callback that calls a blocking method gets a clear error instead of a deadlock.
+callback that calls a blocking method gets a clear error instead of a deadlock; delayed updates are
+scheduled, listed and cancelled with blocking calls too.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from client_support import GatewayProcess
 
 from broker.core.engine import Engine
 from broker.core.notification import Notification
-from gateway.client import InProcessTransport, NetworkTransport, SepaClientError, SyncSepaClient
+from gateway.client import InProcessTransport, NetworkTransport, Scheduled, SepaClientError, SyncSepaClient
 
 PREFIX = "PREFIX ex: <http://example.org/>\n"
 QUERY = PREFIX + "SELECT ?o WHERE { ex:a ex:p ?o }"
@@ -63,3 +65,23 @@ def test_blocking_calls_and_callbacks(sync_client: SyncSepaClient) -> None:
             client.update("INSERT DATA { nonsense }")
         assert refused.value.status_code == 400
     client.close()  # idempotent
+
+
+def test_delayed_updates_from_a_plain_thread(sync_client: SyncSepaClient) -> None:
+    received: queue.Queue[Notification] = queue.Queue()
+    with sync_client as client:
+        client.subscribe(QUERY, received.put, alias="delayed")
+        assert received.get(timeout=5).sequence == 0
+        scheduled = client.update(PREFIX + "INSERT DATA { ex:a ex:p 1 }", delay=200)
+        assert isinstance(scheduled, Scheduled) and scheduled.due.tzinfo == UTC
+        later = client.update(PREFIX + "INSERT DATA { ex:a ex:p 2 }", at=datetime.now(UTC) + timedelta(seconds=30))
+        assert [entry.id for entry in client.scheduled()] == [scheduled.id, later.id]
+        assert client.cancel_scheduled(later.id).due == later.due
+        note = received.get(timeout=5)
+        assert note.sequence == 1 and datetime.now(UTC) >= scheduled.due
+        assert client.scheduled() == []
+        with pytest.raises(SepaClientError) as unknown:
+            client.cancel_scheduled(later)
+        assert unknown.value.status_code == 404
+        with pytest.raises(queue.Empty):
+            received.get(timeout=0.2)  # nothing else ran
