@@ -43,6 +43,7 @@ import sys
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any
 
 from pyoxigraph import BlankNode, Literal, NamedNode
@@ -50,7 +51,14 @@ from pyoxigraph import BlankNode, Literal, NamedNode
 from broker.core.notification import Notification
 from broker.core.results import QueryResult
 from broker.sparql.terms import Row, rows_to_bindings
-from gateway.client import NetworkTransport, ReconnectPolicy, SepaClient, SepaClientError, SepaConnectionError
+from gateway.client import (
+    NetworkTransport,
+    ReconnectPolicy,
+    Scheduled,
+    SepaClient,
+    SepaClientError,
+    SepaConnectionError,
+)
 from gateway.jsap import Jsap, JsapError
 from gateway.jsap.model import url as make_url
 from gateway.jsap.template import TemplateError, analyse
@@ -173,6 +181,8 @@ class Request:
     prefixes: Mapping[str, str]
     alias: str | None = None
     reconnect: bool = True
+    delay: str | None = None  # updates: run later (a JSAP entry's "delay", or --delay / --at)
+    at: str | None = None
 
 
 def positive(text: str) -> int:
@@ -238,6 +248,7 @@ def build_request(args: argparse.Namespace) -> Request:
                 value = value[1:-1]
             typed[name] = value
         sparql = jsap.render(entry, typed)
+        delay = entry.delay if kind == "update" else None
         graphs = {key: tuple(entry.graphs[key]) for key in entry.graphs}
         prefixes: Mapping[str, str] = entry.prefixes
         reconnect = jsap.reconnect
@@ -252,6 +263,7 @@ def build_request(args: argparse.Namespace) -> Request:
                 args.ws_url or (se.subscribe_url if se is not None else endpoints.subscribe_url),
             )
     else:
+        delay = None
         sparql = bind_raw(args.sparql, bindings)
         graphs = {}
         prefixes = dict(WELL_KNOWN_PREFIXES)
@@ -261,7 +273,11 @@ def build_request(args: argparse.Namespace) -> Request:
         given = getattr(args, option[2:].replace("-", "_"))
         if given:
             graphs[key] = tuple(given)
-    return Request(sparql, endpoints, graphs, prefixes, alias, reconnect and not getattr(args, "no_reconnect", False))
+    at = getattr(args, "at", None)
+    if getattr(args, "delay", None) is not None or at is not None:
+        delay = getattr(args, "delay", None)  # the command line overrides the JSAP entry's delay
+    reconnect = reconnect and not getattr(args, "no_reconnect", False)
+    return Request(sparql, endpoints, graphs, prefixes, alias, reconnect, delay, at)
 
 
 # -- showing results ------------------------------------------------------------------------------
@@ -399,7 +415,19 @@ async def _update(request: Request, args: argparse.Namespace) -> int:
             request.sparql,
             using_graph_uri=request.graphs.get("using-graph-uri"),
             using_named_graph_uri=request.graphs.get("using-named-graph-uri"),
+            delay=request.delay,
+            at=request.at,
         )
+    if isinstance(summary, Scheduled):
+        due = summary.due.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        _out(
+            [
+                json.dumps({"scheduled": {"id": summary.id, "due": due}})
+                if args.json
+                else f"scheduled {summary.id} {due}"
+            ]
+        )
+        return 0
     if args.json:
         body = {"added": summary.added, "removed": summary.removed, "notifications": summary.notifications}
         _out([json.dumps(body)])
@@ -536,6 +564,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser.add_argument("--json", action="store_true", help=_JSON_HELP[command])
         parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply (default 30)")
         parser.add_argument("-v", "--verbose", action="store_true", help="log the client's activity on stderr")
+        if command == "update":
+            parser.add_argument("--delay", help="run the update later: milliseconds or an ISO 8601 duration (PT30S)")
+            parser.add_argument("--at", help="run the update at this RFC 3339 instant (2026-11-22T18:30:00Z)")
         if command == "subscribe":
             parser.add_argument(
                 "--count", type=positive, metavar="N", help="exit after N notifications (sequence 0 counts)"
@@ -549,6 +580,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 _JSON_HELP = {
     "query": "print the SPARQL JSON result (CONSTRUCT/DESCRIBE: subject/predicate/object bindings)",
-    "update": 'print {"added": N, "removed": N, "notifications": N}',
+    "update": 'print {"added": N, "removed": N, "notifications": N} (delayed: {"scheduled": {"id": .., "due": ..}})',
     "subscribe": "print each notification as one JSON object per line (the PROTOCOL.md shape)",
 }

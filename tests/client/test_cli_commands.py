@@ -16,6 +16,7 @@ import json
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -237,6 +238,23 @@ def test_errors_are_one_line_and_status_1(empty: GatewayProcess) -> None:
     assert "?x does not occur in the SPARQL" in line
     usage = cli("query", *urls)  # neither SPARQL nor --jsap: a usage error
     assert usage.returncode == 2 and "give either the SPARQL text or --jsap" in usage.stderr
+
+
+def test_update_with_delay_or_at_is_scheduled_and_runs_later(empty: GatewayProcess) -> None:
+    urls = url_of(empty)
+    done = cli("update", *urls, "--json", "--delay", "PT3S", PREFIX + "INSERT DATA { ex:later ex:v 1 }")
+    assert done.returncode == 0, done.stderr
+    scheduled = json.loads(done.stdout)["scheduled"]
+    assert set(scheduled) == {"id", "due"}
+    table = cli("update", *urls, "--at", "2020-01-01T00:00:00Z", PREFIX + "INSERT DATA { ex:past ex:v 2 }")
+    assert table.returncode == 0 and table.stdout.startswith("scheduled "), table.stdout
+    assert "ex:later" not in cli("query", *urls, PREFIX + "SELECT ?s WHERE { ?s ex:v ?v }").stdout
+    deadline = time.monotonic() + TIMEOUT_S
+    while "later" not in cli("query", *urls, PREFIX + "SELECT ?s WHERE { ?s ex:v ?v }").stdout:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    line = one_error_line(cli("update", *urls, "--delay", "soon", PREFIX + "INSERT DATA { ex:x ex:v 3 }"), "update")
+    assert "delay must be milliseconds or an ISO 8601 duration" in line
 
 
 def test_broker_down_is_one_line_and_status_1() -> None:
