@@ -87,7 +87,9 @@ def _instantiate(
         graph = default_graph
     if isinstance(subject, Literal) or not isinstance(predicate, NamedNode):
         return None
-    if not isinstance(graph, NamedNode | BlankNode | DefaultGraph):
+    if isinstance(graph, DefaultGraph):  # pyoxigraph takes an omitted graph much faster than DefaultGraph()
+        return Quad(subject, predicate, obj)  # type: ignore[arg-type]
+    if not isinstance(graph, NamedNode | BlankNode):
         return None
     return Quad(subject, predicate, obj, graph)  # type: ignore[arg-type]
 
