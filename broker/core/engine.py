@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from broker.core.budget import Budget, OverBudget
 from broker.core.notification import Notification
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult, UpdateResult
@@ -56,28 +57,39 @@ class Engine:
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
         mark: ApplyMark | None = None,
+        budget: int | None = None,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
 
         Returns after end of processing with the quads really added and removed. Raises
         SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure. A `mark`
         is journalled with the delta and told once it is in the store (delayed updates use it).
+
+        `budget` bounds the work (see :mod:`broker.core.budget`): past it, or when another engine
+        call holds the lock, OverBudget is raised with nothing changed or notified.
         """
-        with self._update_lock, self.store.clock.request():
-            started = time.perf_counter()
-            delta = self.updates.compute(
-                sparql,
-                using_graph_uri=using_graph_uri,
-                using_named_graph_uri=using_named_graph_uri,
-                base_iri=base_iri,
-                prefixes=prefixes,
-            )
-            computed = time.perf_counter()
-            apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
-            notifications, timings = self.spus.process(delta, apply)
-            timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
-            self.stats.record_update(timings, notifications)
-            return UpdateResult(delta.added, delta.removed, notifications, timings)
+        steps = None if budget is None else Budget(budget)
+        if not self._update_lock.acquire(blocking=steps is None):
+            raise OverBudget
+        try:
+            with self.store.clock.request():
+                started = time.perf_counter()
+                delta = self.updates.compute(
+                    sparql,
+                    using_graph_uri=using_graph_uri,
+                    using_named_graph_uri=using_named_graph_uri,
+                    base_iri=base_iri,
+                    prefixes=prefixes,
+                    budget=steps,
+                )
+                computed = time.perf_counter()
+                apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
+                notifications, timings = self.spus.process(delta, apply, steps)
+                timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
+                self.stats.record_update(timings, notifications)
+                return UpdateResult(delta.added, delta.removed, notifications, timings)
+        finally:
+            self._update_lock.release()
 
     def check_update(
         self,
@@ -124,12 +136,16 @@ class Engine:
         default_graph_uri: Sequence[str] = (),
         named_graph_uri: Sequence[str] = (),
         prefixes: dict[str, str] | None = None,
+        nonblocking: bool = False,
     ) -> Subscription:
         """Subscribe to a SELECT or ASK query.
 
         The first notification (sequence 0, the full current result as added rows) is passed to
         `callback` before this returns; later ones are passed from the thread that runs the
         update, in sequence order. Identical subscriptions share one SPU.
+
+        `nonblocking`: the callback only hands the notification over (it never waits), so updates
+        that notify it may run on an event loop thread (see :mod:`broker.core.budget`).
         """
         with self._update_lock:
             return self.spus.subscribe(
@@ -139,6 +155,7 @@ class Engine:
                 default_graph_uri=tuple(default_graph_uri),
                 named_graph_uri=tuple(named_graph_uri),
                 prefixes=prefixes,
+                nonblocking=nonblocking,
             )
 
     def unsubscribe(self, spuid: str) -> Subscription:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from pyoxigraph import DefaultGraph, NamedNode
 
+from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
 from broker.core.spu import IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
@@ -67,6 +68,7 @@ class SpuManager:
         default_graph_uri: tuple[str, ...],
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
+        nonblocking: bool = False,
     ) -> Subscription:
         # validates syntax and the dataset, and tells SELECT from ASK and others
         probe = self.queries.run(
@@ -83,7 +85,7 @@ class SpuManager:
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
         if spu is None:
             spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes)
-        subscription = Subscription(alias, callback, spu.variables, spu.is_ask)
+        subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking)
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
         if spu.is_ask:
@@ -241,14 +243,45 @@ class SpuManager:
 
     # -- processing an update -----------------------------------------------------------------
 
-    def process(self, delta: Delta, apply: Callable[[Delta], None]) -> tuple[int, dict[str, float]]:
-        """Apply `delta` between the two phases and notify; returns (notifications, timings)."""
-        store = self.store
+    def process(
+        self, delta: Delta, apply: Callable[[Delta], None], budget: Budget | None = None
+    ) -> tuple[int, dict[str, float]]:
+        """Apply `delta` between the two phases and notify; returns (notifications, timings).
+
+        With a `budget`, lookups and notifications are charged to it; on OverBudget the delta is
+        undone (if it was applied) before the error propagates, and nothing was notified. Deltas
+        that could not be undone exactly (graphs created or dropped, or quads added to a graph that
+        does not exist yet) and re-evaluated subscriptions are not attempted under a budget.
+        """
+        if budget is not None:
+            return self._process_bounded(delta, apply, budget)
+        return self._process(delta, apply, self.store)
+
+    def _process_bounded(
+        self, delta: Delta, apply: Callable[[Delta], None], budget: Budget
+    ) -> tuple[int, dict[str, float]]:
+        ox = self.store.ox
+        if self.naive or delta.graphs_created or delta.graphs_dropped:
+            raise OverBudget
+        budget.spend(len(delta.added) + len(delta.removed))
+        for quad in delta.added:
+            graph = quad.graph_name
+            if not isinstance(graph, DefaultGraph) and not ox.contains_named_graph(graph):
+                raise OverBudget  # undoing the insertion would leave the new graph behind
+        return self._process(delta, apply, BudgetedRdfStore(ox, budget), budget)
+
+    def _process(
+        self,
+        delta: Delta,
+        apply: Callable[[Delta], None],
+        store: RdfStore | BudgetedRdfStore,
+        budget: Budget | None = None,
+    ) -> tuple[int, dict[str, float]]:
         started = time.perf_counter()
         if self.naive:
             apply(delta)
             applied = time.perf_counter()
-            notifications = sum(spu.refresh(store) for spu in self.reeval.values()) if not delta.empty else 0
+            notifications = sum(spu.refresh(self.store) for spu in self.reeval.values()) if not delta.empty else 0
             done = time.perf_counter()
             subscribers = sum(len(spu.subscribers) for spu in self.reeval.values()) if not delta.empty else 0
             return notifications, {
@@ -263,25 +296,38 @@ class SpuManager:
         reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
         if delta.graphs_created or delta.graphs_dropped:
             reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
+        if budget is not None:
+            if reeval:
+                raise OverBudget  # a re-evaluation is a whole query: not bounded
+            budget.spend(sum(map(len, removed_hits.values())) + sum(map(len, added_hits.values())))
         matched = time.perf_counter()
 
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
-        self._collect(removed_hits, lost)
+        self._collect(store, removed_hits, lost)
         pre_done = time.perf_counter()
         apply(delta)
         applied = time.perf_counter()
-        self._collect(added_hits, gained)
+        try:
+            self._collect(store, added_hits, gained)
+            touched = lost.keys() | gained.keys()
+            if budget is not None:
+                for spu in touched:
+                    budget.spend(len(spu.subscribers))
+                    if not all(subscriber.nonblocking for subscriber in spu.subscribers):
+                        raise OverBudget  # a callback that may wait must not run on an event loop
+        except OverBudget:  # only under a budget: undo the delta; nothing was notified yet
+            apply(Delta(delta.removed, delta.added))
+            raise
         reeval_notifications = 0
         for spu in reeval:
             try:
-                reeval_notifications += spu.refresh(store)
+                reeval_notifications += spu.refresh(self.store)
             except Exception:
                 log.exception("re-evaluation failed", extra={"query": spu.sparql})
         post_done = time.perf_counter()
 
         notifications = reeval_notifications
-        touched = lost.keys() | gained.keys()
         for spu in touched:
             notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
         finished = time.perf_counter()
@@ -294,13 +340,16 @@ class SpuManager:
             "lutt_hits": hits,
         }
 
-    def _collect(self, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
-        store = self.store
+    def _collect(
+        self, store: RdfStore | BudgetedRdfStore, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]
+    ) -> None:
         for ref, quads in hits.items():
             if isinstance(ref, ReevalSpu):
                 continue
             group, branch_index, pattern_index = ref
             try:
-                group.collect(store, (branch_index, pattern_index), quads, out)
+                group.collect(store, (branch_index, pattern_index), quads, out)  # type: ignore[arg-type]
+            except OverBudget:
+                raise
             except Exception:
                 log.exception("incremental evaluation failed", extra={"shape": str(group.shape.branches)})

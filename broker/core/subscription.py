@@ -25,6 +25,7 @@ class Subscription:
     is_ask: bool = False
     spuid: str = field(default_factory=lambda: f"sepa://subscription/{uuid.uuid4()}")
     next_sequence: int = 0
+    nonblocking: bool = False  # the callback never waits: it may be called on an event loop thread
 
     def emit(
         self,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
 from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
+from broker.core.budget import Budget, BudgetedStore, OverBudget
 from broker.core.query_processor import graph_list
 from broker.errors import InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
@@ -86,7 +87,9 @@ def _instantiate(
         graph = default_graph
     if isinstance(subject, Literal) or not isinstance(predicate, NamedNode):
         return None
-    if not isinstance(graph, NamedNode | BlankNode | DefaultGraph):
+    if isinstance(graph, DefaultGraph):  # pyoxigraph takes an omitted graph much faster than DefaultGraph()
+        return Quad(subject, predicate, obj)  # type: ignore[arg-type]
+    if not isinstance(graph, NamedNode | BlankNode):
         return None
     return Quad(subject, predicate, obj, graph)  # type: ignore[arg-type]
 
@@ -106,8 +109,13 @@ class UpdateProcessor:
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
+        budget: Budget | None = None,
     ) -> Delta:
-        """The net delta of `sparql`; the store is unchanged when this returns or raises."""
+        """The net delta of `sparql`; the store is unchanged when this returns or raises.
+
+        With a `budget`, only a single INSERT/DELETE DATA or a DELETE/INSERT with a plain BGP is
+        computed, its lookups charged to the budget; anything else raises OverBudget.
+        """
         operations, protocol_using, protocol_named = self.check(
             sparql,
             using_graph_uri=using_graph_uri,
@@ -115,8 +123,12 @@ class UpdateProcessor:
             base_iri=base_iri,
             prefixes=prefixes,
         )
+        if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
+            raise OverBudget
         if len(operations) == 1:
-            added, removed, created, dropped = self._operation(operations[0], sparql, protocol_using, protocol_named)
+            added, removed, created, dropped = self._operation(
+                operations[0], sparql, protocol_using, protocol_named, budget
+            )
             return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
         return self._sequence(operations, sparql, protocol_using, protocol_named)
 
@@ -172,12 +184,19 @@ class UpdateProcessor:
 
     # -- one operation ------------------------------------------------------------------------
 
-    def _operation(self, operation: object, sparql: str, using: list[NamedNode], named: list[NamedNode]):  # type: ignore[no-untyped-def]
+    def _operation(  # type: ignore[no-untyped-def]
+        self,
+        operation: object,
+        sparql: str,
+        using: list[NamedNode],
+        named: list[NamedNode],
+        budget: Budget | None = None,
+    ):
         """(added, removed, graphs created, graphs dropped) of one operation on the current store."""
         if isinstance(operation, DataOp):
             return self._data(operation) + (set(), set())
         if isinstance(operation, ModifyOp):
-            return self._modify(operation, sparql, using, named) + (set(), set())
+            return self._modify(operation, sparql, using, named, budget) + (set(), set())
         if isinstance(operation, GraphOp):
             return self._graph_op(operation)
         if isinstance(operation, LoadOp):
@@ -190,7 +209,14 @@ class UpdateProcessor:
             return {quad for quad in fresh_blank_nodes(operation.quads) if quad not in ox}, set()
         return set(), {quad for quad in operation.quads if quad in ox}
 
-    def _solutions(self, operation: ModifyOp, sparql: str, using: list[NamedNode], named: list[NamedNode]):  # type: ignore[no-untyped-def]
+    def _solutions(  # type: ignore[no-untyped-def]
+        self,
+        operation: ModifyOp,
+        sparql: str,
+        using: list[NamedNode],
+        named: list[NamedNode],
+        budget: Budget | None = None,
+    ):
         if operation.using or operation.using_named:
             default_graphs, named_graphs = list(operation.using), list(operation.using_named)
         elif using or named:
@@ -202,7 +228,10 @@ class UpdateProcessor:
             dataset = Dataset(
                 default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
             )
-            return list(evaluate_bgp(self.store.ox, operation.where_bgp, dict(operation.where_pins), dataset))
+            ox = self.store.ox if budget is None else BudgetedStore(self.store.ox, budget)
+            return list(evaluate_bgp(ox, operation.where_bgp, dict(operation.where_pins), dataset))  # type: ignore[arg-type]
+        if budget is not None:  # a SPARQL evaluation cannot be bounded
+            raise OverBudget
         arguments: dict[str, object] = {}
         if default_graphs is not None:
             arguments["default_graph"] = default_graphs
@@ -221,13 +250,18 @@ class UpdateProcessor:
         ]
 
     def _modify(
-        self, operation: ModifyOp, sparql: str, using: list[NamedNode], named: list[NamedNode]
+        self,
+        operation: ModifyOp,
+        sparql: str,
+        using: list[NamedNode],
+        named: list[NamedNode],
+        budget: Budget | None = None,
     ) -> tuple[set[Quad], set[Quad]]:
         ox = self.store.ox
         template_graph = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
         to_delete: set[Quad] = set()
         to_insert: set[Quad] = set()
-        for solution in self._solutions(operation, sparql, using, named):
+        for solution in self._solutions(operation, sparql, using, named, budget):
             for pattern in operation.delete:
                 quad = _instantiate(pattern, solution, template_graph, None)
                 if quad is not None:

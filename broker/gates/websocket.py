@@ -181,6 +181,7 @@ class WebSocketGate:
                 alias=alias,
                 default_graph_uri=graphs["default-graph-uri"],
                 named_graph_uri=graphs["named-graph-uri"],
+                nonblocking=True,
             )
         except SepaError as error:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
