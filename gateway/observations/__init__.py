@@ -1,0 +1,44 @@
+"""Observation mapping shared by the MQTT and CoAP adapters: messages -> readings -> SOSA/QUDT updates.
+
+Layout: `mapping` (the declarative Mapping), `mapping_config` (the TOML array), `compiler`
+(checks and compiles a mapping), `topics` (filters with captures, IRI templates), `payloads`,
+`extractors`, `senml`, `tasmota`, `homie` (reading values), `profiles` (the defaults), `mapper`
+(topic -> readings), `updates` / `latest` / `iris` (SPARQL for the store), `rdf` (the Topics
+Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and `vocabulary` (names and IRIs).
+"""
+
+from gateway.observations.errors import MappingError, PayloadError, UnmappedTopic
+from gateway.observations.iris import latest_iri, observation_iri
+from gateway.observations.latest import LATEST_QUERY, LatestCache, nodes_query
+from gateway.observations.mapper import Mapper
+from gateway.observations.mapping import FieldMap, Mapping
+from gateway.observations.mapping_config import mappings_from_config
+from gateway.observations.ontologies import ontology_update
+from gateway.observations.profiles import default_profiles
+from gateway.observations.rdf import MAPPINGS_QUERY, mappings_from_rdf, mappings_to_rdf, mappings_update
+from gateway.observations.reading import Reading
+from gateway.observations.updates import observation_update, prune_update
+
+__all__ = [
+    "LATEST_QUERY",
+    "MAPPINGS_QUERY",
+    "FieldMap",
+    "LatestCache",
+    "Mapper",
+    "Mapping",
+    "MappingError",
+    "PayloadError",
+    "Reading",
+    "UnmappedTopic",
+    "default_profiles",
+    "latest_iri",
+    "mappings_from_config",
+    "mappings_from_rdf",
+    "mappings_to_rdf",
+    "mappings_update",
+    "nodes_query",
+    "observation_iri",
+    "observation_update",
+    "ontology_update",
+    "prune_update",
+]

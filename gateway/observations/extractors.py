@@ -1,0 +1,205 @@
+"""The generic extractors (number, boolean, json, regex, fields) and what every extractor shares.
+
+Each extractor reads the whole payload first and builds every reading before returning any, so a
+bad payload raises PayloadError and yields nothing (never a partial set of readings). Work that
+does not depend on the message (regex compilation, JSON path parsing, template checks) is done
+in :mod:`gateway.observations.compiler`, once per mapping.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.observations.errors import PayloadError
+from gateway.observations.kinds import Kind, kind_named
+from gateway.observations.mapping import Mapping
+from gateway.observations.payloads import (
+    BooleanWords,
+    PathStep,
+    decode,
+    follow,
+    number_of,
+    parse_json,
+    parse_number,
+    shown,
+    timestamp_us,
+)
+from gateway.observations.reading import Reading
+from gateway.observations.targets import Resolved, Targets
+from gateway.observations.topics import TopicFilter
+
+TIME_KEYS = ("time", "Time", "timestamp", "ts", "last_seen")
+
+
+@dataclass(slots=True)
+class Message:
+    """One message being mapped: what every extractor needs to build readings."""
+
+    topic: str
+    captures: dict[str, str]
+    payload: bytes
+    arrival_us: int
+    resolved: Resolved
+    units: dict[str, str]  # the Mapper's learned units per value topic (Homie `$unit`), shared
+
+    def reading(
+        self,
+        value: float | bool | str,
+        unit: str | None,
+        time_us: int | None,
+        index: int,
+        *,
+        sensor: str | None = None,
+        property: str | None = None,
+        feature: str | None = None,
+    ) -> Reading:
+        resolved = self.resolved
+        return Reading(
+            sensor or resolved.sensor,
+            property or resolved.property,
+            feature or resolved.feature,
+            value,
+            None if isinstance(value, bool | str) else unit,
+            self.topic,
+            time_us,
+            f"{self.topic}|{self.arrival_us}|{index}",
+        )
+
+
+Run = Callable[["Compiled", Message], list[Reading]]
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A checked mapping, ready to run against matching messages."""
+
+    mapping: Mapping
+    filter: TopicFilter
+    targets: Targets | None
+    words: BooleanWords
+    path: tuple[PathStep, ...] | None
+    time_path: tuple[PathStep, ...] | None
+    pattern: re.Pattern[str] | None
+    fields: tuple[tuple[str, tuple[PathStep, ...], str, Kind | None, str | None], ...]
+    run: Run
+
+
+def coerce(value: Any, kind: Kind | None, words: BooleanWords, want: str = "auto") -> float | bool:
+    """A raw value as the property needs it: a bool for boolean properties, else a finite float."""
+    if want == "boolean" or (kind is not None and kind.boolean):
+        return words.parse(value)
+    if want == "number" or (kind is not None and not isinstance(value, bool)):
+        return number_of(value)
+    if isinstance(value, bool):
+        return value
+    try:
+        return number_of(value)
+    except PayloadError:
+        if isinstance(value, str):
+            return words.parse(value)
+        raise
+
+
+def unit_for(explicit: str | None, kind: Kind | None) -> str | None:
+    return explicit if explicit is not None else (kind.default_unit if kind is not None else None)
+
+
+def json_time(compiled: Compiled, document: Any) -> int | None:
+    """The source timestamp of a JSON payload: at `time_path` (required there) or a usual key."""
+    if compiled.time_path is not None:
+        return timestamp_us(follow(document, compiled.time_path, compiled.mapping.time_path or ""))
+    if isinstance(document, dict):
+        for key in TIME_KEYS:
+            if key in document:
+                try:
+                    return timestamp_us(document[key])
+                except PayloadError:
+                    return None  # a field merely named "time" is not trusted enough to reject the message
+    return None
+
+
+# -- the generic extractors -----------------------------------------------------------------------
+
+
+def _number(compiled: Compiled, message: Message) -> list[Reading]:
+    kind = message.resolved.kind
+    text = decode(message.payload)
+    value = compiled.words.parse(text) if kind is not None and kind.boolean else parse_number(text)
+    return [message.reading(value, unit_for(compiled.targets.unit, kind), None, 0)]  # type: ignore[union-attr]
+
+
+def _boolean(compiled: Compiled, message: Message) -> list[Reading]:
+    return [message.reading(compiled.words.parse(decode(message.payload)), None, None, 0)]
+
+
+def _json(compiled: Compiled, message: Message) -> list[Reading]:
+    document = parse_json(decode(message.payload))
+    assert compiled.path is not None
+    kind = message.resolved.kind
+    value = coerce(follow(document, compiled.path, compiled.mapping.path or ""), kind, compiled.words)
+    unit = unit_for(compiled.targets.unit, kind)  # type: ignore[union-attr]
+    return [message.reading(value, unit, json_time(compiled, document), 0)]
+
+
+def _regex(compiled: Compiled, message: Message) -> list[Reading]:
+    assert compiled.pattern is not None
+    text = decode(message.payload)
+    found = compiled.pattern.search(text)
+    if found is None or found.group("value") is None:
+        raise PayloadError(f"payload {shown(text)} does not match the pattern {compiled.pattern.pattern!r}")
+    kind = message.resolved.kind
+    value = coerce(found.group("value"), kind, compiled.words)
+    return [message.reading(value, unit_for(compiled.targets.unit, kind), None, 0)]  # type: ignore[union-attr]
+
+
+def _fields(compiled: Compiled, message: Message) -> list[Reading]:
+    """Several readings from one JSON object: declared fields, or every key naming a known property."""
+    document = parse_json(decode(message.payload))
+    if not isinstance(document, dict):
+        raise PayloadError("expected a JSON object")
+    time_us = json_time(compiled, document)
+    readings: list[Reading] = []
+    if compiled.fields:
+        for path_text, path, prop, kind, unit in compiled.fields:
+            try:
+                raw = follow(document, path, path_text)
+            except PayloadError:
+                continue  # devices send partial updates: an absent key is not an error
+            if raw is None:
+                continue
+            value = _field_value(raw, kind, compiled.words, path_text)
+            readings.append(message.reading(value, unit_for(unit, kind), time_us, len(readings), property=prop))
+        return readings
+    for key, raw in document.items():
+        kind = kind_named(key)
+        if kind is None or raw is None or isinstance(raw, dict | list):
+            continue
+        value = _field_value(raw, kind, compiled.words, key)
+        readings.append(message.reading(value, kind.default_unit, time_us, len(readings), property=kind.iri))
+    return readings
+
+
+def _field_value(raw: Any, kind: Kind | None, words: BooleanWords, key: str) -> float | bool:
+    try:
+        return coerce(raw, kind, words)
+    except PayloadError as error:
+        raise PayloadError(f"key {key!r}: {error}") from None
+
+
+def _ignore(compiled: Compiled, message: Message) -> list[Reading]:
+    return []
+
+
+def generic_runners() -> dict[str, Run]:
+    """The extractors that need no knowledge of a sensor ecosystem."""
+    return {
+        "number": _number,
+        "boolean": _boolean,
+        "json": _json,
+        "regex": _regex,
+        "fields": _fields,
+        "ignore": _ignore,
+    }

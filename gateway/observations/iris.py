@@ -1,0 +1,31 @@
+"""Deterministic IRIs for observations and latest-value nodes.
+
+The observation IRI is the deduplication key downstream (issue 7): the same reading seen twice
+(an MQTT redelivery of a timestamped payload) gets the same IRI, two different readings never do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from gateway.observations.reading import Reading
+from gateway.observations.vocabulary import LATEST_PREFIX, OBSERVATION_PREFIX
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+def time_key(reading: Reading) -> str:
+    """The source timestamp (Unix µs) when the payload had one, else the adapter's receive key."""
+    return str(reading.source_time_us) if reading.source_time_us is not None else reading.key
+
+
+def observation_iri(gateway_id: str, reading: Reading) -> str:
+    """`urn:sepa-gateway:obs:<sha256-hex-24 of gateway_id|sensor|property|time key>`."""
+    return OBSERVATION_PREFIX + _digest(f"{gateway_id}|{reading.sensor}|{reading.property}|{time_key(reading)}")
+
+
+def latest_iri(sensor: str, prop: str) -> str:
+    """`urn:sepa-gateway:latest:<sha256-hex-24 of sensor|property>`: one node per (sensor, property)."""
+    return LATEST_PREFIX + _digest(f"{sensor}|{prop}")

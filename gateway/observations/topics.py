@@ -1,0 +1,147 @@
+"""MQTT topic filters with named captures, and IRI templates filled from them.
+
+A filter is an MQTT filter whose levels may also be captures: `{name}` matches one level (like
+`+`) and `{name+}` the rest of the topic (like `#`, last level only). Captured text comes from the
+network, so it enters an IRI only percent-encoded (RFC 3986 unreserved characters stay, every
+other UTF-8 byte becomes %XX; `/` is kept between the levels of a `{name+}` capture): whatever the
+topic, a filled template is a valid IRI with exactly the static parts the mapping wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import quote
+
+from gateway.observations.errors import MappingError
+
+_CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+?)\}")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+BUILTIN_CAPTURES = ("topic",)
+
+
+class TopicFilter:
+    """One compiled filter: `match(topic)` gives the captures (a dict) or None."""
+
+    __slots__ = ("text", "levels", "captures", "subscription", "_rest", "_fixed")
+
+    def __init__(self, text: str) -> None:
+        if not text:
+            raise MappingError("a topic filter cannot be empty")
+        if "\x00" in text:
+            raise MappingError(f"topic filter {text!r} contains a NUL character")
+        self.text = text
+        levels = text.split("/")
+        captures: list[str] = []
+        subscription: list[str] = []
+        # Per level: (literal text or None for a wildcard, capture name or None).
+        self._fixed: list[tuple[str | None, str | None]] = []
+        self._rest: str | None = None  # "" for `#`, the name for `{name+}`, None when the length is exact
+        for index, level in enumerate(levels):
+            last = index == len(levels) - 1
+            capture = _CAPTURE.fullmatch(level)
+            if capture is not None:
+                name, rest = capture.groups()
+                if name in captures or name in BUILTIN_CAPTURES:
+                    raise MappingError(f"topic filter {text!r}: capture {{{name}}} is used twice or is reserved")
+                captures.append(name)
+                if rest:
+                    if not last:
+                        raise MappingError(f"topic filter {text!r}: {{{name}+}} must be the last level")
+                    self._rest = name
+                    subscription.append("#")
+                else:
+                    self._fixed.append((None, name))
+                    subscription.append("+")
+                continue
+            if level == "#":
+                if not last:
+                    raise MappingError(f"topic filter {text!r}: '#' must be the last level")
+                self._rest = ""
+            elif level == "+":
+                self._fixed.append((None, None))
+            elif any(char in level for char in "+#{}"):
+                raise MappingError(
+                    f"topic filter {text!r}: level {level!r} mixes text with a wildcard or capture "
+                    "(a wildcard or {{name}} must be a whole level)"
+                )
+            else:
+                self._fixed.append((level, None))
+            subscription.append(level)
+        self.levels = levels
+        self.captures = tuple(captures)
+        self.subscription = "/".join(subscription)
+
+    def match(self, topic: str) -> dict[str, str] | None:
+        """The captures when `topic` matches (MQTT rules: `$` topics need a literal first level)."""
+        parts = topic.split("/")
+        fixed = self._fixed
+        if len(parts) < len(fixed) or (self._rest is None and len(parts) != len(fixed)):
+            return None
+        if self._rest is not None and self._rest and len(parts) == len(fixed):
+            return None  # a named rest capture needs at least one level
+        if topic.startswith("$") and (not fixed or fixed[0][0] is None):
+            return None
+        found: dict[str, str] = {}
+        for part, (literal, name) in zip(parts, fixed, strict=False):
+            if literal is not None:
+                if part != literal:
+                    return None
+            elif name is not None:
+                if not part:
+                    return None  # an empty level would mint an IRI that names nothing
+                found[name] = part
+        if self._rest:
+            rest = parts[len(fixed) :]
+            if not all(rest):
+                return None
+            found[self._rest] = "/".join(rest)
+        return found
+
+    @property
+    def first_literal(self) -> str | None:
+        """The first level when it is literal text: the Mapper indexes filters by it."""
+        if not self._fixed and self._rest is not None:
+            return None
+        first = self._fixed[0][0] if self._fixed else None
+        return first
+
+
+def encode(text: str) -> str:
+    """Captured text for an IRI: percent-encoded except unreserved characters and `/`."""
+    return quote(text, safe="/", errors="strict")
+
+
+class Template:
+    """An IRI template such as `urn:sepa-gateway:sensor:zigbee2mqtt/{device}`, checked once."""
+
+    __slots__ = ("text", "names", "_parts")
+
+    def __init__(self, text: str, available: tuple[str, ...], what: str) -> None:
+        self.text = text
+        parts: list[tuple[bool, str]] = []
+        position = 0
+        for placeholder in _PLACEHOLDER.finditer(text):
+            name = placeholder.group(1)
+            if name not in available and name not in BUILTIN_CAPTURES:
+                known = ", ".join(f"{{{n}}}" for n in (*available, *BUILTIN_CAPTURES))
+                raise MappingError(f"{what} {text!r} uses {{{name}}}, which is not one of {known}")
+            parts.append((False, text[position : placeholder.start()]))
+            parts.append((True, name))
+            position = placeholder.end()
+        parts.append((False, text[position:]))
+        if any("{" in part or "}" in part for is_name, part in parts if not is_name):
+            raise MappingError(f"{what} {text!r} has an unbalanced '{{' or '}}'")
+        self._parts = tuple(part for part in parts if part[0] or part[1])
+        self.names = tuple(part for is_name, part in self._parts if is_name)
+
+    def fill(self, values: Mapping[str, str], *, encoded: bool = True) -> str:
+        """The template with each `{name}` replaced (percent-encoded unless `encoded` is False)."""
+        out = []
+        for is_name, part in self._parts:
+            if is_name:
+                value = values[part]
+                out.append(encode(value) if encoded else value)
+            else:
+                out.append(part)
+        return "".join(out)

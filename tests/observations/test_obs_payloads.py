@@ -1,0 +1,100 @@
+"""Payload reading: numbers, boolean words, JSON paths, timestamps.
+
+What it protects: only finite decimal numbers are accepted, every refusal is a PayloadError with
+a message saying why, JSON paths reach nested objects and arrays, and payload timestamps (Unix
+seconds or ms, RFC 3339) come out as exact Unix microseconds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.observations import MappingError, PayloadError
+from gateway.observations.payloads import (
+    BooleanWords,
+    compile_path,
+    follow,
+    parse_json,
+    parse_number,
+    timestamp_us,
+)
+
+
+@pytest.mark.parametrize(("text", "value"), [("21.5", 21.5), (" -3 ", -3.0), ("1e3", 1000.0), (".5", 0.5), ("7.", 7.0)])
+def test_numbers(text: str, value: float) -> None:
+    assert parse_number(text) == value
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-Infinity", "1_000", "0x10", "", "21,5", "1e999", "abc"])
+def test_not_numbers(text: str) -> None:
+    with pytest.raises(PayloadError):
+        parse_number(text)
+
+
+@given(st.text(max_size=20))
+def test_number_parser_never_crashes(text: str) -> None:
+    try:
+        value = parse_number(text)
+    except PayloadError:
+        return
+    assert value == value and abs(value) != float("inf")
+
+
+def test_boolean_words() -> None:
+    words = BooleanWords()
+    assert [words.parse(w) for w in ("ON", "off", "1", "0", "open", "Closed", "yes", "no", True, 0)] == [
+        True, False, True, False, True, False, True, False, True, False,
+    ]  # fmt: skip
+    with pytest.raises(PayloadError, match="not a boolean word"):
+        words.parse("maybe")
+    custom = BooleanWords(["wet"], ["dry"])
+    assert custom.parse("WET") is True
+    with pytest.raises(MappingError, match="both"):
+        BooleanWords(["on"], ["on"])
+
+
+def test_json_paths() -> None:
+    document = parse_json('{"ENERGY": {"Power": 45}, "sensors": [{"value": 1.5}], "a b": 2}')
+    assert follow(document, compile_path("ENERGY.Power"), "") == 45
+    assert follow(document, compile_path("sensors[0].value"), "") == 1.5
+    assert follow(document, compile_path("a b"), "") == 2
+    with pytest.raises(PayloadError, match="no key 'Voltage'"):
+        follow(document, compile_path("ENERGY.Voltage"), "ENERGY.Voltage")
+    with pytest.raises(PayloadError, match=r"no item \[3\]"):
+        follow(document, compile_path("sensors[3]"), "sensors[3]")
+
+
+@pytest.mark.parametrize("path", ["", "a..b", "a.", ".a", "a[x]", "a]b"])
+def test_bad_json_paths(path: str) -> None:
+    with pytest.raises(MappingError):
+        compile_path(path)
+
+
+@pytest.mark.parametrize("text", ["{", "NaN", '{"a": Infinity}', "[" * 100_000, b"\xff".decode("latin-1")])
+def test_bad_json(text: str) -> None:
+    with pytest.raises(PayloadError, match="invalid JSON"):
+        parse_json(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "micros"),
+    [
+        (1_700_000_000, 1_700_000_000_000_000),
+        (1_700_000_000_123, 1_700_000_000_123_000),
+        (1_700_000_000.5, 1_700_000_000_500_000),
+        ("2026-11-22T10:00:00Z", 1_795_341_600_000_000),
+        ("2026-11-22T11:00:00+01:00", 1_795_341_600_000_000),
+        ("2026-11-22T10:00:00", 1_795_341_600_000_000),
+        ("2026-11-22T10:00:00.000123Z", 1_795_341_600_000_123),
+    ],
+)
+def test_timestamps(value: object, micros: int) -> None:
+    assert timestamp_us(value) == micros
+
+
+@pytest.mark.parametrize("value", ["yesterday", True, None, -5, 1e30, "10000-01-01T00:00:00Z"])
+def test_bad_timestamps(value: object) -> None:
+    with pytest.raises(PayloadError):
+        timestamp_us(value)
