@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -14,7 +16,13 @@ from broker.core.pending import PendingUpdates
 from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler
 from broker.store import RdfStore
+from gateway.client import InProcessTransport, SepaClient
 from gateway.config import Config
+from gateway.observations import ontology_update
+from gateway.retention import Retention
+
+if TYPE_CHECKING:
+    from adapters.mqtt.adapter import MqttAdapter
 
 log = logging.getLogger("sepa_gateway")
 
@@ -51,11 +59,22 @@ class Gateway:
         )
         self.runners: list[web.AppRunner] = []
         self.stopped = asyncio.Event()
+        # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
+        self.client = SepaClient(InProcessTransport(self.scheduler))
+        self.gateway_id = config.observations.gateway_id or socket.gethostname()
+        self.retention = Retention(self.client, config.observations)
+        self.mqtt: MqttAdapter | None = None
+        if config.mqtt.enabled:
+            from gateway.mqtt import build_adapter
+
+            self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id)
+            self.gates.metric_sources["mqtt"] = self.mqtt.metrics
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
         returns the URLs served."""
         await self.scheduler.delayed.start()
+        await self.client.update(ontology_update())
         host = self.config.http.host
         plan = [
             (self.gates.http_app(), self.config.http.port),
@@ -73,6 +92,9 @@ class Gateway:
                 raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
             bound.append(runner.addresses[0][1] if runner.addresses else port)  # port 0: the one the OS chose
         http_port, ws_port = bound
+        if self.mqtt is not None:
+            await self.mqtt.start()
+        self.retention.start()
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
         return [
@@ -85,6 +107,10 @@ class Gateway:
         ]
 
     async def stop(self) -> None:
+        await self.retention.stop()
+        if self.mqtt is not None:
+            await self.mqtt.stop()
+        await self.client.close()
         await self.scheduler.delayed.stop()
         await self.gates.close_connections()
         for runner in self.runners:

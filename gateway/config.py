@@ -54,6 +54,37 @@ class SchedulerConfig:
 
 
 @dataclass
+class MqttConfig:
+    enabled: bool = True  # the MQTT adapter: sensor readings in, actuator commands out
+    host: str = "localhost"
+    port: int = 1883
+    client_id: str = "sepa-gateway"  # names the persistent session: readings sent while we restart wait in it
+    protocol: str = "5"  # "5" or "3.1.1"
+    username: str = ""
+    password: str = ""  # never logged
+    tls: bool = False  # TLS towards the broker (port 8883 usually)
+    tls_ca: str = ""  # CA file; empty: the system trust store
+    tls_cert: str = ""  # client certificate, for brokers that require one
+    tls_key: str = ""
+    keepalive: int = 30
+    receive_maximum: int = 1000  # readings held unacknowledged (MQTT 5 Receive Maximum)
+    batch_max: int = 500  # readings committed by one update at most
+    batch_wait_ms: float = 20.0  # how long the first reading of a batch waits for company
+    max_payload_bytes: int = 65536  # larger payloads are counted and dropped
+    profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
+    mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)
+    actuators: list = field(default_factory=list)  # [[mqtt.actuators]]: subscription -> MQTT publish
+
+
+@dataclass
+class ObservationsConfig:
+    gateway_id: str = ""  # names this gateway in observation IRIs and in the cloud; empty: the host name
+    retain_count: int = 1000  # observations kept per sensor and property (older ones are pruned; the cloud has them)
+    retain_age_s: float = 7 * 86400.0  # and none older than this
+    prune_interval_s: float = 60.0
+
+
+@dataclass
 class LoggingConfig:
     level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR; INFO logs only lifecycle events
 
@@ -65,6 +96,8 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    observations: ObservationsConfig = field(default_factory=ObservationsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> Config:
@@ -93,6 +126,14 @@ class Config:
         ):
             if not path.startswith("/"):
                 raise ConfigError(f"{name} must start with '/', not {path!r}")
+        if self.mqtt.enabled:
+            from gateway.mqtt import check  # the adapter's modules load only when MQTT is on
+
+            check(self.mqtt)
+        if self.observations.retain_count < 1 or self.observations.retain_age_s <= 0:
+            raise ConfigError("observations.retain_count must be >= 1 and observations.retain_age_s positive")
+        if self.observations.prune_interval_s <= 0:
+            raise ConfigError("observations.prune_interval_s must be positive")
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
         return self

@@ -11,12 +11,29 @@ etc=/etc/sepa-gateway
 state=/var/lib/sepa-gateway
 
 missing=()
-for package in python3 python3-venv python3-pip; do
+for package in python3 python3-venv python3-pip mosquitto; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+# The local MQTT broker the default [mqtt] section talks to. Its persistent sessions hold the
+# readings sent while the gateway restarts: let them hold more than mosquitto's default 1000.
+install -d -m 0755 /etc/mosquitto/conf.d
+cat >/etc/mosquitto/conf.d/sepa-gateway.conf <<'CONF'
+# Written by sepa-gateway's install script.
+max_queued_messages 100000
+max_inflight_messages 1000
+CONF
+if [ -d /run/systemd/system ]; then
+    systemctl enable mosquitto >/dev/null 2>&1 || true
+    systemctl restart mosquitto
+elif ! /usr/bin/python3 -c "import socket; socket.create_connection(('127.0.0.1', 1883), 1)" 2>/dev/null; then
+    # no systemd (a container): run it in the background, with the directories systemd would make
+    install -d -o mosquitto -g mosquitto /run/mosquitto /var/log/mosquitto /var/lib/mosquitto
+    mosquitto -d -c /etc/mosquitto/mosquitto.conf
 fi
 
 id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --shell /usr/sbin/nologin sepa-gateway

@@ -8,7 +8,7 @@ sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
 # Debian packages the tests use (real services, not mocks).
-packages=(python3 python3-venv python3-pip)
+packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -33,6 +34,8 @@ class Gates:
         self.settings = settings or GateSettings()
         self.scheduler = scheduler
         self.counters: Counter[str] = Counter()
+        # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
+        self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         self.http = HttpGate(scheduler, self.counters)
         self.websocket = WebSocketGate(
             scheduler,
@@ -76,6 +79,10 @@ class Gates:
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
         ]
         lines += delayed_metrics(self.scheduler.delayed)
+        for source, numbers in self.metric_sources.items():
+            for key, value in numbers().items():
+                if isinstance(value, bool | int | float):
+                    lines.append(f"sepa_{source}_{key} {float(value) if isinstance(value, bool) else value}")
         lines += [
             f'sepa_stage_seconds_total{{stage="{name[:-2]}"}} {value}' for name, value in engine.stats.timers.items()
         ]

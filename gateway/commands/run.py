@@ -18,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", help="listen address (default 0.0.0.0)")
     parser.add_argument("--http-port", type=int, help="SPARQL 1.1 Protocol port (default 8000)")
     parser.add_argument("--ws-port", type=int, help="subscription WebSocket port (default 9000)")
+    parser.add_argument("--no-mqtt", action="store_true", help="serve without the MQTT adapter ([mqtt] enabled)")
     parser.set_defaults(handler=run)
 
 
@@ -32,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
             config.http.port = args.http_port
         if args.ws_port is not None:
             config.websocket.port = args.ws_port
+        if args.no_mqtt:
+            config.mqtt.enabled = False
         config.validate()
     except ConfigError as error:
         print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)

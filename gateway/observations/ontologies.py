@@ -10,9 +10,10 @@ from pathlib import Path
 
 from pyoxigraph import NamedNode, Quad, RdfFormat, parse
 
+import ontologies
 from gateway.observations.vocabulary import GRAPH_ONTOLOGIES
 
-ONTOLOGY_DIR = Path(__file__).resolve().parents[2] / "ontologies"
+ONTOLOGY_DIR = Path(ontologies.__file__).resolve().parent  # shipped as package data (pyproject.toml)
 
 
 def ontology_files(directory: Path = ONTOLOGY_DIR) -> list[Path]:

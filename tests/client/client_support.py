@@ -91,7 +91,7 @@ class GatewayProcess:
 
     def start(self) -> GatewayProcess:
         self.starts += 1
-        command = [*gateway_command(), "run", "--host", HOST]
+        command = [*gateway_command(), "run", "--host", HOST, "--no-mqtt"]
         command += ["--http-port", str(self.http_port), "--ws-port", str(self.ws_port)]
         if self.data_dir is not None:
             command += ["--data-dir", str(self.data_dir)]

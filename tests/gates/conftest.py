@@ -230,9 +230,16 @@ def launch_gateway(
     data_dir: Path | None = None,
     http_port: int = 0,
     ws_port: int = 0,
+    mqtt: bool | None = None,
 ) -> RunningGateway:
-    """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers."""
+    """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
+
+    MQTT is off unless asked for (or a config file is given): tests of the MQTT adapter run their
+    own Mosquitto (tests/mqtt), and no other test may depend on a broker at localhost:1883.
+    """
     argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
+    if mqtt is False or (mqtt is None and config is None):
+        argv.append("--no-mqtt")
     if config is not None:
         argv += ["--config", str(config)]
     if data_dir is not None:
@@ -322,6 +329,8 @@ class InProcessGateway(Endpoint):
 
 
 def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
+    """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (tests/mqtt runs the adapter on its own broker)."""
+    config.mqtt.enabled = False
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0

@@ -163,6 +163,7 @@ def running_gateway(directory: Path, config: str | None = None) -> Iterator[Gate
     directory.mkdir(parents=True, exist_ok=True)
     http_port, ws_port = free_ports(2)
     command = [*gateway_command(), "run", "--host", HOST, "--http-port", str(http_port), "--ws-port", str(ws_port)]
+    command.append("--no-mqtt")  # no broker in these tests
     if config is not None:
         config_path = directory / "sepa-gateway.toml"
         config_path.write_text(config, encoding="utf-8")

@@ -250,13 +250,24 @@ allow_load = {allow_load}  # the loader may LOAD the knowledge base from its own
 host = "{host}"
 max_request_bytes = {max_request_bytes}  # the loader's INSERT DATA chunks are a few MB each
 
+{mqtt}
+
 [logging]
 level = "WARNING"
 """
 
 
+NO_MQTT = "[mqtt]\nenabled = false  # the benchmark measures the SPARQL gates only"
+
+
 def start_gateway(
-    children: Children, workdir: Path, *, allow_load: bool, max_request_bytes: int, timeout: float = 30.0
+    children: Children,
+    workdir: Path,
+    *,
+    allow_load: bool,
+    max_request_bytes: int,
+    timeout: float = 30.0,
+    mqtt: str = NO_MQTT,
 ) -> GatewayProcess:
     """Start ``sepa-gateway run`` on free ports with an in-memory store and wait until it serves.
 
@@ -264,7 +275,9 @@ def start_gateway(
     """
     config = workdir / "gateway.toml"
     config.write_text(
-        GATEWAY_CONFIG.format(allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes),
+        GATEWAY_CONFIG.format(
+            allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes, mqtt=mqtt
+        ),
         encoding="utf-8",
     )
     launcher = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"

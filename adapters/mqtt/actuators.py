@@ -1,0 +1,146 @@
+"""Actuation: a subscription whose added rows become MQTT publishes (`[[mqtt.actuators]]`).
+
+Example (a lamp status changing in the store publishes `cmnd/<lamp>/POWER ON`)::
+
+    [[mqtt.actuators]]
+    id = "lamp-power"
+    query = '''SELECT ?lamp ?power WHERE { GRAPH <urn:lights> { ?lamp <urn:on> ?on }
+                                      BIND(IF(?on, "ON", "OFF") AS ?power) }'''
+    topic = "cmnd/{lamp}/POWER"
+    payload = "{power}"
+
+`{name}` in `topic` and `payload` is the row's value of ?name: a literal's lexical form, or an
+IRI's last segment (after the last `/`, `#` or `:`). A value that would change the topic's
+structure (`/`, `+`, `#`, empty) is refused for that row (counted and logged), never published.
+Only changes are published: the rows present when the gateway starts (sequence 0) are not, unless
+`initial = true` (then the current state is re-sent at every start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyoxigraph import Literal, NamedNode
+
+from adapters.mqtt.connection import MqttConnection
+from gateway.client import ClientSubscription, SepaClient
+
+log = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_KEYS = {"id", "query", "topic", "payload", "qos", "retain", "initial"}
+
+
+class ActuatorError(ValueError):
+    """An `[[mqtt.actuators]]` entry that cannot work; the message names it."""
+
+
+def _value(term: Any) -> str | None:
+    if isinstance(term, NamedNode):
+        return re.split(r"[/#:]", term.value)[-1]
+    if isinstance(term, Literal):
+        return term.value
+    return None
+
+
+@dataclass
+class Actuator:
+    """One subscription → MQTT publish mapping."""
+
+    id: str
+    query: str
+    topic: str
+    payload: str
+    qos: int = 1
+    retain: bool = False
+    initial: bool = False
+    published: int = 0
+    refused: int = 0
+    _subscription: ClientSubscription | None = field(default=None, repr=False)
+    _connection: MqttConnection | None = field(default=None, repr=False)
+    _pending: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+
+    @classmethod
+    def from_config(cls, entry: Any, position: int) -> Actuator:
+        name = f"mqtt.actuators[{position}]"
+        if not isinstance(entry, Mapping):
+            raise ActuatorError(f"{name}: expected a table")
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise ActuatorError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
+        for key in ("id", "query", "topic", "payload"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise ActuatorError(f"{name}: '{key}' is required (a non-empty string)")
+        if entry.get("qos", 1) not in (0, 1, 2) or isinstance(entry.get("qos", 1), bool):
+            raise ActuatorError(f"{name}: qos must be 0, 1 or 2")
+        for key in ("retain", "initial"):
+            if not isinstance(entry.get(key, False), bool):
+                raise ActuatorError(f"{name}: {key} must be true or false")
+        if "+" in entry["topic"] or "#" in entry["topic"]:
+            raise ActuatorError(f"{name}: topic cannot contain MQTT wildcards")
+        return cls(
+            entry["id"],
+            entry["query"],
+            entry["topic"],
+            entry["payload"],
+            entry.get("qos", 1),
+            entry.get("retain", False),
+            entry.get("initial", False),
+        )
+
+    async def start(self, client: SepaClient, connection: MqttConnection) -> None:
+        self._connection = connection
+        self._subscription = await client.subscribe(
+            self.query, f"mqtt-actuator-{self.id}", on_notification=self._notified
+        )
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            await self._subscription.unsubscribe()
+            self._subscription = None
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    def render(self, variables: tuple[str, ...], row: tuple[Any, ...]) -> tuple[str, str] | None:
+        """(topic, payload) for one row, or None when a value cannot go into the topic."""
+        values = {name: _value(term) for name, term in zip(variables, row, strict=True)}
+
+        def fill(template: str, in_topic: bool) -> str | None:
+            out: list[str] = []
+            position = 0
+            for match in _PLACEHOLDER.finditer(template):
+                value = values.get(match.group(1))
+                if value is None or (in_topic and (not value or any(c in value for c in "/+#\0"))):
+                    return None
+                out += [template[position : match.start()], value]
+                position = match.end()
+            return "".join([*out, template[position:]])
+
+        topic, payload = fill(self.topic, True), fill(self.payload, False)
+        return None if topic is None or payload is None else (topic, payload)
+
+    def _notified(self, notification: Any) -> None:
+        if notification.sequence == 0 and not self.initial:
+            return
+        for row in notification.added:
+            rendered = self.render(notification.variables, row)
+            if rendered is None:
+                self.refused += 1
+                log.warning("mqtt actuator: a row cannot be published", extra={"actuator": self.id})
+                continue
+            task = asyncio.get_running_loop().create_task(self._publish(*rendered))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _publish(self, topic: str, payload: str) -> None:
+        assert self._connection is not None
+        try:
+            await self._connection.publish(topic, payload.encode("utf-8"), qos=self.qos, retain=self.retain)
+            self.published += 1
+        except Exception as error:  # the broker is away: the command is lost, say so
+            log.warning("mqtt actuator: publish failed", extra={"actuator": self.id, "error": str(error)})

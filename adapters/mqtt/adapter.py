@@ -1,0 +1,198 @@
+"""The MQTT adapter: readings in as SOSA observations, subscriptions out as MQTT commands.
+
+A producer and a consumer on the client API (ARCHITECTURE.md principle 1), over the in-process
+transport: every reading batch is one SPARQL update through the scheduler, like anyone's.
+
+* **Topics Manager** (seed 000 §5.4): mappings live as RDF in the mappings graph. The adapter
+  writes the config's mappings there at start-up and subscribes to the graph; any change made with
+  SPARQL rebuilds the mapper and the MQTT subscriptions at once. Ready-made profiles come after
+  them, in code (they are part of the product, not of the deployment).
+* **Ingestion**: the :class:`~adapters.mqtt.ingest.Ingestor` batches messages and calls
+  :meth:`commit`, which maps them to readings (bad payloads counted per topic and skipped, never
+  half a message), writes one observation update, and returns once it is committed: only then are
+  the messages acknowledged to the broker. The latest-value cache follows each update's exact delta.
+* **Actuation**: each `[[mqtt.actuators]]` subscription publishes its added rows (see actuators.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from adapters.mqtt.actuators import Actuator
+from adapters.mqtt.connection import Message, MqttConnection
+from adapters.mqtt.ingest import Ingestor, TopicCounters
+from adapters.mqtt.settings import MqttSettings
+from gateway.client import ClientSubscription, SepaClient
+from gateway.observations import (
+    LATEST_QUERY,
+    MAPPINGS_QUERY,
+    LatestCache,
+    Mapper,
+    Mapping,
+    MappingError,
+    PayloadError,
+    Reading,
+    UnmappedTopic,
+    default_profiles,
+    mappings_from_rdf,
+    mappings_update,
+    observation_update,
+)
+
+log = logging.getLogger(__name__)
+
+PROFILE_IDS = {
+    "homie": ("homie-value", "homie-unit", "homie-description"),
+    "zigbee2mqtt": ("zigbee2mqtt-bridge", "zigbee2mqtt"),
+    "tasmota": ("tasmota",),
+    "senml": ("senml",),
+    "generic": ("gateway-generic",),
+}
+
+
+def profiles(names: Sequence[str]) -> list[Mapping]:
+    """The ready-made profiles named in the config (`mqtt.profiles`)."""
+    wanted = {mapping_id for name in names for mapping_id in PROFILE_IDS[name]}
+    return [mapping for mapping in default_profiles() if mapping.id in wanted]
+
+
+def gateway_id(configured: str) -> str:
+    return configured or socket.gethostname()
+
+
+class MqttAdapter:
+    """Wires an MQTT connection, the mapping layer and the store (through `client`) together."""
+
+    def __init__(
+        self,
+        client: SepaClient,
+        settings: MqttSettings,
+        *,
+        mappings: Sequence[Mapping] = (),
+        profile_names: Sequence[str] = tuple(PROFILE_IDS),
+        actuators: Sequence[Actuator] = (),
+        gateway: str = "",
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.configured = list(mappings)
+        self.profiles = profiles(profile_names)
+        self.actuators = list(actuators)
+        self.gateway_id = gateway_id(gateway)
+        self.counters = TopicCounters()
+        self.connection = MqttConnection(settings)
+        self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
+        self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
+        self.cache = LatestCache()
+        self.readings = 0
+        self.observations_committed = 0
+        self.mapping_errors = 0
+        self._mappings: ClientSubscription | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._filters: list[str] = []
+
+    async def start(self) -> None:
+        """Publish the config's mappings, follow the mappings graph, connect and ingest (in the background)."""
+        if self.configured:
+            await self.client.update(mappings_update(self.configured))
+        self._mappings = await self.client.subscribe(
+            MAPPINGS_QUERY, "mqtt-mappings", on_notification=self._mappings_changed
+        )
+        self._rebuild()
+        result = await self.client.query(LATEST_QUERY)
+        self.cache.load(dict(zip(result.variables, row, strict=True)) for row in result.rows)
+        for actuator in self.actuators:
+            await actuator.start(self.client, self.connection)
+        self._filters = self.mapper.subscriptions()
+        await self.connection.start(self._filters)
+        self._task = asyncio.get_running_loop().create_task(self.ingestor.run(), name="mqtt-ingest")
+        log.info("mqtt adapter started", extra={"broker": f"{self.settings.host}:{self.settings.port}"})
+
+    async def stop(self) -> None:
+        """Finish the commit in progress (and its acknowledgements), then disconnect."""
+        await self.ingestor.stop()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        for actuator in self.actuators:
+            await actuator.stop()
+        await self.connection.stop()
+        if self._mappings is not None:
+            await self._mappings.unsubscribe()
+
+    # -- readings in ---------------------------------------------------------------------------
+
+    async def commit(self, batch: list[Message]) -> None:
+        """Map and store one batch; returns once committed (the ingestor then acknowledges it).
+
+        A message that cannot be read is counted and skipped (acknowledged: no retry can fix it);
+        if the store refuses the update the error propagates and the batch is retried.
+        """
+        readings: list[Reading] = []
+        for message in batch:
+            try:
+                readings += self.mapper.readings(message.topic, message.payload, message.arrival_us)
+            except UnmappedTopic as error:
+                self.counters.add(message.topic, str(error))
+            except PayloadError as error:
+                self.counters.add(message.topic, str(error))
+        if not readings:
+            return
+        text = observation_update(readings, self.gateway_id, self.cache)
+        try:
+            summary = await self.client.update(text)
+        except BaseException:
+            self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
+            raise
+        if summary.result is not None:
+            self.cache.apply(summary.result.added, summary.result.removed)
+        else:
+            self.cache.clear()
+        self.readings += len(readings)
+        self.observations_committed += len(readings)
+        if not self.cache.complete:
+            await self._reload_cache()
+
+    async def _reload_cache(self) -> None:
+        result = await self.client.query(LATEST_QUERY)
+        self.cache.load(dict(zip(result.variables, row, strict=True)) for row in result.rows)
+
+    # -- the Topics Manager --------------------------------------------------------------------
+
+    def _mappings_changed(self, _notification: Any) -> None:
+        if self._mappings is None:
+            return  # sequence 0, during start: start() rebuilds once subscribed
+        self._rebuild()
+        filters = self.mapper.subscriptions()
+        added = [f for f in filters if f not in self._filters]
+        removed = [f for f in self._filters if f not in filters]
+        self._filters = filters
+        loop = asyncio.get_running_loop()
+        if added:
+            loop.create_task(self.connection.subscribe(added))
+        if removed:
+            loop.create_task(self.connection.unsubscribe(removed))
+
+    def _rebuild(self) -> None:
+        rows = self._mappings.view.bindings() if self._mappings is not None else []
+        errors: list[MappingError] = []
+        stored = mappings_from_rdf(rows, errors)
+        for error in errors:
+            self.mapping_errors += 1
+            log.warning("mqtt: a mapping in the store is unusable", extra={"error": str(error)})
+        try:
+            self.mapper = self.mapper.rebuild([*stored, *self.profiles])
+        except MappingError as error:
+            self.mapping_errors += 1
+            log.warning("mqtt: mappings not changed", extra={"error": str(error)})
+
+    def metrics(self) -> dict[str, Any]:
+        return {
+            "readings": self.readings,
+            "mapping_errors": self.mapping_errors,
+            **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items() if key != "bad_input_by_topic"},
+            **{f"connection_{key}": value for key, value in self.connection.metrics().items()},
+        }

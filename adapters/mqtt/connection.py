@@ -1,0 +1,389 @@
+"""An asyncio facade over paho-mqtt that never blocks the event loop and acknowledges only on request.
+
+paho runs its network loop on its own thread (`loop_start`, connecting with `connect_async`, so neither DNS nor
+the TCP/TLS handshake ever runs on the event loop). Its callbacks only append to a deque and, when the event loop
+has not been told yet, wake it with `call_soon_threadsafe`: one wake-up per burst, not one per message.
+
+Messages are received with `manual_ack=True`: a QoS 1 message stays unacknowledged at the broker, in a persistent
+session, until `ack` is called for it, which the ingestor does only once the message is committed. The number of
+unacknowledged messages is bounded by `receive_maximum` (see `MqttSettings`), which bounds the memory held here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from adapters.mqtt.settings import MqttSettings
+
+log = logging.getLogger(__name__)
+
+
+class MqttError(RuntimeError):
+    """The broker refused something (a publish, a TLS file, a connection) or the connection is stopped."""
+
+
+def check_filter(topic_filter: str) -> str:
+    """Return the filter if MQTT allows it; a malformed one would make the broker drop the connection, again at
+    every reconnect, so it is refused here with a clear message."""
+    levels = topic_filter.split("/")
+    if (
+        not topic_filter
+        or "\0" in topic_filter
+        or len(topic_filter.encode("utf-8")) > 65535
+        or any("#" in level and (level != "#" or i != len(levels) - 1) for i, level in enumerate(levels))
+        or any("+" in level and level != "+" for level in levels)
+    ):
+        raise MqttError(f"mqtt: invalid topic filter {topic_filter!r} ('+' and '#' must fill a level, '#' only last)")
+    return topic_filter
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received message. `connection` numbers the connection that delivered it: its `mid` means nothing on
+    any other connection, so an acknowledgement for it is only sent on that one."""
+
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    dup: bool
+    retain: bool
+    arrival_us: int
+    connection: int
+
+
+@dataclass
+class ConnectionStats:
+    """Counters for /metrics; each is written by one thread only (paho's or the event loop's)."""
+
+    connected: bool = False
+    connects: int = 0
+    reconnects: int = 0
+    connect_failures: int = 0
+    messages: int = 0
+    acked: int = 0
+    stale_acks: int = 0  # not sent: the message came on an earlier connection, the broker redelivers it
+    window_waits: int = 0  # the broker sent more than receive_maximum unacknowledged messages: paho's thread waited
+    subscribe_failures: int = 0
+    published: int = 0
+    last_error: str | None = None
+
+
+class MqttConnection:
+    """One MQTT client connection with a persistent session, usable from asyncio."""
+
+    def __init__(self, settings: MqttSettings) -> None:
+        self.settings = settings
+        self.stats = ConnectionStats()
+        self._client: mqtt.Client | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._filters: list[str] = []
+        self._inbox: deque[Message] = deque()
+        self._arrived = asyncio.Event()
+        self._wake_pending = False
+        self._wanted = 1  # inbox length at which paho's thread wakes the event loop
+        self._connected = asyncio.Event()
+        self._publishes: dict[int, asyncio.Future[None]] = {}
+        # Guards the connection number and the unacknowledged count; paho's thread waits on it when the window is full.
+        self._lock = threading.Condition()
+        self._connection = 0
+        self._unacked = 0
+        self._failed_attempts = 0
+        self._first_connect = True
+        self._stopping = False
+
+    # -- lifecycle (event loop) --
+
+    async def start(self, filters: Iterable[str]) -> None:
+        """Start connecting in the background (it retries with backoff until `stop`) and subscribe to `filters`."""
+        if self._client is not None:
+            raise MqttError("mqtt: connection already started")
+        self._loop = asyncio.get_running_loop()
+        self._filters = [check_filter(f) for f in dict.fromkeys(filters)]
+        # tls_set reads certificate files: off the event loop like every other blocking call.
+        self._client = await asyncio.to_thread(self._make_client)
+        s = self.settings
+        if s.protocol == "5":
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = s.session_expiry_s
+            properties.ReceiveMaximum = s.receive_maximum
+            self._client.connect_async(s.host, s.port, s.keepalive, clean_start=False, properties=properties)
+        else:
+            self._client.connect_async(s.host, s.port, s.keepalive)
+        self._client.reconnect_delay_set(self._next_delay(), s.reconnect_max_s)
+        self._client.loop_start()
+
+    async def stop(self) -> None:
+        """Disconnect (the broker keeps the session and every unacknowledged message) and end paho's thread."""
+        client = self._client
+        if client is None or self._stopping:
+            return
+        self._stopping = True
+        with self._lock:
+            self._lock.notify_all()
+        client.disconnect()
+        await asyncio.to_thread(client.loop_stop)
+        self._connected.clear()
+        self.stats.connected = False
+        for future in self._publishes.values():
+            if not future.done():
+                future.set_exception(MqttError("mqtt: connection stopped before the broker acknowledged the publish"))
+        self._publishes.clear()
+        self._arrived.set()
+
+    async def wait_connected(self) -> None:
+        """Return once connected (use asyncio.timeout to bound it)."""
+        await self._connected.wait()
+
+    # -- subscriptions, messages, acknowledgements (event loop) --
+
+    async def subscribe(self, filters: Iterable[str]) -> None:
+        """Add filters (mappings added at run time); sent now if connected, else at the next connect."""
+        new = [check_filter(f) for f in dict.fromkeys(filters) if f not in self._filters]
+        self._filters.extend(new)
+        if new and self._client is not None and self._client.is_connected():
+            self._send_subscribe(new)
+
+    async def unsubscribe(self, filters: Iterable[str]) -> None:
+        """Remove filters (mappings removed at run time), from the broker's session too."""
+        gone = [f for f in dict.fromkeys(filters) if f in self._filters]
+        self._filters = [f for f in self._filters if f not in gone]
+        if gone and self._client is not None and self._client.is_connected():
+            self._client.unsubscribe(gone)
+
+    async def receive(self, limit: int, timeout: float | None = None, fill: bool = False) -> list[Message]:
+        """Up to `limit` messages in arrival order, or [] after `timeout` or `stop`.
+
+        Returns as soon as one message is there, or with `fill` once `limit` are there or the receive window is
+        full (the broker sends nothing more until acknowledgements): paho's thread wakes the event loop once per
+        batch instead of once per message, which keeps the two threads from fighting over the GIL under load.
+        """
+        wanted = limit if fill else 1
+        if len(self._inbox) < wanted and not (fill and self.window_full) and not self._stopping:
+            self._wanted = wanted
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    while len(self._inbox) < self._wanted and not (fill and self.window_full) and not self._stopping:
+                        await self._arrived.wait()
+                        self._arrived.clear()
+            except TimeoutError:
+                pass
+            finally:
+                self._wanted = 1
+        return [self._inbox.popleft() for _ in range(min(limit, len(self._inbox)))]
+
+    @property
+    def window_full(self) -> bool:
+        """True when the broker will send nothing more until something is acknowledged: a batch waiting for
+        more messages would only wait for its timer."""
+        return self._unacked >= self.settings.receive_maximum
+
+    def ack(self, messages: Iterable[Message]) -> int:
+        """Acknowledge messages to the broker, in order; thread-safe. Returns how many acknowledgements were sent.
+
+        A message delivered on an earlier connection is not acknowledged here (its mid may now name another
+        message): the broker redelivers it in the resumed session, and it is committed again (at-least-once).
+        """
+        client = self._client
+        sent = 0
+        with self._lock:
+            for message in messages:
+                if message.qos == 0:
+                    continue
+                if client is None or message.connection != self._connection:
+                    self.stats.stale_acks += 1
+                    continue
+                client.ack(message.mid, message.qos)
+                self._unacked = max(0, self._unacked - 1)
+                sent += 1
+            if sent:
+                self._lock.notify_all()
+        self.stats.acked += sent
+        return sent
+
+    async def publish(self, topic: str, payload: bytes | str, qos: int = 1, retain: bool = False) -> None:
+        """Publish; for QoS 1, return once the broker's PUBACK arrived (queued across reconnects until then)."""
+        if self._client is None or self._loop is None or self._stopping:
+            raise MqttError("mqtt: publish on a connection that is not started")
+        info = self._client.publish(topic, payload, qos, retain)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            raise MqttError(f"mqtt: publish to {topic!r} failed: {mqtt.error_string(info.rc)}")
+        if qos == 0:
+            self.stats.published += 1
+            return
+        # on_publish reaches the event loop through call_soon_threadsafe, so it cannot run before this line.
+        future = self._publishes[info.mid] = self._loop.create_future()
+        await future
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters and state for /metrics."""
+        return {**asdict(self.stats), "unacked": self._unacked, "queued": len(self._inbox)}
+
+    # -- paho's thread --
+
+    def _make_client(self) -> mqtt.Client:
+        s = self.settings
+        v5 = s.protocol == "5"
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=s.client_id,
+            clean_session=None if v5 else False,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+            manual_ack=True,
+        )
+        if s.username is not None:
+            client.username_pw_set(s.username, s.password)
+        if s.tls is not None:
+            try:
+                client.tls_set(ca_certs=s.tls.ca, certfile=s.tls.cert, keyfile=s.tls.key, cert_reqs=ssl.CERT_REQUIRED)
+            except (OSError, ssl.SSLError) as error:
+                raise MqttError(f"mqtt: cannot load the TLS files: {error}") from error
+            client.tls_insecure_set(s.tls.insecure)
+        client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
+        return client
+
+    def _next_delay(self) -> float:
+        """Exponential backoff with jitter (half fixed, half random) so that gateways do not reconnect in step."""
+        s = self.settings
+        ceiling = min(s.reconnect_max_s, s.reconnect_min_s * 2 ** min(self._failed_attempts, 30))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def _schedule_retry(self, client: mqtt.Client, why: str) -> None:
+        delay = self._next_delay()
+        self._failed_attempts += 1
+        # paho waits min_delay before its next attempt; setting both bounds makes it wait exactly our delay.
+        client.reconnect_delay_set(delay, delay)
+        self.stats.last_error = why
+        log.warning("mqtt %s:%d: %s; retrying in %.2f s", self.settings.host, self.settings.port, why, delay)
+
+    def _on_connect(self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _properties: Any) -> None:
+        if reason.is_failure:
+            self.stats.connect_failures += 1
+            self.stats.last_error = f"broker refused the connection: {reason}"
+            return  # paho closes the socket and calls on_disconnect, which schedules the retry
+        with self._lock:
+            self._connection += 1
+            self._unacked = 0
+        self._failed_attempts = 0
+        self.stats.connected = True
+        self.stats.connects += 1
+        self.stats.reconnects = self.stats.connects - 1
+        # The first connect always subscribes (the configured filters may have changed since the session was made);
+        # later ones only when the broker lost the session, since subscribing again resends retained messages.
+        if self._filters and (self._first_connect or not flags.session_present):
+            self._send_subscribe(self._filters)
+        self._first_connect = False
+        log.info(
+            "mqtt %s:%d connected (session %s)",
+            self.settings.host,
+            self.settings.port,
+            "resumed" if flags.session_present else "new",
+        )
+        self._call(self._connected.set)
+
+    def _on_connect_fail(self, client: mqtt.Client, _userdata: Any) -> None:
+        self.stats.connect_failures += 1
+        if not self._stopping:
+            self._schedule_retry(client, "cannot connect")
+
+    def _on_disconnect(self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: Any, _properties: Any) -> None:
+        with self._lock:
+            self._connection += 1
+            self._unacked = 0
+            self._lock.notify_all()
+        self.stats.connected = False
+        self._call(self._connected.clear)
+        if not self._stopping:
+            why = self.stats.last_error if self.stats.last_error and reason.is_failure else f"disconnected ({reason})"
+            self._schedule_retry(client, why)
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        arrival_us = time.time_ns() // 1000
+        with self._lock:
+            connection = self._connection
+            if msg.qos > 0:
+                if self._unacked >= self.settings.receive_maximum and not self._stopping:
+                    # Only a broker that ignores the window gets here (MQTT 3.1.1 with a larger broker limit).
+                    # Waiting stops paho reading the socket, so TCP holds the rest; the timeout lets paho's loop
+                    # run keepalives now and then if nothing gets acknowledged.
+                    self.stats.window_waits += 1
+                    self._lock.wait_for(
+                        lambda: (
+                            self._unacked < self.settings.receive_maximum
+                            or self._stopping
+                            or connection != self._connection
+                        ),
+                        timeout=self.settings.keepalive / 2,
+                    )
+                    connection = self._connection
+                self._unacked += 1
+        try:
+            topic = msg.topic
+        except UnicodeDecodeError:
+            topic = msg._topic.decode("utf-8", "replace")
+        self._inbox.append(
+            Message(topic, msg.payload, msg.mid, msg.qos, bool(msg.dup), bool(msg.retain), arrival_us, connection)
+        )
+        self.stats.messages += 1
+        if not self._wake_pending and (
+            len(self._inbox) >= self._wanted or self._unacked >= self.settings.receive_maximum
+        ):
+            self._wake_pending = True
+            self._call(self._wake)
+
+    def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, reasons: list[Any], _props: Any) -> None:
+        failed = [str(reason) for reason in reasons if reason.is_failure]
+        if failed:
+            self.stats.subscribe_failures += len(failed)
+            self.stats.last_error = f"broker refused subscriptions: {', '.join(failed)}"
+            log.error("mqtt: the broker refused %d subscription(s): %s", len(failed), ", ".join(failed))
+
+    def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, reason: Any, _properties: Any) -> None:
+        self._call(self._published, mid, str(reason) if reason.is_failure else None)
+
+    def _send_subscribe(self, filters: list[str]) -> None:
+        qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
+        self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+
+    def _call(self, callback: Any, *args: Any) -> None:
+        """Hand a callback to the event loop from paho's thread; after the loop closed there is no one to tell."""
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(callback, *args)
+
+    # -- event loop, called from paho's thread through _call --
+
+    def _wake(self) -> None:
+        self._wake_pending = False
+        self._arrived.set()
+
+    def _published(self, mid: int, failure: str | None) -> None:
+        future = self._publishes.pop(mid, None)
+        if future is None or future.done():
+            return
+        if failure is None:
+            self.stats.published += 1
+            future.set_result(None)
+        else:
+            future.set_exception(MqttError(f"mqtt: the broker refused the publish: {failure}"))

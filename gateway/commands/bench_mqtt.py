@@ -1,0 +1,37 @@
+"""``sepa-gateway bench mqtt``: readings through Mosquitto into observations (issue 6's benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gateway.commands.bench_wire import _bounded
+
+
+def register(kinds: argparse._SubParsersAction) -> None:
+    parser = kinds.add_parser(
+        "mqtt",
+        help="readings from several publishers through Mosquitto into observations, 100 subscribers",
+        description="Start Mosquitto and a gateway, hold 100 subscriptions on the latest-value view, publish N "
+        "readings from P publisher processes as fast as possible (readings/s, lost), then 1,000 readings/s for "
+        "10 s (notification latency from publish to the subscriber). Needs the mosquitto binary.",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--readings", type=_bounded(100, 1_000_000), default=20_000)
+    parser.add_argument("--publishers", type=_bounded(1, 16), default=2)
+    parser.add_argument("--latency-seconds", type=_bounded(1, 600), default=10)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.set_defaults(handler=run_mqtt)
+
+
+def run_mqtt(args: argparse.Namespace) -> int:
+    from tools.mqtt_bench.runner import MqttBenchOptions, run
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    options = MqttBenchOptions(readings=args.readings, publishers=args.publishers, latency_seconds=args.latency_seconds)
+    report = run(options, None if args.quiet else log)
+    print(json.dumps(report, indent=2 if args.json else None))
+    return 0 if report["lost"] == 0 else 1

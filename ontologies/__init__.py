@@ -1,0 +1,1 @@
+"""The ontologies the gateway loads at start-up (Turtle files shipped with the package)."""

@@ -1,0 +1,78 @@
+"""Settings validation, topic filter checks and per-topic bad-input counters (no broker needed)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from adapters.mqtt.connection import MqttError, check_filter
+from adapters.mqtt.ingest import OTHER_TOPICS, TopicCounters
+from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"port": 0}, "port must be 1..65535"),
+        ({"client_id": ""}, "client_id must not be empty"),
+        ({"protocol": "3.1"}, "protocol must be one of 3.1.1, 5"),
+        ({"password": "x"}, "password given without username"),
+        ({"tls": TlsSettings(key="k.pem")}, "tls.key given without tls.cert"),
+        ({"keepalive": 0}, "keepalive must be 5..65535"),
+        ({"qos": 2}, "qos must be 1"),
+        ({"session_expiry_s": 0}, "session_expiry_s must be 1.."),
+        ({"reconnect_min_s": 5, "reconnect_max_s": 1}, "0 < min <= max"),
+        ({"batch_max": 0}, "batch_max must be >= 1"),
+        ({"batch_max": 600, "receive_maximum": 500}, "receive_maximum must be batch_max (600)..65535"),
+        ({"batch_wait_ms": -1}, "batch_wait_ms must be 0..10000"),
+        ({"max_payload_bytes": 0}, "max_payload_bytes must be 1.."),
+    ],
+)
+def test_bad_settings_give_one_clear_line(overrides: dict, message: str) -> None:
+    with pytest.raises(MqttSettingsError, match="^mqtt: ") as error:
+        MqttSettings(**overrides)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_defaults_are_valid_and_the_password_is_never_shown() -> None:
+    settings = MqttSettings(username="gw", password="hunter2-secret")
+    assert settings.qos == 1 and settings.protocol == "5"
+    assert "hunter2-secret" not in repr(settings)
+
+
+@pytest.mark.parametrize("good", ["a/b", "a/+/c", "#", "a/#", "+", "homie/5/+/+/+"])
+def test_valid_filters(good: str) -> None:
+    assert check_filter(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "a/#/b", "a/b#", "a+/b", "a/\0"])
+def test_malformed_filters_are_refused(bad: str) -> None:
+    with pytest.raises(MqttError, match="invalid topic filter"):
+        check_filter(bad)
+
+
+def test_bad_topics_are_logged_at_most_once_a_minute_with_their_count(caplog) -> None:
+    now = [0.0]
+    counters = TopicCounters(clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="adapters.mqtt.ingest"):
+        for _ in range(1000):
+            counters.add("zigbee2mqtt/kitchen", "not JSON")
+        now[0] = 59.0
+        counters.add("zigbee2mqtt/kitchen", "not JSON")
+        now[0] = 61.0
+        counters.add("zigbee2mqtt/kitchen", "not JSON")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "(1 since the last report, 1 in total)" in lines[0]
+    assert "(1001 since the last report, 1002 in total)" in lines[1]
+    assert counters.counts == {"zigbee2mqtt/kitchen": 1002} and counters.total == 1002
+
+
+def test_topic_counters_do_not_grow_without_bound() -> None:
+    counters = TopicCounters(max_topics=3)
+    for i in range(100):
+        counters.add(f"spam/{i}", "unmapped topic")
+    assert len(counters.counts) == 4
+    assert counters.counts[OTHER_TOPICS] == 97

@@ -1,0 +1,1 @@
+"""`sepa-gateway bench mqtt`: readings through Mosquitto into observations, with subscribers on the latest view."""
