@@ -214,3 +214,17 @@ def test_kill_9_during_ingestion_loses_no_acknowledged_reading(mosquitto: Mosqui
         assert acked_before_kill < total  # the kill really happened mid-stream
     finally:
         assert restarted.stop() == 0
+
+
+def test_edge_history_is_pruned_to_the_retention_count(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    extra = "\n[observations]\nretain_count = 3\nprune_interval_s = 0.2\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        for value in range(10):
+            mosquitto.pub("gateway/tank/temperature", str(value))
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_readings") == 10)
+        wait_for(lambda: len(numeric_results(gateway, "gateway/tank/temperature")) == 3)
+        assert sorted(float(row["v"]) for row in numeric_results(gateway, "gateway/tank/temperature")) == [7, 8, 9]
+    finally:
+        assert gateway.stop() == 0
