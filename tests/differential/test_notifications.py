@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
-from pyoxigraph import NamedNode, Quad, QueryBoolean, QuerySolutions, Store
+from pyoxigraph import Literal, NamedNode, Quad, QueryBoolean, QuerySolutions, Store
 from queries import POOL, PoolQuery
 from strategies import Scenario, UpdateRequest, budget, scenarios
 
@@ -54,6 +54,25 @@ def normalize(variables: Sequence[str], rows: Iterable[Sequence[object]]) -> Cou
         assert len(row) == len(variables), f"row {row!r} does not match variables {variables!r}"
         out[tuple(sorted(zip(variables, row, strict=True), key=lambda pair: pair[0]))] += 1
     return out
+
+
+_NUMERIC = {
+    "http://www.w3.org/2001/XMLSchema#" + name for name in ("integer", "decimal", "double", "float", "int", "long")
+}
+
+
+def _numbers_by_value(rows: Iterable[Sequence[object]]) -> list[tuple[object, ...]]:
+    """Rows with numeric literals replaced by their value, so that 1 and 1.0 compare equal."""
+
+    def value(term: object) -> object:
+        if isinstance(term, Literal) and term.datatype.value in _NUMERIC:
+            try:
+                return float(term.value)
+            except ValueError:
+                return term
+        return term
+
+    return [tuple(value(term) for term in row) for row in rows]
 
 
 def _show(rows: Counter[NormalRow]) -> str:
@@ -307,7 +326,13 @@ def test_query_oracle_agrees_with_pyoxigraph(scenario: Scenario) -> None:
             assert got.boolean == expected, f"{query.name}: engine says {got.boolean}, pyoxigraph {expected}"
             continue
         variables, rows = expected
-        want, have = normalize(variables, rows), normalize(got.variables, got.rows)
+        if "MIN(" in query.sparql or "MAX(" in query.sparql:
+            # MIN/MAX of equal numbers of different types (1 and 1.0) returns whichever the store
+            # meets first, and two stores holding the same quads may iterate them in different orders
+            rows, got_rows = _numbers_by_value(rows), _numbers_by_value(got.rows)
+        else:
+            got_rows = got.rows
+        want, have = normalize(variables, rows), normalize(got.variables, got_rows)
         assert have == want, (
             f"{query.name}: engine.query differs from pyoxigraph\n"
             f"  missing: {_show(want - have)}\n  extra:   {_show(have - want)}"
