@@ -94,6 +94,16 @@ def _instantiate(
     return Quad(subject, predicate, obj, graph)  # type: ignore[arg-type]
 
 
+def _in_graph(quads: tuple[Quad, ...], with_graph: NamedNode | None) -> tuple[Quad, ...] | list[Quad]:
+    """Ground template quads with the default graph read as the WITH graph, when there is one."""
+    if with_graph is None:
+        return quads
+    return [
+        Quad(q.subject, q.predicate, q.object, with_graph) if isinstance(q.graph_name, DefaultGraph) else q
+        for q in quads
+    ]
+
+
 class UpdateProcessor:
     """Computes and applies exact update deltas."""
 
@@ -261,7 +271,11 @@ class UpdateProcessor:
         template_graph = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
         to_delete: set[Quad] = set()
         to_insert: set[Quad] = set()
-        for solution in self._solutions(operation, sparql, using, named, budget):
+        solutions = self._solutions(operation, sparql, using, named, budget)
+        if solutions:  # ground template quads are the same for every solution: added once, in bulk
+            to_delete.update(_in_graph(operation.delete_ground, operation.with_graph))
+            to_insert.update(_in_graph(operation.insert_ground, operation.with_graph))
+        for solution in solutions:
             for pattern in operation.delete:
                 quad = _instantiate(pattern, solution, template_graph, None)
                 if quad is not None:

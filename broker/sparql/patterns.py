@@ -160,19 +160,56 @@ def _position(term: NamedNode | BlankNode | Literal | DefaultGraph) -> Position:
     return canonical(term)  # type: ignore[return-value]
 
 
+def parse_quads(trig: str, prologue: str, base_iri: str | None) -> list[Quad]:
+    """Parse a block produced by :func:`block_to_trig` (or the fast scanner); raises SyntaxError."""
+    document = f"{prologue}\n{trig}" if prologue else trig
+    return list(parse(document, format=RdfFormat.TRIG, base_iri=base_iri))
+
+
+def to_patterns(quads: list[Quad]) -> list[QuadPattern]:
+    """Parsed quads as patterns: reserved IRIs back to variables, literals in canonical form."""
+    return [
+        QuadPattern(_position(q.subject), _position(q.predicate), _position(q.object), _position(q.graph_name))
+        for q in quads
+    ]
+
+
 def parse_block(trig: str, prologue: str, base_iri: str | None) -> list[QuadPattern]:
     """Parse a block produced by :func:`block_to_trig` into quad patterns (raises SyntaxError)."""
-    document = f"{prologue}\n{trig}" if prologue else trig
-    patterns = []
-    for quad in parse(document, format=RdfFormat.TRIG, base_iri=base_iri):
-        patterns.append(
-            QuadPattern(
-                _position(quad.subject), _position(quad.predicate), _position(quad.object), _position(quad.graph_name)
-            )
-        )
-    return patterns
+    return to_patterns(parse_quads(trig, prologue, base_iri))
 
 
-def ground_quad(pattern: QuadPattern) -> Quad:
-    """A pattern without variables as a Quad."""
-    return Quad(pattern.subject, pattern.predicate, pattern.object, pattern.graph)  # type: ignore[arg-type]
+def split_template(quads: list[Quad], *, may_vary: bool = True) -> tuple[tuple[Quad, ...], tuple[QuadPattern, ...]]:
+    """(ground quads, patterns) of a template: the quads that are the same for every solution
+    are kept as pyoxigraph quads (a 500-reading batch has thousands; converting and instantiating
+    each as a pattern cost more than parsing it), the ones with a variable or a blank node (fresh
+    per solution) as patterns. `may_vary=False` (the scanner saw neither) skips looking.
+    """
+    ground: list[Quad] = []
+    varying: list[Quad] = []
+    for quad in quads:
+        if may_vary:
+            text = str(quad)
+            if VAR_IRI in text or "_:" in text:  # a string may hold either: then it is a pattern, still right
+                varying.append(quad)
+                continue
+        obj = quad.object
+        if type(obj) is Literal:
+            new = canonical(obj)
+            if new is not obj:
+                quad = Quad(quad.subject, quad.predicate, new, quad.graph_name)  # type: ignore[arg-type]
+        ground.append(quad)
+    return tuple(ground), tuple(to_patterns(varying))
+
+
+def ground_quads(quads: list[Quad]) -> tuple[Quad, ...]:
+    """INSERT/DELETE DATA quads with their literals in the store's canonical form."""
+    out = []
+    for quad in quads:
+        obj = quad.object
+        if type(obj) is Literal:
+            new = canonical(obj)
+            if new is not obj:
+                quad = Quad(quad.subject, quad.predicate, new, quad.graph_name)  # type: ignore[arg-type]
+        out.append(quad)
+    return tuple(out)

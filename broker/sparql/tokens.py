@@ -24,29 +24,50 @@ _PN_PREFIX = f"[{_PN_CHARS_BASE}](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?"
 _PN_LOCAL = f"(?:[{_PN_CHARS_U}:0-9]|{_PLX})(?:(?:[{_PN_CHARS}.:]|{_PLX})*(?:[{_PN_CHARS}:]|{_PLX}))?"
 _ECHAR = r"\\[tbnrf\"'\\]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}"
 
-_TOKEN_RE = re.compile(
-    "|".join(
-        [
-            r"(?P<WS>\s+)",
-            r"(?P<COMMENT>#[^\r\n]*)",
-            r"(?P<IRI><[^<>\"{}|^`\\\x00-\x20]*>)",
-            rf"(?P<STRING>'''(?:(?:'|'')?(?:[^'\\]|{_ECHAR}))*'''"
-            rf'|"""(?:(?:"|"")?(?:[^"\\]|{_ECHAR}))*"""'
-            rf"|'(?:[^'\\\n\r]|{_ECHAR})*'"
-            rf'|"(?:[^"\\\n\r]|{_ECHAR})*")',
-            rf"(?P<PNAME>(?:{_PN_PREFIX})?:(?:{_PN_LOCAL})?)",
-            rf"(?P<BNODE>_:[{_PN_CHARS_U}0-9](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?)",
-            rf"(?P<VAR>[?$][{_PN_CHARS_U}0-9][{_PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*)",
-            r"(?P<LANG>@[a-zA-Z]+(?:-[a-zA-Z0-9]+)*)",
-            r"(?P<NUMBER>[0-9]+\.[0-9]*[eE][+-]?[0-9]+|\.[0-9]+[eE][+-]?[0-9]+|[0-9]+[eE][+-]?[0-9]+"
-            r"|[0-9]*\.[0-9]+|[0-9]+)",
-            r"(?P<NAME>[A-Za-z_][A-Za-z0-9_]*)",
-            r"(?P<PUNCT>\^\^|&&|\|\||!=|<=|>=|[{}()\[\].;,*/|^+\-!?=<>])",
-            r"(?P<ERROR>.)",
-        ]
-    ),
-    re.DOTALL,
+# Lexical pieces shared with :mod:`broker.sparql.fast_blocks`, which must cut text exactly where
+# this tokenizer would.
+IRI_PATTERN = r"<[^<>\"{}|^`\\\x00-\x20]*>"
+STRING_PATTERN = (
+    rf"'''(?:(?:'|'')?(?:[^'\\]|{_ECHAR}))*'''"
+    rf'|"""(?:(?:"|"")?(?:[^"\\]|{_ECHAR}))*"""'
+    rf"|'(?:[^'\\\n\r]|{_ECHAR})*'"
+    rf'|"(?:[^"\\\n\r]|{_ECHAR})*"'
 )
+PNAME_PATTERN = rf"(?:{_PN_PREFIX})?:(?:{_PN_LOCAL})?"
+BNODE_PATTERN = rf"_:[{_PN_CHARS_U}0-9](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?"
+VAR_PATTERN = rf"[?$][{_PN_CHARS_U}0-9][{_PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*"
+PN_ESCAPE = r"\\[_~.\-!$&'()*+,;=/?#@%]"
+# Characters of names, numbers and the punctuation a quad block may hold, minus the ones the
+# fast block scanner must look at itself: "_" (":_" starts a blank node), "-" ("--" is RDF 1.2).
+BLOCK_CHARS = _PN_CHARS_BASE + "0-9\u00b7\u0300-\u036f\u203f-\u2040" + r"\s:.;,^@%+\])"
+
+# (kind, pattern) in the order they are tried: the first that matches at a position wins.
+TOKEN_PARTS: tuple[tuple[str, str], ...] = (
+    ("WS", r"\s+"),
+    ("COMMENT", r"#[^\r\n]*"),
+    ("IRI", IRI_PATTERN),
+    ("STRING", STRING_PATTERN),
+    ("PNAME", PNAME_PATTERN),
+    ("BNODE", BNODE_PATTERN),
+    ("VAR", VAR_PATTERN),
+    ("LANG", r"@[a-zA-Z]+(?:-[a-zA-Z0-9]+)*"),
+    (
+        "NUMBER",
+        r"[0-9]+\.[0-9]*[eE][+-]?[0-9]+|\.[0-9]+[eE][+-]?[0-9]+|[0-9]+[eE][+-]?[0-9]+|[0-9]*\.[0-9]+|[0-9]+",
+    ),
+    ("NAME", r"[A-Za-z_][A-Za-z0-9_]*"),
+    ("PUNCT", r"\^\^|&&|\|\||!=|<=|>=|[{}()\[\].;,*/|^+\-!?=<>]"),
+    ("ERROR", r"."),
+)
+TOKEN_RE = re.compile("|".join(f"(?P<{kind}>{pattern})" for kind, pattern in TOKEN_PARTS), re.DOTALL)
+
+
+def capturing(kind: str) -> re.Pattern[str]:
+    """The tokenizer's expression with only `kind` captured: `findall` then lists, in C, the text of
+    every token of that kind ('' for the others), where `tokenize` would cost a Python step each."""
+    parts = (f"({pattern})" if name == kind else f"(?:{pattern})" for name, pattern in TOKEN_PARTS)
+    return re.compile("|".join(parts), re.DOTALL)
+
 
 # Token kinds that denote one RDF term or a variable.
 TERM_KINDS = frozenset({"IRI", "PNAME", "BNODE", "VAR", "STRING", "NUMBER"})
@@ -75,7 +96,7 @@ def tokenize(text: str) -> list[Token]:
     tokens: list[Token] = []
     append = tokens.append
     new = Token._make
-    for match in _TOKEN_RE.finditer(text):
+    for match in TOKEN_RE.finditer(text):
         kind = match.lastgroup
         if kind == "WS" or kind == "COMMENT":
             continue

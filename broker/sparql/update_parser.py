@@ -4,17 +4,35 @@ Only the outer grammar (prologue, operations, their keywords, graph references, 
 the extent of WHERE clauses) is handled here, in Python; quad blocks go to pyoxigraph's TriG
 parser and WHERE clauses to its query parser. Parsed requests are cached by text, since IoT
 producers repeat the same request often.
+
+Requests are first read the fast way: tokens only between blocks, each quad block and WHERE group
+crossed by :mod:`broker.sparql.fast_blocks` (batch updates are hundreds of KB of quad blocks).
+Whenever that reading is unsure or fails, the request is parsed again with every token, which is
+the reference behaviour and words every syntax error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 
 from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.errors import SparqlSyntaxError
-from broker.sparql.patterns import BlockSyntax, QuadPattern, block_to_trig, ground_quad, parse_block
-from broker.sparql.tokens import Token, error_at, matching_brace, tokenize
+from broker.sparql.fast_blocks import blank_node_labels, group_end, scan_block
+from broker.sparql.patterns import (
+    ALLOWED_NAMES,
+    BlockSyntax,
+    QuadPattern,
+    block_to_trig,
+    ground_quads,
+    parse_block,
+    parse_quads,
+    split_template,
+    to_patterns,
+)
+from broker.sparql.tokens import TOKEN_RE, Token, error_at, matching_brace, tokenize
 
 GraphRef = NamedNode | str  # a graph IRI, or "DEFAULT" / "NAMED" / "ALL"
 
@@ -29,7 +47,11 @@ class DataOp:
 
 @dataclass(frozen=True, slots=True)
 class ModifyOp:
-    """DELETE/INSERT ... WHERE (and DELETE WHERE, whose pattern is both template and WHERE)."""
+    """DELETE/INSERT ... WHERE (and DELETE WHERE, whose pattern is both template and WHERE).
+
+    Template quads without variables or blank nodes are in `delete_ground` / `insert_ground`
+    (instantiated once, whatever the solutions), the others in `delete` / `insert`.
+    """
 
     delete: tuple[QuadPattern, ...]
     insert: tuple[QuadPattern, ...]
@@ -39,6 +61,8 @@ class ModifyOp:
     with_graph: NamedNode | None
     using: tuple[NamedNode, ...]
     using_named: tuple[NamedNode, ...]
+    delete_ground: tuple[Quad, ...] = ()
+    insert_ground: tuple[Quad, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +90,27 @@ class ParsedUpdate:
     operations: list[Operation] = field(default_factory=list)
 
 
+class _Unsure(Exception):
+    """The fast reading cannot vouch for the request: it is parsed again with every token."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """A parsed quad block and the offsets of its braces."""
+
+    quads: list[Quad]
+    open: int
+    close: int
+    may_vary: bool
+
+
 class _Parser:
-    def __init__(self, text: str, base_iri: str | None, prefixes: dict[str, str] | None) -> None:
+    def __init__(self, text: str, base_iri: str | None, prefixes: dict[str, str] | None, *, fast: bool) -> None:
         self.text = text
-        self.tokens = tokenize(text)
+        self.fast = fast
+        # Fast: tokens are read on demand, and skipped over blocks; otherwise all of them up front.
+        self.tokens = [] if fast else tokenize(text)
+        self.scanner = TOKEN_RE.finditer(text) if fast else None
         self.pos = 0
         self.base_iri = base_iri
         self.prologue: list[str] = [f"PREFIX {name}: <{iri}>" for name, iri in (prefixes or {}).items()]
@@ -79,7 +120,28 @@ class _Parser:
 
     def peek(self, offset: int = 0) -> Token | None:
         index = self.pos + offset
+        if index >= len(self.tokens) and self.scanner is not None:
+            self.read_tokens(index)
         return self.tokens[index] if index < len(self.tokens) else None
+
+    def read_tokens(self, index: int) -> None:
+        """Tokenize on until tokens[index] exists or the text ends (fast mode)."""
+        tokens = self.tokens
+        for match in self.scanner:  # type: ignore[union-attr]
+            kind = match.lastgroup
+            if kind == "WS" or kind == "COMMENT":
+                continue
+            if kind == "ERROR":
+                raise _Unsure
+            tokens.append(Token(kind, match.group(), match.start()))  # type: ignore[arg-type]
+            if len(tokens) > index:
+                return
+        self.scanner = None
+
+    def skip_to(self, offset: int) -> None:
+        """Continue after text[:offset], a block the fast scan crossed (fast mode)."""
+        del self.tokens[self.pos :]
+        self.scanner = TOKEN_RE.finditer(self.text, offset)
 
     def error(self, message: str, token: Token | None = None) -> SparqlSyntaxError:
         return error_at(self.text, token if token is not None else self.peek(), message)
@@ -109,6 +171,9 @@ class _Parser:
         if token is None or token.kind not in ("IRI", "PNAME"):
             raise self.error("expected an IRI")
         self.pos += 1
+        return self.iri_of(token)
+
+    def iri_of(self, token: Token) -> NamedNode:
         document = "\n".join([*self.prologue, f"<urn:x-sepa:s> <urn:x-sepa:p> {token.text} ."])
         try:
             (quad,) = parse(document, format=RdfFormat.TURTLE, base_iri=self.base_iri)
@@ -213,11 +278,15 @@ class _Parser:
 
     # -- quad blocks --------------------------------------------------------------------------
 
-    def block(self, *, allow_vars: bool, allow_bnodes: bool, what: str) -> tuple[list[QuadPattern], int, int]:
-        """Parse the `{ ... }` block at the cursor; returns patterns and its token range."""
+    def block(self, *, allow_vars: bool, allow_bnodes: bool, what: str) -> _Block:
+        """Parse the `{ ... }` block at the cursor."""
         open_token = self.peek()
         if open_token is None or open_token.text != "{" or open_token.kind != "PUNCT":
             raise self.error("expected '{'")
+        if self.fast:
+            block = self.fast_block(open_token, allow_vars=allow_vars, allow_bnodes=allow_bnodes, what=what)
+            self.skip_to(block.close + 1)
+            return block
         open_index = self.pos
         close_index = matching_brace(self.tokens, open_index, self.text)
         try:
@@ -233,7 +302,7 @@ class _Parser:
         except BlockSyntax as error:
             raise self.error(error.message, error.token) from None
         try:
-            patterns = parse_block(trig, "\n".join(self.prologue), self.base_iri)
+            quads = parse_quads(trig, "\n".join(self.prologue), self.base_iri)
         except SyntaxError as error:
             raise located_error(self.text, str(error), open_token) from None
         if what == "INSERT DATA":
@@ -242,32 +311,55 @@ class _Parser:
                 raise self.error("a blank node label cannot be shared by two INSERT DATA blocks", open_token)
             self.bnode_labels |= labels
         self.pos = close_index + 1
-        return patterns, open_index, close_index
+        return _Block(quads, open_token.start, self.tokens[close_index].start, True)
+
+    def fast_block(self, open_token: Token, *, allow_vars: bool, allow_bnodes: bool, what: str) -> _Block:
+        scanned = scan_block(self.text, open_token.start, allow_vars=allow_vars, allow_bnodes=allow_bnodes)
+        if scanned is None:
+            raise _Unsure
+        try:
+            quads = parse_quads(scanned.trig, "\n".join(self.prologue), self.base_iri)
+        except SyntaxError:
+            raise _Unsure from None
+        if what == "INSERT DATA" and scanned.has_labels:
+            labels = blank_node_labels(self.text, open_token.start + 1, scanned.close)
+            if labels & self.bnode_labels:
+                raise _Unsure
+            self.bnode_labels |= labels
+        return _Block(quads, open_token.start, scanned.close, scanned.has_variables or scanned.has_blank_nodes)
 
     def data_block(self, *, insert: bool) -> tuple[Quad, ...]:
         what = "INSERT DATA" if insert else "DELETE DATA"
-        patterns, _, _ = self.block(allow_vars=False, allow_bnodes=insert, what=what)
-        return tuple(ground_quad(pattern) for pattern in patterns)
+        return ground_quads(self.block(allow_vars=False, allow_bnodes=insert, what=what).quads)
 
-    def where_text(self, open_index: int, close_index: int) -> str:
-        body = self.text[self.tokens[open_index].start : self.tokens[close_index].start + 1]
+    def where_text(self, open_offset: int, close_offset: int) -> str:
+        body = self.text[open_offset : close_offset + 1]
         return "\n".join([*self.prologue, f"SELECT * WHERE {body}"])
 
     def delete_where(self) -> ModifyOp:
-        patterns, open_index, close_index = self.block(allow_vars=True, allow_bnodes=False, what="DELETE WHERE")
-        where = self.where_text(open_index, close_index)
-        return ModifyOp(tuple(patterns), (), where, tuple(patterns), (), None, (), ())
+        block = self.block(allow_vars=True, allow_bnodes=False, what="DELETE WHERE")
+        patterns = tuple(to_patterns(block.quads))
+        ground, varying = split_template(block.quads, may_vary=block.may_vary)
+        where = self.where_text(block.open, block.close)
+        return ModifyOp(varying, (), where, patterns, (), None, (), (), delete_ground=ground)
+
+    def template(self, *, delete: bool) -> tuple[tuple[Quad, ...], tuple[QuadPattern, ...]]:
+        what = "a DELETE template" if delete else "an INSERT template"
+        block = self.block(allow_vars=True, allow_bnodes=not delete, what=what)
+        return split_template(block.quads, may_vary=block.may_vary)
 
     def modify(self) -> ModifyOp:
         with_graph = self.iri() if self.keyword("WITH") else None
-        delete: list[QuadPattern] = []
-        insert: list[QuadPattern] = []
+        delete: tuple[QuadPattern, ...] = ()
+        insert: tuple[QuadPattern, ...] = ()
+        delete_ground: tuple[Quad, ...] = ()
+        insert_ground: tuple[Quad, ...] = ()
         if self.keyword("DELETE"):
-            delete, _, _ = self.block(allow_vars=True, allow_bnodes=False, what="a DELETE template")
+            delete_ground, delete = self.template(delete=True)
             if self.keyword("INSERT"):
-                insert, _, _ = self.block(allow_vars=True, allow_bnodes=True, what="an INSERT template")
+                insert_ground, insert = self.template(delete=False)
         elif self.keyword("INSERT"):
-            insert, _, _ = self.block(allow_vars=True, allow_bnodes=True, what="an INSERT template")
+            insert_ground, insert = self.template(delete=False)
         else:
             raise self.error("expected DELETE or INSERT")
         using: list[NamedNode] = []
@@ -278,47 +370,67 @@ class _Parser:
         open_token = self.peek()
         if open_token is None or open_token.text != "{":
             raise self.error("expected '{' after WHERE")
-        open_index = self.pos
-        close_index = matching_brace(self.tokens, open_index, self.text)
-        where_bgp, where_pins = self.simple_bgp(open_index, close_index)
-        self.pos = close_index + 1
+        if self.fast:
+            close = group_end(self.text, open_token.start)
+            if close is None:
+                raise _Unsure
+            body = self.text_tokens(open_token.start + 1, close)
+            self.skip_to(close + 1)
+            close_token = Token("PUNCT", "}", close)
+        else:
+            open_index = self.pos
+            close_index = matching_brace(self.tokens, open_index, self.text)
+            body = iter(self.tokens[open_index + 1 : close_index])
+            close_token = self.tokens[close_index]
+            self.pos = close_index + 1
+        where_bgp, where_pins = self.simple_bgp(open_token, body, close_token)
         return ModifyOp(
-            tuple(delete),
-            tuple(insert),
-            self.where_text(open_index, close_index),
+            delete,
+            insert,
+            self.where_text(open_token.start, close_token.start),
             where_bgp,
             where_pins,
             with_graph,
             tuple(using),
             tuple(using_named),
+            delete_ground=delete_ground,
+            insert_ground=insert_ground,
         )
 
+    def text_tokens(self, start: int, end: int) -> Iterator[Token]:
+        """The tokens of text[start:end], read only as far as the caller goes (fast mode)."""
+        for match in TOKEN_RE.finditer(self.text, start, end):
+            kind = match.lastgroup
+            if kind != "WS" and kind != "COMMENT":
+                yield Token(kind, match.group(), match.start())  # type: ignore[arg-type]
+
     def simple_bgp(
-        self, open_index: int, close_index: int
+        self, open_token: Token, body: Iterator[Token], close_token: Token
     ) -> tuple[tuple[QuadPattern, ...] | None, tuple[tuple[str, NamedNode], ...]]:
         """The WHERE clause as quad patterns plus `FILTER(?v = <iri>)` pins, when that is all it is.
 
         Such clauses (the common IoT update: replace one value, or the values of one group) are
-        evaluated by index lookups from the pinned values instead of by the query engine.
+        evaluated by index lookups from the pinned values instead of by the query engine. `body`
+        is read only up to the first token that rules this out (a batch's WHERE may be long).
         """
-        tokens = self.tokens
-        kept: list[Token] = [tokens[open_index]]
+        kept: list[Token] = [open_token]
         pinned: list[tuple[str, Token]] = []
-        index = open_index + 1
-        while index < close_index:
-            token = tokens[index]
-            if token.kind == "BNODE" or (token.kind == "PUNCT" and token.text in ("[", "(", "+", "-")):
+        for token in body:
+            kind = token.kind
+            if kind == "BNODE" or (kind == "PUNCT" and token.text in ("[", "(", "+", "-")):
                 return None, ()
-            if token.kind == "NAME" and token.text.upper() == "FILTER":
-                pin = _pin(tokens[index + 1 : index + 6])
-                if pin is None:
-                    return None, ()
-                pinned.append(pin)
-                index += 6
-                continue
+            if kind == "NAME":
+                word = token.text.upper()
+                if word == "FILTER":
+                    pin = _pin(list(islice(body, 5)))
+                    if pin is None:
+                        return None, ()
+                    pinned.append(pin)
+                    continue
+                if word != "GRAPH" and token.text.lower() not in ALLOWED_NAMES:
+                    return None, ()  # block_to_trig would refuse it
             kept.append(token)
-            index += 1
-        kept.append(tokens[close_index])
+        kept.append(close_token)
         try:
             trig = block_to_trig(self.text, kept, 0, len(kept) - 1, allow_vars=True, allow_bnodes=False, what="WHERE")
             patterns = tuple(parse_block(trig, "\n".join(self.prologue), self.base_iri))
@@ -329,10 +441,7 @@ class _Parser:
         for name, iri_token in pinned:
             if name not in variables:
                 return None, ()
-            saved = self.pos
-            self.pos = tokens.index(iri_token)
-            pins.append((name, self.iri()))
-            self.pos = saved
+            pins.append((name, self.iri_of(iri_token)))
         return patterns, tuple(pins)
 
 
@@ -382,7 +491,7 @@ def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str
     """
     prefix_items = tuple(sorted((prefixes or {}).items()))
     if len(text) > CACHED_REQUEST_CHARS:
-        return _Parser(text, base_iri, prefixes).parse()
+        return _parse(text, base_iri, prefixes)
     seen = _TEXTS.get((text, base_iri, prefix_items))
     if seen is not None:
         return seen
@@ -405,7 +514,7 @@ def _parse_shaped(
         plan = _SHAPES.get(key, False)
         if plan is False:
             try:
-                plan = _Parser(shape, base_iri, prefixes).parse()
+                plan = _parse(shape, base_iri, prefixes)
             except SparqlSyntaxError:
                 plan = None  # report the error on the real text below
             if len(_SHAPES) >= SHAPE_CACHE_SIZE:
@@ -413,7 +522,15 @@ def _parse_shaped(
             _SHAPES[key] = plan
         if plan is not None:
             return instantiate(plan, originals, constants)  # type: ignore[arg-type]
-    return _Parser(text, base_iri, prefixes).parse()
+    return _parse(text, base_iri, prefixes)
+
+
+def _parse(text: str, base_iri: str | None, prefixes: dict[str, str] | None) -> ParsedUpdate:
+    """The fast reading when it is sure, else (and for every error) the reading of every token."""
+    try:
+        return _Parser(text, base_iri, prefixes, fast=True).parse()
+    except (_Unsure, SparqlSyntaxError, SyntaxError, BlockSyntax, ValueError):
+        return _Parser(text, base_iri, prefixes, fast=False).parse()
 
 
 def fresh_blank_nodes(quads: tuple[Quad, ...]) -> list[Quad]:

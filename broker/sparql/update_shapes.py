@@ -96,20 +96,25 @@ def instantiate(plan: ParsedUpdate, originals: list[str], constants: Constants) 
         return originals[int(match.group(1) or match.group(2))]
 
     term: Callable[[object], object] = lambda t: _term(t, constants)  # noqa: E731
+
+    def quads(ground: tuple[Quad, ...]) -> tuple[Quad, ...]:
+        return tuple(
+            Quad(term(q.subject), term(q.predicate), term(q.object), term(q.graph_name))  # type: ignore[arg-type]
+            for q in ground
+        )
+
     operations = []
     for operation in plan.operations:
         if isinstance(operation, DataOp):
-            quads = tuple(
-                Quad(term(q.subject), term(q.predicate), term(q.object), term(q.graph_name))  # type: ignore[arg-type]
-                for q in operation.quads
-            )
-            operations.append(DataOp(operation.insert, quads))
+            operations.append(DataOp(operation.insert, quads(operation.quads)))
         elif isinstance(operation, ModifyOp):
             operations.append(
                 replace(
                     operation,
                     delete=_patterns(operation.delete, constants),
                     insert=_patterns(operation.insert, constants),
+                    delete_ground=quads(operation.delete_ground),
+                    insert_ground=quads(operation.insert_ground),
                     where_query=_PLACEHOLDER.sub(text, operation.where_query),
                     where_bgp=_patterns(operation.where_bgp, constants),
                     where_pins=tuple((name, term(value)) for name, value in operation.where_pins),
