@@ -69,7 +69,7 @@ class MqttConfig:
     keepalive: int = 30
     receive_maximum: int = 1000  # readings held unacknowledged (MQTT 5 Receive Maximum)
     batch_max: int = 500  # readings committed by one update at most
-    batch_wait_ms: float = 20.0  # how long the first reading of a batch waits for company
+    batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
     max_payload_bytes: int = 65536  # larger payloads are counted and dropped
     profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
     mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)

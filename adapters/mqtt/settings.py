@@ -52,7 +52,7 @@ class MqttSettings:
     reconnect_max_s: float = 30.0
     receive_maximum: int = 1000
     batch_max: int = 500
-    batch_wait_ms: float = 20.0
+    batch_wait_ms: float = 2.0
     max_payload_bytes: int = 65536
 
     def __post_init__(self) -> None:
