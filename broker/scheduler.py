@@ -201,9 +201,14 @@ class Scheduler:
         """
         if len(sparql) <= INLINE_MAX_CHARS and not self._draining and not self._serial and not self._due:
             try:
-                return _clean_errors(self.engine.update, sparql, budget=INLINE_BUDGET, **options)  # type: ignore[no-any-return]
+                result: UpdateResult = _clean_errors(self.engine.update, sparql, budget=INLINE_BUDGET, **options)
             except OverBudget:
                 pass
+            else:
+                # yield once: a client updating in a loop would otherwise never let the loop run
+                # anything else (the delayed-update timer, the gates) while it keeps finding nothing queued
+                await asyncio.sleep(0)
+                return result
         return await self.serialized(self.engine.update, sparql, **options)
 
     async def query(self, sparql: str, **options: Any) -> QueryResult:

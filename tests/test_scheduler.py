@@ -88,3 +88,29 @@ def test_full_queue_is_refused_with_429_and_nothing_changes() -> None:
             scheduler.close()
 
     assert asyncio.run(scenario()) == (429, False)
+
+
+def test_a_client_updating_in_a_loop_does_not_starve_the_delayed_update_timer() -> None:
+    """Small updates may run inline on the event loop; a producer awaiting them back to back must
+    still let the loop run the timer, or a delayed update would wait for the producer to stop."""
+    from broker.delayed import now_micros
+
+    scheduler = Scheduler(Engine())
+    now = "<http://w3id.org/sepa-gateway/fn#nowMicros>()"
+    stamp = f"INSERT {{ <urn:ex:timer> <urn:ex:ranAt> ?t }} WHERE {{ BIND({now} AS ?t) }}"
+
+    async def scenario() -> tuple[int, int]:
+        await scheduler.delayed.schedule(stamp, now_micros() + 100_000)
+        end = now_micros() + 1_500_000
+        k = 0
+        while now_micros() < end:
+            await scheduler.update(f"INSERT DATA {{ <urn:ex:s> <urn:ex:p> {k % 50} }}")
+            k += 1
+        await scheduler.delayed.stop()
+        return end, k
+
+    end, updates = asyncio.run(scenario())
+    scheduler.close()
+    (row,) = scheduler.engine.query("SELECT ?t WHERE { <urn:ex:timer> <urn:ex:ranAt> ?t }").rows
+    assert int(row[0].value) < end - 500_000, "the delayed update waited for the producer to stop"
+    assert updates > 100
