@@ -19,6 +19,10 @@ from gateway.observations import prune_update
 log = logging.getLogger(__name__)
 
 STEPS_PER_RUN = 50
+# Observations deleted by one update at most. Measured (30k observations in store): a step costs
+# ~0.4 s even when it deletes nothing, and 20,000 deletions took 8.3 s, all on the update thread;
+# small steps let other updates through between them. Pruning needs a cheaper design (see notes).
+STEP_LIMIT = 1000
 
 
 class Retention:
@@ -40,7 +44,7 @@ class Retention:
 
     async def prune(self) -> int:
         """One pruning run; returns the quads removed."""
-        text = prune_update(self.config.retain_count, self.config.retain_age_s)
+        text = prune_update(self.config.retain_count, self.config.retain_age_s, limit=STEP_LIMIT)
         removed = 0
         for _ in range(STEPS_PER_RUN):
             summary = await self.client.update(text)
