@@ -148,12 +148,20 @@ class MessageAggregator(Aggregator):
 class Receiver(MessageAggregator):
     """SENT (receiver = the user) -> the application, then SET_RECEIVED (the acknowledgement)."""
 
-    def __init__(self, client: SepaClient, jsap: JsapLike, user: str, on_message: MessageHandler | None) -> None:
+    def __init__(
+        self,
+        client: SepaClient,
+        jsap: JsapLike,
+        user: str,
+        on_message: MessageHandler | None,
+        on_acknowledged: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         super().__init__(
             client, jsap, "SENT", "SET_RECEIVED", query_bindings={"receiver": user}, alias=f"chat-receiver {user}"
         )
         self.user = user
         self.on_message = on_message
+        self.on_acknowledged = on_acknowledged
         self.received = 0
         self.acknowledged = 0
 
@@ -173,6 +181,8 @@ class Receiver(MessageAggregator):
         finally:  # handed over: acknowledge it even if the application's callback failed
             if await self.produce(message=row["message"]) is not None:
                 self.acknowledged += 1
+                if self.on_acknowledged is not None:  # whoever waits for the count hears of it
+                    await self.on_acknowledged()
 
 
 class Remover(MessageAggregator):
@@ -230,7 +240,7 @@ class ChatClient:
         self.sent = 0
         self.sender = Producer(client, jsap, "SEND", bindings={"sender": user_uri})
         self.registrar = Producer(client, jsap, "REGISTER_USER", bindings={"user": user_uri})
-        self.receiver = Receiver(client, jsap, user_uri, self._message)
+        self.receiver = Receiver(client, jsap, user_uri, self._message, self._signal)
         self.remover = Remover(client, jsap, user_uri, self._receipt)
         self._changed = asyncio.Condition()
 
@@ -253,7 +263,7 @@ class ChatClient:
         return summary
 
     async def wait_until(self, condition: Callable[[], bool], timeout: float | None = None) -> None:
-        """Wait until `condition()` holds, re-checked after each message and receipt (TimeoutError)."""
+        """Wait until `condition()` holds, re-checked after each message, acknowledgement and receipt (TimeoutError)."""
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(condition), timeout)
 
