@@ -288,3 +288,38 @@ class ReevalSpu(SpuBase):
         removed = list((self.counts - counts).elements())
         self.rows, self.counts = rows, counts
         return self.notify(added, removed, None, None)
+
+
+# -- graph feeds ------------------------------------------------------------------------------
+
+
+class GraphFeedSpu(SpuBase):
+    """``SELECT ?s ?p ?o WHERE { GRAPH <g> { ?s ?p ?o } }`` (any order, DISTINCT or not).
+
+    Its rows are the graph's triples: a graph is a set, so the rows gained and lost by an update
+    are exactly the delta's quads in that graph, with no join, no LUTT lookup and no counts to
+    keep (the cloud shipper mirrors the observations graph this way: a few µs per observation
+    instead of a BGP evaluation per quad). The current result is read from the store when a new
+    subscriber joins, so a feed costs no memory however large the graph is.
+    """
+
+    def __init__(self, store: RdfStore, graph: NamedNode, variables: tuple[str, ...], order: tuple[int, ...]) -> None:
+        super().__init__()
+        self.store = store
+        self.graph = graph
+        self.variables = variables
+        self.order = order  # per projected variable: 0 subject, 1 predicate, 2 object
+        self.is_ask = False
+
+    def row(self, quad: Quad) -> Row:
+        terms = (quad.subject, quad.predicate, quad.object)
+        return tuple(terms[index] for index in self.order)  # type: ignore[return-value]
+
+    def current_rows(self) -> tuple[Row, ...]:
+        return tuple(self.row(quad) for quad in self.store.ox.quads_for_pattern(None, None, None, self.graph))
+
+    def current_boolean(self) -> bool | None:
+        return None
+
+    def apply(self, added: Sequence[Quad], removed: Sequence[Quad]) -> int:
+        return self.notify([self.row(quad) for quad in added], [self.row(quad) for quad in removed], None, None)

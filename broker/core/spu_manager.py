@@ -23,7 +23,7 @@ from pyoxigraph import DefaultGraph, NamedNode
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
-from broker.core.spu import IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
+from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
@@ -32,7 +32,7 @@ from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_patterns import DEFAULT as LOOSE_DEFAULT
 from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
 from broker.sparql.query_patterns import query_patterns
-from broker.sparql.query_shape import NotIncremental, shape_query
+from broker.sparql.query_shape import NotIncremental, ShapedQuery, shape_query
 from broker.store import RdfStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,7 @@ class SpuManager:
         self.lutt = Lutt()
         self.groups: dict[tuple[object, ...], ShapeGroup] = {}
         self.reeval: dict[tuple[object, ...], ReevalSpu] = {}
+        self.feeds: dict[NamedNode, dict[tuple[str, ...], GraphFeedSpu]] = {}
         self.subscriptions: dict[str, tuple[Subscription, SpuBase]] = {}
 
     @property
@@ -101,12 +102,16 @@ class SpuManager:
         default_graph_uri: tuple[str, ...],
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
-    ) -> IncrementalSpu | None:
+    ) -> IncrementalSpu | GraphFeedSpu | None:
         try:
             shaped = shape_query(sparql, prefixes)
         except NotIncremental as reason:
             log.debug("re-evaluated subscription: %s", reason)
             return None
+        if not (default_graph_uri or named_graph_uri):
+            feed = self._feed(shaped, variables)
+            if feed is not None:
+                return feed
         key = (shaped.shape.key(), variables, default_graph_uri, named_graph_uri)
         group = self.groups.get(key)
         if group is None:
@@ -128,6 +133,34 @@ class SpuManager:
                 group.routes[index].setdefault(params, set()).add(spu)
             self._index_spu(spu, add=True)
         return spu
+
+    def _feed(self, shaped: ShapedQuery, variables: tuple[str, ...]) -> GraphFeedSpu | None:
+        """The graph feed for ``SELECT ?s ?p ?o WHERE { GRAPH <g> { ?s ?p ?o } }``, or None for other shapes."""
+        shape = shaped.shape
+        if shape.kind != "select" or len(shape.branches) != 1:
+            return None
+        branch = shape.branches[0]
+        if len(branch.patterns) != 1 or branch.filters or len(branch.param_vars) != 1:
+            return None
+        pattern = branch.patterns[0]
+        terms = (pattern.subject, pattern.predicate, pattern.object)
+        if not all(isinstance(term, Var) for term in terms) or not isinstance(pattern.graph, Var):
+            return None
+        names = [term.name for term in terms]  # type: ignore[union-attr]
+        graph = shaped.params[0][0]
+        if (
+            pattern.graph.name != branch.param_vars[0]
+            or not isinstance(graph, NamedNode)
+            or len(set(names)) != 3
+            or sorted(variables) != sorted(names)
+        ):
+            return None
+        by_variables = self.feeds.setdefault(graph, {})
+        feed = by_variables.get(variables)
+        if feed is None:
+            order = tuple(names.index(name) for name in variables)
+            feed = by_variables[variables] = GraphFeedSpu(self.store, graph, variables, order)
+        return feed
 
     def _reevaluating(
         self,
@@ -156,7 +189,12 @@ class SpuManager:
         spu.subscribers.remove(subscription)
         if spu.subscribers:
             return subscription
-        if isinstance(spu, ReevalSpu):
+        if isinstance(spu, GraphFeedSpu):
+            by_variables = self.feeds[spu.graph]
+            del by_variables[spu.variables]
+            if not by_variables:
+                del self.feeds[spu.graph]
+        elif isinstance(spu, ReevalSpu):
             del self.reeval[spu.key]
             for lutt_key in spu.lutt_keys:
                 self.lutt.remove(lutt_key, spu, None)  # type: ignore[arg-type]
@@ -243,6 +281,16 @@ class SpuManager:
 
     # -- processing an update -----------------------------------------------------------------
 
+    def _feed_hits(self, delta: Delta) -> dict[GraphFeedSpu, tuple[list, list]]:
+        """The delta's quads per graph feed: (added, removed)."""
+        by_graph: dict[NamedNode, tuple[list, list]] = {}
+        for index, quads in ((0, delta.added), (1, delta.removed)):
+            for quad in quads:
+                graph = quad.graph_name
+                if graph in self.feeds:
+                    by_graph.setdefault(graph, ([], []))[index].append(quad)  # type: ignore[index]
+        return {feed: lists for graph, lists in by_graph.items() for feed in self.feeds[graph].values()}
+
     def process(
         self, delta: Delta, apply: Callable[[Delta], None], budget: Budget | None = None
     ) -> tuple[int, dict[str, float]]:
@@ -311,7 +359,12 @@ class SpuManager:
         try:
             self._collect(store, added_hits, gained)
             touched = lost.keys() | gained.keys()
+            fed = self._feed_hits(delta) if self.feeds else {}
             if budget is not None:
+                for feed, (added_quads, removed_quads) in fed.items():
+                    budget.spend(len(added_quads) + len(removed_quads))
+                    if not all(subscriber.nonblocking for subscriber in feed.subscribers):
+                        raise OverBudget
                 for spu in touched:
                     budget.spend(len(spu.subscribers))
                     if not all(subscriber.nonblocking for subscriber in spu.subscribers):
@@ -330,8 +383,11 @@ class SpuManager:
         notifications = reeval_notifications
         for spu in touched:
             notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
+        for feed, (added_quads, removed_quads) in fed.items():
+            notifications += feed.apply(added_quads, removed_quads)
         finished = time.perf_counter()
         hits = sum(len(spu.subscribers) for spu in touched) + sum(len(spu.subscribers) for spu in reeval)
+        hits += sum(len(feed.subscribers) for feed in fed)
         return notifications, {
             "t_apply_s": applied - pre_done,
             "t_lutt_s": matched - started,

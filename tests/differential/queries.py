@@ -72,6 +72,9 @@ POOL: tuple[PoolQuery, ...] = (
     _q("graph_var", "SELECT ?g ?s ?p ?o WHERE { GRAPH ?g { ?s ?p ?o } }"),
     _q("graph_var_projected", "SELECT ?g WHERE { GRAPH ?g { ?s ex:p ?o } }"),
     _q("graph_iri", "SELECT ?s ?o WHERE { GRAPH ex:g2 { ?s ?p ?o } }"),
+    # graph feeds (every triple of one named graph): the engine serves them from the delta alone
+    _q("graph_feed", "SELECT ?s ?p ?o WHERE { GRAPH ex:g1 { ?s ?p ?o } }"),
+    _q("graph_feed_reordered_distinct", "SELECT DISTINCT ?o ?s ?p WHERE { GRAPH ex:g3 { ?s ?p ?o } }"),
     _q("graph_join_default", "SELECT ?s ?g ?x WHERE { ?s ex:p ?o . GRAPH ?g { ?s ex:q ?x } }"),
     # -- OPTIONAL, MINUS, EXISTS
     _q("optional", "SELECT ?s ?o ?x WHERE { ?s ex:p ?o OPTIONAL { ?o ex:q ?x } }"),
