@@ -23,6 +23,7 @@ from gateway.retention import Retention
 
 if TYPE_CHECKING:
     from adapters.mqtt.adapter import MqttAdapter
+    from gateway.shipper import Shipper
 
 log = logging.getLogger("sepa_gateway")
 
@@ -63,6 +64,12 @@ class Gateway:
         self.client = SepaClient(InProcessTransport(self.scheduler))
         self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.retention = Retention(self.client, config.observations)
+        self.shipper: Shipper | None = None
+        if config.shipper.enabled:
+            from gateway.shipping import build_shipper
+
+            self.shipper = build_shipper(config, self.client, self.gateway_id)
+            self.gates.metric_sources["shipper"] = self.shipper.metrics
         self.mqtt: MqttAdapter | None = None
         if config.mqtt.enabled:
             from gateway.mqtt import build_adapter
@@ -92,6 +99,8 @@ class Gateway:
                 raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
             bound.append(runner.addresses[0][1] if runner.addresses else port)  # port 0: the one the OS chose
         http_port, ws_port = bound
+        if self.shipper is not None:  # before the adapters: it counts what is in the store first
+            await self.shipper.start()
         if self.mqtt is not None:
             await self.mqtt.start()
         self.retention.start()
@@ -110,6 +119,8 @@ class Gateway:
         await self.retention.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
+        if self.shipper is not None:
+            await self.shipper.stop()
         await self.client.close()
         await self.scheduler.delayed.stop()
         await self.gates.close_connections()

@@ -6,6 +6,7 @@ the defaults here. A bad file is a :class:`ConfigError` with a one-line message.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -85,6 +86,36 @@ class ObservationsConfig:
 
 
 @dataclass
+class ShipperConfig:
+    enabled: bool = False  # ship every observation to the cloud landing endpoint (cloud/)
+    url: str = ""  # the landing endpoint, e.g. https://cloud.example.org:8443 (batches go to /v1/batches/<id>)
+    token_file: str = ""  # file holding the bearer token; or env SEPA_GATEWAY_SHIPPER_TOKEN. Never logged
+    ca_file: str = ""  # CA bundle that verifies the endpoint; empty: the system trust store
+    allow_http: bool = False  # plain http:// only with this (a TLS-terminating proxy on the same host)
+    spool_dir: str = ""  # empty: <store.data_dir>/spool (required when the store is in memory)
+    segment_max_bytes: int = 1048576  # a segment is sealed (and uploaded) at this size...
+    segment_max_age_s: float = 10.0  # ...or this long after its first observation
+    spool_budget_bytes: int = 536870912  # over it, the oldest sealed segments are dropped (counted)
+    upload_timeout_s: float = 30.0
+    backoff_initial_s: float = 1.0  # retries back off exponentially, with jitter...
+    backoff_max_s: float = 300.0  # ...up to this
+    uploads_in_flight: int = 2
+
+    def token(self) -> str:
+        """The bearer token (token_file first, then the environment); ConfigError when there is none."""
+        if self.token_file:
+            try:
+                token = Path(self.token_file).read_text(encoding="utf-8").strip()
+            except OSError as error:
+                raise ConfigError(f"shipper.token_file: cannot read {self.token_file}: {error.strerror}") from None
+        else:
+            token = os.environ.get("SEPA_GATEWAY_SHIPPER_TOKEN", "").strip()
+        if not token or any(character.isspace() for character in token):
+            raise ConfigError("shipper: no bearer token (shipper.token_file or SEPA_GATEWAY_SHIPPER_TOKEN)")
+        return token
+
+
+@dataclass
 class LoggingConfig:
     level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR; INFO logs only lifecycle events
 
@@ -98,6 +129,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     observations: ObservationsConfig = field(default_factory=ObservationsConfig)
+    shipper: ShipperConfig = field(default_factory=ShipperConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> Config:
@@ -134,9 +166,28 @@ class Config:
             raise ConfigError("observations.retain_count must be >= 1 and observations.retain_age_s positive")
         if self.observations.prune_interval_s <= 0:
             raise ConfigError("observations.prune_interval_s must be positive")
+        if self.shipper.enabled:
+            self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
         return self
+
+
+    def _check_shipper(self) -> None:
+        shipper = self.shipper
+        if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
+            raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
+        if not (shipper.spool_dir or self.store.data_dir):
+            raise ConfigError("shipper.spool_dir is required when the store is in memory (no data directory)")
+        if shipper.ca_file and not Path(shipper.ca_file).is_file():
+            raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
+        if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
+            raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
+        if min(shipper.segment_max_age_s, shipper.upload_timeout_s, shipper.backoff_initial_s) <= 0:
+            raise ConfigError("shipper: segment_max_age_s, upload_timeout_s and backoff_initial_s must be positive")
+        if shipper.backoff_max_s < shipper.backoff_initial_s or shipper.uploads_in_flight < 1:
+            raise ConfigError("shipper: backoff_max_s must be >= backoff_initial_s and uploads_in_flight >= 1")
+        shipper.token()
 
 
 def _section(cls: type, name: str, values: Any) -> Any:

@@ -72,11 +72,13 @@ class ClientSubscription:
         alias: str | None,
         on_notification: NotificationHandler | None,
         iterate: bool,
+        keep_view: bool = True,
     ) -> None:
         self.client = client
         self.sparql = sparql
         self.alias = alias
-        self.view = ResultView()
+        # None when the application keeps its own state (a mirror of a large graph would double memory)
+        self.view: ResultView | None = ResultView() if keep_view else None
         self.spuid = ""
         self.sequence = -1  # the last sequence number delivered to the application
         self.resyncs = 0  # re-subscriptions after reconnects (with or without a visible diff)
@@ -98,14 +100,19 @@ class ClientSubscription:
             return
         if resync:
             self.resyncs += 1
-            synthetic = self._resync(notification)
-            if synthetic is None:
-                return
-            notification = synthetic
+            if self.view is None:  # no view to diff against: the complete result, marked as such
+                extra = {"resync": True, "server_spuid": notification.spuid, "server_sequence": notification.sequence}
+                notification = dataclasses.replace(notification, removed=(), extra={**notification.extra, **extra})
+            else:
+                synthetic = self._resync(notification)
+                if synthetic is None:
+                    return
+                notification = synthetic
         elif not self.spuid:
             self.spuid = notification.spuid
         notification = self._for_application(notification)
-        self.view.apply(notification)
+        if self.view is not None:
+            self.view.apply(notification)
         self._hand_over(notification)
 
     def lost(self, error: SepaClientError) -> None:
@@ -120,6 +127,7 @@ class ClientSubscription:
 
     def _resync(self, full: Notification) -> Notification | None:
         """The one notification that takes the view to the complete result `full` (None: no change)."""
+        assert self.view is not None
         extra = {"resync": True, "server_spuid": full.spuid, "server_sequence": full.sequence}
         if full.boolean is not None:
             if full.boolean == self.view.boolean:
@@ -311,17 +319,21 @@ class SepaClient:
         named_graph_uri: Graphs = None,
         on_notification: NotificationHandler | None = None,
         iterate: bool | None = None,
+        keep_view: bool = True,
     ) -> ClientSubscription:
         """Subscribe to a SELECT or ASK query.
 
         Returns once the first notification (sequence 0, the complete result) is in the view. With
         `on_notification` the notifications go to it; without, to ``async for``. `iterate` forces
         the queue on or off (off when only the view matters, so nothing piles up unread).
+        `keep_view=False` keeps no view (``subscription.view`` is None): for applications that keep
+        their own state of a large result; after a reconnect they get the complete result again as
+        one notification whose ``extra["resync"]`` is True.
         """
         if self._closed:
             raise SepaClientError("invalid_request", "the client is closed", 400)
         iterate = on_notification is None if iterate is None else iterate
-        subscription = ClientSubscription(self, sparql, alias, on_notification, iterate)
+        subscription = ClientSubscription(self, sparql, alias, on_notification, iterate, keep_view)
         try:
             subscription.handle = await self.transport.subscribe(
                 sparql,

@@ -21,11 +21,16 @@ GRAPH_ONTOLOGIES = "http://w3id.org/sepa-gateway/graph/ontologies"
 GRAPH_MAPPINGS = "http://w3id.org/sepa-gateway/graph/mappings"
 GRAPH_OBSERVATIONS = "http://w3id.org/sepa-gateway/graph/observations"
 GRAPH_LATEST = "http://w3id.org/sepa-gateway/graph/latest"
+GRAPH_STATE = "http://w3id.org/sepa-gateway/graph/state"  # the gateway's own bookkeeping (the shipper's marker)
 
 # Instance IRIs minted by the gateway (observations, latest nodes, mappings, profile sensors).
 URN = "urn:sepa-gateway:"
 OBSERVATION_PREFIX = URN + "obs:"
 LATEST_PREFIX = URN + "latest:"
+SHIPPER_NODE = URN + "shipper"
+
+# The cloud shipper's marker: which spool counted this store's observations.
+SPOOL_ID = GW + "spoolId"
 MAPPING_PREFIX = URN + "mapping:"
 
 # Observation provenance (the paper's arces-monitor:hasMqttTopic, in our namespace).

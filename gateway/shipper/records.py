@@ -1,0 +1,133 @@
+"""Observations graph rows -> flat records, the schema the cloud landing endpoint accepts.
+
+The shipper subscribes to every triple of the observations graph (a graph feed: the engine serves
+it from each update's delta, see broker.core.spu.GraphFeedSpu), so a notification holds the triples
+of the observations an update added; all of one observation's triples come in the same update.
+They are grouped by subject here: the observation node and its `<obs>/result` quantity value.
+
+A record (one JSON line): id, sensor, property, feature, value (double) or literal (text), unit,
+result_time, source_time (RFC 3339 UTC, microseconds), sequence, gateway, source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.observations.vocabulary import (
+    GRAPH_OBSERVATIONS,
+    HAS_COAP_RESOURCE,
+    HAS_MQTT_TOPIC,
+    QUDT,
+    RDF_TYPE,
+    SEQUENCE_NUMBER,
+    SOSA,
+    SOURCE_TIME,
+)
+
+FEED_QUERY = f"SELECT ?s ?p ?o WHERE {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?s ?p ?o }} }}"
+
+OBSERVATION = SOSA + "Observation"
+HAS_RESULT = SOSA + "hasResult"
+_FIELDS = {
+    SOSA + "madeBySensor": "sensor",
+    SOSA + "observedProperty": "property",
+    SOSA + "hasFeatureOfInterest": "feature",
+    SOSA + "resultTime": "result_time",
+    SOURCE_TIME: "source_time",
+    SEQUENCE_NUMBER: "sequence",
+    HAS_MQTT_TOPIC: "source",
+    HAS_COAP_RESOURCE: "source",
+    SOSA + "hasSimpleResult": "literal",
+}
+_RESULT_FIELDS = {QUDT + "numericValue": "value", QUDT + "unit": "unit"}
+_REQUIRED = ("sensor", "property", "feature", "result_time", "sequence", "source")
+
+
+def rfc3339_micros(lexical: str) -> str:
+    """An xsd:dateTime lexical form as RFC 3339 UTC with exactly six fraction digits (one format
+    for the Spark job to parse, whatever the store's canonical form trimmed)."""
+    instant = datetime.fromisoformat(lexical)
+    if instant.tzinfo is None:
+        instant = instant.replace(tzinfo=UTC)
+    return instant.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class Assembled:
+    """The records of one notification, and how many observations could not be flattened."""
+
+    __slots__ = ("records", "incomplete")
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.incomplete = 0
+
+
+def assemble(rows: Iterable[Sequence[Any]], gateway: str) -> Assembled:
+    """Flatten the observations among `rows` ((s, p, o) terms); results and anything else are joined
+    to their observation or ignored. An observation missing a required term is counted, not shipped."""
+    subjects: dict[str, dict[str, Any]] = {}
+    for subject, predicate, obj in rows:
+        subjects.setdefault(subject.value, {})[predicate.value] = obj
+    out = Assembled()
+    for iri, terms in subjects.items():
+        kind = terms.get(RDF_TYPE)
+        if kind is None or kind.value != OBSERVATION:
+            continue
+        record: dict[str, Any] = {"id": iri}
+        for predicate, name in _FIELDS.items():
+            term = terms.get(predicate)
+            if term is not None:
+                record[name] = term.value
+        result = terms.get(HAS_RESULT)
+        if result is not None:
+            for predicate, name in _RESULT_FIELDS.items():
+                term = subjects.get(result.value, {}).get(predicate)
+                if term is not None:
+                    record[name] = term.value
+        try:
+            out.records.append(_typed(record, gateway))
+        except (KeyError, ValueError):
+            out.incomplete += 1
+    return out
+
+
+def _typed(record: dict[str, Any], gateway: str) -> dict[str, Any]:
+    for name in _REQUIRED:
+        if name not in record:
+            raise KeyError(name)
+    value = record.get("value")
+    literal = record.get("literal")
+    if (value is None) == (literal is None):
+        raise ValueError("an observation has one result: a number or a literal")
+    number = None if value is None else float(value)
+    if number is not None and not math.isfinite(number):
+        raise ValueError("JSON has no NaN or infinity")
+    source_time = record.get("source_time")
+    return {
+        "id": record["id"],
+        "sensor": record["sensor"],
+        "property": record["property"],
+        "feature": record["feature"],
+        "value": number,
+        "literal": literal,
+        "unit": record.get("unit"),
+        "result_time": rfc3339_micros(record["result_time"]),
+        "source_time": None if source_time is None else rfc3339_micros(source_time),
+        "sequence": int(record["sequence"]),
+        "gateway": gateway,
+        "source": record["source"],
+    }
+
+
+def json_line(record: dict[str, Any]) -> bytes:
+    """One record as a compact JSON line (UTF-8)."""
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def key_of(record: dict[str, Any]) -> str:
+    """The resume cursor's key: sequence numbers count per sensor and property (IRIs hold no space)."""
+    return f"{record['sensor']} {record['property']}"

@@ -1,0 +1,269 @@
+"""The cloud shipper: a consumer on the client API that spools every new observation and uploads it.
+
+Flow: a graph-feed subscription to the observations graph -> :func:`records.assemble` -> the spool
+(one I/O thread: appends, seals, reads and deletes segment files; nothing blocks the event loop) ->
+upload workers (``uploads_in_flight``) PUT sealed segments oldest first and delete them once
+confirmed; failures back off exponentially with full jitter up to ``backoff_max_s``.
+
+Exactly once, end to end: the spool's cursor (per sensor and property, the highest sequence number
+spooled) filters the subscription's first result, which holds every observation in the store, so a
+restart spools exactly what had not been spooled; a segment keeps its batch id across attempts and
+the cloud answers a batch it already has idempotently; the Spark job drops repeated observation IRIs.
+A marker in the store (`gw:spoolId` in the gateway's state graph) tells whether the store is the
+one the cursor counted: a fresh store (or an in-memory one after a restart) resets the cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.core.notification import Notification
+from gateway.client import ClientSubscription, SepaClient, SepaClientError
+from gateway.jsap.terms import quote
+from gateway.observations.vocabulary import GRAPH_STATE, SHIPPER_NODE, SPOOL_ID
+from gateway.shipper.records import FEED_QUERY, assemble, json_line, key_of
+from gateway.shipper.spool import Segment, Spool
+from gateway.shipper.uploader import Uploader, UploadError
+
+log = logging.getLogger(__name__)
+
+RATE_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class ShipperSettings:
+    url: str
+    token: str
+    spool_dir: Path
+    ca_file: str | None = None
+    segment_max_bytes: int = 1 << 20
+    segment_max_age_s: float = 10.0
+    budget_bytes: int = 512 << 20
+    upload_timeout_s: float = 30.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 300.0
+    uploads_in_flight: int = 2
+
+    def __repr__(self) -> str:  # the token never reaches a log line
+        return f"ShipperSettings(url={self.url!r}, spool_dir={str(self.spool_dir)!r})"
+
+
+class Shipper:
+    def __init__(self, client: SepaClient, settings: ShipperSettings, gateway: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.gateway = gateway
+        self.uploader = Uploader(
+            settings.url, settings.token, ca_file=settings.ca_file, timeout_s=settings.upload_timeout_s
+        )
+        self.spool: Spool | None = None
+        self.subscription: ClientSubscription | None = None
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shipper-io")
+        self._sealed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._uploading: set[int] = set()
+        self._uploads: deque[tuple[float, int]] = deque()  # (monotonic time, observations) for the rate
+        self.failures = 0
+        self.failures_by_reason: dict[str, int] = {}
+        self.uploaded_observations = 0
+        self.uploaded_segments = 0
+        self.duplicate_segments = 0
+        self.rejected_segments = 0
+        self.incomplete_observations = 0
+        self.last_success = 0.0
+        self._backoff = 0.0
+
+    async def _run_io(self, function: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._io, function, *args)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the spool, check the store marker, subscribe, and start sealing and uploading."""
+        settings = self.settings
+        self.spool = await self._run_io(
+            lambda: Spool.open(
+                settings.spool_dir, segment_max_bytes=settings.segment_max_bytes, budget_bytes=settings.budget_bytes
+            )
+        )
+        if self.spool.sealed_count:
+            self._sealed.set()
+        await self._check_marker(self.spool)
+        self.subscription = await self.client.subscribe(
+            FEED_QUERY, "cloud-shipper", on_notification=self._on_notification, iterate=False, keep_view=False
+        )
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._seal_by_age(), name="shipper-sealer")]
+        self._tasks += [
+            loop.create_task(self._upload_worker(), name=f"shipper-upload-{index}")
+            for index in range(settings.uploads_in_flight)
+        ]
+        log.info(
+            "shipper started",
+            extra={"url": settings.url, "spool": str(settings.spool_dir), "backlog": self.spool.backlog_observations},
+        )
+
+    async def stop(self) -> None:
+        """Stop uploading; what is spooled stays on disk and goes at the next start."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.subscription is not None:
+            with contextlib.suppress(SepaClientError):
+                await self.client.unsubscribe(self.subscription)
+            self.subscription = None
+        if self.spool is not None:
+            await self._run_io(self.spool.close)
+        await self.uploader.close()
+        self._io.shutdown(wait=True)
+
+    async def _check_marker(self, spool: Spool) -> None:
+        result = await self.client.query(
+            f"SELECT ?id WHERE {{ GRAPH <{GRAPH_STATE}> {{ <{SHIPPER_NODE}> <{SPOOL_ID}> ?id }} }}"
+        )
+        marks = {row[0].value for row in result.rows if row[0] is not None}
+        if marks == {spool.id}:
+            return
+        if spool.cursor:
+            log.warning("shipper: the store is not the one the spool counted; shipping every observation it holds")
+        await self._run_io(spool.reset_cursor)
+        await self.client.update(
+            f"DELETE {{ GRAPH <{GRAPH_STATE}> {{ <{SHIPPER_NODE}> <{SPOOL_ID}> ?old }} }} "
+            f"INSERT {{ GRAPH <{GRAPH_STATE}> {{ <{SHIPPER_NODE}> <{SPOOL_ID}> {quote(spool.id)} }} }} "
+            f"WHERE {{ OPTIONAL {{ GRAPH <{GRAPH_STATE}> {{ <{SHIPPER_NODE}> <{SPOOL_ID}> ?old }} }} }}"
+        )
+
+    # -- spooling ---------------------------------------------------------------------------------
+
+    async def _on_notification(self, notification: Notification) -> None:
+        if not notification.added:
+            return  # removals are the edge's retention: the cloud keeps everything
+        if await self._run_io(self._spool_rows, notification.added):
+            self._sealed.set()
+
+    def _spool_rows(self, rows: Any) -> bool:
+        """On the I/O thread: flatten, drop what the cursor says was spooled already, append."""
+        spool = self.spool
+        assert spool is not None
+        assembled = assemble(rows, self.gateway)
+        self.incomplete_observations += assembled.incomplete
+        cursor = spool.cursor
+        lines: list[bytes] = []
+        keys: dict[str, int] = {}
+        for record in assembled.records:
+            key = key_of(record)
+            sequence = record["sequence"]
+            if sequence <= cursor.get(key, 0):
+                continue
+            lines.append(json_line(record))
+            if sequence > keys.get(key, 0):
+                keys[key] = sequence
+        return spool.append(lines, keys)
+
+    async def _seal_by_age(self) -> None:
+        spool = self.spool
+        assert spool is not None
+        period = min(1.0, self.settings.segment_max_age_s / 2)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                if await self._run_io(spool.seal_if_older, self.settings.segment_max_age_s):
+                    self._sealed.set()
+            except OSError as error:
+                log.error("shipper: cannot seal a segment: %s", error)
+
+    # -- uploading --------------------------------------------------------------------------------
+
+    async def _upload_worker(self) -> None:
+        spool = self.spool
+        assert spool is not None
+        while True:
+            segment = await self._run_io(spool.oldest, frozenset(self._uploading))
+            if segment is None:
+                self._sealed.clear()
+                await self._sealed.wait()
+                continue
+            if segment.number in self._uploading:  # another worker claimed it while this one awaited
+                continue
+            self._uploading.add(segment.number)
+            try:
+                await self._upload(spool, segment)
+            finally:
+                self._uploading.discard(segment.number)
+
+    async def _upload(self, spool: Spool, segment: Segment) -> None:
+        batch = spool.batch_id(segment, self.gateway)
+        try:
+            body = await self._run_io(spool.read, segment)
+        except FileNotFoundError:  # dropped by the budget meanwhile
+            await self._run_io(spool.confirmed, segment)
+            return
+        try:
+            duplicate = await self.uploader.put(batch, body)
+        except UploadError as error:
+            self.failures += 1
+            self.failures_by_reason[error.reason] = self.failures_by_reason.get(error.reason, 0) + 1
+            if not error.retry:
+                self.rejected_segments += 1
+                kept = await self._run_io(spool.reject, segment)
+                log.error("shipper: the cloud refused a batch for good", extra={"batch": batch, "kept": str(kept)})
+                log.error("shipper: refusal: %s", error)
+                return
+            self._backoff = min(self.settings.backoff_max_s, max(self.settings.backoff_initial_s, self._backoff * 2))
+            delay = random.uniform(self.settings.backoff_initial_s / 2, self._backoff)  # noqa: S311 - jitter
+            log.warning("shipper: upload failed, retrying in %.1f s: %s", delay, error)
+            await asyncio.sleep(delay)
+            return
+        self._backoff = 0.0
+        await self._run_io(spool.confirmed, segment)
+        now = time.monotonic()
+        self.last_success = time.time()
+        self.uploaded_segments += 1
+        self.duplicate_segments += duplicate
+        self.uploaded_observations += segment.records
+        self._uploads.append((now, segment.records))
+
+    # -- observability ------------------------------------------------------------------------------
+
+    def upload_rate(self) -> float:
+        """Observations confirmed per second over the last minute."""
+        now = time.monotonic()
+        while self._uploads and self._uploads[0][0] < now - RATE_WINDOW_S:
+            self._uploads.popleft()
+        return sum(count for _, count in self._uploads) / RATE_WINDOW_S
+
+    def metrics(self) -> dict[str, Any]:
+        spool = self.spool
+        numbers: dict[str, Any] = {
+            "uploaded_observations": self.uploaded_observations,
+            "uploaded_segments": self.uploaded_segments,
+            "duplicate_segments": self.duplicate_segments,
+            "upload_failures": self.failures,
+            "rejected_segments": self.rejected_segments,
+            "incomplete_observations": self.incomplete_observations,
+            "upload_rate_per_s": round(self.upload_rate(), 3),
+            "last_success_timestamp": self.last_success,
+        }
+        numbers.update({f"upload_failures_{reason}": count for reason, count in self.failures_by_reason.items()})
+        if spool is not None:
+            numbers.update(
+                spooled_observations=spool.spooled,
+                backlog_observations=spool.backlog_observations,
+                backlog_segments=spool.sealed_count + (spool.open_records > 0),
+                backlog_bytes=spool.backlog_bytes,
+                dropped_observations=spool.dropped_observations,
+                dropped_segments=spool.dropped_segments,
+            )
+        return numbers

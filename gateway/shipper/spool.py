@@ -1,0 +1,306 @@
+"""The shipper's durable spool: segment files on disk, and the cursor that makes restarts resume.
+
+Layout of the spool directory:
+
+* ``spool.json`` — the spool's random id (batch ids embed it, so a spool made afresh never reuses
+  the id of a batch the cloud already has);
+* ``open-<n>.jsonl`` — the segment being filled: JSON lines, written through to the OS at each
+  append (a kill -9 loses nothing; a torn last line is cut at start-up);
+* ``seg-<n>-<records>.jsonl.gz`` — sealed segments (gzip, mtime 0: the same bytes at every upload
+  attempt), deleted only once the cloud confirmed them;
+* ``cursor.json`` — per (sensor, property), the highest observation sequence number ever spooled,
+  and the last segment it covers. Written (fsync, rename) when a segment is sealed.
+* ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent).
+
+Why a cursor of sequence numbers and not of times: the gateway numbers each sensor's observations
+1, 2, 3... in commit order, and the shipper spools them in commit order, so "every observation of
+that key above n" is exactly what was not spooled yet, across restarts and clock steps. After
+power loss the unsealed tail may be gone, but so is its part of the cursor: those observations are
+spooled again from the store. Everything here runs on the shipper's single I/O thread.
+
+Budget: when sealed + open segments exceed the budget, the oldest sealed segments are deleted and
+their observations counted as dropped (the newest data is the most useful after a long outage; the
+edge keeps its own history anyway). The policy is documented in systemd/sepa-gateway.toml.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SEALED = re.compile(r"^seg-(\d{12})-(\d+)\.jsonl\.gz$")
+_OPEN = re.compile(r"^open-(\d{12})\.jsonl$")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A sealed segment: its number, record count, size on disk and file."""
+
+    number: int
+    records: int
+    size: int
+    path: Path
+
+
+def _fsync_dir(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    _fsync_dir(path.parent)
+
+
+def _max_keys(lines: list[bytes], into: dict[str, int]) -> int:
+    """Fold the records' sequence numbers into `into`; returns how many records there were."""
+    count = 0
+    for line in lines:
+        record = json.loads(line)
+        key = f"{record['sensor']} {record['property']}"
+        if record["sequence"] > into.get(key, 0):
+            into[key] = record["sequence"]
+        count += 1
+    return count
+
+
+class Spool:
+    """Open with :meth:`open`; not thread-safe (one I/O thread owns it)."""
+
+    def __init__(self, directory: Path, *, segment_max_bytes: int, budget_bytes: int) -> None:
+        self.directory = directory
+        self.segment_max_bytes = segment_max_bytes
+        self.budget_bytes = budget_bytes
+        self.id = ""
+        self.cursor: dict[str, int] = {}
+        self.through = 0  # the last segment number the cursor file covers
+        self.sealed: deque[Segment] = deque()
+        self.next_number = 1
+        self._open_file: object | None = None
+        self._open_number = 0
+        self._open_lines: list[bytes] = []
+        self._open_bytes = 0
+        self._open_keys: dict[str, int] = {}
+        self._open_since = 0.0
+        self._open_count = 0
+        self.dropped_observations = 0
+        self.dropped_segments = 0
+        self.spooled = 0
+        # kept as numbers so that metrics read on the event loop never iterate the deque this thread changes
+        self._sealed_records = 0
+        self._sealed_bytes = 0
+        self.sealed_count = 0
+
+    # -- opening and recovery -----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: str | Path, *, segment_max_bytes: int, budget_bytes: int) -> Spool:
+        """Open (creating) the spool; recover what a crash left: cut a torn line, seal the open segment."""
+        spool = cls(Path(directory), segment_max_bytes=segment_max_bytes, budget_bytes=budget_bytes)
+        spool._recover()
+        return spool
+
+    def _recover(self) -> None:
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "rejected").mkdir(exist_ok=True)
+        meta = directory / "spool.json"
+        if meta.exists():
+            self.id = json.loads(meta.read_text())["id"]
+        else:
+            self.id = secrets.token_hex(4)
+            _write_atomically(meta, json.dumps({"id": self.id}).encode())
+        cursor_file = directory / "cursor.json"
+        if cursor_file.exists():
+            saved = json.loads(cursor_file.read_text())
+            self.cursor, self.through = dict(saved["keys"]), int(saved["through"])
+        for leftover in directory.glob(".*.tmp"):
+            leftover.unlink()
+        opened: list[tuple[int, Path]] = []
+        for path in directory.iterdir():
+            if match := _SEALED.match(path.name):
+                number, records = int(match[1]), int(match[2])
+                self.sealed.append(Segment(number, records, path.stat().st_size, path))
+            elif match := _OPEN.match(path.name):
+                opened.append((int(match[1]), path))
+        self.sealed = deque(sorted(self.sealed, key=lambda segment: segment.number))
+        self._count_sealed()
+        numbers = [segment.number for segment in self.sealed] + [number for number, _ in opened]
+        self.next_number = max([self.through, *numbers], default=0) + 1
+        for segment in self.sealed:
+            if segment.number > self.through:  # sealed, but the crash came before the cursor was written
+                _max_keys(gzip.decompress(segment.path.read_bytes()).splitlines(), self.cursor)
+        for number, path in sorted(opened):
+            data = path.read_bytes()
+            whole = data[: data.rfind(b"\n") + 1]  # a line without its newline was torn by the crash
+            self._open_number, self._open_lines = number, whole.splitlines(keepends=True)
+            self._open_bytes = len(whole)
+            _max_keys(self._open_lines, self._open_keys)
+            self._seal_open(path)
+        if any(segment.number > self.through for segment in self.sealed):
+            self.through = self.sealed[-1].number
+            self._write_cursor()
+
+    # -- appending and sealing ----------------------------------------------------------------
+
+    def append(self, lines: list[bytes], keys: dict[str, int]) -> bool:
+        """Append records (JSON lines) and their cursor keys; True when this sealed a segment."""
+        if not lines:
+            return False
+        if self._open_file is None:
+            self._open_number = self.next_number
+            self.next_number += 1
+            self._open_file = open(self._open_path(), "ab", buffering=0)  # noqa: SIM115 - kept open on purpose
+            self._open_since = time.monotonic()
+        data = b"".join(lines)
+        self._open_file.write(data)  # type: ignore[attr-defined]
+        self._open_lines.append(data)
+        self._open_bytes += len(data)
+        for key, sequence in keys.items():
+            if sequence > self._open_keys.get(key, 0):
+                self._open_keys[key] = sequence
+            if sequence > self.cursor.get(key, 0):
+                self.cursor[key] = sequence
+        self._open_count += len(lines)
+        self.spooled += len(lines)
+        if self._open_bytes >= self.segment_max_bytes:
+            self.seal()
+            return True
+        return False
+
+    def seal_if_older(self, max_age_s: float) -> bool:
+        """Seal the open segment once its first record is `max_age_s` old; True when sealed."""
+        if self._open_file is not None and time.monotonic() - self._open_since >= max_age_s:
+            self.seal()
+            return True
+        return False
+
+    def seal(self) -> None:
+        """Close the open segment into a sealed, gzip'ed one (no-op without records)."""
+        if self._open_file is None:
+            return
+        self._open_file.close()  # type: ignore[attr-defined]
+        self._open_file = None
+        self._seal_open(self._open_path())
+
+    def _open_path(self) -> Path:
+        return self.directory / f"open-{self._open_number:012d}.jsonl"
+
+    def _seal_open(self, path: Path) -> None:
+        data = b"".join(self._open_lines)
+        records = data.count(b"\n")
+        if records:
+            body = gzip.compress(data, compresslevel=1, mtime=0)  # level 1: CPU matters more than bytes here
+            sealed = self.directory / f"seg-{self._open_number:012d}-{records}.jsonl.gz"
+            _write_atomically(sealed, body)
+            self.sealed.append(Segment(self._open_number, records, len(body), sealed))
+            self._count_sealed()
+        for key, sequence in self._open_keys.items():
+            if sequence > self.cursor.get(key, 0):
+                self.cursor[key] = sequence
+        self.through = self._open_number
+        self._write_cursor()
+        path.unlink(missing_ok=True)
+        self._open_lines, self._open_bytes, self._open_keys, self._open_count = [], 0, {}, 0
+        self._enforce_budget()
+
+    def _write_cursor(self) -> None:
+        _write_atomically(
+            self.directory / "cursor.json", json.dumps({"through": self.through, "keys": self.cursor}).encode()
+        )
+
+    def _enforce_budget(self) -> None:
+        while self.sealed and self.backlog_bytes > self.budget_bytes:
+            oldest = self.sealed.popleft()
+            self._count_sealed()
+            oldest.path.unlink(missing_ok=True)
+            self.dropped_segments += 1
+            self.dropped_observations += oldest.records
+            log.warning(
+                "shipper: spool over its budget, oldest segment dropped",
+                extra={"segment": oldest.number, "observations": oldest.records, "budget_bytes": self.budget_bytes},
+            )
+
+    # -- the cursor -----------------------------------------------------------------------------
+
+    def reset_cursor(self) -> None:
+        """Forget what was spooled (the store is not the one the cursor counted: ship all it holds)."""
+        self.cursor.clear()
+        self._write_cursor()
+
+    # -- handing segments to the uploader -----------------------------------------------------
+
+    def oldest(self, skip: frozenset[int] = frozenset()) -> Segment | None:
+        return next((segment for segment in self.sealed if segment.number not in skip), None)
+
+    def read(self, segment: Segment) -> bytes:
+        return segment.path.read_bytes()
+
+    def confirmed(self, segment: Segment) -> None:
+        """The cloud has the segment: delete it."""
+        self._forget(segment)
+        segment.path.unlink(missing_ok=True)
+
+    def reject(self, segment: Segment) -> Path:
+        """The cloud refused the segment for good: keep it aside for the operator, never resend it."""
+        self._forget(segment)
+        target = self.directory / "rejected" / segment.path.name
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(segment.path, target)
+        return target
+
+    def _forget(self, segment: Segment) -> None:
+        with contextlib.suppress(ValueError):
+            self.sealed.remove(segment)
+        self._count_sealed()
+
+    def _count_sealed(self) -> None:
+        self._sealed_records = sum(segment.records for segment in self.sealed)
+        self._sealed_bytes = sum(segment.size for segment in self.sealed)
+        self.sealed_count = len(self.sealed)
+
+    def batch_id(self, segment: Segment, gateway: str) -> str:
+        """The batch id the cloud stores the segment under: stable across attempts and restarts."""
+        slug = re.sub(r"[^A-Za-z0-9._-]", "-", gateway)[:64] or "gateway"
+        if not slug[0].isalnum():
+            slug = "g" + slug[:63]
+        return f"{slug}-{self.id}-{segment.number:012d}"
+
+    # -- observability --------------------------------------------------------------------------
+
+    @property
+    def open_records(self) -> int:
+        return self._open_count
+
+    @property
+    def backlog_bytes(self) -> int:
+        return self._sealed_bytes + self._open_bytes
+
+    @property
+    def backlog_observations(self) -> int:
+        return self._sealed_records + self.open_records
+
+    def close(self) -> None:
+        """Close the open segment's file (it is sealed at the next start, or by seal())."""
+        if self._open_file is not None:
+            self._open_file.close()  # type: ignore[attr-defined]
+            self._open_file = None

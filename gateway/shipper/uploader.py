@@ -1,0 +1,59 @@
+"""One sealed segment -> one HTTPS PUT to the cloud landing endpoint (cloud/), with the bearer token.
+
+The contract (cloud/ implements the other side): ``PUT <url>/v1/batches/<batch id>`` with
+``Authorization: Bearer <token>``, ``Content-Type: application/x-ndjson``, ``Content-Encoding:
+gzip`` and the segment's bytes. 201 = stored, 200 = the cloud already had it (a retry after a lost
+reply): both confirm. Which failures are worth retrying decides what the shipper does next:
+network errors, timeouts, 408, 429, 5xx and 401/403 (a token the operator will fix) are retried;
+other 4xx (a malformed or conflicting batch) never succeed and set the segment aside.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import aiohttp
+
+RETRYABLE = frozenset({401, 403, 408, 425, 429})
+
+
+class UploadError(Exception):
+    """An upload that did not confirm; `retry` says whether the same bytes may succeed later."""
+
+    def __init__(self, reason: str, detail: str, *, retry: bool) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.retry = retry
+
+
+class Uploader:
+    def __init__(self, url: str, token: str, *, ca_file: str | None, timeout_s: float) -> None:
+        self.base = url.rstrip("/") + "/v1/batches/"
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/x-ndjson",
+            "Content-Encoding": "gzip",
+        }
+        self._ssl = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def put(self, batch_id: str, body: bytes) -> bool:
+        """Upload one batch; True if the cloud already had it. Raises UploadError."""
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=4)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        try:
+            async with self._session.put(self.base + batch_id, data=body, headers=self._headers) as response:
+                text = (await response.text())[:300]
+                if response.status in (200, 201):
+                    return response.status == 200
+                retry = response.status in RETRYABLE or response.status >= 500
+                raise UploadError(f"http_{response.status}", text, retry=retry)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise UploadError("network", str(error) or type(error).__name__, retry=True) from None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

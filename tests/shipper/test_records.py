@@ -1,0 +1,68 @@
+"""Observations graph feed rows -> the cloud's flat records, from real observation updates."""
+
+from __future__ import annotations
+
+import json
+
+from pyoxigraph import Literal, NamedNode
+
+from broker.core.clock import rfc3339
+from broker.core.engine import Engine
+from broker.core.notification import Notification
+from gateway.observations.latest import LatestCache
+from gateway.observations.reading import Reading
+from gateway.observations.updates import observation_update
+from gateway.shipper.records import FEED_QUERY, assemble, json_line, key_of, rfc3339_micros
+
+TEMPERATURE = "http://qudt.org/vocab/quantitykind/Temperature"
+PRESENCE = "http://w3id.org/sepa-gateway/ns#presence"
+DEG_C = "http://qudt.org/vocab/unit/DEG_C"
+
+
+def feed_rows(readings: list[Reading]) -> tuple:
+    engine = Engine()
+    seen: list[Notification] = []
+    engine.subscribe(FEED_QUERY, seen.append)
+    engine.update(observation_update(readings, "gw", LatestCache()))
+    return seen[-1].added
+
+
+def test_numeric_boolean_and_timestamped_readings_become_complete_records() -> None:
+    readings = [
+        Reading("urn:s:1", TEMPERATURE, "urn:room:1", 21.5, DEG_C, "zigbee2mqtt/kitchen", None, "a"),
+        Reading("urn:s:2", PRESENCE, "urn:room:1", True, None, "zigbee2mqtt/hall", 1_795_000_000_123_000, "b"),
+    ]
+    records = {record["sensor"]: record for record in assemble(feed_rows(readings), "gw-1").records}
+    numeric, boolean = records["urn:s:1"], records["urn:s:2"]
+    assert numeric["value"] == 21.5 and numeric["literal"] is None and numeric["unit"] == DEG_C
+    assert numeric["property"] == TEMPERATURE and numeric["feature"] == "urn:room:1" and numeric["sequence"] == 1
+    assert numeric["source"] == "zigbee2mqtt/kitchen" and numeric["gateway"] == "gw-1"
+    assert numeric["source_time"] is None and numeric["id"].startswith("urn:sepa-gateway:obs:")
+    assert len(numeric["result_time"]) == len("2026-11-22T18:30:00.000000Z") and numeric["result_time"].endswith("Z")
+    assert boolean["value"] is None and boolean["literal"] == "true" and boolean["unit"] is None
+    assert boolean["source_time"] == rfc3339(1_795_000_000_123_000)
+    assert set(numeric) == {
+        "id", "sensor", "property", "feature", "value", "literal", "unit",
+        "result_time", "source_time", "sequence", "gateway", "source",
+    }  # fmt: skip
+    assert json.loads(json_line(numeric)) == numeric and json_line(numeric).endswith(b"\n")
+    assert key_of(numeric) == f"urn:s:1 {TEMPERATURE}"
+
+
+def test_incomplete_or_unshippable_observations_are_counted_not_shipped() -> None:
+    rows = list(feed_rows([Reading("urn:s:1", TEMPERATURE, "urn:f", 1.0, DEG_C, "t", None, "a")]))
+    without_sensor = [row for row in rows if row[1].value != "http://www.w3.org/ns/sosa/madeBySensor"]
+    assembled = assemble(without_sensor, "gw")
+    assert assembled.records == [] and assembled.incomplete == 1
+    double = NamedNode("http://www.w3.org/2001/XMLSchema#double")
+    nan = [(s, p, Literal("NaN", datatype=double) if p.value.endswith("numericValue") else o) for s, p, o in rows]
+    assembled = assemble(nan, "gw")
+    assert assembled.records == [] and assembled.incomplete == 1
+    assert (
+        assemble([(NamedNode("urn:x"), NamedNode("urn:p"), Literal("1"))], "gw").incomplete == 0
+    )  # not an observation
+
+
+def test_times_are_normalised_to_six_fraction_digits_in_utc() -> None:
+    assert rfc3339_micros("2026-11-22T18:30:00.5Z") == "2026-11-22T18:30:00.500000Z"
+    assert rfc3339_micros("2026-11-22T19:30:00+01:00") == "2026-11-22T18:30:00.000000Z"

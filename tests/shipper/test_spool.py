@@ -1,0 +1,105 @@
+"""The shipper's spool: sealing, the resume cursor, crash recovery, the budget policy."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from gateway.shipper.spool import Spool
+
+
+def line(sensor: str, sequence: int) -> bytes:
+    return (
+        json.dumps(
+            {"id": f"urn:o:{sensor}:{sequence}", "sensor": sensor, "property": "p", "sequence": sequence}
+        ).encode()
+        + b"\n"
+    )
+
+
+def open_spool(directory: Path, *, segment_max_bytes: int = 10_000, budget_bytes: int = 1 << 20) -> Spool:
+    return Spool.open(directory, segment_max_bytes=segment_max_bytes, budget_bytes=budget_bytes)
+
+
+def test_a_full_segment_is_sealed_gzipped_and_the_cursor_written(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path, segment_max_bytes=200)
+    first = [line("s1", 1), line("s2", 1)]
+    assert spool.append(first, {"s1 p": 1, "s2 p": 1}) is False and spool.sealed_count == 0
+    more = [line("s1", n) for n in range(2, 5)]
+    assert spool.append(more, {"s1 p": 4}) is True  # past 200 bytes: sealed
+    (segment,) = spool.sealed
+    assert gzip.decompress(spool.read(segment)) == b"".join(first + more) and segment.records == 5
+    assert segment.path.name == "seg-000000000001-5.jsonl.gz"
+    assert json.loads((tmp_path / "cursor.json").read_text()) == {"through": 1, "keys": {"s1 p": 4, "s2 p": 1}}
+    assert not list(tmp_path.glob("open-*"))
+    assert spool.read(segment) == gzip.compress(b"".join(first + more), compresslevel=1, mtime=0)  # same bytes
+
+
+def test_a_restart_after_a_kill_cuts_the_torn_line_seals_and_resumes(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path)
+    spool.append([line("s1", 1), line("s1", 2)], {"s1 p": 2})
+    with open(tmp_path / "open-000000000001.jsonl", "ab") as file:
+        file.write(b'{"id": "urn:o:s1:3", "sens')  # the kill came mid-write
+    # no close(): the process died
+    again = open_spool(tmp_path)
+    (segment,) = again.sealed
+    assert segment.records == 2 and again.cursor == {"s1 p": 2}
+    assert gzip.decompress(again.read(segment)) == line("s1", 1) + line("s1", 2)
+    again.append([line("s1", 3)], {"s1 p": 3})
+    again.seal()
+    assert [s.number for s in again.sealed] == [1, 2]  # numbering goes on, never reuses
+
+
+def test_a_segment_sealed_before_its_cursor_was_written_still_counts(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path)
+    spool.append([line("s1", 1)], {"s1 p": 1})
+    spool.seal()
+    # a crash between the sealed file's rename and cursor.json: a later segment with no cursor
+    (tmp_path / "seg-000000000002-1.jsonl.gz").write_bytes(gzip.compress(line("s1", 7), mtime=0))
+    again = open_spool(tmp_path)
+    assert again.cursor == {"s1 p": 7} and again.through == 2 and again.next_number == 3
+
+
+def test_over_budget_the_oldest_segments_are_dropped_and_counted(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path, segment_max_bytes=1024, budget_bytes=4096)
+    for n in range(1, 400):
+        spool.append([line("s1", n) + b" " * 200], {"s1 p": n})  # whitespace: gzip gains little
+    assert spool.dropped_segments > 0 and spool.dropped_observations > 0
+    assert spool.backlog_bytes <= 4096 + 1024 + 300  # checked at each seal: one open segment may be over
+    survivors = sum(segment.records for segment in spool.sealed) + spool.open_records
+    assert survivors + spool.dropped_observations == 399
+    assert spool.sealed[0].number > 1
+
+
+def test_batch_ids_are_stable_per_segment_and_unique_per_spool(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path / "a")
+    spool.append([line("s1", 1)], {"s1 p": 1})
+    spool.seal()
+    segment = spool.sealed[0]
+    batch = spool.batch_id(segment, "plant room/pi 4")
+    assert batch == f"plant-room-pi-4-{spool.id}-000000000001"
+    assert open_spool(tmp_path / "a").batch_id(segment, "plant room/pi 4") == batch
+    assert open_spool(tmp_path / "b").id != spool.id
+    assert spool.batch_id(segment, "_x").startswith("g_x-")
+
+
+def test_confirmed_segments_are_deleted_rejected_ones_kept_aside(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path)
+    for n in (1, 2):
+        spool.append([line("s1", n)], {"s1 p": n})
+        spool.seal()
+    first, second = spool.sealed
+    spool.confirmed(first)
+    kept = spool.reject(second)
+    assert not first.path.exists() and kept == tmp_path / "rejected" / second.path.name and kept.exists()
+    assert spool.sealed_count == 0 and spool.backlog_observations == 0
+    assert open_spool(tmp_path).sealed_count == 0  # a rejected segment is never resent
+
+
+def test_an_old_open_segment_is_sealed_by_age(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path)
+    assert spool.seal_if_older(0.0) is False  # nothing open
+    spool.append([line("s1", 1)], {"s1 p": 1})
+    assert spool.seal_if_older(3600) is False
+    assert spool.seal_if_older(0.0) is True and spool.sealed_count == 1
