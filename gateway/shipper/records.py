@@ -15,6 +15,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from gateway.observations.vocabulary import (
@@ -47,6 +48,7 @@ _RESULT_FIELDS = {QUDT + "numericValue": "value", QUDT + "unit": "unit"}
 _REQUIRED = ("sensor", "property", "feature", "result_time", "sequence", "source")
 
 
+@lru_cache(maxsize=4096)  # an update's observations share one resultTime
 def rfc3339_micros(lexical: str) -> str:
     """An xsd:dateTime lexical form as RFC 3339 UTC with exactly six fraction digits (one format
     for the Spark job to parse, whatever the store's canonical form trimmed)."""

@@ -307,3 +307,19 @@ def test_in_process_notifications_are_the_engines_objects(connect: Connect, tran
                 assert summary.result is None
 
     run(body())
+
+
+def test_a_subscription_without_a_view_still_delivers_every_notification(connect: Connect) -> None:
+    async def body() -> None:
+        async with connect() as client:
+            await client.update(PREFIX + "INSERT DATA { ex:a ex:p 1 }")
+            sub = await client.subscribe(PREFIX + "SELECT ?s ?o WHERE { ?s ex:p ?o }", "mirror", keep_view=False)
+            assert sub.view is None
+            first = await next_notification(sub)
+            assert [row[0] for row in first.added] == [ex("a")]
+            await client.update(PREFIX + "DELETE DATA { ex:a ex:p 1 } ; INSERT DATA { ex:b ex:p 2 }")
+            second = await next_notification(sub)
+            assert second.sequence == 1 and [row[0] for row in second.added] == [ex("b")]
+            assert [row[0] for row in second.removed] == [ex("a")]
+
+    run(body())

@@ -251,3 +251,23 @@ def test_a_sequence_gap_is_repaired_by_resubscribing_and_a_refusal_ends_the_subs
             await runner.cleanup()
 
     run(body())
+
+
+def test_without_a_view_a_reconnect_delivers_the_complete_result_marked_resync(restartable: Make) -> None:
+    gateway = restartable().start()
+    gateway.post_update(PREFIX + "INSERT DATA { ex:a1 ex:p 1 }")
+
+    async def body() -> None:
+        transport = NetworkTransport(*gateway.urls, reconnect=FAST)
+        seen: list[Notification] = []
+        async with SepaClient(transport) as client:
+            sub = await client.subscribe(QUERY, "mirror", on_notification=seen.append, keep_view=False)
+            gateway.kill()
+            await eventually(lambda: transport.state == "reconnecting", what="client noticed the crash")
+            await asyncio.to_thread(gateway.start)
+            await eventually(lambda: sub.sequence == 1, timeout=5, what="the resynchronising notification")
+            resync = await _last(seen, 1)
+            assert resync.extra.get("resync") is True and resync.removed == ()
+            assert [row[0] for row in resync.added] == [ex("a1")]  # the whole result: no view to diff against
+
+    run(body(), timeout=45)
