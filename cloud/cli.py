@@ -1,0 +1,88 @@
+"""The ``sepa-cloud`` command line: ``landing`` (the HTTPS endpoint), ``stream`` and ``stats`` (Spark jobs).
+
+Why the Spark commands are imported only when chosen: the landing endpoint runs on machines without
+Spark or Java, and ``stream``/``stats`` own their argument parsers (``spark-submit cloud/stream.py``
+takes the same arguments), so this module only routes to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from cloud.server import StartupError, serve
+from cloud.settings import DEFAULT_MAX_BATCH_BYTES, LandingSettings
+from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
+from gateway.logs import setup_logging
+
+SPARK_COMMANDS = {"stream": "cloud.stream", "stats": "cloud.stats"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser; ``stream`` and ``stats`` pass their arguments through untouched."""
+    parser = argparse.ArgumentParser(prog="sepa-cloud", description="Cloud side of sepa-gateway.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    landing = commands.add_parser("landing", help="serve the HTTPS landing endpoint for observation batches")
+    landing.add_argument("--landing-dir", required=True, type=Path, metavar="DIR", help="where batches are stored")
+    landing.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    landing.add_argument("--port", type=int, default=8443, help="listen port (default 8443)")
+    landing.add_argument("--cert", type=Path, metavar="FILE", help="TLS certificate chain (PEM)")
+    landing.add_argument("--key", type=Path, metavar="FILE", help="TLS private key (PEM)")
+    landing.add_argument(
+        "--token-file", metavar="FILE", help=f"accepted bearer tokens, one a line (and/or ${TOKENS_ENV})"
+    )
+    landing.add_argument(
+        "--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, metavar="N", help="compressed size limit"
+    )
+    landing.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    for name, help_text in (("stream", "Spark streaming job: landing -> Parquet table"), ("stats", "daily statistics")):
+        commands.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sepa-cloud`` script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = build_parser().parse_known_args(argv)
+    if args.command in SPARK_COMMANDS:
+        module = importlib.import_module(SPARK_COMMANDS[args.command])
+        return int(module.main(rest, prog=f"sepa-cloud {args.command}"))
+    if rest:
+        print(f"sepa-cloud: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)
+        return 2
+    return landing(args)
+
+
+def landing(args: argparse.Namespace) -> int:
+    """``sepa-cloud landing``: serve until SIGTERM/SIGINT; 2 if it cannot start."""
+    try:
+        tokens = load_tokens(args.token_file)
+    except TokenError as error:
+        print(f"sepa-cloud: {error}", file=sys.stderr)
+        return 2
+    settings = LandingSettings(
+        landing_dir=args.landing_dir,
+        tokens=tokens,
+        host=args.host,
+        port=args.port,
+        cert=args.cert,
+        key=args.key,
+        max_batch_bytes=args.max_batch_bytes,
+    )
+    setup_logging(args.log_level)
+    try:
+        asyncio.run(serve(settings))
+    except StartupError as error:
+        logging.getLogger("cloud").debug("start-up failed", exc_info=True)
+        print(f"sepa-cloud: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

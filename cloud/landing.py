@@ -1,0 +1,185 @@
+"""The HTTPS landing endpoint the gateway's cloud shipper uploads observation batches to.
+
+Contract (the shipper depends on every detail; the record itself is in :mod:`cloud.contract`):
+
+``PUT /v1/batches/{batch_id}``
+    ``batch_id`` matches ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``. Headers ``Authorization: Bearer
+    <token>``, ``Content-Type: application/x-ndjson``, ``Content-Encoding: gzip``; the body is the gzip
+    of the JSON lines and is stored byte for byte as ``<landing_dir>/<batch_id>.json.gz``.
+
+    * ``201 {"batch": id, "records": n, "duplicate": false}``: stored (durably) now.
+    * ``200 {"batch": id, "records": n, "duplicate": true}``: stored before with identical bytes.
+    * ``400 invalid_request``: bad batch id, not gzip, a record breaking the contract (the description
+      names the line and the problem), or no records at all.
+    * ``401 unauthorized`` (with ``WWW-Authenticate: Bearer``): token missing or not accepted.
+    * ``409 conflict``: the id is stored with different bytes.
+    * ``413 payload_too_large``: body over ``max_batch_bytes`` or inflating past ``inflate_ratio`` times it.
+    * ``415 unsupported_media_type``: another Content-Type or Content-Encoding.
+    * ``500 server_error``: the landing directory could not be written; nothing is left behind.
+
+    A refused upload changes nothing on disk. The order of checks is authentication, batch id,
+    headers, size, content, storage, so an unauthenticated client learns nothing about the rest.
+``GET /v1/health``
+    ``200 {"status": "ok"}``, no authentication.
+``GET /metrics``
+    Prometheus text (:mod:`cloud.metrics`), no authentication: counts only, no data.
+
+Every error is ``{"error": code, "status_code": n, "error_description": text}``, 404 and 405 included.
+
+Why ``auto_decompress`` is off (``handler_args``): aiohttp would otherwise inflate a gzip body itself,
+with no size limit, and the endpoint must store the compressed bytes as they came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from cloud.contract import BATCH_ID, BatchError, check_batch
+from cloud.metrics import LandingMetrics
+from cloud.settings import LandingSettings
+from cloud.storage import LandingDir, Outcome
+from cloud.tokens import BearerCheck
+
+log = logging.getLogger("cloud.landing")
+
+NDJSON = "application/x-ndjson"
+_READ_CHUNK = 1 << 16
+_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    500: "server_error",
+}
+
+
+class Landing:
+    """The endpoint's state and handlers: settings, token check, landing directory, counters."""
+
+    def __init__(self, settings: LandingSettings) -> None:
+        self.settings = settings
+        self.metrics = LandingMetrics()
+        self.directory = LandingDir(settings.landing_dir)
+        self._bearer = BearerCheck(settings.tokens)
+
+    async def startup(self, _app: web.Application) -> None:
+        """Create the landing directory and sweep stale temp files, off the event loop."""
+        removed = await asyncio.to_thread(self.directory.prepare)
+        if removed:
+            log.info("removed stale temp files", extra={"count": removed, "dir": str(self.directory.path)})
+
+    async def put_batch(self, request: web.Request) -> web.Response:
+        """``PUT /v1/batches/{batch_id}``: check, then store once (see the module docstring)."""
+        if not self._bearer.accepts(request.headers.get("Authorization")):
+            presented = request.headers.get("Authorization", "").lstrip().lower().startswith("bearer ")
+            challenge = 'Bearer error="invalid_token"' if presented else "Bearer"
+            headers = {"WWW-Authenticate": challenge}
+            return self._reject(401, "unauthorized", "a valid bearer token is required", headers)
+        batch_id = request.match_info["batch_id"]
+        if not BATCH_ID.fullmatch(batch_id):
+            return self._reject(400, "bad_batch_id", f"batch id must match {BATCH_ID.pattern} (got {batch_id[:140]!r})")
+        if request.content_type.lower() != NDJSON:
+            return self._reject(415, "unsupported_media_type", f"Content-Type must be {NDJSON}")
+        if request.headers.get("Content-Encoding", "").strip().lower() != "gzip":
+            return self._reject(415, "unsupported_media_type", "Content-Encoding must be gzip")
+        limit = self.settings.max_batch_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self._reject(413, "too_large", f"the batch is over {limit} bytes")
+        body = await self._read_body(request, limit)
+        if body is None:
+            return self._reject(413, "too_large", f"the batch is over {limit} bytes")
+        try:
+            records = await asyncio.to_thread(check_batch, body, self.settings.max_decompressed_bytes)
+        except BatchError as error:
+            return self._reject(413 if error.too_large else 400, error.reason, str(error), batch=batch_id)
+        try:
+            outcome = await self.directory.store(batch_id, body)
+        except OSError as error:
+            log.error("cannot store a batch", extra={"batch": batch_id, "error": str(error)})
+            return self._reject(500, "storage_error", "the batch could not be stored; retry later")
+        if outcome is Outcome.CONFLICT:
+            return self._reject(409, "conflict", f"batch {batch_id} is already stored with different content")
+        duplicate = outcome is Outcome.DUPLICATE
+        if duplicate:
+            self.metrics.batches_duplicate += 1
+        else:
+            self.metrics.batches_stored += 1
+            self.metrics.records_stored += records
+            self.metrics.bytes_stored += len(body)
+        log.debug("batch", extra={"batch": batch_id, "records": records, "duplicate": duplicate})
+        status = 200 if duplicate else 201
+        return web.json_response({"batch": batch_id, "records": records, "duplicate": duplicate}, status=status)
+
+    async def _read_body(self, request: web.Request, limit: int) -> bytes | None:
+        """The body, or None as soon as it passes ``limit`` bytes (chunked uploads have no length)."""
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(_READ_CHUNK):
+            body += chunk
+            self.metrics.bytes_received += len(chunk)
+            if len(body) > limit:
+                return None
+        return bytes(body)
+
+    def _reject(
+        self, status: int, reason: str, description: str, headers: Mapping[str, str] | None = None, batch: str = ""
+    ) -> web.Response:
+        self.metrics.rejected[reason] += 1
+        log.debug("batch refused", extra={"reason": reason, "status": status, "batch": batch})
+        return error_response(status, description, headers)
+
+    async def metrics_text(self, _request: web.Request) -> web.Response:
+        """``GET /metrics``."""
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def health(_request: web.Request) -> web.Response:
+    """``GET /v1/health``: the process serves requests."""
+    return web.json_response({"status": "ok"})
+
+
+def error_response(status: int, description: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    """The one error shape of the endpoint."""
+    body = {"error": _CODES.get(status, "invalid_request"), "status_code": status, "error_description": description}
+    return web.json_response(body, status=status, headers=headers)
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Give aiohttp's own errors (404, 405, ...) and unexpected failures the endpoint's error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        headers = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+        return error_response(error.status, error.reason, headers)
+    except Exception:
+        log.exception("request failed", extra={"method": request.method, "path": request.path})
+        return error_response(500, "internal error")
+
+
+LANDING = web.AppKey("landing", Landing)
+
+
+def landing_app(settings: LandingSettings) -> web.Application:
+    """The endpoint as an aiohttp application, to serve with any runner (the CLI, or a test on a free port).
+
+    Raises :class:`cloud.settings.SettingsError` for settings that cannot work."""
+    settings.validate()
+    landing = Landing(settings)
+    app = web.Application(middlewares=[json_errors], handler_args={"auto_decompress": False})
+    app[LANDING] = landing
+    app.on_startup.append(landing.startup)
+    app.router.add_put("/v1/batches/{batch_id}", landing.put_batch)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/metrics", landing.metrics_text)
+    return app
