@@ -40,7 +40,7 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,9 @@ def batch_summary(progress: StreamingQueryProgress) -> dict[str, int]:
     }
 
 
-def run(query: StreamingQuery, poll_seconds: float, stop_requested: Any = lambda: False) -> list[dict[str, int]]:
+def run(
+    query: StreamingQuery, poll_seconds: float, stop_requested: Callable[[], bool] = lambda: False
+) -> list[dict[str, int]]:
     """Wait for the query (logging each micro-batch) until it ends or ``stop_requested()``; stop it then."""
     seen = -1
     summaries: list[dict[str, int]] = []
