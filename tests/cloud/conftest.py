@@ -80,6 +80,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
         .config("spark.driver.memory", "1g")
         .config("spark.log.level", "ERROR")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     yield session

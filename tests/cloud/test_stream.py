@@ -1,0 +1,251 @@
+"""The Spark jobs on a real local session: batches go through the HTTPS endpoint, the streaming job
+(available-now) turns them into the Parquet table, the statistics job summarises it.
+
+The tests of this module share one pipeline (one landing directory, table and checkpoint); the last
+one adds batches and runs the stream again, so it stays last."""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from cloud_support import TOKEN, LandingServer, batch, ndjson, parse_time, record
+
+from cloud import cli, contract, stream
+from cloud.settings import LandingSettings
+
+DOOR = "http://example.org/property/door"
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Pipeline:
+    landing: LandingServer
+    table: str
+    checkpoint: str
+    out: str
+    stored: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summaries: list[dict[str, int]] = field(default_factory=list)
+
+    def upload(self, batch_id: str, records: list[dict[str, Any]], body: bytes | None = None) -> None:
+        reply = self.landing.client().put(batch_id, body if body is not None else batch(records))
+        assert reply.status == 201, reply.body
+        for item in records:
+            self.stored.setdefault(item["id"], item)
+
+    def run(self, spark: Any) -> list[dict[str, int]]:
+        options = stream.StreamOptions(
+            landing=self.landing.settings.landing_dir.as_uri(),
+            table=self.table,
+            checkpoint=self.checkpoint,
+            available_now=True,
+            state_partitions=2,
+        )
+        summaries = stream.run(stream.start(spark, options), poll_seconds=1.0)
+        self.summaries += summaries
+        return summaries
+
+    def rows(self, spark: Any) -> list[dict[str, Any]]:
+        from pyspark.sql import functions as F
+
+        table = spark.read.parquet(self.table)
+        micros = table.withColumns({"rt_us": F.unix_micros("result_time"), "st_us": F.unix_micros("source_time")})
+        return [row.asDict() for row in micros.collect()]
+
+
+def _micros(text: str | None) -> int | None:
+    if text is None:
+        return None
+    moment = parse_time(text)
+    return (moment - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // datetime.timedelta(microseconds=1)
+
+
+def _hand_placed_files(directory: Path) -> None:
+    """Files the endpoint never wrote: one with junk keys and bad lines, and names Spark must skip."""
+    junk_lines = [
+        json.dumps(record(30) | {"extra": 1, "nested": {"a": [1, 2]}}).encode(),
+        b"this is not json",
+        json.dumps(record(31, result_time="2026-11-22 18:30:00")).encode(),
+        json.dumps(record(32, literal="open")).encode(),
+    ]
+    (directory / "junk.json.gz").write_bytes(gzip.compress(b"\n".join(junk_lines) + b"\n"))
+    (directory / ".hidden.tmp").write_bytes(batch([record(40)]))
+    (directory / ".in-flight.json.gz").write_bytes(batch([record(41)]))
+    (directory / "_underscore.json.gz").write_bytes(batch([record(42)]))
+    (directory / "notes.txt").write_bytes(ndjson([record(43)]))
+
+
+@pytest.fixture(scope="module")
+def pipeline(
+    spark: Any, certificate: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pipeline]:
+    base = tmp_path_factory.mktemp("pipeline")
+    cert, key = certificate
+    settings = LandingSettings(base / "landing", (TOKEN,), "127.0.0.1", 0, cert, key)
+    with LandingServer(settings) as server:
+        uris = {name: (base / name).as_uri() for name in ("table", "checkpoint", "stats")}
+        pipeline = Pipeline(server, uris["table"], uris["checkpoint"], uris["stats"])
+        pipeline.upload("gw-1.0001", [record(n) for n in range(10)])
+        pipeline.upload("gw-1.0002", [record(n) for n in range(10, 15)] + [record(3), record(4), record(12)])
+        door = [
+            record(n, property=DOOR, value=None, unit=None, literal="open", source_time=f"2026-11-22T18:29:{n}.500000Z")
+            for n in range(15, 17)
+        ]
+        yesterday = [record(n, result_time=f"2026-11-21T23:59:59.99999{n - 17}Z") for n in range(17, 19)]
+        members = batch(door[:1]) + batch(door[1:] + yesterday)
+        pipeline.upload("gw-1.0003", door + yesterday, body=members)
+        _hand_placed_files(settings.landing_dir)
+        pipeline.stored[record(30)["id"]] = record(30)
+        pipeline.run(spark)
+        yield pipeline
+
+
+def test_table_holds_every_observation_exactly_once(pipeline: Pipeline, spark: Any) -> None:
+    rows = pipeline.rows(spark)
+    ids = [row["id"] for row in rows]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == set(pipeline.stored)
+    (first,) = pipeline.summaries
+    assert first["duplicates"] == 3
+
+
+def test_rows_keep_every_field_exactly(pipeline: Pipeline, spark: Any) -> None:
+    """Values, microseconds of both times, IRIs with their special characters (partition columns)."""
+    for row in pipeline.rows(spark):
+        sent = pipeline.stored[row["id"]]
+        for name in ("sensor", "property", "feature", "value", "literal", "unit", "sequence", "gateway", "source"):
+            assert row[name] == sent.get(name), (name, row, sent)
+        assert row["rt_us"] == _micros(sent["result_time"])
+        assert row["st_us"] == _micros(sent.get("source_time"))
+        assert row["date"] == datetime.date.fromisoformat(sent["result_time"][:10])
+
+
+def test_table_is_partitioned_by_date_and_property(pipeline: Pipeline) -> None:
+    table = Path(pipeline.table.removeprefix("file://"))
+    partitions = {str(path.parent.relative_to(table)) for path in table.rglob("*.parquet")}
+    temperature = quote(record(0)["property"], safe="")
+    assert partitions == {
+        f"date=2026-11-22/property={temperature}",
+        f"date=2026-11-21/property={temperature}",
+        f"date=2026-11-22/property={quote(DOOR, safe='')}",
+    }
+
+
+def test_schema_is_the_contract_whatever_the_files_hold(pipeline: Pipeline, spark: Any) -> None:
+    """A file with extra keys cannot add columns; bad lines in it are dropped and counted; hidden,
+    underscore and non-.json.gz files are never read."""
+    schema = {f.name: f.dataType.simpleString() for f in spark.read.parquet(pipeline.table).schema.fields}
+    expected = {name: "string" for name in contract.FIELDS} | {"value": "double", "sequence": "bigint"}
+    expected |= {"result_time": "timestamp", "source_time": "timestamp", "date": "date"}
+    assert schema == expected
+    assert list(contract.FIELDS) == list(stream.COLUMNS)
+    ids = {row["id"] for row in pipeline.rows(spark)}
+    assert record(30)["id"] in ids
+    assert not ids & {record(n)["id"] for n in (31, 32, 40, 41, 42, 43)}
+    assert pipeline.summaries[0]["rejected"] == 3
+
+
+def _expected_stats(records: list[dict[str, Any]], day: str | None = None) -> dict[tuple[str, ...], tuple]:
+    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for item in records:
+        if item.get("value") is not None and (day is None or item["result_time"].startswith(day)):
+            key = (item["result_time"][:10], item["sensor"], item["property"], item["unit"])
+            groups[key].append(item["value"])
+    return {key: (len(v), min(v), max(v), statistics.fmean(v)) for key, v in groups.items()}
+
+
+def _stats_rows(spark: Any, out: str) -> dict[tuple[str, ...], tuple]:
+    rows = spark.read.parquet(out).collect()
+    return {
+        (row["date"].isoformat(), row["sensor"], row["property"], row["unit"]): (
+            row["count"],
+            row["min"],
+            row["max"],
+            pytest.approx(row["mean"], rel=1e-12),
+        )
+        for row in rows
+    }
+
+
+def test_stats_job_matches_python(pipeline: Pipeline, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["stats", "--table", pipeline.table, "--out", pipeline.out, "--show", "3"]) == 0
+    expected = _expected_stats(list(pipeline.stored.values()))
+    assert len(expected) == 5
+    assert _stats_rows(spark, pipeline.out) == expected
+    assert f"{len(expected)} rows written" in capsys.readouterr().out
+
+
+def test_stats_for_one_day_leave_the_other_days(pipeline: Pipeline, spark: Any) -> None:
+    assert cli.main(["stats", "--table", pipeline.table, "--out", pipeline.out]) == 0
+    assert cli.main(["stats", "--table", pipeline.table, "--out", pipeline.out, "--date", "2026-11-21"]) == 0
+    assert _stats_rows(spark, pipeline.out) == _expected_stats(list(pipeline.stored.values()))
+    out = Path(pipeline.out.removeprefix("file://"))
+    assert sorted(p.name for p in out.glob("date=*")) == ["date=2026-11-21", "date=2026-11-22"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--landing", "file:///nonexistent/landing"], "Path does not exist"),
+        (["--watermark", "2 hourz"], "2 hourz"),
+    ],
+    ids=["missing-landing", "bad-watermark"],
+)
+def test_stream_refuses_bad_arguments_in_one_line(
+    pipeline: Pipeline, tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["--landing", pipeline.landing.settings.landing_dir.as_uri(), "--table", (tmp_path / "t").as_uri()]
+    base += ["--checkpoint", (tmp_path / "c").as_uri(), "--available-now"]
+    assert cli.main(["stream", *base, *args]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("sepa-cloud stream: ") and message in error
+    assert not (tmp_path / "t").exists()
+
+
+def test_stats_refuses_a_missing_table(tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["stats", "--table", (tmp_path / "none").as_uri(), "--out", (tmp_path / "o").as_uri()]) == 2
+    assert "Path does not exist" in capsys.readouterr().err
+
+
+def test_readme_spark_submit_command(landing: LandingServer, spark: Any, tmp_path: Path) -> None:
+    """The README's command, run as written (spark-submit of the pyspark wheel, the file path)."""
+    landing.client().put("a", batch([record(n) for n in range(4)]))
+    landing.client().put("b", batch([record(n) for n in range(2, 6)]))
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    assert spark_submit.exists(), f"{spark_submit} missing: pip install '.[cloud]' installs it"
+    table, checkpoint = (tmp_path / "table").as_uri(), (tmp_path / "checkpoint").as_uri()
+    command = [str(spark_submit), "--master", "local[1]", str(REPOSITORY / "cloud" / "stream.py")]
+    command += ["--landing", landing.settings.landing_dir.as_uri(), "--table", table, "--checkpoint", checkpoint]
+    command += ["--available-now", "--state-partitions", "1"]
+    environ = os.environ | {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    output = done.stdout + done.stderr  # spark-submit passes the Python driver's stderr on to its stdout
+    assert done.returncode == 0, output[-3000:]
+    assert "msg=micro-batch batch=0 rows=8 rejected=0 duplicates=2 late=0" in output
+    assert sorted(row["sequence"] for row in spark.read.parquet(table).collect()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_second_run_appends_only_new_observations(pipeline: Pipeline, spark: Any) -> None:
+    """Runs last: the checkpoint resumes after the files already read, the de-duplication state still
+    knows the first run's ids, and a row older than the watermark is dropped as late and counted."""
+    before = {row["id"] for row in pipeline.rows(spark)}
+    late = record(53, result_time="2026-11-22T15:00:00.000000Z")
+    pipeline.upload("gw-1.0004", [record(n) for n in range(50, 53)] + [record(5)])
+    pipeline.landing.client().put("gw-1.0005", batch([late]))
+    (summary,) = pipeline.run(spark)
+    after = [row["id"] for row in pipeline.rows(spark)]
+    assert len(after) == len(set(after))
+    assert set(after) - before == {record(n)["id"] for n in range(50, 53)}
+    assert (summary["rows"], summary["duplicates"], summary["late"]) == (5, 1, 1)
