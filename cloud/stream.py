@@ -18,12 +18,12 @@ What it does, and why:
   otherwise fail the whole query on one bad time. The endpoint already refused such records, so
   rows that still break the contract can only come from files put there by hand: they are dropped
   and counted (``rejected`` in the per-batch log line), not guessed at.
-* ``withWatermark(result_time).dropDuplicatesWithinWatermark(["id"])`` drops a second copy of an
-  observation (a shipper re-upload under another batch id) arriving within the watermark delay.
-  Caveat of the watermark, inherent in Spark: a row whose ``result_time`` is older than the watermark
-  (the newest result_time seen minus the delay) when it arrives is dropped as late. A gateway offline
-  for longer than the delay loses its backlog, so the delay must exceed the longest expected outage;
-  such rows are counted (``late``) and logged as a warning.
+* ``withWatermark(_landed).dropDuplicatesWithinWatermark(["id"])`` drops a second copy of an
+  observation (a shipper re-upload under another batch id) landing within the watermark delay of the
+  first. The watermark is on the time the batch LANDED (its file's modification time, Spark's
+  ``_metadata.file_modification_time``), not on result_time: a gateway's backlog after an outage of
+  any length holds old result times, and a watermark on them would drop it as late. Landing times
+  only grow, so nothing is late unless files are placed by hand with old times (counted: ``late``).
 * Writes Parquet partitioned by ``date`` (UTC date of result_time) and ``property`` (the IRI; Spark
   escapes it in the directory name), in append mode with a checkpoint: the file sink's
   ``_spark_metadata`` log plus the checkpoint make the output exactly-once across restarts.
@@ -98,11 +98,13 @@ def observations(spark: SparkSession, options: StreamOptions) -> DataFrame:
     checked = parsed.withColumn("_valid", _is_valid()).observe(
         "landing", F.count(F.lit(1)).alias("rows"), F.count_if(~F.col("_valid")).alias("rejected")
     )
+    landed = F.col("_metadata.file_modification_time").alias("_landed")
     return (
         checked.where("_valid")
-        .select(*(F.col(_PARSED.get(name, name)).alias(name) for name in COLUMNS))
-        .withWatermark("result_time", options.watermark)
+        .select(*(F.col(_PARSED.get(name, name)).alias(name) for name in COLUMNS), landed)
+        .withWatermark("_landed", options.watermark)
         .dropDuplicatesWithinWatermark(["id"])
+        .drop("_landed")
         .withColumn("date", F.to_date("result_time"))
     )
 
@@ -186,7 +188,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--landing", required=True, metavar="URI", help="landing directory the endpoint writes")
     parser.add_argument("--table", required=True, metavar="URI", help="Parquet table (partitioned by date, property)")
     parser.add_argument("--checkpoint", required=True, metavar="URI", help="checkpoint directory (one per table)")
-    parser.add_argument("--watermark", default="2 hours", help="de-duplication window on result_time (default 2 hours)")
+    parser.add_argument("--watermark", default="2 hours", help="de-duplication window, landing time")
     parser.add_argument("--trigger-seconds", type=_positive, default=10.0, help="micro-batch interval (default 10)")
     parser.add_argument("--available-now", action="store_true", help="process what is there, then stop")
     parser.add_argument("--max-files-per-trigger", type=_count, default=64, help="landing files per micro-batch")

@@ -208,10 +208,11 @@ def _section(cls: type, name: str, values: Any) -> Any:
     return instance
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Defaults, overridden by the TOML file at `path` when given."""
+def load_config(path: str | Path | None, *, validate: bool = True) -> Config:
+    """Defaults, overridden by the TOML file at `path` when given. `validate=False` leaves the check
+    to the caller, for settings that command-line options still change (`run --data-dir`)."""
     if path is None:
-        return Config().validate()
+        return Config().validate() if validate else Config()
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
@@ -224,4 +225,4 @@ def load_config(path: str | Path | None) -> Config:
         if name not in sections:
             raise ConfigError(f"unknown section [{name}] (known: {', '.join(sections)})")
         setattr(config, name, _section(type(getattr(config, name)), name, values))
-    return config.validate()
+    return config.validate() if validate else config

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, validate=False)  # validated once the options are in
         if args.data_dir is not None:
             config.store.data_dir = args.data_dir
         if args.host is not None:

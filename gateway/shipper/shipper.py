@@ -113,7 +113,7 @@ class Shipper:
         )
 
     async def stop(self) -> None:
-        """Stop uploading; what is spooled stays on disk and goes at the next start."""
+        """Stop uploading and seal the open segment; what is spooled stays on disk and goes at the next start."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -125,6 +125,10 @@ class Shipper:
                 await self.client.unsubscribe(self.subscription)
             self.subscription = None
         if self.spool is not None:
+            try:
+                await self._run_io(self.spool.seal)  # so that the next start uploads it at once
+            except OSError as error:
+                log.error("shipper: cannot seal the open segment: %s", error)
             await self._run_io(self.spool.close)
         await self.uploader.close()
         self._io.shutdown(wait=True)

@@ -186,7 +186,7 @@ class LandingServer:
             self.landing = app[LANDING]
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self.settings.ssl_context())
+            site = web.TCPSite(runner, "127.0.0.1", self.settings.port, ssl_context=self.settings.ssl_context())
             await site.start()
             self.port = runner.addresses[0][1]
         except BaseException as error:

@@ -239,13 +239,14 @@ def test_readme_spark_submit_command(landing: LandingServer, spark: Any, tmp_pat
 
 def test_second_run_appends_only_new_observations(pipeline: Pipeline, spark: Any) -> None:
     """Runs last: the checkpoint resumes after the files already read, the de-duplication state still
-    knows the first run's ids, and a row older than the watermark is dropped as late and counted."""
+    knows the first run's ids, and an observation with an old result_time (a gateway's backlog after
+    a long outage) is kept: the watermark is on landing time, so it is not late."""
     before = {row["id"] for row in pipeline.rows(spark)}
-    late = record(53, result_time="2026-11-22T15:00:00.000000Z")
+    backlog = record(53, result_time="2026-11-22T15:00:00.000000Z")
     pipeline.upload("gw-1.0004", [record(n) for n in range(50, 53)] + [record(5)])
-    pipeline.landing.client().put("gw-1.0005", batch([late]))
+    pipeline.landing.client().put("gw-1.0005", batch([backlog]))
     (summary,) = pipeline.run(spark)
     after = [row["id"] for row in pipeline.rows(spark)]
     assert len(after) == len(set(after))
-    assert set(after) - before == {record(n)["id"] for n in range(50, 53)}
-    assert (summary["rows"], summary["duplicates"], summary["late"]) == (5, 1, 1)
+    assert set(after) - before == {record(n)["id"] for n in range(50, 54)}
+    assert (summary["rows"], summary["duplicates"], summary["late"]) == (5, 1, 0)

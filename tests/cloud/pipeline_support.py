@@ -1,0 +1,150 @@
+"""The whole pipeline for the end-to-end tests: Mosquitto -> `sepa-gateway run` (MQTT adapter + cloud
+shipper, on-disk store) -> the HTTPS landing endpoint -> the Spark streaming job -> Parquet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cloud_support import TOKEN, LandingServer
+
+from cloud.settings import LandingSettings
+from cloud.stream import StreamOptions, start
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "mqtt"))
+
+from mqtt_support import Mosquitto  # noqa: E402
+
+from tests.gates.conftest import RunningGateway, launch_gateway  # noqa: E402
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@dataclass
+class Pipeline:
+    """One run's parts and paths; the landing endpoint can be down (an outage) and come back on its port."""
+
+    directory: Path
+    mosquitto: Mosquitto
+    landing_settings: LandingSettings
+    landing: LandingServer | None = None
+    gateway: RunningGateway | None = None
+
+    @property
+    def config(self) -> Path:
+        path = self.directory / "gateway.toml"
+        token = self.directory / "token"
+        token.write_text(TOKEN + "\n")
+        path.write_text(
+            f'[mqtt]\nport = {self.mosquitto.port}\nclient_id = "pipeline-{self.mosquitto.port}"\n'
+            'profiles = ["generic", "senml"]\n'
+            '[observations]\ngateway_id = "pipeline-gw"\nretain_count = 1000000\nprune_interval_s = 3600.0\n'
+            f'[shipper]\nenabled = true\nurl = "https://127.0.0.1:{self.landing_settings.port}"\n'
+            f'token_file = "{token}"\nca_file = "{self.landing_settings.cert}"\n'
+            "segment_max_bytes = 262144\nsegment_max_age_s = 0.5\nbackoff_initial_s = 0.1\nbackoff_max_s = 0.5\n"
+        )
+        return path
+
+    def start_gateway(self) -> RunningGateway:
+        self.gateway = launch_gateway(config=self.config, data_dir=self.directory / "data")
+        wait_for(lambda: self.metrics().get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
+        return self.gateway
+
+    def metrics(self) -> dict[str, float]:
+        assert self.gateway is not None
+        return self.gateway.metrics()
+
+    def start_landing(self) -> LandingServer:
+        self.landing = LandingServer(self.landing_settings).__enter__()
+        return self.landing
+
+    def stop_landing(self) -> None:
+        if self.landing is not None:
+            self.landing.__exit__(None, None, None)
+            self.landing = None
+
+    def landed_records(self) -> int:
+        assert self.landing is not None and self.landing.landing is not None
+        return self.landing.landing.metrics.records_stored
+
+    def stored_observations(self) -> int:
+        assert self.gateway is not None
+        rows = self.gateway.select(
+            "SELECT (COUNT(?o) AS ?n) WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> "
+            "{ ?o a <http://www.w3.org/ns/sosa/Observation> } }"
+        )
+        return int(rows[0]["n"])
+
+    def observation_ids(self) -> set[str]:
+        """The IRIs of every observation in the gateway's store: what the table must hold, once each."""
+        assert self.gateway is not None
+        rows = self.gateway.select(
+            "SELECT ?o WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> "
+            "{ ?o a <http://www.w3.org/ns/sosa/Observation> } }"
+        )
+        return {row["o"] for row in rows}
+
+    def publish_generic(self, first: int, count: int, *, processes: int = 1) -> list[subprocess.Popen[bytes]]:
+        """Readings k = first..first+count-1, value k, on `gateway/bench<k % 100>/temperature` (QoS 1)."""
+        per = count // processes
+        return [
+            subprocess.Popen(
+                [sys.executable, "-m", "tools.mqtt_bench.publisher", "--port", str(self.mosquitto.port),
+                 "--first", str(first + i * per), "--count", str(per), "--sensors", "100"],
+                cwd=ROOT, stdout=subprocess.DEVNULL,
+            )
+            for i in range(processes)
+        ]  # fmt: skip
+
+    def publish_senml(self, first: int, count: int) -> subprocess.Popen[bytes]:
+        """SenML readings with their own timestamps (stable observation IRIs across redeliveries)."""
+        publisher = subprocess.Popen(
+            ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(self.mosquitto.port), "-q", "1", "-t", "senml/k9", "-l"],
+            stdin=subprocess.PIPE,
+        )
+        assert publisher.stdin is not None
+        lines = (
+            f'[{{"n":"temperature","u":"Cel","v":{k},"t":{1_795_000_000 + k / 1000:.3f}}}]\n'
+            for k in range(first, first + count)
+        )
+        publisher.stdin.write("".join(lines).encode())
+        publisher.stdin.close()
+        return publisher
+
+    def drained(self, total: int) -> bool:
+        """Every observation the store holds has landed (the gateway's backlog is empty)."""
+        metrics = self.metrics()
+        return (
+            metrics.get("sepa_mqtt_readings", 0) >= total
+            and metrics.get("sepa_shipper_backlog_observations", -1) == 0
+            and self.landed_records() >= total
+        )
+
+    def spark_table(self, spark: Any) -> Any:
+        """Run the streaming job over the landing directory (available-now) and read the table back."""
+        table = self.directory / "table"
+        options = StreamOptions(
+            landing=str(self.landing_settings.landing_dir),
+            table=str(table),
+            checkpoint=str(self.directory / "checkpoint"),
+            available_now=True,
+            max_files_per_trigger=1000,
+        )
+        start(spark, options).awaitTermination()
+        return spark.read.parquet(str(table))
+
+    def close(self) -> None:
+        if self.gateway is not None and self.gateway.running:
+            self.gateway.stop()
+        self.stop_landing()
