@@ -8,6 +8,7 @@ from pyoxigraph import DefaultGraph, NamedNode, QueryBoolean, QuerySolutions, Qu
 
 from broker.core.results import QueryResult
 from broker.errors import InvalidRequest, SparqlSyntaxError
+from broker.sparql.limits import check_structure
 from broker.sparql.terms import Term
 from broker.store import RdfStore
 
@@ -65,6 +66,7 @@ class QueryProcessor:
         substitutions: dict[Variable, Term] | None = None,
     ) -> RawResult:
         """Evaluate and return pyoxigraph's lazy result (iterate it, or serialize it directly)."""
+        check_structure(sparql)
         try:
             return self.store.query(
                 sparql,

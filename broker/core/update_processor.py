@@ -20,6 +20,7 @@ from broker.core.budget import Budget, BudgetedStore, OverBudget
 from broker.core.query_processor import graph_list
 from broker.errors import InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
+from broker.sparql.limits import check_structure
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.update_parser import (
     DataOp,
@@ -153,6 +154,7 @@ class UpdateProcessor:
     ) -> tuple[list, list[NamedNode], list[NamedNode]]:
         """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
         for a malformed request (delayed updates are checked when scheduled, not when due)."""
+        check_structure(sparql)  # before any parser: a too deep request would overflow pyoxigraph's stack
         operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")

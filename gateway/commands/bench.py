@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from gateway.commands import bench_mqtt, bench_scheduling, bench_wire
+from gateway.commands import bench_mqtt, bench_scheduling, bench_shipper, bench_wire
 
 EXPERIMENTS = ("LAMP", "ROAD")
 MODES = ("incremental", "naive")
@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_wire.register(kinds)
     bench_scheduling.register(kinds)
     bench_mqtt.register(kinds)
+    bench_shipper.register(kinds)
 
 
 def peak_rss_mb() -> float:
