@@ -177,8 +177,6 @@ class Config:
         shipper = self.shipper
         if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
             raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
-        if not (shipper.spool_dir or self.store.data_dir):
-            raise ConfigError("shipper.spool_dir is required when the store is in memory (no data directory)")
         if shipper.ca_file and not Path(shipper.ca_file).is_file():
             raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
         if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
@@ -208,11 +206,10 @@ def _section(cls: type, name: str, values: Any) -> Any:
     return instance
 
 
-def load_config(path: str | Path | None, *, validate: bool = True) -> Config:
-    """Defaults, overridden by the TOML file at `path` when given. `validate=False` leaves the check
-    to the caller, for settings that command-line options still change (`run --data-dir`)."""
+def load_config(path: str | Path | None) -> Config:
+    """Defaults, overridden by the TOML file at `path` when given."""
     if path is None:
-        return Config().validate() if validate else Config()
+        return Config().validate()
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
@@ -225,4 +222,4 @@ def load_config(path: str | Path | None, *, validate: bool = True) -> Config:
         if name not in sections:
             raise ConfigError(f"unknown section [{name}] (known: {', '.join(sections)})")
         setattr(config, name, _section(type(getattr(config, name)), name, values))
-    return config.validate() if validate else config
+    return config.validate()

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.client import SepaClient
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.shipper import Shipper, ShipperSettings
 
 
 def build_shipper(config: Config, client: SepaClient, gateway_id: str) -> Shipper:
     section = config.shipper
+    if not (section.spool_dir or config.store.data_dir):
+        raise ConfigError("shipper.spool_dir is required when the store is in memory (no --data-dir)")
     spool_dir = Path(section.spool_dir) if section.spool_dir else Path(config.store.data_dir) / "spool"
     settings = ShipperSettings(
         url=section.url,

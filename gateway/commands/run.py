@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_config(args.config, validate=False)  # validated once the options are in
+        config = load_config(args.config)
         if args.data_dir is not None:
             config.store.data_dir = args.data_dir
         if args.host is not None:
@@ -52,5 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def _build(config):  # type: ignore[no-untyped-def]
     try:
         return Gateway(config)
+    except ConfigError as error:  # what only the whole configuration, options included, can tell
+        raise StartupError(f"bad configuration: {error}") from error
     except OSError as error:
         raise StartupError(f"cannot open the data directory {config.store.data_dir}: {error}") from error
