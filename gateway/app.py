@@ -17,6 +17,7 @@ from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler
 from broker.store import RdfStore
 from gateway.client import InProcessTransport, SepaClient
+from gateway.collector import settle_after_start
 from gateway.config import Config
 from gateway.observations import ontology_update
 from gateway.retention import Retention
@@ -137,6 +138,7 @@ class Gateway:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopped.set)
         urls = await self.start()
+        settle_after_start()
         store = self.config.store.data_dir or "memory"
         log.info("sepa-gateway serving", extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode})
         await self.stopped.wait()

@@ -1,0 +1,27 @@
+"""The gateway's collector settings: start-up objects frozen, young generation collected rarely."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.collector import GEN0_THRESHOLD, settle_after_start
+
+
+@pytest.fixture
+def restore_collector() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("restore_collector")
+def test_settle_freezes_start_up_objects_and_raises_the_threshold() -> None:
+    gc.unfreeze()
+    kept = [[index] for index in range(1000)]  # long-lived containers built "at start-up"
+    settle_after_start()
+    assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_threshold()[0] == GEN0_THRESHOLD
