@@ -4,6 +4,7 @@ Spark needs Java: without it the Spark tests FAIL with the fix, they are never s
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -85,3 +86,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-
     )
     yield session
     session.stop()
+    # py4j logs its connection closing at INFO from __del__, at interpreter exit, after pytest has
+    # closed the stream its log capture wrote to: a "Logging error" traceback at the end of every run
+    logging.getLogger("py4j").setLevel(logging.WARNING)
