@@ -31,6 +31,7 @@ from broker.core.notification import Notification
 from broker.core.pending import PendingUpdates
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
+from broker.core.update_processor import Request
 from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
 
@@ -215,13 +216,19 @@ class Scheduler:
         """Run any read-only engine call (query + serialization) on the query pool."""
         return await self._run(self._queries, call, *args, **kwargs)
 
-    async def update(self, sparql: str, **options: Any) -> UpdateResult:
-        """Apply an update; returns after every subscription has processed it.
+    async def update(self, sparql: Request, **options: Any) -> UpdateResult:
+        """Apply an update (text, or a PreparedUpdate); returns after every subscription has processed it.
 
         Tried inline first only when nothing is queued or running on the update thread, so
-        updates still take effect in arrival order.
+        updates still take effect in arrival order. Prepared updates are batches: never inline.
         """
-        if len(sparql) <= INLINE_MAX_CHARS and not self._draining and not self._serial and not self._due:
+        if (
+            isinstance(sparql, str)
+            and len(sparql) <= INLINE_MAX_CHARS
+            and not self._draining
+            and not self._serial
+            and not self._due
+        ):
             try:
                 result: UpdateResult = _clean_errors(self.engine.update, sparql, budget=INLINE_BUDGET, **options)
             except OverBudget:

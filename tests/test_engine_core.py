@@ -6,7 +6,7 @@ import pytest
 from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad
 
 from broker.core.engine import Engine
-from broker.core.lutt import Lutt, make_key
+from broker.core.lutt import NAMED, Lutt, make_key
 from broker.core.notification import Notification
 from broker.core.spu import IncrementalSpu, ReevalSpu
 from broker.errors import InvalidRequest, NotFound, SparqlSyntaxError, UpdateFailed
@@ -73,6 +73,23 @@ def test_lutt_lookup_cost_is_independent_of_subscriptions() -> None:
     quad = Quad(node("lamp42"), node("dim"), Literal("1"))
     assert lutt.match(quad) == [(("ref", 42), None)]
     assert lutt.match(Quad(node("lamp42"), node("other"), Literal("1"))) == []
+
+
+def test_lutt_dismisses_quads_of_graphs_no_pattern_names() -> None:
+    lutt = Lutt()
+    watched, other = node("g1"), node("g2")
+    lutt.add(make_key(watched, None, node("dim"), None), "in-g1", None)
+    hit, miss = (
+        Quad(node("lamp"), node("dim"), Literal("1"), watched),
+        Quad(node("lamp"), node("dim"), Literal("1"), other),
+    )
+    assert lutt.match_all([hit, miss]) == {"in-g1": [(hit, None)]}
+    assert lutt.match(miss) == []
+    lutt.add(make_key(NAMED, None, node("dim"), None), "any-named", None)
+    assert set(lutt.match_all([miss])) == {"any-named"}
+    lutt.remove(make_key(NAMED, None, node("dim"), None), "any-named", None)
+    lutt.remove(make_key(watched, None, node("dim"), None), "in-g1", None)
+    assert lutt.match_all([hit, miss]) == {} and len(lutt) == 0
 
 
 def test_identical_subscriptions_share_one_spu_and_unsubscribe_frees_it(engine: Engine) -> None:

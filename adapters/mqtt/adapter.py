@@ -1,7 +1,8 @@
 """The MQTT adapter: readings in as SOSA observations, subscriptions out as MQTT commands.
 
 A producer and a consumer on the client API (ARCHITECTURE.md principle 1), over the in-process
-transport: every reading batch is one SPARQL update through the scheduler, like anyone's.
+transport: every reading batch is one update through the scheduler, like anyone's (handed over
+as the engine's objects when it is ground, see gateway/observations/quads.py, else as SPARQL).
 
 * **Topics Manager** (seed 000 §5.4): mappings live as RDF in the mappings graph. The adapter
   writes the config's mappings there at start-up and subscribes to the graph; any change made with
@@ -40,6 +41,7 @@ from gateway.observations import (
     default_profiles,
     mappings_from_rdf,
     mappings_update,
+    observation_quads,
     observation_update,
 )
 
@@ -141,9 +143,11 @@ class MqttAdapter:
                 self.counters.add(message.topic, str(error))
         if not readings:
             return
-        text = observation_update(readings, self.gateway_id, self.cache)
+        request = observation_quads(readings, self.gateway_id, self.cache) or observation_update(
+            readings, self.gateway_id, self.cache
+        )
         try:
-            summary = await self.client.update(text)
+            summary = await self.client.update(request)
         except BaseException:
             self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
             raise

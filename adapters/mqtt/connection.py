@@ -97,7 +97,9 @@ class MqttConnection:
         self._inbox: deque[Message] = deque()
         self._arrived = asyncio.Event()
         self._wake_pending = False
-        self._wanted = 1  # inbox length at which paho's thread wakes the event loop
+        # Inbox length at which paho's thread wakes the event loop; None while no receive() waits. Waking a loop
+        # that is not waiting (the ingestor is committing) cost a self-pipe write and a loop turn per message.
+        self._wanted: int | None = None
         self._connected = asyncio.Event()
         self._publishes: dict[int, asyncio.Future[None]] = {}
         # Guards the connection number and the unacknowledged count; paho's thread waits on it when the window is full.
@@ -180,13 +182,13 @@ class MqttConnection:
             self._arrived.clear()
             try:
                 async with asyncio.timeout(timeout):
-                    while len(self._inbox) < self._wanted and not (fill and self.window_full) and not self._stopping:
+                    while len(self._inbox) < wanted and not (fill and self.window_full) and not self._stopping:
                         await self._arrived.wait()
                         self._arrived.clear()
             except TimeoutError:
                 pass
             finally:
-                self._wanted = 1
+                self._wanted = None
         return [self._inbox.popleft() for _ in range(min(limit, len(self._inbox)))]
 
     @property
@@ -347,8 +349,11 @@ class MqttConnection:
             Message(topic, msg.payload, msg.mid, msg.qos, bool(msg.dup), bool(msg.retain), arrival_us, connection)
         )
         self.stats.messages += 1
-        if not self._wake_pending and (
-            len(self._inbox) >= self._wanted or self._unacked >= self.settings.receive_maximum
+        wanted = self._wanted
+        if (
+            not self._wake_pending
+            and wanted is not None
+            and (len(self._inbox) >= wanted or self._unacked >= self.settings.receive_maximum)
         ):
             self._wake_pending = True
             self._call(self._wake)

@@ -21,7 +21,7 @@ from broker.core.results import QueryResult, UpdateResult
 from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
-from broker.core.update_processor import UpdateProcessor
+from broker.core.update_processor import Request, UpdateProcessor
 from broker.store import ApplyMark, RdfStore
 
 NotificationCallback = Callable[[Notification], None]
@@ -50,7 +50,7 @@ class Engine:
 
     def update(
         self,
-        sparql: str,
+        sparql: Request,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
@@ -60,6 +60,9 @@ class Engine:
         budget: int | None = None,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
+
+        `sparql` is the request's text, or an in-process producer's :class:`PreparedUpdate`
+        (:mod:`broker.sparql.prepared`), which is applied alike without being parsed.
 
         Returns after end of processing with the quads really added and removed. Raises
         SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure. A `mark`

@@ -37,6 +37,9 @@ class Lutt:
         self._entries: dict[Key, dict[Hashable, set[object] | None]] = {}
         self._mask_use: dict[int, int] = {}
         self._masks: tuple[int, ...] = ()
+        # Entries per graph key: a quad in a graph no pattern names (a batch's observations, when every
+        # subscription watches the latest view) is dismissed with one lookup instead of masks x graph keys.
+        self._graph_use: dict[object, int] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -48,6 +51,7 @@ class Lutt:
             refs = self._entries[key] = {}
             self._mask_use[key[0]] = self._mask_use.get(key[0], 0) + 1
             self._masks = tuple(sorted(self._mask_use))
+            self._graph_use[key[1]] = self._graph_use.get(key[1], 0) + 1
         if spu is None:
             refs[ref] = None
         else:
@@ -74,11 +78,19 @@ class Lutt:
             if not self._mask_use[key[0]]:
                 del self._mask_use[key[0]]
             self._masks = tuple(sorted(self._mask_use))
+            self._graph_use[key[1]] -= 1
+            if not self._graph_use[key[1]]:
+                del self._graph_use[key[1]]
 
     def match(self, quad: Quad) -> list[tuple[Hashable, set[object] | None]]:
         """Every (reference, SPUs) whose pattern the quad matches."""
-        subject, predicate, obj, graph = quad.subject, quad.predicate, quad.object, quad.graph_name
-        graphs = (graph, ANY) if isinstance(graph, DefaultGraph) else (graph, NAMED, ANY)
+        graph = quad.graph_name
+        use = self._graph_use
+        keys = (graph, ANY) if isinstance(graph, DefaultGraph) else (graph, NAMED, ANY)
+        graphs = [key for key in keys if key in use]
+        if not graphs:
+            return []
+        subject, predicate, obj = quad.subject, quad.predicate, quad.object
         entries = self._entries
         found: list[tuple[Hashable, set[object] | None]] = []
         for mask in self._masks:
@@ -94,7 +106,11 @@ class Lutt:
     def match_all(self, quads: Iterable[Quad]) -> dict[Hashable, list[tuple[Quad, set[object] | None]]]:
         """References hit by any of the quads, each with the quads (and SPUs) that hit it."""
         hits: dict[Hashable, list[tuple[Quad, set[object] | None]]] = {}
+        use = self._graph_use
+        own_graph_only = NAMED not in use and ANY not in use  # then a quad can only hit through its own graph
         for quad in quads:
+            if own_graph_only and quad.graph_name not in use:
+                continue
             for ref, spus in self.match(quad):
                 hits.setdefault(ref, []).append((quad, spus))
         return hits

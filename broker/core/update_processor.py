@@ -22,6 +22,7 @@ from broker.errors import InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.limits import check_structure
 from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.prepared import PreparedUpdate
 from broker.sparql.update_parser import (
     DataOp,
     GraphOp,
@@ -34,6 +35,8 @@ from broker.sparql.update_parser import (
 from broker.store import ApplyMark, RdfStore
 
 LOAD_LIMIT_BYTES = 64 * 1024 * 1024
+
+Request = str | PreparedUpdate  # SPARQL text, or an in-process producer's operations (broker.sparql.prepared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,7 @@ class UpdateProcessor:
 
     def compute(
         self,
-        sparql: str,
+        sparql: Request,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
@@ -145,7 +148,7 @@ class UpdateProcessor:
 
     def check(
         self,
-        sparql: str,
+        sparql: Request,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
@@ -154,8 +157,11 @@ class UpdateProcessor:
     ) -> tuple[list, list[NamedNode], list[NamedNode]]:
         """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
         for a malformed request (delayed updates are checked when scheduled, not when due)."""
-        check_structure(sparql)  # before any parser: a too deep request would overflow pyoxigraph's stack
-        operations = parse_update(sparql, base_iri, prefixes).operations
+        if isinstance(sparql, PreparedUpdate):
+            operations = list(sparql.operations)
+        else:
+            check_structure(sparql)  # before any parser: a too deep request would overflow pyoxigraph's stack
+            operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")
         if protocol_using or protocol_named:
@@ -168,7 +174,7 @@ class UpdateProcessor:
             raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
         return operations, protocol_using, protocol_named
 
-    def _sequence(self, operations: list, sparql: str, using: list[NamedNode], named: list[NamedNode]) -> Delta:
+    def _sequence(self, operations: list, sparql: Request, using: list[NamedNode], named: list[NamedNode]) -> Delta:
         ox = self.store.ox
         graphs_before = set(ox.named_graphs())
         net = _NetDelta()
@@ -199,7 +205,7 @@ class UpdateProcessor:
     def _operation(  # type: ignore[no-untyped-def]
         self,
         operation: object,
-        sparql: str,
+        sparql: Request,
         using: list[NamedNode],
         named: list[NamedNode],
         budget: Budget | None = None,
@@ -224,7 +230,7 @@ class UpdateProcessor:
     def _solutions(  # type: ignore[no-untyped-def]
         self,
         operation: ModifyOp,
-        sparql: str,
+        sparql: Request,
         using: list[NamedNode],
         named: list[NamedNode],
         budget: Budget | None = None,
@@ -252,7 +258,8 @@ class UpdateProcessor:
         try:
             solutions = self.store.query(operation.where_query, **arguments)
         except SyntaxError as error:
-            raise located_error(sparql, str(error), None) from error
+            text = sparql if isinstance(sparql, str) else sparql.sparql()
+            raise located_error(text, str(error), None) from error
         except (ValueError, RuntimeError) as error:
             raise UpdateFailed(str(error)) from error
         names = [variable.value for variable in solutions.variables]
@@ -264,7 +271,7 @@ class UpdateProcessor:
     def _modify(
         self,
         operation: ModifyOp,
-        sparql: str,
+        sparql: Request,
         using: list[NamedNode],
         named: list[NamedNode],
         budget: Budget | None = None,

@@ -35,6 +35,7 @@ from typing import Any, overload
 
 from broker.core.notification import Notification
 from broker.core.results import QueryResult
+from broker.sparql.prepared import PreparedUpdate
 from gateway.client.delays import Delay, Instant, due_params
 from gateway.client.errors import SepaClientError
 from gateway.client.transport import Scheduled, Transport, TransportSubscription, UpdateSummary
@@ -242,7 +243,7 @@ class SepaClient:
     @overload
     async def update(
         self,
-        sparql: str,
+        sparql: str | PreparedUpdate,
         *,
         using_graph_uri: Graphs = None,
         using_named_graph_uri: Graphs = None,
@@ -274,7 +275,7 @@ class SepaClient:
 
     async def update(
         self,
-        sparql: str,
+        sparql: str | PreparedUpdate,
         *,
         using_graph_uri: Graphs = None,
         using_named_graph_uri: Graphs = None,
@@ -288,14 +289,19 @@ class SepaClient:
         ``"PT30S"``) or `at` (an aware datetime or an RFC 3339 string): returns a
         :class:`Scheduled` once the broker has checked and stored it; its subscriptions are notified
         when it runs. A bad delay or instant is refused (invalid_request, 400) before anything is
-        sent.
+        sent. `sparql` may be a :class:`~broker.sparql.prepared.PreparedUpdate` (in-process
+        producers of large batches): a delayed one is stored as its text.
         """
         using, named = graph_list(using_graph_uri), graph_list(using_named_graph_uri)
         if delay is None and at is None:
             return await self.transport.update(sparql, using_graph_uri=using, using_named_graph_uri=named)
         delay_text, at_text = due_params(delay, at)
         return await self.transport.schedule(
-            sparql, delay=delay_text, at=at_text, using_graph_uri=using, using_named_graph_uri=named
+            sparql if isinstance(sparql, str) else sparql.sparql(),
+            delay=delay_text,
+            at=at_text,
+            using_graph_uri=using,
+            using_named_graph_uri=named,
         )
 
     async def scheduled(self) -> list[Scheduled]:

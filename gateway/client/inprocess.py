@@ -40,6 +40,7 @@ from broker.core.subscription import Subscription
 from broker.delayed import now_micros
 from broker.errors import NotFound, SepaError
 from broker.scheduler import Scheduler
+from broker.sparql.prepared import PreparedUpdate
 from gateway.client.errors import SepaClientError
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
 
@@ -87,7 +88,11 @@ class InProcessTransport:
         return result
 
     async def update(
-        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+        self,
+        sparql: str | PreparedUpdate,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
     ) -> UpdateSummary:
         self._check_open()
         options = {"using_graph_uri": tuple(using_graph_uri), "using_named_graph_uri": tuple(using_named_graph_uri)}

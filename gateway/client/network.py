@@ -60,6 +60,7 @@ from pyoxigraph import RdfFormat, Triple, parse
 
 from broker.core.notification import Notification
 from broker.core.results import QueryResult
+from broker.sparql.prepared import PreparedUpdate
 from broker.sparql.terms import Row, term_from_json
 from gateway.client.errors import SepaClientError, SepaConnectionError
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
@@ -358,8 +359,14 @@ class NetworkTransport:
                 await asyncio.sleep(delay)
 
     async def update(
-        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+        self,
+        sparql: str | PreparedUpdate,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
     ) -> UpdateSummary:
+        if isinstance(sparql, PreparedUpdate):
+            sparql = sparql.sparql()
         params = [("using-graph-uri", iri) for iri in using_graph_uri]
         params += [("using-named-graph-uri", iri) for iri in using_named_graph_uri]
         status, content_type, body = await self._post(self.update_url, sparql, UPDATE_TYPE, params, "application/json")

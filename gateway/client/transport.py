@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from broker.core.notification import Notification
 from broker.core.results import QueryResult, UpdateResult
+from broker.sparql.prepared import PreparedUpdate
 from gateway.client.errors import SepaClientError
 
 
@@ -111,9 +112,16 @@ class Transport(Protocol):
         ...
 
     async def update(
-        self, sparql: str, *, using_graph_uri: Sequence[str] = (), using_named_graph_uri: Sequence[str] = ()
+        self,
+        sparql: str | PreparedUpdate,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
     ) -> UpdateSummary:
-        """Apply an update; returns after the broker's end of processing; raises SepaClientError."""
+        """Apply an update; returns after the broker's end of processing; raises SepaClientError.
+
+        A PreparedUpdate is handed to an in-process engine as is; a transport that sends text sends its `sparql()`.
+        """
         ...
 
     async def schedule(

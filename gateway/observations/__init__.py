@@ -3,7 +3,8 @@
 Layout: `mapping` (the declarative Mapping), `mapping_config` (the TOML array), `compiler`
 (checks and compiles a mapping), `topics` (filters with captures, IRI templates), `payloads`,
 `extractors`, `senml`, `tasmota`, `homie` (reading values), `profiles` (the defaults), `mapper`
-(topic -> readings), `updates` / `latest` / `iris` (SPARQL for the store), `rdf` (the Topics
+(topic -> readings), `batch` / `updates` / `quads` / `latest` / `iris` (updates for the store, as
+SPARQL text or as the engine's objects), `rdf` (the Topics
 Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and `vocabulary` (names and IRIs).
 """
 
@@ -15,6 +16,7 @@ from gateway.observations.mapping import FieldMap, Mapping
 from gateway.observations.mapping_config import mappings_from_config
 from gateway.observations.ontologies import ontology_update
 from gateway.observations.profiles import default_profiles
+from gateway.observations.quads import observation_quads
 from gateway.observations.rdf import MAPPINGS_QUERY, mappings_from_rdf, mappings_to_rdf, mappings_update
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update, prune_update
@@ -38,6 +40,7 @@ __all__ = [
     "mappings_update",
     "nodes_query",
     "observation_iri",
+    "observation_quads",
     "observation_update",
     "ontology_update",
     "prune_update",

@@ -19,11 +19,10 @@ then fall back to OPTIONAL patterns, slower but exact, until the next `load`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
-from pyoxigraph import NamedNode, Quad
+from pyoxigraph import Literal, NamedNode, Quad
 
 from broker.sparql.terms import term_from_json
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, RDF_TYPE
@@ -40,15 +39,19 @@ def nodes_query(iris: Iterable[str]) -> str:
 # Triples of a latest node that never change (its IRI is a hash of sensor and property).
 FIXED_PREDICATES = frozenset({RDF_TYPE, GW + "sensor", GW + "property"})
 SEQUENCE = GW + "sequenceNumber"
-_INTEGER = re.compile(r'"(\d+)"\^\^<http://www\.w3\.org/2001/XMLSchema#integer>')
+_XSD_INTEGER = NamedNode("http://www.w3.org/2001/XMLSchema#integer")
 _GRAPH = NamedNode(GRAPH_LATEST)
 
 
 class LatestCache:
-    """Latest node IRI -> its (predicate IRI, object as SPARQL text) pairs; see the module docstring."""
+    """Latest node IRI -> its quads in the latest graph; see the module docstring.
+
+    The quads are the engine's own (from deltas and query rows): an update can delete them as they
+    are, and following a delta costs no conversion.
+    """
 
     def __init__(self, *, max_entries: int = 200_000) -> None:
-        self.nodes: dict[str, set[tuple[str, str]]] = {}
+        self.nodes: dict[str, set[Quad]] = {}
         self.complete = False
         self.max_entries = max_entries
 
@@ -56,17 +59,29 @@ class LatestCache:
         """Whether the mirror knows exactly what the store holds for this node (maybe nothing)."""
         return iri in self.nodes or self.complete
 
+    def changing_quads(self, iri: str) -> list[Quad]:
+        """The node's quads an update must delete (all but the fixed ones)."""
+        return [quad for quad in self.nodes.get(iri, ()) if quad.predicate.value not in FIXED_PREDICATES]
+
     def changing(self, iri: str) -> list[tuple[str, str]]:
-        """The node's triples an update must delete (all but the fixed ones), as (predicate, object)."""
-        return sorted(pair for pair in self.nodes.get(iri, ()) if pair[0] not in FIXED_PREDICATES)
+        """The node's triples an update must delete, as sorted (predicate IRI, object as SPARQL text)."""
+        return sorted((quad.predicate.value, str(quad.object)) for quad in self.changing_quads(iri))
 
     def sequence(self, iri: str) -> int:
         """The node's gw:sequenceNumber (0 for a node the store does not have)."""
-        for predicate, obj in self.nodes.get(iri, ()):
-            if predicate == SEQUENCE:
-                match = _INTEGER.fullmatch(obj)
-                return int(match.group(1)) if match else 0
+        for quad in self.nodes.get(iri, ()):
+            if quad.predicate.value == SEQUENCE:
+                obj = quad.object
+                ok = isinstance(obj, Literal) and obj.datatype == _XSD_INTEGER and obj.value.isascii()
+                return int(obj.value) if ok and obj.value.isdigit() else 0
         return 0
+
+    def snapshot(self, iris: Iterable[str]) -> LatestCache:
+        """The mirror of just these nodes, as it is now, for nodes it knows (later deltas leave it alone)."""
+        copy = LatestCache(max_entries=self.max_entries)
+        copy.nodes = {iri: set(self.nodes[iri]) for iri in iris if iri in self.nodes}
+        copy.complete = self.complete
+        return copy
 
     def unknown(self, iris: Iterable[str]) -> list[str]:
         """Those of these latest nodes the mirror does not know (query them with `nodes_query`)."""
@@ -78,10 +93,10 @@ class LatestCache:
             if len(self.nodes) < self.max_entries:
                 self.nodes.setdefault(iri, set()).clear()
         for row in rows:
-            subject, predicate, obj = _term(row["latest"]), _term(row["p"]), _term(row["o"])
-            pairs = self.nodes.get(subject.value) if isinstance(subject, NamedNode) else None
-            if pairs is not None and isinstance(predicate, NamedNode):
-                pairs.add((predicate.value, str(obj)))
+            quad = _quad(row)
+            quads = self.nodes.get(quad.subject.value) if quad is not None else None
+            if quads is not None:
+                quads.add(quad)  # type: ignore[arg-type]
 
     def clear(self) -> None:
         """Forget everything: updates use OPTIONAL patterns until the next `load`."""
@@ -92,9 +107,9 @@ class LatestCache:
         """Replace the mirror with the rows of LATEST_QUERY (terms or SPARQL JSON objects)."""
         self.nodes.clear()
         for row in rows:
-            subject, predicate, obj = _term(row["latest"]), _term(row["p"]), _term(row["o"])
-            if isinstance(subject, NamedNode) and isinstance(predicate, NamedNode):
-                self.nodes.setdefault(subject.value, set()).add((predicate.value, str(obj)))
+            quad = _quad(row)
+            if quad is not None:
+                self.nodes.setdefault(quad.subject.value, set()).add(quad)
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()
@@ -103,21 +118,29 @@ class LatestCache:
         """Follow one committed update's exact delta (quads outside the latest graph are ignored)."""
         for quad in removed:
             if quad.graph_name == _GRAPH and isinstance(quad.subject, NamedNode):
-                pairs = self.nodes.get(quad.subject.value)
-                if pairs is not None:
-                    pairs.discard((quad.predicate.value, str(quad.object)))
+                quads = self.nodes.get(quad.subject.value)
+                if quads is not None:
+                    quads.discard(quad)
         for quad in added:
             if quad.graph_name != _GRAPH or not isinstance(quad.subject, NamedNode):
                 continue
-            pairs = self.nodes.get(quad.subject.value)
-            if pairs is None:
+            quads = self.nodes.get(quad.subject.value)
+            if quads is None:
                 if not self.complete:
                     continue  # a node first seen in a delta may have unchanged triples we never saw
                 if len(self.nodes) >= self.max_entries:
                     self.complete = False  # we stop tracking: absence can no longer be assumed
                     continue
-                pairs = self.nodes[quad.subject.value] = set()
-            pairs.add((quad.predicate.value, str(quad.object)))
+                quads = self.nodes[quad.subject.value] = set()
+            quads.add(quad)
+
+
+def _quad(row: dict[str, Any]) -> Quad | None:
+    """A row of LATEST_QUERY as its quad in the latest graph (None for what no node of ours holds)."""
+    subject, predicate, obj = _term(row["latest"]), _term(row["p"]), _term(row["o"])
+    if not isinstance(subject, NamedNode) or not isinstance(predicate, NamedNode):
+        return None
+    return Quad(subject, predicate, obj, _GRAPH)
 
 
 def _term(value: Any) -> Any:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 
 from broker.core.clock import rfc3339
 from gateway.jsap.terms import TermError, iri_term, quote
+from gateway.observations.batch import plan
 from gateway.observations.errors import PayloadError
-from gateway.observations.iris import latest_iri, observation_iri
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.vocabulary import (
@@ -60,18 +59,23 @@ def iri_text(iri: str) -> str:
     return iri_term(iri).text
 
 
+def finite_number(value: float | int) -> float:
+    """A numeric reading value as the double it is stored as; PayloadError if no double can hold it."""
+    try:
+        number = float(value)
+    except OverflowError:
+        raise PayloadError("a reading value is out of range") from None
+    if not math.isfinite(number):
+        raise PayloadError("a reading value must be a finite number")
+    return number
+
+
 def value_text(value: float | int | bool | str) -> str:
     """The literal for a reading value: an xsd:double (`21.5e0`), `true`/`false`, or a string."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
-        try:
-            number = float(value)
-        except OverflowError:
-            raise PayloadError("a reading value is out of range") from None
-        if not math.isfinite(number):
-            raise PayloadError("a reading value must be a finite number")
-        text = repr(number)
+        text = repr(finite_number(value))
         return text if "e" in text else text + "e0"
     return quote(value)
 
@@ -90,18 +94,6 @@ def _short(term: str) -> str:
 
 def _numeric(reading: Reading) -> bool:
     return not isinstance(reading.value, bool | str)
-
-
-@dataclass(slots=True)
-class _Key:
-    """One latest node in a batch: its last reading and how many readings the batch has for it."""
-
-    number: int
-    node: str
-    reading: Reading
-    observation: str
-    count: int
-    known: bool
 
 
 class _Names:
@@ -143,27 +135,13 @@ def observation_update(
 
 
 def _build(readings: Sequence[Reading], gateway_id: str, cache: LatestCache, source_property: str) -> str:
-    unique: dict[str, Reading] = {}
-    for reading in readings:
-        iri = observation_iri(gateway_id, reading)
-        unique.pop(iri, None)
-        unique[iri] = reading
+    keys, placed = plan(readings, gateway_id, cache)
     names = _Names()
     source = names(source_property)
-    keys: dict[str, _Key] = {}
-    positions: list[tuple[str, Reading, _Key, int]] = []
-    for iri, reading in unique.items():
-        node = latest_iri(reading.sensor, reading.property)
-        key = keys.get(node)
-        if key is None:
-            key = keys[node] = _Key(len(keys), node, reading, iri, 0, cache.known(node))
-        positions.append((iri, reading, key, key.count))
-        key.reading, key.observation = reading, iri
-        key.count += 1
     delete: list[str] = []
     insert: list[str] = []
     where: list[str] = [f"BIND(<{FN}now>() AS ?now)"]
-    for key in keys.values():
+    for key in keys:
         local = "l:" + key.node.removeprefix(LATEST_PREFIX)
         reading = key.reading
         if key.known:
@@ -195,13 +173,14 @@ def _build(readings: Sequence[Reading], gateway_id: str, cache: LatestCache, sou
         )
     latest_part = "".join(insert)
     insert.clear()
-    for index, (iri, reading, key, position) in enumerate(positions):
+    for index, item in enumerate(placed):
+        key = item.key
         if key.known:
-            sequence = str(cache.sequence(key.node) + position + 1)
+            sequence = str(cache.sequence(key.node) + item.position + 1)
         else:
             sequence = f"?q{index}"
-            where.append(f"BIND(?b{key.number} + {position + 1} AS ?q{index})\n")
-        insert.append(_observation(iri, reading, sequence, source, index, names, where))
+            where.append(f"BIND(?b{key.number} + {item.position + 1} AS ?q{index})\n")
+        insert.append(_observation(item.iri, item.reading, sequence, source, index, names, where))
     return "".join(
         [
             PROLOGUE,

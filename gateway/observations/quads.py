@@ -1,0 +1,169 @@
+"""Observation updates as the engine's own objects, for in-process clients (broker.sparql.prepared).
+
+The common batch (the mirror knows every latest node it touches, no payload carries a timestamp)
+is ground but for the request's instant: its quads are built here directly, with `?now`, bound by
+the engine clock's fn:now() in the WHERE clause, as the only variable. That is what the text of
+`observation_update` parses to, quad for quad (tests/observations/test_obs_quads.py compares the
+deltas); skipping the text and its parse more than halves the engine's work per reading.
+
+Other batches (a node to look up, an observation that may already be stored) need the WHERE
+clause of the text: `observation_quads` returns None for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache, partial
+
+from pyoxigraph import Literal, NamedNode, Quad
+
+from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.prepared import PreparedUpdate
+from broker.sparql.update_parser import ModifyOp
+from gateway.jsap.terms import TermError, quote
+from gateway.observations.batch import LatestKey, Placed, plan
+from gateway.observations.errors import PayloadError
+from gateway.observations.latest import LatestCache
+from gateway.observations.reading import Reading
+from gateway.observations.updates import finite_number, iri_text, observation_update
+from gateway.observations.vocabulary import (
+    FN,
+    GRAPH_LATEST,
+    GRAPH_OBSERVATIONS,
+    GW,
+    HAS_MQTT_TOPIC,
+    LATEST_VALUE,
+    QUDT,
+    RDF_TYPE,
+    SOSA,
+)
+
+NOW_QUERY = f"SELECT * WHERE {{ BIND(<{FN}now>() AS ?now) }}"
+_NOW = Var("now")
+_OBSERVATIONS = NamedNode(GRAPH_OBSERVATIONS)
+_LATEST = NamedNode(GRAPH_LATEST)
+_A = NamedNode(RDF_TYPE)
+_OBSERVATION = NamedNode(SOSA + "Observation")
+_MADE_BY = NamedNode(SOSA + "madeBySensor")
+_OBSERVED = NamedNode(SOSA + "observedProperty")
+_FEATURE = NamedNode(SOSA + "hasFeatureOfInterest")
+_RESULT_TIME = NamedNode(SOSA + "resultTime")
+_RESULT = NamedNode(SOSA + "hasResult")
+_SIMPLE_RESULT = NamedNode(SOSA + "hasSimpleResult")
+_QUANTITY_VALUE = NamedNode(QUDT + "QuantityValue")
+_NUMERIC_VALUE = NamedNode(QUDT + "numericValue")
+_QUDT_UNIT = NamedNode(QUDT + "unit")
+_SEQUENCE = NamedNode(GW + "sequenceNumber")
+_LATEST_VALUE = NamedNode(LATEST_VALUE)
+_L_SENSOR = NamedNode(GW + "sensor")
+_L_PROPERTY = NamedNode(GW + "property")
+_L_FEATURE = NamedNode(GW + "featureOfInterest")
+_L_VALUE = NamedNode(GW + "value")
+_L_UNIT = NamedNode(GW + "unit")
+_L_RESULT_TIME = NamedNode(GW + "resultTime")
+_L_OBSERVATION = NamedNode(GW + "observation")
+
+
+@lru_cache(maxsize=65_536)
+def _iri(iri: str) -> NamedNode:
+    """Validated as the text validates it (TermError), built once per distinct IRI."""
+    iri_text(iri)
+    return NamedNode(iri)
+
+
+@lru_cache(maxsize=65_536)
+def _string(text: str) -> Literal:
+    """A string literal, refused (TermError) where the text path refuses it; sources (topics) repeat."""
+    quote(text)
+    return Literal(text)
+
+
+def _value(value: float | int | bool | str) -> Literal:
+    """The literal the text's value parses to, in the store's canonical form.
+
+    A float's Literal is the canonical xsd:double (checked against the store for 40,000 values by
+    test_obs_quads.py), so no round trip through a scratch store is needed.
+    """
+    if isinstance(value, bool):
+        return Literal(value)
+    if isinstance(value, int | float):
+        return Literal(finite_number(value))
+    quote(value)
+    return Literal(value)
+
+
+def observation_quads(
+    readings: Sequence[Reading],
+    gateway_id: str,
+    latest: LatestCache,
+    *,
+    source_property: str = HAS_MQTT_TOPIC,
+) -> PreparedUpdate | None:
+    """`observation_update` as a PreparedUpdate, or None when the batch needs its WHERE clause.
+
+    Same arguments, same PayloadError; its `sparql()` is the text `observation_update` writes now.
+    """
+    if not readings:
+        raise ValueError("observation_quads needs at least one reading")
+    if any(reading.source_time_us is not None for reading in readings):
+        return None
+    try:
+        keys, placed = plan(readings, gateway_id, latest)
+        if not all(key.known for key in keys):
+            return None
+        operation = _operation(keys, placed, latest, _iri(source_property))
+    except TermError as error:
+        raise PayloadError(f"a reading cannot be written: {error}") from None
+    snapshot = latest.snapshot(key.node for key in keys)
+    render = partial(observation_update, list(readings), gateway_id, snapshot, source_property=source_property)
+    return PreparedUpdate((operation,), render)
+
+
+def _operation(keys: list[LatestKey], placed: list[Placed], latest: LatestCache, source: NamedNode) -> ModifyOp:
+    delete: list[Quad] = []
+    insert: list[Quad] = []
+    timed: list[QuadPattern] = []
+    first: dict[str, int] = {}
+    for key in keys:
+        reading = key.reading
+        node = NamedNode(key.node)
+        first[key.node] = latest.sequence(key.node)
+        delete.extend(latest.changing_quads(key.node))
+        insert += [
+            Quad(node, _A, _LATEST_VALUE, _LATEST),
+            Quad(node, _L_SENSOR, _iri(reading.sensor), _LATEST),
+            Quad(node, _L_PROPERTY, _iri(reading.property), _LATEST),
+            Quad(node, _L_FEATURE, _iri(reading.feature), _LATEST),
+            Quad(node, _L_VALUE, _value(reading.value), _LATEST),
+            Quad(node, _L_OBSERVATION, NamedNode(key.observation), _LATEST),
+            Quad(node, _SEQUENCE, Literal(first[key.node] + key.count), _LATEST),
+        ]
+        if reading.unit is not None and not isinstance(reading.value, bool | str):
+            insert.append(Quad(node, _L_UNIT, _iri(reading.unit), _LATEST))
+        timed.append(QuadPattern(node, _L_RESULT_TIME, _NOW, _LATEST))
+    for item in placed:
+        reading = item.reading
+        node = NamedNode(item.iri)
+        insert += [
+            Quad(node, _A, _OBSERVATION, _OBSERVATIONS),
+            Quad(node, _MADE_BY, _iri(reading.sensor), _OBSERVATIONS),
+            Quad(node, _OBSERVED, _iri(reading.property), _OBSERVATIONS),
+            Quad(node, _FEATURE, _iri(reading.feature), _OBSERVATIONS),
+            Quad(node, _SEQUENCE, Literal(first[item.key.node] + item.position + 1), _OBSERVATIONS),
+            Quad(node, source, _string(reading.source), _OBSERVATIONS),
+        ]
+        timed.append(QuadPattern(node, _RESULT_TIME, _NOW, _OBSERVATIONS))
+        if isinstance(reading.value, bool | str):
+            insert.append(Quad(node, _SIMPLE_RESULT, _value(reading.value), _OBSERVATIONS))
+            continue
+        result = NamedNode(item.iri + "/result")
+        insert += [
+            Quad(node, _RESULT, result, _OBSERVATIONS),
+            Quad(result, _A, _QUANTITY_VALUE, _OBSERVATIONS),
+            Quad(result, _NUMERIC_VALUE, _value(reading.value), _OBSERVATIONS),
+        ]
+        if reading.unit is not None:
+            insert.append(Quad(result, _QUDT_UNIT, _iri(reading.unit), _OBSERVATIONS))
+    return ModifyOp(
+        (), tuple(timed), NOW_QUERY, None, (), None, (), (), delete_ground=tuple(delete), insert_ground=tuple(insert)
+    )
