@@ -172,7 +172,6 @@ class Config:
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
         return self
 
-
     def _check_shipper(self) -> None:
         shipper = self.shipper
         if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
