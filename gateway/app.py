@@ -4,6 +4,7 @@ until SIGTERM/SIGINT, then finish in-flight updates, close sockets cleanly and f
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -104,6 +105,10 @@ class Gateway:
         if self.mqtt is not None:
             await self.mqtt.start()
         self.retention.start()
+        # Everything built so far (modules, ontologies, the engine's long-lived caches) lives as long
+        # as the process: out of the collector's sight, a full collection no longer walks it while
+        # holding the GIL (the lru caches alone cost ~30 ms per full collection when full).
+        gc.freeze()
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
         return [
