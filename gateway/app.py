@@ -77,6 +77,7 @@ class Gateway:
 
             self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id)
             self.gates.metric_sources["mqtt"] = self.mqtt.metrics
+        self.gates.metric_sources["retention"] = self.retention.metrics
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;

@@ -3,7 +3,7 @@
 Layout: `mapping` (the declarative Mapping), `mapping_config` (the TOML array), `compiler`
 (checks and compiles a mapping), `topics` (filters with captures, IRI templates), `payloads`,
 `extractors`, `senml`, `tasmota`, `homie` (reading values), `profiles` (the defaults), `mapper`
-(topic -> readings), `updates` / `latest` / `iris` (SPARQL for the store), `rdf` (the Topics
+(topic -> readings), `updates` / `latest` / `iris` / `pruning` (SPARQL for the store), `rdf` (the Topics
 Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and `vocabulary` (names and IRIs).
 """
 
@@ -17,7 +17,7 @@ from gateway.observations.ontologies import ontology_update
 from gateway.observations.profiles import default_profiles
 from gateway.observations.rdf import MAPPINGS_QUERY, mappings_from_rdf, mappings_to_rdf, mappings_update
 from gateway.observations.reading import Reading
-from gateway.observations.updates import observation_update, prune_update
+from gateway.observations.updates import observation_update
 
 __all__ = [
     "LATEST_QUERY",
@@ -40,5 +40,4 @@ __all__ = [
     "observation_iri",
     "observation_update",
     "ontology_update",
-    "prune_update",
 ]
