@@ -35,10 +35,11 @@ log = logging.getLogger(__name__)
 # ~2 us a row). A count find costs one pass over the observations whatever it returns (~0.15 s of
 # query-pool CPU at 22k observations, measured), so one find should carry a whole run's work.
 FIND_LIMIT = 5000
-# Observations deleted by one update. Measured (30k observations in store): ~0.13 ms of update
+# Observations deleted by one update. Measured (30k observations in store): ~0.1 ms of update
 # thread per observation (11 quads each, all of it per-quad delta and notification work), so
-# ~7 ms per update: a reading batch queued behind one waits about that long.
-DELETE_CHUNK = 50
+# ~10 ms per update: a reading batch queued behind one waits about that long. Smaller chunks fell
+# behind in the bench on a loaded machine: each waits for a turn between reading batches.
+DELETE_CHUNK = 100
 
 
 class Retention:
@@ -101,16 +102,22 @@ class Retention:
                 chunk = rows[start : start + DELETE_CHUNK]
                 text = delete_update(term for row in chunk for term in row if term is not None)
                 if text is not None:
-                    step += (await self.client.update(text)).removed
+                    deleted = (await self.client.update(text)).removed
                     self.deletes += 1
+                    self.pruned += deleted
+                    step += deleted
             removed += step
-            self.pruned += step
             if len(rows) < FIND_LIMIT or step == 0:
                 return removed
 
     async def _run(self) -> None:
+        """A run every prune_interval_s, start to start: a run's own duration (which grows with the
+        readings since the last one) must not stretch the period, or pruning falls behind."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.config.prune_interval_s
         while True:
-            await asyncio.sleep(self.config.prune_interval_s)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            due = max(due + self.config.prune_interval_s, loop.time())
             try:
                 await self.prune()
             except SepaClientError as error:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from pyoxigraph import NamedNode
 
-from gateway.jsap.terms import iri_term
+from gateway.jsap.terms import TermError, iri_term
 from gateway.observations.updates import PROLOGUE
 from gateway.observations.vocabulary import FN, GRAPH_LATEST, GRAPH_OBSERVATIONS
 
@@ -79,14 +79,22 @@ def age_candidates_query(retain_age_s: float, *, limit: int) -> str:
 """
 
 
-def delete_update(subjects: Iterable[NamedNode]) -> str | None:
+def delete_update(subjects: Iterable[object]) -> str | None:
     """One update deleting every triple of these subjects (observations and their result nodes) in
     the observations graph, and nothing else; subjects already gone delete nothing.
 
     None when there is nothing to delete. Blank nodes are skipped (no update can name them; the
-    gateway never writes observations as blank nodes); IRIs are validated and written once each.
+    gateway never writes observations as blank nodes), and so are IRIs a SPARQL update could not
+    carry (a writer other than the gateway's may have used one): pruning must never stop on them.
     """
-    iris = [iri_term(term.value).text for term in dict.fromkeys(subjects) if isinstance(term, NamedNode)]
+    iris = [text for term in dict.fromkeys(subjects) if isinstance(term, NamedNode) and (text := _iri(term))]
     if not iris:
         return None
     return f"DELETE {{ {_OBS} {{ ?s ?p ?o }} }}\nWHERE {{ VALUES ?s {{ {' '.join(iris)} }} {_OBS} {{ ?s ?p ?o }} }}\n"
+
+
+def _iri(term: NamedNode) -> str | None:
+    try:
+        return iri_term(term.value).text
+    except TermError:
+        return None
