@@ -66,16 +66,20 @@ def age_candidates_query(retain_age_s: float, *, limit: int) -> str:
     """Observations whose resultTime is more than `retain_age_s` seconds before the engine clock.
 
     Every observation, with or without a latest node: one scan of the resultTime triples. The
-    cutoff is bound once: calling the clock (a Python function) per row made the scan 20x slower.
+    cutoff is bound once (calling the clock, a Python function, per row made the scan 20x slower)
+    and the result nodes are joined to the candidates only (the OPTIONAL over the whole scan made
+    it 10x slower: 140 ms against 14 ms at 30k observations, measured).
     """
     _check(1, retain_age_s, limit)
     age = f'"PT{retain_age_s:.6f}S"^^x:dayTimeDuration'
     return f"""{PROLOGUE}SELECT ?obs ?result WHERE {{
-  BIND(<{FN}now>() - {age} AS ?cutoff)
-  {_OBS} {{ ?obs s:resultTime ?time }}
-  FILTER(?time < ?cutoff)
+  {{ SELECT ?obs WHERE {{
+    BIND(<{FN}now>() - {age} AS ?cutoff)
+    {_OBS} {{ ?obs s:resultTime ?time }}
+    FILTER(?time < ?cutoff)
+  }} LIMIT {limit} }}
   OPTIONAL {{ {_OBS} {{ ?obs s:hasResult ?result }} }}
-}} LIMIT {limit}
+}}
 """
 
 
