@@ -107,8 +107,10 @@ class Gateway:
             await self.mqtt.start()
         self.retention.start()
         # Everything built so far (modules, ontologies, the engine's long-lived caches) lives as long
-        # as the process: out of the collector's sight, a full collection no longer walks it while
-        # holding the GIL (the lru caches alone cost ~30 ms per full collection when full).
+        # as the gateway: out of the collector's sight, a full collection no longer walks it while
+        # holding the GIL (the lru caches alone cost ~30 ms per full collection when full). Garbage
+        # is collected first, so that no cycle is frozen in; stop() hands it all back.
+        gc.collect()
         gc.freeze()
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
@@ -122,6 +124,7 @@ class Gateway:
         ]
 
     async def stop(self) -> None:
+        gc.unfreeze()
         await self.retention.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
