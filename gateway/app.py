@@ -17,7 +17,7 @@ from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler
 from broker.store import RdfStore
 from gateway.client import InProcessTransport, SepaClient
-from gateway.collector import settle_after_start
+from gateway.collector import release_after_stop, settle_after_start
 from gateway.config import Config
 from gateway.observations import ontology_update
 from gateway.retention import Retention
@@ -77,6 +77,7 @@ class Gateway:
 
             self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id)
             self.gates.metric_sources["mqtt"] = self.mqtt.metrics
+        self.gates.metric_sources["retention"] = self.retention.metrics
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
@@ -105,6 +106,7 @@ class Gateway:
         if self.mqtt is not None:
             await self.mqtt.start()
         self.retention.start()
+        settle_after_start()  # what start-up built lives as long as the gateway: see gateway.collector
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
         return [
@@ -117,6 +119,7 @@ class Gateway:
         ]
 
     async def stop(self) -> None:
+        release_after_stop()
         await self.retention.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
@@ -138,7 +141,6 @@ class Gateway:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopped.set)
         urls = await self.start()
-        settle_after_start()
         store = self.config.store.data_dir or "memory"
         log.info("sepa-gateway serving", extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode})
         await self.stopped.wait()

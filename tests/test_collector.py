@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.collector import GEN0_THRESHOLD, settle_after_start
+from gateway.collector import DEFAULT_THRESHOLDS, GEN0_THRESHOLD, release_after_stop, settle_after_start
 
 
 @pytest.fixture
@@ -25,3 +25,11 @@ def test_settle_freezes_start_up_objects_and_raises_the_threshold() -> None:
     settle_after_start()
     assert gc.get_freeze_count() >= len(kept)
     assert gc.get_threshold()[0] == GEN0_THRESHOLD
+
+
+@pytest.mark.usefixtures("restore_collector")
+def test_release_hands_everything_back() -> None:
+    settle_after_start()
+    release_after_stop()
+    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == DEFAULT_THRESHOLDS

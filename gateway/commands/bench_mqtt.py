@@ -21,6 +21,10 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--readings", type=_bounded(100, 1_000_000), default=20_000)
     parser.add_argument("--publishers", type=_bounded(1, 16), default=2)
     parser.add_argument("--latency-seconds", type=_bounded(1, 600), default=10)
+    parser.add_argument(
+        "--retain-count", type=_bounded(1, 1_000_000), help="observations kept per sensor (default: readings/100)"
+    )
+    parser.add_argument("--prune-interval", type=float, default=2.0, help="seconds between prune runs (default 2)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_mqtt)
 
@@ -31,7 +35,13 @@ def run_mqtt(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    options = MqttBenchOptions(readings=args.readings, publishers=args.publishers, latency_seconds=args.latency_seconds)
+    options = MqttBenchOptions(
+        readings=args.readings,
+        publishers=args.publishers,
+        latency_seconds=args.latency_seconds,
+        retain_count=args.retain_count,
+        prune_interval_s=args.prune_interval,
+    )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))
     return 0 if report["lost"] == 0 else 1

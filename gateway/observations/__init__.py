@@ -3,7 +3,7 @@
 Layout: `mapping` (the declarative Mapping), `mapping_config` (the TOML array), `compiler`
 (checks and compiles a mapping), `topics` (filters with captures, IRI templates), `payloads`,
 `extractors`, `senml`, `tasmota`, `homie` (reading values), `profiles` (the defaults), `mapper`
-(topic -> readings), `batch` / `updates` / `quads` / `latest` / `iris` (updates for the store, as
+(topic -> readings), `batch` / `updates` / `quads` / `latest` / `iris` / `pruning` (updates for the store, as
 SPARQL text or as the engine's objects), `rdf` (the Topics
 Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and `vocabulary` (names and IRIs).
 """
@@ -19,7 +19,7 @@ from gateway.observations.profiles import default_profiles
 from gateway.observations.quads import observation_quads
 from gateway.observations.rdf import MAPPINGS_QUERY, mappings_from_rdf, mappings_to_rdf, mappings_update
 from gateway.observations.reading import Reading
-from gateway.observations.updates import observation_update, prune_update
+from gateway.observations.updates import observation_update
 
 __all__ = [
     "LATEST_QUERY",
@@ -43,5 +43,4 @@ __all__ = [
     "observation_quads",
     "observation_update",
     "ontology_update",
-    "prune_update",
 ]

@@ -12,8 +12,8 @@ batch repeats (sensors, properties, features, units), bare `21.5e0` doubles. Tim
 engine clock (`fn:now()`), never the adapter's.
 
 Each observation gets `gw:sequenceNumber` (1, 2, 3... per sensor and property; the latest node
-holds the last one), which lets `prune_update` keep the newest N per sensor and property with one
-linear join instead of ranking observations by time.
+holds the last one), which lets retention (`pruning`) keep the newest N per sensor and property
+with one linear join instead of ranking observations by time.
 
 Every IRI is validated (gateway.jsap.terms.iri_term) and written inside `<>` once, in a PREFIX
 declaration; every string is escaped by `quote`: a topic or payload cannot change the structure
@@ -225,39 +225,3 @@ def _observation(
     unit = f" ; q:unit {names(reading.unit)}" if reading.unit is not None else ""
     value = value_text(reading.value)
     return f"{head}s:hasResult {result} .\n{result} a q:QuantityValue ; q:numericValue {value}{unit} .\n"
-
-
-def prune_update(retain_count: int, retain_age_s: float, *, limit: int = 20_000) -> str:
-    """A SPARQL update deleting observations (and their results) beyond the retention.
-
-    An observation goes when its sensor and property have `retain_count` newer ones (by sequence
-    number), or when its resultTime is older than `retain_age_s` seconds of engine time. At most
-    `limit` observations per run (bounded delta); run it until it deletes nothing. Evaluation is a
-    linear join over the observations graph. The latest view is not touched (after an age prune,
-    a silent sensor's gw:observation may name a pruned observation: its value stays).
-    """
-    if isinstance(retain_count, bool) or not isinstance(retain_count, int) or retain_count < 1:
-        raise ValueError("retain_count must be an integer >= 1 (the latest observation is always kept)")
-    if not (isinstance(retain_age_s, int | float) and math.isfinite(retain_age_s) and retain_age_s > 0):
-        raise ValueError("retain_age_s must be a positive number of seconds")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError("limit must be an integer >= 1")
-    age = f'"PT{retain_age_s:.6f}S"^^x:dayTimeDuration'
-    return f"""{PROLOGUE}DELETE {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?obs ?p ?o . ?result ?rp ?ro }} }}
-WHERE {{
-  {{ SELECT DISTINCT ?obs WHERE {{
-      {{
-        GRAPH <{GRAPH_LATEST}> {{ ?latest g:sensor ?sensor ; g:property ?property ; g:sequenceNumber ?last }}
-        GRAPH <{GRAPH_OBSERVATIONS}> {{
-          ?obs s:madeBySensor ?sensor ; s:observedProperty ?property ; g:sequenceNumber ?sequence
-        }}
-        FILTER(?sequence <= ?last - {retain_count})
-      }} UNION {{
-        GRAPH <{GRAPH_OBSERVATIONS}> {{ ?obs s:resultTime ?time }}
-        FILTER(?time < <{FN}now>() - {age})
-      }}
-    }} LIMIT {limit} }}
-  GRAPH <{GRAPH_OBSERVATIONS}> {{ ?obs ?p ?o }}
-  OPTIONAL {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?obs s:hasResult ?result . ?result ?rp ?ro }} }}
-}}
-"""

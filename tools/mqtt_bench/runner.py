@@ -9,6 +9,16 @@
 4. Latency: one publisher sends at a fixed rate (1,000 readings/s); NL = the subscriber's receive
    time minus the publish time of the same (sensor, value), for values that became the latest
    (a reading superseded within its batch never is: it is not a notification).
+
+Retention is on, as on a real gateway, and the latency phase runs at its steady state: by
+default the gateway keeps `readings / sensors` observations per sensor, so the throughput phase
+ends with the store exactly full, and every reading of the latency phase makes one observation
+due for pruning. It prunes every 2 s (`prune_interval_s`), so the 10 s phase meets about five
+runs carrying the steady-state deletion rate (one deletion per reading). The gateway's default
+of 60 s would put the same work into one run that a 10 s phase meets one time in six: a figure
+measured without it says nothing about pruning. The report says how many quads were pruned and
+how many observations were stored when the phase started and ended, so a run that did not prune
+shows it.
 """
 
 from __future__ import annotations
@@ -44,6 +54,12 @@ class MqttBenchOptions:
     latency_rate: float = 1000.0
     latency_seconds: float = 10.0
     timeout_s: float = 300.0
+    retain_count: int | None = None  # observations kept per sensor; None: readings // sensors
+    prune_interval_s: float = 2.0
+
+    @property
+    def retention(self) -> int:
+        return self.retain_count if self.retain_count is not None else max(1, self.readings // self.sensors)
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -85,6 +101,7 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         (workdir / "mosquitto.conf").write_text(MOSQUITTO_CONFIG.format(port=port))
         broker = children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
         mqtt = f'[mqtt]\nport = {port}\nclient_id = "bench-gateway"\nprofiles = ["generic"]'
+        mqtt += f"\n\n[observations]\nretain_count = {options.retention}\nprune_interval_s = {options.prune_interval_s}"
         gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt)
         metrics_url = f"http://127.0.0.1:{gateway.http_port}/metrics"
         _wait(lambda: _metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
@@ -122,6 +139,7 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         say(f"throughput: {total:,} readings stored in {elapsed:.2f} s ({time.monotonic() - started:.1f} s wall)")
 
         count = int(options.latency_rate * options.latency_seconds)
+        pruned_before = _metrics(metrics_url).get("sepa_retention_pruned_quads")
         paced = children.start(
             "publisher-paced",
             python_module(
@@ -133,6 +151,8 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         )  # fmt: skip
         sent = paced.receive(options.timeout_s)["sent_ns"]
         _wait(lambda: _metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total + count, options.timeout_s, "paced")
+        pruned_after = _metrics(metrics_url).get("sepa_retention_pruned_quads")
+        stored_after = _count_observations(gateway.query_url)
         subscriber.send({"stop": True})
         received = subscriber.receive(60)["received"]
         by_value = {value: ns for _sensor, value, ns in received}
@@ -150,6 +170,13 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
             "latency_rate": options.latency_rate,
             "latency_readings": count,
             "latency_matched": len(latencies),
+            "retain_count": options.retention,
+            "prune_interval_s": options.prune_interval_s,
+            "observations_at_latency_start": stored,
+            "observations_at_latency_end": stored_after,
+            "pruned_quads_in_latency_phase": (
+                None if pruned_before is None or pruned_after is None else pruned_after - pruned_before
+            ),
             "batches": metrics.get("sepa_mqtt_ingest_batches"),
             "largest_batch": metrics.get("sepa_mqtt_ingest_largest_batch"),
             "bad_input": metrics.get("sepa_mqtt_ingest_bad_input"),
