@@ -116,7 +116,9 @@ class HttpGate:
             except UnicodeDecodeError as error:
                 raise BadRequest("the body is not valid UTF-8") from error
             self.counters["http_updates"] += 1
-            result = await self.scheduler.update(sparql, base_iri=_endpoint(request))
+            # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
+            # to the loop to send the reply and read the next request
+            result = await self.scheduler.update(sparql, base_iri=_endpoint(request), yield_to_loop=False)
             return _update_reply(result)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
@@ -133,7 +135,7 @@ class HttpGate:
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
-        result = await self.scheduler.update(sparql, **options)  # type: ignore[arg-type]
+        result = await self.scheduler.update(sparql, yield_to_loop=False, **options)  # type: ignore[arg-type]
         return _update_reply(result)
 
     async def scheduled(self, request: web.Request) -> web.Response:
