@@ -216,11 +216,13 @@ class Scheduler:
         """Run any read-only engine call (query + serialization) on the query pool."""
         return await self._run(self._queries, call, *args, **kwargs)
 
-    async def update(self, sparql: Request, **options: Any) -> UpdateResult:
+    async def update(self, sparql: Request, *, yield_to_loop: bool = True, **options: Any) -> UpdateResult:
         """Apply an update (text, or a PreparedUpdate); returns after every subscription has processed it.
 
         Tried inline first only when nothing is queued or running on the update thread, so
         updates still take effect in arrival order. Prepared updates are batches: never inline.
+        An inline update then yields to the loop once, unless the caller already goes back to the
+        loop after each update (`yield_to_loop=False`).
         """
         if (
             isinstance(sparql, str)
@@ -234,9 +236,10 @@ class Scheduler:
             except OverBudget:
                 pass
             else:
-                # yield once: a client updating in a loop would otherwise never let the loop run
-                # anything else (the delayed-update timer, the gates) while it keeps finding nothing queued
-                await asyncio.sleep(0)
+                if yield_to_loop:
+                    # a client updating in a loop would otherwise never let the loop run anything
+                    # else (the delayed-update timer, the gates) while it keeps finding nothing queued
+                    await asyncio.sleep(0)
                 return result
         return await self.serialized(self.engine.update, sparql, **options)
 

@@ -13,10 +13,10 @@ only, and one solution per distinct mapping of all variables.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Store
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, Store
 
 from broker.sparql.patterns import QuadPattern, Var
 
@@ -53,7 +53,7 @@ STORE_DATASET = Dataset()
 Step = tuple[int, tuple[tuple[int, object], ...], tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]
 
 
-def _skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
+def pattern_skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
     return tuple(
         tuple(position.name if isinstance(position, Var) else None for position in pattern.positions())
         for pattern in patterns
@@ -94,22 +94,51 @@ def plan(skeletons: tuple[tuple[str | None, ...], ...], bound: frozenset[str]) -
 
 
 def evaluate_bgp(
-    store: Store, patterns: Sequence[QuadPattern], binding: Binding | None = None, dataset: Dataset = STORE_DATASET
-) -> Iterator[Binding]:
-    """All solutions of the patterns extending `binding` (each a new dict)."""
+    store: Store,
+    patterns: Sequence[QuadPattern],
+    binding: Binding | None = None,
+    dataset: Dataset = STORE_DATASET,
+    skeleton: tuple[tuple[str | None, ...], ...] | None = None,
+    *,
+    capture: bool = False,
+) -> list[Binding]:
+    """All solutions of the patterns extending `binding` (each a new dict).
+
+    `skeleton`: :func:`pattern_skeleton` of `patterns`, for callers that evaluate the same patterns often.
+    `capture`: each solution also maps the index of every pattern (an int key, never a variable
+    name) to the quad of the store it matched, for callers that would otherwise rebuild that quad.
+    The solutions come as a list: a recursion that appends is several times cheaper per solution
+    than nested generators, and every caller keeps all of them anyway.
+    """
     start: Binding = dict(binding) if binding else {}
     patterns = tuple(patterns)
-    steps = plan(_skeleton(patterns), frozenset(start))
-    yield from _run(store, patterns, steps, 0, start, dataset)
+    steps = plan(pattern_skeleton(patterns) if skeleton is None else skeleton, frozenset(start))
+    out: list[Binding] = []
+    _run(store, patterns, steps, 0, start, dataset, out, capture)
+    return out
 
 
-def _value(role: tuple[int, object], term: object, binding: Binding) -> object:
-    kind, name = role
-    if kind == CONSTANT:
-        return term
-    if kind == BOUND:
-        return binding.get(name)  # type: ignore[arg-type]
-    return None  # FREE or REPEAT: a wildcard in the lookup
+# A default-graph lookup anchored on a subject or object is asked of every graph and filtered here
+# when that finds few quads elsewhere: pyoxigraph converts a DefaultGraph() argument ~5 µs slower
+# than None (it tries NamedNode and BlankNode first, and each failed conversion builds an error).
+# Past this many quads in named graphs, the lookup is made again with DefaultGraph() instead.
+MAX_SKIPPED = 16
+
+
+def default_graph_quads(store: Store, subject: object, predicate: object, obj: object) -> Iterable[Quad]:
+    """The quads of the store's default graph matching the pattern (None: wildcard)."""
+    if subject is None and obj is None:  # not anchored: other graphs may hold any number of matches
+        return store.quads_for_pattern(subject, predicate, obj, DEFAULT_GRAPH)  # type: ignore[arg-type]
+    found = []
+    skipped = 0
+    for quad in store.quads_for_pattern(subject, predicate, obj, None):  # type: ignore[arg-type]
+        if isinstance(quad.graph_name, DefaultGraph):
+            found.append(quad)
+        else:
+            skipped += 1
+            if skipped > MAX_SKIPPED:
+                return store.quads_for_pattern(subject, predicate, obj, DEFAULT_GRAPH)  # type: ignore[arg-type]
+    return found
 
 
 def _run(
@@ -119,19 +148,21 @@ def _run(
     index: int,
     binding: Binding,
     dataset: Dataset,
-) -> Iterator[Binding]:
+    out: list[Binding],
+    capture: bool,
+) -> None:
     if index == len(steps):
-        yield dict(binding)
+        out.append(dict(binding))
         return
     pattern_index, roles, free, repeated = steps[index]
     pattern = patterns[pattern_index]
-    s_role, p_role, o_role, g_role = roles
-    subject = _value(s_role, pattern.subject, binding)
-    predicate = _value(p_role, pattern.predicate, binding)
-    obj = _value(o_role, pattern.object, binding)
+    (s_kind, s_name), (p_kind, p_name), (o_kind, o_name), (g_kind, g_name) = roles
+    # CONSTANT: the pattern's own term; BOUND: the variable's value; FREE or REPEAT: a wildcard
+    subject = pattern.subject if s_kind == CONSTANT else binding.get(s_name) if s_kind == BOUND else None  # type: ignore[arg-type]
+    predicate = pattern.predicate if p_kind == CONSTANT else binding.get(p_name) if p_kind == BOUND else None  # type: ignore[arg-type]
+    obj = pattern.object if o_kind == CONSTANT else binding.get(o_name) if o_kind == BOUND else None  # type: ignore[arg-type]
     if isinstance(subject, Literal) or (predicate is not None and not isinstance(predicate, NamedNode)):
         return
-    g_kind, g_name = g_role
     named = dataset.named
     if g_kind == CONSTANT:
         default = isinstance(pattern.graph, DefaultGraph)
@@ -144,19 +175,27 @@ def _run(
             return
     else:
         graph = None
+    if isinstance(graph, DefaultGraph):
+        quads = default_graph_quads(store, subject, predicate, obj)
+    else:
+        quads = store.quads_for_pattern(subject, predicate, obj, graph)  # type: ignore[arg-type]
     following = index + 1
-    for quad in store.quads_for_pattern(subject, predicate, obj, graph):
+    for quad in quads:
         if graph is None:
             quad_graph = quad.graph_name
             if isinstance(quad_graph, DefaultGraph) or (named is not None and quad_graph not in named):
                 continue
+        if capture:
+            binding[pattern_index] = quad  # type: ignore[index]
         if not free:
-            yield from _run(store, patterns, steps, following, binding, dataset)
+            _run(store, patterns, steps, following, binding, dataset, out, capture)
             continue
         values = (quad.subject, quad.predicate, quad.object, quad.graph_name)
         for position, name in free:
             binding[name] = values[position]
         if all(binding[name] == values[position] for position, name in repeated):
-            yield from _run(store, patterns, steps, following, binding, dataset)
+            _run(store, patterns, steps, following, binding, dataset, out, capture)
         for _, name in free:
             del binding[name]
+    if capture:
+        binding.pop(pattern_index, None)  # type: ignore[call-overload]

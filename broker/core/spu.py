@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
-from broker.core.bgp import Dataset, evaluate_bgp
+from broker.core.bgp import Dataset, evaluate_bgp, pattern_skeleton
 from broker.core.subscription import Subscription
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
@@ -155,6 +155,8 @@ class ShapeGroup:
         self.branch_queries = [
             branch.query_text(shape.prologue) if branch.filters else None for branch in shape.branches
         ]
+        # (branch, pattern left out) -> the patterns joined and their skeleton, made once
+        self._joins: dict[tuple[int, int], tuple[tuple[QuadPattern, ...], tuple[tuple[str | None, ...], ...]]] = {}
         self.projections = [
             tuple(branch.variables.index(name) if name in branch.variables else -1 for name in variables)
             for branch in shape.branches
@@ -173,9 +175,12 @@ class ShapeGroup:
         names = branch.variables
         query = self.branch_queries[branch_index]
         if query is None:
-            patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
-            for solution in evaluate_bgp(store.ox, patterns, binding, self.dataset):
-                yield tuple(solution.get(name) for name in names)
+            joined = self._joins.get((branch_index, skip))
+            if joined is None:
+                patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
+                joined = self._joins[branch_index, skip] = (patterns, pattern_skeleton(patterns))
+            for solution in evaluate_bgp(store.ox, joined[0], binding, self.dataset, joined[1]):
+                yield tuple(map(solution.get, names))
             return
         substitutions = {Variable(name): value for name, value in binding.items()}
         result = store.query(query, substitutions=substitutions, **self.query_arguments)  # type: ignore[arg-type]

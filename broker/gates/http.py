@@ -13,14 +13,18 @@ from broker.core.clock import rfc3339
 from broker.core.due import due_micros
 from broker.core.engine import Engine
 from broker.core.pending import PendingUpdate
+from broker.core.results import UpdateResult
 from broker.delayed import now_micros
-from broker.gates.errors import BadRequest, UnsupportedMediaType
+from broker.gates.errors import CORS_HEADERS, BadRequest, UnsupportedMediaType
 from broker.gates.negotiation import serialize
 from broker.scheduler import Scheduler
 
 FORM = "application/x-www-form-urlencoded"
 QUERY_TYPE = "application/sparql-query"
 UPDATE_TYPE = "application/sparql-update"
+# what web.Response(text=..., content_type="application/json") sends, and CORS (the error middleware
+# would add it anyway: present from the start, its update changes nothing)
+UPDATE_REPLY_HEADERS = {"Content-Type": "application/json; charset=utf-8", **CORS_HEADERS}
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:
@@ -105,6 +109,17 @@ class HttpGate:
 
     async def update(self, request: web.Request) -> web.Response:
         """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id)."""
+        if request.method == "POST" and not request.query_string and request.content_type == UPDATE_TYPE:
+            # the common case (a direct POST, no parameters): none of the protocol's options can apply
+            try:
+                sparql = await _utf8_body(request)
+            except UnicodeDecodeError as error:
+                raise BadRequest("the body is not valid UTF-8") from error
+            self.counters["http_updates"] += 1
+            # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
+            # to the loop to send the reply and read the next request
+            result = await self.scheduler.update(sparql, base_iri=_endpoint(request), yield_to_loop=False)
+            return _update_reply(result)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
@@ -120,8 +135,8 @@ class HttpGate:
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
-        result = await self.scheduler.update(sparql, **options)  # type: ignore[arg-type]
-        return web.Response(text=json.dumps(result.to_json()), content_type="application/json")
+        result = await self.scheduler.update(sparql, yield_to_loop=False, **options)  # type: ignore[arg-type]
+        return _update_reply(result)
 
     async def scheduled(self, request: web.Request) -> web.Response:
         """GET /scheduled: the pending delayed updates, in due order."""
@@ -157,6 +172,17 @@ def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, obj
         if entry.using_named_graph_uri:
             shown["using-named-graph-uri"] = list(entry.using_named_graph_uri)
     return shown
+
+
+def _update_reply(result: UpdateResult) -> web.Response:
+    """200 with the counts, as ``json.dumps(result.to_json())`` spells them, formatted directly (the
+    reply of every update: json.dumps and text encoding cost more than the formatting)."""
+    body = b'{"added": %d, "removed": %d, "notifications": %d}' % (
+        len(result.added),
+        len(result.removed),
+        result.notifications,
+    )
+    return web.Response(body=body, headers=UPDATE_REPLY_HEADERS)
 
 
 def _json(document: object, *, status: int = 200) -> web.Response:
