@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pyoxigraph import Literal, NamedNode
 
 from broker.core.clock import rfc3339
@@ -97,3 +98,24 @@ def test_triples_of_other_graphs_never_join_an_observation() -> None:
     assert isinstance(added, QuadRows) and len(added.source) == 4 and len(added) == 2
     assembled = assemble(added, "gw")
     assert assembled.records == [] and assembled.incomplete == 1  # urn:obs:2 lacks most terms; obs is not new
+
+
+@pytest.mark.parametrize("value", [21.5, -0.0, 1e16, 1.5e-7, 123456789.123, None])
+def test_json_lines_are_the_bytes_json_dumps_gives(value: float | None) -> None:
+    """json_line writes the line by hand for speed: it must stay byte for byte the compact json.dumps form."""
+    record = {
+        "id": "urn:obs:1",
+        "sensor": 'urn:s:"quoted"\\back',
+        "property": "urn:p:température",
+        "feature": "urn:f:\u2028",
+        "value": value,
+        "literal": None if value is not None else "on\toff\n\x01",
+        "unit": None if value is None else DEG_C,
+        "result_time": "2026-11-22T18:30:00.123456Z",
+        "source_time": None if value else "2026-11-22T18:30:00.000000Z",
+        "sequence": 2**63 - 1,
+        "gateway": "gw-ü",
+        "source": "zigbee2mqtt/💡",
+    }
+    expected = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    assert json_line(record) == expected
