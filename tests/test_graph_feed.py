@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 from pyoxigraph import NamedNode
 
+from broker.core.budget import OverBudget
 from broker.core.engine import Engine
-from broker.core.notification import Notification
+from broker.core.notification import Notification, QuadRows
 from broker.core.spu import GraphFeedSpu
 
 EX = "http://example.org/"
@@ -85,3 +86,39 @@ def test_feed_of_a_graph_named_by_a_protocol_dataset_is_not_a_feed(engine: Engin
     )
     assert not isinstance(engine.spus.subscriptions[subscription.spuid][1], GraphFeedSpu)
     assert NamedNode(EX + "g") not in engine.spus.feeds
+
+
+def test_feed_rows_are_the_graphs_quads_read_lazily(engine: Engine) -> None:
+    seen: list[Notification] = []
+    engine.subscribe(f"SELECT ?o ?s ?p WHERE {{ GRAPH {G} {{ ?s ?p ?o }} }}", seen.append)
+    engine.update(
+        f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:c ex:q ex:d }} GRAPH ex:h {{ ex:e ex:q ex:f }} }}"
+    )
+    added = seen[1].added
+    assert isinstance(added, QuadRows) and added.graph == NamedNode(EX + "g")
+    assert len(added.source) == 2  # the update's own quads, both graphs: nothing filtered on the update thread
+    assert [str(quad.subject) for quad in added.quads()] == [f"<{EX}c>"]
+    row = (NamedNode(EX + "d"), NamedNode(EX + "c"), NamedNode(EX + "q"))
+    assert added and len(added) == 1 and added == (row,) and list(added) == [row] and added[0] == row
+    assert not seen[1].removed and seen[1].removed == ()
+    assert seen[1].to_json()["notification"]["addedResults"]["results"]["bindings"] == [
+        {
+            "o": {"type": "uri", "value": EX + "d"},
+            "s": {"type": "uri", "value": EX + "c"},
+            "p": {"type": "uri", "value": EX + "q"},
+        }
+    ]
+    assert not QuadRows(added.source, NamedNode(EX + "nowhere"), (0, 1, 2))
+
+
+def test_a_bounded_update_hands_a_feed_over_only_when_it_touches_the_graph(engine: Engine) -> None:
+    """Under a budget a feed whose subscriber may block is refused (the update goes to the update thread),
+    but only for the updates that change its graph."""
+    seen: list[Notification] = []
+    engine.subscribe(f"SELECT ?s ?p ?o WHERE {{ GRAPH {G} {{ ?s ?p ?o }} }}", seen.append)
+    before = engine.store.quads()
+    with pytest.raises(OverBudget):
+        engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:g {{ ex:x ex:p 2 }} }}", budget=1000)
+    assert engine.store.quads() == before and len(seen) == 1
+    result = engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ GRAPH ex:h {{ ex:x ex:p 3 }} }}", budget=1000)
+    assert len(result.added) == 1 and len(seen) == 1

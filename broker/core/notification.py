@@ -2,10 +2,86 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
+
+from pyoxigraph import NamedNode, Quad
 
 from broker.sparql.terms import Row, rows_to_bindings
+
+
+class QuadRows(Sequence[Row]):
+    """A graph feed's rows (broker.core.spu.GraphFeedSpu): one per quad of `graph` among `source`,
+    the quad's terms in `order` (0 subject, 1 predicate, 2 object) — built only when read.
+
+    Why lazy: a notification of an observation batch carries ~11 quads per observation, and building
+    a row of three terms per quad on the update thread cost more than everything else the cloud
+    shipper does (each first touch of a delta quad is a cache miss; thousands of live row tuples
+    also wake the garbage collector). Here the engine pays nothing per quad: it hands over the
+    update's own (immutable) set of quads, and a consumer either reads rows like any others or,
+    in process, walks :meth:`quads` once and takes only the terms it needs.
+
+    `graph` None means every quad of `source` is in the graph. Truth is decided by the first quad
+    of the graph found (an observation batch: the first one), the length by a full count.
+    """
+
+    __slots__ = ("source", "graph", "order", "_rows")
+
+    def __init__(self, source: Collection[Quad], graph: NamedNode | None, order: tuple[int, ...]) -> None:
+        self.source = source
+        self.graph = graph
+        self.order = order
+        self._rows: tuple[Row, ...] | None = None
+
+    def quads(self) -> Iterator[Quad]:
+        """The quads of the graph, in one pass over the source (nothing is kept)."""
+        graph = self.graph
+        if graph is None:
+            return iter(self.source)
+        return (quad for quad in self.source if quad.graph_name == graph)
+
+    def rows(self) -> tuple[Row, ...]:
+        if self._rows is None:
+            order = self.order
+            rows = []
+            for quad in self.quads():
+                terms = (quad.subject, quad.predicate, quad.object)
+                rows.append(tuple(terms[index] for index in order))
+            self._rows = tuple(rows)
+        return self._rows
+
+    def __bool__(self) -> bool:
+        if self._rows is not None:
+            return bool(self._rows)
+        return next(self.quads(), None) is not None
+
+    def __len__(self) -> int:
+        return len(self.rows())
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows())
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Row, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | tuple[Row, ...]:
+        return self.rows()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, QuadRows):
+            return self.rows() == other.rows()
+        if isinstance(other, tuple):
+            return self.rows() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so unhashable like a list
+
+    def __repr__(self) -> str:
+        return f"QuadRows({self.rows()!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,21 +89,21 @@ class Notification:
     """One notification of one subscription (PROTOCOL.md "Notification semantics").
 
     SELECT subscriptions carry `added` / `removed` rows (tuples of terms in `variables` order,
-    None where unbound). ASK subscriptions carry `boolean` (the new value) and `previous`;
-    their rows are empty.
+    None where unbound; a graph feed's are a :class:`QuadRows`). ASK subscriptions carry `boolean`
+    (the new value) and `previous`; their rows are empty.
     """
 
     spuid: str
     alias: str | None
     sequence: int
     variables: tuple[str, ...]
-    added: tuple[Row, ...] = ()
-    removed: tuple[Row, ...] = ()
+    added: Sequence[Row] = ()
+    removed: Sequence[Row] = ()
     boolean: bool | None = None
     previous: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    def results(self, rows: tuple[Row, ...], boolean: bool | None) -> dict[str, Any]:
+    def results(self, rows: Sequence[Row], boolean: bool | None) -> dict[str, Any]:
         if self.boolean is not None:
             return {"head": {}} if boolean is None else {"head": {}, "boolean": boolean}
         return {"head": {"vars": list(self.variables)}, "results": {"bindings": rows_to_bindings(self.variables, rows)}}

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
 from broker.core.bgp import Dataset, evaluate_bgp, pattern_skeleton
+from broker.core.notification import QuadRows
 from broker.core.subscription import Subscription
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
@@ -40,7 +41,7 @@ class SpuBase:
     def __init__(self) -> None:
         self.subscribers: list[Subscription] = []
 
-    def current_rows(self) -> tuple[Row, ...]:
+    def current_rows(self) -> Sequence[Row]:
         raise NotImplementedError
 
     def current_boolean(self) -> bool | None:
@@ -53,7 +54,8 @@ class SpuBase:
                 return 0
         elif not added and not removed:
             return 0
-        added_rows, removed_rows = tuple(added), tuple(removed)
+        added_rows = added if isinstance(added, tuple | QuadRows) else tuple(added)
+        removed_rows = removed if isinstance(removed, tuple | QuadRows) else tuple(removed)
         for subscriber in list(self.subscribers):
             try:
                 subscriber.emit(added_rows, removed_rows, boolean, previous)
@@ -303,9 +305,10 @@ class GraphFeedSpu(SpuBase):
 
     Its rows are the graph's triples: a graph is a set, so the rows gained and lost by an update
     are exactly the delta's quads in that graph, with no join, no LUTT lookup and no counts to
-    keep (the cloud shipper mirrors the observations graph this way: a few µs per observation
-    instead of a BGP evaluation per quad). The current result is read from the store when a new
-    subscriber joins, so a feed costs no memory however large the graph is.
+    keep (the cloud shipper mirrors the observations graph this way). The rows are a lazy
+    :class:`~broker.core.notification.QuadRows` over the delta's own quads, so the update thread
+    pays nothing per quad. The current result is read from the store when a new subscriber joins,
+    so a feed costs no memory however large the graph is.
     """
 
     def __init__(self, store: RdfStore, graph: NamedNode, variables: tuple[str, ...], order: tuple[int, ...]) -> None:
@@ -316,15 +319,15 @@ class GraphFeedSpu(SpuBase):
         self.order = order  # per projected variable: 0 subject, 1 predicate, 2 object
         self.is_ask = False
 
-    def row(self, quad: Quad) -> Row:
-        terms = (quad.subject, quad.predicate, quad.object)
-        return tuple(terms[index] for index in self.order)  # type: ignore[return-value]
+    def rows_of(self, quads: Collection[Quad]) -> QuadRows:
+        """The rows of the quads of this feed's graph among `quads` (any graphs)."""
+        return QuadRows(quads, self.graph, self.order)
 
-    def current_rows(self) -> tuple[Row, ...]:
-        return tuple(self.row(quad) for quad in self.store.ox.quads_for_pattern(None, None, None, self.graph))
+    def current_rows(self) -> QuadRows:
+        return QuadRows(list(self.store.ox.quads_for_pattern(None, None, None, self.graph)), None, self.order)
 
     def current_boolean(self) -> bool | None:
         return None
 
-    def apply(self, added: Sequence[Quad], removed: Sequence[Quad]) -> int:
-        return self.notify([self.row(quad) for quad in added], [self.row(quad) for quad in removed], None, None)
+    def apply(self, added: QuadRows, removed: QuadRows) -> int:
+        return self.notify(added, removed, None, None)

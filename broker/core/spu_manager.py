@@ -22,6 +22,7 @@ from pyoxigraph import DefaultGraph, NamedNode
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
+from broker.core.notification import QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
 from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
 from broker.core.stats import EngineStats
@@ -281,15 +282,19 @@ class SpuManager:
 
     # -- processing an update -----------------------------------------------------------------
 
-    def _feed_hits(self, delta: Delta) -> dict[GraphFeedSpu, tuple[list, list]]:
-        """The delta's quads per graph feed: (added, removed)."""
-        by_graph: dict[NamedNode, tuple[list, list]] = {}
-        for index, quads in ((0, delta.added), (1, delta.removed)):
-            for quad in quads:
-                graph = quad.graph_name
-                if graph in self.feeds:
-                    by_graph.setdefault(graph, ([], []))[index].append(quad)  # type: ignore[index]
-        return {feed: lists for graph, lists in by_graph.items() for feed in self.feeds[graph].values()}
+    def _feed_hits(self, delta: Delta) -> list[tuple[GraphFeedSpu, QuadRows, QuadRows]]:
+        """Each graph feed whose graph the delta touches, with its (lazy) rows added and removed.
+
+        Deciding that costs one look at the first quad when the delta is mostly the graph's (an
+        observation batch), a pass over the delta when it holds none of it.
+        """
+        hits = []
+        for by_variables in self.feeds.values():
+            for feed in by_variables.values():
+                added, removed = feed.rows_of(delta.added), feed.rows_of(delta.removed)
+                if added or removed:
+                    hits.append((feed, added, removed))
+        return hits
 
     def process(
         self, delta: Delta, apply: Callable[[Delta], None], budget: Budget | None = None
@@ -359,10 +364,10 @@ class SpuManager:
         try:
             self._collect(store, added_hits, gained)
             touched = lost.keys() | gained.keys()
-            fed = self._feed_hits(delta) if self.feeds else {}
+            fed = self._feed_hits(delta) if self.feeds else []
             if budget is not None:
-                for feed, (added_quads, removed_quads) in fed.items():
-                    budget.spend(len(added_quads) + len(removed_quads))
+                for feed, _, _ in fed:
+                    budget.spend(len(delta.added) + len(delta.removed))  # what its consumers may read
                     if not all(subscriber.nonblocking for subscriber in feed.subscribers):
                         raise OverBudget
                 for spu in touched:
@@ -383,11 +388,11 @@ class SpuManager:
         notifications = reeval_notifications
         for spu in touched:
             notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
-        for feed, (added_quads, removed_quads) in fed.items():
-            notifications += feed.apply(added_quads, removed_quads)
+        for feed, added_rows, removed_rows in fed:
+            notifications += feed.apply(added_rows, removed_rows)
         finished = time.perf_counter()
         hits = sum(len(spu.subscribers) for spu in touched) + sum(len(spu.subscribers) for spu in reeval)
-        hits += sum(len(feed.subscribers) for feed in fed)
+        hits += sum(len(feed.subscribers) for feed, _, _ in fed)
         return notifications, {
             "t_apply_s": applied - pre_done,
             "t_lutt_s": matched - started,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.notification import Notification
@@ -29,8 +29,8 @@ class Subscription:
 
     def emit(
         self,
-        added: tuple[Row, ...],
-        removed: tuple[Row, ...],
+        added: Sequence[Row],
+        removed: Sequence[Row],
         boolean: bool | None = None,
         previous: bool | None = None,
     ) -> Notification:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from pyoxigraph import Literal, NamedNode
 
 from broker.core.clock import rfc3339
 from broker.core.engine import Engine
-from broker.core.notification import Notification
+from broker.core.notification import Notification, QuadRows
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update
+from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, SOSA
 from gateway.shipper.records import FEED_QUERY, assemble, json_line, key_of, rfc3339_micros
 
 TEMPERATURE = "http://qudt.org/vocab/quantitykind/Temperature"
@@ -66,3 +68,54 @@ def test_incomplete_or_unshippable_observations_are_counted_not_shipped() -> Non
 def test_times_are_normalised_to_six_fraction_digits_in_utc() -> None:
     assert rfc3339_micros("2026-11-22T18:30:00.5Z") == "2026-11-22T18:30:00.500000Z"
     assert rfc3339_micros("2026-11-22T19:30:00+01:00") == "2026-11-22T18:30:00.000000Z"
+
+
+def test_the_feeds_quads_and_plain_rows_give_the_same_records() -> None:
+    """The in-process feed's lazy rows take the one-pass path; rows of terms (the network) the other."""
+    readings = [
+        Reading(f"urn:s:{k}", TEMPERATURE, "urn:room:1", k + 0.5, DEG_C, f"t/{k}", None, str(k)) for k in range(20)
+    ]
+    added = feed_rows(readings)
+    assert isinstance(added, QuadRows)
+    fast, plain = assemble(added, "gw").records, assemble(tuple(added), "gw").records
+    assert len(fast) == 20 and sorted(fast, key=key_of) == sorted(plain, key=key_of)
+
+
+def test_triples_of_other_graphs_never_join_an_observation() -> None:
+    """A quad in another graph with the observation as subject is not the observation's."""
+    engine = Engine()
+    seen: list[Notification] = []
+    engine.subscribe(FEED_QUERY, seen.append)
+    reading = Reading("urn:s:1", TEMPERATURE, "urn:room:1", 21.5, DEG_C, "t", None, "a")
+    engine.update(observation_update([reading], "gw", LatestCache()))
+    obs = assemble(seen[-1].added, "gw").records[0]["id"]
+    engine.update(
+        f"DELETE DATA {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ <{obs}> <{SOSA}madeBySensor> <urn:s:1> }} }} ; "
+        f"INSERT DATA {{ GRAPH <urn:other> {{ <{obs}> <{SOSA}madeBySensor> <urn:s:other> ; a <{SOSA}Observation> }} "
+        f"GRAPH <{GRAPH_OBSERVATIONS}> {{ <urn:obs:2> a <{SOSA}Observation> ; <{SOSA}madeBySensor> <urn:s:2> }} }}"
+    )
+    added = seen[-1].added
+    assert isinstance(added, QuadRows) and len(added.source) == 4 and len(added) == 2
+    assembled = assemble(added, "gw")
+    assert assembled.records == [] and assembled.incomplete == 1  # urn:obs:2 lacks most terms; obs is not new
+
+
+@pytest.mark.parametrize("value", [21.5, -0.0, 1e16, 1.5e-7, 123456789.123, None])
+def test_json_lines_are_the_bytes_json_dumps_gives(value: float | None) -> None:
+    """json_line writes the line by hand for speed: it must stay byte for byte the compact json.dumps form."""
+    record = {
+        "id": "urn:obs:1",
+        "sensor": 'urn:s:"quoted"\\back',
+        "property": "urn:p:température",
+        "feature": "urn:f:\u2028",
+        "value": value,
+        "literal": None if value is not None else "on\toff\n\x01",
+        "unit": None if value is None else DEG_C,
+        "result_time": "2026-11-22T18:30:00.123456Z",
+        "source_time": None if value else "2026-11-22T18:30:00.000000Z",
+        "sequence": 2**63 - 1,
+        "gateway": "gw-ü",
+        "source": "zigbee2mqtt/💡",
+    }
+    expected = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    assert json_line(record) == expected
