@@ -24,14 +24,29 @@ class QuadRows(Sequence[Row]):
 
     `graph` None means every quad of `source` is in the graph. Truth is decided by the first quad
     of the graph found (an observation batch: the first one), the length by a full count.
+
+    `digest`: the producer's account of these quads when the update was a PreparedUpdate that added
+    every quad it inserts into this graph (see broker.sparql.prepared), else None; `instant_us` is
+    then the update's engine-clock instant (what fn:now() returned during it), which the producer
+    could not know.
+    Rows and quads are the same either way: a consumer that does not know the digest ignores it.
     """
 
-    __slots__ = ("source", "graph", "order", "_rows")
+    __slots__ = ("source", "graph", "order", "digest", "instant_us", "_rows")
 
-    def __init__(self, source: Collection[Quad], graph: NamedNode | None, order: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        source: Collection[Quad],
+        graph: NamedNode | None,
+        order: tuple[int, ...],
+        digest: object | None = None,
+        instant_us: int | None = None,
+    ) -> None:
         self.source = source
         self.graph = graph
         self.order = order
+        self.digest = digest
+        self.instant_us = instant_us
         self._rows: tuple[Row, ...] | None = None
 
     def quads(self) -> Iterator[Quad]:

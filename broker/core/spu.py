@@ -319,9 +319,12 @@ class GraphFeedSpu(SpuBase):
         self.order = order  # per projected variable: 0 subject, 1 predicate, 2 object
         self.is_ask = False
 
-    def rows_of(self, quads: Collection[Quad]) -> QuadRows:
-        """The rows of the quads of this feed's graph among `quads` (any graphs)."""
-        return QuadRows(quads, self.graph, self.order)
+    def rows_of(self, quads: Collection[Quad], digest: object | None = None) -> QuadRows:
+        """The rows of the quads of this feed's graph among `quads` (any graphs); a `digest` of
+        the quads (Delta.digest) goes with them, stamped with this update's engine-clock instant."""
+        if digest is None:
+            return QuadRows(quads, self.graph, self.order)
+        return QuadRows(quads, self.graph, self.order, digest, self.store.clock.micros())
 
     def current_rows(self) -> QuadRows:
         return QuadRows(list(self.store.ox.quads_for_pattern(None, None, None, self.graph)), None, self.order)

@@ -291,7 +291,8 @@ class SpuManager:
         hits = []
         for by_variables in self.feeds.values():
             for feed in by_variables.values():
-                added, removed = feed.rows_of(delta.added), feed.rows_of(delta.removed)
+                digest = delta.digest if delta.digest_graph == feed.graph else None
+                added, removed = feed.rows_of(delta.added, digest), feed.rows_of(delta.removed)
                 if added or removed:
                     hits.append((feed, added, removed))
         return hits

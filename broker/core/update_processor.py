@@ -47,6 +47,9 @@ class Delta:
     removed: frozenset[Quad]
     graphs_created: frozenset[NamedNode] = frozenset()
     graphs_dropped: frozenset[NamedNode] = frozenset()
+    # a PreparedUpdate's digest of its quads in digest_graph, all added (broker.sparql.prepared)
+    digest: object | None = None
+    digest_graph: NamedNode | None = None
 
     @property
     def empty(self) -> bool:
@@ -158,8 +161,22 @@ class UpdateProcessor:
         if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
             raise OverBudget
         if len(operations) == 1:
+            operation = operations[0]
+            if (
+                isinstance(sparql, PreparedUpdate)
+                and sparql.digest_graph is not None
+                and isinstance(operation, ModifyOp)
+            ):
+                added, removed, intact = self._modify(
+                    operation, sparql, protocol_using, protocol_named, budget, sparql.digest_graph
+                )
+                if intact:
+                    return Delta(
+                        frozenset(added), frozenset(removed), digest=sparql.digest, digest_graph=sparql.digest_graph
+                    )
+                return Delta(frozenset(added), frozenset(removed))
             added, removed, created, dropped = self._operation(
-                operations[0], sparql, protocol_using, protocol_named, budget
+                operation, sparql, protocol_using, protocol_named, budget
             )
             return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
         return self._sequence(operations, sparql, protocol_using, protocol_named)
@@ -232,7 +249,7 @@ class UpdateProcessor:
         if isinstance(operation, DataOp):
             return self._data(operation) + (set(), set())
         if isinstance(operation, ModifyOp):
-            return self._modify(operation, sparql, using, named, budget) + (set(), set())
+            return self._modify(operation, sparql, using, named, budget)[:2] + (set(), set())
         if isinstance(operation, GraphOp):
             return self._graph_op(operation)
         if isinstance(operation, LoadOp):
@@ -295,7 +312,9 @@ class UpdateProcessor:
         using: list[NamedNode],
         named: list[NamedNode],
         budget: Budget | None = None,
-    ) -> tuple[set[Quad], set[Quad]]:
+        watched: NamedNode | None = None,
+    ) -> tuple[set[Quad], set[Quad], bool]:
+        """(added, removed, whether every quad inserted into the `watched` graph is new)."""
         ox = self.store.ox
         template_graph = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
         to_delete: set[Quad] = set()
@@ -320,8 +339,17 @@ class UpdateProcessor:
                 if quad is not None:
                     to_insert.add(quad)
         removed = {quad for quad in to_delete if quad in ox}
-        added = {quad for quad in to_insert if quad not in ox}
-        return added, removed - to_insert
+        if watched is None:
+            added = {quad for quad in to_insert if quad not in ox}
+            return added, removed - to_insert, True
+        added = set()
+        intact = True
+        for quad in to_insert:
+            if quad not in ox:
+                added.add(quad)
+            elif intact and quad.graph_name == watched:  # only stored quads are looked at: few
+                intact = False
+        return added, removed - to_insert, intact
 
     # -- graph management ---------------------------------------------------------------------
 

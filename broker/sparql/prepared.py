@@ -10,6 +10,14 @@ the same request.
 
 The producer answers for the operations being what its text parses to (the observation layer's
 tests check it quad for quad); the engine cannot check that without parsing, the cost avoided.
+
+A producer may also give a `digest`: its own account of the quads the request inserts into
+`digest_graph` (the observation layer: one flat record per observation), for in-process consumers
+of that graph's feed, which would otherwise read every quad back (reading a fresh pyoxigraph quad's
+terms from Python costs more than building it). The engine never looks inside a digest; it hands
+it to the graph's feeds only when none of those quads was stored already, i.e. the update added all
+of them, so that whatever the digest says of them is true of the delta. Otherwise feeds carry no
+digest and consumers read the quads, as they do for any other update.
 """
 
 from __future__ import annotations
@@ -17,16 +25,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pyoxigraph import NamedNode
+
 from broker.sparql.update_parser import Operation
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedUpdate:
     """`operations` as `parse_update(render()).operations` would give them; `render` makes the text
-    only when a transport needs it (and must not depend on state that changes after the call)."""
+    only when a transport needs it (and must not depend on state that changes after the call).
+    `digest`, `digest_graph`: see the module docstring."""
 
     operations: tuple[Operation, ...]
     render: Callable[[], str]
+    digest: object | None = None
+    digest_graph: NamedNode | None = None
 
     def sparql(self) -> str:
         """The same request as SPARQL 1.1 Update text."""

@@ -22,6 +22,7 @@ from broker.sparql.prepared import PreparedUpdate
 from broker.sparql.update_parser import ModifyOp
 from gateway.jsap.terms import TermError, quote
 from gateway.observations.batch import LatestKey, Placed, plan
+from gateway.observations.digest import DigestEntry, ObservationDigest
 from gateway.observations.errors import PayloadError
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
@@ -111,18 +112,22 @@ def observation_quads(
         keys, placed = plan(readings, gateway_id, latest)
         if not all(key.known for key in keys):
             return None
-        operation = _operation(keys, placed, latest, _iri(source_property))
+        operation, digest = _operation(keys, placed, latest, _iri(source_property))
     except TermError as error:
         raise PayloadError(f"a reading cannot be written: {error}") from None
     snapshot = latest.snapshot(key.node for key in keys)
     render = partial(observation_update, list(readings), gateway_id, snapshot, source_property=source_property)
-    return PreparedUpdate((operation,), render)
+    return PreparedUpdate((operation,), render, ObservationDigest(tuple(digest)), _OBSERVATIONS)
 
 
-def _operation(keys: list[LatestKey], placed: list[Placed], latest: LatestCache, source: NamedNode) -> ModifyOp:
+def _operation(
+    keys: list[LatestKey], placed: list[Placed], latest: LatestCache, source: NamedNode
+) -> tuple[ModifyOp, list[DigestEntry]]:
+    """The batch's operation, and its digest (gateway.observations.digest): the same values, flat."""
     delete: list[Quad] = []
     insert: list[Quad] = []
     timed: list[QuadPattern] = []
+    digest: list[DigestEntry] = []
     first: dict[str, int] = {}
     for key in keys:
         reading = key.reading
@@ -144,26 +149,45 @@ def _operation(keys: list[LatestKey], placed: list[Placed], latest: LatestCache,
     for item in placed:
         reading = item.reading
         node = NamedNode(item.iri)
+        sequence = first[item.key.node] + item.position + 1
         insert += [
             Quad(node, _A, _OBSERVATION, _OBSERVATIONS),
             Quad(node, _MADE_BY, _iri(reading.sensor), _OBSERVATIONS),
             Quad(node, _OBSERVED, _iri(reading.property), _OBSERVATIONS),
             Quad(node, _FEATURE, _iri(reading.feature), _OBSERVATIONS),
-            Quad(node, _SEQUENCE, Literal(first[item.key.node] + item.position + 1), _OBSERVATIONS),
+            Quad(node, _SEQUENCE, Literal(sequence), _OBSERVATIONS),
             Quad(node, source, _string(reading.source), _OBSERVATIONS),
         ]
         timed.append(QuadPattern(node, _RESULT_TIME, _NOW, _OBSERVATIONS))
-        if isinstance(reading.value, bool | str):
-            insert.append(Quad(node, _SIMPLE_RESULT, _value(reading.value), _OBSERVATIONS))
-            continue
-        result = NamedNode(item.iri + "/result")
-        insert += [
-            Quad(node, _RESULT, result, _OBSERVATIONS),
-            Quad(result, _A, _QUANTITY_VALUE, _OBSERVATIONS),
-            Quad(result, _NUMERIC_VALUE, _value(reading.value), _OBSERVATIONS),
-        ]
-        if reading.unit is not None:
-            insert.append(Quad(result, _QUDT_UNIT, _iri(reading.unit), _OBSERVATIONS))
-    return ModifyOp(
+        value = reading.value
+        if isinstance(value, bool | str):
+            simple = _value(value)
+            insert.append(Quad(node, _SIMPLE_RESULT, simple, _OBSERVATIONS))
+            number, literal, unit = None, simple.value, None
+        else:
+            result = NamedNode(item.iri + "/result")
+            insert += [
+                Quad(node, _RESULT, result, _OBSERVATIONS),
+                Quad(result, _A, _QUANTITY_VALUE, _OBSERVATIONS),
+                Quad(result, _NUMERIC_VALUE, _value(value), _OBSERVATIONS),
+            ]
+            if reading.unit is not None:
+                insert.append(Quad(result, _QUDT_UNIT, _iri(reading.unit), _OBSERVATIONS))
+            number, literal, unit = finite_number(value), None, reading.unit
+        digest.append(
+            DigestEntry(
+                item.iri,
+                reading.sensor,
+                reading.property,
+                reading.feature,
+                number,
+                literal,
+                unit,
+                sequence,
+                reading.source,
+            )
+        )
+    operation = ModifyOp(
         (), tuple(timed), NOW_QUERY, None, (), None, (), (), delete_ground=tuple(delete), insert_ground=tuple(insert)
     )
+    return operation, digest

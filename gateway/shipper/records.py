@@ -5,10 +5,11 @@ it from each update's delta, see broker.core.spu.GraphFeedSpu), so a notificatio
 of the observations an update added; all of one observation's triples come in the same update.
 They are grouped by subject here: the observation node and its `<obs>/result` quantity value.
 
-Two entries, one result: :func:`assemble` takes rows of terms (any transport);
+Three entries, one result: :func:`assemble` takes rows of terms (any transport);
 :func:`assemble_feed` takes the in-process feed's :class:`~broker.core.notification.QuadRows` and
-reads each quad once, taking only the strings a record needs (this pass is most of what the shipper
-costs per observation: ~11 quads, each a cache miss on first touch).
+reads each quad once, taking only the strings a record needs (~11 quads per observation, each a
+cache miss on first touch); :func:`assemble_digest` reads none, when the feed carries the batch's
+digest (gateway.observations.digest: an observation batch stored in full), which says the same.
 
 A record (one JSON line): id, sensor, property, feature, value (double) or literal (text), unit,
 result_time, source_time (RFC 3339 UTC, microseconds), sequence, gateway, source.
@@ -23,7 +24,9 @@ from functools import lru_cache
 from json.encoder import encode_basestring
 from typing import Any
 
+from broker.core.clock import rfc3339
 from broker.core.notification import QuadRows
+from gateway.observations.digest import ObservationDigest
 from gateway.observations.vocabulary import (
     GRAPH_OBSERVATIONS,
     HAS_COAP_RESOURCE,
@@ -66,17 +69,21 @@ def rfc3339_micros(lexical: str) -> str:
 class Assembled:
     """The records of one notification, and how many observations could not be flattened."""
 
-    __slots__ = ("records", "incomplete")
+    __slots__ = ("records", "incomplete", "from_digest")
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.incomplete = 0
+        self.from_digest = False  # built from the batch's digest, not read from its quads
 
 
 def assemble(rows: Iterable[Sequence[Any]], gateway: str) -> Assembled:
     """Flatten the observations among `rows` ((s, p, o) terms); results and anything else are joined
     to their observation or ignored. An observation missing a required term is counted, not shipped."""
     if isinstance(rows, QuadRows) and rows.order == (0, 1, 2):
+        digest = rows.digest
+        if isinstance(digest, ObservationDigest) and rows.instant_us is not None:
+            return assemble_digest(digest, rows.instant_us, gateway)
         return assemble_feed(rows, gateway)
     subjects: dict[str, dict[str, str]] = {}
     for subject, predicate, obj in rows:
@@ -102,6 +109,33 @@ def assemble_feed(rows: QuadRows, gateway: str) -> Assembled:
                 terms = subjects[key] = {}
             terms[iri] = value
     return _records(subjects, gateway)
+
+
+def assemble_digest(digest: ObservationDigest, instant_us: int, gateway: str) -> Assembled:
+    """The records of a batch from its digest (gateway.observations.digest): the values its quads
+    hold, without reading the quads. Every observation of a digest is complete, and none has a
+    source time (batches with source times are written as text, without a digest)."""
+    out = Assembled()
+    out.from_digest = True
+    result_time = rfc3339(instant_us)
+    out.records = [
+        {
+            "id": entry.iri,
+            "sensor": entry.sensor,
+            "property": entry.property,
+            "feature": entry.feature,
+            "value": entry.value,
+            "literal": entry.literal,
+            "unit": entry.unit,
+            "result_time": result_time,
+            "source_time": None,
+            "sequence": entry.sequence,
+            "gateway": gateway,
+            "source": entry.source,
+        }
+        for entry in digest.entries
+    ]
+    return out
 
 
 def _note(subjects: dict[str, dict[str, str]], subject: str, predicate: str, value: str) -> None:

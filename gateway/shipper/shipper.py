@@ -79,6 +79,7 @@ class Shipper:
         self.duplicate_segments = 0
         self.rejected_segments = 0
         self.incomplete_observations = 0
+        self.digest_observations = 0  # of those spooled, how many came from a batch digest (the cheap path)
         self.last_success = 0.0
         self._backoff = 0.0
 
@@ -163,6 +164,8 @@ class Shipper:
         assert spool is not None
         assembled = assemble(rows, self.gateway)
         self.incomplete_observations += assembled.incomplete
+        if assembled.from_digest:
+            self.digest_observations += len(assembled.records)
         cursor = spool.cursor
         lines: list[bytes] = []
         keys: dict[str, int] = {}
@@ -257,6 +260,7 @@ class Shipper:
             "upload_failures": self.failures,
             "rejected_segments": self.rejected_segments,
             "incomplete_observations": self.incomplete_observations,
+            "digest_observations": self.digest_observations,
             "upload_rate_per_s": round(self.upload_rate(), 3),
             "last_success_timestamp": self.last_success,
         }

@@ -70,6 +70,7 @@ def test_100000_readings_end_as_parquet_rows_exactly_once(pipeline: Pipeline, sp
     metrics = pipeline.metrics()
     assert metrics["sepa_shipper_uploaded_observations"] == len(observations)
     assert metrics["sepa_shipper_upload_failures"] == 0
+    assert metrics["sepa_shipper_digest_observations"] > total // 2  # most lines came from batch digests
     table = pipeline.spark_table(spark)
     exactly_once(table, observations, {float(k) for k in range(total)})
     assert {row["property"] for row in table.select("property").distinct().collect()} == {

@@ -28,8 +28,8 @@ from gateway.observations import (
     observation_quads,
     observation_update,
 )
+from tests.observations.batches import reading, readings
 
-UNIT = "http://qudt.org/vocab/unit/"
 XSD_DOUBLE = NamedNode("http://www.w3.org/2001/XMLSchema#double")
 FIXED_NS = 1_795_000_000_123_456_000
 
@@ -48,37 +48,6 @@ class Side:
         result = self.engine.update(request)  # type: ignore[arg-type]
         self.latest.apply(result.added, result.removed)
         return result.added, result.removed
-
-
-def reading(
-    sensor: int, value: float | int | bool | str, unit: str | None, key: str, prop: str = "temperature"
-) -> Reading:
-    return Reading(
-        f"urn:example:sensor{sensor}",
-        f"http://w3id.org/sepa-gateway/ns#{prop}",
-        f"urn:example:room{sensor}",
-        value,
-        unit,
-        f"home/sensor{sensor}/{prop}",
-        None,
-        key,
-    )
-
-
-values = st.one_of(
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.integers(min_value=-(10**15), max_value=10**15),
-    st.booleans(),
-    st.text(max_size=12),
-)
-readings = st.builds(
-    reading,
-    st.integers(0, 3),
-    values,
-    st.sampled_from([None, UNIT + "DEG_C", UNIT + "PERCENT"]),
-    st.sampled_from(["k1", "k2", "k3", "k4", "k5", "k6"]),  # repeated keys: repeated observation IRIs
-    st.sampled_from(["temperature", "humidity"]),
-)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
