@@ -95,7 +95,7 @@ class WebSocketGate:
         self.max_message_bytes = max_message_bytes
         self.connections: set[Connection] = set()
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+    async def handle(self, request: web.BaseRequest) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes)
         await ws.prepare(request)
         connection = Connection(ws, self.queue_limit, request.remote or "?", request.transport)
