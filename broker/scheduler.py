@@ -87,15 +87,20 @@ def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
     try:
         return call(*args, **kwargs)
     except BaseException as error:
-        if not isinstance(error, SepaError | OverBudget):
-            log.exception("engine call failed")
-        chained: BaseException | None = error
-        seen: set[int] = set()
-        while chained is not None and id(chained) not in seen:
-            seen.add(id(chained))
-            chained.__traceback__ = None
-            chained = chained.__cause__ or chained.__context__
-        raise error from None
+        raise _cut(error) from None
+
+
+def _cut(error: BaseException) -> BaseException:
+    """`error` without traceback frames in its chain, an engine bug logged first (call in `except`)."""
+    if not isinstance(error, SepaError | OverBudget):
+        log.exception("engine call failed")
+    chained: BaseException | None = error
+    seen: set[int] = set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        chained.__traceback__ = None
+        chained = chained.__cause__ or chained.__context__
+    return error
 
 
 # pyoxigraph recurses per nesting level and per group element; what broker.sparql.limits lets through
@@ -231,10 +236,12 @@ class Scheduler:
             and not self._serial
             and not self._due
         ):
-            try:
-                result: UpdateResult = _clean_errors(self.engine.update, sparql, budget=INLINE_BUDGET, **options)
+            try:  # _clean_errors spelled out: this is the path of every small update
+                result: UpdateResult = self.engine.update(sparql, budget=INLINE_BUDGET, **options)
             except OverBudget:
                 pass
+            except BaseException as error:
+                raise _cut(error) from None
             else:
                 if yield_to_loop:
                     # a client updating in a loop would otherwise never let the loop run anything
