@@ -103,6 +103,25 @@ def _cut(error: BaseException) -> BaseException:
     return error
 
 
+def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
+    """``loop.call_soon_threadsafe`` for engine callbacks, which also run on the loop's own thread
+    (the inline updates, see :meth:`Scheduler.update`): there it is ``loop.call_soon``.
+
+    Why: both queue the callback on the loop's one FIFO, so the order of notifications is kept, but
+    the thread-safe one also wakes the loop through its self-pipe, a write and a read system call
+    per notification, for a loop that is already awake. Make it on the loop's thread.
+    """
+    owner = threading.get_ident()
+
+    def call_soon(callback: Callable[..., object], *args: object) -> None:
+        if threading.get_ident() == owner:
+            loop.call_soon(callback, *args)
+        else:
+            loop.call_soon_threadsafe(callback, *args)
+
+    return call_soon
+
+
 # pyoxigraph recurses per nesting level and per group element; what broker.sparql.limits lets through
 # needs up to ~35 MB of stack (measured: 10,500 BINDs pass in 64 MB, 40,000 do not). Only the pages a
 # request touches are committed, so the reservation costs address space, not memory.
@@ -264,7 +283,7 @@ class Scheduler:
         prefixes: dict[str, str] | None = None,
     ) -> AsyncSubscription:
         """Subscribe; notifications go to `callback` (called on the loop), else to the async iterator."""
-        loop = asyncio.get_running_loop()
+        to_loop = loop_handoff(asyncio.get_running_loop())
         handle = AsyncSubscription()
 
         def deliver(notification: Notification) -> None:
@@ -274,7 +293,7 @@ class Scheduler:
                 handle.queue.put_nowait(notification)
 
         def from_engine_thread(notification: Notification) -> None:
-            loop.call_soon_threadsafe(deliver, notification)
+            to_loop(deliver, notification)
 
         handle.subscription = await self.serialized(
             self.engine.subscribe,
