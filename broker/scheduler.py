@@ -87,15 +87,39 @@ def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any
     try:
         return call(*args, **kwargs)
     except BaseException as error:
-        if not isinstance(error, SepaError | OverBudget):
-            log.exception("engine call failed")
-        chained: BaseException | None = error
-        seen: set[int] = set()
-        while chained is not None and id(chained) not in seen:
-            seen.add(id(chained))
-            chained.__traceback__ = None
-            chained = chained.__cause__ or chained.__context__
-        raise error from None
+        raise _cut(error) from None
+
+
+def _cut(error: BaseException) -> BaseException:
+    """`error` without traceback frames in its chain, an engine bug logged first (call in `except`)."""
+    if not isinstance(error, SepaError | OverBudget):
+        log.exception("engine call failed")
+    chained: BaseException | None = error
+    seen: set[int] = set()
+    while chained is not None and id(chained) not in seen:
+        seen.add(id(chained))
+        chained.__traceback__ = None
+        chained = chained.__cause__ or chained.__context__
+    return error
+
+
+def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
+    """``loop.call_soon_threadsafe`` for engine callbacks, which also run on the loop's own thread
+    (the inline updates, see :meth:`Scheduler.update`): there it is ``loop.call_soon``.
+
+    Why: both queue the callback on the loop's one FIFO, so the order of notifications is kept, but
+    the thread-safe one also wakes the loop through its self-pipe, a write and a read system call
+    per notification, for a loop that is already awake. Make it on the loop's thread.
+    """
+    owner = threading.get_ident()
+
+    def call_soon(callback: Callable[..., object], *args: object) -> None:
+        if threading.get_ident() == owner:
+            loop.call_soon(callback, *args)
+        else:
+            loop.call_soon_threadsafe(callback, *args)
+
+    return call_soon
 
 
 # pyoxigraph recurses per nesting level and per group element; what broker.sparql.limits lets through
@@ -231,10 +255,12 @@ class Scheduler:
             and not self._serial
             and not self._due
         ):
-            try:
-                result: UpdateResult = _clean_errors(self.engine.update, sparql, budget=INLINE_BUDGET, **options)
+            try:  # _clean_errors spelled out: this is the path of every small update
+                result: UpdateResult = self.engine.update(sparql, budget=INLINE_BUDGET, **options)
             except OverBudget:
                 pass
+            except BaseException as error:
+                raise _cut(error) from None
             else:
                 if yield_to_loop:
                     # a client updating in a loop would otherwise never let the loop run anything
@@ -257,7 +283,7 @@ class Scheduler:
         prefixes: dict[str, str] | None = None,
     ) -> AsyncSubscription:
         """Subscribe; notifications go to `callback` (called on the loop), else to the async iterator."""
-        loop = asyncio.get_running_loop()
+        to_loop = loop_handoff(asyncio.get_running_loop())
         handle = AsyncSubscription()
 
         def deliver(notification: Notification) -> None:
@@ -267,7 +293,7 @@ class Scheduler:
                 handle.queue.put_nowait(notification)
 
         def from_engine_thread(notification: Notification) -> None:
-            loop.call_soon_threadsafe(deliver, notification)
+            to_loop(deliver, notification)
 
         handle.subscription = await self.serialized(
             self.engine.subscribe,

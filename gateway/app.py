@@ -59,7 +59,7 @@ class Gateway:
                 max_message_bytes=config.websocket.max_message_bytes,
             ),
         )
-        self.runners: list[web.AppRunner] = []
+        self.runners: list[web.BaseRunner] = []
         self.stopped = asyncio.Event()
         # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
         self.client = SepaClient(InProcessTransport(self.scheduler))
@@ -86,12 +86,12 @@ class Gateway:
         await self.client.update(ontology_update())
         host = self.config.http.host
         plan = [
-            (self.gates.http_app(), self.config.http.port),
-            (self.gates.websocket_app(), self.config.websocket.port),
+            (self.gates.http_server(), self.config.http.port),
+            (self.gates.websocket_server(), self.config.websocket.port),
         ]
         bound: list[int] = []
-        for app, port in plan:
-            runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        for server, port in plan:
+            runner = web.ServerRunner(server, handle_signals=False)
             await runner.setup()
             self.runners.append(runner)
             try:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+import pytest
+
 from broker.core.clock import FUNCTIONS_NS
 from broker.core.engine import Engine
+from broker.errors import SepaError
 
 NOW = f"<{FUNCTIONS_NS}now>"
 MICROS = f"<{FUNCTIONS_NS}nowMicros>"
@@ -49,3 +52,14 @@ def test_subscriptions_see_the_clock_of_the_update_that_triggers_them() -> None:
     (quad,) = result.added
     (row,) = seen[-1].added
     assert row[1] == quad.object  # re-evaluated within the update's request: the same instant
+
+
+def test_a_failed_or_refused_update_leaves_the_clock_unpinned() -> None:
+    """The engine pins the clock per update and must unpin it on every way out, errors included."""
+    engine = Engine()
+    for bad in ("INSERT DATA { <urn:s> <urn:p> ", "LOAD <http://example.org/nowhere>"):
+        with pytest.raises(SepaError):
+            engine.update(bad)
+        first = engine.store.clock.micros()
+        time.sleep(0.002)
+        assert engine.store.clock.micros() > first

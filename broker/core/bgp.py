@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, Store
 
-from broker.sparql.patterns import QuadPattern, Var
+from broker.sparql.patterns import QuadPattern, pattern_skeleton
 
 Binding = dict[str, object]
 
@@ -51,13 +51,6 @@ STORE_DATASET = Dataset()
 # patterns' skeleton (which positions are which variables), so requests that differ only in
 # constants share one plan.
 Step = tuple[int, tuple[tuple[int, object], ...], tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]
-
-
-def pattern_skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
-    return tuple(
-        tuple(position.name if isinstance(position, Var) else None for position in pattern.positions())
-        for pattern in patterns
-    )
 
 
 def _score(skeleton: tuple[str | None, ...], known: frozenset[str]) -> int:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pyoxigraph import Literal, NamedNode
@@ -50,15 +49,17 @@ class EngineClock:
         pinned = getattr(self._pinned, "value", None)
         return pinned if pinned is not None else self._source() // 1000
 
-    @contextmanager
-    def request(self) -> Iterator[int]:
-        """Pin the clock for one request on this thread; yields the pinned value."""
+    def pin(self) -> int:
+        """Pin the clock on this thread until :meth:`unpin` (one request); returns the pinned value.
+
+        A pair of calls rather than a context manager: the engine pins once per update, and a
+        generator-based context manager costs more than the rest of the pinning."""
         value = self._source() // 1000
         self._pinned.value = value
-        try:
-            yield value
-        finally:
-            self._pinned.value = None
+        return value
+
+    def unpin(self) -> None:
+        self._pinned.value = None
 
     def functions(self) -> dict[NamedNode, Callable[[], Literal]]:
         """pyoxigraph custom functions for one evaluation: both return this one instant."""

@@ -74,24 +74,26 @@ class Engine:
         steps = None if budget is None else Budget(budget)
         if not self._update_lock.acquire(blocking=steps is None):
             raise OverBudget
+        clock = self.store.clock
+        clock.pin()  # one instant for the update and all the subscription processing it causes
         try:
-            with self.store.clock.request():
-                started = time.perf_counter()
-                delta = self.updates.compute(
-                    sparql,
-                    using_graph_uri=using_graph_uri,
-                    using_named_graph_uri=using_named_graph_uri,
-                    base_iri=base_iri,
-                    prefixes=prefixes,
-                    budget=steps,
-                )
-                computed = time.perf_counter()
-                apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
-                notifications, timings = self.spus.process(delta, apply, steps)
-                timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
-                self.stats.record_update(timings, notifications)
-                return UpdateResult(delta.added, delta.removed, notifications, timings)
+            started = time.perf_counter()
+            delta = self.updates.compute(
+                sparql,
+                using_graph_uri=using_graph_uri,
+                using_named_graph_uri=using_named_graph_uri,
+                base_iri=base_iri,
+                prefixes=prefixes,
+                budget=steps,
+            )
+            computed = time.perf_counter()
+            apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
+            notifications, timings = self.spus.process(delta, apply, steps)
+            timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
+            self.stats.record_update(timings, notifications)
+            return UpdateResult(delta.added, delta.removed, notifications, timings)
         finally:
+            clock.unpin()
             self._update_lock.release()
 
     def check_update(

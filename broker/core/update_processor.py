@@ -20,7 +20,6 @@ from broker.core.budget import Budget, BudgetedStore, OverBudget
 from broker.core.query_processor import graph_list
 from broker.errors import InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
-from broker.sparql.limits import check_structure
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.prepared import PreparedUpdate
 from broker.sparql.update_parser import (
@@ -121,12 +120,11 @@ def _matched_deletes(
     P matched costs more than the rest of its delta (pyoxigraph converts a Literal object ~5 us
     slowly). It is the same quad only when the template's default graph is the WHERE clause's, i.e.
     without USING (in the request or the protocol): then both are the WITH graph or the default graph.
+    The identical patterns are found once per operation (ModifyOp.delete_matches).
     """
-    where = operation.where_bgp
-    if not where or not operation.delete or operation.using or operation.using_named or using or named:
+    if operation.using or operation.using_named or using or named:
         return None
-    found = tuple(where.index(pattern) if pattern in where else None for pattern in operation.delete)
-    return found if any(index is not None for index in found) else None
+    return operation.delete_matches
 
 
 class UpdateProcessor:
@@ -195,7 +193,6 @@ class UpdateProcessor:
         if isinstance(sparql, PreparedUpdate):
             operations = list(sparql.operations)
         else:
-            check_structure(sparql)  # before any parser: a too deep request would overflow pyoxigraph's stack
             operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")
@@ -284,7 +281,14 @@ class UpdateProcessor:
                 default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
             )
             ox = self.store.ox if budget is None else BudgetedStore(self.store.ox, budget)
-            return evaluate_bgp(ox, operation.where_bgp, operation.where_pins, dataset, capture=capture)  # type: ignore[arg-type]
+            return evaluate_bgp(
+                ox,  # type: ignore[arg-type]
+                operation.where_bgp,
+                operation.where_pins,  # type: ignore[arg-type]
+                dataset,
+                operation.where_skeleton,
+                capture=capture,
+            )
         if budget is not None:  # a SPARQL evaluation cannot be bounded
             raise OverBudget
         arguments: dict[str, object] = {}
@@ -318,6 +322,7 @@ class UpdateProcessor:
         ox = self.store.ox
         template_graph = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
         to_delete: set[Quad] = set()
+        in_store: set[Quad] = set()  # quads the WHERE clause matched: in the store, no need to ask
         to_insert: set[Quad] = set()
         matched = _matched_deletes(operation, using, named)
         solutions = self._solutions(operation, sparql, using, named, budget, capture=bool(matched))
@@ -328,7 +333,7 @@ class UpdateProcessor:
             for index, pattern in enumerate(operation.delete):
                 where_index = matched[index] if matched else None
                 if where_index is not None and where_index in solution:
-                    to_delete.add(solution[where_index])  # type: ignore[index]
+                    in_store.add(solution[where_index])  # type: ignore[arg-type]
                     continue
                 quad = _instantiate(pattern, solution, template_graph, None)
                 if quad is not None:
@@ -339,6 +344,7 @@ class UpdateProcessor:
                 if quad is not None:
                     to_insert.add(quad)
         removed = {quad for quad in to_delete if quad in ox}
+        removed |= in_store
         if watched is None:
             added = {quad for quad in to_insert if quad not in ox}
             return added, removed - to_insert, True

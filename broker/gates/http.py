@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from urllib.parse import parse_qsl
 
-from aiohttp import web
-from multidict import MultiDict, MultiDictProxy
+from aiohttp import hdrs, web
+from multidict import CIMultiDict, MultiDict, MultiDictProxy
 
 from broker.core.clock import rfc3339
 from broker.core.due import due_micros
@@ -15,6 +15,7 @@ from broker.core.engine import Engine
 from broker.core.pending import PendingUpdate
 from broker.core.results import UpdateResult
 from broker.delayed import now_micros
+from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import CORS_HEADERS, BadRequest, UnsupportedMediaType
 from broker.gates.negotiation import serialize
 from broker.scheduler import Scheduler
@@ -22,9 +23,10 @@ from broker.scheduler import Scheduler
 FORM = "application/x-www-form-urlencoded"
 QUERY_TYPE = "application/sparql-query"
 UPDATE_TYPE = "application/sparql-update"
-# what web.Response(text=..., content_type="application/json") sends, and CORS (the error middleware
-# would add it anyway: present from the start, its update changes nothing)
-UPDATE_REPLY_HEADERS = {"Content-Type": "application/json; charset=utf-8", **CORS_HEADERS}
+# what web.Response(text=..., content_type="application/json") sends, and CORS (the dispatcher would
+# add it anyway: present from the start, its update changes nothing); a CIMultiDict, which the
+# Response copies faster than it builds one from a dict
+UPDATE_REPLY_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8", **CORS_HEADERS})
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:
@@ -34,7 +36,7 @@ def _single(params: MultiDictProxy[str], name: str) -> str | None:
     return values[0] if values else None
 
 
-async def _utf8_body(request: web.Request) -> str:
+async def _utf8_body(request: web.BaseRequest) -> str:
     """The body as text: SPARQL requests are UTF-8 (strictly), whatever charset the client claims."""
     charset = request.charset
     if charset is not None and charset.lower() not in ("utf-8", "utf8"):
@@ -42,7 +44,21 @@ async def _utf8_body(request: web.Request) -> str:
     return (await request.read()).decode("utf-8")
 
 
-async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
+async def _whole_body(request: web.BaseRequest) -> bytes:
+    """The body, as ``request.read()`` gives it (413 past the request's limit), taken at once when it
+    has all arrived: a small update's body comes in the segment that carried its headers, and
+    read()'s loop of reads costs more than the rest of the gate's work on it. Read it only once."""
+    payload = request.content
+    if not payload.is_eof():
+        return await request.read()
+    body = payload.read_nowait()
+    limit = request.client_max_size
+    if limit and len(body) > limit:
+        raise web.HTTPRequestEntityTooLarge(limit, len(body))
+    return body
+
+
+async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
     """The SPARQL text and the protocol parameters, from GET, form POST or direct POST."""
     if request.method == "GET":
         if field == "update":
@@ -74,7 +90,7 @@ async def _read(request: web.Request, field: str, direct_type: str) -> tuple[str
     return text, params  # type: ignore[return-value]
 
 
-def _endpoint(request: web.Request) -> str:
+def _endpoint(request: web.BaseRequest) -> str:
     """The base IRI of relative IRIs in a request: the service endpoint (SPARQL 1.1 Protocol)."""
     return f"{request.scheme}://{request.host}{request.path}"
 
@@ -87,7 +103,7 @@ class HttpGate:
         self.engine: Engine = scheduler.engine
         self.counters = counters
 
-    async def query(self, request: web.Request) -> web.Response:
+    async def query(self, request: web.BaseRequest) -> web.Response:
         sparql, params = await _read(request, "query", QUERY_TYPE)
         if "update" in params:
             raise BadRequest("'update' is not a parameter of the query operation")
@@ -107,12 +123,18 @@ class HttpGate:
         body, content_type = await self.scheduler.run_query(run)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    async def update(self, request: web.Request) -> web.Response:
+    async def update(self, request: web.BaseRequest) -> web.Response:
         """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id)."""
-        if request.method == "POST" and not request.query_string and request.content_type == UPDATE_TYPE:
-            # the common case (a direct POST, no parameters): none of the protocol's options can apply
+        if (
+            request.method == "POST"
+            and request.headers.get(hdrs.CONTENT_TYPE) == UPDATE_TYPE
+            and not request.query_string
+        ):
+            # the common case: a direct POST of exactly this media type (so no charset to check, and
+            # no parsing of the header) without parameters (so none of the protocol's options apply);
+            # any other spelling of the media type takes the general path, to the same effect
             try:
-                sparql = await _utf8_body(request)
+                sparql = (await _whole_body(request)).decode("utf-8")
             except UnicodeDecodeError as error:
                 raise BadRequest("the body is not valid UTF-8") from error
             self.counters["http_updates"] += 1
@@ -138,27 +160,29 @@ class HttpGate:
         result = await self.scheduler.update(sparql, yield_to_loop=False, **options)  # type: ignore[arg-type]
         return _update_reply(result)
 
-    async def scheduled(self, request: web.Request) -> web.Response:
+    async def scheduled(self, request: web.BaseRequest) -> web.Response:
         """GET /scheduled: the pending delayed updates, in due order."""
         entries = await self.scheduler.delayed.list()
         return _json({"scheduled": [scheduled_json(entry, full=True) for entry in entries]})
 
-    async def cancel(self, request: web.Request) -> web.Response:
+    async def cancel(self, request: web.BaseRequest) -> web.Response:
         """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run)."""
-        entry = await self.scheduler.delayed.cancel(request.match_info["id"])
+        entry = await self.scheduler.delayed.cancel(last_segment(request))
         return _json({"cancelled": scheduled_json(entry)})
 
-    def routes(
-        self, query_path: str = "/query", update_path: str = "/update", scheduled_path: str = "/scheduled"
-    ) -> list[web.RouteDef]:
-        return [
-            web.get(query_path, self.query),
-            web.post(query_path, self.query),
-            web.get(update_path, self.update),
-            web.post(update_path, self.update),
-            web.get(scheduled_path, self.scheduled),
-            web.delete(scheduled_path + "/{id}", self.cancel),
-        ]
+    def add_routes(
+        self,
+        routes: Routes,
+        query_path: str = "/query",
+        update_path: str = "/update",
+        scheduled_path: str = "/scheduled",
+    ) -> None:
+        routes.get(query_path, self.query)
+        routes.post(query_path, self.query)
+        routes.get(update_path, self.update)
+        routes.post(update_path, self.update)
+        routes.get(scheduled_path, self.scheduled)
+        routes.delete(scheduled_path + "/{id}", self.cancel)
 
 
 def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, object]:

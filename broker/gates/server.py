@@ -1,4 +1,4 @@
-"""The gates on the network: aiohttp applications for the HTTP port and the WebSocket port."""
+"""The gates on the network: the low-level aiohttp servers of the HTTP port and the WebSocket port."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from broker.delayed import DelayedUpdates
-from broker.gates.errors import make_error_middleware
+from broker.gates.dispatch import Dispatcher, Routes
 from broker.gates.http import HttpGate
 from broker.gates.websocket import WebSocketGate
 from broker.scheduler import Scheduler
@@ -45,28 +45,25 @@ class Gates:
             max_message_bytes=self.settings.max_message_bytes,
         )
 
-    def _app(self) -> web.Application:
-        return web.Application(
-            middlewares=[make_error_middleware(self.counters)], client_max_size=self.settings.max_request_bytes
-        )
+    def _server(self, routes: Routes) -> web.Server:
+        return Dispatcher(routes, self.counters, max_request_bytes=self.settings.max_request_bytes).server()
 
-    def http_app(self) -> web.Application:
-        """Query, update, subscribe (so a browser needs one origin) and metrics."""
-        app = self._app()
-        app.add_routes(
-            self.http.routes(self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
-        )
-        app.add_routes(
-            [web.get(self.settings.subscribe_path, self.websocket.handle), web.get("/metrics", self.metrics)]
-        )
-        return app
+    def http_server(self) -> web.Server:
+        """Query, update, scheduled updates, subscribe (so a browser needs one origin) and metrics;
+        call with the event loop running."""
+        routes = Routes()
+        self.http.add_routes(routes, self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
+        routes.get(self.settings.subscribe_path, self.websocket.handle)
+        routes.get("/metrics", self.metrics)
+        return self._server(routes)
 
-    def websocket_app(self) -> web.Application:
-        app = self._app()
-        app.add_routes([web.get(self.settings.subscribe_path, self.websocket.handle)])
-        return app
+    def websocket_server(self) -> web.Server:
+        """Subscribe only; call with the event loop running."""
+        routes = Routes()
+        routes.get(self.settings.subscribe_path, self.websocket.handle)
+        return self._server(routes)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, request: web.BaseRequest) -> web.Response:
         """Prometheus text format: engine stages, gate counters, scheduler admission."""
         engine = self.scheduler.engine
         lines = [

@@ -21,7 +21,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from broker.core.notification import Notification
 from broker.errors import NotFound, SepaError
 from broker.gates.errors import error_body
-from broker.scheduler import Scheduler
+from broker.scheduler import Scheduler, loop_handoff
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class WebSocketGate:
         self.max_message_bytes = max_message_bytes
         self.connections: set[Connection] = set()
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+    async def handle(self, request: web.BaseRequest) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes)
         await ws.prepare(request)
         connection = Connection(ws, self.queue_limit, request.remote or "?", request.transport)
@@ -168,10 +168,10 @@ class WebSocketGate:
                 self.reply_error(connection, "invalid_request", f"'{member}' must be an array of IRIs", 400, alias)
                 return
             graphs[member] = value
-        loop = asyncio.get_running_loop()
+        to_loop = loop_handoff(asyncio.get_running_loop())
 
         def from_engine(notification: Notification) -> None:
-            loop.call_soon_threadsafe(connection.push, notification)
+            to_loop(connection.push, notification)
 
         try:
             subscription = await self.scheduler.serialized(

@@ -52,6 +52,15 @@ class QuadPattern:
         return f"GRAPH {self.graph} {{ {triple} }}"
 
 
+def pattern_skeleton(patterns: tuple[QuadPattern, ...]) -> tuple[tuple[str | None, ...], ...]:
+    """Which positions of the patterns are which variables (None: a term); BGP join plans depend
+    only on this (:func:`broker.core.bgp.plan`)."""
+    return tuple(
+        tuple(position.name if isinstance(position, Var) else None for position in pattern.positions())
+        for pattern in patterns
+    )
+
+
 ALLOWED_NAMES = frozenset({"a", "true", "false"})
 ALLOWED_PUNCT = frozenset({".", ";", ",", "[", "]", "(", ")", "^^", "+", "-"})
 

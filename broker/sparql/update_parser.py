@@ -21,6 +21,7 @@ from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.errors import SparqlSyntaxError
 from broker.sparql.fast_blocks import blank_node_labels, group_end, scan_block
+from broker.sparql.limits import check_structure
 from broker.sparql.patterns import (
     ALLOWED_NAMES,
     BlockSyntax,
@@ -29,6 +30,7 @@ from broker.sparql.patterns import (
     ground_quads,
     parse_block,
     parse_quads,
+    pattern_skeleton,
     split_template,
     to_patterns,
 )
@@ -63,6 +65,21 @@ class ModifyOp:
     using_named: tuple[NamedNode, ...]
     delete_ground: tuple[Quad, ...] = ()
     insert_ground: tuple[Quad, ...] = ()
+    # Derived from the fields above once, here: a cached request's operation is run many times.
+    # where_skeleton: pattern_skeleton(where_bgp). delete_matches: per `delete` pattern, the index of
+    # an identical `where_bgp` pattern or None; None when there is none at all.
+    where_skeleton: tuple[tuple[str | None, ...], ...] | None = field(init=False, repr=False, compare=False)
+    delete_matches: tuple[int | None, ...] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        where = self.where_bgp
+        matches = None
+        if where and self.delete:
+            found = tuple(where.index(pattern) if pattern in where else None for pattern in self.delete)
+            if any(index is not None for index in found):
+                matches = found
+        object.__setattr__(self, "where_skeleton", None if where is None else pattern_skeleton(where))
+        object.__setattr__(self, "delete_matches", matches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,18 +520,22 @@ CACHED_REQUEST_CHARS = 8192
 
 
 def parse_update(text: str, base_iri: str | None = None, prefixes: dict[str, str] | None = None) -> ParsedUpdate:
-    """Parse an update request; raises SparqlSyntaxError with line and column.
+    """Parse an update request; raises SparqlSyntaxError with line and column, and InvalidRequest
+    for a request beyond :mod:`broker.sparql.limits` (checked before any parser runs).
 
     Cached by exact text (producers repeat requests), then by shape (see
-    :mod:`broker.sparql.update_shapes`), falling back to a full parse.
+    :mod:`broker.sparql.update_shapes`), falling back to a full parse. A cached text passed the
+    limits when it was parsed, so a hit is not checked again.
     """
-    prefix_items = tuple(sorted((prefixes or {}).items()))
+    prefix_items = tuple(sorted(prefixes.items())) if prefixes else ()
     if len(text) > CACHED_REQUEST_CHARS:
+        check_structure(text)
         return _parse(text, base_iri, prefixes)
     key = (text, base_iri, prefix_items)
     seen = _TEXTS.get(key)
     if seen is not None:
         return seen
+    check_structure(text)
     parsed = _parse_shaped(text, base_iri, prefixes, prefix_items)
     if _second_sighting(key):
         if len(_TEXTS) >= TEXT_CACHE_SIZE:
