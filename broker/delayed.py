@@ -27,12 +27,13 @@ import sqlite3
 import time
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker.core.access import GraphAccess
 from broker.core.pending import PendingUpdate, PendingUpdates
-from broker.errors import NotFound, SepaError
+from broker.errors import Forbidden, NotFound, SepaError
 from broker.store import ApplyMark
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ class DelayedUpdates:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._batches: set[asyncio.Future[object]] = set()
+        # the current rights of a delayed update's owner (set by the secure gates); raises when revoked
+        self.access_of: Callable[[str], GraphAccess] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -125,8 +128,11 @@ class DelayedUpdates:
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
+        owner: str | None = None,
     ) -> PendingUpdate:
-        """Check and store an update due at `due_us`; raises what the update would raise if malformed."""
+        """Check and store an update due at `due_us`; raises what the update would raise if malformed.
+
+        An `owner` (a secure client's identity) must still hold its rights when the update falls due."""
         await self.start()
         engine = self.scheduler.engine
         using, named = tuple(using_graph_uri), tuple(using_named_graph_uri)
@@ -144,6 +150,7 @@ class DelayedUpdates:
                 using_graph_uri=using,
                 using_named_graph_uri=named,
                 base_iri=base_iri,
+                owner=owner,
             )
 
         entry: PendingUpdate = await self.scheduler.serialized(check_and_store)
@@ -151,17 +158,18 @@ class DelayedUpdates:
         self._push(entry)
         return entry
 
-    async def cancel(self, id: str) -> PendingUpdate:
-        """Cancel a pending update; NotFound when it is unknown, already ran or was cancelled."""
-        entry = await self.scheduler.serialized(self._take, id)
+    async def cancel(self, id: str, owner: str | None = None) -> PendingUpdate:
+        """Cancel a pending update; NotFound when it is unknown, already ran or was cancelled, or
+        (with `owner`) belongs to another client."""
+        entry = await self.scheduler.serialized(self._take, id, owner)
         if entry is None:
             raise NotFound(f"no pending delayed update {id!r}")
         self.stats.cancelled += 1
         return entry
 
-    def _take(self, id: str) -> PendingUpdate | None:
+    def _take(self, id: str, owner: str | None = None) -> PendingUpdate | None:
         entry = self.pending.get(id)
-        if entry is None or not self.pending.remove(id):
+        if entry is None or (owner is not None and entry.owner != owner) or not self.pending.remove(id):
             return None
         self._count -= 1  # the heap entry is dropped when it falls due
         return entry
@@ -225,8 +233,14 @@ class DelayedUpdates:
                 continue
             mark = ApplyMark(entry.id, lambda _tag, entry=entry: self._ran(entry))  # type: ignore[misc]
             try:
+                access = None
+                if entry.owner is not None:
+                    if self.access_of is None:
+                        raise Forbidden("a secure client's delayed update needs the secure gates to run")
+                    access = self.access_of(entry.owner)
                 engine.update(
                     entry.sparql,
+                    access=access,
                     using_graph_uri=entry.using_graph_uri,
                     using_named_graph_uri=entry.using_named_graph_uri,
                     base_iri=entry.base_iri,

@@ -53,3 +53,21 @@ class NotFound(SepaError):
 
     error = "not_found"
     status_code = 404
+
+
+class Unauthorized(SepaError):
+    """No valid token (missing, expired, forged, wrong algorithm or issuer, revoked client).
+
+    Always 401 ``invalid_grant``: old SEPA clients renew their token on a 401 and treat a 400 alike,
+    so token problems are never answered with anything else (PROTOCOL.md "OAuth 2.0").
+    """
+
+    error = "invalid_grant"
+    status_code = 401
+
+
+class Forbidden(SepaError):
+    """A valid client asked for something its rights do not cover (a graph it may not read or write)."""
+
+    error = "forbidden"
+    status_code = 403

@@ -4,9 +4,11 @@ until SIGTERM/SIGINT, then finish in-flight updates, close sockets cleanly and f
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -21,6 +23,7 @@ from gateway.collector import release_after_stop, settle_after_start
 from gateway.config import Config
 from gateway.observations import ontology_update
 from gateway.retention import Retention
+from gateway.security import SecureParts, secure_parts
 
 if TYPE_CHECKING:
     from adapters.mqtt.adapter import MqttAdapter
@@ -46,6 +49,13 @@ class Gateway:
             pending=self.pending,
             max_pending=config.scheduler.max_pending,
         )
+        self.gateway_id = config.observations.gateway_id or socket.gethostname()
+        self.secure: SecureParts | None = None
+        if config.security.enabled:
+            try:
+                self.secure = secure_parts(config, self.gateway_id)
+            except (OSError, ValueError, ssl.SSLError) as error:
+                raise StartupError(f"cannot set up the secure gates: {error}") from error
         self.gates = Gates(
             self.scheduler,
             GateSettings(
@@ -58,12 +68,13 @@ class Gateway:
                 queue_limit=config.websocket.queue_limit,
                 max_message_bytes=config.websocket.max_message_bytes,
             ),
+            authority=self.secure.authority if self.secure is not None else None,
         )
         self.runners: list[web.BaseRunner] = []
+        self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
         self.stopped = asyncio.Event()
         # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
         self.client = SepaClient(InProcessTransport(self.scheduler))
-        self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.retention = Retention(self.client, config.observations)
         self.shipper: Shipper | None = None
         if config.shipper.enabled:
@@ -85,22 +96,34 @@ class Gateway:
         await self.scheduler.delayed.start()
         await self.client.update(ontology_update())
         host = self.config.http.host
-        plan = [
-            (self.gates.http_server(), self.config.http.port),
-            (self.gates.websocket_server(), self.config.websocket.port),
+        plan: list[tuple[web.Server, str, int, ssl.SSLContext | None]] = [
+            (self.gates.http_server(), host, self.config.http.port, None),
+            (self.gates.websocket_server(), host, self.config.websocket.port, None),
         ]
+        security = self.config.security
+        if self.secure is not None:
+            context = self.secure.ssl_context
+            plan.append((self.gates.https_server(), security.host, security.https_port, context))
+            plan.append((self.gates.wss_server(), security.host, security.wss_port, context))
+        elif not _loopback(host):
+            log.warning(
+                "INSECURE: the plain gates listen on a network address without authentication; anyone on "
+                "the network can read and change the store. Bind http.host to 127.0.0.1 or enable [security]",
+                extra={"host": host},
+            )
         bound: list[int] = []
-        for server, port in plan:
+        for server, address, port, context in plan:
             runner = web.ServerRunner(server, handle_signals=False)
             await runner.setup()
             self.runners.append(runner)
             try:
-                await web.TCPSite(runner, host, port, reuse_address=True).start()
+                await web.TCPSite(runner, address, port, reuse_address=True, ssl_context=context).start()
             except OSError as error:
                 await self.stop()
-                raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from error
+                raise StartupError(f"cannot listen on {address}:{port}: {error.strerror or error}") from error
             bound.append(runner.addresses[0][1] if runner.addresses else port)  # port 0: the one the OS chose
-        http_port, ws_port = bound
+        http_port, ws_port = bound[:2]
+        self.ports = {"http": http_port, "websocket": ws_port}
         if self.shipper is not None:  # before the adapters: it counts what is in the store first
             await self.shipper.start()
         if self.mqtt is not None:
@@ -109,6 +132,27 @@ class Gateway:
         settle_after_start()  # what start-up built lives as long as the gateway: see gateway.collector
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
+        secure_urls: list[str] = []
+        if self.secure is not None:
+            self.ports.update(https=bound[2], wss=bound[3])
+            self.gates.secure.start()  # type: ignore[union-attr]
+            log.info(
+                "secure gates",
+                extra={
+                    "tls_fingerprint_sha256": self.secure.tls.fingerprint,
+                    "certificate": str(self.secure.tls.cert),
+                    "generated": self.secure.tls.generated,
+                    "security_dir": str(self.secure.directory) if self.secure.temporary is None else "temporary",
+                },
+            )
+            secure_shown = "localhost" if security.host in ("0.0.0.0", "::") else security.host
+            secure_urls = [
+                f"https://{secure_shown}:{bound[2]}/secure/query",
+                f"https://{secure_shown}:{bound[2]}/secure/update",
+                f"wss://{secure_shown}:{bound[3]}/secure/subscribe",
+                f"https://{secure_shown}:{bound[2]}/oauth/register",
+                f"https://{secure_shown}:{bound[2]}/oauth/token",
+            ]
         return [
             f"{http}{self.config.http.query_path}",
             f"{http}{self.config.http.update_path}",
@@ -116,10 +160,13 @@ class Gateway:
             f"ws://{shown}:{http_port}{self.config.websocket.path}",
             f"{http}/metrics",
             f"{http}{self.config.http.scheduled_path}",
+            *secure_urls,
         ]
 
     async def stop(self) -> None:
         release_after_stop()
+        if self.gates.secure is not None:
+            await self.gates.secure.stop()
         await self.retention.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
@@ -134,6 +181,8 @@ class Gateway:
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
         self.pending.close()
         self.store.flush()
+        if self.secure is not None and self.secure.temporary is not None:
+            self.secure.temporary.cleanup()
 
     async def serve(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down cleanly."""
@@ -147,3 +196,13 @@ class Gateway:
         log.info("sepa-gateway stopping: finishing in-flight updates")
         await self.stop()
         log.info("sepa-gateway stopped")
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` is a loopback address or name (the plain gates' safe place)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

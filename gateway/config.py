@@ -48,6 +48,21 @@ class WebSocketConfig:
 
 
 @dataclass
+class SecurityConfig:
+    enabled: bool = False  # the secure gates: HTTPS + WSS, OAuth 2.0 client credentials, JWT (the installed file: true)
+    host: str = "0.0.0.0"  # where the secure gates listen
+    https_port: int = 8443  # /secure/query, /secure/update, /secure/scheduled, /oauth/*, /secure/subscribe
+    wss_port: int = 9443  # /secure/subscribe
+    dir: str = ""  # keys, certificate and client registry (0700); empty: <store.data_dir>/security, or a temporary one
+    tls_cert: str = ""  # PEM certificate chain of the secure gates; empty: a self-signed one generated into dir
+    tls_key: str = ""  # its private key (PEM)
+    tls_names: list = field(default_factory=list)  # extra DNS names / IP addresses for the generated certificate
+    token_lifetime_s: int = 3600  # access tokens expire after this; clients renew them with their credentials
+    issuer: str = ""  # the tokens' "iss"; empty: sepa-gateway:<observations.gateway_id or host name>
+    clients: list = field(default_factory=list)  # [[security.clients]]: identity, read, write (see the TOML file)
+
+
+@dataclass
 class SchedulerConfig:
     queue_size: int = 1000  # requests in flight before 429 too_many_requests
     query_threads: int = 4
@@ -127,6 +142,7 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     observations: ObservationsConfig = field(default_factory=ObservationsConfig)
     shipper: ShipperConfig = field(default_factory=ShipperConfig)
@@ -135,7 +151,12 @@ class Config:
     def validate(self) -> Config:
         if self.engine.mode not in ("incremental", "naive"):
             raise ConfigError(f"engine.mode must be 'incremental' or 'naive', not {self.engine.mode!r}")
-        for name, port in (("http.port", self.http.port), ("websocket.port", self.websocket.port)):
+        for name, port in (
+            ("http.port", self.http.port),
+            ("websocket.port", self.websocket.port),
+            ("security.https_port", self.security.https_port),
+            ("security.wss_port", self.security.wss_port),
+        ):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
         for name, value in (
@@ -158,6 +179,8 @@ class Config:
         ):
             if not path.startswith("/"):
                 raise ConfigError(f"{name} must start with '/', not {path!r}")
+        if self.security.enabled:
+            self._check_security()
         if self.mqtt.enabled:
             from gateway.mqtt import check  # the adapter's modules load only when MQTT is on
 
@@ -171,6 +194,26 @@ class Config:
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
         return self
+
+    def _check_security(self) -> None:
+        from broker.security.clients import RegistryError, configured_client  # only when security is on
+
+        security = self.security
+        if bool(security.tls_cert) != bool(security.tls_key):
+            raise ConfigError("security.tls_cert and security.tls_key go together")
+        for name in ("tls_cert", "tls_key"):
+            path = getattr(security, name)
+            if path and not Path(path).is_file():
+                raise ConfigError(f"security.{name}: no such file {path}")
+        if security.token_lifetime_s < 10:
+            raise ConfigError("security.token_lifetime_s must be at least 10")
+        if not all(isinstance(name, str) for name in security.tls_names):
+            raise ConfigError("security.tls_names must be a list of strings")
+        try:
+            for position, entry in enumerate(security.clients):
+                configured_client(entry, position)
+        except RegistryError as error:
+            raise ConfigError(str(error)) from None
 
     def _check_shipper(self) -> None:
         shipper = self.shipper

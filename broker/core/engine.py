@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from broker.core.access import GraphAccess
 from broker.core.budget import Budget, OverBudget
 from broker.core.notification import Notification
 from broker.core.query_processor import QueryProcessor
@@ -58,6 +59,7 @@ class Engine:
         prefixes: dict[str, str] | None = None,
         mark: ApplyMark | None = None,
         budget: int | None = None,
+        access: GraphAccess | None = None,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
 
@@ -70,6 +72,9 @@ class Engine:
 
         `budget` bounds the work (see :mod:`broker.core.budget`): past it, or when another engine
         call holds the lock, OverBudget is raised with nothing changed or notified.
+
+        `access` limits what the request may read and write (:mod:`broker.core.access`): a write
+        outside its writable graphs raises Forbidden with nothing changed or notified.
         """
         steps = None if budget is None else Budget(budget)
         if not self._update_lock.acquire(blocking=steps is None):
@@ -85,7 +90,10 @@ class Engine:
                 base_iri=base_iri,
                 prefixes=prefixes,
                 budget=steps,
+                readable=None if access is None else access.readable_terms(),
             )
+            if access is not None:
+                access.check_writes(delta)
             computed = time.perf_counter()
             apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
             notifications, timings = self.spus.process(delta, apply, steps)

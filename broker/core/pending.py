@@ -48,6 +48,7 @@ class PendingUpdate:
     using_graph_uri: tuple[str, ...] = ()
     using_named_graph_uri: tuple[str, ...] = ()
     base_iri: str | None = None
+    owner: str | None = None  # the secure client that scheduled it: it runs with that client's rights
 
     def order(self) -> tuple[int, int]:
         """Due order: by due time, then by the order they were scheduled in."""
@@ -105,10 +106,13 @@ class PendingUpdates:
         using_graph_uri: tuple[str, ...] = (),
         using_named_graph_uri: tuple[str, ...] = (),
         base_iri: str | None = None,
+        owner: str | None = None,
     ) -> PendingUpdate:
         options = {"using_graph_uri": list(using_graph_uri), "using_named_graph_uri": list(using_named_graph_uri)}
         if base_iri is not None:
             options["base_iri"] = base_iri  # type: ignore[assignment]
+        if owner is not None:
+            options["owner"] = owner  # type: ignore[assignment]
         with self._lock:
             self._seq += 1
             self._db.execute(
@@ -116,7 +120,9 @@ class PendingUpdates:
                 (id, due_us, self._seq, created_us, sparql, json.dumps(options)),
             )
             seq = self._seq
-        return PendingUpdate(id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri)
+        return PendingUpdate(
+            id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner
+        )
 
     def get(self, id: str) -> PendingUpdate | None:
         with self._lock:
@@ -163,4 +169,5 @@ def _pending(row: tuple) -> PendingUpdate:
         tuple(options.get("using_graph_uri", ())),
         tuple(options.get("using_named_graph_uri", ())),
         options.get("base_iri"),
+        options.get("owner"),
     )

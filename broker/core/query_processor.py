@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from pyoxigraph import DefaultGraph, NamedNode, QueryBoolean, QuerySolutions, QueryTriples, Variable
 
+from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI
 from broker.core.results import QueryResult
 from broker.errors import InvalidRequest, SparqlSyntaxError
 from broker.sparql.limits import check_structure
@@ -29,11 +30,18 @@ def syntax_error(error: SyntaxError) -> SparqlSyntaxError:
 
 
 def graph_list(iris: Sequence[str], what: str) -> list[NamedNode]:
-    """Protocol graph IRIs (default-graph-uri, named-graph-uri...) as NamedNodes, validated."""
+    """Protocol graph IRIs (default-graph-uri, named-graph-uri...) as NamedNodes, validated.
+
+    :data:`~broker.core.access.DEFAULT_GRAPH_IRI` names the store's default graph (in default-graph-uri
+    only) and :data:`~broker.core.access.NO_GRAPH_IRI` stands for no graph (an explicitly empty list).
+    """
     try:
-        return [NamedNode(iri) for iri in iris]
+        terms = [DefaultGraph() if iri == DEFAULT_GRAPH_IRI else NamedNode(iri) for iri in iris if iri != NO_GRAPH_IRI]
     except ValueError as error:
         raise InvalidRequest(f"invalid {what} IRI: {error}") from error
+    if what != "default-graph-uri" and DEFAULT_GRAPH_IRI in iris:
+        raise InvalidRequest(f"the default graph cannot be a {what}")
+    return terms  # type: ignore[return-value]
 
 
 def dataset_arguments(default_graph_uri: Sequence[str], named_graph_uri: Sequence[str]) -> dict[str, object]:

@@ -139,7 +139,7 @@ class ShapeGroup:
         shape: Shape,
         variables: tuple[str, ...],
         default_graphs: tuple[NamedNode, ...],
-        named_graphs: tuple[NamedNode, ...],
+        named_graphs: tuple[NamedNode, ...] | None,
     ) -> None:
         self.key = key
         self.shape = shape
@@ -147,12 +147,12 @@ class ShapeGroup:
         self.spus: dict[tuple[tuple[object, ...], ...], IncrementalSpu] = {}
         self.routes: list[dict[tuple[object, ...], set[IncrementalSpu]]] = [{} for _ in shape.branches]
         self.dataset = Dataset(
-            default_graphs[0] if default_graphs else None, frozenset(named_graphs) if named_graphs else None
+            default_graphs[0] if default_graphs else None, frozenset(named_graphs) if named_graphs is not None else None
         )
         self.query_arguments: dict[str, object] = {}
         if default_graphs:
             self.query_arguments["default_graph"] = list(default_graphs)
-        if named_graphs:
+        if named_graphs is not None:
             self.query_arguments["named_graphs"] = list(named_graphs)
         self.branch_queries = [
             branch.query_text(shape.prologue) if branch.filters else None for branch in shape.branches

@@ -121,7 +121,7 @@ class SpuManager:
                 shaped.shape,
                 variables,
                 tuple(graph_list(default_graph_uri, "default-graph-uri")),
-                tuple(graph_list(named_graph_uri, "named-graph-uri")),
+                tuple(graph_list(named_graph_uri, "named-graph-uri")) if named_graph_uri else None,
             )
             self.groups[key] = group
             self._index_group(group, add=True)

@@ -18,7 +18,7 @@ from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFor
 from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
 from broker.core.budget import Budget, BudgetedStore, OverBudget
 from broker.core.query_processor import graph_list
-from broker.errors import InvalidRequest, UpdateFailed
+from broker.errors import Forbidden, InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.prepared import PreparedUpdate
@@ -143,8 +143,12 @@ class UpdateProcessor:
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
         budget: Budget | None = None,
+        readable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> Delta:
         """The net delta of `sparql`; the store is unchanged when this returns or raises.
+
+        `readable`: the only graphs the request's WHERE clauses and ADD/COPY/MOVE sources may read
+        (None: all); see :mod:`broker.core.access`.
 
         With a `budget`, only a single INSERT/DELETE DATA or a DELETE/INSERT with a plain BGP is
         computed, its lookups charged to the budget; anything else raises OverBudget.
@@ -166,7 +170,7 @@ class UpdateProcessor:
                 and isinstance(operation, ModifyOp)
             ):
                 added, removed, intact = self._modify(
-                    operation, sparql, protocol_using, protocol_named, budget, sparql.digest_graph
+                    operation, sparql, protocol_using, protocol_named, budget, sparql.digest_graph, readable
                 )
                 if intact:
                     return Delta(
@@ -174,10 +178,10 @@ class UpdateProcessor:
                     )
                 return Delta(frozenset(added), frozenset(removed))
             added, removed, created, dropped = self._operation(
-                operation, sparql, protocol_using, protocol_named, budget
+                operation, sparql, protocol_using, protocol_named, budget, readable
             )
             return Delta(frozenset(added), frozenset(removed), frozenset(created), frozenset(dropped))
-        return self._sequence(operations, sparql, protocol_using, protocol_named)
+        return self._sequence(operations, sparql, protocol_using, protocol_named, readable)
 
     def check(
         self,
@@ -206,13 +210,20 @@ class UpdateProcessor:
             raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
         return operations, protocol_using, protocol_named
 
-    def _sequence(self, operations: list, sparql: Request, using: list[NamedNode], named: list[NamedNode]) -> Delta:
+    def _sequence(
+        self,
+        operations: list,
+        sparql: Request,
+        using: list[NamedNode],
+        named: list[NamedNode],
+        readable: frozenset[NamedNode | DefaultGraph] | None,
+    ) -> Delta:
         ox = self.store.ox
         graphs_before = set(ox.named_graphs())
         net = _NetDelta()
         try:
             for operation in operations:
-                added, removed, created, dropped = self._operation(operation, sparql, using, named)
+                added, removed, created, dropped = self._operation(operation, sparql, using, named, None, readable)
                 self.store.apply(added, removed, created, dropped)
                 net.add(added, removed)
         finally:
@@ -241,13 +252,18 @@ class UpdateProcessor:
         using: list[NamedNode],
         named: list[NamedNode],
         budget: Budget | None = None,
+        readable: frozenset[NamedNode | DefaultGraph] | None = None,
     ):
         """(added, removed, graphs created, graphs dropped) of one operation on the current store."""
         if isinstance(operation, DataOp):
             return self._data(operation) + (set(), set())
         if isinstance(operation, ModifyOp):
-            return self._modify(operation, sparql, using, named, budget)[:2] + (set(), set())
+            return self._modify(operation, sparql, using, named, budget, None, readable)[:2] + (set(), set())
         if isinstance(operation, GraphOp):
+            if readable is not None and operation.verb in ("ADD", "COPY", "MOVE"):
+                source = DEFAULT_GRAPH if operation.source == "DEFAULT" else operation.source
+                if source not in readable:
+                    raise Forbidden(f"this client may not read the graph {source}")
             return self._graph_op(operation)
         if isinstance(operation, LoadOp):
             return self._load(operation) + (set(), set())
@@ -267,8 +283,11 @@ class UpdateProcessor:
         named: list[NamedNode],
         budget: Budget | None = None,
         capture: bool = False,
+        readable: frozenset[NamedNode | DefaultGraph] | None = None,
     ):
-        """The WHERE solutions; with `capture`, BGP solutions also hold their matched quads (see evaluate_bgp)."""
+        """The WHERE solutions; with `capture`, BGP solutions also hold their matched quads (see evaluate_bgp).
+
+        With `readable`, the WHERE dataset keeps only readable graphs (an unreadable one is empty)."""
         if operation.using or operation.using_named:
             default_graphs, named_graphs = list(operation.using), list(operation.using_named)
         elif using or named:
@@ -276,6 +295,10 @@ class UpdateProcessor:
         else:
             default_graphs = [operation.with_graph] if operation.with_graph is not None else None
             named_graphs = None
+        if readable is not None:
+            default_graphs = [g for g in (default_graphs or [DEFAULT_GRAPH]) if g in readable]
+            named_graphs = [g for g in (readable if named_graphs is None else named_graphs) if g in readable]
+            named_graphs = [g for g in named_graphs if isinstance(g, NamedNode)]
         if operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1):
             dataset = Dataset(
                 default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
@@ -317,6 +340,7 @@ class UpdateProcessor:
         named: list[NamedNode],
         budget: Budget | None = None,
         watched: NamedNode | None = None,
+        readable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> tuple[set[Quad], set[Quad], bool]:
         """(added, removed, whether every quad inserted into the `watched` graph is new)."""
         ox = self.store.ox
@@ -325,7 +349,7 @@ class UpdateProcessor:
         in_store: set[Quad] = set()  # quads the WHERE clause matched: in the store, no need to ask
         to_insert: set[Quad] = set()
         matched = _matched_deletes(operation, using, named)
-        solutions = self._solutions(operation, sparql, using, named, budget, capture=bool(matched))
+        solutions = self._solutions(operation, sparql, using, named, budget, capture=bool(matched), readable=readable)
         if solutions:  # ground template quads are the same for every solution: added once, in bulk
             to_delete.update(_in_graph(operation.delete_ground, operation.with_graph))
             to_insert.update(_in_graph(operation.insert_ground, operation.with_graph))

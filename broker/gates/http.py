@@ -9,6 +9,7 @@ from urllib.parse import parse_qsl
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, MultiDict, MultiDictProxy
 
+from broker.core.access import GraphAccess
 from broker.core.clock import rfc3339
 from broker.core.due import due_micros
 from broker.core.engine import Engine
@@ -103,7 +104,8 @@ class HttpGate:
         self.engine: Engine = scheduler.engine
         self.counters = counters
 
-    async def query(self, request: web.BaseRequest) -> web.Response:
+    async def query(self, request: web.BaseRequest, access: GraphAccess | None = None) -> web.Response:
+        """A query; with `access` (secure gates), evaluated only over the graphs it may read."""
         sparql, params = await _read(request, "query", QUERY_TYPE)
         if "update" in params:
             raise BadRequest("'update' is not a parameter of the query operation")
@@ -111,6 +113,8 @@ class HttpGate:
         accept = request.headers.get("Accept")
         default_graphs = params.getall("default-graph-uri", [])
         named_graphs = params.getall("named-graph-uri", [])
+        if access is not None:
+            default_graphs, named_graphs = access.restrict_dataset(default_graphs, named_graphs)
 
         base_iri = _endpoint(request)
 
@@ -123,8 +127,13 @@ class HttpGate:
         body, content_type = await self.scheduler.run_query(run)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
-    async def update(self, request: web.BaseRequest) -> web.Response:
-        """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id)."""
+    async def update(
+        self, request: web.BaseRequest, access: GraphAccess | None = None, owner: str | None = None
+    ) -> web.Response:
+        """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id).
+
+        With `access` (secure gates) it reads and writes only what the client may; a delayed update
+        remembers its `owner` and runs with the owner's rights when it falls due."""
         if (
             request.method == "POST"
             and request.headers.get(hdrs.CONTENT_TYPE) == UPDATE_TYPE
@@ -140,7 +149,9 @@ class HttpGate:
             self.counters["http_updates"] += 1
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
-            result = await self.scheduler.update(sparql, base_iri=_endpoint(request), yield_to_loop=False)
+            result = await self.scheduler.update(
+                sparql, base_iri=_endpoint(request), yield_to_loop=False, access=access
+            )
             return _update_reply(result)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
@@ -153,21 +164,24 @@ class HttpGate:
         if "delay" in params or "at" in params:
             due = due_micros(_single(params, "delay"), _single(params, "at"), now_micros())
             assert due is not None
-            entry = await self.scheduler.delayed.schedule(sparql, due, **options)  # type: ignore[arg-type]
+            entry = await self.scheduler.delayed.schedule(sparql, due, owner=owner, **options)  # type: ignore[arg-type]
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
-        result = await self.scheduler.update(sparql, yield_to_loop=False, **options)  # type: ignore[arg-type]
+        result = await self.scheduler.update(sparql, yield_to_loop=False, access=access, **options)  # type: ignore[arg-type]
         return _update_reply(result)
 
-    async def scheduled(self, request: web.BaseRequest) -> web.Response:
-        """GET /scheduled: the pending delayed updates, in due order."""
+    async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
+        """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own)."""
         entries = await self.scheduler.delayed.list()
+        if owner is not None:
+            entries = [entry for entry in entries if entry.owner == owner]
         return _json({"scheduled": [scheduled_json(entry, full=True) for entry in entries]})
 
-    async def cancel(self, request: web.BaseRequest) -> web.Response:
-        """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run)."""
-        entry = await self.scheduler.delayed.cancel(last_segment(request))
+    async def cancel(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
+        """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run,
+        and, with `owner`, when it is another client's)."""
+        entry = await self.scheduler.delayed.cancel(last_segment(request), owner=owner)
         return _json({"cancelled": scheduled_json(entry)})
 
     def add_routes(

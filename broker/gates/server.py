@@ -11,8 +11,10 @@ from aiohttp import web
 from broker.delayed import DelayedUpdates
 from broker.gates.dispatch import Dispatcher, Routes
 from broker.gates.http import HttpGate
-from broker.gates.websocket import WebSocketGate
+from broker.gates.secure import SUBSCRIBE_PATH, SecureGate
+from broker.gates.websocket import Connection, WebSocketGate
 from broker.scheduler import Scheduler
+from broker.security.authority import Authority
 
 
 @dataclass
@@ -28,9 +30,12 @@ class GateSettings:
 
 
 class Gates:
-    """The plain gates over one scheduler (secure gates will wrap the same handlers)."""
+    """The plain gates over one scheduler and, with an `authority`, the secure gates (HTTPS + WSS,
+    OAuth 2.0, JWT) over the same handlers."""
 
-    def __init__(self, scheduler: Scheduler, settings: GateSettings | None = None) -> None:
+    def __init__(
+        self, scheduler: Scheduler, settings: GateSettings | None = None, authority: Authority | None = None
+    ) -> None:
         self.settings = settings or GateSettings()
         self.scheduler = scheduler
         self.counters: Counter[str] = Counter()
@@ -44,6 +49,18 @@ class Gates:
             heartbeat_s=self.settings.heartbeat_s,
             max_message_bytes=self.settings.max_message_bytes,
         )
+        self.secure: SecureGate | None = None
+        if authority is not None:
+            secure_websocket = WebSocketGate(
+                scheduler,
+                self.counters,
+                queue_limit=self.settings.queue_limit,
+                heartbeat_s=self.settings.heartbeat_s,
+                max_message_bytes=self.settings.max_message_bytes,
+                authenticate=authority.authenticate,
+            )
+            self.secure = SecureGate(self.http, secure_websocket, authority)
+            scheduler.delayed.access_of = authority.access_of
 
     def _server(self, routes: Routes) -> web.Server:
         return Dispatcher(routes, self.counters, max_request_bytes=self.settings.max_request_bytes).server()
@@ -56,6 +73,27 @@ class Gates:
         routes.get(self.settings.subscribe_path, self.websocket.handle)
         routes.get("/metrics", self.metrics)
         return self._server(routes)
+
+    def https_server(self) -> web.Server:
+        """The secure HTTP port: secure query, update, scheduled updates, OAuth, and secure subscribe."""
+        assert self.secure is not None
+        routes = Routes()
+        self.secure.add_routes(routes)
+        return self._server(routes)
+
+    def wss_server(self) -> web.Server:
+        """The secure WebSocket port: secure subscribe only."""
+        assert self.secure is not None
+        routes = Routes()
+        routes.get(SUBSCRIBE_PATH, self.secure.websocket.handle)
+        return self._server(routes)
+
+    @property
+    def websocket_connections(self) -> list[Connection]:
+        connections = list(self.websocket.connections)
+        if self.secure is not None:
+            connections += self.secure.websocket.connections
+        return connections
 
     def websocket_server(self) -> web.Server:
         """Subscribe only; call with the event loop running."""
@@ -71,7 +109,7 @@ class Gates:
             f"sepa_notifications_total {engine.stats.notifications}",
             f"sepa_lutt_hits_total {engine.stats.lutt_hits}",
             f"sepa_subscriptions {engine.subscription_count}",
-            f"sepa_ws_connections {len(self.websocket.connections)}",
+            f"sepa_ws_connections {len(self.websocket_connections)}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
         ]
@@ -93,7 +131,7 @@ class Gates:
 
     async def close_connections(self) -> None:
         """Close every WebSocket with 1001 (going away); their subscriptions end."""
-        for connection in list(self.websocket.connections):
+        for connection in self.websocket_connections:
             connection.closing = True
             await connection.ws.close(code=1001, message=b"gateway shutting down")
 

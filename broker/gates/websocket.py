@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -22,6 +23,7 @@ from broker.core.notification import Notification
 from broker.errors import NotFound, SepaError
 from broker.gates.errors import error_body
 from broker.scheduler import Scheduler, loop_handoff
+from broker.security.authority import Principal
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class Connection:
         self.pending: deque[Notification | dict[str, Any]] = deque()
         self.ready = asyncio.Event()
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
+        self.owners: dict[str, Principal] = {}  # spuid -> the secure client that subscribed
         self.closing = False
         self.dropping: asyncio.Future[None] | None = None
 
@@ -87,7 +90,11 @@ class WebSocketGate:
         queue_limit: int = 10_000,
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
+        authenticate: Callable[[Any], Principal] | None = None,
     ) -> None:
+        """`authenticate` (secure gates): the principal of a message's ``authorization`` value, or
+        Unauthorized; every subscribe and unsubscribe is then checked."""
+        self.authenticate = authenticate
         self.scheduler = scheduler
         self.counters = counters
         self.queue_limit = queue_limit
@@ -126,6 +133,32 @@ class WebSocketGate:
             with contextlib.suppress(SepaError):
                 await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
         connection.subscriptions.clear()
+        connection.owners.clear()
+
+    async def end_invalid(self, still_valid: Callable[[Principal], bool]) -> int:
+        """End every subscription whose client is revoked or whose rights changed (told with a 401
+        error frame naming it); returns how many ended."""
+        ended = 0
+        for connection in list(self.connections):
+            for spuid, principal in list(connection.owners.items()):
+                if still_valid(principal):
+                    continue
+                alias = connection.subscriptions.pop(spuid, None)
+                connection.owners.pop(spuid, None)
+                with contextlib.suppress(NotFound):
+                    await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
+                self.counters["ws_revoked_subscriptions"] += 1
+                connection.push(
+                    error_body(
+                        "invalid_grant",
+                        "the client's rights were revoked or changed: subscription ended",
+                        401,
+                        alias=alias,
+                        spuid=spuid,
+                    )
+                )
+                ended += 1
+        return ended
 
     def reply_error(self, connection: Connection, error: str, description: str, status: int, alias: Any = None) -> None:
         self.counters[f"ws_{error}:{status}"] += 1
@@ -142,16 +175,30 @@ class WebSocketGate:
         except ValueError as error:
             self.reply_error(connection, "invalid_request", f"not JSON: {error}", 400)
             return
-        if isinstance(message, dict) and isinstance(message.get("subscribe"), dict):
-            await self.subscribe(connection, message["subscribe"])
-        elif isinstance(message, dict) and isinstance(message.get("unsubscribe"), dict):
-            await self.unsubscribe(connection, message["unsubscribe"])
+        for verb in ("subscribe", "unsubscribe"):
+            if isinstance(message, dict) and isinstance(message.get(verb), dict):
+                body = message[verb]
+                principal = None
+                if self.authenticate is not None:
+                    # inside the request object (the draft), or beside it (clients in the field)
+                    authorization = body.get("authorization", message.get("authorization"))
+                    try:
+                        principal = self.authenticate(authorization)
+                    except SepaError as error:
+                        alias = body.get("alias") if isinstance(body.get("alias"), str) else None
+                        self.reply_error(connection, error.error, error.description, error.status_code, alias)
+                        return
+                if verb == "subscribe":
+                    await self.subscribe(connection, body, principal)
+                else:
+                    await self.unsubscribe(connection, body, principal)
+                return
         else:
             self.reply_error(
                 connection, "invalid_request", 'expected {"subscribe": {...}} or {"unsubscribe": {...}}', 400
             )
 
-    async def subscribe(self, connection: Connection, body: dict[str, Any]) -> None:
+    async def subscribe(self, connection: Connection, body: dict[str, Any], principal: Principal | None = None) -> None:
         alias = body.get("alias")
         if alias is not None and not isinstance(alias, str):
             self.reply_error(connection, "invalid_request", "'alias' must be a string or null", 400)
@@ -168,6 +215,14 @@ class WebSocketGate:
                 self.reply_error(connection, "invalid_request", f"'{member}' must be an array of IRIs", 400, alias)
                 return
             graphs[member] = value
+        if principal is not None:
+            try:
+                graphs["default-graph-uri"], graphs["named-graph-uri"] = principal.access.restrict_dataset(  # type: ignore[assignment]
+                    graphs["default-graph-uri"], graphs["named-graph-uri"]
+                )
+            except SepaError as error:
+                self.reply_error(connection, error.error, error.description, error.status_code, alias)
+                return
         to_loop = loop_handoff(asyncio.get_running_loop())
 
         def from_engine(notification: Notification) -> None:
@@ -191,8 +246,12 @@ class WebSocketGate:
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
             return
         connection.subscriptions[subscription.spuid] = alias
+        if principal is not None:
+            connection.owners[subscription.spuid] = principal
 
-    async def unsubscribe(self, connection: Connection, body: dict[str, Any]) -> None:
+    async def unsubscribe(
+        self, connection: Connection, body: dict[str, Any], principal: Principal | None = None
+    ) -> None:
         spuid = body.get("spuid")
         if not isinstance(spuid, str):
             self.reply_error(connection, "invalid_request", "'spuid' (a string) is required", 400)
@@ -200,6 +259,11 @@ class WebSocketGate:
         if spuid not in connection.subscriptions:
             self.reply_error(connection, "not_found", f"no subscription {spuid} on this connection", 404)
             return
+        owner = connection.owners.get(spuid)
+        if principal is not None and (owner is None or owner.identity != principal.identity):
+            self.reply_error(connection, "forbidden", "a client may only end its own subscriptions", 403)
+            return
+        connection.owners.pop(spuid, None)
         alias = connection.subscriptions.pop(spuid)
         with contextlib.suppress(NotFound):
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)

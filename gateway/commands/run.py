@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", help="listen address (default 0.0.0.0)")
     parser.add_argument("--http-port", type=int, help="SPARQL 1.1 Protocol port (default 8000)")
     parser.add_argument("--ws-port", type=int, help="subscription WebSocket port (default 9000)")
+    parser.add_argument("--https-port", type=int, help="secure HTTPS port, with [security] enabled (default 8443)")
+    parser.add_argument("--wss-port", type=int, help="secure WebSocket port, with [security] enabled (default 9443)")
+    parser.add_argument("--secure", action="store_true", help="enable the secure gates ([security] enabled)")
     parser.add_argument("--no-mqtt", action="store_true", help="serve without the MQTT adapter ([mqtt] enabled)")
     parser.set_defaults(handler=run)
 
@@ -33,6 +36,12 @@ def run(args: argparse.Namespace) -> int:
             config.http.port = args.http_port
         if args.ws_port is not None:
             config.websocket.port = args.ws_port
+        if args.https_port is not None:
+            config.security.https_port = args.https_port
+        if args.wss_port is not None:
+            config.security.wss_port = args.wss_port
+        if args.secure:
+            config.security.enabled = True
         if args.no_mqtt:
             config.mqtt.enabled = False
         config.validate()

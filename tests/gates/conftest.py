@@ -163,6 +163,8 @@ class RunningGateway(Endpoint):
     _reader: threading.Thread | None = None
     http_url: str = ""
     ws_url: str = ""
+    https_url: str = ""  # the secure gates, when enabled
+    wss_url: str = ""
 
     def _drain(self) -> None:
         assert self.process.stderr is not None
@@ -238,6 +240,7 @@ def launch_gateway(
     own Mosquitto (tests/mqtt), and no other test may depend on a broker at localhost:1883.
     """
     argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
+    argv += ["--https-port", "0", "--wss-port", "0"]  # used only when a test's config or flag enables [security]
     if mqtt is False or (mqtt is None and config is None):
         argv.append("--no-mqtt")
     if config is not None:
@@ -265,6 +268,11 @@ def launch_gateway(
         gateway.ws_url = f"ws://127.0.0.1:{ws.port}"
         gateway.query_path = query_url.path
         gateway.update_path = urlsplit(gateway.urls[1]).path
+        for url in gateway.urls:
+            if url.endswith("/secure/query"):
+                gateway.https_url = f"https://127.0.0.1:{urlsplit(url).port}"
+            elif url.endswith("/secure/subscribe"):
+                gateway.wss_url = f"wss://127.0.0.1:{urlsplit(url).port}"
         wait_until_answering(gateway)
     except BaseException:
         if process.poll() is None:
@@ -318,6 +326,8 @@ class InProcessGateway(Endpoint):
     loop: asyncio.AbstractEventLoop
     http_url: str = ""
     ws_url: str = ""
+    https_url: str = ""  # the secure gates, when enabled
+    wss_url: str = ""
 
     def call(self, coroutine: Any, timeout: float = 30.0) -> Any:
         """Run a coroutine on the gateway's loop and wait for its result."""
@@ -334,6 +344,9 @@ def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0
+    config.security.host = "127.0.0.1"
+    config.security.https_port = 0
+    config.security.wss_port = 0
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="gateway-loop", daemon=True)
     thread.start()
@@ -349,6 +362,9 @@ def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread
         http_url=f"http://127.0.0.1:{urlsplit(urls[0]).port}",
         ws_url=f"ws://127.0.0.1:{urlsplit(urls[2]).port}",
     )
+    if built.secure is not None:
+        endpoint.https_url = f"https://127.0.0.1:{built.ports['https']}"
+        endpoint.wss_url = f"wss://127.0.0.1:{built.ports['wss']}"
     wait_until_answering(endpoint)
     return endpoint, thread
 

@@ -1,0 +1,133 @@
+"""OAuth 2.0 client credentials over the registry and the tokens: register, token, authenticate.
+
+Sans-I/O: the secure gates hand in header values and JSON bodies and get back replies or errors;
+nothing here knows aiohttp, so every rule is tested without sockets and reused by any transport.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from broker.core.access import GraphAccess
+from broker.errors import Forbidden, InvalidRequest, SepaError, Unauthorized
+from broker.security.clients import ClientRegistry, RegistryError, secret_digest
+from broker.security.keys import signing_key
+from broker.security.tokens import TokenAuthority
+
+log = logging.getLogger(__name__)
+
+
+class UnauthorizedClient(SepaError):
+    """Registration refused, or client credentials wrong (OAuth's ``unauthorized_client``)."""
+
+    error = "unauthorized_client"
+    status_code = 401
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a secure request, and what it may do."""
+
+    identity: str
+    client_id: str
+    access: GraphAccess
+
+
+# compared against when the client_id is unknown, so that the time taken does not tell
+_NO_SECRET = secret_digest("no client has this secret")
+
+
+class Authority:
+    """Registration, token issuance and request authentication of one gateway."""
+
+    def __init__(self, directory: Path, *, issuer: str, lifetime_s: int, configured: list[dict[str, Any]]) -> None:
+        self.registry = ClientRegistry(directory, configured)
+        self.tokens = TokenAuthority(signing_key(directory), issuer, lifetime_s)
+
+    # -- /oauth/register ------------------------------------------------------------------------
+
+    def register(self, body: Any) -> dict[str, Any]:
+        """The 201 reply to a registration request (PROTOCOL.md), or an error."""
+        request = body.get("register") if isinstance(body, dict) else None
+        if not isinstance(request, dict):
+            raise InvalidRequest(
+                'expected {"register": {"client_identity": "...", "grant_types": ["client_credentials"]}}'
+            )
+        identity = request.get("client_identity")
+        grants = request.get("grant_types", ["client_credentials"])
+        if not isinstance(identity, str) or not identity:
+            raise InvalidRequest("'client_identity' (a string) is required")
+        if not isinstance(grants, list) or "client_credentials" not in grants:
+            raise InvalidRequest("only the client_credentials grant is supported")
+        try:
+            client, secret = self.registry.register(identity, datetime.now(UTC).isoformat(timespec="seconds"))
+        except RegistryError as error:
+            log.warning("registration refused", extra={"identity": identity[:128], "reason": str(error)})
+            raise UnauthorizedClient(str(error)) from None
+        log.info("client registered", extra={"identity": identity, "client_id": client.client_id})
+        return {"credentials": {"client_id": client.client_id, "client_secret": secret, "signature": self.tokens.jwk()}}
+
+    # -- /oauth/token ---------------------------------------------------------------------------
+
+    def token(self, authorization: str | None) -> dict[str, Any]:
+        """The 201 reply to a token request with ``Authorization: Basic``, in both forms clients use."""
+        client_id, secret = _basic(authorization)
+        client = self.registry.by_client_id(client_id)
+        expected = client.secret_sha256 if client is not None and client.secret_sha256 else _NO_SECRET
+        matches = hmac.compare_digest(secret_digest(secret), expected)
+        if client is None or not matches or client.revoked:
+            raise UnauthorizedClient("wrong client credentials")
+        token, expires_in = self.tokens.issue(client_id)
+        reply = {"access_token": token, "token_type": "bearer", "expires_in": expires_in}
+        return {"token": dict(reply), **reply}
+
+    # -- secure requests ------------------------------------------------------------------------
+
+    def authenticate(self, authorization: Any) -> Principal:
+        """The principal of a request's ``Authorization`` value (``Bearer <JWT>`` or a bare JWT).
+
+        Every failure is 401 invalid_grant and names no detail an attacker could use."""
+        if not isinstance(authorization, str) or not authorization.strip():
+            raise Unauthorized("a bearer token is required (Authorization: Bearer <JWT>)")
+        scheme, _, rest = authorization.strip().partition(" ")
+        token = rest.strip() if scheme.lower() == "bearer" else authorization.strip()
+        claims = self.tokens.verify(token)
+        client = self.registry.by_client_id(claims.sub)
+        if client is None or client.revoked:
+            raise Unauthorized("the client of this token is no longer registered")
+        return Principal(client.identity, claims.sub, client.access)
+
+    def still_valid(self, principal: Principal) -> bool:
+        """Whether `principal` is still registered with the same rights (revocation watch)."""
+        client = self.registry.by_client_id(principal.client_id)
+        return client is not None and not client.revoked and client.access == principal.access
+
+    def access_of(self, identity: str) -> GraphAccess:
+        """The current rights of `identity` (a delayed update runs with its owner's rights when due)."""
+        client = self.registry.get(identity)
+        if client is None or client.revoked:
+            raise Forbidden(f"the client {identity!r} that scheduled this update is revoked")
+        return client.access
+
+
+def _basic(authorization: str | None) -> tuple[str, str]:
+    if not authorization:
+        raise UnauthorizedClient("send the client credentials with Authorization: Basic")
+    scheme, _, encoded = authorization.strip().partition(" ")
+    if scheme.lower() != "basic":
+        raise UnauthorizedClient("send the client credentials with Authorization: Basic")
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise UnauthorizedClient("malformed Basic credentials") from None
+    client_id, colon, secret = decoded.partition(":")
+    if not colon:
+        raise UnauthorizedClient("malformed Basic credentials")
+    return client_id, secret

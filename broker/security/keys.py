@@ -1,0 +1,134 @@
+"""The secure gates' key material: the token signing key and the TLS certificate.
+
+Both are generated on first start into the security directory when the operator gives none, and
+kept there with owner-only permissions (0600 files in a 0700 directory), so a restart keeps every
+issued token and every pinned certificate valid. Everything cryptographic goes through the
+maintained ``cryptography`` package (which pyjwt's ES256 uses too): nothing is written by hand.
+
+Why ES256 (ECDSA P-256) for tokens: asymmetric, so the public half can be handed to clients (the
+registration reply's ``signature`` JWK) without letting them mint tokens; small and fast on a
+Raspberry Pi (signing ~60 us, verifying ~150 us on this machine) next to RSA-2048 (~1.5 ms to sign).
+
+Rotation: stop the gateway, delete ``token-signing-key.pem`` (or the certificate pair), start it.
+A new key is generated; tokens signed by the old one get 401 and clients fetch new ones with their
+unchanged credentials. See the README, "Security".
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+SIGNING_KEY_FILE = "token-signing-key.pem"
+CERT_FILE = "tls-cert.pem"
+CERT_KEY_FILE = "tls-key.pem"
+CERT_VALID_DAYS = 3650  # an appliance's self-signed certificate is pinned by fingerprint, not renewed
+
+
+def private_directory(path: Path) -> Path:
+    """Create `path` (0700) if needed; refuse a directory others can read or write."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` to a new 0600 file atomically (a reader never sees half a key)."""
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def signing_key(directory: Path) -> ec.EllipticCurvePrivateKey:
+    """The token signing key kept in `directory`, generated on first use."""
+    path = directory / SIGNING_KEY_FILE
+    if path.exists():
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{path} is not an EC private key")
+        return key
+    key = ec.generate_private_key(ec.SECP256R1())
+    write_private(path, _pem(key))
+    return key
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    cert: Path
+    key: Path
+    fingerprint: str  # SHA-256 of the certificate (DER), colon-separated hex, as browsers show it
+    generated: bool
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return cert.fingerprint(hashes.SHA256()).hex(":").upper()
+
+
+def tls_files(directory: Path, cert: str = "", key: str = "", names: list[str] | None = None) -> TlsFiles:
+    """The certificate and key of the secure gates: the operator's, or a self-signed pair in `directory`."""
+    if cert or key:
+        if not (cert and key):
+            raise ValueError("security.tls_cert and security.tls_key go together")
+        return TlsFiles(Path(cert), Path(key), fingerprint(Path(cert).read_bytes()), generated=False)
+    cert_path, key_path = directory / CERT_FILE, directory / CERT_KEY_FILE
+    if cert_path.exists() and key_path.exists():
+        return TlsFiles(cert_path, key_path, fingerprint(cert_path.read_bytes()), generated=False)
+    private_key = ec.generate_private_key(ec.SECP256R1())
+    pem = self_signed(private_key, names or [])
+    write_private(key_path, _pem(private_key))
+    write_private(cert_path, pem)
+    return TlsFiles(cert_path, key_path, fingerprint(pem), generated=True)
+
+
+def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> bytes:
+    """A self-signed server certificate for this host's names and loopback, plus `names`."""
+    host = socket.gethostname()
+    alternatives: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for name in [host, f"{host}.local", "localhost", "127.0.0.1", "::1", *names]:
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        try:
+            alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alternatives.append(x509.DNSName(name))
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"sepa-gateway {host}"[:64])])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(private_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_VALID_DAYS))
+        .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(private_key, hashes.SHA256())
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM)
