@@ -12,7 +12,12 @@ import argparse
 import importlib
 from collections.abc import Sequence
 
-COMMAND_MODULES: tuple[str, ...] = ("gateway.commands.run", "gateway.commands.bench", "gateway.commands.client")
+COMMAND_MODULES: tuple[str, ...] = (
+    "gateway.commands.run",
+    "gateway.commands.bench",
+    "gateway.commands.client",
+    "gateway.commands.clients",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,8 +167,11 @@ class ClientRegistry:
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The stored entries under the lock; written back (atomically, 0600) when the block ends."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(self.directory / LOCK_FILE, "a") as lock:
+        if not self.directory.exists():
+            self.directory.mkdir(mode=0o700, parents=True)
+            _same_owner_as(self.directory, self.directory.parent)
+        with os.fdopen(os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600), "r+") as lock:
+            _same_owner_as(self.directory / LOCK_FILE, self.directory)
             fcntl.flock(lock, fcntl.LOCK_EX)
             stored = self._read_file()
             yield stored
