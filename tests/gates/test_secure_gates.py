@@ -61,7 +61,9 @@ def test_register_then_token_in_both_reply_forms_then_secure_update_and_query(se
         credentials = document["credentials"]
         assert {"client_id", "client_secret", "signature"} <= set(credentials)
         assert credentials["signature"]["kty"] == "EC" and "d" not in credentials["signature"]  # public half only
-        basic = "Basic " + base64.b64encode(f"{credentials['client_id']}:{credentials['client_secret']}".encode()).decode()
+        basic = (
+            "Basic " + base64.b64encode(f"{credentials['client_id']}:{credentials['client_secret']}".encode()).decode()
+        )
         status, token = await client.token_reply(basic)
         assert status == 201
         assert token["token_type"] == "bearer" and token["token"]["access_token"] == token["access_token"]
@@ -252,7 +254,7 @@ def test_writes_outside_the_writable_graphs_are_refused_whole(secure_gateway) ->
         for sparql in (
             f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} GRAPH <{SECRET}> {{ <{EX}a> <{EX}b> 1 }} }}",
             "DROP ALL",
-            f"DELETE {{ GRAPH ?g {{ ?s ?p ?o }} }} WHERE {{ GRAPH ?g {{ ?s ?p ?o }} }} ; CLEAR DEFAULT",
+            "DELETE { GRAPH ?g { ?s ?p ?o } } WHERE { GRAPH ?g { ?s ?p ?o } } ; CLEAR DEFAULT",
             f"INSERT DATA {{ <{EX}a> <{EX}b> 1 }}",
             f"COPY <{PUBLIC}> TO <{SECRET}>",
         ):
