@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pyoxigraph import DefaultGraph, NamedNode
 
 from broker.errors import Forbidden
+from broker.sparql.datasets import dataset_clauses
 
 # names the store's default graph wherever graphs are given as IRIs (rights, default-graph-uri)
 DEFAULT_GRAPH_IRI = "urn:x-sepa:default-graph"
@@ -50,18 +51,25 @@ class GraphAccess:
         return self.write is None or iri in self.write
 
     def restrict_dataset(
-        self, default_graph_uri: Sequence[str], named_graph_uri: Sequence[str]
+        self,
+        default_graph_uri: Sequence[str],
+        named_graph_uri: Sequence[str],
+        sparql: str | None = None,
+        base_iri: str | None = None,
     ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The protocol dataset a query or subscription of this client is evaluated on.
 
-        Unrestricted readers keep what they asked for. For the others, a requested graph they may
-        not read is a 403 (a clear error, not a silently smaller answer); with no dataset requested,
-        the dataset is every graph they may read: the default graph (if readable) as default graph,
-        the readable named graphs as named graphs. Such a dataset replaces FROM / FROM NAMED.
+        Unrestricted readers keep what they asked for. For the others, a requested graph (protocol
+        parameters, else the FROM / FROM NAMED of `sparql`) they may not read is a 403 (a clear
+        error, not a silently smaller answer); with no dataset requested, the dataset is every
+        graph they may read: the default graph (if readable) as default graph, the readable named
+        graphs as named graphs.
         """
         default, named = tuple(default_graph_uri), tuple(named_graph_uri)
         if self.read is None:
             return default, named
+        if not (default or named) and sparql is not None:
+            default, named = dataset_clauses(sparql, base_iri)
         if default or named:
             refused = [iri for iri in (*default, *named) if iri not in self.read and iri != NO_GRAPH_IRI]
             if refused:

@@ -114,7 +114,9 @@ class HttpGate:
         default_graphs = params.getall("default-graph-uri", [])
         named_graphs = params.getall("named-graph-uri", [])
         if access is not None:
-            default_graphs, named_graphs = access.restrict_dataset(default_graphs, named_graphs)
+            default_graphs, named_graphs = access.restrict_dataset(
+                default_graphs, named_graphs, sparql, _endpoint(request)
+            )
 
         base_iri = _endpoint(request)
 

@@ -218,7 +218,7 @@ class WebSocketGate:
         if principal is not None:
             try:
                 graphs["default-graph-uri"], graphs["named-graph-uri"] = principal.access.restrict_dataset(  # type: ignore[assignment]
-                    graphs["default-graph-uri"], graphs["named-graph-uri"]
+                    graphs["default-graph-uri"], graphs["named-graph-uri"], sparql
                 )
             except SepaError as error:
                 self.reply_error(connection, error.error, error.description, error.status_code, alias)
