@@ -10,6 +10,8 @@ quads only. Random policies: every non-empty subset of {default graph, g1, g2, g
 
 from __future__ import annotations
 
+import contextlib
+
 from hypothesis import given, note
 from hypothesis import strategies as st
 from pyoxigraph import DefaultGraph
@@ -63,14 +65,12 @@ def test_a_reader_sees_exactly_the_readable_graphs(scenario: Scenario, readable:
     for request in (None, *scenario.updates):
         if request is not None:
             note(f"update: {request}")
-            try:
+            with contextlib.suppress(SepaError):  # a refused update changes nothing: still checked below
                 engine.update(
                     request.sparql,
                     using_graph_uri=request.using_graph_uri,
                     using_named_graph_uri=request.using_named_graph_uri,
                 )
-            except SepaError:
-                pass
         oracle = readable_only(engine, access)
         for view, restricted in views:
             view.drain()
