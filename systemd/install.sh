@@ -43,8 +43,14 @@ id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --she
 "$prefix/bin/pip" install -q --upgrade pip
 "$prefix/bin/pip" install -q "$src"
 install -m 0644 "$src/README.md" "$prefix/README.md"
+ln -sf "$prefix/bin/sepa-gateway" /usr/local/bin/sepa-gateway  # the operator's CLI (clients, query...) on PATH
 install -d -m 0755 "$etc"
 [ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
+    # an installation from before the secure gates: an upgrade turns them on (secure by default)
+    printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"
+    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml; set [http] host = \"127.0.0.1\" to keep the plain gates off the network" >&2
+fi
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
 
 if [ -d /run/systemd/system ]; then
@@ -66,6 +72,14 @@ port=${port:-8000}
 for _ in $(seq 1 60); do
     if "$prefix/bin/python" -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$port" 2>/dev/null; then
         echo "sepa-gateway is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+        cert="$state/data/security/tls-cert.pem"
+        for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done
+        if [ -f "$cert" ]; then
+            fingerprint=$("$prefix/bin/python" -c "import sys; from broker.security.keys import fingerprint; print(fingerprint(open(sys.argv[1], 'rb').read()))" "$cert")
+            echo "secure gates: https://$(hostname):8443/secure/query, wss://$(hostname):9443/secure/subscribe"
+            echo "  certificate $cert, SHA-256 $fingerprint"
+            echo "  allow an application: $prefix/bin/sepa-gateway clients add NAME --read '*' --write GRAPH [--register]"
+        fi
         echo "logs: $started"
         exit 0
     fi

@@ -167,9 +167,7 @@ class ClientRegistry:
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
         """The stored entries under the lock; written back (atomically, 0600) when the block ends."""
-        if not self.directory.exists():
-            self.directory.mkdir(mode=0o700, parents=True)
-            _same_owner_as(self.directory, self.directory.parent)
+        _make_directories(self.directory)
         with os.fdopen(os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600), "r+") as lock:
             _same_owner_as(self.directory / LOCK_FILE, self.directory)
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -275,3 +273,16 @@ def _same_owner_as(path: Path, directory: Path) -> None:
     stat = directory.stat()
     with contextlib.suppress(OSError):
         os.chown(path, stat.st_uid, stat.st_gid)
+
+
+def _make_directories(directory: Path) -> None:
+    """Create `directory` and missing parents (0700), each owned like the one above it, so that a
+    CLI run as root before the service's first start leaves nothing the service cannot use."""
+    missing: list[Path] = []
+    path = directory
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        path.mkdir(mode=0o700)
+        _same_owner_as(path, path.parent)

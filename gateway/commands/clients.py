@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from broker.security.clients import ClientRegistry, RegistryError
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("identity")
         sub.add_argument("--read", action="append", default=[], metavar="GRAPH", help="a graph it may read")
         sub.add_argument("--write", action="append", default=[], metavar="GRAPH", help="a graph it may write")
+        if action == "add":
+            sub.add_argument(
+                "--register",
+                action="store_true",
+                help="register it here and print its credentials (nobody on the network can register it first)",
+            )
     reset = actions.add_parser("reset", help="forget a client's registration so that it may register once more")
     reset.add_argument("identity")
     listing = actions.add_parser("list", help="every client with its rights and registration")
@@ -89,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         change = {"add": registry.add, "allow": registry.allow, "revoke": registry.revoke}[args.action]
         client = change(args.identity, args.read, args.write)
+        if getattr(args, "register", False):
+            client, secret = registry.register(args.identity, datetime.now(UTC).isoformat(timespec="seconds"))
+            print(json.dumps({"client_id": client.client_id, "client_secret": secret}))
+            print(f"{client.identity}: registered; keep these credentials: they are shown only once", file=sys.stderr)
+            return 0
     except (RegistryError, ConfigError, OSError) as error:
         print(f"sepa-gateway clients: {error}", file=sys.stderr)
         return 1
