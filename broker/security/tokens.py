@@ -7,9 +7,10 @@ key as HMAC secret) are refused by pyjwt itself, as are forged signatures, wrong
 tokens and tokens missing a required claim. Every such token is the same 401 ``invalid_grant``.
 
 Why a cache of verified tokens: an ECDSA verification costs ~230 us (measured with pyjwt 2.15 on
-the 2-core development machine), more than a whole small update. A token string that verified once verifies again until it expires, so the cache keeps the
-decoded claims (bounded, oldest evicted) and re-checks only the expiry; whether its client is
-still registered and not revoked is checked on every request by the caller.
+the 2-core development machine), more than a whole small update. A token string that verified
+once verifies again until it expires, so the cache keeps the decoded claims (bounded, oldest
+evicted) and re-checks only the expiry; whether its client is still registered and not revoked is
+checked on every request by the caller.
 """
 
 from __future__ import annotations
