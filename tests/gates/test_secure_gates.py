@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.gates.conftest import InProcessGateway
-from tests.gates.secure_support import ADMIN, SecureClient, receive, secure_config
+from tests.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
 
 EX = "http://example.org/"
 PUBLIC = f"{EX}graph/public"
@@ -340,3 +340,39 @@ def _gateway_argv() -> list[str]:
     from tests.gates.conftest import gateway_argv
 
     return gateway_argv()
+
+
+def test_the_service_logs_its_certificate_fingerprint_and_never_a_secret(start_gateway, tmp_path: Path) -> None:
+    """`sepa-gateway run --secure` as a user starts it, at DEBUG: register, token, requests, a refused
+    token; no line of its log holds the client secret, a token or the secret's hash."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[logging]\nlevel = "DEBUG"\n[mqtt]\nenabled = false\n'
+        '[security]\nclients = [{identity = "admin", read = ["*"], write = ["*"]}]\n'
+    )
+    gateway = start_gateway("--secure", config=config, data_dir=tmp_path / "data")
+    cert = tmp_path / "data" / "security" / "tls-cert.pem"
+    seen: dict[str, str] = {}
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            client = SecureClient(session, gateway.https_url, gateway.wss_url, str(cert))
+            status, document = await client.register("admin")
+            seen.update(document["credentials"])
+            seen["token"] = (await client.token_reply(Credentials(**_ids(document)).basic()))[1]["access_token"]
+            assert (await client.update(seen["token"], SEED))[0] == 200
+            assert (await client.update(seen["token"] + "x", SEED))[0] == 401
+
+    asyncio.run(main())
+    assert gateway.stop() == 0
+    log = "\n".join(gateway.stderr_lines)
+    from broker.security.clients import secret_digest
+    from broker.security.keys import fingerprint
+
+    assert f"tls_fingerprint_sha256={fingerprint(cert.read_bytes())}" in log
+    for secret in (seen["client_secret"], seen["token"], secret_digest(seen["client_secret"])):
+        assert secret not in log
+
+
+def _ids(document: dict[str, Any]) -> dict[str, str]:
+    return {key: document["credentials"][key] for key in ("client_id", "client_secret")}
