@@ -20,7 +20,7 @@ import logging
 
 from aiohttp import hdrs, web
 
-from broker.errors import InvalidRequest
+from broker.errors import Forbidden, InvalidRequest
 from broker.gates.dispatch import Routes
 from broker.gates.errors import UnsupportedMediaType
 from broker.gates.http import HttpGate
@@ -56,6 +56,8 @@ class SecureGate:
 
     async def update(self, request: web.BaseRequest) -> web.Response:
         principal = self.principal(request)
+        if principal.access.write == frozenset():  # refused now, not when a delayed update falls due
+            raise Forbidden("this client may not write to any graph")
         return await self.http.update(request, principal.access, owner=principal.identity)
 
     async def scheduled(self, request: web.BaseRequest) -> web.Response:

@@ -321,3 +321,15 @@ def test_systemd_config_documents_exactly_the_defaults() -> None:
     data = tomllib.loads(SYSTEMD_CONFIG.read_text(encoding="utf-8"))
     documented = {f"{section}.{key}" for section, table in data.items() for key in table}
     assert documented == set(_leaves(Config())), "systemd/sepa-gateway.toml must show every setting"
+
+
+def test_plain_gates_on_a_network_address_without_security_are_logged_as_insecure(gateway_command) -> None:
+    from tests.gates.conftest import launch_gateway
+
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        running = launch_gateway("--host", host)
+        try:
+            time.sleep(0.2)
+            assert any("INSECURE" in line for line in running.stderr_lines) is warned, running.stderr_lines
+        finally:
+            assert running.stop() == 0

@@ -266,6 +266,8 @@ def test_writes_outside_the_writable_graphs_are_refused_whole(secure_gateway) ->
             assert (status, reply["error"]) == (403, "forbidden"), (sparql, reply)
         status, reply = await client.update(viewer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} }}")
         assert status == 403
+        status, reply = await client.update(viewer, f"INSERT DATA {{ <{EX}a> <{EX}b> 1 }}", delay="PT1S")
+        assert status == 403  # no write rights at all: refused at once, not when due
         assert await client.rows(admin, EVERYTHING) == before
         # reading the secret through an update's WHERE into a readable graph finds nothing
         status, reply = await client.update(
