@@ -209,6 +209,12 @@ def test_bearer_forms_of_the_field_are_accepted_on_the_socket(secure_gateway) ->
         assert (await receive(ws))["status_code"] == 401
         assert secure_gateway.gateway.engine.subscription_count == 2
         await ws.close()
+        # the HTTPS port serves the secure subscribe path too (a browser needs one origin)
+        same_origin = client.https_url.replace("https://", "wss://") + "/secure/subscribe"
+        ws = await client.session.ws_connect(same_origin, ssl=client.ssl)
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "authorization": f"Bearer {token}"}})
+        assert (await receive(ws))["notification"]["sequence"] == 0
+        await ws.close()
 
     run_secure(secure_gateway, test)
 
