@@ -40,7 +40,12 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
-        self.engine = Engine(self.store, mode=config.engine.mode, allow_load=config.engine.allow_load)
+        self.engine = Engine(
+            self.store,
+            mode=config.engine.mode,
+            allow_load=config.engine.allow_load,
+            service_allow=config.engine.service_allow,
+        )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(
             self.engine,

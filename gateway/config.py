@@ -21,6 +21,7 @@ class ConfigError(Exception):
 class EngineConfig:
     mode: str = "incremental"  # "incremental" (LUTT + incremental SPUs) or "naive" (re-evaluate everything)
     allow_load: bool = False  # allow SPARQL LOAD (fetches URLs from the gateway)
+    service_allow: list = field(default_factory=list)  # SERVICE endpoints allowed: exact IRIs, or prefixes ending in *
 
 
 @dataclass

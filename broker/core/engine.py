@@ -36,14 +36,22 @@ class Engine:
     kept as the benchmark baseline and as a test oracle).
     """
 
-    def __init__(self, store: RdfStore | None = None, *, mode: str = "incremental", allow_load: bool = False) -> None:
+    def __init__(
+        self,
+        store: RdfStore | None = None,
+        *,
+        mode: str = "incremental",
+        allow_load: bool = False,
+        service_allow: Sequence[str] = (),
+    ) -> None:
+        """`service_allow`: the only endpoints SERVICE may call (:mod:`broker.sparql.service`)."""
         if mode not in ("incremental", "naive"):
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
         self.mode = mode
         self.stats = EngineStats()
-        self.queries = QueryProcessor(self.store)
-        self.updates = UpdateProcessor(self.store, allow_load=allow_load)
+        self.queries = QueryProcessor(self.store, service_allow=service_allow)
+        self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
         self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"))
         self._update_lock = threading.Lock()
 

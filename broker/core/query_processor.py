@@ -10,6 +10,7 @@ from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI
 from broker.core.results import QueryResult
 from broker.errors import InvalidRequest, SparqlSyntaxError
 from broker.sparql.limits import check_structure
+from broker.sparql.service import check_services
 from broker.sparql.terms import Term
 from broker.store import RdfStore
 
@@ -60,8 +61,9 @@ def dataset_arguments(default_graph_uri: Sequence[str], named_graph_uri: Sequenc
 class QueryProcessor:
     """Runs queries; safe to call from several threads at once."""
 
-    def __init__(self, store: RdfStore) -> None:
+    def __init__(self, store: RdfStore, *, service_allow: Sequence[str] = ()) -> None:
         self.store = store
+        self.service_allow = tuple(service_allow)
 
     def run(
         self,
@@ -75,6 +77,7 @@ class QueryProcessor:
     ) -> RawResult:
         """Evaluate and return pyoxigraph's lazy result (iterate it, or serialize it directly)."""
         check_structure(sparql)
+        check_services(sparql, self.service_allow, base_iri, prefixes)
         try:
             return self.store.query(
                 sparql,
@@ -90,6 +93,14 @@ class QueryProcessor:
 
     @staticmethod
     def materialize(raw: RawResult) -> QueryResult:
+        """Evaluate a lazy result in full; a failure on the way (a failing SERVICE) is InvalidRequest."""
+        try:
+            return QueryProcessor._materialize(raw)
+        except (RuntimeError, OSError) as error:
+            raise InvalidRequest(f"query evaluation failed: {str(error)[:300]}") from None
+
+    @staticmethod
+    def _materialize(raw: RawResult) -> QueryResult:
         if isinstance(raw, QueryBoolean):
             return QueryResult("ask", boolean=bool(raw))
         if isinstance(raw, QuerySolutions):

@@ -22,6 +22,7 @@ from broker.errors import Forbidden, InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.prepared import PreparedUpdate
+from broker.sparql.service import check_services
 from broker.sparql.update_parser import (
     DataOp,
     GraphOp,
@@ -130,9 +131,10 @@ def _matched_deletes(
 class UpdateProcessor:
     """Computes and applies exact update deltas."""
 
-    def __init__(self, store: RdfStore, *, allow_load: bool = False) -> None:
+    def __init__(self, store: RdfStore, *, allow_load: bool = False, service_allow: Sequence[str] = ()) -> None:
         self.store = store
         self.allow_load = allow_load
+        self.service_allow = tuple(service_allow)
 
     def compute(
         self,
@@ -197,6 +199,7 @@ class UpdateProcessor:
         if isinstance(sparql, PreparedUpdate):
             operations = list(sparql.operations)
         else:
+            check_services(sparql, self.service_allow, base_iri, prefixes)
             operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")
@@ -327,10 +330,13 @@ class UpdateProcessor:
         except (ValueError, RuntimeError) as error:
             raise UpdateFailed(str(error)) from error
         names = [variable.value for variable in solutions.variables]
-        return [
-            {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
-            for solution in solutions
-        ]
+        try:
+            return [
+                {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
+                for solution in solutions
+            ]
+        except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
+            raise UpdateFailed(f"the WHERE clause failed: {str(error)[:300]}") from error
 
     def _modify(
         self,

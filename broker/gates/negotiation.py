@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, RdfFormat
 
-from broker.errors import SepaError
+from broker.errors import InvalidRequest, SepaError
 
 RESULT_FORMATS: dict[str, QueryResultsFormat] = {
     "application/sparql-results+json": QueryResultsFormat.JSON,
@@ -73,9 +73,18 @@ def choose(result: object, accept: str | None) -> tuple[object, str]:
     raise NotAcceptable(f"cannot produce any of {accept!r}; available: {', '.join(table)}")
 
 
+def evaluation_error(error: Exception) -> InvalidRequest:
+    """A failure while a query was evaluated (a SERVICE endpoint that answered garbage or failed):
+    the request's problem, said in one line, not an internal fault."""
+    return InvalidRequest(f"query evaluation failed: {str(error)[:300]}")
+
+
 def serialize(result: QuerySolutions | QueryBoolean | QueryTriples, accept: str | None) -> tuple[bytes, str]:
     """Serialize a pyoxigraph result for the client; returns (body, content type)."""
     result_format, media_type = choose(result, accept)
-    body = result.serialize(format=result_format)  # type: ignore[arg-type]
+    try:
+        body = result.serialize(format=result_format)  # type: ignore[arg-type]
+    except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
+        raise evaluation_error(error) from None
     charset = "; charset=utf-8" if media_type.startswith("text/") or "json" in media_type else ""
     return body, media_type + charset
