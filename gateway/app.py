@@ -72,6 +72,7 @@ class Gateway:
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
                 max_message_bytes=config.websocket.max_message_bytes,
+                cors_origins=tuple(config.http.cors_origins),
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )

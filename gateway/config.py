@@ -37,6 +37,7 @@ class HttpConfig:
     update_path: str = "/update"
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
+    cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
 
 
 @dataclass

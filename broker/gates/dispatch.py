@@ -12,8 +12,19 @@ replies are the same on the wire (PROTOCOL.md "Errors"):
 - ``Expect`` is handled before any route runs, as aiohttp's default expect handler does (``100
   Continue``, or a plain 417 for an unknown expectation);
 - the request body limit (413) applies through the request factory;
-- the error middleware's duties: OPTIONS preflight answered 204, CORS on every reply but a
-  WebSocket's, every failure turned into the protocol's JSON error and counted.
+- the error middleware's duties: OPTIONS preflight answered 204, every failure turned into the
+  protocol's JSON error and counted.
+
+And what a browser must not be able to do to a gateway on its user's network (the origin policy):
+
+- CORS headers go only to origins the operator listed (``[http] cors_origins``), naming that
+  origin; any other page gets none, so the browser keeps the replies from it;
+- a state-changing request (POST, DELETE) and a WebSocket upgrade that carry an ``Origin`` other
+  than the gateway's own (same host and port) or a listed one, or ``Sec-Fetch-Site: cross-site``,
+  are refused with 403 before any handler runs: a cross-origin form post or ``fetch`` executes
+  nothing, and a foreign page cannot subscribe. Clients that send no ``Origin`` (curl, SEPA
+  clients, the adapters) are not affected. The common case, a request without ``Origin``, costs
+  one header lookup.
 
 A gate is one :class:`Routes` table served by one :class:`Dispatcher`; a secure gate builds its
 own table (with its checks in the handlers) and its own dispatcher over the same handlers.
@@ -22,9 +33,11 @@ own table (with its checks in the handlers) and its own dispatcher over the same
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import StreamReader, hdrs, web
 from aiohttp.abc import AbstractStreamWriter
@@ -115,10 +128,18 @@ def _is_segment(text: str) -> bool:
 class Dispatcher:
     """The request handler of one gate's ``web.Server``: routing, body limit, error replies, CORS."""
 
-    def __init__(self, routes: Routes, counters: Counter[str], *, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        routes: Routes,
+        counters: Counter[str],
+        *,
+        max_request_bytes: int,
+        cors_origins: Sequence[str] = (),
+    ) -> None:
         self.routes = routes
         self.counters = counters
         self.max_request_bytes = max_request_bytes
+        self.cors_origins = frozenset(origin.rstrip("/") for origin in cors_origins)
 
     def server(self) -> web.Server:
         """A low-level aiohttp server for this gate (call with the event loop running)."""
@@ -139,8 +160,14 @@ class Dispatcher:
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.headers.get(hdrs.EXPECT):
             await _expect(request)  # before the JSON errors: an unknown expectation is aiohttp's plain 417
+        origin = request.headers.get(hdrs.ORIGIN)
+        allowed = origin is not None and origin in self.cors_origins
         if request.method == "OPTIONS":
-            return web.Response(status=204, headers=CORS_HEADERS)
+            return web.Response(status=204, headers=_cors(origin) if allowed else None)
+        if (origin is not None or request.headers.get("Sec-Fetch-Site") == "cross-site") and not allowed:
+            refusal = self._cross_origin(request, origin)
+            if refusal is not None:
+                return refusal
         try:
             response = await self.routes.resolve(request.method, request.rel_url.path_safe)(request)
         except SepaError as error:
@@ -163,9 +190,58 @@ class Dispatcher:
             self.counters["internal_error:500"] += 1
             log.exception("internal error", extra={"path": request.path})
             return json_error("internal_error", "internal error (logged)", 500)
-        if not isinstance(response, web.WebSocketResponse):
-            response.headers.update(CORS_HEADERS)
+        if allowed and not isinstance(response, web.WebSocketResponse):
+            response.headers.update(_cors(origin))  # type: ignore[arg-type]
         return response
+
+    def _cross_origin(self, request: web.BaseRequest, origin: str | None) -> web.Response | None:
+        """403 for a state-changing request or a WebSocket upgrade from another site; None if fine."""
+        upgrade = request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
+        if request.method not in ("POST", "DELETE", "PUT", "PATCH") and not upgrade:
+            return None  # reads: CORS already keeps the reply from a foreign page
+        if (
+            origin is not None
+            and _same_origin(origin, request.host)
+            and request.headers.get("Sec-Fetch-Site") != "cross-site"
+        ):
+            return None
+        self.counters["forbidden:403"] += 1
+        log.info("cross-origin request refused", extra={"origin": (origin or "")[:200], "path": request.path[:200]})
+        return json_error("forbidden", "cross-origin requests are refused (see [http] cors_origins)", 403)
+
+
+def _cors(origin: str) -> dict[str, str]:
+    return {"Access-Control-Allow-Origin": origin, **CORS_HEADERS}
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether `origin` (scheme://host[:port]) names the host and port the request was sent to, and
+    that host is one of ours: an IP address, localhost or this machine's name. Why the last part: a
+    page of a DNS-rebinding attacker is same-origin with its own name, pointed at our address."""
+    scheme, separator, authority = origin.partition("://")
+    if not separator:
+        return False
+    default = {"http": "80", "ws": "80", "https": "443", "wss": "443"}.get(scheme.lower())
+    host = host.lower()
+    return _with_port(authority.lower(), default) == _with_port(host, default) and _our_name(host)
+
+
+def _our_name(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]")
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    own = socket.gethostname().lower()
+    return name in ("localhost", own, f"{own}.local")
+
+
+def _with_port(authority: str, default: str | None) -> str:
+    if authority.endswith("]") or ":" not in authority.rsplit("]", 1)[-1]:
+        return f"{authority}:{default}"
+    return authority
 
 
 async def _expect(request: web.BaseRequest) -> None:

@@ -20,11 +20,12 @@ HTTP_ERRORS = {
     429: "too_many_requests",
 }
 
+# sent, with Access-Control-Allow-Origin naming the origin, only to origins the operator allowed
 CORS_HEADERS = {
-    "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "Content-Type, Accept, Authorization",
     "Access-Control-Max-Age": "86400",
+    "Vary": "Origin",
 }
 
 
@@ -37,7 +38,6 @@ def json_error(error: str, description: str, status: int) -> web.Response:
         status=status,
         text=json.dumps(error_body(error, description, status)),
         content_type="application/json",
-        headers=CORS_HEADERS,
     )
 
 

@@ -17,17 +17,16 @@ from broker.core.pending import PendingUpdate
 from broker.core.results import UpdateResult
 from broker.delayed import now_micros
 from broker.gates.dispatch import Routes, last_segment
-from broker.gates.errors import CORS_HEADERS, BadRequest, UnsupportedMediaType
+from broker.gates.errors import BadRequest, UnsupportedMediaType
 from broker.gates.negotiation import serialize
 from broker.scheduler import Scheduler
 
 FORM = "application/x-www-form-urlencoded"
 QUERY_TYPE = "application/sparql-query"
 UPDATE_TYPE = "application/sparql-update"
-# what web.Response(text=..., content_type="application/json") sends, and CORS (the dispatcher would
-# add it anyway: present from the start, its update changes nothing); a CIMultiDict, which the
+# what web.Response(text=..., content_type="application/json") sends; a CIMultiDict, which the
 # Response copies faster than it builds one from a dict
-UPDATE_REPLY_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8", **CORS_HEADERS})
+UPDATE_REPLY_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8"})
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:

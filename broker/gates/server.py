@@ -27,6 +27,7 @@ class GateSettings:
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
     max_message_bytes: int = 1 << 20
+    cors_origins: tuple[str, ...] = ()
 
 
 class Gates:
@@ -63,7 +64,12 @@ class Gates:
             scheduler.delayed.access_of = authority.access_of
 
     def _server(self, routes: Routes) -> web.Server:
-        return Dispatcher(routes, self.counters, max_request_bytes=self.settings.max_request_bytes).server()
+        return Dispatcher(
+            routes,
+            self.counters,
+            max_request_bytes=self.settings.max_request_bytes,
+            cors_origins=self.settings.cors_origins,
+        ).server()
 
     def http_server(self) -> web.Server:
         """Query, update, scheduled updates, subscribe (so a browser needs one origin) and metrics;
