@@ -92,7 +92,7 @@ class Gateway:
         if config.mqtt.enabled:
             from gateway.mqtt import build_adapter
 
-            self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id)
+            self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id, config.store.data_dir)
             self.gates.metric_sources["mqtt"] = self.mqtt.metrics
         self.gates.metric_sources["retention"] = self.retention.metrics
 

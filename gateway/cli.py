@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gateway.commands.bench",
     "gateway.commands.client",
     "gateway.commands.clients",
+    "gateway.commands.sensors",
 )
 
 

@@ -76,10 +76,11 @@ class MqttConfig:
     enabled: bool = True  # the MQTT adapter: sensor readings in, actuator commands out
     host: str = "localhost"
     port: int = 1883
-    client_id: str = "sepa-gateway"  # names the persistent session: readings sent while we restart wait in it
+    client_id: str = ""  # names the persistent session; empty: sepa-gateway-<gateway id>-<hash of the data dir>
     protocol: str = "5"  # "5" or "3.1.1"
     username: str = ""
     password: str = ""  # never logged
+    password_file: str = ""  # or the password in this file (the installer writes the gateway's own login here)
     tls: bool = False  # TLS towards the broker (port 8883 usually)
     tls_ca: str = ""  # CA file; empty: the system trust store
     tls_cert: str = ""  # client certificate, for brokers that require one

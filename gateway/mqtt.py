@@ -6,6 +6,13 @@ Why here and not in adapters/: the adapter knows nothing of the TOML file; the a
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import secrets
+from dataclasses import replace
+from pathlib import Path
+
 from adapters.mqtt.actuators import Actuator, ActuatorError
 from adapters.mqtt.adapter import PROFILE_IDS, MqttAdapter
 from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
@@ -14,14 +21,33 @@ from gateway.config import ConfigError, MqttConfig
 from gateway.observations import Mapping, MappingError, mappings_from_config
 
 
-def settings(config: MqttConfig) -> MqttSettings:
+def client_id(config: MqttConfig, gateway_id: str, data_dir: str) -> str:
+    """The configured client id, else one unique to this gateway and stable across its restarts.
+
+    Why: the client id names the persistent session that keeps readings sent while the gateway
+    restarts, and two clients with one id take the session from each other in an endless loop (two
+    gateways on one broker: 442 reconnects in 6 minutes, each taking the other's readings). So it is
+    derived from the gateway id and its data directory (the session belongs with the store the
+    readings go to). An in-memory store loses everything at a restart anyway: a random suffix then.
+    """
+    if config.client_id:
+        return config.client_id
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", gateway_id)[:64] or "gateway"
+    if data_dir:
+        suffix = hashlib.sha256(os.path.realpath(data_dir).encode("utf-8")).hexdigest()[:8]
+    else:
+        suffix = secrets.token_hex(4)
+    return f"sepa-gateway-{name}-{suffix}"
+
+
+def settings(config: MqttConfig, derived_client_id: str = "sepa-gateway") -> MqttSettings:
     tls = None
     if config.tls:
         tls = TlsSettings(ca=config.tls_ca or None, cert=config.tls_cert or None, key=config.tls_key or None)
     return MqttSettings(
         host=config.host,
         port=config.port,
-        client_id=config.client_id,
+        client_id=config.client_id or derived_client_id,
         protocol=config.protocol,
         username=config.username or None,
         password=config.password or None,
@@ -48,8 +74,22 @@ def check(config: MqttConfig) -> tuple[MqttSettings, list[Mapping], list[Actuato
     return mqtt_settings, mappings, actuators
 
 
-def build_adapter(config: MqttConfig, client: SepaClient, gateway_id: str) -> MqttAdapter:
-    mqtt_settings, mappings, actuators = check(config)
+def password(config: MqttConfig) -> str:
+    """The broker password: `password`, else the first line of `password_file` (read at start-up only,
+    so that validating a configuration never needs the secret)."""
+    if not config.password_file:
+        return config.password
+    try:
+        return Path(config.password_file).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ConfigError(f"mqtt.password_file: cannot read {config.password_file}: {error.strerror}") from None
+
+
+def build_adapter(config: MqttConfig, client: SepaClient, gateway_id: str, data_dir: str = "") -> MqttAdapter:
+    _, mappings, actuators = check(config)
+    mqtt_settings = replace(
+        settings(config, client_id(config, gateway_id, data_dir)), password=password(config) or None
+    )
     return MqttAdapter(
         client,
         mqtt_settings,

@@ -19,23 +19,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
 
-# The local MQTT broker the default [mqtt] section talks to. Its persistent sessions hold the
-# readings sent while the gateway restarts: let them hold more than mosquitto's default 1000.
-install -d -m 0755 /etc/mosquitto/conf.d
-cat >/etc/mosquitto/conf.d/sepa-gateway.conf <<'CONF'
-# Written by sepa-gateway's install script.
-max_queued_messages 100000
-max_inflight_messages 1000
-CONF
-if [ -d /run/systemd/system ]; then
-    systemctl enable mosquitto >/dev/null 2>&1 || true
-    systemctl restart mosquitto
-elif ! /usr/bin/python3 -c "import socket; socket.create_connection(('127.0.0.1', 1883), 1)" 2>/dev/null; then
-    # no systemd (a container): run it in the background, with the directories systemd would make
-    install -d -o mosquitto -g mosquitto /run/mosquitto /var/log/mosquitto /var/lib/mosquitto
-    mosquitto -d -c /etc/mosquitto/mosquitto.conf
-fi
-
 id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --shell /usr/sbin/nologin sepa-gateway
 
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
@@ -51,7 +34,37 @@ if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
     printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"
     echo "upgrade: [security] enabled in $etc/sepa-gateway.toml; set [http] host = \"127.0.0.1\" to keep the plain gates off the network" >&2
 fi
+if ! grep -q '^password_file' "$etc/sepa-gateway.toml"; then
+    # from before the LAN listener: the gateway now logs in to Mosquitto like every sensor
+    sed -i 's|^username = ""\(.*\)$|username = "sepa-gateway"\1\npassword_file = "/etc/sepa-gateway/mqtt-password"|' "$etc/sepa-gateway.toml"
+fi
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+
+# The local MQTT broker the [mqtt] section talks to: a LAN listener that requires a login (sensors
+# get theirs from `sepa-gateway sensors add NAME`), the gateway logging in with its own. Its
+# persistent sessions hold the readings sent while the gateway restarts.
+passwords=/etc/mosquitto/sepa-gateway.passwd
+install -d -m 0755 /etc/mosquitto/conf.d
+sed -e "s|@PASSWORD_FILE@|$passwords|" -e "s|@PORT@|1883|" "$src/systemd/mosquitto-sepa-gateway.conf" >/etc/mosquitto/conf.d/sepa-gateway.conf
+[ -f "$passwords" ] || install -m 0600 -o mosquitto -g mosquitto /dev/null "$passwords"
+if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list | grep -qx sepa-gateway; then
+    login=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload add sepa-gateway --reset)
+    (umask 027; printf '%s\n' "$(printf '%s\n' "$login" | sed -n 's/^password: //p')" >"$etc/mqtt-password")
+    chown root:sepa-gateway "$etc/mqtt-password"
+    chmod 0640 "$etc/mqtt-password"
+fi
+chown mosquitto:mosquitto "$passwords"
+chmod 0600 "$passwords"
+if [ -d /run/systemd/system ]; then
+    systemctl enable mosquitto >/dev/null 2>&1 || true
+    systemctl restart mosquitto
+else
+    # no systemd (a container): (re)start it in the background, with the directories systemd would make
+    pkill -f "mosquitto -d -c /etc/mosquitto/mosquitto.conf" 2>/dev/null && sleep 1 || true
+    install -d -o mosquitto -g mosquitto /run/mosquitto /var/log/mosquitto /var/lib/mosquitto
+    mosquitto -d -c /etc/mosquitto/mosquitto.conf
+fi
+
 
 if [ -d /run/systemd/system ]; then
     install -m 0644 "$src/systemd/sepa-gateway.service" /etc/systemd/system/sepa-gateway.service

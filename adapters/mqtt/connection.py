@@ -33,6 +33,11 @@ from adapters.mqtt.settings import MqttSettings
 
 log = logging.getLogger(__name__)
 
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 reason code of a DISCONNECT sent because another client took the session
+# A connection the broker ends sooner than this after it was made counts as "short": several in a row
+# (two gateways with one client id on MQTT 3.1.1, where no reason is given) back off exponentially.
+SHORT_CONNECTION_S = 10.0
+
 
 class MqttError(RuntimeError):
     """The broker refused something (a publish, a TLS file, a connection) or the connection is stopped."""
@@ -82,6 +87,8 @@ class ConnectionStats:
     window_waits: int = 0  # the broker sent more than receive_maximum unacknowledged messages: paho's thread waited
     subscribe_failures: int = 0
     published: int = 0
+    session_takeovers: int = 0  # another client connected with our client id and took the session
+    short_connections: int = 0  # connections the broker ended within SHORT_CONNECTION_S (backed off)
     last_error: str | None = None
 
 
@@ -107,6 +114,8 @@ class MqttConnection:
         self._connection = 0
         self._unacked = 0
         self._failed_attempts = 0
+        self._short_in_a_row = 0  # connections in a row that ended within SHORT_CONNECTION_S
+        self._connected_at = 0.0
         self._first_connect = True
         self._stopping = False
 
@@ -288,7 +297,8 @@ class MqttConnection:
         with self._lock:
             self._connection += 1
             self._unacked = 0
-        self._failed_attempts = 0
+        self._failed_attempts = self._short_in_a_row  # a broker that keeps ending us is backed off from
+        self._connected_at = time.monotonic()
         self.stats.connected = True
         self.stats.connects += 1
         self.stats.reconnects = self.stats.connects - 1
@@ -317,9 +327,34 @@ class MqttConnection:
             self._lock.notify_all()
         self.stats.connected = False
         self._call(self._connected.clear)
-        if not self._stopping:
-            why = self.stats.last_error if self.stats.last_error and reason.is_failure else f"disconnected ({reason})"
-            self._schedule_retry(client, why)
+        if self._stopping:
+            return
+        why = self.stats.last_error if self.stats.last_error and reason.is_failure else f"disconnected ({reason})"
+        if self._connected_at and time.monotonic() - self._connected_at < SHORT_CONNECTION_S:
+            self._short_in_a_row += 1
+            self.stats.short_connections += 1
+            self._failed_attempts = max(self._failed_attempts, self._short_in_a_row)
+            if self._short_in_a_row == 2:  # Mosquitto just closes the socket of a taken-over session
+                log.warning(
+                    "mqtt connections keep ending within %.0f s: another client may be using our client id %r "
+                    "(give each gateway its own [mqtt] client_id); backing off",
+                    SHORT_CONNECTION_S,
+                    self.settings.client_id,
+                )
+        elif self._connected_at:
+            self._short_in_a_row = 0
+        self._connected_at = 0.0
+        if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
+            self.stats.session_takeovers += 1
+            self._failed_attempts = max(self._failed_attempts, self._short_in_a_row, 3)
+            if self.stats.session_takeovers == 1 or self._short_in_a_row <= 1:
+                log.warning(
+                    "mqtt session taken over: another client connected with our client id %r; "
+                    "give each gateway its own [mqtt] client_id",
+                    self.settings.client_id,
+                )
+            why = "session taken over by another client with the same client id"
+        self._schedule_retry(client, why)
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
         arrival_us = time.time_ns() // 1000

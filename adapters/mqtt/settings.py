@@ -65,8 +65,8 @@ class MqttSettings:
             yield "host must not be empty"
         if not 1 <= self.port <= 65535:
             yield f"port must be 1..65535, not {self.port}"
-        if not self.client_id:
-            yield "client_id must not be empty (it names the persistent session that keeps readings across restarts)"
+        if not self.client_id or len(self.client_id) > 128:
+            yield "client_id must be 1-128 characters (it names the persistent session that keeps readings)"
         if self.protocol not in PROTOCOLS:
             yield f"protocol must be one of {', '.join(PROTOCOLS)}, not {self.protocol!r}"
         if self.password is not None and self.username is None:

@@ -292,7 +292,8 @@ def test_more_bad_configs_in_process(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_systemd_config_runs(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(config=SYSTEMD_CONFIG)  # its ports are overridden by --http-port/--ws-port 0
+    # its ports are overridden by --http-port/--ws-port 0; its MQTT login exists only where installed
+    gateway = start_gateway("--no-mqtt", config=SYSTEMD_CONFIG)
     assert gateway.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 1 }}").json()["added"] == 1
     assert gateway.ask(f"ASK {{ <{EX}s> <{EX}p> 1 }}")
 
@@ -310,7 +311,12 @@ def _leaves(instance: Any, prefix: str = "") -> dict[str, Any]:
 
 
 # the installed appliance's two choices (secure by default): the only settings that differ from the defaults
-INSTALLED_CHOICES = {"security.enabled": True, "http.host": "127.0.0.1"}
+INSTALLED_CHOICES = {
+    "security.enabled": True,
+    "http.host": "127.0.0.1",
+    "mqtt.username": "sepa-gateway",
+    "mqtt.password_file": "/etc/sepa-gateway/mqtt-password",
+}
 
 
 def test_systemd_config_documents_exactly_the_defaults() -> None:

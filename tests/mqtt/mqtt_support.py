@@ -30,6 +30,15 @@ def missing_tools() -> str | None:
     return None
 
 
+INSTALLED_TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-sepa-gateway.conf"
+
+
+def installed_config(password_file: Path, listener: str) -> str:
+    """The Mosquitto configuration install.sh writes, with its two placeholders filled as it fills them."""
+    text = INSTALLED_TEMPLATE.read_text()
+    return text.replace("@PASSWORD_FILE@", str(password_file)).replace("@PORT@", listener)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -44,16 +53,20 @@ class Mosquitto:
     gateway's receive_maximum (mosquitto's default of 20 caps each batch).
     """
 
-    def __init__(self, directory: Path, listener: str = "", extra: str = "") -> None:
+    def __init__(self, directory: Path, listener: str = "", extra: str = "", installed: Path | None = None) -> None:
+        """`installed`: a password file, to run the listener exactly as systemd/install.sh writes it
+        (systemd/mosquitto-sepa-gateway.conf, on a free port of 127.0.0.1) instead of an anonymous one."""
         self.directory = directory
         self.port = free_port()
         self.config = directory / "mosquitto.conf"
         self.log = directory / "mosquitto.log"
         (directory / "data").mkdir(exist_ok=True)
+        head = f"listener {self.port} 127.0.0.1\n{listener or 'allow_anonymous true'}\n"
+        if installed is not None:
+            head = installed_config(installed, f"{self.port} 127.0.0.1")
         self.config.write_text(
-            f"listener {self.port} 127.0.0.1\n"
-            f"{listener or 'allow_anonymous true'}\n"
-            f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
+            head
+            + f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
             "persistence true\n"
             f"persistence_location {directory / 'data'}/\n"
             f"log_dest file {self.log}\n"

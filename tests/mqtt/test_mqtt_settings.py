@@ -15,7 +15,7 @@ from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
     ("overrides", "message"),
     [
         ({"port": 0}, "port must be 1..65535"),
-        ({"client_id": ""}, "client_id must not be empty"),
+        ({"client_id": ""}, "client_id must be 1-128 characters"),
         ({"protocol": "3.1"}, "protocol must be one of 3.1.1, 5"),
         ({"password": "x"}, "password given without username"),
         ({"tls": TlsSettings(key="k.pem")}, "tls.key given without tls.cert"),

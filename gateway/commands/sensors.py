@@ -1,0 +1,140 @@
+"""``sepa-gateway sensors add | list | remove``: logins of the sensors that publish to the gateway.
+
+Why through Mosquitto's own tool: the installed Mosquitto refuses anonymous clients on its LAN
+listener and checks logins against a password file; ``mosquitto_passwd`` writes the hashes (never
+hand-rolled here). The password is handed to it in a 0600 temporary file (``mosquitto_passwd -U``),
+not on a command line other local users could read from /proc. After a change Mosquitto is told to
+reload the file (``systemctl reload mosquitto``, or SIGHUP without systemd).
+
+:func:`create_login` is the one place a sensor credential is made, so that other adapters (CoAP)
+and the install script (the gateway's own MQTT login) use the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PASSWORD_FILE = Path("/etc/mosquitto/sepa-gateway.passwd")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class LoginError(Exception):
+    """A login cannot be made or removed (said in one line)."""
+
+
+def logins(password_file: Path) -> list[str]:
+    """The user names in a Mosquitto password file."""
+    if not password_file.exists():
+        return []
+    return [line.split(":", 1)[0] for line in password_file.read_text().splitlines() if ":" in line]
+
+
+def create_login(password_file: Path, name: str, *, reset: bool = False) -> str:
+    """Add (or with `reset`, replace) the login `name`; returns its new random password."""
+    if not NAME.fullmatch(name):
+        raise LoginError("a sensor name is 1-64 characters: letters, digits and . _ - (not first)")
+    if name in logins(password_file) and not reset:
+        raise LoginError(f"{name!r} already has a login (--reset gives it a new password)")
+    tool = shutil.which("mosquitto_passwd")
+    if tool is None:
+        raise LoginError("mosquitto_passwd is not installed (Debian package mosquitto)")
+    password = secrets.token_urlsafe(18)
+    with tempfile.TemporaryDirectory() as folder:
+        entry = Path(folder) / "entry"
+        entry.write_text(f"{name}:{password}\n")
+        os.chmod(entry, 0o600)
+        done = subprocess.run([tool, "-U", str(entry)], capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise LoginError(f"mosquitto_passwd failed: {done.stderr.strip() or done.stdout.strip()}")
+        hashed = entry.read_text().strip()
+    kept = [line for line in _lines(password_file) if line.split(":", 1)[0] != name]
+    _write(password_file, [*kept, hashed])
+    return password
+
+
+def remove_login(password_file: Path, name: str) -> None:
+    kept = [line for line in _lines(password_file) if line.split(":", 1)[0] != name]
+    if len(kept) == len(_lines(password_file)):
+        raise LoginError(f"no login {name!r}")
+    _write(password_file, kept)
+
+
+def _lines(password_file: Path) -> list[str]:
+    return [line for line in password_file.read_text().splitlines() if line.strip()] if password_file.exists() else []
+
+
+def _write(password_file: Path, lines: list[str]) -> None:
+    """Replace the file atomically, keeping its owner and mode (Mosquitto must still read it)."""
+    existing = password_file.stat() if password_file.exists() else None
+    temporary = password_file.with_name(password_file.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, existing.st_mode & 0o777 if existing else 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("".join(f"{line}\n" for line in lines))
+    if existing is not None and os.geteuid() == 0:
+        os.chown(temporary, existing.st_uid, existing.st_gid)
+    os.replace(temporary, password_file)
+
+
+def reload_mosquitto() -> str:
+    """Ask the running Mosquitto to read its password file again; says what was done."""
+    if Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
+        done = subprocess.run(["systemctl", "reload", "mosquitto"], capture_output=True, text=True, timeout=30)
+        return "mosquitto reloaded" if done.returncode == 0 else f"could not reload mosquitto: {done.stderr.strip()}"
+    pids = subprocess.run(["pidof", "mosquitto"], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        os.kill(int(pid), signal.SIGHUP)
+    return "mosquitto told to reload (SIGHUP)" if pids else "no running mosquitto: the login applies at its next start"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sensors",
+        help="manage the MQTT logins of sensors (Mosquitto's password file)",
+        description="Create, list and remove the logins sensors use to publish to the gateway's Mosquitto.",
+    )
+    parser.add_argument(
+        "--password-file", type=Path, default=PASSWORD_FILE, help=f"Mosquitto's password file (default {PASSWORD_FILE})"
+    )
+    parser.add_argument("--no-reload", action="store_true", help="do not tell Mosquitto to reload the file")
+    parser.add_argument("--host", default="", help="the host name sensors use, in the printed example")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    add = actions.add_parser("add", help="create a login and print its password (shown only once)")
+    add.add_argument("name")
+    add.add_argument("--reset", action="store_true", help="give an existing login a new password")
+    actions.add_parser("list", help="the logins in the password file")
+    remove = actions.add_parser("remove", help="remove a login")
+    remove.add_argument("name")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "list":
+            for name in logins(args.password_file):
+                print(name)
+            return 0
+        if args.action == "remove":
+            remove_login(args.password_file, args.name)
+            print(f"{args.name}: login removed")
+        else:
+            password = create_login(args.password_file, args.name, reset=args.reset)
+            host = args.host or os.uname().nodename
+            print(f"username: {args.name}")
+            print(f"password: {password}")
+            topic = f"gateway/{args.name}/temperature"
+            print(f"test it:  mosquitto_pub -h {host} -u {args.name} -P '{password}' -t {topic} -m 21.5")
+        if not args.no_reload:
+            print(reload_mosquitto(), file=sys.stderr)
+    except (LoginError, OSError, subprocess.SubprocessError) as error:
+        print(f"sepa-gateway sensors: {error}", file=sys.stderr)
+        return 1
+    return 0
