@@ -48,7 +48,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningGateway
         "[security]\nclients = ["
         '{identity = "sepy-app", read = ["*"], write = ["*"]}, {identity = "sepy-reader", read = ["*"]}]\n'
     )
-    running = launch_gateway("--secure", config=config, data_dir=folder / "data")
+    running = launch_gateway("--secure", "--no-mqtt", config=config, data_dir=folder / "data")
     yield running
     assert running.stop() == 0
 
