@@ -34,6 +34,7 @@ from gateway.client.client import ClientSubscription, SepaClient, rows_as_bindin
 from gateway.client.delays import Delay, delay_param
 from gateway.client.errors import SepaClientError
 from gateway.client.network import NetworkTransport, ReconnectPolicy
+from gateway.client.oauth import OAuthSession
 from gateway.client.transport import Scheduled, UpdateSummary
 
 log = logging.getLogger(__name__)
@@ -260,19 +261,29 @@ def client_for(
     id: str | None = None,
     *,
     reconnect: ReconnectPolicy | None = None,
+    identity: str | None = None,
+    credentials_file: str | None = None,
     **options: Any,
 ) -> SepaClient:
     """A network client for the broker a JSAP describes (for entry `id`'s per-entry overrides).
 
     With `id` the URLs of that query or update entry are used (a query id gives its query and
     subscribe URLs; the update URL comes from the same entry if it is an update, else the JSAP's
-    default); without, the JSAP's defaults. `options` go to :class:`NetworkTransport`.
+    default); without, the JSAP's defaults. With an `identity` and the JSAP's ``oauth.enable``, the
+    client registers, keeps its credentials (`credentials_file`) and sends tokens
+    (:mod:`gateway.client.oauth`; pass ``ssl=tls(cafile=...)`` for a self-signed gateway).
+    `options` go to :class:`NetworkTransport`.
     """
     urls = []
     for method in (jsap.query_url, jsap.update_url, jsap.subscribe_url):
         urls.append(_url(method, id))
     if reconnect is None and getattr(jsap, "reconnect", True) is False:
         reconnect = ReconnectPolicy(enabled=False)
+    oauth = getattr(jsap, "oauth", None)
+    if identity is not None and oauth is not None and oauth.enable:
+        options["oauth"] = OAuthSession(
+            oauth.register, oauth.token_request, identity, credentials_file=credentials_file
+        )
     return SepaClient(NetworkTransport(*urls, reconnect=reconnect, **options))
 
 

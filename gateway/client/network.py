@@ -63,6 +63,7 @@ from broker.core.results import QueryResult
 from broker.sparql.prepared import PreparedUpdate
 from broker.sparql.terms import Row, term_from_json
 from gateway.client.errors import SepaClientError, SepaConnectionError
+from gateway.client.oauth import OAuthSession
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,11 @@ class NetworkTransport:
         authorization: str | None = None,
         max_message_bytes: int = 64 << 20,
         scheduled_url: str | None = None,
+        oauth: OAuthSession | None = None,
+        ssl: Any = None,
     ) -> None:
+        """`oauth`: the secure gates' registration and tokens (:mod:`gateway.client.oauth`), asked for
+        the ``Authorization`` of every request; `ssl`: aiohttp's TLS option (:func:`gateway.client.oauth.tls`)."""
         self.query_url = query_url
         self.update_url = update_url
         self.subscribe_url = subscribe_url
@@ -255,6 +260,8 @@ class NetworkTransport:
         self.request_timeout_s = request_timeout_s
         self.heartbeat_s = heartbeat_s
         self.authorization = authorization
+        self.oauth = oauth
+        self.ssl = ssl
         self.max_message_bytes = max_message_bytes
         self.stats = NetworkStats()
         self.state = "idle"  # idle | connected | reconnecting | closed
@@ -277,8 +284,16 @@ class NetworkTransport:
         if self._session is None:
             # no session-wide total timeout: it would also bound the WebSocket handshake's lifetime;
             # each HTTP request gets its own
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            connector = aiohttp.TCPConnector(ssl=self.ssl) if self.ssl is not None else None
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), connector=connector
+            )
         return self._session
+
+    async def _authorize(self) -> None:
+        """Bring `authorization` up to date from the OAuth session (a no-op without one)."""
+        if self.oauth is not None:
+            self.authorization = await self.oauth.authorization(self._http(), self.ssl)
 
     def _headers(self, content_type: str | None, accept: str) -> dict[str, str]:
         headers = {"Accept": accept}
@@ -302,6 +317,25 @@ class NetworkTransport:
         params: list[tuple[str, str]] | None = None,
     ) -> tuple[int, str, bytes]:
         session = self._http()
+        for attempt in (1, 2):
+            if self.oauth is not None:
+                await self._authorize()
+                headers = {**headers, "Authorization": self.authorization or ""}
+            status, content_type, body = await self._exchange(session, method, url, data, headers, params)
+            if status != 401 or self.oauth is None or attempt == 2:
+                return status, content_type, body
+            self.oauth.invalidate()  # expired or revoked: one new token, then the broker's answer stands
+        raise AssertionError("unreachable")
+
+    async def _exchange(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        params: list[tuple[str, str]] | None,
+    ) -> tuple[int, str, bytes]:
         try:
             async with session.request(
                 method,
@@ -484,6 +518,7 @@ class NetworkTransport:
         self, ws: aiohttp.ClientWebSocketResponse, handle: TransportSubscription, *, resync: bool
     ) -> None:
         """Send one subscribe and wait until its sequence 0 was delivered (or its error)."""
+        await self._authorize()  # every subscribe carries a current token (a resubscription too)
         pending = _Pending(handle, asyncio.get_running_loop().create_future(), resync)
         queue = self._pending.setdefault(handle.state.wire_alias, deque())
         queue.append(pending)
@@ -517,7 +552,13 @@ class NetworkTransport:
         handle = TransportSubscription(sparql, sink, alias, tuple(default_graph_uri), tuple(named_graph_uri))
         handle.state = _State(alias if alias is not None else f"sepa-client/{uuid.uuid4().hex}")
         try:
-            await self._request_subscription(ws, handle, resync=False)
+            try:
+                await self._request_subscription(ws, handle, resync=False)
+            except SepaClientError as error:
+                if error.status_code != 401 or self.oauth is None:
+                    raise
+                self.oauth.invalidate()  # the token expired or was refused: once more with a new one
+                await self._request_subscription(ws, handle, resync=False)
         except SepaClientError:
             handle.active = False  # errors carry the application's alias, never a generated one
             raise
@@ -536,6 +577,7 @@ class NetworkTransport:
         future = asyncio.get_running_loop().create_future()
         self._unsubscribing[spuid] = future
         message: dict[str, Any] = {"spuid": spuid}
+        await self._authorize()
         if self.authorization is not None:
             message["authorization"] = self.authorization
         try:

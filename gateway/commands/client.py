@@ -59,6 +59,7 @@ from gateway.client import (
     SepaClientError,
     SepaConnectionError,
 )
+from gateway.client.oauth import OAuthSession, tls
 from gateway.jsap import Jsap, JsapError
 from gateway.jsap.model import url as make_url
 from gateway.jsap.template import TemplateError, analyse
@@ -183,6 +184,16 @@ class Request:
     reconnect: bool = True
     delay: str | None = None  # updates: run later (a JSAP entry's "delay", or --delay / --at)
     at: str | None = None
+    oauth: tuple[str, str] | None = None  # the secure gates' registration and token URLs
+
+
+def oauth_urls(query_url: str) -> tuple[str, str] | None:
+    """Registration and token URLs of the broker serving `query_url` when it is https (PROTOCOL.md paths)."""
+    parts = urllib.parse.urlsplit(query_url)
+    if parts.scheme != "https":
+        return None
+    base = f"https://{parts.netloc}"
+    return f"{base}/oauth/register", f"{base}/oauth/token"
 
 
 def positive(text: str) -> int:
@@ -277,7 +288,10 @@ def build_request(args: argparse.Namespace) -> Request:
     if getattr(args, "delay", None) is not None or at is not None:
         delay = getattr(args, "delay", None)  # the command line overrides the JSAP entry's delay
     reconnect = reconnect and not getattr(args, "no_reconnect", False)
-    return Request(sparql, endpoints, graphs, prefixes, alias, reconnect, delay, at)
+    oauth = oauth_urls(endpoints.query_url)
+    if args.jsap is not None and jsap.oauth.enable and not url_given:
+        oauth = (jsap.oauth.register, jsap.oauth.token_request)
+    return Request(sparql, endpoints, graphs, prefixes, alias, reconnect, delay, at, oauth)
 
 
 # -- showing results ------------------------------------------------------------------------------
@@ -386,12 +400,19 @@ def _client(request: Request, args: argparse.Namespace, *, reconnect: bool) -> S
     # reconnect and re-synchronise, like any long-lived subscriber, unless told otherwise
     policy = ReconnectPolicy() if reconnect else ReconnectPolicy(enabled=False)
     endpoints = request.endpoints
+    oauth = None
+    if request.oauth is not None:
+        if not args.identity:
+            raise ValueError("the secure gates need a client identity: give --identity NAME")
+        oauth = OAuthSession(*request.oauth, args.identity, credentials_file=args.credentials)
     transport = NetworkTransport(
         endpoints.query_url,
         endpoints.update_url,
         endpoints.subscribe_url,
         reconnect=policy,
         request_timeout_s=args.timeout,
+        oauth=oauth,
+        ssl=tls(args.cafile, args.fingerprint),
     )
     return SepaClient(transport)
 
@@ -561,6 +582,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         )
         for option, key in GRAPH_OPTIONS[command]:
             parser.add_argument(option, action="append", metavar="IRI", help=f"{key} (repeatable)")
+        secure = parser.add_argument_group(
+            "secure gates (an https URL, or a JSAP with oauth enabled)",
+            "registers the identity once and keeps its credentials; tokens are fetched and renewed as needed",
+        )
+        secure.add_argument("--identity", help="the client identity the gateway's operator allowed")
+        secure.add_argument(
+            "--credentials",
+            metavar="FILE",
+            help="where the credentials are kept (default ~/.config/sepa-gateway/credentials/HOST-PORT-IDENTITY.json)",
+        )
+        secure.add_argument("--cafile", help="trust this CA or certificate file (e.g. the gateway's tls-cert.pem)")
+        secure.add_argument("--fingerprint", help="or pin the gateway certificate's SHA-256 (as its log shows it)")
         parser.add_argument("--json", action="store_true", help=_JSON_HELP[command])
         parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a reply (default 30)")
         parser.add_argument("-v", "--verbose", action="store_true", help="log the client's activity on stderr")
