@@ -43,7 +43,7 @@ def _gone(pid: int) -> bool:
 
 
 def _pids(stderr: str) -> list[int]:
-    return [int(pid) for pid in re.findall(r"^(?:gateway|oxigraph): pid (\d+)", stderr, re.MULTILINE)]
+    return [int(pid) for pid in re.findall(r"^(?:secure gateway|gateway|oxigraph): pid (\d+)", stderr, re.MULTILINE)]
 
 
 def test_stream_alternates_values_and_predicts_the_papers_notifications() -> None:
@@ -95,6 +95,22 @@ def test_wire_benchmark_end_to_end() -> None:
         assert result["ratio"] == pytest.approx(result["ups"] / result["oxigraph_ups"], rel=0.01)
     else:
         assert result["oxigraph_ups"] is None and result["ratio"] is None
+    pids = _pids(done.stderr)
+    assert pids and all(_gone(pid) for pid in pids)
+
+
+def test_secure_variant_runs_beside_the_plain_one() -> None:
+    """`--secure`: the same stream and subscriptions over HTTPS + WSS with a bearer token (a missing or
+    refused token would fail every update: 401), reported beside the plain run."""
+    args = _bench("--json", "--updates", "200", "--concurrency", "4", "--secure", "--no-oxigraph", *SMALL)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["secure_ups"] > 0 and result["secure_failed_updates"] == 0
+    assert result["secure_missing_notifications"] == result["secure_wrong_notifications"] == 0
+    assert result["secure_notifications"] == result["notifications"]
+    assert result["secure_ratio"] == pytest.approx(result["secure_ups"] / result["ups"], rel=0.01)
+    assert "/secure/update" in done.stderr and "wss://" in done.stderr
     pids = _pids(done.stderr)
     assert pids and all(_gone(pid) for pid in pids)
 

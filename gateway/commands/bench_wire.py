@@ -64,6 +64,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     wire.add_argument("--no-oxigraph", action="store_true", help="skip the Oxigraph baseline")
     wire.add_argument(
+        "--secure",
+        action="store_true",
+        help="also run the gateway over its secure gates (HTTPS + WSS, OAuth token) and report it beside the plain run",
+    )
+    wire.add_argument(
         "--timeout", type=_bounded(10, 86_400), default=900, help="give up after this many seconds (default 900)"
     )
     wire.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -99,6 +104,7 @@ def run_wire(args: argparse.Namespace) -> int:
         load_method=args.load,
         oxigraph=not args.no_oxigraph,
         timeout_s=float(args.timeout),
+        secure=args.secure,
     )
     try:
         with _sigterm_as_interrupt():

@@ -227,10 +227,25 @@ class GatewayProcess:
     child: Child
     http_port: int
     ws_port: int
+    https_port: int | None = None  # the secure gates, when started with `secure`
+    wss_port: int | None = None
+    security_dir: Path | None = None
 
     @property
     def update_url(self) -> str:
         return f"http://{HOST}:{self.http_port}/update"
+
+    @property
+    def secure_update_url(self) -> str:
+        return f"https://{HOST}:{self.https_port}/secure/update"
+
+    @property
+    def secure_subscribe_url(self) -> str:
+        return f"wss://{HOST}:{self.wss_port}/secure/subscribe"
+
+    @property
+    def https_base(self) -> str:
+        return f"https://{HOST}:{self.https_port}"
 
     @property
     def query_url(self) -> str:
@@ -259,6 +274,15 @@ level = "WARNING"
 
 NO_MQTT = "[mqtt]\nenabled = false  # the benchmark measures the SPARQL gates only"
 
+SECURE_CONFIG = """
+[security]
+enabled = true
+host = "{host}"
+dir = "{dir}"
+clients = [{{identity = "{identity}", read = ["*"], write = ["*"]}}]
+"""
+BENCH_IDENTITY = "wire-bench"
+
 
 def start_gateway(
     children: Children,
@@ -268,23 +292,30 @@ def start_gateway(
     max_request_bytes: int,
     timeout: float = 30.0,
     mqtt: str = NO_MQTT,
+    secure: bool = False,
 ) -> GatewayProcess:
     """Start ``sepa-gateway run`` on free ports with an in-memory store and wait until it serves.
 
+    With `secure`, its secure gates too (HTTPS + WSS, a self-signed certificate in
+    ``<workdir>/security``, the client :data:`BENCH_IDENTITY` allowed to read and write everything).
     Retries on fresh ports if the first pick was taken in between (exit code 2, "cannot listen").
     """
-    config = workdir / "gateway.toml"
-    config.write_text(
-        GATEWAY_CONFIG.format(
-            allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes, mqtt=mqtt
-        ),
-        encoding="utf-8",
+    config = workdir / ("gateway-secure.toml" if secure else "gateway.toml")
+    text = GATEWAY_CONFIG.format(
+        allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes, mqtt=mqtt
     )
+    security_dir = workdir / "security"
+    if secure:
+        text += SECURE_CONFIG.format(host=HOST, dir=security_dir, identity=BENCH_IDENTITY)
+    config.write_text(text, encoding="utf-8")
     launcher = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
     for attempt in range(3):
         http_port, ws_port = free_port(), free_port()
+        https_port, wss_port = (free_port(), free_port()) if secure else (None, None)
         argv = [sys.executable, "-c", launcher, "run", "--config", str(config)]
         argv += ["--http-port", str(http_port), "--ws-port", str(ws_port)]
+        if secure:
+            argv += ["--https-port", str(https_port), "--wss-port", str(wss_port)]
         child = children.start("gateway", argv, log_path=workdir / f"gateway-{attempt}.log")
         try:
             wait_http(f"http://{HOST}:{http_port}/metrics", child, timeout)
@@ -293,5 +324,7 @@ def start_gateway(
             if attempt == 2 or "cannot listen" not in child.log_tail():
                 raise
             continue
+        if secure:
+            return GatewayProcess(child, http_port, ws_port, https_port, wss_port, security_dir)
         return GatewayProcess(child, http_port, ws_port)
     raise AssertionError("unreachable")

@@ -23,22 +23,28 @@ from typing import Any
 
 import aiohttp
 
+from tools.wire.secure import read_token, tls_context
 from tools.wire.workload import MAX_CONCURRENCY, update_stream
 
 UPDATE_TYPE = "application/sparql-update"
 REQUEST_TIMEOUT_S = 30.0
 
 
-async def publish(url: str, n: int, concurrency: int) -> dict[str, Any]:
-    """Send updates 0..n-1 in order, `concurrency` at a time, each on a keep-alive connection."""
+async def publish(
+    url: str, n: int, concurrency: int, token: str | None = None, cafile: str | None = None
+) -> dict[str, Any]:
+    """Send updates 0..n-1 in order, `concurrency` at a time, each on a keep-alive connection (with
+    `token` and `cafile`: to the secure gates, a bearer token on each, TLS verified)."""
     bodies = [update.sparql.encode() for update in update_stream(n)]
     sent = [0] * n
     done = [0] * n
     status = [0] * n
     errors: list[str] = []
     headers = {"Content-Type": UPDATE_TYPE}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
     next_k = 0
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=tls_context(cafile) if cafile else True)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
@@ -83,12 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, required=True)
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    parser.add_argument("--token-file", help="secure gates: the bearer token, in a file")
+    parser.add_argument("--cafile", help="secure gates: the certificate to verify them with")
     args = parser.parse_args(argv)
+    token = read_token(args.token_file) if args.token_file else None
     if not (1 <= args.concurrency <= MAX_CONCURRENCY and args.updates >= 1):
         print(json.dumps({"error": f"need updates >= 1 and 1 <= concurrency <= {MAX_CONCURRENCY}"}), flush=True)
         return 2
     try:
-        result = asyncio.run(asyncio.wait_for(publish(args.url, args.updates, args.concurrency), args.timeout))
+        result = asyncio.run(
+            asyncio.wait_for(publish(args.url, args.updates, args.concurrency, token, args.cafile), args.timeout)
+        )
     except TimeoutError:
         print(json.dumps({"error": f"the stream did not finish within {args.timeout:.0f} s"}), flush=True)
         return 1

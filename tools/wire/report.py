@@ -122,6 +122,26 @@ def summarize(
     }
 
 
+def summarize_secure(published: dict[str, Any], matching: Matching, plain: dict[str, Any]) -> dict[str, Any]:
+    """The secure phase's keys of the JSON document, beside the plain run's (``secure_ratio`` is secure
+    ups over plain ups of the same invocation)."""
+    ups = throughput(published)
+    plain_ups = throughput(plain)
+    nl = matching.latencies_ms
+    return {
+        "secure_ups": _round(ups, 1),
+        "secure_nl_p50_ms": _round(percentile(nl, 50), 3),
+        "secure_nl_p99_ms": _round(percentile(nl, 99), 3),
+        "secure_ratio": _round(ups / plain_ups if ups and plain_ups else None, 3),
+        "secure_reply_p99_ms": _round(reply_ms(published, 99), 3),
+        "secure_failed_updates": published["failed"],
+        "secure_notifications": matching.received,
+        "secure_wrong_notifications": matching.wrong_value,
+        "secure_missing_notifications": matching.missing,
+        "secure_unexpected_notifications": matching.unexpected,
+    }
+
+
 def ok(result: dict[str, Any]) -> bool:
     """Every update accepted and every notification received, matched and right."""
     return (
@@ -130,6 +150,10 @@ def ok(result: dict[str, Any]) -> bool:
         and result["missing_notifications"] == 0
         and result["unexpected_notifications"] == 0
         and result["wrong_notifications"] == 0
+        and not result.get("secure_failed_updates")
+        and not result.get("secure_missing_notifications")
+        and not result.get("secure_unexpected_notifications")
+        and not result.get("secure_wrong_notifications")
     )
 
 
@@ -175,4 +199,12 @@ def format_table(result: dict[str, Any]) -> str:
         f"{r['wrong_notifications']} wrong, {r['missing_notifications']} missing)",
         f"failed updates: gateway {r['failed_updates']}, oxigraph {_fmt(r['oxigraph_failed_updates'])}",
     ]
+    if "secure_ups" in r:
+        lines += [
+            "",
+            f"secure gates (HTTPS + WSS, bearer token): {_fmt(r['secure_ups'])} ups "
+            f"({_fmt(r['secure_ratio'], 3)}x plain), NL p99 {_fmt(r['secure_nl_p99_ms'], 2)} ms, "
+            f"{r['secure_failed_updates']} failed, {r['secure_wrong_notifications']} wrong, "
+            f"{r['secure_missing_notifications']} missing notifications",
+        ]
     return "\n".join(lines)

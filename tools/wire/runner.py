@@ -29,6 +29,7 @@ from typing import Any
 
 from tools.wire import loader, oxigraph, processes, report, workload
 from tools.wire.processes import BenchError, Children, python_module
+from tools.wire.secure import login
 
 Log = Callable[[str], None]
 INSERT_MAX_REQUEST_BYTES = 64 << 20
@@ -46,6 +47,7 @@ class WireOptions:
     load_method: str = "load"  # "load" (LOAD of served N-Triples) or "insert" (INSERT DATA chunks)
     oxigraph: bool = True
     timeout_s: float = 900.0
+    secure: bool = False  # also run the gateway phase over HTTPS + WSS with a registered client and its token
 
 
 class Deadline:
@@ -73,8 +75,16 @@ def engine_seconds(metrics_url: str) -> float:
     return total
 
 
-def publish(children: Children, url: str, options: WireOptions, deadline: Deadline, label: str, log: Log) -> dict:
-    """Run the publisher process against `url` and return its report."""
+def publish(
+    children: Children,
+    url: str,
+    options: WireOptions,
+    deadline: Deadline,
+    label: str,
+    log: Log,
+    credentials: tuple[str, ...] = (),
+) -> dict:
+    """Run the publisher process against `url` and return its report (`credentials`: its secure options)."""
     limit = deadline.left(options.timeout_s)
     argv = python_module(
         "tools.wire.publisher",
@@ -86,6 +96,7 @@ def publish(children: Children, url: str, options: WireOptions, deadline: Deadli
         str(options.concurrency),
         "--timeout",
         f"{limit:.0f}",
+        *credentials,
     )
     log(f"{label}: sending {options.updates:,} updates, {options.concurrency} in flight")
     publisher = children.start(f"{label} publisher", argv, pipes=True)
@@ -107,16 +118,28 @@ def gateway_phase(
     expected: int,
     deadline: Deadline,
     log: Log,
+    secure: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(facts, publisher report, subscriber report) of the gateway with its subscriptions."""
+    """(facts, publisher report, subscriber report) of the gateway with its subscriptions.
+
+    With `secure`, the updates and the subscriptions go through the secure gates (HTTPS + WSS, a
+    bearer token on each); the knowledge base is still loaded through the plain gate."""
+    label = "secure gateway" if secure else "gateway"
     gateway = processes.start_gateway(
         children,
         workdir,
         allow_load=options.load_method == "load",
         max_request_bytes=INSERT_MAX_REQUEST_BYTES,
         timeout=deadline.left(60),
+        secure=secure,
     )
-    log(f"gateway: pid {gateway.child.pid}, http://{processes.HOST}:{gateway.http_port}, {gateway.subscribe_url}")
+    credentials: tuple[str, ...] = ()
+    update_url, subscribe_url = gateway.update_url, gateway.subscribe_url
+    if secure:
+        token_file, cafile = login(gateway, workdir)
+        credentials = ("--token-file", str(token_file), "--cafile", str(cafile))
+        update_url, subscribe_url = gateway.secure_update_url, gateway.secure_subscribe_url
+    log(f"{label}: pid {gateway.child.pid}, {update_url}, {subscribe_url}")
     with processes.explain_failure(gateway.child):
         load_s = asyncio.run(
             asyncio.wait_for(loader.load_gateway(gateway.update_url, kb, options.load_method), deadline.left(600))
@@ -129,11 +152,12 @@ def gateway_phase(
         argv = python_module(
             "tools.wire.subscriber",
             "--url",
-            gateway.subscribe_url,
+            subscribe_url,
             "--sockets",
             str(options.sockets),
             "--timeout",
             f"{deadline.left(300):.0f}",
+            *credentials,
         )
         subscriber = children.start("subscriber", argv, pipes=True)
         ready = subscriber.receive(deadline.left(300) + 10)
@@ -144,7 +168,7 @@ def gateway_phase(
 
         metrics_url = f"http://{processes.HOST}:{gateway.http_port}/metrics"
         engine_before = engine_seconds(metrics_url)
-        published = publish(children, gateway.update_url, options, deadline, "gateway", log)
+        published = publish(children, update_url, options, deadline, label, log, credentials)
         engine_s = engine_seconds(metrics_url) - engine_before
 
         subscriber.send({"stop": True, "expect": expected, "grace_s": 5.0})
@@ -213,9 +237,19 @@ def run(options: WireOptions, log: Log | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="sepa-wire-") as tmp, Children() as children:
         workdir = Path(tmp)
         facts, published, notes = gateway_phase(children, workdir, kb, options, len(expected), deadline, say)
+        secure = None
+        if options.secure:
+            secure = gateway_phase(children, workdir, kb, options, len(expected), deadline, say, secure=True)
         oxigraph_published = None
         if binary is not None:
             oxigraph_facts, oxigraph_published = oxigraph_phase(children, workdir, kb, binary, options, deadline, say)
             facts.update(oxigraph_facts)
     matching = report.match(expected, stream, notes["notifications"], published["sent_ns"])
-    return report.summarize(published=published, matching=matching, oxigraph_published=oxigraph_published, facts=facts)
+    result = report.summarize(
+        published=published, matching=matching, oxigraph_published=oxigraph_published, facts=facts
+    )
+    if secure is not None:
+        _, secure_published, secure_notes = secure
+        secure_matching = report.match(expected, stream, secure_notes["notifications"], secure_published["sent_ns"])
+        result.update(report.summarize_secure(secure_published, secure_matching, published))
+    return result

@@ -22,6 +22,7 @@ from typing import Any
 
 import aiohttp
 
+from tools.wire.secure import read_token, tls_context
 from tools.wire.workload import subscriptions
 
 Record = list[Any]  # [alias, sequence, received_ns, [[lamp or None, dimming or None], ...]]
@@ -87,16 +88,19 @@ async def _first(*events: asyncio.Event, timeout: float) -> None:
             waiter.cancel()
 
 
-async def run(url: str, sockets: int, timeout: float) -> int:
+async def run(url: str, sockets: int, timeout: float, token: str | None = None, cafile: str | None = None) -> int:
     subs = subscriptions()
     state = Subscriber({sub.name for sub in subs})
     loop = asyncio.get_running_loop()
+    tls = tls_context(cafile) if cafile else True
     async with aiohttp.ClientSession() as session:
-        connections = [await session.ws_connect(url, max_msg_size=64 << 20) for _ in range(sockets)]
+        connections = [await session.ws_connect(url, max_msg_size=64 << 20, ssl=tls) for _ in range(sockets)]
         readers = [asyncio.create_task(state.read(ws)) for ws in connections]
         started = time.perf_counter()
         for index, sub in enumerate(subs):
-            message = {"subscribe": {"sparql": sub.sparql, "alias": sub.name}}
+            message: dict[str, Any] = {"subscribe": {"sparql": sub.sparql, "alias": sub.name}}
+            if token is not None:
+                message["subscribe"]["authorization"] = f"Bearer {token}"
             await connections[index * sockets // len(subs)].send_str(json.dumps(message))
         await _first(state.ready, state.failed, timeout=timeout)
         if state.failed.is_set() or not state.ready.is_set():
@@ -127,9 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="the gateway's subscribe WebSocket URL")
     parser.add_argument("--sockets", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed for subscribing")
+    parser.add_argument("--token-file", help="secure gates: the bearer token, in a file")
+    parser.add_argument("--cafile", help="secure gates: the certificate to verify them with")
     args = parser.parse_args(argv)
+    token = read_token(args.token_file) if args.token_file else None
     try:
-        return asyncio.run(run(args.url, max(1, args.sockets), args.timeout))
+        return asyncio.run(run(args.url, max(1, args.sockets), args.timeout, token, args.cafile))
     except (aiohttp.ClientError, OSError) as error:
         _say({"error": f"{type(error).__name__}: {error}"})
         return 1
