@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -23,9 +24,17 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+_NEEDS_QUOTES = frozenset(' ="\\\n\r\t')
+
+
 def _quote(value: object) -> str:
+    """A value as one token: quoted, with quotes and line breaks escaped, when it needs it. Why the
+    escaping: values can come from clients (a registration's identity, a path), and a line break in
+    one must not forge a log line of its own."""
     text = str(value)
-    return f'"{text}"' if (" " in text or "=" in text or not text) else text
+    if text and _NEEDS_QUOTES.isdisjoint(text):
+        return text
+    return json.dumps(text, ensure_ascii=False)
 
 
 def setup_logging(level: str) -> None:

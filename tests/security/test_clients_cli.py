@@ -81,3 +81,15 @@ def test_rights_from_the_toml_are_listed_and_kept(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "TOML" in refused.stderr
     assert clients(security, "revoke", "plant", config=config).returncode == 0
     assert json.loads(clients(security, "list", "--json", config=config).stdout)["plant"]["revoked"] is True
+
+
+def test_a_client_chosen_value_cannot_forge_a_log_line() -> None:
+    """A registration's identity is logged as the client sent it: its line breaks stay escaped."""
+    import logging
+
+    from gateway.logs import KeyValueFormatter
+
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "registration refused", None, None)
+    record.identity = 'evil\nts=2026 level=info msg="client registered"'
+    line = KeyValueFormatter().format(record)
+    assert "\n" not in line and 'identity="evil\\nts=2026 level=info msg=\\"client registered\\""' in line
