@@ -83,7 +83,9 @@ class SecureGate:
             document = json.loads(body)
         except (ValueError, RecursionError):
             raise InvalidRequest("the registration is not JSON") from None
-        return _json(self.authority.register(document), 201)
+        # the registry file is locked, read and written (fsync'd): not on the event loop
+        reply = await asyncio.get_running_loop().run_in_executor(None, self.authority.register, document)
+        return _json(reply, 201)
 
     async def token(self, request: web.BaseRequest) -> web.Response:
         if hdrs.AUTHORIZATION not in request.headers and request.content_type == "application/json":
@@ -121,14 +123,13 @@ class SecureGate:
             await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 self.authority.registry.current()
-            except ValueError as error:  # a half-edited file by hand: keep the last good registry
-                log.warning("client registry unreadable", extra={"error": str(error)})
-                continue
-            if self.authority.registry.generation != seen:
-                seen = self.authority.registry.generation
-                ended = await self.websocket.end_invalid(self.authority.still_valid)
-                if ended:
-                    log.info("subscriptions of revoked clients ended", extra={"count": ended})
+                if self.authority.registry.generation != seen:
+                    seen = self.authority.registry.generation
+                    ended = await self.websocket.end_invalid(self.authority.still_valid)
+                    if ended:
+                        log.info("subscriptions of revoked clients ended", extra={"count": ended})
+            except Exception:  # the watch must outlive any one failure (a vanished directory...)
+                log.exception("revocation watch failed; trying again")
 
 
 def _json(document: object, status: int) -> web.Response:

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets
@@ -31,6 +32,8 @@ from typing import Any
 
 from broker.core.access import DEFAULT_GRAPH_IRI, GraphAccess
 from broker.security.keys import write_private
+
+log = logging.getLogger(__name__)
 
 REGISTRY_FILE = "clients.json"
 LOCK_FILE = "clients.lock"
@@ -121,10 +124,19 @@ class ClientRegistry:
         return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
 
     def current(self) -> dict[str, Client]:
-        """The merged clients, reloaded when the file changed since the last look (one stat)."""
+        """The merged clients, reloaded when the file changed since the last look (one stat).
+
+        A file that cannot be read (edited by hand, half-written by a tool other than ours) keeps
+        the last good registry in force and is logged once per change; at start-up it is an error."""
         stamp = self._file_stamp()
         if stamp != self._stamp or self.generation == 0:
-            self._load(stamp)
+            try:
+                self._load(stamp)
+            except RegistryError as error:
+                if self.generation == 0:
+                    raise
+                self._stamp = stamp  # not read again until it changes
+                log.warning("client registry unreadable: the last good one stays in force", extra={"error": str(error)})
         return self._clients
 
     def _load(self, stamp: tuple[int, int, int] | None) -> None:

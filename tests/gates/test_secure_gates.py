@@ -344,6 +344,19 @@ def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gatew
     run_secure(secure_gateway, test)
 
 
+def test_a_corrupt_registry_file_keeps_the_last_good_one(secure_gateway, tmp_path: Path) -> None:
+    async def test(client: SecureClient) -> None:
+        token = await client.login("admin")
+        (tmp_path / "data" / "security" / "clients.json").write_text("{ not json")
+        assert (await client.query(token, EVERYTHING))[0] == 200
+        await asyncio.sleep(1.2)  # the revocation watch reads it too, and stays alive
+        assert (await client.query(token, EVERYTHING))[0] == 200
+        assert secure_gateway.gateway.gates.secure._watcher is not None
+        assert not secure_gateway.gateway.gates.secure._watcher.done()
+
+    run_secure(secure_gateway, test)
+
+
 def _gateway_argv() -> list[str]:
     from tests.gates.conftest import gateway_argv
 
