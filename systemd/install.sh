@@ -88,9 +88,12 @@ for _ in $(seq 1 60); do
         cert="$state/data/security/tls-cert.pem"
         for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done
         if [ -f "$cert" ]; then
+            # the certificate is public: a copy that clients on this machine can read (the original's
+            # directory is the service's alone)
+            install -m 0644 "$cert" "$etc/tls-cert.pem"
             fingerprint=$("$prefix/bin/python" -c "import sys; from broker.security.keys import fingerprint; print(fingerprint(open(sys.argv[1], 'rb').read()))" "$cert")
             echo "secure gates: https://$(hostname):8443/secure/query, wss://$(hostname):9443/secure/subscribe"
-            echo "  certificate $cert, SHA-256 $fingerprint"
+            echo "  certificate $etc/tls-cert.pem, SHA-256 $fingerprint"
             echo "  allow an application: $prefix/bin/sepa-gateway clients add NAME --read '*' --write GRAPH [--register]"
         fi
         echo "logs: $started"
