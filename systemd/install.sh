@@ -45,7 +45,19 @@ install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
 # persistent sessions hold the readings sent while the gateway restarts.
 passwords=/etc/mosquitto/sepa-gateway.passwd
 install -d -m 0755 /etc/mosquitto/conf.d
-sed -e "s|@PASSWORD_FILE@|$passwords|" -e "s|@PORT@|1883|" "$src/systemd/mosquitto-sepa-gateway.conf" >/etc/mosquitto/conf.d/sepa-gateway.conf
+tls=()
+if [ -n "${SEPA_GATEWAY_MQTT_TLS_CERT:-}" ] && [ -n "${SEPA_GATEWAY_MQTT_TLS_KEY:-}" ]; then
+    # the optional TLS listener (8883): the operator's certificate and key, readable by mosquitto only
+    install -d -m 0755 /etc/mosquitto/certs
+    install -m 0644 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_CERT" /etc/mosquitto/certs/sepa-gateway.pem
+    install -m 0600 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_KEY" /etc/mosquitto/certs/sepa-gateway.key
+    tls=(-e "s|^#TLS ||")
+elif grep -q '^listener 8883' /etc/mosquitto/conf.d/sepa-gateway.conf 2>/dev/null; then
+    tls=(-e "s|^#TLS ||")  # turned on by an earlier run: an upgrade keeps it
+fi
+sed "${tls[@]}" -e "s|@PASSWORD_FILE@|$passwords|" -e "s|@PORT@|1883|" -e "s|@TLS_PORT@|8883|" \
+    -e "s|@TLS_CERT@|/etc/mosquitto/certs/sepa-gateway.pem|" -e "s|@TLS_KEY@|/etc/mosquitto/certs/sepa-gateway.key|" \
+    "$src/systemd/mosquitto-sepa-gateway.conf" >/etc/mosquitto/conf.d/sepa-gateway.conf
 [ -f "$passwords" ] || install -m 0600 -o mosquitto -g mosquitto /dev/null "$passwords"
 if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list | grep -qx sepa-gateway; then
     login=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload add sepa-gateway --reset)

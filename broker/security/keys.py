@@ -70,6 +70,7 @@ def signing_key(directory: Path) -> ec.EllipticCurvePrivateKey:
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise ValueError(f"{path} is not an EC private key")
         return key
+    private_directory(directory)
     key = ec.generate_private_key(ec.SECP256R1())
     write_private(path, _pem(key))
     return key
@@ -97,6 +98,7 @@ def tls_files(directory: Path, cert: str = "", key: str = "", names: list[str] |
     cert_path, key_path = directory / CERT_FILE, directory / CERT_KEY_FILE
     if cert_path.exists() and key_path.exists():
         return TlsFiles(cert_path, key_path, fingerprint(cert_path.read_bytes()), generated=False)
+    private_directory(directory)
     private_key = ec.generate_private_key(ec.SECP256R1())
     pem = self_signed(private_key, names or [])
     write_private(key_path, _pem(private_key))

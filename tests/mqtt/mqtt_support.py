@@ -33,9 +33,13 @@ def missing_tools() -> str | None:
 INSTALLED_TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-sepa-gateway.conf"
 
 
-def installed_config(password_file: Path, listener: str) -> str:
-    """The Mosquitto configuration install.sh writes, with its two placeholders filled as it fills them."""
+def installed_config(password_file: Path, listener: str, tls: tuple[str, Path, Path] | None = None) -> str:
+    """The Mosquitto configuration install.sh writes, its placeholders filled as it fills them; with
+    `tls` (listener, certificate, key), its optional TLS listener turned on as the installer does."""
     text = INSTALLED_TEMPLATE.read_text()
+    if tls is not None:
+        text = text.replace("#TLS ", "")
+        text = text.replace("@TLS_PORT@", tls[0]).replace("@TLS_CERT@", str(tls[1])).replace("@TLS_KEY@", str(tls[2]))
     return text.replace("@PASSWORD_FILE@", str(password_file)).replace("@PORT@", listener)
 
 
@@ -53,7 +57,14 @@ class Mosquitto:
     gateway's receive_maximum (mosquitto's default of 20 caps each batch).
     """
 
-    def __init__(self, directory: Path, listener: str = "", extra: str = "", installed: Path | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        listener: str = "",
+        extra: str = "",
+        installed: Path | None = None,
+        installed_tls: tuple[Path, Path] | None = None,
+    ) -> None:
         """`installed`: a password file, to run the listener exactly as systemd/install.sh writes it
         (systemd/mosquitto-sepa-gateway.conf, on a free port of 127.0.0.1) instead of an anonymous one."""
         self.directory = directory
@@ -62,8 +73,10 @@ class Mosquitto:
         self.log = directory / "mosquitto.log"
         (directory / "data").mkdir(exist_ok=True)
         head = f"listener {self.port} 127.0.0.1\n{listener or 'allow_anonymous true'}\n"
+        self.tls_port = free_port() if installed_tls is not None else None
         if installed is not None:
-            head = installed_config(installed, f"{self.port} 127.0.0.1")
+            tls = (f"{self.tls_port} 127.0.0.1", *installed_tls) if installed_tls is not None else None
+            head = installed_config(installed, f"{self.port} 127.0.0.1", tls)  # type: ignore[arg-type]
         self.config.write_text(
             head
             + f"user {pwd.getpwuid(os.getuid()).pw_name}\n"

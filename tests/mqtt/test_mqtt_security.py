@@ -87,6 +87,29 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
     assert "boiler" not in sensors(passwords, "list").stdout
 
 
+def test_the_optional_tls_listener_takes_the_same_logins(tmp_path: Path) -> None:
+    """The installer's TLS listener (turned on with a certificate and key) over real TLS."""
+    problem = missing_tools()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    from broker.security.keys import tls_files
+
+    pair = tls_files(tmp_path / "tls")  # a self-signed certificate for this host, 127.0.0.1 included
+    passwords = tmp_path / "passwd"
+    passwords.touch(mode=0o600)
+    sensor = login(passwords, "boiler")
+    broker = Mosquitto(tmp_path, installed=passwords, installed_tls=(pair.cert, pair.key))
+    broker.start()
+    try:
+        command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.tls_port), "--cafile", str(pair.cert)]
+        command += ["-q", "1", "-t", "gateway/boiler/temperature", "-m", "63.5"]
+        assert subprocess.run([*command, "-u", "boiler", "-P", sensor], capture_output=True, timeout=10).returncode == 0
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode != 0  # no login
+        assert publish(broker, "-u", "boiler", "-P", sensor) == 0  # the plain listener still works
+    finally:
+        broker.stop()
+
+
 def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquitto: Mosquitto, tmp_path: Path) -> None:
     """No client id configured: each derives its own (the bug: both used `sepa-gateway`)."""
     gateways = []
