@@ -311,6 +311,13 @@ class Scheduler:
         return await self.serialized(self.engine.unsubscribe, spuid)
 
     def close(self) -> None:
-        """Finish queued updates, then stop the threads."""
+        """Finish queued updates, then stop the threads. Queries change nothing: those still queued
+        are dropped and a running one is not waited for (one may wait on a SERVICE endpoint that
+        never answers; see :attr:`queries_running`)."""
         self._updates.shutdown(wait=True)
-        self._queries.shutdown(wait=True)
+        self._queries.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def queries_running(self) -> int:
+        """Query threads still alive after :meth:`close` (blocked in an evaluation that cannot be stopped)."""
+        return sum(1 for thread in threading.enumerate() if thread.name.startswith("sepa-query") and thread.is_alive())

@@ -45,6 +45,7 @@ class Gateway:
             mode=config.engine.mode,
             allow_load=config.engine.allow_load,
             service_allow=config.engine.service_allow,
+            service_timeout_s=config.engine.service_timeout_s,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

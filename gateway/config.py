@@ -22,6 +22,7 @@ class EngineConfig:
     mode: str = "incremental"  # "incremental" (LUTT + incremental SPUs) or "naive" (re-evaluate everything)
     allow_load: bool = False  # allow SPARQL LOAD (fetches URLs from the gateway)
     service_allow: list = field(default_factory=list)  # SERVICE endpoints allowed: exact IRIs, or prefixes ending in *
+    service_timeout_s: float = 10.0  # a query's client waits this long for allowed SERVICE calls (then 504)
 
 
 @dataclass
@@ -174,6 +175,8 @@ class Config:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
+        if self.engine.service_timeout_s <= 0:
+            raise ConfigError("engine.service_timeout_s must be positive")
         for name, path in (
             ("http.query_path", self.http.query_path),
             ("http.update_path", self.http.update_path),

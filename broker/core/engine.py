@@ -43,14 +43,16 @@ class Engine:
         mode: str = "incremental",
         allow_load: bool = False,
         service_allow: Sequence[str] = (),
+        service_timeout_s: float = 10.0,
     ) -> None:
-        """`service_allow`: the only endpoints SERVICE may call (:mod:`broker.sparql.service`)."""
+        """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
+        at most `service_timeout_s` for them (:mod:`broker.sparql.service`)."""
         if mode not in ("incremental", "naive"):
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
         self.mode = mode
         self.stats = EngineStats()
-        self.queries = QueryProcessor(self.store, service_allow=service_allow)
+        self.queries = QueryProcessor(self.store, service_allow=service_allow, service_timeout_s=service_timeout_s)
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
         self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"))
         self._update_lock = threading.Lock()

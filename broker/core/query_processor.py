@@ -61,9 +61,14 @@ def dataset_arguments(default_graph_uri: Sequence[str], named_graph_uri: Sequenc
 class QueryProcessor:
     """Runs queries; safe to call from several threads at once."""
 
-    def __init__(self, store: RdfStore, *, service_allow: Sequence[str] = ()) -> None:
+    def __init__(self, store: RdfStore, *, service_allow: Sequence[str] = (), service_timeout_s: float = 10.0) -> None:
         self.store = store
         self.service_allow = tuple(service_allow)
+        self.service_timeout_s = service_timeout_s  # how long a query's client waits for allowed SERVICE calls
+
+    def calls_service(self, sparql: str, base_iri: str | None = None) -> bool:
+        """Whether `sparql` calls a SERVICE (raises InvalidRequest when one is not allowed)."""
+        return check_services(sparql, self.service_allow, base_iri)
 
     def run(
         self,
@@ -74,10 +79,13 @@ class QueryProcessor:
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
         substitutions: dict[Variable, Term] | None = None,
+        subscription: bool = False,
     ) -> RawResult:
-        """Evaluate and return pyoxigraph's lazy result (iterate it, or serialize it directly)."""
+        """Evaluate and return pyoxigraph's lazy result (iterate it, or serialize it directly).
+
+        A `subscription` may not call SERVICE at all (:func:`broker.sparql.service.check_services`)."""
         check_structure(sparql)
-        check_services(sparql, self.service_allow, base_iri, prefixes)
+        check_services(sparql, self.service_allow, base_iri, prefixes, where="subscriptions" if subscription else None)
         try:
             return self.store.query(
                 sparql,

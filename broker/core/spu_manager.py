@@ -74,7 +74,11 @@ class SpuManager:
     ) -> Subscription:
         # validates syntax and the dataset, and tells SELECT from ASK and others
         probe = self.queries.run(
-            sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri, prefixes=prefixes
+            sparql,
+            default_graph_uri=default_graph_uri,
+            named_graph_uri=named_graph_uri,
+            prefixes=prefixes,
+            subscription=True,
         )
         kind = type(probe).__name__
         if kind == "QueryTriples":

@@ -199,7 +199,7 @@ class UpdateProcessor:
         if isinstance(sparql, PreparedUpdate):
             operations = list(sparql.operations)
         else:
-            check_services(sparql, self.service_allow, base_iri, prefixes)
+            check_services(sparql, self.service_allow, base_iri, prefixes, where="updates")
             operations = parse_update(sparql, base_iri, prefixes).operations
         protocol_using = graph_list(using_graph_uri, "using-graph-uri")
         protocol_named = graph_list(using_named_graph_uri, "using-named-graph-uri")

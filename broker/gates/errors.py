@@ -46,6 +46,13 @@ class BadRequest(SepaError):
     status_code = 400
 
 
+class ServiceTimeout(SepaError):
+    """An allowed SERVICE endpoint did not answer within [engine] service_timeout_s."""
+
+    error = "service_timeout"
+    status_code = 504
+
+
 class UnsupportedMediaType(SepaError):
     error = "unsupported_media_type"
     status_code = 415

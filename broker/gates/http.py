@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from urllib.parse import parse_qsl
@@ -17,7 +18,7 @@ from broker.core.pending import PendingUpdate
 from broker.core.results import UpdateResult
 from broker.delayed import now_micros
 from broker.gates.dispatch import Routes, last_segment
-from broker.gates.errors import BadRequest, UnsupportedMediaType
+from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
 from broker.gates.negotiation import serialize
 from broker.scheduler import Scheduler
 
@@ -125,7 +126,17 @@ class HttpGate:
             )
             return serialize(raw, accept)
 
-        body, content_type = await self.scheduler.run_query(run)
+        if not self.engine.queries.calls_service(sparql, base_iri):
+            body, content_type = await self.scheduler.run_query(run)
+            return web.Response(body=body, headers={"Content-Type": content_type})
+        limit = self.engine.queries.service_timeout_s
+        try:
+            body, content_type = await asyncio.wait_for(self.scheduler.run_query(run), limit)
+        except TimeoutError:
+            # the evaluation cannot be stopped (pyoxigraph has no time limit): its thread finishes
+            # when the endpoint answers or fails; the client has its answer now
+            self.counters["service_timeouts"] += 1
+            raise ServiceTimeout(f"a SERVICE endpoint did not answer within {limit:g} s") from None
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def update(

@@ -74,11 +74,22 @@ def check_services(
     allowed: Sequence[str],
     base_iri: str | None = None,
     prefixes: dict[str, str] | None = None,
-) -> None:
+    *,
+    where: str | None = None,
+) -> bool:
     """Raise InvalidRequest (400) unless every SERVICE endpoint of `sparql` is allowed: equal to an
-    entry of `allowed`, or starting with an entry that ends with ``*``."""
-    for endpoint in service_endpoints(sparql, base_iri, prefixes):
+    entry of `allowed`, or starting with an entry that ends with ``*``. Returns whether there is one.
+
+    `where` names a context that refuses SERVICE whatever the allow-list says ("updates",
+    "subscriptions"): there the request holds the update lock, or is evaluated again on every
+    update, so one slow endpoint would hold every update. pyoxigraph offers no time limit on the
+    call, so only queries may make it, and their client waits at most ``service_timeout_s``."""
+    endpoints = service_endpoints(sparql, base_iri, prefixes)
+    if endpoints and where is not None:
+        raise InvalidRequest(f"SERVICE is not allowed in {where} (query the endpoint, then update with the result)")
+    for endpoint in endpoints:
         if endpoint is None:
             raise InvalidRequest("SERVICE with a variable endpoint is not allowed")
         if not any(endpoint == entry or (entry.endswith("*") and endpoint.startswith(entry[:-1])) for entry in allowed):
             raise InvalidRequest(f"SERVICE to <{endpoint}> is not allowed (see [engine] service_allow)")
+    return bool(endpoints)

@@ -24,9 +24,11 @@ from tests.gates.conftest import InProcessGateway
 
 
 class Listener:
-    """Accepts connections on 127.0.0.1 and answers each with a non-SPARQL HTTP reply."""
+    """Accepts connections on 127.0.0.1 and answers each with a non-SPARQL HTTP reply (with `hang`,
+    never answers: an endpoint that accepted and went silent)."""
 
-    def __init__(self) -> None:
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.accepted = 0
@@ -40,6 +42,9 @@ class Listener:
             except OSError:
                 return
             self.accepted += 1
+            if self.hang:
+                self.held = connection  # kept open, never answered
+                continue
             with connection:
                 connection.settimeout(2)
                 try:
@@ -50,6 +55,9 @@ class Listener:
 
     def close(self) -> None:
         self.server.close()
+        held = getattr(self, "held", None)
+        if held is not None:
+            held.close()
 
 
 @pytest.fixture
@@ -154,3 +162,59 @@ def test_an_allowed_endpoint_is_called_and_a_garbage_answer_is_a_400(in_process_
         time.sleep(0.05)
     assert listener.accepted >= 1
     assert (status, reply["error"]) == (400, "invalid_request"), reply
+
+
+def test_allowed_service_only_in_queries_and_only_as_long_as_the_time_limit(in_process_gateway) -> None:
+    silent = Listener(hang=True)
+    try:
+        config = Config()
+        config.engine.service_allow = [f"http://127.0.0.1:{silent.port}/*"]
+        config.engine.service_timeout_s = 1.0
+        gateway = in_process_gateway(config)
+        pattern = f"SERVICE <http://127.0.0.1:{silent.port}/sparql> {{ ?s ?p ?o }}"
+
+        async def main() -> tuple[int, dict, float, int, dict, dict]:
+            async with aiohttp.ClientSession() as session:
+                started = time.monotonic()
+                params = {"query": f"SELECT * WHERE {{ {pattern} }}"}
+                async with session.get(f"{gateway.http_url}/query", params=params) as reply:
+                    status, body = reply.status, json.loads(await reply.text())
+                waited = time.monotonic() - started
+                async with session.get(f"{gateway.http_url}/query", params={"query": "ASK {}"}) as reply:
+                    other = reply.status  # the gateway still answers
+                headers = {"Content-Type": "application/sparql-update"}
+                update = f"INSERT {{ <urn:x> <urn:y> 1 }} WHERE {{ {pattern} }}"
+                async with session.post(f"{gateway.http_url}/update", data=update, headers=headers) as reply:
+                    refused_update = json.loads(await reply.text())
+                ws = await session.ws_connect(f"{gateway.ws_url}/subscribe")
+                await ws.send_json({"subscribe": {"sparql": f"SELECT * WHERE {{ {pattern} }}"}})
+                refused_subscription = json.loads((await ws.receive(timeout=10)).data)
+                await ws.close()
+                return status, body, waited, other, refused_update, refused_subscription
+
+        status, body, waited, other, refused_update, refused_subscription = asyncio.run(main())
+        assert (status, body["error"]) == (504, "service_timeout") and 0.9 < waited < 5, (status, body, waited)
+        assert other == 200
+        assert refused_update["status_code"] == 400 and "not allowed in updates" in refused_update["error_description"]
+        assert refused_subscription["status_code"] == 400
+        assert "not allowed in subscriptions" in refused_subscription["error_description"]
+    finally:
+        silent.close()
+
+
+def test_sigterm_stops_the_gateway_while_a_service_call_hangs(tmp_path) -> None:
+    from tests.gates.conftest import launch_gateway
+
+    silent = Listener(hang=True)
+    try:
+        config = tmp_path / "gateway.toml"
+        config.write_text(f'[engine]\nservice_allow = ["http://127.0.0.1:{silent.port}/*"]\nservice_timeout_s = 0.5\n')
+        gateway = launch_gateway(config=config, mqtt=False)
+        query = f"SELECT * WHERE {{ SERVICE <http://127.0.0.1:{silent.port}/sparql> {{ ?s ?p ?o }} }}"
+        assert gateway.query(query).status == 504
+        started = time.monotonic()
+        assert gateway.stop() == 0
+        assert time.monotonic() - started < 10
+        assert any("exiting without waiting for a blocked query" in line for line in gateway.stderr_lines)
+    finally:
+        silent.close()
