@@ -104,20 +104,26 @@ def _cut(error: BaseException) -> BaseException:
 
 
 def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
-    """``loop.call_soon_threadsafe`` for engine callbacks, which also run on the loop's own thread
-    (the inline updates, see :meth:`Scheduler.update`): there it is ``loop.call_soon``.
+    """The one hand-off of engine callbacks to an event loop, used by the gates and the in-process
+    transport alike: ``loop.call_soon_threadsafe`` from the update thread, ``loop.call_soon`` on the
+    loop's own thread (the inline updates, see :meth:`Scheduler.update`).
 
     Why: both queue the callback on the loop's one FIFO, so the order of notifications is kept, but
     the thread-safe one also wakes the loop through its self-pipe, a write and a read system call
-    per notification, for a loop that is already awake. Make it on the loop's thread.
+    per notification, for a loop that is already awake. Make it on the loop's thread. A callback
+    for a loop that is already closed is dropped (nobody is listening any more): raised into the
+    engine's thread, it would fail somebody else's update.
     """
     owner = threading.get_ident()
 
     def call_soon(callback: Callable[..., object], *args: object) -> None:
-        if threading.get_ident() == owner:
-            loop.call_soon(callback, *args)
-        else:
-            loop.call_soon_threadsafe(callback, *args)
+        try:
+            if threading.get_ident() == owner:
+                loop.call_soon(callback, *args)
+            else:
+                loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed
+            pass
 
     return call_soon
 

@@ -14,10 +14,10 @@ calls block the loop for the duration of each engine call, so use it only for pr
 frequent updates in a process that has nothing latency-critical on its loop (tools/client_overhead
 measures both); the gateway's own gates always go through the scheduler's thread.
 
-Notifications are produced on the engine's update thread; they reach the sink through
-``loop.call_soon_threadsafe``, which preserves their order. A notification racing with the loop's
-shutdown is dropped rather than raised into the engine thread, where it would fail somebody
-else's update.
+Notifications are produced on the engine's update thread (or the loop's own, for inline
+updates); they reach the sink through the scheduler's :func:`~broker.scheduler.loop_handoff`, the
+same hand-off the WebSocket gate uses, which preserves their order and drops a notification that
+races with the loop's shutdown rather than raising it into the engine thread.
 
 Delayed updates go to the scheduler's :class:`~broker.delayed.DelayedUpdates` (``scheduler.delayed``),
 the table and timer the HTTP gate uses too, so an adapter's delayed update and a remote client's
@@ -39,7 +39,7 @@ from broker.core.results import QueryResult
 from broker.core.subscription import Subscription
 from broker.delayed import now_micros
 from broker.errors import NotFound, SepaError
-from broker.scheduler import Scheduler
+from broker.scheduler import Scheduler, loop_handoff
 from broker.sparql.prepared import PreparedUpdate
 from gateway.client.errors import SepaClientError
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
@@ -152,7 +152,7 @@ class InProcessTransport:
         named_graph_uri: Sequence[str] = (),
     ) -> TransportSubscription:
         self._check_open()
-        loop = asyncio.get_running_loop()
+        to_loop = loop_handoff(asyncio.get_running_loop())
         handle = TransportSubscription(sparql, sink, alias, tuple(default_graph_uri), tuple(named_graph_uri))
 
         def deliver(notification: Notification) -> None:
@@ -160,8 +160,7 @@ class InProcessTransport:
                 sink.notify(notification, resync=False)
 
         def from_engine_thread(notification: Notification) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-                loop.call_soon_threadsafe(deliver, notification)
+            to_loop(deliver, notification)
 
         call = asyncio.ensure_future(
             self.scheduler.serialized(
@@ -171,6 +170,7 @@ class InProcessTransport:
                 alias=alias,
                 default_graph_uri=handle.default_graph_uri,
                 named_graph_uri=handle.named_graph_uri,
+                nonblocking=True,  # the callback only hands over, as the gates' do
             )
         )
         try:
@@ -184,7 +184,7 @@ class InProcessTransport:
             raise
         handle.spuid = subscription.spuid
         self._subscriptions[handle.spuid] = handle
-        # sequence 0 was queued with call_soon_threadsafe before the executor's result, so it has
+        # sequence 0 was queued on the loop before the executor's result, so it has
         # already been delivered; yield once anyway so this holds for any future scheduler too
         await asyncio.sleep(0)
         return handle
