@@ -170,7 +170,6 @@ class InProcessTransport:
                 alias=alias,
                 default_graph_uri=handle.default_graph_uri,
                 named_graph_uri=handle.named_graph_uri,
-                nonblocking=True,  # the callback only hands over, as the gates' do
             )
         )
         try:
