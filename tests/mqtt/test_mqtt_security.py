@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
 from mqtt_support import Mosquitto, missing_tools
+from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.gates.conftest import launch_gateway
 
@@ -142,12 +145,69 @@ def test_a_taken_over_session_is_logged_and_backed_off(mosquitto: Mosquitto, tmp
         gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
     try:
         time.sleep(12)
-        connects = [gateway.metrics()["sepa_mqtt_connection_connects"] for gateway in gateways]
-        short = sum(gateway.metrics()["sepa_mqtt_connection_short_connections"] for gateway in gateways)
-        assert short >= 2
+        metrics = [gateway.metrics() for gateway in gateways]
+        connects = [m["sepa_mqtt_connection_connects"] for m in metrics]
+        assert sum(m["sepa_mqtt_connection_session_takeovers"] for m in metrics) >= 1, metrics
         assert sum(connects) <= 12, connects  # measured: 8 backed off, 33 without the backoff
         log = "\n".join(line for gateway in gateways for line in gateway.stderr_lines)
-        assert "another client may be using our client id" in log and "same-id" in log
+        assert "mqtt session taken over" in log and "client_id=same-id" in log
     finally:
         for gateway in gateways:
             assert gateway.stop() == 0
+
+
+class Intruder:
+    """A client that takes a client id and, whenever the broker ends its connection, takes it again at
+    once: the worst neighbour a gateway can have (a tight reconnect loop of its own)."""
+
+    def __init__(self, port: int, client_id: str, protocol: str) -> None:
+        self.port, self.client_id = port, client_id
+        self.protocol = mqtt.MQTTv5 if protocol == "5" else mqtt.MQTTv311
+        self.connects = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=self.protocol)
+            try:
+                client.connect("127.0.0.1", self.port, keepalive=60)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            self.connects += 1
+            while not self.stopped.is_set() and client.loop(0.05) == mqtt.MQTT_ERR_SUCCESS:
+                pass
+            client.disconnect()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_client_taking_the_gateways_session_is_counted_logged_once_and_backed_off(
+    mosquitto: Mosquitto, tmp_path: Path, protocol: str
+) -> None:
+    """The gateway's own (derived) client id taken by another client that reconnects at once: Mosquitto
+    2.0 closes the replaced connection without a reason code on either protocol, so the takeover is
+    recognised by connections ending right after they were made."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[mqtt]\nport = {mosquitto.port}\nprotocol = "{protocol}"\n')
+    gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
+    intruder = None
+    try:
+        connected = re.compile(r'msg="mqtt connected".* client_id=(\S+)')
+        wait_for(lambda: any(connected.search(line) for line in gateway.stderr_lines))
+        (client_id,) = next(filter(None, map(connected.search, gateway.stderr_lines))).groups()
+        intruder = Intruder(mosquitto.port, client_id, protocol)
+        intruder.thread.start()
+        time.sleep(15)
+        metrics = gateway.metrics()
+        assert metrics["sepa_mqtt_connection_session_takeovers"] >= 1, metrics
+        # without the backoff: a reconnect every 0.5-1 s, about 20 in 15 s
+        assert metrics["sepa_mqtt_connection_connects"] <= 6, metrics
+        warnings = [line for line in gateway.stderr_lines if "mqtt session taken over" in line]
+        assert len(warnings) == 1 and f"client_id={client_id}" in warnings[0], warnings
+        assert intruder.connects >= 2  # the gateway did come back for its session, it did not give up
+    finally:
+        if intruder is not None:
+            intruder.stopped.set()
+            intruder.thread.join(5)
+        assert gateway.stop() == 0
