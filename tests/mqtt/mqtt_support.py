@@ -30,17 +30,14 @@ def missing_tools() -> str | None:
     return None
 
 
-INSTALLED_TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-sepa-gateway.conf"
+INSTALLED_CONF = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-conf.sh"
 
 
 def installed_config(password_file: Path, listener: str, tls: tuple[str, Path, Path] | None = None) -> str:
-    """The Mosquitto configuration install.sh writes, its placeholders filled as it fills them; with
-    `tls` (listener, certificate, key), its optional TLS listener turned on as the installer does."""
-    text = INSTALLED_TEMPLATE.read_text()
-    if tls is not None:
-        text = text.replace("#TLS ", "")
-        text = text.replace("@TLS_PORT@", tls[0]).replace("@TLS_CERT@", str(tls[1])).replace("@TLS_KEY@", str(tls[2]))
-    return text.replace("@PASSWORD_FILE@", str(password_file)).replace("@PORT@", listener)
+    """The Mosquitto configuration install.sh writes, rendered by the script it uses; with `tls`
+    (listener, certificate, key), its optional TLS listener turned on as the installer does."""
+    arguments = [str(password_file), listener, *(str(part) for part in tls or ())]
+    return subprocess.run([str(INSTALLED_CONF), *arguments], capture_output=True, text=True, check=True).stdout
 
 
 def free_port() -> int:
