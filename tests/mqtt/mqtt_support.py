@@ -68,6 +68,7 @@ class Mosquitto:
         self.port = free_port()
         self.config = directory / "mosquitto.conf"
         self.log = directory / "mosquitto.log"
+        self.pid_file = directory / "mosquitto.pid"  # what `sepa-gateway sensors` signals to reload logins
         (directory / "data").mkdir(exist_ok=True)
         head = f"listener {self.port} 127.0.0.1\n{listener or 'allow_anonymous true'}\n"
         self.tls_port = free_port() if installed_tls is not None else None
@@ -80,6 +81,7 @@ class Mosquitto:
             "persistence true\n"
             f"persistence_location {directory / 'data'}/\n"
             f"log_dest file {self.log}\n"
+            f"pid_file {self.pid_file}\n"
             "log_type error\nlog_type warning\nlog_type notice\n"
             "max_queued_messages 0\n"
             "max_inflight_messages 1000\n"

@@ -5,6 +5,7 @@ taken over by another client is backed off from, not fought over."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -22,13 +23,15 @@ CLI = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit
 LATEST = "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> SELECT ?v WHERE { GRAPH ?g { ?l gw:value ?v } }"
 
 
-def sensors(password_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [*CLI, "sensors", "--password-file", str(password_file), "--no-reload", *args]
+def sensors(password_file: Path, *args: str, broker: Mosquitto | None = None) -> subprocess.CompletedProcess[str]:
+    """`sepa-gateway sensors` on `password_file`; with `broker`, telling that Mosquitto to reload it."""
+    reload = ["--pid-file", str(broker.pid_file)] if broker is not None else ["--no-reload"]
+    command = [*CLI, "sensors", "--password-file", str(password_file), *reload, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 
-def login(password_file: Path, name: str) -> str:
-    done = sensors(password_file, "add", name)
+def login(password_file: Path, name: str, broker: Mosquitto | None = None) -> str:
+    done = sensors(password_file, "add", name, broker=broker)
     assert done.returncode == 0, done.stderr
     (password,) = re.findall(r"^password: (\S+)$", done.stdout, re.MULTILINE)
     return password
@@ -63,12 +66,18 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 
 
 def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(installed_broker, tmp_path: Path) -> None:
+    """The broker runs the installer's configuration and is already running when the logins are made:
+    the command's reload is what lets them in."""
     passwords = installed_broker.passwords
-    sensor = login(passwords, "boiler")
+    added = sensors(passwords, "add", "boiler", broker=installed_broker)
+    assert added.returncode == 0, added.stderr
+    assert f"(pid {installed_broker.process.pid}) told to reload its password file" in added.stderr
+    (sensor,) = re.findall(r"^password: (\S+)$", added.stdout, re.MULTILINE)
+    (line,) = [line for line in added.stdout.splitlines() if line.startswith("test it:")]
+    printed = shlex.split(line.removeprefix("test it:"))
+    printed[printed.index("-h") + 1 : printed.index("-h") + 2] = ["127.0.0.1", "-p", str(installed_broker.port)]
     gateway_password = tmp_path / "mqtt-password"
-    gateway_password.write_text(login(passwords, "sepa-gateway") + "\n")
-    subprocess.run(["kill", "-HUP", str(installed_broker.process.pid)], check=True)  # what the CLI's reload does
-    time.sleep(0.3)
+    gateway_password.write_text(login(passwords, "sepa-gateway", broker=installed_broker) + "\n")
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'[mqtt]\nport = {installed_broker.port}\nusername = "sepa-gateway"\npassword_file = "{gateway_password}"\n'
@@ -80,14 +89,21 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
         assert publish(installed_broker, "-u", "boiler", "-P", "wrong") != 0
         assert publish(installed_broker, "-u", "boiler", "-P", sensor) == 0
         wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [63.5])
+        assert subprocess.run(printed, capture_output=True, timeout=10).returncode == 0  # the line it printed
+        wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [21.5])
         assert sensor not in "\n".join(gateway.stderr_lines)
     finally:
         assert gateway.stop() == 0
     assert "boiler" in sensors(passwords, "list").stdout
     assert sensors(passwords, "add", "boiler").returncode == 1  # exists: --reset to change it
-    assert sensors(passwords, "add", "boiler", "--reset").returncode == 0
-    assert sensors(passwords, "remove", "boiler").returncode == 0
+    reset = sensors(passwords, "add", "boiler", "--reset", broker=installed_broker)
+    assert reset.returncode == 0
+    (new_password,) = re.findall(r"^password: (\S+)$", reset.stdout, re.MULTILINE)
+    wait_for(lambda: publish(installed_broker, "-u", "boiler", "-P", new_password) == 0)
+    assert publish(installed_broker, "-u", "boiler", "-P", sensor) != 0  # the old password no longer works
+    assert sensors(passwords, "remove", "boiler", broker=installed_broker).returncode == 0
     assert "boiler" not in sensors(passwords, "list").stdout
+    wait_for(lambda: publish(installed_broker, "-u", "boiler", "-P", new_password) != 0)
 
 
 def test_the_optional_tls_listener_takes_the_same_logins(tmp_path: Path) -> None:
