@@ -139,11 +139,11 @@ def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquit
     try:
         for gateway in gateways:
             wait_for(lambda gateway=gateway: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
-        for value in range(5):
+        for value in range(11):  # more than 10 s: the old loop took the session every second or so
             mosquitto.pub("gateway/boiler/temperature", str(60 + value))
             time.sleep(1)
         for gateway in gateways:
-            wait_for(lambda gateway=gateway: [float(row["v"]) for row in gateway.select(LATEST)] == [64.0])
+            wait_for(lambda gateway=gateway: [float(row["v"]) for row in gateway.select(LATEST)] == [70.0])
             metrics = gateway.metrics()
             assert metrics["sepa_mqtt_connection_reconnects"] == 0, metrics
             assert metrics["sepa_mqtt_connection_session_takeovers"] == 0
