@@ -18,14 +18,14 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MISSING = (
-    "mosquitto is not installed: the MQTT tests need a real broker "
+    "mosquitto is not installed: the MQTT tests need a real broker, mosquitto_pub and mosquitto_passwd "
     "(apt-get install mosquitto mosquitto-clients; tests/run.sh installs them)"
 )
 
 
 def missing_tools() -> str | None:
     """Why the broker cannot run here, or None."""
-    if not os.access(MOSQUITTO, os.X_OK) or shutil.which("mosquitto_pub") is None:
+    if not os.access(MOSQUITTO, os.X_OK) or not all(map(shutil.which, ("mosquitto_pub", "mosquitto_passwd"))):
         return MISSING
     return None
 
