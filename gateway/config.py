@@ -77,7 +77,7 @@ class MqttConfig:
     enabled: bool = True  # the MQTT adapter: sensor readings in, actuator commands out
     host: str = "localhost"
     port: int = 1883
-    client_id: str = ""  # names the persistent session; empty: sepa-gateway-<gateway id>-<hash of the data dir>
+    client_id: str = ""  # names the persistent session; empty: sepa-gateway-<gateway id>-<random, kept in the data dir>
     protocol: str = "5"  # "5" or "3.1.1"
     username: str = ""
     password: str = ""  # never logged

@@ -6,7 +6,6 @@ Why here and not in adapters/: the adapter knows nothing of the TOML file; the a
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -20,6 +19,8 @@ from gateway.client import SepaClient
 from gateway.config import ConfigError, MqttConfig
 from gateway.observations import Mapping, MappingError, mappings_from_config
 
+CLIENT_ID_FILE = "mqtt-client-id"  # in the data directory: the random part of the derived client id
+
 
 def client_id(config: MqttConfig, gateway_id: str, data_dir: str) -> str:
     """The configured client id, else one unique to this gateway and stable across its restarts.
@@ -27,17 +28,37 @@ def client_id(config: MqttConfig, gateway_id: str, data_dir: str) -> str:
     Why: the client id names the persistent session that keeps readings sent while the gateway
     restarts, and two clients with one id take the session from each other in an endless loop (two
     gateways on one broker: 442 reconnects in 6 minutes, each taking the other's readings). So it is
-    derived from the gateway id and its data directory (the session belongs with the store the
-    readings go to). An in-memory store loses everything at a restart anyway: a random suffix then.
+    the gateway id and a random suffix kept in the data directory (the session belongs with the
+    store the readings go to). Not a hash of the directory's path: two Raspberry Pis installed alike
+    have the same path, and often the same host name (the default gateway id). An in-memory store
+    loses everything at a restart anyway: a fresh suffix then.
     """
     if config.client_id:
         return config.client_id
     name = re.sub(r"[^A-Za-z0-9_-]", "-", gateway_id)[:64] or "gateway"
-    if data_dir:
-        suffix = hashlib.sha256(os.path.realpath(data_dir).encode("utf-8")).hexdigest()[:8]
-    else:
-        suffix = secrets.token_hex(4)
-    return f"sepa-gateway-{name}-{suffix}"
+    return f"sepa-gateway-{name}-{_store_suffix(data_dir) if data_dir else secrets.token_hex(4)}"
+
+
+def _store_suffix(data_dir: str) -> str:
+    """Eight hex digits made once for this data directory and kept in it (written atomically)."""
+    path = Path(data_dir) / CLIENT_ID_FILE
+    try:
+        kept = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        kept = ""
+    except OSError as error:
+        raise ConfigError(f"mqtt: cannot read the client id kept in {path}: {error.strerror}") from None
+    if re.fullmatch(r"[0-9a-f]{8}", kept):
+        return kept
+    suffix = secrets.token_hex(4)
+    temporary = path.with_name(f"{CLIENT_ID_FILE}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(suffix + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as error:
+        raise ConfigError(f"mqtt: cannot keep the client id in {path}: {error.strerror}") from None
+    return suffix
 
 
 def settings(config: MqttConfig, derived_client_id: str = "sepa-gateway") -> MqttSettings:

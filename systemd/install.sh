@@ -46,18 +46,17 @@ install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
 passwords=/etc/mosquitto/sepa-gateway.passwd
 install -d -m 0755 /etc/mosquitto/conf.d
 tls=()
+certs=/etc/mosquitto/certs
 if [ -n "${SEPA_GATEWAY_MQTT_TLS_CERT:-}" ] && [ -n "${SEPA_GATEWAY_MQTT_TLS_KEY:-}" ]; then
     # the optional TLS listener (8883): the operator's certificate and key, readable by mosquitto only
-    install -d -m 0755 /etc/mosquitto/certs
-    install -m 0644 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_CERT" /etc/mosquitto/certs/sepa-gateway.pem
-    install -m 0600 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_KEY" /etc/mosquitto/certs/sepa-gateway.key
-    tls=(-e "s|^#TLS ||")
+    install -d -m 0755 "$certs"
+    install -m 0644 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_CERT" "$certs/sepa-gateway.pem"
+    install -m 0600 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_KEY" "$certs/sepa-gateway.key"
+    tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")
 elif grep -q '^listener 8883' /etc/mosquitto/conf.d/sepa-gateway.conf 2>/dev/null; then
-    tls=(-e "s|^#TLS ||")  # turned on by an earlier run: an upgrade keeps it
+    tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")  # turned on by an earlier run: an upgrade keeps it
 fi
-sed "${tls[@]}" -e "s|@PASSWORD_FILE@|$passwords|" -e "s|@PORT@|1883|" -e "s|@TLS_PORT@|8883|" \
-    -e "s|@TLS_CERT@|/etc/mosquitto/certs/sepa-gateway.pem|" -e "s|@TLS_KEY@|/etc/mosquitto/certs/sepa-gateway.key|" \
-    "$src/systemd/mosquitto-sepa-gateway.conf" >/etc/mosquitto/conf.d/sepa-gateway.conf
+"$src/systemd/mosquitto-conf.sh" "$passwords" 1883 "${tls[@]}" >/etc/mosquitto/conf.d/sepa-gateway.conf
 [ -f "$passwords" ] || install -m 0600 -o mosquitto -g mosquitto /dev/null "$passwords"
 if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list | grep -qx sepa-gateway; then
     login=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload add sepa-gateway --reset)

@@ -34,9 +34,13 @@ from adapters.mqtt.settings import MqttSettings
 log = logging.getLogger(__name__)
 
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 reason code of a DISCONNECT sent because another client took the session
-# A connection the broker ends sooner than this after it was made counts as "short": several in a row
-# (two gateways with one client id on MQTT 3.1.1, where no reason is given) back off exponentially.
+# A connection the broker ends sooner than this after it was made counts as "short". Two in a row are taken
+# for a session takeover: MQTT 3.1.1 has no reason code, and Mosquitto 2.0.11 (Debian 12) just closes the
+# socket of the client it replaces, even on MQTT 5. A broker restart ends one connection, not two in a row.
 SHORT_CONNECTION_S = 10.0
+# While the session keeps being taken, backoff grows to this many times reconnect_max_s (60 s by default):
+# the other client (a second gateway with our id) is backing off too, and each reconnect takes its readings.
+TAKEOVER_BACKOFF_FACTOR = 2.0
 
 
 class MqttError(RuntimeError):
@@ -87,7 +91,7 @@ class ConnectionStats:
     window_waits: int = 0  # the broker sent more than receive_maximum unacknowledged messages: paho's thread waited
     subscribe_failures: int = 0
     published: int = 0
-    session_takeovers: int = 0  # another client connected with our client id and took the session
+    session_takeovers: int = 0  # disconnects by another client with our client id (reason 0x8E, or short in a row)
     short_connections: int = 0  # connections the broker ended within SHORT_CONNECTION_S (backed off)
     last_error: str | None = None
 
@@ -115,6 +119,8 @@ class MqttConnection:
         self._unacked = 0
         self._failed_attempts = 0
         self._short_in_a_row = 0  # connections in a row that ended within SHORT_CONNECTION_S
+        self._taken_over = False  # the session is being taken by another client: said once, backed off longer
+        self._refusal: str | None = None  # why the broker refused the connection being closed
         self._connected_at = 0.0
         self._first_connect = True
         self._stopping = False
@@ -278,7 +284,8 @@ class MqttConnection:
     def _next_delay(self) -> float:
         """Exponential backoff with jitter (half fixed, half random) so that gateways do not reconnect in step."""
         s = self.settings
-        ceiling = min(s.reconnect_max_s, s.reconnect_min_s * 2 ** min(self._failed_attempts, 30))
+        cap = s.reconnect_max_s * (TAKEOVER_BACKOFF_FACTOR if self._taken_over else 1.0)
+        ceiling = min(cap, s.reconnect_min_s * 2 ** min(self._failed_attempts, 30))
         return random.uniform(ceiling / 2, ceiling)
 
     def _schedule_retry(self, client: mqtt.Client, why: str) -> None:
@@ -287,12 +294,21 @@ class MqttConnection:
         # paho waits min_delay before its next attempt; setting both bounds makes it wait exactly our delay.
         client.reconnect_delay_set(delay, delay)
         self.stats.last_error = why
-        log.warning("mqtt %s:%d: %s; retrying in %.2f s", self.settings.host, self.settings.port, why, delay)
+        # during a takeover the warning was given once; each retry is only news at info level
+        log.log(
+            logging.INFO if self._taken_over else logging.WARNING,
+            "mqtt connection lost; retrying",
+            extra={**self._where(), "reason": why, "retry_s": round(delay, 2)},
+        )
+
+    def _where(self) -> dict[str, Any]:
+        """The fields that say which connection a log line is about."""
+        return {"broker": f"{self.settings.host}:{self.settings.port}", "client_id": self.settings.client_id}
 
     def _on_connect(self, client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _properties: Any) -> None:
         if reason.is_failure:
             self.stats.connect_failures += 1
-            self.stats.last_error = f"broker refused the connection: {reason}"
+            self._refusal = self.stats.last_error = f"broker refused the connection: {reason}"
             return  # paho closes the socket and calls on_disconnect, which schedules the retry
         with self._lock:
             self._connection += 1
@@ -307,12 +323,7 @@ class MqttConnection:
         if self._filters and (self._first_connect or not flags.session_present):
             self._send_subscribe(self._filters)
         self._first_connect = False
-        log.info(
-            "mqtt %s:%d connected (session %s)",
-            self.settings.host,
-            self.settings.port,
-            "resumed" if flags.session_present else "new",
-        )
+        log.info("mqtt connected", extra={**self._where(), "session": "resumed" if flags.session_present else "new"})
         self._call(self._connected.set)
 
     def _on_connect_fail(self, client: mqtt.Client, _userdata: Any) -> None:
@@ -329,31 +340,32 @@ class MqttConnection:
         self._call(self._connected.clear)
         if self._stopping:
             return
-        why = self.stats.last_error if self.stats.last_error and reason.is_failure else f"disconnected ({reason})"
-        if self._connected_at and time.monotonic() - self._connected_at < SHORT_CONNECTION_S:
+        why = self._refusal or f"disconnected ({reason})"
+        self._refusal = None
+        short = bool(self._connected_at) and time.monotonic() - self._connected_at < SHORT_CONNECTION_S
+        if short:
             self._short_in_a_row += 1
             self.stats.short_connections += 1
-            self._failed_attempts = max(self._failed_attempts, self._short_in_a_row)
-            if self._short_in_a_row == 2:  # Mosquitto just closes the socket of a taken-over session
-                log.warning(
-                    "mqtt connections keep ending within %.0f s: another client may be using our client id %r "
-                    "(give each gateway its own [mqtt] client_id); backing off",
-                    SHORT_CONNECTION_S,
-                    self.settings.client_id,
-                )
         elif self._connected_at:
             self._short_in_a_row = 0
+            self._taken_over = False
         self._connected_at = 0.0
-        if getattr(reason, "value", None) == SESSION_TAKEN_OVER:
+        coded = getattr(reason, "value", None) == SESSION_TAKEN_OVER
+        if coded or self._short_in_a_row >= 2:
             self.stats.session_takeovers += 1
-            self._failed_attempts = max(self._failed_attempts, self._short_in_a_row, 3)
-            if self.stats.session_takeovers == 1 or self._short_in_a_row <= 1:
-                log.warning(
-                    "mqtt session taken over: another client connected with our client id %r; "
-                    "give each gateway its own [mqtt] client_id",
-                    self.settings.client_id,
-                )
             why = "session taken over by another client with the same client id"
+            if not self._taken_over:
+                self._taken_over = True
+                log.warning(
+                    "mqtt session taken over: another client connected with our client id; backing off "
+                    "(give each gateway its own [mqtt] client_id, or leave it empty to derive one)",
+                    extra={
+                        **self._where(),
+                        "evidence": "reason 0x8E" if coded else f"{self._short_in_a_row} connections ended early",
+                    },
+                )
+        # a broker that keeps ending us is backed off from: each short connection doubles the wait
+        self._failed_attempts = max(self._failed_attempts, self._short_in_a_row + (2 if self._taken_over else 0))
         self._schedule_retry(client, why)
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -398,7 +410,7 @@ class MqttConnection:
         if failed:
             self.stats.subscribe_failures += len(failed)
             self.stats.last_error = f"broker refused subscriptions: {', '.join(failed)}"
-            log.error("mqtt: the broker refused %d subscription(s): %s", len(failed), ", ".join(failed))
+            log.error("mqtt: the broker refused subscriptions", extra={**self._where(), "reasons": ", ".join(failed)})
 
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, reason: Any, _properties: Any) -> None:
         self._call(self._published, mid, str(reason) if reason.is_failure else None)

@@ -4,7 +4,7 @@ Why through Mosquitto's own tool: the installed Mosquitto refuses anonymous clie
 listener and checks logins against a password file; ``mosquitto_passwd`` writes the hashes (never
 hand-rolled here). The password is handed to it in a 0600 temporary file (``mosquitto_passwd -U``),
 not on a command line other local users could read from /proc. After a change Mosquitto is told to
-reload the file (``systemctl reload mosquitto``, or SIGHUP without systemd).
+reload the file (SIGHUP to the pid in its pid file, else ``systemctl reload mosquitto``).
 
 :func:`create_login` is the one place a sensor credential is made, so that other adapters (CoAP)
 and the install script (the gateway's own MQTT login) use the same code.
@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 PASSWORD_FILE = Path("/etc/mosquitto/sepa-gateway.passwd")
+PID_FILE = Path("/run/mosquitto/mosquitto.pid")  # pid_file of Debian's /etc/mosquitto/mosquitto.conf
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -84,15 +85,38 @@ def _write(password_file: Path, lines: list[str]) -> None:
     os.replace(temporary, password_file)
 
 
-def reload_mosquitto() -> str:
-    """Ask the running Mosquitto to read its password file again; says what was done."""
+def reload_mosquitto(pid_file: Path = PID_FILE) -> str:
+    """Ask the running Mosquitto to read its password file again; says what was done (never raises:
+    the login is made either way, and the operator is told how to apply it).
+
+    SIGHUP to the pid in Mosquitto's pid file first: it is what ``systemctl reload mosquitto`` does
+    (Debian's unit: ExecReload=kill -HUP $MAINPID), it also reaches a Mosquitto started without
+    systemd, and it never signals a Mosquitto that is not the one the file names (a test broker, another
+    user's). Without a running one named there, systemd is asked.
+    """
+    pid = _mosquitto_pid(pid_file)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as error:
+            return f"could not signal mosquitto (pid {pid}): {error.strerror}; restart it to apply the change"
+        return f"mosquitto (pid {pid}) told to reload its password file (SIGHUP)"
     if Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
         done = subprocess.run(["systemctl", "reload", "mosquitto"], capture_output=True, text=True, timeout=30)
-        return "mosquitto reloaded" if done.returncode == 0 else f"could not reload mosquitto: {done.stderr.strip()}"
-    pids = subprocess.run(["pidof", "mosquitto"], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        os.kill(int(pid), signal.SIGHUP)
-    return "mosquitto told to reload (SIGHUP)" if pids else "no running mosquitto: the login applies at its next start"
+        if done.returncode == 0:
+            return "mosquitto reloaded its password file (systemctl reload mosquitto)"
+        return f"could not reload mosquitto ({done.stderr.strip()}): restart it to apply the change"
+    return f"no running mosquitto named in {pid_file}: the change applies when mosquitto next starts"
+
+
+def _mosquitto_pid(pid_file: Path) -> int | None:
+    """The pid in `pid_file` if a process of that pid is a Mosquitto (a stale file names another one)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        command = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return pid if command == "mosquitto" else None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -105,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--password-file", type=Path, default=PASSWORD_FILE, help=f"Mosquitto's password file (default {PASSWORD_FILE})"
     )
     parser.add_argument("--no-reload", action="store_true", help="do not tell Mosquitto to reload the file")
+    parser.add_argument(
+        "--pid-file", type=Path, default=PID_FILE, help=f"Mosquitto's pid file, for the reload (default {PID_FILE})"
+    )
     parser.add_argument("--host", default="", help="the host name sensors use, in the printed example")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="create a login and print its password (shown only once)")
@@ -133,7 +160,10 @@ def run(args: argparse.Namespace) -> int:
             topic = f"gateway/{args.name}/temperature"
             print(f"test it:  mosquitto_pub -h {host} -u {args.name} -P '{password}' -t {topic} -m 21.5")
         if not args.no_reload:
-            print(reload_mosquitto(), file=sys.stderr)
+            print(reload_mosquitto(args.pid_file), file=sys.stderr)
+    except PermissionError as error:
+        print(f"sepa-gateway sensors: {error.filename}: permission denied (run it with sudo)", file=sys.stderr)
+        return 1
     except (LoginError, OSError, subprocess.SubprocessError) as error:
         print(f"sepa-gateway sensors: {error}", file=sys.stderr)
         return 1

@@ -18,29 +18,26 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MISSING = (
-    "mosquitto is not installed: the MQTT tests need a real broker "
+    "mosquitto is not installed: the MQTT tests need a real broker, mosquitto_pub and mosquitto_passwd "
     "(apt-get install mosquitto mosquitto-clients; tests/run.sh installs them)"
 )
 
 
 def missing_tools() -> str | None:
     """Why the broker cannot run here, or None."""
-    if not os.access(MOSQUITTO, os.X_OK) or shutil.which("mosquitto_pub") is None:
+    if not os.access(MOSQUITTO, os.X_OK) or not all(map(shutil.which, ("mosquitto_pub", "mosquitto_passwd"))):
         return MISSING
     return None
 
 
-INSTALLED_TEMPLATE = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-sepa-gateway.conf"
+INSTALLED_CONF = Path(__file__).resolve().parents[2] / "systemd" / "mosquitto-conf.sh"
 
 
 def installed_config(password_file: Path, listener: str, tls: tuple[str, Path, Path] | None = None) -> str:
-    """The Mosquitto configuration install.sh writes, its placeholders filled as it fills them; with
-    `tls` (listener, certificate, key), its optional TLS listener turned on as the installer does."""
-    text = INSTALLED_TEMPLATE.read_text()
-    if tls is not None:
-        text = text.replace("#TLS ", "")
-        text = text.replace("@TLS_PORT@", tls[0]).replace("@TLS_CERT@", str(tls[1])).replace("@TLS_KEY@", str(tls[2]))
-    return text.replace("@PASSWORD_FILE@", str(password_file)).replace("@PORT@", listener)
+    """The Mosquitto configuration install.sh writes, rendered by the script it uses; with `tls`
+    (listener, certificate, key), its optional TLS listener turned on as the installer does."""
+    arguments = [str(password_file), listener, *(str(part) for part in tls or ())]
+    return subprocess.run([str(INSTALLED_CONF), *arguments], capture_output=True, text=True, check=True).stdout
 
 
 def free_port() -> int:
@@ -71,6 +68,7 @@ class Mosquitto:
         self.port = free_port()
         self.config = directory / "mosquitto.conf"
         self.log = directory / "mosquitto.log"
+        self.pid_file = directory / "mosquitto.pid"  # what `sepa-gateway sensors` signals to reload logins
         (directory / "data").mkdir(exist_ok=True)
         head = f"listener {self.port} 127.0.0.1\n{listener or 'allow_anonymous true'}\n"
         self.tls_port = free_port() if installed_tls is not None else None
@@ -83,6 +81,7 @@ class Mosquitto:
             "persistence true\n"
             f"persistence_location {directory / 'data'}/\n"
             f"log_dest file {self.log}\n"
+            f"pid_file {self.pid_file}\n"
             "log_type error\nlog_type warning\nlog_type notice\n"
             "max_queued_messages 0\n"
             "max_inflight_messages 1000\n"

@@ -1,0 +1,19 @@
+#!/bin/sh
+# Prints the Mosquitto configuration the installer writes to /etc/mosquitto/conf.d/sepa-gateway.conf:
+# systemd/mosquitto-sepa-gateway.conf with its placeholders filled. A script of its own so that the
+# tests start a real Mosquitto on exactly the text the installer writes.
+#   mosquitto-conf.sh PASSWORD_FILE LISTENER [TLS_LISTENER TLS_CERT TLS_KEY]
+# LISTENER is "1883" (every interface) or "PORT ADDRESS"; the three TLS arguments turn on the TLS
+# listener. No argument may contain "|".
+set -eu
+if [ "$#" -ne 2 ] && [ "$#" -ne 5 ]; then
+    echo "usage: $0 PASSWORD_FILE LISTENER [TLS_LISTENER TLS_CERT TLS_KEY]" >&2
+    exit 2
+fi
+template="$(dirname "$0")/mosquitto-sepa-gateway.conf"
+if [ "$#" -eq 5 ]; then
+    sed -e "s|^#TLS ||" -e "s|@TLS_PORT@|$3|" -e "s|@TLS_CERT@|$4|" -e "s|@TLS_KEY@|$5|" \
+        -e "s|@PASSWORD_FILE@|$1|" -e "s|@PORT@|$2|" "$template"
+else
+    sed -e "s|@PASSWORD_FILE@|$1|" -e "s|@PORT@|$2|" "$template"
+fi
