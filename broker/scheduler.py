@@ -247,7 +247,7 @@ class Scheduler:
         return await self._run(self._queries, call, *args, **kwargs)
 
     async def update(self, sparql: Request, *, yield_to_loop: bool = True, **options: Any) -> UpdateResult:
-        """Apply an update (text, or a PreparedUpdate); returns after every subscription has processed it.
+        """Apply an update (text, or an Update syntax tree); returns after every subscription has processed it.
 
         Tried inline first only when nothing is queued or running on the update thread, so
         updates still take effect in arrival order. Prepared updates are batches: never inline.

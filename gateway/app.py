@@ -13,11 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker.core.engine import Engine
-from broker.core.pending import PendingUpdates
-from broker.gates.server import Gates, GateSettings
-from broker.scheduler import Scheduler
-from broker.store import RdfStore
+from broker.api import Engine, Gates, GateSettings, PendingUpdates, RdfStore, Scheduler
 from gateway.client import InProcessTransport, SepaClient
 from gateway.collector import release_after_stop, settle_after_start
 from gateway.config import Config

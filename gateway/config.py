@@ -202,7 +202,7 @@ class Config:
         return self
 
     def _check_security(self) -> None:
-        from broker.security.clients import RegistryError, configured_client  # only when security is on
+        from broker.api import RegistryError, configured_client  # only when security is on
 
         security = self.security
         if bool(security.tls_cert) != bool(security.tls_key):

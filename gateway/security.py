@@ -12,8 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.security.authority import Authority
-from broker.security.keys import TlsFiles, private_directory, tls_files
+from broker.api import Authority, TlsFiles, private_directory, tls_files
 from gateway.config import Config
 
 

@@ -38,9 +38,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from broker.core.engine import Engine
-from broker.core.notification import Notification
-from broker.scheduler import Scheduler
+from broker.api import Engine, Notification, Scheduler
 from gateway.client import InProcessTransport, SepaClient
 from tools.lighting.knowledge_base import iter_quads
 from tools.lighting.profiles import Experiment, experiment

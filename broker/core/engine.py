@@ -73,8 +73,8 @@ class Engine:
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
 
-        `sparql` is the request's text, or an in-process producer's :class:`PreparedUpdate`
-        (:mod:`broker.sparql.prepared`), which is applied alike without being parsed.
+        `sparql` is the request's text, or an in-process producer's :class:`~broker.sparql.syntax.Update`
+        (:mod:`broker.sparql.syntax`), which is applied alike without being parsed.
 
         Returns after end of processing with the quads really added and removed. Raises
         SparqlSyntaxError / InvalidRequest / UpdateFailed and changes nothing on failure. A `mark`

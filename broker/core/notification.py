@@ -8,6 +8,7 @@ from typing import Any, overload
 
 from pyoxigraph import NamedNode, Quad
 
+from broker.sparql.syntax import Digest
 from broker.sparql.terms import Row, rows_to_bindings
 
 
@@ -25,8 +26,8 @@ class QuadRows(Sequence[Row]):
     `graph` None means every quad of `source` is in the graph. Truth is decided by the first quad
     of the graph found (an observation batch: the first one), the length by a full count.
 
-    `digest`: the producer's account of these quads when the update was a PreparedUpdate that added
-    every quad it inserts into this graph (see broker.sparql.prepared), else None; `instant_us` is
+    `digest`: the producer's account of these quads when the update was an Update syntax tree that added
+    every quad it inserts into this graph (see broker.sparql.syntax), else None; `instant_us` is
     then the update's engine-clock instant (what fn:now() returned during it), which the producer
     could not know.
     Rows and quads are the same either way: a consumer that does not know the digest ignores it.
@@ -39,7 +40,7 @@ class QuadRows(Sequence[Row]):
         source: Collection[Quad],
         graph: NamedNode | None,
         order: tuple[int, ...],
-        digest: object | None = None,
+        digest: Digest | None = None,
         instant_us: int | None = None,
     ) -> None:
         self.source = source

@@ -24,6 +24,7 @@ from broker.core.notification import QuadRows
 from broker.core.subscription import Subscription
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
+from broker.sparql.syntax import Digest
 from broker.sparql.terms import Row
 from broker.store import RdfStore
 
@@ -319,7 +320,7 @@ class GraphFeedSpu(SpuBase):
         self.order = order  # per projected variable: 0 subject, 1 predicate, 2 object
         self.is_ask = False
 
-    def rows_of(self, quads: Collection[Quad], digest: object | None = None) -> QuadRows:
+    def rows_of(self, quads: Collection[Quad], digest: Digest | None = None) -> QuadRows:
         """The rows of the quads of this feed's graph among `quads` (any graphs); a `digest` of
         the quads (Delta.digest) goes with them, stamped with this update's engine-clock instant."""
         if digest is None:

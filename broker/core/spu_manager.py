@@ -295,7 +295,7 @@ class SpuManager:
         hits = []
         for by_variables in self.feeds.values():
             for feed in by_variables.values():
-                digest = delta.digest if delta.digest_graph == feed.graph else None
+                digest = delta.digest if delta.digest is not None and delta.digest.graph == feed.graph else None
                 added, removed = feed.rows_of(delta.added, digest), feed.rows_of(delta.removed)
                 if added or removed:
                     hits.append((feed, added, removed))

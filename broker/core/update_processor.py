@@ -21,8 +21,9 @@ from broker.core.query_processor import graph_list
 from broker.errors import Forbidden, InvalidRequest, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
-from broker.sparql.prepared import PreparedUpdate
+from broker.sparql.plan import plan_update
 from broker.sparql.service import check_services
+from broker.sparql.syntax import Digest, Modify, Update
 from broker.sparql.update_parser import (
     DataOp,
     GraphOp,
@@ -36,7 +37,7 @@ from broker.store import ApplyMark, RdfStore
 
 LOAD_LIMIT_BYTES = 64 * 1024 * 1024
 
-Request = str | PreparedUpdate  # SPARQL text, or an in-process producer's operations (broker.sparql.prepared)
+Request = str | Update  # SPARQL text, or an in-process producer's syntax tree (broker.sparql.syntax)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,8 @@ class Delta:
     removed: frozenset[Quad]
     graphs_created: frozenset[NamedNode] = frozenset()
     graphs_dropped: frozenset[NamedNode] = frozenset()
-    # a PreparedUpdate's digest of its quads in digest_graph, all added (broker.sparql.prepared)
-    digest: object | None = None
-    digest_graph: NamedNode | None = None
+    # an Update's digest of its quads in digest.graph, all of them added (broker.sparql.syntax)
+    digest: Digest | None = None
 
     @property
     def empty(self) -> bool:
@@ -166,19 +166,11 @@ class UpdateProcessor:
             raise OverBudget
         if len(operations) == 1:
             operation = operations[0]
-            if (
-                isinstance(sparql, PreparedUpdate)
-                and sparql.digest_graph is not None
-                and isinstance(operation, ModifyOp)
-            ):
+            if isinstance(sparql, Update) and sparql.digest is not None and isinstance(operation, ModifyOp):
                 added, removed, intact = self._modify(
-                    operation, sparql, protocol_using, protocol_named, budget, sparql.digest_graph, readable
+                    operation, sparql, protocol_using, protocol_named, budget, sparql.digest.graph, readable
                 )
-                if intact:
-                    return Delta(
-                        frozenset(added), frozenset(removed), digest=sparql.digest, digest_graph=sparql.digest_graph
-                    )
-                return Delta(frozenset(added), frozenset(removed))
+                return Delta(frozenset(added), frozenset(removed), digest=sparql.digest if intact else None)
             added, removed, created, dropped = self._operation(
                 operation, sparql, protocol_using, protocol_named, budget, readable
             )
@@ -196,8 +188,10 @@ class UpdateProcessor:
     ) -> tuple[list, list[NamedNode], list[NamedNode]]:
         """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
         for a malformed request (delayed updates are checked when scheduled, not when due)."""
-        if isinstance(sparql, PreparedUpdate):
-            operations = list(sparql.operations)
+        if isinstance(sparql, Update):
+            if any(isinstance(op, Modify) and "service" in op.where.lower() for op in sparql.operations):
+                check_services(sparql.to_sparql(), self.service_allow, base_iri, prefixes, where="updates")
+            operations = plan_update(sparql)
         else:
             check_services(sparql, self.service_allow, base_iri, prefixes, where="updates")
             operations = parse_update(sparql, base_iri, prefixes).operations
@@ -325,7 +319,7 @@ class UpdateProcessor:
         try:
             solutions = self.store.query(operation.where_query, **arguments)
         except SyntaxError as error:
-            text = sparql if isinstance(sparql, str) else sparql.sparql()
+            text = sparql if isinstance(sparql, str) else sparql.to_sparql()
             raise located_error(text, str(error), None) from error
         except (ValueError, RuntimeError) as error:
             raise UpdateFailed(str(error)) from error

@@ -13,15 +13,15 @@ from typing import NamedTuple
 
 from broker.errors import SparqlSyntaxError
 
-_PN_CHARS_BASE = (
+PN_CHARS_BASE = (
     "A-Za-z\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u02ff\u0370-\u037d\u037f-\u1fff\u200c-\u200d"
     "\u2070-\u218f\u2c00-\u2fef\u3001-\ud7ff\uf900-\ufdcf\ufdf0-\ufffd"
 )
-_PN_CHARS_U = _PN_CHARS_BASE + "_"
-_PN_CHARS = _PN_CHARS_U + "\\-0-9\u00b7\u0300-\u036f\u203f-\u2040"
+PN_CHARS_U = PN_CHARS_BASE + "_"
+PN_CHARS = PN_CHARS_U + "\\-0-9\u00b7\u0300-\u036f\u203f-\u2040"
 _PLX = r"%[0-9A-Fa-f]{2}|\\[_~.\-!$&'()*+,;=/?#@%]"
-_PN_PREFIX = f"[{_PN_CHARS_BASE}](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?"
-_PN_LOCAL = f"(?:[{_PN_CHARS_U}:0-9]|{_PLX})(?:(?:[{_PN_CHARS}.:]|{_PLX})*(?:[{_PN_CHARS}:]|{_PLX}))?"
+PN_PREFIX = f"[{PN_CHARS_BASE}](?:[{PN_CHARS}.]*[{PN_CHARS}])?"
+PN_LOCAL = f"(?:[{PN_CHARS_U}:0-9]|{_PLX})(?:(?:[{PN_CHARS}.:]|{_PLX})*(?:[{PN_CHARS}:]|{_PLX}))?"
 _ECHAR = r"\\[tbnrf\"'\\]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8}"
 
 # Lexical pieces shared with :mod:`broker.sparql.fast_blocks`, which must cut text exactly where
@@ -33,13 +33,13 @@ STRING_PATTERN = (
     rf"|'(?:[^'\\\n\r]|{_ECHAR})*'"
     rf'|"(?:[^"\\\n\r]|{_ECHAR})*"'
 )
-PNAME_PATTERN = rf"(?:{_PN_PREFIX})?:(?:{_PN_LOCAL})?"
-BNODE_PATTERN = rf"_:[{_PN_CHARS_U}0-9](?:[{_PN_CHARS}.]*[{_PN_CHARS}])?"
-VAR_PATTERN = rf"[?$][{_PN_CHARS_U}0-9][{_PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*"
+PNAME_PATTERN = rf"(?:{PN_PREFIX})?:(?:{PN_LOCAL})?"
+BNODE_PATTERN = rf"_:[{PN_CHARS_U}0-9](?:[{PN_CHARS}.]*[{PN_CHARS}])?"
+VAR_PATTERN = rf"[?$][{PN_CHARS_U}0-9][{PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*"
 PN_ESCAPE = r"\\[_~.\-!$&'()*+,;=/?#@%]"
 # Characters of names, numbers and the punctuation a quad block may hold, minus the ones the
 # fast block scanner must look at itself: "_" (":_" starts a blank node), "-" ("--" is RDF 1.2).
-BLOCK_CHARS = _PN_CHARS_BASE + "0-9\u00b7\u0300-\u036f\u203f-\u2040" + r"\s:.;,^@%+\])"
+BLOCK_CHARS = PN_CHARS_BASE + "0-9\u00b7\u0300-\u036f\u203f-\u2040" + r"\s:.;,^@%+\])"
 
 # (kind, pattern) in the order they are tried: the first that matches at a position wins.
 TOKEN_PARTS: tuple[tuple[str, str], ...] = (

@@ -14,7 +14,7 @@ the reference behaviour and words every syntax error.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
@@ -22,6 +22,7 @@ from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
 from broker.errors import SparqlSyntaxError
 from broker.sparql.fast_blocks import blank_node_labels, group_end, scan_block
 from broker.sparql.limits import check_structure
+from broker.sparql.operations import DataOp, GraphOp, GraphRef, LoadOp, ModifyOp, Operation, ParsedUpdate
 from broker.sparql.patterns import (
     ALLOWED_NAMES,
     BlockSyntax,
@@ -30,81 +31,10 @@ from broker.sparql.patterns import (
     ground_quads,
     parse_block,
     parse_quads,
-    pattern_skeleton,
     split_template,
     to_patterns,
 )
 from broker.sparql.tokens import TOKEN_RE, Token, error_at, matching_brace, tokenize
-
-GraphRef = NamedNode | str  # a graph IRI, or "DEFAULT" / "NAMED" / "ALL"
-
-
-@dataclass(frozen=True, slots=True)
-class DataOp:
-    """INSERT DATA / DELETE DATA with ground quads (INSERT DATA blank nodes are renamed when run)."""
-
-    insert: bool
-    quads: tuple[Quad, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ModifyOp:
-    """DELETE/INSERT ... WHERE (and DELETE WHERE, whose pattern is both template and WHERE).
-
-    Template quads without variables or blank nodes are in `delete_ground` / `insert_ground`
-    (instantiated once, whatever the solutions), the others in `delete` / `insert`.
-    """
-
-    delete: tuple[QuadPattern, ...]
-    insert: tuple[QuadPattern, ...]
-    where_query: str
-    where_bgp: tuple[QuadPattern, ...] | None
-    where_pins: tuple[tuple[str, NamedNode], ...]
-    with_graph: NamedNode | None
-    using: tuple[NamedNode, ...]
-    using_named: tuple[NamedNode, ...]
-    delete_ground: tuple[Quad, ...] = ()
-    insert_ground: tuple[Quad, ...] = ()
-    # Derived from the fields above once, here: a cached request's operation is run many times.
-    # where_skeleton: pattern_skeleton(where_bgp). delete_matches: per `delete` pattern, the index of
-    # an identical `where_bgp` pattern or None; None when there is none at all.
-    where_skeleton: tuple[tuple[str | None, ...], ...] | None = field(init=False, repr=False, compare=False)
-    delete_matches: tuple[int | None, ...] | None = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        where = self.where_bgp
-        matches = None
-        if where and self.delete:
-            found = tuple(where.index(pattern) if pattern in where else None for pattern in self.delete)
-            if any(index is not None for index in found):
-                matches = found
-        object.__setattr__(self, "where_skeleton", None if where is None else pattern_skeleton(where))
-        object.__setattr__(self, "delete_matches", matches)
-
-
-@dataclass(frozen=True, slots=True)
-class GraphOp:
-    """CLEAR, DROP, CREATE (target only) and ADD, MOVE, COPY (source and target)."""
-
-    verb: str
-    silent: bool
-    target: GraphRef
-    source: GraphRef | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LoadOp:
-    silent: bool
-    source: NamedNode
-    into: NamedNode | None
-
-
-Operation = DataOp | ModifyOp | GraphOp | LoadOp
-
-
-@dataclass
-class ParsedUpdate:
-    operations: list[Operation] = field(default_factory=list)
 
 
 class _Unsure(Exception):

@@ -19,8 +19,8 @@ from dataclasses import replace
 from pyoxigraph import Literal, NamedNode, Quad
 
 from broker.sparql.canonical import canonical
+from broker.sparql.operations import DataOp, GraphOp, LoadOp, ModifyOp, ParsedUpdate
 from broker.sparql.patterns import QuadPattern
-from broker.sparql.update_parser import DataOp, GraphOp, LoadOp, ModifyOp, ParsedUpdate
 
 _SPLIT = re.compile(r"""(<[^<>"{}|^`\\\x00-\x20]*>|"[^"\\\n\r]*"|#[^\n]*)""")
 _PROLOGUE_TAIL = re.compile(r"(?:PREFIX\s+[^\s:]*:\s*)$", re.IGNORECASE)

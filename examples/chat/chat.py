@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.core.notification import Notification
+from broker.api import Notification
 from gateway.client import Aggregator, Producer, SepaClient, SepaClientError, UpdateSummary
 from gateway.client.agents import JsapLike
 from gateway.client.client import rows_as_bindings
@@ -381,8 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client import client_for
 
             return await converse(jsap, lambda: client_for(jsap), args.messages, args.timeout)
-        from broker.core.engine import Engine
-        from broker.scheduler import Scheduler
+        from broker.api import Engine, Scheduler
         from gateway.client import InProcessTransport
 
         scheduler = Scheduler(Engine())

@@ -42,9 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from broker.core.due import parse_delay
-from broker.core.notification import Notification
-from broker.errors import SepaError
+from broker.api import Notification, SepaError, parse_delay
 from examples.chat.chat import load_jsap
 from gateway.client import Aggregator, Consumer, Producer, Scheduled, SepaClient, SepaClientError, UpdateSummary
 from gateway.client.agents import FROM_JSAP, FromJsap, JsapLike
@@ -294,8 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gateway.client import client_for
 
             return await demonstrate(jsap, lambda: client_for(jsap), delay=delay, timeout=args.timeout)
-        from broker.core.engine import Engine
-        from broker.scheduler import Scheduler
+        from broker.api import Engine, Scheduler
         from gateway.client import InProcessTransport
 
         scheduler = Scheduler(Engine())

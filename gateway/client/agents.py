@@ -28,8 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from broker.core.notification import Notification
-from broker.sparql.terms import Term
+from broker.api import Notification, Term
 from gateway.client.client import ClientSubscription, SepaClient, rows_as_bindings
 from gateway.client.delays import Delay, delay_param
 from gateway.client.errors import SepaClientError

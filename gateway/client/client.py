@@ -33,9 +33,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, overload
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult
-from broker.sparql.prepared import PreparedUpdate
+from broker.api import Notification, QueryResult, Update
 from gateway.client.delays import Delay, Instant, due_params
 from gateway.client.errors import SepaClientError
 from gateway.client.transport import Scheduled, Transport, TransportSubscription, UpdateSummary
@@ -243,7 +241,7 @@ class SepaClient:
     @overload
     async def update(
         self,
-        sparql: str | PreparedUpdate,
+        sparql: str | Update,
         *,
         using_graph_uri: Graphs = None,
         using_named_graph_uri: Graphs = None,
@@ -275,7 +273,7 @@ class SepaClient:
 
     async def update(
         self,
-        sparql: str | PreparedUpdate,
+        sparql: str | Update,
         *,
         using_graph_uri: Graphs = None,
         using_named_graph_uri: Graphs = None,
@@ -289,7 +287,7 @@ class SepaClient:
         ``"PT30S"``) or `at` (an aware datetime or an RFC 3339 string): returns a
         :class:`Scheduled` once the broker has checked and stored it; its subscriptions are notified
         when it runs. A bad delay or instant is refused (invalid_request, 400) before anything is
-        sent. `sparql` may be a :class:`~broker.sparql.prepared.PreparedUpdate` (in-process
+        sent. `sparql` may be a :class:`~broker.api.Update` syntax tree (in-process
         producers of large batches): a delayed one is stored as its text.
         """
         using, named = graph_list(using_graph_uri), graph_list(using_named_graph_uri)
@@ -297,7 +295,7 @@ class SepaClient:
             return await self.transport.update(sparql, using_graph_uri=using, using_named_graph_uri=named)
         delay_text, at_text = due_params(delay, at)
         return await self.transport.schedule(
-            sparql if isinstance(sparql, str) else sparql.sparql(),
+            sparql if isinstance(sparql, str) else sparql.to_sparql(),
             delay=delay_text,
             at=at_text,
             using_graph_uri=using,

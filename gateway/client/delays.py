@@ -15,10 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from broker.core.clock import rfc3339
-from broker.core.due import due_micros, parse_at, parse_delay
-from broker.delayed import now_micros
-from broker.errors import SepaError
+from broker.api import SepaError, due_micros, now_micros, parse_at, parse_delay, rfc3339
 from gateway.client.errors import SepaClientError
 
 Delay = int | timedelta | str

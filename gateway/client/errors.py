@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.errors import SepaError
+from broker.api import SepaError
 
 
 class SepaClientError(Exception):

@@ -31,16 +31,20 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from broker.core.due import due_micros
-from broker.core.engine import Engine
-from broker.core.notification import Notification
-from broker.core.pending import PendingUpdate
-from broker.core.results import QueryResult
-from broker.core.subscription import Subscription
-from broker.delayed import now_micros
-from broker.errors import NotFound, SepaError
-from broker.scheduler import Scheduler, loop_handoff
-from broker.sparql.prepared import PreparedUpdate
+from broker.api import (
+    Engine,
+    NotFound,
+    Notification,
+    PendingUpdate,
+    QueryResult,
+    Scheduler,
+    SepaError,
+    Subscription,
+    Update,
+    due_micros,
+    loop_handoff,
+    now_micros,
+)
 from gateway.client.errors import SepaClientError
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
 
@@ -89,7 +93,7 @@ class InProcessTransport:
 
     async def update(
         self,
-        sparql: str | PreparedUpdate,
+        sparql: str | Update,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),

@@ -58,10 +58,7 @@ from typing import Any, TypeVar
 import aiohttp
 from pyoxigraph import RdfFormat, Triple, parse
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult
-from broker.sparql.prepared import PreparedUpdate
-from broker.sparql.terms import Row, term_from_json
+from broker.api import Notification, QueryResult, Row, Update, term_from_json
 from gateway.client.errors import SepaClientError, SepaConnectionError
 from gateway.client.oauth import OAuthSession
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
@@ -394,13 +391,13 @@ class NetworkTransport:
 
     async def update(
         self,
-        sparql: str | PreparedUpdate,
+        sparql: str | Update,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
     ) -> UpdateSummary:
-        if isinstance(sparql, PreparedUpdate):
-            sparql = sparql.sparql()
+        if isinstance(sparql, Update):
+            sparql = sparql.to_sparql()
         params = [("using-graph-uri", iri) for iri in using_graph_uri]
         params += [("using-named-graph-uri", iri) for iri in using_named_graph_uri]
         status, content_type, body = await self._post(self.update_url, sparql, UPDATE_TYPE, params, "application/json")

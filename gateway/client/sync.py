@@ -17,8 +17,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar, overload
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult
+from broker.api import Notification, QueryResult
 from gateway.client.client import ClientSubscription, Graphs, SepaClient
 from gateway.client.delays import Delay, Instant
 from gateway.client.errors import SepaClientError

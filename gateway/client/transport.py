@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult, UpdateResult
-from broker.sparql.prepared import PreparedUpdate
+from broker.api import Notification, QueryResult, Update, UpdateResult
 from gateway.client.errors import SepaClientError
 
 
@@ -113,14 +111,15 @@ class Transport(Protocol):
 
     async def update(
         self,
-        sparql: str | PreparedUpdate,
+        sparql: str | Update,
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
     ) -> UpdateSummary:
         """Apply an update; returns after the broker's end of processing; raises SepaClientError.
 
-        A PreparedUpdate is handed to an in-process engine as is; a transport that sends text sends its `sparql()`.
+        An Update syntax tree is handed to an in-process engine as is; a transport that sends text
+        sends its `to_sparql()`.
         """
         ...
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult
-from broker.sparql.terms import Row, Term
+from broker.api import Notification, QueryResult, Row, Term
 
 
 def _aligned(variables: Sequence[str], source: Sequence[str], rows: Iterable[Row]) -> list[Row]:

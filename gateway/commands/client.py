@@ -48,9 +48,7 @@ from typing import Any
 
 from pyoxigraph import BlankNode, Literal, NamedNode
 
-from broker.core.notification import Notification
-from broker.core.results import QueryResult
-from broker.sparql.terms import Row, rows_to_bindings
+from broker.api import Notification, QueryResult, Row, rows_to_bindings
 from gateway.client import (
     NetworkTransport,
     ReconnectPolicy,

@@ -21,7 +21,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from broker.security.clients import ClientRegistry, RegistryError
+from broker.api import ClientRegistry, RegistryError
 from gateway.config import ConfigError, load_config
 
 INSTALLED_CONFIG = Path("/etc/sepa-gateway/sepa-gateway.toml")

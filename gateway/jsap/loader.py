@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from broker.sparql.tokens import _PN_CHARS_U
+from broker.api import PN_CHARS_U
 from gateway.jsap.errors import JsapError
 from gateway.jsap.members import (
     HTTP_DEFAULTS,
@@ -43,7 +43,7 @@ from gateway.jsap.template import TemplateError, analyse
 from gateway.jsap.terms import TERM_TYPES, WELL_KNOWN_PREFIXES, TermError, binding_term, check_language
 
 DEFAULT_HOST = "localhost"
-_VARNAME = re.compile(f"[{_PN_CHARS_U}0-9][{_PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*")
+_VARNAME = re.compile(f"[{PN_CHARS_U}0-9][{PN_CHARS_U}0-9\u00b7\u0300-\u036f\u203f-\u2040]*")
 
 
 # -- resolution ------------------------------------------------------------------------------

@@ -16,9 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from broker.core.due import parse_delay
-from broker.errors import SepaError
-from broker.sparql.tokens import _PN_PREFIX
+from broker.api import PN_PREFIX, SepaError, parse_delay
 from gateway.jsap.errors import JsapError
 from gateway.jsap.model import GRAPH_KEYS, OAuth, url
 from gateway.jsap.terms import TermError, expand_prefixed, iri_term
@@ -29,7 +27,7 @@ QUERY_METHODS = ("GET", "POST", "URL_ENCODED_POST")
 UPDATE_METHODS = ("POST", "URL_ENCODED_POST")
 
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[^\s/?#@\[\]]+")
-_PREFIX = re.compile(f"(?:{_PN_PREFIX})?")  # the empty prefix is the default one (`:name`)
+_PREFIX = re.compile(f"(?:{PN_PREFIX})?")  # the empty prefix is the default one (`:name`)
 
 
 def json_type(value: Any) -> str:

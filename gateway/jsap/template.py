@@ -29,8 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from broker.errors import SparqlSyntaxError
-from broker.sparql.tokens import Token, line_column, matching_brace, tokenize
+from broker.api import SparqlSyntaxError, Token, line_column, matching_brace, tokenize
 
 _ORDER_TERMINATORS = frozenset({"HAVING", "ORDER", "LIMIT", "OFFSET", "VALUES", "GROUP"})
 

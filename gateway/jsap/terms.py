@@ -34,7 +34,7 @@ from typing import Any
 
 from pyoxigraph import BlankNode, Literal, NamedNode
 
-from broker.sparql.tokens import _PN_CHARS, _PN_CHARS_U
+from broker.api import PN_CHARS, PN_CHARS_U
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
 XSD_STRING = XSD + "string"
@@ -55,7 +55,7 @@ _IRI_FORBIDDEN = re.compile(r'[\x00-\x20<>"{}|^`\\]')  # outside the SPARQL IRIR
 _LANGTAG = re.compile(r"[a-zA-Z]+(?:-[a-zA-Z0-9]+)*")
 _SUPPLEMENTARY = "\U00010000-\U000effff"
 _BNODE_LABEL = re.compile(
-    f"[{_PN_CHARS_U}{_SUPPLEMENTARY}0-9](?:[{_PN_CHARS}{_SUPPLEMENTARY}.]*[{_PN_CHARS}{_SUPPLEMENTARY}])?"
+    f"[{PN_CHARS_U}{_SUPPLEMENTARY}0-9](?:[{PN_CHARS}{_SUPPLEMENTARY}.]*[{PN_CHARS}{_SUPPLEMENTARY}])?"
 )
 _PLX_ESCAPE = re.compile(r"\\([_~.\-!$&'()*+,;=/?#@%])")
 _STRING_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')

@@ -3,7 +3,7 @@
 Why: the cloud shipper flattens every new observation into a record. Read back from the batch's
 quads, that costs a Python object per term of ~11 fresh pyoxigraph quads per observation, more than
 the rest of the shipper. The batch builder (quads.py) holds every value already, so it writes them
-down once more as a digest on its PreparedUpdate (broker.sparql.prepared). The engine hands the
+down once more as the digest of its Update (broker.api.Digest). The engine hands the
 digest to the observations graph's feed only when the batch added every quad it inserts; then the
 digest says exactly what those quads say (tests/shipper/test_records_digest.py compares the two),
 and the shipper reads it instead of the quads. When it is absent the shipper reads the quads.
@@ -11,7 +11,10 @@ and the shipper reads it instead of the quads. When it is absent the shipper rea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
+
+from broker.api import Digest
 
 
 class DigestEntry(NamedTuple):
@@ -33,7 +36,8 @@ class DigestEntry(NamedTuple):
     source: str
 
 
-class ObservationDigest(NamedTuple):
-    """The observations one batch writes into the observations graph."""
+@dataclass(frozen=True, slots=True)
+class ObservationDigest(Digest):
+    """The observations one batch writes into the observations graph (`graph`)."""
 
     entries: tuple[DigestEntry, ...]

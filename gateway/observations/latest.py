@@ -24,7 +24,7 @@ from typing import Any
 
 from pyoxigraph import Literal, NamedNode, Quad
 
-from broker.sparql.terms import term_from_json
+from broker.api import term_from_json
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, RDF_TYPE
 
 LATEST_QUERY = f"SELECT ?latest ?p ?o WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest ?p ?o }} }}"

@@ -1,10 +1,10 @@
-"""Observation updates as the engine's own objects, for in-process clients (broker.sparql.prepared).
+"""Observation updates as a public update syntax tree, for in-process clients (broker.api.Update).
 
 The common batch (the mirror knows every latest node it touches, no payload carries a timestamp)
 is ground but for the request's instant: its quads are built here directly, with `?now`, bound by
 the engine clock's fn:now() in the WHERE clause, as the only variable. That is what the text of
-`observation_update` parses to, quad for quad (tests/observations/test_obs_quads.py compares the
-deltas); skipping the text and its parse more than halves the engine's work per reading.
+`observation_update` says, quad for quad (the observation tests compare the deltas); skipping the
+text and its parse more than halves the engine's work per reading.
 
 Other batches (a node to look up, an observation that may already be stored) need the WHERE
 clause of the text: `observation_quads` returns None for them.
@@ -13,20 +13,18 @@ clause of the text: `observation_quads` returns None for them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache, partial
+from functools import lru_cache
 
 from pyoxigraph import Literal, NamedNode, Quad
 
-from broker.sparql.patterns import QuadPattern, Var
-from broker.sparql.prepared import PreparedUpdate
-from broker.sparql.update_parser import ModifyOp
+from broker.api import Modify, QuadPattern, Update, Var
 from gateway.jsap.terms import TermError, quote
 from gateway.observations.batch import LatestKey, Placed, plan
 from gateway.observations.digest import DigestEntry, ObservationDigest
 from gateway.observations.errors import PayloadError
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
-from gateway.observations.updates import finite_number, iri_text, observation_update
+from gateway.observations.updates import finite_number, iri_text
 from gateway.observations.vocabulary import (
     FN,
     GRAPH_LATEST,
@@ -39,7 +37,7 @@ from gateway.observations.vocabulary import (
     SOSA,
 )
 
-NOW_QUERY = f"SELECT * WHERE {{ BIND(<{FN}now>() AS ?now) }}"
+NOW_WHERE = f"{{ BIND(<{FN}now>() AS ?now) }}"
 _NOW = Var("now")
 _OBSERVATIONS = NamedNode(GRAPH_OBSERVATIONS)
 _LATEST = NamedNode(GRAPH_LATEST)
@@ -99,10 +97,10 @@ def observation_quads(
     latest: LatestCache,
     *,
     source_property: str = HAS_MQTT_TOPIC,
-) -> PreparedUpdate | None:
-    """`observation_update` as a PreparedUpdate, or None when the batch needs its WHERE clause.
+) -> Update | None:
+    """`observation_update` as an Update syntax tree, or None when the batch needs its WHERE clause.
 
-    Same arguments, same PayloadError; its `sparql()` is the text `observation_update` writes now.
+    Same arguments, same PayloadError, same delta; it carries the batch's ObservationDigest.
     """
     if not readings:
         raise ValueError("observation_quads needs at least one reading")
@@ -115,14 +113,12 @@ def observation_quads(
         operation, digest = _operation(keys, placed, latest, _iri(source_property))
     except TermError as error:
         raise PayloadError(f"a reading cannot be written: {error}") from None
-    snapshot = latest.snapshot(key.node for key in keys)
-    render = partial(observation_update, list(readings), gateway_id, snapshot, source_property=source_property)
-    return PreparedUpdate((operation,), render, ObservationDigest(tuple(digest)), _OBSERVATIONS)
+    return Update((operation,), ObservationDigest(_OBSERVATIONS, tuple(digest)))
 
 
 def _operation(
     keys: list[LatestKey], placed: list[Placed], latest: LatestCache, source: NamedNode
-) -> tuple[ModifyOp, list[DigestEntry]]:
+) -> tuple[Modify, list[DigestEntry]]:
     """The batch's operation, and its digest (gateway.observations.digest): the same values, flat."""
     delete: list[Quad] = []
     insert: list[Quad] = []
@@ -187,7 +183,5 @@ def _operation(
                 reading.source,
             )
         )
-    operation = ModifyOp(
-        (), tuple(timed), NOW_QUERY, None, (), None, (), (), delete_ground=tuple(delete), insert_ground=tuple(insert)
-    )
+    operation = Modify(delete=tuple(delete), insert=(*insert, *timed), where=NOW_WHERE)
     return operation, digest

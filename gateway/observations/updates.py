@@ -27,7 +27,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-from broker.core.clock import rfc3339
+from broker.api import rfc3339
 from gateway.jsap.terms import TermError, iri_term, quote
 from gateway.observations.batch import plan
 from gateway.observations.errors import PayloadError

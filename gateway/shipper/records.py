@@ -24,8 +24,7 @@ from functools import lru_cache
 from json.encoder import encode_basestring
 from typing import Any
 
-from broker.core.clock import rfc3339
-from broker.core.notification import QuadRows
+from broker.api import QuadRows, rfc3339
 from gateway.observations.digest import ObservationDigest
 from gateway.observations.vocabulary import (
     GRAPH_OBSERVATIONS,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.core.notification import Notification
+from broker.api import Notification
 from gateway.client import ClientSubscription, SepaClient, SepaClientError
 from gateway.jsap.terms import quote
 from gateway.observations.vocabulary import GRAPH_STATE, SHIPPER_NODE, SPOOL_ID

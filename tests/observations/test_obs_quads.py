@@ -1,6 +1,6 @@
 """observation_quads (the update as the engine's objects) against observation_update (its text).
 
-What it protects: for any batch the prepared update takes, the engine computes exactly the delta
+What it protects: for any batch the update syntax tree takes, the engine computes exactly the delta
 the text gives (same quads added and removed, same latest view, same sequence numbers), over
 consecutive batches that move the latest view; its `sparql()` is the text as it was when the
 update was made (later commits do not change it); it returns None for batches that need the
@@ -53,14 +53,15 @@ class Side:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(readings, min_size=1, max_size=12), min_size=1, max_size=4))
 def test_same_delta_as_the_text(batches: list[list[Reading]]) -> None:
-    text_side, quads_side = Side(), Side()
+    text_side, quads_side, printed_side = Side(), Side(), Side()
     for batch in batches:
         text = observation_update(batch, "gw", text_side.latest)
-        prepared = observation_quads(batch, "gw", quads_side.latest)
-        assert prepared is not None
-        assert text_side.run(text) == quads_side.run(prepared)
-        assert prepared.sparql() == text  # rendered from the mirror as it was, not as it is now
-    assert text_side.engine.store.quads() == quads_side.engine.store.quads()
+        tree = observation_quads(batch, "gw", quads_side.latest)
+        assert tree is not None
+        delta = text_side.run(text)
+        assert quads_side.run(tree) == delta
+        assert printed_side.run(tree.to_sparql()) == delta  # the tree's printout says the same
+    assert text_side.engine.store.quads() == quads_side.engine.store.quads() == printed_side.engine.store.quads()
 
 
 def test_batches_that_need_the_where_clause_are_left_to_the_text() -> None:

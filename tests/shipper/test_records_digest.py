@@ -1,6 +1,6 @@
 """The records the shipper makes from a batch's digest against the records its quads give.
 
-What it protects: an observation batch written as a PreparedUpdate carries a digest
+What it protects: an observation batch written as an Update syntax tree carries a digest
 (gateway.observations.digest) that the engine hands to the observations graph's feed only when the
 batch added every quad it inserts; the shipper then builds its records from the digest without
 reading the quads. Over random batch sequences (numbers, integers, booleans, text, units or none,

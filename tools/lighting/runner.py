@@ -21,8 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.core.engine import Engine
-from broker.core.notification import Notification
+from broker.api import Engine, Notification
 from tools.lighting import kpi
 from tools.lighting.knowledge_base import iter_quads
 from tools.lighting.profiles import EXPERIMENTS, Experiment, experiment

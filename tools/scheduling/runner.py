@@ -26,11 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.core.engine import Engine
-from broker.core.pending import PendingUpdates
-from broker.delayed import now_micros
-from broker.scheduler import Scheduler
-from broker.store import RdfStore
+from broker.api import Engine, PendingUpdates, RdfStore, Scheduler, now_micros
 from tools.lighting.knowledge_base import N_ROADS, lamp_uri, lamps_in_road
 from tools.lighting.profiles import PREFIX
 from tools.wire.workload import kb_quads, subscriptions, update_stream

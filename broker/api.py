@@ -1,0 +1,119 @@
+"""The broker's public API: everything code outside broker/ may use, and nothing else.
+
+Why one entry point: the broker is a library (the SEPA engine, its gates and its scheduler) that
+the appliance (gateway/), the adapters, the tools and the examples build on. What is named here is
+a promise kept across changes of the engine; every other module of broker/ may change shape
+without notice. tests/test_layers.py walks the imports of the project and fails when code outside
+broker/ imports anything else from it.
+
+What it offers, in the order a newcomer meets it (docs/architecture.md walks the same path):
+
+- building a broker: :class:`RdfStore` (pyoxigraph, in memory or on disk), :class:`Engine` (updates,
+  queries, subscriptions, end of processing), :class:`Scheduler` (the bounded FIFO and the update
+  thread in front of it), :class:`PendingUpdates` (delayed updates), :class:`Gates` (HTTP and
+  WebSocket, plain and secure);
+- talking to it in process: results (:class:`QueryResult`, :class:`UpdateResult`), notifications
+  (:class:`Notification`, graph feeds' :class:`QuadRows`), :class:`Subscription`, and
+  :func:`loop_handoff`, the one way engine-thread callbacks reach an asyncio loop;
+- the public update syntax tree (:class:`Update`, :class:`InsertData`, :class:`DeleteData`,
+  :class:`Modify`, :class:`Var`, :class:`QuadPattern`) that producers build instead of text, with its
+  declared extra, the :class:`Digest` (broker.sparql.syntax says what it is for);
+- the errors every gate maps to a status, and the clock, delay and term helpers of the protocol;
+- the security parts the appliance wires (client registry, token authority, TLS files);
+- the SPARQL lexical rules (prefixed names, tokens) that JSAP tooling must agree with.
+"""
+
+from __future__ import annotations
+
+from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
+from broker.core.budget import OverBudget
+from broker.core.clock import FUNCTIONS_NS, EngineClock, rfc3339
+from broker.core.due import due_micros, parse_at, parse_delay
+from broker.core.engine import Engine
+from broker.core.notification import Notification, QuadRows
+from broker.core.pending import PendingUpdate, PendingUpdates
+from broker.core.results import QueryResult, UpdateResult
+from broker.core.subscription import Subscription
+from broker.delayed import now_micros
+from broker.errors import Forbidden, InvalidRequest, NotFound, SepaError, SparqlSyntaxError, Unauthorized, UpdateFailed
+from broker.gates.server import Gates, GateSettings
+from broker.scheduler import Scheduler, TooManyRequests, loop_handoff
+from broker.security.authority import Authority
+from broker.security.clients import ClientRegistry, RegistryError, configured_client, secret_digest
+from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
+from broker.sparql.canonical import XSD, canonical
+from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
+from broker.sparql.patterns import QuadPattern
+from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Template, Update, Var
+from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
+from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
+from broker.store import RdfStore
+
+__all__ = [
+    "DEFAULT_GRAPH_IRI",
+    "FUNCTIONS_NS",
+    "MAX_GROUP_ELEMENTS",
+    "MAX_NESTING",
+    "NO_GRAPH_IRI",
+    "PN_CHARS",
+    "PN_CHARS_U",
+    "PN_PREFIX",
+    "XSD",
+    "Authority",
+    "ClientRegistry",
+    "DeleteData",
+    "Digest",
+    "Engine",
+    "EngineClock",
+    "Forbidden",
+    "GateSettings",
+    "Gates",
+    "GraphAccess",
+    "InsertData",
+    "InvalidRequest",
+    "Modify",
+    "NotFound",
+    "Notification",
+    "OverBudget",
+    "PendingUpdate",
+    "PendingUpdates",
+    "QuadPattern",
+    "QuadRows",
+    "QueryResult",
+    "RdfStore",
+    "RegistryError",
+    "Row",
+    "Scheduler",
+    "SepaError",
+    "SparqlSyntaxError",
+    "Subscription",
+    "Template",
+    "Term",
+    "TlsFiles",
+    "Token",
+    "TooManyRequests",
+    "Unauthorized",
+    "Update",
+    "UpdateFailed",
+    "UpdateResult",
+    "Var",
+    "canonical",
+    "check_structure",
+    "configured_client",
+    "due_micros",
+    "fingerprint",
+    "line_column",
+    "loop_handoff",
+    "matching_brace",
+    "now_micros",
+    "parse_at",
+    "parse_delay",
+    "private_directory",
+    "rfc3339",
+    "rows_to_bindings",
+    "secret_digest",
+    "term_from_json",
+    "term_to_json",
+    "tls_files",
+    "tokenize",
+]
