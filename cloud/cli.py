@@ -18,7 +18,7 @@ from pathlib import Path
 from cloud.server import StartupError, serve
 from cloud.settings import DEFAULT_MAX_BATCH_BYTES, LandingSettings
 from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
-from gateway.logs import setup_logging
+from gateway.appliance.logs import setup_logging
 
 SPARK_COMMANDS = {"stream": "cloud.stream", "stats": "cloud.stats"}
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.collector import DEFAULT_THRESHOLDS, GEN0_THRESHOLD, release_after_stop, settle_after_start
+from gateway.appliance.collector import DEFAULT_THRESHOLDS, GEN0_THRESHOLD, release_after_stop, settle_after_start
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ def test_kpis_follow_table_i() -> None:
 
 
 def test_cli_registers_the_lighting_bench() -> None:
-    from gateway.cli import build_parser
+    from gateway.appliance.cli import build_parser
 
     args = build_parser().parse_args(["bench", "lighting", "--json", "--modes", "incremental"])
     assert args.json and args.modes == ["incremental"] and args.experiments == ["LAMP", "ROAD"]

@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-LAUNCHER = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+LAUNCHER = "import sys; from gateway.appliance.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def test_the_scheduling_benchmark_reports_lateness_of_every_delayed_update() -> None:

@@ -22,7 +22,7 @@ import pytest
 from tools.lighting.profiles import s_profile
 from tools.wire import oxigraph, report, workload
 
-LAUNCHER = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+LAUNCHER = "import sys; from gateway.appliance.cli import main; sys.exit(main(sys.argv[1:]))"
 SMALL = ["--lamps-per-road", "5", "--timeout", "120"]
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from adapters.mqtt.actuators import Actuator
 from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor, TopicCounters
+from adapters.mqtt.profiles import default_profiles
 from adapters.mqtt.settings import MqttSettings
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
@@ -38,7 +39,6 @@ from gateway.observations import (
     PayloadError,
     Reading,
     UnmappedTopic,
-    default_profiles,
     mappings_from_rdf,
     mappings_update,
     observation_quads,
@@ -192,6 +192,11 @@ class MqttAdapter:
         except MappingError as error:
             self.mapping_errors += 1
             log.warning("mqtt: mappings not changed", extra={"error": str(error)})
+
+    def health(self) -> dict[str, Any]:
+        """Healthy while connected to the MQTT broker (readings wait in the broker's session otherwise)."""
+        connected = bool(self.connection.metrics().get("connected"))
+        return {"ok": connected, "connected": connected}
 
     def metrics(self) -> dict[str, Any]:
         return {

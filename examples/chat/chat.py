@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from broker.api import Notification
+from gateway.appliance.commands.client import jsap_with_endpoints
 from gateway.client import Aggregator, Producer, SepaClient, SepaClientError, UpdateSummary
 from gateway.client.agents import JsapLike
 from gateway.client.client import rows_as_bindings
-from gateway.commands.client import jsap_with_endpoints
 from gateway.jsap import Jsap
 
 CHAT_JSAP = Path(__file__).with_name("chat.jsap")

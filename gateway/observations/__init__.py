@@ -1,11 +1,12 @@
 """Observation mapping shared by the MQTT and CoAP adapters: messages -> readings -> SOSA/QUDT updates.
 
-Layout: `mapping` (the declarative Mapping), `mapping_config` (the TOML array), `compiler`
-(checks and compiles a mapping), `topics` (filters with captures, IRI templates), `payloads`,
-`extractors`, `senml`, `tasmota`, `homie` (reading values), `profiles` (the defaults), `mapper`
-(topic -> readings), `batch` / `updates` / `quads` / `latest` / `iris` / `pruning` (updates for the store, as
-SPARQL text or as the engine's objects), `rdf` (the Topics
-Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and `vocabulary` (names and IRIs).
+Protocol-neutral: nothing here knows MQTT or CoAP. Layout: `mapping` (the declarative Mapping),
+`mapping_config` (the TOML array), `compiler` (checks and compiles a mapping), `sources` (source
+filters with captures, IRI templates), `payloads`, `extractors` (the registry of ways to read a
+value; adapters add their ecosystems' own), `senml`, `mapper` (source -> readings), `batch` /
+`updates` / `quads` / `latest` / `iris` / `pruning` (updates for the store, as SPARQL text or as a
+public update syntax tree), `rdf` (the Topics Manager), `ontologies` (loading ontologies/*.ttl), `kinds` and
+`vocabulary` (names and IRIs).
 """
 
 from gateway.observations.errors import MappingError, PayloadError, UnmappedTopic
@@ -15,7 +16,6 @@ from gateway.observations.mapper import Mapper
 from gateway.observations.mapping import FieldMap, Mapping
 from gateway.observations.mapping_config import mappings_from_config
 from gateway.observations.ontologies import ontology_update
-from gateway.observations.profiles import default_profiles
 from gateway.observations.quads import observation_quads
 from gateway.observations.rdf import MAPPINGS_QUERY, mappings_from_rdf, mappings_to_rdf, mappings_update
 from gateway.observations.reading import Reading
@@ -32,7 +32,6 @@ __all__ = [
     "PayloadError",
     "Reading",
     "UnmappedTopic",
-    "default_profiles",
     "latest_iri",
     "mappings_from_config",
     "mappings_from_rdf",

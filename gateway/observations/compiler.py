@@ -9,43 +9,36 @@ from __future__ import annotations
 
 import re
 
-from gateway.observations import homie, senml, tasmota
+from gateway.observations import senml  # noqa: F401  (registers the "senml" extractor)
 from gateway.observations.errors import MappingError, PayloadError
-from gateway.observations.extractors import Compiled, Run, generic_runners
+from gateway.observations.extractors import Compiled, extractor_named, extractor_names
 from gateway.observations.kinds import Kind
-from gateway.observations.mapping import EXTRACTORS, FieldMap, Mapping
+from gateway.observations.mapping import FieldMap, Mapping
 from gateway.observations.payloads import BooleanWords, PathStep, compile_path
-from gateway.observations.targets import PROPERTY_PREFIX, PropertyRef, Targets, unit_iri
-from gateway.observations.topics import TopicFilter
-
-_RUNNERS: dict[str, Run] = {**generic_runners(), **senml.RUNNERS, **tasmota.RUNNERS, **homie.RUNNERS}
-# Placeholders an extractor fills from the payload (a SenML record name, a Tasmota sensor name).
-_EXTRA_CAPTURES = {"senml": ("name",), "tasmota": ("name",)}
-_WITH_TARGETS = {"number", "boolean", "json", "regex", "fields", "senml", "tasmota", "homie"}
-_WITH_PROPERTY = {"number", "boolean", "json", "regex", "homie"}
+from gateway.observations.sources import SourceFilter
+from gateway.observations.targets import PropertyRef, Targets, unit_iri
 
 
 def compile_mapping(mapping: Mapping) -> Compiled:
     """Check a mapping and build its extractor; MappingError says what is wrong."""
     if not mapping.id:
         raise MappingError("a mapping needs a non-empty id")
-    if mapping.extract not in EXTRACTORS:
-        raise MappingError(f"unknown extract {mapping.extract!r}; expected one of {', '.join(EXTRACTORS)}")
-    topic_filter = TopicFilter(mapping.topic)
+    extractor = extractor_named(mapping.extract)
+    if extractor is None:
+        raise MappingError(f"unknown extract {mapping.extract!r}; expected one of {', '.join(extractor_names())}")
+    topic_filter = SourceFilter(mapping.topic)
     words = BooleanWords(mapping.true_words, mapping.false_words)
-    available = (*topic_filter.captures, *_EXTRA_CAPTURES.get(mapping.extract, ()))
+    available = (*topic_filter.captures, *extractor.captures)
     targets: Targets | None = None
-    if mapping.extract in _WITH_TARGETS:
-        wants_property = mapping.extract in _WITH_PROPERTY
-        fallback = PROPERTY_PREFIX + "homie/{name}" if mapping.extract == "homie" else None
+    if extractor.targets:
         targets = Targets(
             mapping.sensor,
             mapping.feature,
-            mapping.property if wants_property else None,
+            mapping.property if extractor.wants_property else None,
             mapping.unit,
             available,
             topic_filter.captures,
-            fallback,
+            extractor.property_fallback,
         )
     path = compile_path(mapping.path) if mapping.path else None
     if mapping.extract == "json" and path is None:
@@ -62,7 +55,7 @@ def compile_mapping(mapping: Mapping) -> Compiled:
         compile_path(mapping.time_path) if mapping.time_path else None,
         pattern,
         tuple(_field(item, available) for item in mapping.fields),
-        _RUNNERS[mapping.extract],
+        extractor.run,
     )
 
 

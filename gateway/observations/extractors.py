@@ -28,8 +28,8 @@ from gateway.observations.payloads import (
     timestamp_us,
 )
 from gateway.observations.reading import Reading
+from gateway.observations.sources import SourceFilter
 from gateway.observations.targets import Resolved, Targets
-from gateway.observations.topics import TopicFilter
 
 TIME_KEYS = ("time", "Time", "timestamp", "ts", "last_seen")
 
@@ -77,7 +77,7 @@ class Compiled:
     """A checked mapping, ready to run against matching messages."""
 
     mapping: Mapping
-    filter: TopicFilter
+    filter: SourceFilter
     targets: Targets | None
     words: BooleanWords
     path: tuple[PathStep, ...] | None
@@ -193,13 +193,44 @@ def _ignore(compiled: Compiled, message: Message) -> list[Reading]:
     return []
 
 
-def generic_runners() -> dict[str, Run]:
-    """The extractors that need no knowledge of a sensor ecosystem."""
-    return {
-        "number": _number,
-        "boolean": _boolean,
-        "json": _json,
-        "regex": _regex,
-        "fields": _fields,
-        "ignore": _ignore,
-    }
+@dataclass(frozen=True, slots=True)
+class Extractor:
+    """What a mapping's `extract` names: how to read a message, and which mapping fields apply.
+
+    `captures`: placeholders its readings fill from the payload (a SenML record name), usable in
+    templates beside the filter's captures; `targets`: whether sensor/feature/unit templates apply;
+    `wants_property`: whether the mapping's `property` applies (else the payload names it);
+    `property_fallback`: the property template when the mapping gives none.
+    """
+
+    run: Run
+    captures: tuple[str, ...] = ()
+    targets: bool = True
+    wants_property: bool = False
+    property_fallback: str | None = None
+
+
+_EXTRACTORS: dict[str, Extractor] = {}
+
+
+def register_extractor(name: str, extractor: Extractor) -> None:
+    """Make `extract = name` valid in mappings. Protocol-neutral extractors register here, below;
+    an adapter registers its ecosystems' own (adapters/mqtt: Homie, Tasmota) when imported."""
+    known = _EXTRACTORS.get(name)
+    if known is not None and known != extractor:
+        raise ValueError(f"extractor {name!r} is registered twice")
+    _EXTRACTORS[name] = extractor
+
+
+def extractor_named(name: str) -> Extractor | None:
+    return _EXTRACTORS.get(name)
+
+
+def extractor_names() -> tuple[str, ...]:
+    return tuple(_EXTRACTORS)
+
+
+for _name, _run in (("number", _number), ("boolean", _boolean), ("json", _json), ("regex", _regex)):
+    register_extractor(_name, Extractor(_run, wants_property=True))
+register_extractor("fields", Extractor(_fields))
+register_extractor("ignore", Extractor(_ignore, targets=False))

@@ -1,4 +1,4 @@
-"""Topic mappings: the declarative description of how a topic's messages become readings.
+"""Mappings: the declarative description of how a source's messages (a topic, a resource) become readings.
 
 A Mapping comes from the config file (`[[mqtt.mappings]]`), from a ready-made profile, or from
 RDF in the mappings graph (the Topics Manager). It is plain data; `compile_mapping` (in
@@ -8,9 +8,10 @@ TOML shape (one table per mapping; `id`, `topic` and `extract` are required)::
 
     [[mqtt.mappings]]
     id = "boiler-flow"                       # unique; names the mapping in errors and in RDF
-    topic = "plant/{room}/boiler/flow"       # MQTT filter; {name} = one level, {name+} = the rest
-    extract = "json"                         # number | boolean | json | regex | fields | senml |
-                                             # tasmota | homie | homie-unit | homie-description | ignore
+    topic = "plant/{room}/boiler/flow"       # source filter; {name} = one level, {name+} = the rest
+    extract = "json"                         # number | boolean | json | regex | fields | senml | ignore,
+                                             # and adapters' own (MQTT: tasmota | homie | homie-unit |
+                                             # homie-description): gateway.observations.extractors
     path = "sensors[0].value"                # json: where the value is
     pattern = 'T=(?P<value>[-0-9.]+)'        # regex: a named group `value`
     true_words = ["on", "open"]              # boolean words (defaults: true/on/1/yes/open/...)
@@ -32,20 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.observations.payloads import DEFAULT_FALSE_WORDS, DEFAULT_TRUE_WORDS
-
-EXTRACTORS = (
-    "number",
-    "boolean",
-    "json",
-    "regex",
-    "fields",
-    "senml",
-    "tasmota",
-    "homie",
-    "homie-unit",
-    "homie-description",
-    "ignore",
-)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from gateway.observations.compiler import compile_mapping
 from gateway.observations.errors import MappingError
 from gateway.observations.mapping import FieldMap, Mapping
 from gateway.observations.payloads import DEFAULT_FALSE_WORDS, DEFAULT_TRUE_WORDS
-from gateway.observations.topics import encode
+from gateway.observations.sources import encode
 from gateway.observations.vocabulary import GRAPH_MAPPINGS, GW, MAPPING_PREFIX
 
 _SINGLE = {

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.observations.errors import PayloadError
-from gateway.observations.extractors import Compiled, Message, Run, coerce
+from gateway.observations.extractors import Compiled, Extractor, Message, coerce, register_extractor
 from gateway.observations.kinds import kind_for_unit, kind_named, unit_named
 from gateway.observations.payloads import decode, number_of, parse_json, unix_us
 from gateway.observations.reading import Reading
+from gateway.observations.sources import encode
 from gateway.observations.targets import PROPERTY_PREFIX
-from gateway.observations.topics import encode
 
 _RELATIVE_LIMIT = 2**28
 
@@ -97,4 +97,4 @@ def _value(record: dict[str, Any], base_value: float, position: int) -> Any:
     return None  # base-only records, sums and data values carry no reading
 
 
-RUNNERS: dict[str, Run] = {"senml": _senml}
+register_extractor("senml", Extractor(_senml, captures=("name",)))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gateway.jsap.terms import TermError, expand_prefixed, iri_term
 from gateway.observations.errors import MappingError, PayloadError
 from gateway.observations.kinds import Kind, kind_named, kind_of, unit_named
-from gateway.observations.topics import Template
+from gateway.observations.sources import Template
 from gateway.observations.vocabulary import GW, QUANTITY_KIND, QUDT, SOSA, UNIT, URN, XSD
 
 PREFIXES = {"gw": GW, "sosa": SOSA, "qudt": QUDT, "unit": UNIT, "quantitykind": QUANTITY_KIND, "xsd": XSD}

@@ -48,7 +48,7 @@ def gateway_command() -> list[str]:
     script = Path(sys.executable).with_name("sepa-gateway")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
 
 def _accepts(port: int) -> bool:

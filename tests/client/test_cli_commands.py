@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from client_support import GatewayProcess, free_ports, gateway_command
 
-from gateway.commands.client import broker_endpoints, jsap_with_endpoints
+from gateway.appliance.commands.client import broker_endpoints, jsap_with_endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT_JSAP = ROOT / "examples" / "chat" / "chat.jsap"

@@ -28,7 +28,7 @@ from tests.gates.conftest import InProcessGateway, launch_gateway
 from tests.gates.secure_support import secure_config
 
 EX = "http://example.org/secure-client/"
-CLI = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 APP = {"identity": "app", "read": ["*"], "write": ["*"]}
 
 

@@ -29,8 +29,8 @@ from urllib.parse import urlencode, urlsplit
 
 import pytest
 
-from gateway.app import Gateway
-from gateway.config import Config
+from gateway.appliance.app import Gateway
+from gateway.appliance.config import Config
 
 STARTUP_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
@@ -149,7 +149,7 @@ def gateway_argv() -> list[str]:
     found = shutil.which("sepa-gateway")
     if found:
         return [found]
-    return [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
 
 @dataclass
@@ -320,7 +320,7 @@ def start_gateway() -> Iterator[Callable[..., RunningGateway]]:
 
 @dataclass
 class InProcessGateway(Endpoint):
-    """A :class:`gateway.app.Gateway` serving from an event loop on a background thread."""
+    """A :class:`gateway.appliance.app.Gateway` serving from an event loop on a background thread."""
 
     gateway: Gateway
     loop: asyncio.AbstractEventLoop
@@ -340,7 +340,7 @@ class InProcessGateway(Endpoint):
 
 def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
     """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (tests/mqtt runs the adapter on its own broker)."""
-    config.mqtt.enabled = False
+    config.adapter("mqtt").enabled = False
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 
 ADMIN = {"identity": "admin", "read": ["*"], "write": ["*"]}
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import web
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 from tests.browser_support import chromium
 from tests.gates.conftest import InProcessGateway
 

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 from tests.gates.conftest import InProcessGateway
 
 EX = "http://example.org/"

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from broker.gates.dispatch import Dispatcher, Routes, last_segment
-from gateway.config import Config
+from gateway.appliance.config import Config
 
 if TYPE_CHECKING:
     from conftest import InProcessGateway, Reply, RunningGateway

@@ -28,7 +28,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from pyoxigraph import Literal, NamedNode, RdfFormat, Triple, parse
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 
 if TYPE_CHECKING:
     from conftest import InProcessGateway, Reply, RunningGateway

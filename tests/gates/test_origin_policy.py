@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 from tests.gates.conftest import InProcessGateway
 
 DASHBOARD = "http://dashboard.example:8080"

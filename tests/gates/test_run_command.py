@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from gateway.cli import main as cli_main
-from gateway.config import Config, load_config
+from gateway.appliance.cli import main as cli_main
+from gateway.appliance.config import Config, load_config
 
 if TYPE_CHECKING:
     from conftest import RunningGateway
@@ -305,6 +305,9 @@ def _leaves(instance: Any, prefix: str = "") -> dict[str, Any]:
         value = getattr(instance, item.name)
         if is_dataclass(value):
             found.update(_leaves(value, f"{prefix}{item.name}."))
+        elif item.name == "adapters":  # the plug-ins' sections, [mqtt]...
+            for name, section in value.items():
+                found.update(_leaves(section, f"{prefix}{name}."))
         else:
             found[f"{prefix}{item.name}"] = value
     return found

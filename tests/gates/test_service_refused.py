@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import aiohttp
 import pytest
 
-from gateway.config import Config
+from gateway.appliance.config import Config
 from tests.gates.conftest import InProcessGateway
 
 

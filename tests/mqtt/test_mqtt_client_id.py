@@ -1,4 +1,4 @@
-"""The gateway's MQTT client id (gateway/mqtt.py): unique per gateway, stable across its restarts,
+"""The gateway's MQTT client id (adapters/mqtt/plugin.py): unique per gateway, stable across its restarts,
 because it names the persistent session that keeps the readings sent while the gateway restarts."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from pathlib import Path
 
 from mqtt_support import Mosquitto
 
-from gateway.config import MqttConfig
-from gateway.mqtt import CLIENT_ID_FILE, client_id
+from adapters.mqtt.plugin import CLIENT_ID_FILE, MqttConfig, client_id
 from tests.gates.conftest import launch_gateway
 
 LATEST = "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> SELECT ?v WHERE { GRAPH ?g { ?l gw:value ?v } }"

@@ -19,7 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.gates.conftest import launch_gateway
 
-CLI = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 LATEST = "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> SELECT ?v WHERE { GRAPH ?g { ?l gw:value ?v } }"
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import pytest
 
+from adapters.mqtt.profiles import default_profiles
 from broker.core.engine import Engine
-from gateway.observations import LATEST_QUERY, LatestCache, Mapper, Reading, default_profiles, observation_update
+from gateway.observations import LATEST_QUERY, LatestCache, Mapper, Reading, observation_update
 
 PREFIXES = """PREFIX sosa: <http://www.w3.org/ns/sosa/>
 PREFIX qudt: <http://qudt.org/schema/qudt/>

@@ -12,11 +12,11 @@ import tomllib
 import pytest
 from conftest import Store
 
+from adapters.mqtt.profiles import default_profiles
 from gateway.observations import (
     MAPPINGS_QUERY,
     Mapper,
     MappingError,
-    default_profiles,
     mappings_from_config,
     mappings_from_rdf,
     mappings_update,

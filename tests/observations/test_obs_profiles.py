@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.observations import Mapper, Mapping, PayloadError, Reading, UnmappedTopic, default_profiles
+from adapters.mqtt.profiles import default_profiles
+from gateway.observations import Mapper, Mapping, PayloadError, Reading, UnmappedTopic
 
 GW = "http://w3id.org/sepa-gateway/ns#"
 UNIT = "http://qudt.org/vocab/unit/"

@@ -1,4 +1,4 @@
-"""Retention: gateway.retention.Retention (find on the query pool, delete by IRI) against a real store.
+"""Retention: gateway.appliance.retention.Retention (find on the query pool, delete by IRI) against a real store.
 
 What it protects: count retention keeps exactly the newest N observations per (sensor, property)
 and their results, age retention removes what is older than the engine clock allows, a run
@@ -23,13 +23,14 @@ from conftest import LATEST, OBS, Store
 from prune_oracle import prune_update
 from pyoxigraph import BlankNode, NamedNode
 
-import gateway.retention as retention_module
+import gateway.appliance.retention as retention_module
+from adapters.mqtt.profiles import default_profiles
 from broker.core.engine import Engine
+from gateway.appliance.config import ObservationsConfig
+from gateway.appliance.retention import Retention
 from gateway.client import InProcessTransport, SepaClient, SepaClientError
-from gateway.config import ObservationsConfig
-from gateway.observations import Mapper, Reading, default_profiles
+from gateway.observations import Mapper, Reading
 from gateway.observations.pruning import age_candidates_query, count_candidates_query, delete_update
-from gateway.retention import Retention
 
 Read = Callable[..., list[Reading]]
 DAY = 86_400.0

@@ -17,11 +17,11 @@ from conftest import LATEST, OBS, Store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.mqtt.profiles import default_profiles
 from gateway.observations import (
     Mapper,
     PayloadError,
     Reading,
-    default_profiles,
     latest_iri,
     nodes_query,
     observation_iri,

@@ -12,7 +12,7 @@ import pytest
 
 from broker.security.clients import ClientRegistry
 
-CLI = [sys.executable, "-c", "import sys; from gateway.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
 
 def clients(security: Path, *args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -87,7 +87,7 @@ def test_a_client_chosen_value_cannot_forge_a_log_line() -> None:
     """A registration's identity is logged as the client sent it: its line breaks stay escaped."""
     import logging
 
-    from gateway.logs import KeyValueFormatter
+    from gateway.appliance.logs import KeyValueFormatter
 
     record = logging.LogRecord("x", logging.WARNING, __file__, 1, "registration refused", None, None)
     record.identity = 'evil\nts=2026 level=info msg="client registered"'

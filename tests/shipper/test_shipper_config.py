@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main as cli_main
+from gateway.appliance.cli import main as cli_main
 
 LOCAL = ["--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0", "--no-mqtt"]
 

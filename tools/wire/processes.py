@@ -308,7 +308,7 @@ def start_gateway(
     if secure:
         text += SECURE_CONFIG.format(host=HOST, dir=security_dir, identity=BENCH_IDENTITY)
     config.write_text(text, encoding="utf-8")
-    launcher = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    launcher = "import sys; from gateway.appliance.cli import main; sys.exit(main(sys.argv[1:]))"
     for attempt in range(3):
         http_port, ws_port = free_port(), free_port()
         https_port, wss_port = (free_port(), free_port()) if secure else (None, None)

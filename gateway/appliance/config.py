@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gateway.appliance.plugins import adapter_plugins
+
 
 class ConfigError(Exception):
     """A configuration problem, said in one line."""
@@ -73,30 +75,6 @@ class SchedulerConfig:
 
 
 @dataclass
-class MqttConfig:
-    enabled: bool = True  # the MQTT adapter: sensor readings in, actuator commands out
-    host: str = "localhost"
-    port: int = 1883
-    client_id: str = ""  # names the persistent session; empty: sepa-gateway-<gateway id>-<random, kept in the data dir>
-    protocol: str = "5"  # "5" or "3.1.1"
-    username: str = ""
-    password: str = ""  # never logged
-    password_file: str = ""  # or the password in this file (the installer writes the gateway's own login here)
-    tls: bool = False  # TLS towards the broker (port 8883 usually)
-    tls_ca: str = ""  # CA file; empty: the system trust store
-    tls_cert: str = ""  # client certificate, for brokers that require one
-    tls_key: str = ""
-    keepalive: int = 30
-    receive_maximum: int = 1000  # readings held unacknowledged (MQTT 5 Receive Maximum)
-    batch_max: int = 500  # readings committed by one update at most
-    batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
-    max_payload_bytes: int = 65536  # larger payloads are counted and dropped
-    profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
-    mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)
-    actuators: list = field(default_factory=list)  # [[mqtt.actuators]]: subscription -> MQTT publish
-
-
-@dataclass
 class ObservationsConfig:
     gateway_id: str = ""  # names this gateway in observation IRIs and in the cloud; empty: the host name
     retain_count: int = 1000  # observations kept per sensor and property (older ones are pruned; the cloud has them)
@@ -147,10 +125,15 @@ class Config:
     websocket: WebSocketConfig = field(default_factory=WebSocketConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
-    mqtt: MqttConfig = field(default_factory=MqttConfig)
     observations: ObservationsConfig = field(default_factory=ObservationsConfig)
     shipper: ShipperConfig = field(default_factory=ShipperConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # one section per adapter plug-in ([mqtt]...), its dataclass owned by the plug-in (gateway.appliance.plugins)
+    adapters: dict[str, Any] = field(default_factory=lambda: {n: p.section() for n, p in adapter_plugins().items()})
+
+    def adapter(self, name: str) -> Any:
+        """The settings of the adapter plug-in `name` (KeyError when no such plug-in is installed)."""
+        return self.adapters[name]
 
     def validate(self) -> Config:
         if self.engine.mode not in ("incremental", "naive"):
@@ -187,10 +170,9 @@ class Config:
                 raise ConfigError(f"{name} must start with '/', not {path!r}")
         if self.security.enabled:
             self._check_security()
-        if self.mqtt.enabled:
-            from gateway.mqtt import check  # the adapter's modules load only when MQTT is on
-
-            check(self.mqtt)
+        for name, plugin in adapter_plugins().items():
+            if self.adapters[name].enabled:
+                plugin.check(self.adapters[name])
         if self.observations.retain_count < 1 or self.observations.retain_age_s <= 0:
             raise ConfigError("observations.retain_count must be >= 1 and observations.retain_age_s positive")
         if self.observations.prune_interval_s <= 0:
@@ -264,10 +246,13 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from error
-    sections = {f.name: f for f in fields(Config)}
     config = Config()
+    own = [f.name for f in fields(Config) if f.name != "adapters"]
     for name, values in data.items():
-        if name not in sections:
-            raise ConfigError(f"unknown section [{name}] (known: {', '.join(sections)})")
-        setattr(config, name, _section(type(getattr(config, name)), name, values))
+        if name in own:
+            setattr(config, name, _section(type(getattr(config, name)), name, values))
+        elif name in config.adapters:
+            config.adapters[name] = _section(type(config.adapters[name]), name, values)
+        else:
+            raise ConfigError(f"unknown section [{name}] (known: {', '.join([*own, *config.adapters])})")
     return config.validate()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker.api import Authority, TlsFiles, private_directory, tls_files
-from gateway.config import Config
+from gateway.appliance.config import Config
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.appliance.config import Config, ConfigError
 from gateway.client import SepaClient
-from gateway.config import Config, ConfigError
 from gateway.shipper import Shipper, ShipperSettings
 
 

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from gateway.commands.bench_wire import _bounded
+from tools.commands.bench_wire import bounded
 
 
 def _seconds(text: str) -> float:
@@ -33,12 +33,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "report how late the delayed updates ran (p50, p99, max) and whether any ran early. Progress on stderr.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--delayed", type=_bounded(1, 100_000), default=10_000, help="delayed updates (default 10000)")
+    parser.add_argument("--delayed", type=bounded(1, 100_000), default=10_000, help="delayed updates (default 10000)")
     parser.add_argument("--window", type=_seconds, default=20.0, help="seconds over which they fall due (default 20)")
     parser.add_argument("--lead", type=_seconds, default=10.0, help="seconds before the window opens (default 10)")
-    parser.add_argument("--concurrency", type=_bounded(1, 256), default=4, help="LAMP clients (default 4)")
+    parser.add_argument("--concurrency", type=bounded(1, 256), default=4, help="LAMP clients (default 4)")
     parser.add_argument(
-        "--lamps-per-road", type=_bounded(1, 100), default=None, help="cap the knowledge base (default: full)"
+        "--lamps-per-road", type=bounded(1, 100), default=None, help="cap the knowledge base (default: full)"
     )
     parser.add_argument("--memory", action="store_true", help="in-memory store and pending table instead of disk")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -11,7 +11,7 @@ import resource
 import sys
 from typing import Any
 
-from gateway.commands import bench_mqtt, bench_scheduling, bench_shipper, bench_wire
+from tools.commands import bench_mqtt, bench_scheduling, bench_shipper, bench_wire
 
 EXPERIMENTS = ("LAMP", "ROAD")
 MODES = ("incremental", "naive")

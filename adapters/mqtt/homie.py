@@ -16,10 +16,11 @@ that is neither a number nor a boolean word is kept as text (Homie strings and e
 from __future__ import annotations
 
 from gateway.observations.errors import PayloadError
-from gateway.observations.extractors import Compiled, Message, Run
+from gateway.observations.extractors import Compiled, Extractor, Message, register_extractor
 from gateway.observations.kinds import unit_named
 from gateway.observations.payloads import decode, number_of, parse_json, shown
 from gateway.observations.reading import Reading
+from gateway.observations.targets import PROPERTY_PREFIX
 
 MAX_UNITS = 65_536  # learned units kept; beyond it new topics take default units (bounded memory)
 
@@ -88,4 +89,8 @@ def _learn(units: dict[str, str], topic: str, unit: str) -> None:
         units[topic] = unit
 
 
-RUNNERS: dict[str, Run] = {"homie": _value, "homie-unit": _unit, "homie-description": _description}
+register_extractor(
+    "homie", Extractor(_value, wants_property=True, property_fallback=PROPERTY_PREFIX + "homie/{name}")
+)
+register_extractor("homie-unit", Extractor(_unit, targets=False))
+register_extractor("homie-description", Extractor(_description, targets=False))

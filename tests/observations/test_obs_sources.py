@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.jsap.terms import iri_term
 from gateway.observations import MappingError
-from gateway.observations.topics import Template, TopicFilter
+from gateway.observations.sources import SourceFilter, Template
 
 
 @pytest.mark.parametrize(
@@ -37,12 +37,12 @@ from gateway.observations.topics import Template, TopicFilter
     ],
 )
 def test_matching(filter_text: str, topic: str, expected: dict | None) -> None:
-    assert TopicFilter(filter_text).match(topic) == expected
+    assert SourceFilter(filter_text).match(topic) == expected
 
 
 def test_subscription_replaces_captures_by_wildcards() -> None:
-    assert TopicFilter("homie/5/{d}/{n}/{p}/$unit").subscription == "homie/5/+/+/+/$unit"
-    assert TopicFilter("a/{rest+}").subscription == "a/#"
+    assert SourceFilter("homie/5/{d}/{n}/{p}/$unit").subscription == "homie/5/+/+/+/$unit"
+    assert SourceFilter("a/{rest+}").subscription == "a/#"
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_subscription_replaces_captures_by_wildcards() -> None:
 )
 def test_bad_filters(filter_text: str, message: str) -> None:
     with pytest.raises(MappingError, match=message):
-        TopicFilter(filter_text)
+        SourceFilter(filter_text)
 
 
 def test_template_rejects_unknown_capture() -> None:
@@ -74,7 +74,7 @@ levels = st.text(alphabet=st.characters(blacklist_characters="/+#", blacklist_ca
 @given(st.lists(levels, min_size=1, max_size=5))
 def test_captures_always_make_valid_iris(parts: list[str]) -> None:
     topic = "dev/" + "/".join(parts)
-    found = TopicFilter("dev/{rest+}").match(topic)
+    found = SourceFilter("dev/{rest+}").match(topic)
     if found is None:
         assert any(part == "" for part in parts)
         return

@@ -1,9 +1,10 @@
 """The ``sepa-gateway`` command line.
 
-Why so thin: each subcommand lives in its own module under :mod:`gateway.commands` and adds its
-parser through ``register(subparsers)``, setting ``handler`` (a function of the parsed arguments
-returning the exit code). Adding a command (run, query, update, subscribe...) is one new module and
-one line in :data:`COMMAND_MODULES`; nothing here needs to know what the commands do.
+Why so thin: each subcommand lives in its own module and adds its parser through
+``register(subparsers)``, setting ``handler`` (a function of the parsed arguments returning the
+exit code). The appliance's own commands are listed in :data:`COMMAND_MODULES`; others are plug-ins
+found through the ``sepa_gateway.commands`` entry point group (pyproject.toml: the benchmarks of
+tools/), so the appliance never imports them. Nothing here needs to know what the commands do.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import argparse
 import importlib
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 COMMAND_MODULES: tuple[str, ...] = (
-    "gateway.commands.run",
-    "gateway.commands.bench",
-    "gateway.commands.client",
-    "gateway.commands.clients",
-    "gateway.commands.sensors",
+    "gateway.appliance.commands.run",
+    "gateway.appliance.commands.client",
+    "gateway.appliance.commands.clients",
+    "gateway.appliance.commands.sensors",
 )
 
 
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    for plugin in sorted(entry_points(group="sepa_gateway.commands"), key=lambda point: point.name):
+        plugin.load().register(subparsers)
     return parser
 
 

@@ -1,7 +1,7 @@
 """``sepa-gateway bench wire``: the lighting workload over HTTP and WebSockets against a real gateway.
 
 Why a module of its own under ``bench``: the wire benchmark starts processes and has its own
-options; :mod:`gateway.commands.bench` only hands it the ``bench`` sub-parsers. The imports of
+options; :mod:`tools.commands.bench` only hands it the ``bench`` sub-parsers. The imports of
 :mod:`tools.wire` stay inside the handler so ``--help`` and the other commands do not pay for them.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 
-def _bounded(low: int, high: int) -> type[int] | object:
+def bounded(low: int, high: int) -> type[int] | object:
     """An argparse type: an int in [low, high] (the benchmark stays bounded in count)."""
 
     def parse(text: str) -> int:
@@ -43,15 +43,15 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     wire.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     wire.add_argument(
-        "--updates", type=_bounded(1, 200_000), default=3000, help="updates to send (default 3000, at most 200,000)"
+        "--updates", type=bounded(1, 200_000), default=3000, help="updates to send (default 3000, at most 200,000)"
     )
     wire.add_argument(
-        "--concurrency", type=_bounded(1, 256), default=8, help="update requests in flight (default 8, at most 256)"
+        "--concurrency", type=bounded(1, 256), default=8, help="update requests in flight (default 8, at most 256)"
     )
-    wire.add_argument("--sockets", type=_bounded(1, 64), default=4, help="WebSockets carrying profile S (default 4)")
+    wire.add_argument("--sockets", type=bounded(1, 64), default=4, help="WebSockets carrying profile S (default 4)")
     wire.add_argument(
         "--lamps-per-road",
-        type=_bounded(1, 100),
+        type=bounded(1, 100),
         default=None,
         help="cap the knowledge base at this many lamp-posts per road (default: the full ~334k triples)",
     )
@@ -69,7 +69,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         help="also run the gateway over its secure gates (HTTPS + WSS, OAuth token) and report it beside the plain run",
     )
     wire.add_argument(
-        "--timeout", type=_bounded(10, 86_400), default=900, help="give up after this many seconds (default 900)"
+        "--timeout", type=bounded(10, 86_400), default=900, help="give up after this many seconds (default 900)"
     )
     wire.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     wire.set_defaults(handler=run_wire)

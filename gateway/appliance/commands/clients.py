@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from broker.api import ClientRegistry, RegistryError
-from gateway.config import ConfigError, load_config
+from gateway.appliance.config import ConfigError, load_config
 
 INSTALLED_CONFIG = Path("/etc/sepa-gateway/sepa-gateway.toml")
 INSTALLED_DATA_DIR = Path("/var/lib/sepa-gateway/data")

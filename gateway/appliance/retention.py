@@ -20,8 +20,8 @@ import contextlib
 import logging
 from typing import Any
 
+from gateway.appliance.config import ObservationsConfig
 from gateway.client import SepaClient, SepaClientError
-from gateway.config import ObservationsConfig
 from gateway.observations.pruning import (
     MAX_SEQUENCE_QUERY,
     age_candidates_query,

@@ -1,6 +1,8 @@
-"""MQTT topic filters with named captures, and IRI templates filled from them.
+"""Source filters with named captures, and IRI templates filled from them.
 
-A filter is an MQTT filter whose levels may also be captures: `{name}` matches one level (like
+A source is where a reading came from, as slash-separated levels: an MQTT topic, or the path of a
+CoAP resource. The filter language is MQTT's, the one sensor people know, and serves every adapter:
+`+` matches one level, `#` the rest; a level may also be a capture: `{name}` matches one level (like
 `+`) and `{name+}` the rest of the topic (like `#`, last level only). Captured text comes from the
 network, so it enters an IRI only percent-encoded (RFC 3986 unreserved characters stay, every
 other UTF-8 byte becomes %XX; `/` is kept between the levels of a `{name+}` capture): whatever the
@@ -20,7 +22,7 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 BUILTIN_CAPTURES = ("topic",)
 
 
-class TopicFilter:
+class SourceFilter:
     """One compiled filter: `match(topic)` gives the captures (a dict) or None."""
 
     __slots__ = ("text", "levels", "captures", "subscription", "_rest", "_fixed")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gateway.commands.bench_wire import _bounded
+from tools.commands.bench_wire import bounded
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
@@ -18,9 +18,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "spool a backlog while the endpoint is down and time its drain. Needs mosquitto.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--readings", type=_bounded(1000, 1_000_000), default=20_000)
-    parser.add_argument("--rounds", type=_bounded(1, 10), default=2)
-    parser.add_argument("--backlog", type=_bounded(1000, 10_000_000), default=100_000)
+    parser.add_argument("--readings", type=bounded(1000, 1_000_000), default=20_000)
+    parser.add_argument("--rounds", type=bounded(1, 10), default=2)
+    parser.add_argument("--backlog", type=bounded(1000, 10_000_000), default=100_000)
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_shipper)
 

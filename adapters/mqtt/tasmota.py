@@ -10,7 +10,7 @@ read as UTC (set the device's `Timezone 0`, or it is off by the device's offset)
 from __future__ import annotations
 
 from gateway.observations.errors import PayloadError
-from gateway.observations.extractors import Compiled, Message, Run, coerce, json_time
+from gateway.observations.extractors import Compiled, Extractor, Message, coerce, json_time, register_extractor
 from gateway.observations.kinds import kind_named, unit_named
 from gateway.observations.payloads import decode, parse_json
 from gateway.observations.reading import Reading
@@ -56,4 +56,4 @@ def _tasmota(compiled: Compiled, message: Message) -> list[Reading]:
     return readings
 
 
-RUNNERS: dict[str, Run] = {"tasmota": _tasmota}
+register_extractor("tasmota", Extractor(_tasmota, captures=("name",)))

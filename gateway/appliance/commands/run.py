@@ -8,9 +8,9 @@ import logging
 import os
 import sys
 
-from gateway.app import Gateway, StartupError
-from gateway.config import ConfigError, load_config
-from gateway.logs import setup_logging
+from gateway.appliance.app import Gateway, StartupError
+from gateway.appliance.config import ConfigError, load_config
+from gateway.appliance.logs import setup_logging
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if args.secure:
             config.security.enabled = True
         if args.no_mqtt:
-            config.mqtt.enabled = False
+            config.adapter("mqtt").enabled = False
         config.validate()
     except ConfigError as error:
         print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)

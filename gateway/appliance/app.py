@@ -9,20 +9,20 @@ import logging
 import signal
 import socket
 import ssl
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from broker.api import Engine, Gates, GateSettings, PendingUpdates, RdfStore, Scheduler
+from gateway.appliance.collector import release_after_stop, settle_after_start
+from gateway.appliance.config import Config
+from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
+from gateway.appliance.retention import Retention
+from gateway.appliance.security import SecureParts, secure_parts
 from gateway.client import InProcessTransport, SepaClient
-from gateway.collector import release_after_stop, settle_after_start
-from gateway.config import Config
 from gateway.observations import ontology_update
-from gateway.retention import Retention
-from gateway.security import SecureParts, secure_parts
 
 if TYPE_CHECKING:
-    from adapters.mqtt.adapter import MqttAdapter
     from gateway.shipper import Shipper
 
 log = logging.getLogger("sepa_gateway")
@@ -81,16 +81,18 @@ class Gateway:
         self.retention = Retention(self.client, config.observations)
         self.shipper: Shipper | None = None
         if config.shipper.enabled:
-            from gateway.shipping import build_shipper
+            from gateway.appliance.shipping import build_shipper
 
             self.shipper = build_shipper(config, self.client, self.gateway_id)
             self.gates.metric_sources["shipper"] = self.shipper.metrics
-        self.mqtt: MqttAdapter | None = None
-        if config.mqtt.enabled:
-            from gateway.mqtt import build_adapter
-
-            self.mqtt = build_adapter(config.mqtt, self.client, self.gateway_id, config.store.data_dir)
-            self.gates.metric_sources["mqtt"] = self.mqtt.metrics
+        # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
+        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir)
+        self.adapters: dict[str, Adapter] = {}
+        for name, plugin in adapter_plugins().items():
+            section = config.adapter(name)
+            if section.enabled:
+                self.adapters[name] = adapter = plugin.build(section, context)
+                self.gates.metric_sources[name] = adapter.metrics
         self.gates.metric_sources["retention"] = self.retention.metrics
 
     async def start(self) -> list[str]:
@@ -129,10 +131,10 @@ class Gateway:
         self.ports = {"http": http_port, "websocket": ws_port}
         if self.shipper is not None:  # before the adapters: it counts what is in the store first
             await self.shipper.start()
-        if self.mqtt is not None:
-            await self.mqtt.start()
+        for adapter in self.adapters.values():
+            await adapter.start()
         self.retention.start()
-        settle_after_start()  # what start-up built lives as long as the gateway: see gateway.collector
+        settle_after_start()  # what start-up built lives as long as the gateway: see gateway.appliance.collector
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"
         secure_urls: list[str] = []
@@ -171,8 +173,8 @@ class Gateway:
         if self.gates.secure is not None:
             await self.gates.secure.stop()
         await self.retention.stop()
-        if self.mqtt is not None:
-            await self.mqtt.stop()
+        for adapter in reversed(self.adapters.values()):
+            await adapter.stop()
         if self.shipper is not None:
             await self.shipper.stop()
         await self.client.close()
@@ -186,6 +188,10 @@ class Gateway:
         self.store.flush()
         if self.secure is not None and self.secure.temporary is not None:
             self.secure.temporary.cleanup()
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Each running adapter's own account of its health (gateway.appliance.plugins.Adapter)."""
+        return {name: adapter.health() for name, adapter in self.adapters.items()}
 
     async def serve(self) -> None:
         """Run until SIGTERM or SIGINT, then shut down cleanly."""

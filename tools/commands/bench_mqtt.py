@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gateway.commands.bench_wire import _bounded
+from tools.commands.bench_wire import bounded
 
 
 def register(kinds: argparse._SubParsersAction) -> None:
@@ -18,11 +18,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "10 s (notification latency from publish to the subscriber). Needs the mosquitto binary.",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--readings", type=_bounded(100, 1_000_000), default=20_000)
-    parser.add_argument("--publishers", type=_bounded(1, 16), default=2)
-    parser.add_argument("--latency-seconds", type=_bounded(1, 600), default=10)
+    parser.add_argument("--readings", type=bounded(100, 1_000_000), default=20_000)
+    parser.add_argument("--publishers", type=bounded(1, 16), default=2)
+    parser.add_argument("--latency-seconds", type=bounded(1, 600), default=10)
     parser.add_argument(
-        "--retain-count", type=_bounded(1, 1_000_000), help="observations kept per sensor (default: readings/100)"
+        "--retain-count", type=bounded(1, 1_000_000), help="observations kept per sensor (default: readings/100)"
     )
     parser.add_argument("--prune-interval", type=float, default=2.0, help="seconds between prune runs (default 2)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -17,6 +17,7 @@ Profiles come after the config's mappings (order 1000+), so a config mapping for
 
 from __future__ import annotations
 
+from adapters.mqtt import homie, tasmota  # noqa: F401  (register the extractors the profiles use)
 from gateway.observations.mapping import FieldMap, Mapping
 from gateway.observations.vocabulary import URN
 

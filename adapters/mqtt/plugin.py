@@ -1,7 +1,8 @@
-"""The `[mqtt]` section turned into the MQTT adapter: settings, mappings, profiles, actuators.
+"""The MQTT adapter as a plug-in of the appliance: the `[mqtt]` section, its checks, and the adapter
+built from it (settings, mappings, profiles, actuators). gateway.appliance.plugins says why plug-ins.
 
-Why here and not in adapters/: the adapter knows nothing of the TOML file; the appliance wires it.
-`check` runs when the config is validated, so a bad section is one line at start-up (exit 2).
+The adapter itself (adapter.py) knows nothing of the TOML file; this module is the only one that
+does. `check` runs when the config is validated, so a bad section is one line at start-up (exit 2).
 """
 
 from __future__ import annotations
@@ -9,15 +10,41 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from adapters.mqtt.actuators import Actuator, ActuatorError
 from adapters.mqtt.adapter import PROFILE_IDS, MqttAdapter
 from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
+from gateway.appliance.config import ConfigError
+from gateway.appliance.plugins import AdapterContext
 from gateway.client import SepaClient
-from gateway.config import ConfigError, MqttConfig
 from gateway.observations import Mapping, MappingError, mappings_from_config
+
+
+@dataclass
+class MqttConfig:
+    enabled: bool = True  # the MQTT adapter: sensor readings in, actuator commands out
+    host: str = "localhost"
+    port: int = 1883
+    client_id: str = ""  # names the persistent session; empty: sepa-gateway-<gateway id>-<random, kept in the data dir>
+    protocol: str = "5"  # "5" or "3.1.1"
+    username: str = ""
+    password: str = ""  # never logged
+    password_file: str = ""  # or the password in this file (the installer writes the gateway's own login here)
+    tls: bool = False  # TLS towards the broker (port 8883 usually)
+    tls_ca: str = ""  # CA file; empty: the system trust store
+    tls_cert: str = ""  # client certificate, for brokers that require one
+    tls_key: str = ""
+    keepalive: int = 30
+    receive_maximum: int = 1000  # readings held unacknowledged (MQTT 5 Receive Maximum)
+    batch_max: int = 500  # readings committed by one update at most
+    batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
+    max_payload_bytes: int = 65536  # larger payloads are counted and dropped
+    profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
+    mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)
+    actuators: list = field(default_factory=list)  # [[mqtt.actuators]]: subscription -> MQTT publish
+
 
 CLIENT_ID_FILE = "mqtt-client-id"  # in the data directory: the random part of the derived client id
 
@@ -119,3 +146,19 @@ def build_adapter(config: MqttConfig, client: SepaClient, gateway_id: str, data_
         actuators=actuators,
         gateway=gateway_id,
     )
+
+
+class MqttPlugin:
+    """The entry point `mqtt` of the `sepa_gateway.adapters` group (pyproject.toml)."""
+
+    name = "mqtt"
+    section = MqttConfig
+
+    def check(self, section: MqttConfig) -> None:
+        check(section)
+
+    def build(self, section: MqttConfig, context: AdapterContext) -> MqttAdapter:
+        return build_adapter(section, context.client, context.gateway_id, context.data_dir)
+
+
+PLUGIN = MqttPlugin()
