@@ -47,9 +47,10 @@ class ApplyMark:
     committed: Callable[[str], None]
 
 
-def _encode(
+def encode_journal_entry(
     added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode], tag: str = ""
 ) -> bytes:
+    """One journal record: the delta (N-Quads) and its tag, written before the store changes."""
     parts = [
         serialize(removed, format=RdfFormat.N_QUADS) if removed else b"",
         serialize(added, format=RdfFormat.N_QUADS) if added else b"",
@@ -155,7 +156,7 @@ class RdfStore:
         graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
         tag = mark.tag if mark is not None else ""
         journal.seek(0)
-        journal.write(_encode(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
+        journal.write(encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
         journal.truncate()
         journal.flush()
         self._apply(added, removed, graphs_created, graphs_dropped)

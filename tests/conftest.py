@@ -1,7 +1,114 @@
-"""Fixtures shared by every test folder.
+"""The fixtures every test folder shares: gateways started by tools/launcher.py, the one launcher of
+the tests and the tools (a `sepa-gateway run` subprocess, or a Gateway on a thread's loop).
 
-`in_process_gateway` (a Gateway on a background loop, any config, the secure gates included) is
-defined with the gates' tests and offered here to the client, security and other tests.
+Every one listens on 127.0.0.1, on ports the OS picks unless a test fixes them, and is reached over
+real sockets. A subprocess gateway still running at teardown gets SIGTERM and must exit with 0.
+The observation layer's `mapper` and `read` fixtures come from tests/support/readings.py.
 """
 
-from tests.gates.conftest import in_process_gateway  # noqa: F401 - re-exported as a shared fixture
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.appliance.config import Config
+from tests.gateway.client.client_support import GatewayProcess
+from tools.launcher import (
+    STOP_TIMEOUT_S,
+    InProcessGateway,
+    RunningGateway,
+    gateway_argv,
+    launch_gateway,
+    start_in_process,
+)
+
+pytest_plugins = ("tests.support.readings",)
+
+
+def stop_and_check(gateway: RunningGateway) -> None:
+    """SIGTERM, and the gateway must exit 0 (a clean shutdown)."""
+    if gateway.running:
+        code = gateway.stop(signal.SIGTERM)
+        assert code == 0, f"gateway exited {code} on SIGTERM: {gateway.stderr_lines}"
+
+
+@pytest.fixture(scope="session")
+def gateway_command() -> list[str]:
+    """argv of the `sepa-gateway` command (add "run" and its options)."""
+    return gateway_argv()
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[RunningGateway]:
+    """A `sepa-gateway run` subprocess on an in-memory store, shared by the tests of one module."""
+    running = launch_gateway()
+    yield running
+    stop_and_check(running)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
+    """Factory: start `sepa-gateway run` with extra options, a config file or a config text (`toml`);
+    every one still running at teardown gets SIGTERM and must exit 0."""
+    started: list[RunningGateway] = []
+
+    def start(
+        *args: str,
+        config: Path | None = None,
+        toml: str | None = None,
+        data_dir: Path | None = None,
+        http_port: int = 0,
+        ws_port: int = 0,
+    ) -> RunningGateway:
+        if toml is not None:
+            config = tmp_path / f"gateway-{len(started)}.toml"
+            config.write_text(toml, encoding="utf-8")
+        mqtt = False if toml is not None else None  # a config file of a test may turn MQTT on
+        running = launch_gateway(
+            *args, config=config, data_dir=data_dir, http_port=http_port, ws_port=ws_port, mqtt=mqtt
+        )
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        stop_and_check(running)
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    """Factory: gateways of one test that keep their ports and data across kill and start (the
+    client tests' GatewayProcess over tools.launcher); all are stopped afterwards."""
+    made: list[GatewayProcess] = []
+
+    def make(*, on_disk: bool = True, ports: tuple[int, int] | None = None) -> GatewayProcess:
+        process = GatewayProcess(data_dir=(tmp_path / "data") if on_disk else None, ports=ports)
+        made.append(process)
+        return process
+
+    yield make
+    for process in made:
+        with contextlib.suppress(Exception):
+            process.stop()
+
+
+@pytest.fixture
+def in_process_gateway() -> Iterator[Callable[[Config], InProcessGateway]]:
+    """Factory: a Gateway for `config` (host and ports forced to 127.0.0.1:0) on a thread's loop."""
+    running: list[tuple[InProcessGateway, threading.Thread]] = []
+
+    def start(config: Config | None = None) -> InProcessGateway:
+        running.append(start_in_process(config or Config()))
+        return running[-1][0]
+
+    yield start
+    for endpoint, thread in running:
+        endpoint.call(endpoint.gateway.stop(), timeout=STOP_TIMEOUT_S)
+        endpoint.loop.call_soon_threadsafe(endpoint.loop.stop)
+        thread.join(STOP_TIMEOUT_S)
+        endpoint.loop.close()

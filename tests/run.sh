@@ -19,13 +19,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
 fi
 
-# Node.js runs the SEPA project's JavaScript client (tests/client/test_sepa_js.py), installed from the
+# Node.js runs the SEPA project's JavaScript client (tests/broker/gates/test_sepa_js.py), installed from the
 # committed lock file. A machine that already has node and npm (e.g. NodeSource's) keeps them.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq nodejs npm
 fi
-(cd tests/client/js && npm ci --no-audit --no-fund --loglevel=error)
+(cd tests/broker/gates/js && npm ci --no-audit --no-fund --loglevel=error)
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip

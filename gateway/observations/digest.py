@@ -5,7 +5,7 @@ quads, that costs a Python object per term of ~11 fresh pyoxigraph quads per obs
 the rest of the shipper. The batch builder (quads.py) holds every value already, so it writes them
 down once more as the digest of its Update (broker.api.Digest). The engine hands the
 digest to the observations graph's feed only when the batch added every quad it inserts; then the
-digest says exactly what those quads say (tests/shipper/test_records_digest.py compares the two),
+digest says exactly what those quads say (tests/gateway/shipper/test_records_digest.py compares the two),
 and the shipper reads it instead of the quads. When it is absent the shipper reads the quads.
 """
 

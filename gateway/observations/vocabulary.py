@@ -1,7 +1,7 @@
 """The IRIs the observation layer writes: namespaces, the four named graphs, and the gw: terms.
 
 One place for them so that the update text, the ontology files and the tests cannot drift apart
-(tests/observations/test_ontologies.py checks that gateway.ttl declares every gw: term used here).
+(tests/gateway/observations/test_obs_ontologies.py checks that gateway.ttl declares every gw: term used here).
 """
 
 from __future__ import annotations

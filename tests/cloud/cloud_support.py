@@ -9,7 +9,6 @@ import gzip
 import http.client
 import ipaddress
 import json
-import socket
 import ssl
 import threading
 from collections.abc import Iterable
@@ -88,12 +87,6 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     return cert_path, key_path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @dataclass

@@ -8,17 +8,13 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from cloud_support import TOKEN, LandingServer, make_certificate  # noqa: E402
-
-from cloud.settings import LandingSettings  # noqa: E402
+from cloud.settings import LandingSettings
+from tests.cloud.cloud_support import TOKEN, LandingServer, make_certificate
 
 MAX_BATCH_BYTES = 64 * 1024
 NO_JAVA = (

@@ -11,17 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cloud_support import TOKEN, LandingServer
-
 from cloud.settings import LandingSettings
 from cloud.stream import StreamOptions, start
+from tests.cloud.cloud_support import TOKEN, LandingServer
+from tools.launcher import RunningGateway, launch_gateway
+from tools.mosquitto import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "mqtt"))
-
-from mqtt_support import Mosquitto  # noqa: E402
-
-from tests.gates.conftest import RunningGateway, launch_gateway  # noqa: E402
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:

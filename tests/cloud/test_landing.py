@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from cloud_support import TOKEN, Client, LandingServer, batch, ndjson, record
 
 import cloud.storage
 import cloud.tokens
 from cloud.settings import LandingSettings
+from tests.cloud.cloud_support import TOKEN, Client, LandingServer, batch, ndjson, record
 
 RECORDS = [record(n) for n in range(3)]
 

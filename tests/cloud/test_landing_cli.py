@@ -14,9 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cloud_support import Client, batch, free_port, record
 
 from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
+from tests.cloud.cloud_support import Client, batch, record
+from tools.launcher import free_port
 
 SEPA_CLOUD = [sys.executable, "-m", "cloud.cli"]
 

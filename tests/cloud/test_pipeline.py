@@ -14,16 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cloud_support import free_port
-from pipeline_support import Mosquitto, Pipeline, wait_for
 from pyspark.sql import functions as F
 
 from cloud.settings import LandingSettings
+from tests.cloud.pipeline_support import Mosquitto, Pipeline, wait_for
+from tools.launcher import free_port
 
 
 @pytest.fixture
 def pipeline(tmp_path: Path, certificate: tuple[Path, Path]) -> Iterator[Pipeline]:
-    from mqtt_support import missing_tools
+    from tools.mosquitto import missing_tools
 
     problem = missing_tools()
     if problem:

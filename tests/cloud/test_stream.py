@@ -21,10 +21,10 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from cloud_support import TOKEN, LandingServer, batch, ndjson, parse_time, record
 
 from cloud import cli, contract, stream
 from cloud.settings import LandingSettings
+from tests.cloud.cloud_support import TOKEN, LandingServer, batch, ndjson, parse_time, record
 
 DOOR = "http://example.org/property/door"
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -62,7 +62,7 @@ class MqttBenchOptions:
         return self.retain_count if self.retain_count is not None else max(1, self.readings // self.sensors)
 
 
-def _metrics(url: str) -> dict[str, float]:
+def read_metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url, timeout=10) as response:
         lines = response.read().decode().splitlines()
     return {name: float(value) for name, _, value in (line.rpartition(" ") for line in lines) if name}
@@ -80,7 +80,7 @@ def _count_observations(query_url: str) -> int:
         return int(json.loads(response.read())["results"]["bindings"][0]["n"]["value"])
 
 
-def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -104,7 +104,9 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         mqtt += f"\n\n[observations]\nretain_count = {options.retention}\nprune_interval_s = {options.prune_interval_s}"
         gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt)
         metrics_url = f"http://127.0.0.1:{gateway.http_port}/metrics"
-        _wait(lambda: _metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
+        wait_until(
+            lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection"
+        )
         say(f"mosquitto on {port}, gateway pid {gateway.child.pid}")
         subscriber = children.start(
             "subscriber",
@@ -132,14 +134,16 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
             for i in range(options.publishers)
         ]  # fmt: skip
         first_sent = min(min(p.receive(options.timeout_s)["sent_ns"][:1] or [0]) for p in publishers)
-        _wait(lambda: _metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total, options.timeout_s, "the readings")
+        wait_until(
+            lambda: read_metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total, options.timeout_s, "the readings"
+        )
         stored_ns = time.monotonic_ns()
         elapsed = (stored_ns - first_sent) / 1e9
         stored = _count_observations(gateway.query_url)
         say(f"throughput: {total:,} readings stored in {elapsed:.2f} s ({time.monotonic() - started:.1f} s wall)")
 
         count = int(options.latency_rate * options.latency_seconds)
-        pruned_before = _metrics(metrics_url).get("sepa_retention_pruned_quads")
+        pruned_before = read_metrics(metrics_url).get("sepa_retention_pruned_quads")
         paced = children.start(
             "publisher-paced",
             python_module(
@@ -150,14 +154,16 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
             pipes=True,
         )  # fmt: skip
         sent = paced.receive(options.timeout_s)["sent_ns"]
-        _wait(lambda: _metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total + count, options.timeout_s, "paced")
-        pruned_after = _metrics(metrics_url).get("sepa_retention_pruned_quads")
+        wait_until(
+            lambda: read_metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total + count, options.timeout_s, "paced"
+        )
+        pruned_after = read_metrics(metrics_url).get("sepa_retention_pruned_quads")
         stored_after = _count_observations(gateway.query_url)
         subscriber.send({"stop": True})
         received = subscriber.receive(60)["received"]
         by_value = {value: ns for _sensor, value, ns in received}
         latencies = [(by_value[total + n] - ns) / 1e6 for n, ns in enumerate(sent) if total + n in by_value]
-        metrics = _metrics(metrics_url)
+        metrics = read_metrics(metrics_url)
         children.stop(broker)
         return {
             "readings_per_s": round(total / elapsed, 1),

@@ -27,7 +27,7 @@ from typing import Any
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update
-from tools.mqtt_bench.runner import MOSQUITTO_CONFIG, _metrics, _wait
+from tools.mqtt_bench.runner import MOSQUITTO_CONFIG, read_metrics, wait_until
 from tools.wire.processes import Children, free_port, python_module, start_gateway, wait_http
 
 Log = Callable[[str], None]
@@ -87,7 +87,7 @@ def _overhead_run(options: ShipperBenchOptions, shipper: bool, say: Log) -> floa
             toml += shipper_toml(landing_port, workdir / "spool") + f'token_file = "{workdir / "token"}"\n'
         gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=toml)
         url = f"http://127.0.0.1:{gateway.http_port}/metrics"
-        _wait(lambda: _metrics(url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
+        wait_until(lambda: read_metrics(url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
         per = options.readings // options.publishers
         total = per * options.publishers
         before = cpu_seconds(gateway.child.pid)
@@ -104,11 +104,11 @@ def _overhead_run(options: ShipperBenchOptions, shipper: bool, say: Log) -> floa
             publisher.receive(options.timeout_s)
 
         def done() -> bool:
-            metrics = _metrics(url)
+            metrics = read_metrics(url)
             stored = metrics.get("sepa_mqtt_readings", 0) >= total
             return stored and (not shipper or metrics.get("sepa_shipper_uploaded_observations", 0) >= total)
 
-        _wait(done, options.timeout_s, "the readings (and their upload)")
+        wait_until(done, options.timeout_s, "the readings (and their upload)")
         used = cpu_seconds(gateway.child.pid) - before
         say(f"{'with' if shipper else 'without'} shipper: {used / total * 1e6:.1f} µs CPU per reading")
         return used / total
@@ -138,21 +138,21 @@ def _drain(options: ShipperBenchOptions, say: Log) -> dict[str, Any]:
             )  # fmt: skip
             with urllib.request.urlopen(request, timeout=300) as response:
                 response.read()
-        _wait(
-            lambda: _metrics(metrics_url).get("sepa_shipper_backlog_observations", 0) >= options.backlog,
+        wait_until(
+            lambda: read_metrics(metrics_url).get("sepa_shipper_backlog_observations", 0) >= options.backlog,
             options.timeout_s,
             "the backlog to be spooled",
         )
         say(f"backlog: {options.backlog:,} observations spooled while the landing endpoint is down")
         start_landing(children, workdir, landing_port)
         started = time.monotonic()
-        _wait(
-            lambda: _metrics(metrics_url).get("sepa_shipper_backlog_observations", 1) == 0,
+        wait_until(
+            lambda: read_metrics(metrics_url).get("sepa_shipper_backlog_observations", 1) == 0,
             options.timeout_s,
             "the backlog to drain",
         )
         elapsed = time.monotonic() - started
-        metrics = _metrics(metrics_url)
+        metrics = read_metrics(metrics_url)
         say(f"drained in {elapsed:.2f} s")
         return {
             "drain_observations_per_s": round(options.backlog / elapsed, 1),

@@ -21,7 +21,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,19 +34,14 @@ from typing import IO, Any
 
 import aiohttp
 
+from tools.launcher import free_port, gateway_argv
+
 HOST = "127.0.0.1"
 Log = Callable[[str], None]
 
 
 class BenchError(Exception):
     """The benchmark cannot go on (a child died, a phase timed out...): one line for the user."""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the child binds it shortly after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
 
 
 def _load_libc() -> Any:
@@ -308,11 +302,10 @@ def start_gateway(
     if secure:
         text += SECURE_CONFIG.format(host=HOST, dir=security_dir, identity=BENCH_IDENTITY)
     config.write_text(text, encoding="utf-8")
-    launcher = "import sys; from gateway.appliance.cli import main; sys.exit(main(sys.argv[1:]))"
     for attempt in range(3):
         http_port, ws_port = free_port(), free_port()
         https_port, wss_port = (free_port(), free_port()) if secure else (None, None)
-        argv = [sys.executable, "-c", launcher, "run", "--config", str(config)]
+        argv = [*gateway_argv(), "run", "--config", str(config)]
         argv += ["--http-port", str(http_port), "--ws-port", str(ws_port)]
         if secure:
             argv += ["--https-port", str(https_port), "--wss-port", str(wss_port)]

@@ -1,0 +1,229 @@
+"""The MQTT adapter inside a real `sepa-gateway run`, against a real Mosquitto: readings become
+SOSA/QUDT observations visible over HTTP, mappings are managed with SPARQL, subscriptions actuate,
+bad payloads are counted, and nothing acknowledged is lost across restarts and kill -9."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tools.launcher import RunningGateway, launch_gateway
+from tools.mosquitto import Mosquitto, paho_publish
+
+PREFIXES = (
+    "PREFIX sosa: <http://www.w3.org/ns/sosa/> PREFIX qudt: <http://qudt.org/schema/qudt/> "
+    "PREFIX unit: <http://qudt.org/vocab/unit/> PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
+)
+OBSERVATIONS = "<http://w3id.org/sepa-gateway/graph/observations>"
+
+
+def config_file(tmp_path: Path, broker: Mosquitto, extra: str = "") -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nport = {broker.port}\nclient_id = "gw-{broker.port}"\n{extra}')
+    return path
+
+
+def numeric_results(gateway: RunningGateway, topic: str) -> list[dict[str, str]]:
+    return gateway.select(
+        PREFIXES + "SELECT ?obs ?v ?unit ?sensor ?property ?feature ?time WHERE { GRAPH " + OBSERVATIONS + " { "
+        f'?obs a sosa:Observation ; gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r ; sosa:madeBySensor ?sensor ; '
+        "sosa:observedProperty ?property ; sosa:hasFeatureOfInterest ?feature ; sosa:resultTime ?time . "
+        "?r qudt:numericValue ?v ; qudt:unit ?unit } }"
+    )
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_default_config_zigbee2mqtt_reading_is_an_observation_within_a_second(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        started = time.monotonic()
+        mosquitto.pub("zigbee2mqtt/kitchen", '{"temperature": 21.5}')
+        wait_for(lambda: numeric_results(gateway, "zigbee2mqtt/kitchen"), timeout=1.0)
+        assert time.monotonic() - started < 1.5  # mosquitto_pub's own start-up included
+        (row,) = numeric_results(gateway, "zigbee2mqtt/kitchen")
+        assert float(row["v"]) == 21.5 and row["unit"] == "http://qudt.org/vocab/unit/DEG_C"
+        assert row["property"] == "http://w3id.org/sepa-gateway/ns#temperature"
+        assert "kitchen" in row["sensor"] and "kitchen" in row["feature"]
+        latest = gateway.select(
+            PREFIXES + "SELECT ?v WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/latest> { "
+            f"?l gw:sensor <{row['sensor']}> ; gw:property gw:temperature ; gw:value ?v }} }}"
+        )
+        assert [float(item["v"]) for item in latest] == [21.5]
+        assert gateway.ask(PREFIXES + "ASK { GRAPH ?g { unit:DEG_C ?p ?o } }")  # the ontologies are loaded
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_mappings_are_rdf_managed_with_sparql_and_take_effect_without_restart(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    configured = (
+        '[[mqtt.mappings]]\nid = "boiler"\ntopic = "plant/boiler/{sensor}"\nextract = "number"\n'
+        'property = "temperature"\nunit = "degC"\nsensor = "urn:example:boiler/{sensor}"\n'
+    )
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, configured))
+    try:
+        assert gateway.ask(PREFIXES + 'ASK { GRAPH ?g { ?m gw:mappingId "boiler" ; gw:topicFilter ?f } }')
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        mosquitto.pub("plant/boiler/flow", "63.5")
+        wait_for(lambda: numeric_results(gateway, "plant/boiler/flow"))
+        added = gateway.update(
+            PREFIXES + "INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
+            '<urn:sepa-gateway:mapping:cellar> a gw:TopicMapping ; gw:mappingId "cellar" ; '
+            'gw:topicFilter "house/cellar/humidity" ; gw:extract "number" ; '
+            'gw:sensorTemplate "urn:example:cellar" ; gw:propertyTemplate "relativeHumidity" ; gw:unit "%RH" } }'
+        )
+        assert added.status == 200, added.body
+        time.sleep(0.3)  # the adapter subscribes to the new topic
+        mosquitto.pub("house/cellar/humidity", "71")
+        wait_for(lambda: numeric_results(gateway, "house/cellar/humidity"))
+        (row,) = numeric_results(gateway, "house/cellar/humidity")
+        assert float(row["v"]) == 71 and row["sensor"] == "urn:example:cellar"
+        gateway.update(
+            "DELETE WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
+            "<urn:sepa-gateway:mapping:cellar> ?p ?o } }"
+        )
+        time.sleep(0.3)
+        mosquitto.pub("house/cellar/humidity", "72")
+        mosquitto.pub("plant/boiler/flow", "64")  # still mapped: proves the message after was processed
+        wait_for(lambda: len(numeric_results(gateway, "plant/boiler/flow")) == 2)
+        assert len(numeric_results(gateway, "house/cellar/humidity")) == 1
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_bad_payloads_are_counted_and_never_stop_or_half_write(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "max_payload_bytes = 1024\n"))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        before = gateway.select("SELECT (COUNT(*) AS ?n) WHERE { GRAPH ?g { ?s ?p ?o } }")[0]["n"]
+        mosquitto.pub("gateway/s1/temperature", "warm")  # not a number
+        mosquitto.pub("zigbee2mqtt/hall", '{"temperature": 21.5, "humidity": ')  # broken JSON
+        mosquitto.pub("zigbee2mqtt/hall", '{"temperature": "hot", "humidity": 40}')  # half bad: nothing of it
+        mosquitto.pub("no/mapping/here", "1")  # unmapped (the generic profile wants gateway/<s>/<p>)
+        mosquitto.pub("gateway/s1/temperature", "1" * 2000)  # oversize
+        mosquitto.pub("gateway/s1/temperature", "19.5")
+        wait_for(lambda: numeric_results(gateway, "gateway/s1/temperature"))
+        assert [float(row["v"]) for row in numeric_results(gateway, "gateway/s1/temperature")] == [19.5]
+        assert numeric_results(gateway, "zigbee2mqtt/hall") == []
+        metrics = gateway.metrics()
+        assert metrics["sepa_mqtt_ingest_bad_input"] >= 4 and metrics["sepa_mqtt_ingest_dropped_oversize"] == 1
+        after = gateway.select("SELECT (COUNT(*) AS ?n) WHERE { GRAPH ?g { ?s ?p ?o } }")[0]["n"]
+        assert int(after) > int(before)
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_subscription_change_is_published_as_an_actuator_command(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    actuator = (
+        '[[mqtt.actuators]]\nid = "lamp-power"\ntopic = "cmnd/{lamp}/POWER"\npayload = "{power}"\n'
+        "query = '''SELECT ?lamp ?power WHERE { ?lamp <urn:example:on> ?on "
+        'BIND(IF(?on, "ON", "OFF") AS ?power) }\'\'\'\n'
+    )
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, actuator))
+    listener = subprocess.Popen(
+        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", "cmnd/#", "-v", "-C", "2", "-W", "20"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        time.sleep(0.3)  # mosquitto_sub subscribed
+        assert gateway.update("INSERT DATA { <urn:example:lamp1> <urn:example:on> true }").status == 200
+        assert (
+            gateway.update(
+                "DELETE { <urn:example:lamp1> <urn:example:on> true } INSERT { <urn:example:lamp1> <urn:example:on> "
+                "false } WHERE {}"
+            ).status
+            == 200
+        )
+        out, _ = listener.communicate(timeout=25)
+        assert out.splitlines() == ["cmnd/lamp1/POWER ON", "cmnd/lamp1/POWER OFF"]
+    finally:
+        listener.kill()
+        assert gateway.stop() == 0
+
+
+def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    config = config_file(tmp_path, mosquitto)
+    data = tmp_path / "data"
+    gateway = launch_gateway(config=config, data_dir=data)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    assert gateway.stop() == 0
+    paho_publish(mosquitto.port, "gateway/boiler/temperature", [str(40 + k).encode() for k in range(20)])
+    restarted = launch_gateway(config=config, data_dir=data)
+    try:
+        wait_for(lambda: len(numeric_results(restarted, "gateway/boiler/temperature")) == 20)
+        values = sorted(float(row["v"]) for row in numeric_results(restarted, "gateway/boiler/temperature"))
+        assert values == [float(40 + k) for k in range(20)]
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_kill_9_during_ingestion_loses_no_acknowledged_reading(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    config = config_file(tmp_path, mosquitto)
+    data = tmp_path / "data"
+    total = 2000
+    gateway = launch_gateway(config=config, data_dir=data)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    publisher = subprocess.Popen(
+        [
+            "mosquitto_pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(mosquitto.port),
+            "-q",
+            "1",
+            "-t",
+            "gateway/k9/temperature",
+            "-l",
+        ],
+        stdin=subprocess.PIPE,
+    )
+    assert publisher.stdin is not None
+    publisher.stdin.write("".join(f"{k}\n" for k in range(total)).encode())
+    publisher.stdin.close()
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > 100, timeout=30)
+    acked_before_kill = gateway.metrics()["sepa_mqtt_ingest_acked"]
+    gateway.stop(signal.SIGKILL)
+    assert publisher.wait(30) == 0
+    restarted = launch_gateway(config=config, data_dir=data)
+    try:
+
+        def stored() -> set[float]:
+            return {float(row["v"]) for row in numeric_results(restarted, "gateway/k9/temperature")}
+
+        wait_for(lambda: len(stored()) == total, timeout=60)
+        assert stored() == {float(k) for k in range(total)}
+        assert acked_before_kill < total  # the kill really happened mid-stream
+    finally:
+        assert restarted.stop() == 0
+
+
+def test_edge_history_is_pruned_to_the_retention_count(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    extra = "\n[observations]\nretain_count = 3\nprune_interval_s = 0.2\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        for value in range(10):
+            mosquitto.pub("gateway/tank/temperature", str(value))
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_readings") == 10)
+        wait_for(lambda: len(numeric_results(gateway, "gateway/tank/temperature")) == 3)
+        assert sorted(float(row["v"]) for row in numeric_results(gateway, "gateway/tank/temperature")) == [7, 8, 9]
+    finally:
+        assert gateway.stop() == 0

@@ -1,0 +1,63 @@
+"""The gateway's MQTT client id (adapters/mqtt/plugin.py): unique per gateway, stable across its restarts,
+because it names the persistent session that keeps the readings sent while the gateway restarts."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from adapters.mqtt.plugin import CLIENT_ID_FILE, MqttConfig, client_id
+from tools.launcher import launch_gateway
+from tools.mosquitto import Mosquitto
+
+LATEST = "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> SELECT ?v WHERE { GRAPH ?g { ?l gw:value ?v } }"
+
+
+def test_the_derived_id_is_kept_in_the_data_directory(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first = client_id(MqttConfig(), "pi.local", str(data))
+    assert first.startswith("sepa-gateway-pi-local-") and len(first) == len("sepa-gateway-pi-local-") + 8
+    assert client_id(MqttConfig(), "pi.local", str(data)) == first  # a restart
+    assert (data / CLIENT_ID_FILE).read_text().strip() == first.rsplit("-", 1)[1]
+
+
+def test_two_gateways_installed_alike_get_different_ids(tmp_path: Path) -> None:
+    """Same host name (Raspberry Pi OS names every Pi `raspberrypi`), same data directory path: the
+    path alone cannot tell them apart, the suffix made for each store does."""
+    data = tmp_path / "var-lib-sepa-gateway-data"
+    one = client_id(MqttConfig(), "raspberrypi", str(data))
+    shutil.rmtree(data)  # the other Pi: the same path, its own store
+    assert client_id(MqttConfig(), "raspberrypi", str(data)) != one
+
+
+def test_a_configured_id_wins(tmp_path: Path) -> None:
+    assert client_id(MqttConfig(client_id="boiler-room"), "pi", str(tmp_path)) == "boiler-room"
+    assert not (tmp_path / CLIENT_ID_FILE).exists()
+
+
+def test_readings_sent_while_the_gateway_restarts_are_kept_by_its_derived_session(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"[mqtt]\nport = {mosquitto.port}\n")
+    data = tmp_path / "data"
+    gateway = launch_gateway(config=config, data_dir=data)
+    try:
+        _wait(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    finally:
+        assert gateway.stop() == 0
+    mosquitto.pub("gateway/boiler/temperature", "71.5")  # nobody connected: the session holds it
+    gateway = launch_gateway(config=config, data_dir=data)
+    try:
+        _wait(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [71.5])
+        assert gateway.metrics()["sepa_mqtt_connection_session_takeovers"] == 0
+    finally:
+        assert gateway.stop() == 0
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)

@@ -1,0 +1,229 @@
+"""The MQTT side of "secure by default": the installed broker's LAN listener wants a login, sensor
+logins come from `sepa-gateway sensors add`, every gateway has its own client id, and a session
+taken over by another client is backed off from, not fought over."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tools.launcher import launch_gateway
+from tools.mosquitto import Mosquitto, missing_tools
+
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
+LATEST = "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> SELECT ?v WHERE { GRAPH ?g { ?l gw:value ?v } }"
+
+
+def sensors(password_file: Path, *args: str, broker: Mosquitto | None = None) -> subprocess.CompletedProcess[str]:
+    """`sepa-gateway sensors` on `password_file`; with `broker`, telling that Mosquitto to reload it."""
+    reload = ["--pid-file", str(broker.pid_file)] if broker is not None else ["--no-reload"]
+    command = [*CLI, "sensors", "--password-file", str(password_file), *reload, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def login(password_file: Path, name: str, broker: Mosquitto | None = None) -> str:
+    done = sensors(password_file, "add", name, broker=broker)
+    assert done.returncode == 0, done.stderr
+    (password,) = re.findall(r"^password: (\S+)$", done.stdout, re.MULTILINE)
+    return password
+
+
+@pytest.fixture
+def installed_broker(tmp_path: Path):
+    """Mosquitto with the install script's configuration and a password file of our own."""
+    problem = missing_tools()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    passwords = tmp_path / "passwd"
+    passwords.touch(mode=0o600)
+    broker = Mosquitto(tmp_path, installed=passwords)
+    broker.passwords = passwords  # type: ignore[attr-defined]
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def publish(broker: Mosquitto, *credentials: str) -> int:
+    command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1"]
+    command += ["-t", "gateway/boiler/temperature", "-m", "63.5", *credentials]
+    return subprocess.run(command, capture_output=True, timeout=10).returncode
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(installed_broker, tmp_path: Path) -> None:
+    """The broker runs the installer's configuration and is already running when the logins are made:
+    the command's reload is what lets them in."""
+    passwords = installed_broker.passwords
+    added = sensors(passwords, "add", "boiler", broker=installed_broker)
+    assert added.returncode == 0, added.stderr
+    assert f"(pid {installed_broker.process.pid}) told to reload its password file" in added.stderr
+    (sensor,) = re.findall(r"^password: (\S+)$", added.stdout, re.MULTILINE)
+    (line,) = [line for line in added.stdout.splitlines() if line.startswith("test it:")]
+    printed = shlex.split(line.removeprefix("test it:"))
+    printed[printed.index("-h") + 1 : printed.index("-h") + 2] = ["127.0.0.1", "-p", str(installed_broker.port)]
+    gateway_password = tmp_path / "mqtt-password"
+    gateway_password.write_text(login(passwords, "sepa-gateway", broker=installed_broker) + "\n")
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[mqtt]\nport = {installed_broker.port}\nusername = "sepa-gateway"\npassword_file = "{gateway_password}"\n'
+    )
+    gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        assert publish(installed_broker) != 0  # anonymous
+        assert publish(installed_broker, "-u", "boiler", "-P", "wrong") != 0
+        assert publish(installed_broker, "-u", "boiler", "-P", sensor) == 0
+        wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [63.5])
+        assert subprocess.run(printed, capture_output=True, timeout=10).returncode == 0  # the line it printed
+        wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [21.5])
+        assert sensor not in "\n".join(gateway.stderr_lines)
+    finally:
+        assert gateway.stop() == 0
+    assert "boiler" in sensors(passwords, "list").stdout
+    assert sensors(passwords, "add", "boiler").returncode == 1  # exists: --reset to change it
+    reset = sensors(passwords, "add", "boiler", "--reset", broker=installed_broker)
+    assert reset.returncode == 0
+    (new_password,) = re.findall(r"^password: (\S+)$", reset.stdout, re.MULTILINE)
+    wait_for(lambda: publish(installed_broker, "-u", "boiler", "-P", new_password) == 0)
+    assert publish(installed_broker, "-u", "boiler", "-P", sensor) != 0  # the old password no longer works
+    assert sensors(passwords, "remove", "boiler", broker=installed_broker).returncode == 0
+    assert "boiler" not in sensors(passwords, "list").stdout
+    wait_for(lambda: publish(installed_broker, "-u", "boiler", "-P", new_password) != 0)
+
+
+def test_the_optional_tls_listener_takes_the_same_logins(tmp_path: Path) -> None:
+    """The installer's TLS listener (turned on with a certificate and key) over real TLS."""
+    problem = missing_tools()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    from broker.api import tls_files
+
+    pair = tls_files(tmp_path / "tls")  # a self-signed certificate for this host, 127.0.0.1 included
+    passwords = tmp_path / "passwd"
+    passwords.touch(mode=0o600)
+    sensor = login(passwords, "boiler")
+    broker = Mosquitto(tmp_path, installed=passwords, installed_tls=(pair.cert, pair.key))
+    broker.start()
+    try:
+        command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.tls_port), "--cafile", str(pair.cert)]
+        command += ["-q", "1", "-t", "gateway/boiler/temperature", "-m", "63.5"]
+        assert subprocess.run([*command, "-u", "boiler", "-P", sensor], capture_output=True, timeout=10).returncode == 0
+        assert subprocess.run(command, capture_output=True, timeout=10).returncode != 0  # no login
+        assert publish(broker, "-u", "boiler", "-P", sensor) == 0  # the plain listener still works
+    finally:
+        broker.stop()
+
+
+def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """No client id configured: each derives its own (the bug: both used `sepa-gateway`)."""
+    gateways = []
+    for name in ("one", "two"):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'[mqtt]\nport = {mosquitto.port}\n[observations]\ngateway_id = "{name}"\n')
+        gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
+    try:
+        for gateway in gateways:
+            wait_for(lambda gateway=gateway: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        for value in range(11):  # more than 10 s: the old loop took the session every second or so
+            mosquitto.pub("gateway/boiler/temperature", str(60 + value))
+            time.sleep(1)
+        for gateway in gateways:
+            wait_for(lambda gateway=gateway: [float(row["v"]) for row in gateway.select(LATEST)] == [70.0])
+            metrics = gateway.metrics()
+            assert metrics["sepa_mqtt_connection_reconnects"] == 0, metrics
+            assert metrics["sepa_mqtt_connection_session_takeovers"] == 0
+    finally:
+        for gateway in gateways:
+            assert gateway.stop() == 0
+
+
+def test_a_taken_over_session_is_logged_and_backed_off(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Two gateways configured with one client id: they no longer knock each other off in a loop."""
+    gateways = []
+    for name in ("one", "two"):
+        config = tmp_path / f"{name}.toml"
+        config.write_text(f'[mqtt]\nport = {mosquitto.port}\nclient_id = "same-id"\n')
+        gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
+    try:
+        time.sleep(12)
+        metrics = [gateway.metrics() for gateway in gateways]
+        connects = [m["sepa_mqtt_connection_connects"] for m in metrics]
+        assert sum(m["sepa_mqtt_connection_session_takeovers"] for m in metrics) >= 1, metrics
+        assert sum(connects) <= 12, connects  # measured: 8 backed off, 33 without the backoff
+        log = "\n".join(line for gateway in gateways for line in gateway.stderr_lines)
+        assert "mqtt session taken over" in log and "client_id=same-id" in log
+    finally:
+        for gateway in gateways:
+            assert gateway.stop() == 0
+
+
+class Intruder:
+    """A client that takes a client id and, whenever the broker ends its connection, takes it again at
+    once: the worst neighbour a gateway can have (a tight reconnect loop of its own)."""
+
+    def __init__(self, port: int, client_id: str, protocol: str) -> None:
+        self.port, self.client_id = port, client_id
+        self.protocol = mqtt.MQTTv5 if protocol == "5" else mqtt.MQTTv311
+        self.connects = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=self.protocol)
+            try:
+                client.connect("127.0.0.1", self.port, keepalive=60)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            self.connects += 1
+            while not self.stopped.is_set() and client.loop(0.05) == mqtt.MQTT_ERR_SUCCESS:
+                pass
+            client.disconnect()
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_client_taking_the_gateways_session_is_counted_logged_once_and_backed_off(
+    mosquitto: Mosquitto, tmp_path: Path, protocol: str
+) -> None:
+    """The gateway's own (derived) client id taken by another client that reconnects at once: Mosquitto
+    2.0 closes the replaced connection without a reason code on either protocol, so the takeover is
+    recognised by connections ending right after they were made."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[mqtt]\nport = {mosquitto.port}\nprotocol = "{protocol}"\n')
+    gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
+    intruder = None
+    try:
+        connected = re.compile(r'msg="mqtt connected".* client_id=(\S+)')
+        wait_for(lambda: any(connected.search(line) for line in gateway.stderr_lines))
+        (client_id,) = next(filter(None, map(connected.search, gateway.stderr_lines))).groups()
+        intruder = Intruder(mosquitto.port, client_id, protocol)
+        intruder.thread.start()
+        time.sleep(15)
+        metrics = gateway.metrics()
+        assert metrics["sepa_mqtt_connection_session_takeovers"] >= 1, metrics
+        # without the backoff: a reconnect every 0.5-1 s, about 20 in 15 s
+        assert metrics["sepa_mqtt_connection_connects"] <= 6, metrics
+        warnings = [line for line in gateway.stderr_lines if "mqtt session taken over" in line]
+        assert len(warnings) == 1 and f"client_id={client_id}" in warnings[0], warnings
+        assert intruder.connects >= 2  # the gateway did come back for its session, it did not give up
+    finally:
+        if intruder is not None:
+            intruder.stopped.set()
+            intruder.thread.join(5)
+        assert gateway.stop() == 0

@@ -1,0 +1,164 @@
+"""Delayed updates over HTTP: `delay` / `at`, 202 + id, GET /scheduled, DELETE /scheduled/{id},
+subscriptions notified when they fire, never early, refused when malformed (seed 001 §II-C/D)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlencode
+
+import aiohttp
+
+from gateway.appliance.config import Config
+from tools.launcher import InProcessGateway
+
+EX = "http://example.org/"
+NOW_MICROS = "<http://w3id.org/sepa-gateway/fn#nowMicros>"
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
+
+
+def stamp(name: str) -> str:
+    """An update that records when it ran (engine clock, Unix microseconds) under `name`."""
+    return f"INSERT {{ <{EX}{name}> <{EX}ranAt> ?t }} WHERE {{ BIND({NOW_MICROS}() AS ?t) }}"
+
+
+def ran_at(gateway: InProcessGateway, name: str) -> list[int]:
+    rows = gateway.select(f"SELECT ?t WHERE {{ <{EX}{name}> <{EX}ranAt> ?t }}")
+    return [int(row["t"]) for row in rows]
+
+
+def due_micros(reply_json: dict) -> int:
+    due = datetime.fromisoformat(reply_json["scheduled"]["due"])
+    return (due - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_delayed_update_is_acknowledged_listed_and_runs_at_its_due_time_not_before(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    reply = gateway.update(stamp("a"), params={"delay": "400"})
+    assert reply.status == 202, reply.body
+    scheduled = reply.json()["scheduled"]
+    assert set(scheduled) == {"id", "due"} and scheduled["due"].endswith("Z")
+    due = due_micros(reply.json())
+    assert ran_at(gateway, "a") == []  # not yet
+    listed = gateway.request("GET", "/scheduled").json()["scheduled"]
+    assert [entry["id"] for entry in listed] == [scheduled["id"]]
+    assert listed[0]["update"] == stamp("a") and listed[0]["due"] == scheduled["due"]
+    wait_for(lambda: ran_at(gateway, "a") != [])
+    (when,) = ran_at(gateway, "a")
+    assert when >= due  # the engine clock of the update itself is not before its due time
+    assert gateway.request("GET", "/scheduled").json() == {"scheduled": []}
+    assert gateway.metrics()["sepa_delayed_fired_total"] == 1
+
+
+def test_delay_as_iso_duration_in_a_form_body_and_at_as_rfc3339(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    body = urlencode({"update": stamp("form"), "delay": "PT0.2S"})
+    reply = gateway.request("POST", "/update", body, FORM)
+    assert reply.status == 202, reply.body
+    past = (datetime.now(UTC) - timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    reply_at = gateway.update(stamp("past"), params={"at": past})
+    assert reply_at.status == 202, reply_at.body
+    soon = datetime.now(UTC) + timedelta(milliseconds=300)
+    reply_soon = gateway.update(stamp("soon"), params={"at": soon.isoformat()})
+    assert reply_soon.status == 202
+    wait_for(lambda: ran_at(gateway, "form") and ran_at(gateway, "past") and ran_at(gateway, "soon"))
+    assert ran_at(gateway, "soon")[0] >= due_micros(reply_soon.json())
+    assert ran_at(gateway, "form")[0] >= due_micros(reply.json())
+
+
+def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    cases = [
+        ("INSERT DATA { <a> <b> }", {"delay": "100"}),  # invalid SPARQL: refused now, not when due
+        (stamp("x"), {"delay": "soon"}),
+        (stamp("x"), {"delay": "-5"}),
+        (stamp("x"), {"delay": "P1Y"}),  # years have no fixed length
+        (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
+        (stamp("x"), {"at": "tomorrow"}),
+        (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
+        (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
+    ]
+    for sparql, params in cases:
+        reply = gateway.update(sparql, params=params)
+        assert reply.status == 400, (sparql, params, reply.body)
+        assert reply.json()["error"] == "invalid_request"
+    twice = gateway.update(stamp("x"), params=[("delay", "100"), ("delay", "200")])
+    assert twice.status == 400
+    assert gateway.request("GET", "/scheduled").json() == {"scheduled": []}
+    time.sleep(0.3)
+    assert ran_at(gateway, "x") == []
+    assert gateway.metrics()['sepa_errors_total{error="invalid_request",status="400"}'] == len(cases) + 1
+
+
+def test_a_cancelled_update_never_runs_and_unknown_ids_are_404(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    keep = gateway.update(stamp("keep"), params={"delay": "300"}).json()["scheduled"]
+    drop = gateway.update(stamp("drop"), params={"delay": "300"}).json()["scheduled"]
+    reply = gateway.request("DELETE", f"/scheduled/{drop['id']}")
+    assert reply.status == 200 and reply.json() == {"cancelled": drop}
+    assert [entry["id"] for entry in gateway.request("GET", "/scheduled").json()["scheduled"]] == [keep["id"]]
+    again = gateway.request("DELETE", f"/scheduled/{drop['id']}")
+    assert again.status == 404 and again.json()["error"] == "not_found"
+    assert gateway.request("DELETE", "/scheduled/no-such-id").status == 404
+    wait_for(lambda: ran_at(gateway, "keep") != [])
+    time.sleep(0.2)
+    assert ran_at(gateway, "drop") == []
+    assert gateway.request("DELETE", f"/scheduled/{keep['id']}").status == 404  # already ran
+
+
+def test_updates_due_together_run_in_due_order_then_scheduling_order(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    at = (datetime.now(UTC) + timedelta(milliseconds=400)).isoformat()
+    later = (datetime.now(UTC) + timedelta(milliseconds=450)).isoformat()
+    set_value = (
+        "DELETE {{ <{ex}x> <{ex}v> ?o }} INSERT {{ <{ex}x> <{ex}v> {n} }} WHERE {{ OPTIONAL {{ <{ex}x> <{ex}v> ?o }} }}"
+    )
+    assert gateway.update(set_value.format(ex=EX, n=3), params={"at": later}).status == 202
+    for n in (1, 2):
+        assert gateway.update(set_value.format(ex=EX, n=n), params={"at": at}).status == 202
+    wait_for(lambda: gateway.request("GET", "/scheduled").json() == {"scheduled": []})
+    assert gateway.select(f"SELECT ?v WHERE {{ <{EX}x> <{EX}v> ?v }}") == [{"v": "3"}]
+
+
+def test_subscribers_are_notified_when_a_delayed_update_fires(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+
+    async def scenario() -> list[dict]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.ws_url + "/subscribe") as ws:
+            query = f"SELECT ?t WHERE {{ <{EX}lamp> <{EX}ranAt> ?t }}"
+            await ws.send_str(json.dumps({"subscribe": {"sparql": query, "alias": "lamp"}}))
+            first = json.loads((await ws.receive(timeout=10)).data)
+            loop = asyncio.get_running_loop()
+            reply = await loop.run_in_executor(None, lambda: gateway.update(stamp("lamp"), params={"delay": "200"}))
+            assert reply.status == 202
+            second = json.loads((await ws.receive(timeout=10)).data)
+            return [first, second]
+
+    first, second = asyncio.run(scenario())
+    assert first["notification"]["sequence"] == 0
+    assert first["notification"]["addedResults"]["results"]["bindings"] == []
+    notification = second["notification"]
+    assert notification["sequence"] == 1 and notification["alias"] == "lamp"
+    (binding,) = notification["addedResults"]["results"]["bindings"]
+    assert int(binding["t"]["value"]) >= 0
+
+
+def test_the_pending_table_is_bounded(in_process_gateway) -> None:
+    config = Config()
+    config.scheduler.max_pending = 2
+    gateway = in_process_gateway(config)
+    for name in ("one", "two"):
+        assert gateway.update(stamp(name), params={"delay": "60000"}).status == 202
+    reply = gateway.update(stamp("three"), params={"delay": "60000"})
+    assert reply.status == 429 and reply.json()["error"] == "too_many_requests"
+    assert len(gateway.request("GET", "/scheduled").json()["scheduled"]) == 2

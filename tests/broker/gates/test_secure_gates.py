@@ -1,0 +1,399 @@
+"""The secure gates over real TLS sockets: OAuth registration and tokens, every token attack, graph
+rights in results and notifications, delayed updates with their owner's rights, revocation."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.broker.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
+from tools.launcher import InProcessGateway
+
+EX = "http://example.org/"
+PUBLIC = f"{EX}graph/public"
+SECRET = f"{EX}graph/secret"
+VIEWER = {"identity": "viewer", "read": [PUBLIC], "write": []}
+WRITER = {"identity": "writer", "read": [PUBLIC], "write": [PUBLIC]}
+SEED = (
+    f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> 10 }} "
+    f"GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> 1234 }} <{EX}root> <{EX}is> <{EX}default> }}"
+)
+# every quad of the tests' own (the gateway's ontologies graph is left out)
+EVERYTHING = (
+    "SELECT ?s ?p ?o ?g WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } "
+    f'FILTER(STRSTARTS(STR(?s), "{EX}")) }}'
+)
+
+
+def run_secure(gateway: InProcessGateway, test: Callable[[SecureClient], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            assert gateway.gateway.secure is not None
+            cert = str(gateway.gateway.secure.tls.cert)
+            await test(SecureClient(session, gateway.https_url, gateway.wss_url, cert))
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def secure_gateway(in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path) -> InProcessGateway:
+    return in_process_gateway(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data")))
+
+
+def test_register_then_token_in_both_reply_forms_then_secure_update_and_query(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("admin")
+        assert status == 201
+        credentials = document["credentials"]
+        assert {"client_id", "client_secret", "signature"} <= set(credentials)
+        assert credentials["signature"]["kty"] == "EC" and "d" not in credentials["signature"]  # public half only
+        basic = (
+            "Basic " + base64.b64encode(f"{credentials['client_id']}:{credentials['client_secret']}".encode()).decode()
+        )
+        status, token = await client.token_reply(basic)
+        assert status == 201
+        assert token["token_type"] == "bearer" and token["token"]["access_token"] == token["access_token"]
+        assert token["expires_in"] == token["token"]["expires_in"] == 3600
+        claims = jwt.decode(token["access_token"], options={"verify_signature": False})
+        assert {"iss", "sub", "iat", "exp", "jti"} <= set(claims)
+        status, reply = await client.update(token["access_token"], SEED)
+        assert (status, reply["added"]) == (200, 3)
+        assert len(await client.rows(token["access_token"], EVERYTHING)) == 3
+
+    run_secure(secure_gateway, test)
+
+
+def test_registration_is_limited_to_allowed_identities_once_each(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        assert (await client.register("stranger"))[0] == 401
+        assert (await client.register("viewer"))[0] == 201
+        status, document = await client.register("viewer")
+        assert status == 401 and "already registered" in document["error_description"]
+        secure_gateway.gateway.secure.authority.registry.reset("viewer")  # the operator's reset
+        assert (await client.register("viewer"))[0] == 201
+
+    run_secure(secure_gateway, test)
+
+
+def test_wrong_client_credentials_get_no_token(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("viewer")
+        client_id = document["credentials"]["client_id"]
+        for authorization in (
+            "Basic " + base64.b64encode(f"{client_id}:wrong".encode()).decode(),
+            "Basic " + base64.b64encode(b"unknown:secret").decode(),
+            "Basic !!!",
+            "Bearer something",
+            "",
+        ):
+            status, reply = await client.token_reply(authorization)
+            assert status == 401, (authorization, reply)
+
+    run_secure(secure_gateway, test)
+
+
+def test_secrets_are_stored_hashed_and_key_files_are_owner_only(secure_gateway, tmp_path: Path) -> None:
+    secrets: list[str] = []
+
+    async def test(client: SecureClient) -> None:
+        secrets.append((await client.register("admin"))[1]["credentials"]["client_secret"])
+
+    run_secure(secure_gateway, test)
+    security = tmp_path / "data" / "security"
+    assert stat.S_IMODE(security.stat().st_mode) == 0o700
+    for name in ("clients.json", "token-signing-key.pem", "tls-key.pem", "tls-cert.pem"):
+        assert stat.S_IMODE((security / name).stat().st_mode) == 0o600, name
+    registry = (security / "clients.json").read_text()
+    assert secrets[0] not in registry and "secret_sha256" in registry
+
+
+# -- token attacks ------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _hand_made(header: dict[str, Any], claims: dict[str, Any], sign: Callable[[bytes], bytes]) -> str:
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    return f"{signing_input}.{_b64(sign(signing_input.encode()))}"
+
+
+def attack_tokens(gateway: InProcessGateway, good: str) -> dict[str, str]:
+    """Every kind of bad token, each built from the claims of a good one."""
+    authority = gateway.gateway.secure.authority  # type: ignore[union-attr]
+    claims = jwt.decode(good, options={"verify_signature": False})
+    our_key = authority.tokens._key
+    public_pem = authority.tokens.public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    now = int(time.time())
+    return {
+        "expired": jwt.encode({**claims, "iat": now - 7200, "exp": now - 3600}, our_key, algorithm="ES256"),
+        "forged": jwt.encode(claims, ec.generate_private_key(ec.SECP256R1()), algorithm="ES256"),
+        "unsigned": _hand_made({"alg": "none", "typ": "JWT"}, claims, lambda _: b""),
+        "hs256-with-public-key": _hand_made(
+            {"alg": "HS256", "typ": "JWT"}, claims, lambda data: hmac.new(public_pem, data, "sha256").digest()
+        ),
+        "wrong-issuer": jwt.encode({**claims, "iss": "someone-else"}, our_key, algorithm="ES256"),
+        "no-expiry": jwt.encode({k: v for k, v in claims.items() if k != "exp"}, our_key, algorithm="ES256"),
+        "unknown-client": jwt.encode({**claims, "sub": "not-a-client"}, our_key, algorithm="ES256"),
+        "tampered": good[:-4] + ("AAAA" if not good.endswith("AAAA") else "BBBB"),
+        "malformed": "not.a.jwt",
+        "garbage": os.urandom(64).hex(),
+        "long": "a" * 8000,  # longer headers are refused by aiohttp's parser itself (400, below)
+        "empty": "",
+    }
+
+
+def test_every_token_attack_gets_401_invalid_grant_and_changes_nothing(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        good = await client.login("admin")
+        await client.update(good, SEED)
+        before = await client.rows(good, EVERYTHING)
+        ws = await client.socket()
+        for name, token in attack_tokens(secure_gateway, good).items():
+            status, reply = await client.update(token, f"DROP ALL ; INSERT DATA {{ <{EX}{name}> <{EX}p> 1 }}")
+            assert (status, reply["error"]) == (401, "invalid_grant"), (name, reply)
+            status, reply = await client.query(token, EVERYTHING)
+            assert (status, reply["error"]) == (401, "invalid_grant"), (name, reply)
+            await ws.send_json({"subscribe": {"sparql": EVERYTHING, "alias": name, "authorization": f"Bearer {token}"}})
+            reply = await receive(ws)
+            assert (reply.get("error"), reply.get("status_code"), reply.get("alias")) == ("invalid_grant", 401, name)
+        status, reply = await client.update(None, "DROP ALL")
+        assert (status, reply["error"]) == (401, "invalid_grant")
+        headers = {"Authorization": "Bearer " + "a" * 100_000, "Content-Type": "application/sparql-update"}
+        async with client.session.post(
+            f"{client.https_url}/secure/update", data="DROP ALL", headers=headers, ssl=client.ssl
+        ) as response:
+            assert response.status == 400
+        assert await client.rows(good, EVERYTHING) == before
+        assert secure_gateway.gateway.engine.subscription_count == 0
+        await ws.close()
+
+    run_secure(secure_gateway, test)
+
+
+def test_bearer_forms_of_the_field_are_accepted_on_the_socket(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        token = await client.login("admin")
+        ws = await client.socket()
+        forms = [
+            {"subscribe": {"sparql": EVERYTHING, "alias": "inside", "authorization": f"Bearer {token}"}},
+            {"subscribe": {"sparql": EVERYTHING, "alias": "beside"}, "authorization": f"Bearer {token}"},
+            {"subscribe": {"sparql": EVERYTHING, "alias": "bare", "authorization": token}},
+        ]
+        spuids = []
+        for form in forms:
+            await ws.send_json(form)
+            reply = await receive(ws)
+            assert reply["notification"]["sequence"] == 0, reply
+            spuids.append(reply["notification"]["spuid"])
+        await ws.send_json({"unsubscribe": {"spuid": spuids[0], "authorization": f"Bearer {token}"}})
+        assert (await receive(ws))["unsubscribed"]["spuid"] == spuids[0]
+        await ws.send_json({"unsubscribe": {"spuid": spuids[1]}})  # no token: refused, still subscribed
+        assert (await receive(ws))["status_code"] == 401
+        assert secure_gateway.gateway.engine.subscription_count == 2
+        await ws.close()
+        # the HTTPS port serves the secure subscribe path too (a browser needs one origin)
+        same_origin = client.https_url.replace("https://", "wss://") + "/secure/subscribe"
+        ws = await client.session.ws_connect(same_origin, ssl=client.ssl)
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "authorization": f"Bearer {token}"}})
+        assert (await receive(ws))["notification"]["sequence"] == 0
+        await ws.close()
+
+    run_secure(secure_gateway, test)
+
+
+# -- rights ---------------------------------------------------------------------------------
+
+
+def test_a_reader_sees_only_its_graphs_in_results_and_notifications(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        viewer = await client.login("viewer")
+        await client.update(admin, SEED)
+        assert await client.rows(viewer, EVERYTHING) == {
+            (("g", PUBLIC), ("o", "10"), ("p", f"{EX}dim"), ("s", f"{EX}lamp"))
+        }
+        status, reply = await client.query(viewer, EVERYTHING, **{"named-graph-uri": SECRET})
+        assert (status, reply["error"]) == (403, "forbidden")
+        # FROM NAMED cannot widen it either, and keeps its meaning within the readable graphs
+        status, reply = await client.query(
+            viewer, f"SELECT ?o FROM NAMED <{SECRET}> WHERE {{ GRAPH ?g {{ ?s ?p ?o }} }}"
+        )
+        assert (status, reply["error"]) == (403, "forbidden")
+        rows = await client.rows(viewer, f"SELECT ?o FROM <{PUBLIC}> WHERE {{ ?s ?p ?o }}")
+        assert rows == {(("o", "10"),)}
+        ws = await client.socket()
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "alias": "all", "authorization": f"Bearer {viewer}"}})
+        first = await receive(ws)
+        assert len(first["notification"]["addedResults"]["results"]["bindings"]) == 1
+        await client.update(admin, f"INSERT DATA {{ GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> 9 }} }}")
+        await client.update(admin, f"INSERT DATA {{ <{EX}root> <{EX}is> <{EX}changed> }}")
+        await client.update(admin, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> 20 }} }}")
+        note = await receive(ws)  # the only notification: the public change
+        added = note["notification"]["addedResults"]["results"]["bindings"]
+        assert note["notification"]["sequence"] == 1 and [row["o"]["value"] for row in added] == ["20"]
+        await ws.close()
+
+    run_secure(secure_gateway, test)
+
+
+def test_writes_outside_the_writable_graphs_are_refused_whole(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        writer = await client.login("writer")
+        viewer = await client.login("viewer")
+        await client.update(admin, SEED)
+        before = await client.rows(admin, EVERYTHING)
+        for sparql in (
+            f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} GRAPH <{SECRET}> {{ <{EX}a> <{EX}b> 1 }} }}",
+            "DROP ALL",
+            "DELETE { GRAPH ?g { ?s ?p ?o } } WHERE { GRAPH ?g { ?s ?p ?o } } ; CLEAR DEFAULT",
+            f"INSERT DATA {{ <{EX}a> <{EX}b> 1 }}",
+            f"COPY <{PUBLIC}> TO <{SECRET}>",
+        ):
+            status, reply = await client.update(writer, sparql)
+            assert (status, reply["error"]) == (403, "forbidden"), (sparql, reply)
+        status, reply = await client.update(viewer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} }}")
+        assert status == 403
+        status, reply = await client.update(viewer, f"INSERT DATA {{ <{EX}a> <{EX}b> 1 }}", delay="PT1S")
+        assert status == 403  # no write rights at all: refused at once, not when due
+        assert await client.rows(admin, EVERYTHING) == before
+        # reading the secret through an update's WHERE into a readable graph finds nothing
+        status, reply = await client.update(
+            writer, f"INSERT {{ GRAPH <{PUBLIC}> {{ ?s <{EX}leak> ?o }} }} WHERE {{ GRAPH ?g {{ ?s <{EX}code> ?o }} }}"
+        )
+        assert (status, reply["added"]) == (200, 0)
+        status, reply = await client.update(writer, f"COPY <{SECRET}> TO <{PUBLIC}>")
+        assert status == 403
+        status, reply = await client.update(writer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} }}")
+        assert (status, reply["added"]) == (200, 1)
+
+    run_secure(secure_gateway, test)
+
+
+def test_delayed_updates_belong_to_their_client_and_run_with_its_rights(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        writer = await client.login("writer")
+        ok = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}later> <{EX}p> 1 }} }}"
+        status, reply = await client.update(writer, ok, delay="PT30S")
+        assert status == 202
+        mine = reply["scheduled"]["id"]
+        await client.update(admin, f"INSERT DATA {{ <{EX}x> <{EX}p> 1 }}", delay="PT30S")
+        headers = {"Authorization": f"Bearer {writer}"}
+        async with client.session.get(f"{client.https_url}/secure/scheduled", headers=headers, ssl=client.ssl) as r:
+            listed = (await r.json())["scheduled"]
+        assert [entry["id"] for entry in listed] == [mine]
+        pending = secure_gateway.call(secure_gateway.gateway.scheduler.delayed.list())
+        others = [entry.id for entry in pending if entry.id != mine]
+        url = f"{client.https_url}/secure/scheduled/{others[0]}"
+        async with client.session.delete(url, headers=headers, ssl=client.ssl) as r:
+            assert r.status == 404  # another client's: not even said to exist
+        # a delayed write outside its rights is refused when it falls due, and changes nothing
+        bad = f"INSERT DATA {{ GRAPH <{SECRET}> {{ <{EX}later> <{EX}p> 1 }} }}"
+        status, reply = await client.update(writer, bad, delay="100")
+        assert status == 202
+        await asyncio.sleep(1.0)
+        assert await client.rows(admin, f"SELECT ?g WHERE {{ GRAPH ?g {{ <{EX}later> ?p ?o }} }}") == set()
+        assert secure_gateway.gateway.scheduler.delayed.stats.failed == 1
+
+    run_secure(secure_gateway, test)
+
+
+def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gateway, tmp_path: Path) -> None:
+    async def test(client: SecureClient) -> None:
+        viewer = await client.login("viewer")
+        ws = await client.socket()
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "alias": "v", "authorization": f"Bearer {viewer}"}})
+        spuid = (await receive(ws))["notification"]["spuid"]
+        # the operator's CLI, in another process, on the same registry file
+        command = [
+            *_gateway_argv(),
+            "clients",
+            "--security-dir",
+            str(tmp_path / "data" / "security"),
+            "revoke",
+            "viewer",
+        ]
+        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+        assert await process.wait() == 0
+        assert (await client.query(viewer, EVERYTHING))[0] == 401
+        ended = await receive(ws, timeout=5)
+        assert (ended["error"], ended["spuid"], ended["alias"]) == ("invalid_grant", spuid, "v")
+        assert secure_gateway.gateway.engine.subscription_count == 0
+        assert (await client.register("viewer"))[0] == 401  # revoked: no new registration either
+        await ws.close()
+
+    run_secure(secure_gateway, test)
+
+
+def test_a_corrupt_registry_file_keeps_the_last_good_one(secure_gateway, tmp_path: Path) -> None:
+    async def test(client: SecureClient) -> None:
+        token = await client.login("admin")
+        (tmp_path / "data" / "security" / "clients.json").write_text("{ not json")
+        assert (await client.query(token, EVERYTHING))[0] == 200
+        await asyncio.sleep(1.2)  # the revocation watch reads it too, and stays alive
+        assert (await client.query(token, EVERYTHING))[0] == 200
+        assert secure_gateway.gateway.gates.secure._watcher is not None
+        assert not secure_gateway.gateway.gates.secure._watcher.done()
+
+    run_secure(secure_gateway, test)
+
+
+def _gateway_argv() -> list[str]:
+    from tools.launcher import gateway_argv
+
+    return gateway_argv()
+
+
+def test_the_service_logs_its_certificate_fingerprint_and_never_a_secret(start_gateway, tmp_path: Path) -> None:
+    """`sepa-gateway run --secure` as a user starts it, at DEBUG: register, token, requests, a refused
+    token; no line of its log holds the client secret, a token or the secret's hash."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[logging]\nlevel = "DEBUG"\n[mqtt]\nenabled = false\n'
+        '[security]\nclients = [{identity = "admin", read = ["*"], write = ["*"]}]\n'
+    )
+    gateway = start_gateway("--secure", config=config, data_dir=tmp_path / "data")
+    cert = tmp_path / "data" / "security" / "tls-cert.pem"
+    seen: dict[str, str] = {}
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            client = SecureClient(session, gateway.https_url, gateway.wss_url, str(cert))
+            status, document = await client.register("admin")
+            seen.update(document["credentials"])
+            seen["token"] = (await client.token_reply(Credentials(**_ids(document)).basic()))[1]["access_token"]
+            assert (await client.update(seen["token"], SEED))[0] == 200
+            assert (await client.update(seen["token"] + "x", SEED))[0] == 401
+
+    asyncio.run(main())
+    assert gateway.stop() == 0
+    log = "\n".join(gateway.stderr_lines)
+    from broker.security.clients import secret_digest
+    from broker.security.keys import fingerprint
+
+    assert f"tls_fingerprint_sha256={fingerprint(cert.read_bytes())}" in log
+    for secret in (seen["client_secret"], seen["token"], secret_digest(seen["client_secret"])):
+        assert secret not in log
+
+
+def _ids(document: dict[str, Any]) -> dict[str, str]:
+    return {key: document["credentials"][key] for key in ("client_id", "client_secret")}

@@ -1,0 +1,267 @@
+"""Slow, stalled and vanished subscribers cannot hurt the gateway or the other clients.
+
+What it protects (PROTOCOL.md "Liveness", the WebSocket gate's per-connection queues, and the
+`websocket.queue_limit` / `websocket.heartbeat_s` settings of systemd/sepa-gateway.toml):
+
+(a) a subscriber that stops reading while updates flow does not delay anyone else: the
+    notification latency of a healthy subscriber and the update replies stay what they are without
+    the stalled one (percentiles compared over a few hundred updates, with a generous margin), and
+    the stalled connection really is backed up meanwhile. With a small `queue_limit` the stalled
+    client is disconnected, its subscription ended and its socket freed, and the gateway logs why;
+(b) a client that vanishes without a close frame is noticed: one that stops answering pings is
+    dropped within the heartbeat (its subscriptions end, its socket is freed, even when it also
+    had unread data piling up), and a killed client process is dropped at once. A healthy client
+    on the same gateway stays connected through several heartbeats.
+
+The misbehaving clients are raw sockets (`RawWebSocket`) that complete the WebSocket handshake and
+then simply stop reading and never answer pings; a small SO_RCVBUF makes the stall back up fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.broker.gates.subscribe_support import (
+    RawWebSocket,
+    RunningGateway,
+    holds_connection_from,
+    post_update,
+    receive_json,
+    send_queue_to,
+    subscribe,
+    wait_for_metric,
+)
+
+EX = "http://example.org/slow/"
+SUBJECT, PREDICATE = f"<{EX}s>", f"<{EX}p>"
+ROOT = Path(__file__).resolve().parents[3]
+QUERY = f"SELECT ?o WHERE {{ {SUBJECT} {PREDICATE} ?o }}"
+TINY_RECEIVE_BUFFER = 4096
+
+
+def replace_value(index: int, size: int) -> str:
+    """An update whose notification carries one removed and one added literal of about `size` bytes."""
+    value = f"{index}-" + "x" * size
+    return f'DELETE WHERE {{ {SUBJECT} {PREDICATE} ?o }} ; INSERT DATA {{ {SUBJECT} {PREDICATE} "{value}" }}'
+
+
+def stalled_subscriber(gateway: RunningGateway) -> RawWebSocket:
+    """A client that subscribes, reads its sequence-0 notification and then never reads again."""
+    client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER)
+    client.send_json({"subscribe": {"sparql": QUERY, "alias": "stalled"}})
+    assert client.receive_json()["notification"]["sequence"] == 0
+    return client
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    return statistics.quantiles(samples, n=100, method="inclusive")[round(fraction * 100) - 1]
+
+
+async def updates_with_latency(
+    session: aiohttp.ClientSession,
+    gateway: RunningGateway,
+    ws: aiohttp.ClientWebSocketResponse,
+    start: int,
+    count: int,
+    size: int,
+) -> tuple[list[float], list[float]]:
+    """Run `count` updates; per update, the time to the HTTP reply and to the healthy notification."""
+    loop = asyncio.get_running_loop()
+    replies, latencies = [], []
+    for index in range(start, start + count):
+        sent = loop.time()
+        await post_update(session, gateway, replace_value(index, size))
+        replied = loop.time()
+        notification = (await receive_json(ws))["notification"]
+        received = loop.time()
+        assert notification["addedResults"]["results"]["bindings"][0]["o"]["value"].startswith(f"{index}-")
+        replies.append(replied - sent)
+        latencies.append(received - sent)
+    return replies, latencies
+
+
+def test_a_stalled_subscriber_does_not_delay_the_others(gateway: RunningGateway) -> None:
+    updates, size = 300, 8000  # ~16 kB per notification: ~5 MB for the stalled client, far past its buffers
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            await updates_with_latency(session, gateway, ws, 0, 20, size)  # warm-up
+            alone_replies, alone = await updates_with_latency(session, gateway, ws, 100, updates, size)
+
+            stalled = await asyncio.get_running_loop().run_in_executor(None, stalled_subscriber, gateway)
+            try:
+                with_replies, with_stalled = await updates_with_latency(session, gateway, ws, 1000, updates, size)
+                # The stall was real: the stalled subscription is still there and its socket is backed up.
+                assert await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value >= 2) == 2
+                backlog = send_queue_to(gateway, stalled.local_port)
+                if backlog is not None:
+                    assert backlog > 64 * 1024, f"the stalled client was not backed up (send queue {backlog} B)"
+            finally:
+                stalled.close()
+
+        report = (
+            f"healthy NL p50/p95 alone {percentile(alone, 0.5) * 1e3:.2f}/{percentile(alone, 0.95) * 1e3:.2f} ms, "
+            f"with a stalled subscriber {percentile(with_stalled, 0.5) * 1e3:.2f}/"
+            f"{percentile(with_stalled, 0.95) * 1e3:.2f} ms"
+        )
+        for fraction, margin in ((0.5, 0.005), (0.95, 0.015)):
+            assert percentile(with_stalled, fraction) <= 3 * percentile(alone, fraction) + margin, report
+            assert percentile(with_replies, fraction) <= 3 * percentile(alone_replies, fraction) + margin, report
+
+    asyncio.run(scenario())
+
+
+def test_a_stalled_subscriber_past_the_queue_limit_is_disconnected_and_logged(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    gateway = start_gateway(toml="[websocket]\nqueue_limit = 20\n")
+    stalled = stalled_subscriber(gateway)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 2)
+            await updates_with_latency(session, gateway, ws, 0, 70, 60_000)  # ~8 MB: past the kernel buffers
+            # Only the healthy subscriber and its connection remain.
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 1)
+            await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)
+
+    try:
+        asyncio.run(scenario())
+        wait_until_released(gateway, stalled.local_port)
+    finally:
+        stalled.close()
+    lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
+    assert len(lines) == 1, gateway.log()
+    assert re.search(r"level=warning .*queue full", lines[0]), lines[0]
+
+
+def wait_until_released(gateway: RunningGateway, client_port: int, timeout: float = 5.0) -> None:
+    """The gateway process no longer holds a socket for that client (checked where /proc exists)."""
+    deadline = time.monotonic() + timeout
+    while (held := holds_connection_from(gateway, client_port)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not held, f"the gateway still holds the connection of client port {client_port}"
+
+
+HEARTBEAT_S = 1.0
+
+
+def test_a_client_that_stops_answering_pings_is_dropped_within_the_heartbeat(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    gateway = start_gateway(toml=f"[websocket]\nheartbeat_s = {HEARTBEAT_S}\n")
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as healthy:
+            # aiohttp answers pings while the socket is being read, as a live client's socket always is.
+            inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+            async def read_forever() -> None:
+                async for message in healthy:
+                    inbox.put_nowait(json.loads(message.data))
+
+            reader = asyncio.create_task(read_forever())
+            connected = time.monotonic()
+            await healthy.send_json({"subscribe": {"sparql": QUERY, "alias": "healthy"}})
+            first = (await asyncio.wait_for(inbox.get(), 5))["notification"]
+            silent = RawWebSocket(gateway.ws_port)
+            try:
+                silent.send_json({"subscribe": {"sparql": QUERY, "alias": "silent"}})
+                assert silent.receive_json()["notification"]["sequence"] == 0
+                went_silent = time.monotonic()  # from now on it neither reads nor answers pings
+                await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 2)
+                await wait_for_metric(
+                    session, gateway, "sepa_subscriptions", lambda value: value == 1, timeout=4 * HEARTBEAT_S
+                )
+                detected = time.monotonic() - went_silent
+                assert detected <= 2 * HEARTBEAT_S + 0.5, f"detected after {detected:.2f} s"
+                await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 1)
+                await asyncio.get_running_loop().run_in_executor(None, wait_until_released, gateway, silent.local_port)
+            finally:
+                silent.close()
+            # The client that answers pings is still connected after more than two heartbeats.
+            await asyncio.sleep(max(0.0, connected + 2.5 * HEARTBEAT_S - time.monotonic()))
+            await post_update(session, gateway, f"INSERT DATA {{ {SUBJECT} {PREDICATE} 1 }}")
+            notification = (await asyncio.wait_for(inbox.get(), 5))["notification"]
+            assert (notification["spuid"], notification["sequence"]) == (first["spuid"], 1)
+            assert not healthy.closed
+            reader.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_stalled_client_dropped_by_the_heartbeat_releases_its_socket(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Unread data must not keep a dead client's socket open: aborted, not closed gracefully."""
+    gateway = start_gateway(toml=f"[websocket]\nheartbeat_s = {HEARTBEAT_S}\n")  # default queue_limit: the
+    stalled = stalled_subscriber(gateway)  # heartbeat, not the queue, has to catch this one
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            for index in range(70):  # ~8 MB of notifications: more than the kernel buffers take
+                await post_update(session, gateway, replace_value(index, 60_000))
+            backlog = send_queue_to(gateway, stalled.local_port)
+            if backlog is not None and backlog == 0:
+                pytest.fail("the gateway sent everything: the client did not stall")
+            await wait_for_metric(
+                session, gateway, "sepa_subscriptions", lambda value: value == 0, timeout=4 * HEARTBEAT_S
+            )
+
+    try:
+        asyncio.run(scenario())
+        wait_until_released(gateway, stalled.local_port)
+    finally:
+        stalled.close()
+
+
+KILLABLE_CLIENT = """
+import sys, time
+from tests.broker.gates.subscribe_support import RawWebSocket
+client = RawWebSocket(int(sys.argv[1]))
+client.send_json({"subscribe": {"sparql": sys.argv[2], "alias": "doomed"}})
+assert client.receive_json()["notification"]["sequence"] == 0
+print("subscribed", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_client_process_is_dropped_at_once(gateway: RunningGateway) -> None:
+    """No close frame, no heartbeat needed (the default is 30 s): the lost TCP connection suffices."""
+    gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 0)
+    client = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_CLIENT, str(gateway.ws_port), QUERY],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,  # the checkout, where `tests` is a package
+    )
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline().strip() == "subscribed"
+        gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 1)
+        client.send_signal(signal.SIGKILL)
+        client.wait(timeout=5)
+        gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 0, timeout=3.0)
+        gateway.wait_for_metric("sepa_ws_connections", lambda value: value == 0)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+        if client.stdout is not None:
+            client.stdout.close()

@@ -1,0 +1,344 @@
+"""`sepa-gateway run` as an operator and systemd see it: a real process, real ports, real signals.
+
+Protects: the "serving" log line lists the URLs really served (ports chosen by the OS included);
+SIGTERM and SIGINT exit 0 after finishing an in-flight update, whose client gets its 200 reply,
+and the on-disk store then holds the whole update or none of it, never part; `--data-dir`
+persists across restarts; a port in use or a bad configuration (unknown section or key, wrong
+type, invalid value, invalid TOML, unreadable or missing file) is ONE line on stderr and exit
+code 2; `--config systemd/sepa-gateway.toml` runs; and the annotated systemd/sepa-gateway.toml
+documents exactly the defaults the code uses.
+"""
+
+from __future__ import annotations
+
+import http.client
+import signal
+import socket
+import subprocess
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from gateway.appliance.cli import main as cli_main
+from gateway.appliance.config import Config, load_config
+
+if TYPE_CHECKING:
+    from tools.launcher import RunningGateway
+
+REPO = Path(__file__).resolve().parents[4]
+SYSTEMD_CONFIG = REPO / "systemd" / "sepa-gateway.toml"
+EX = "http://example.org/run/"
+BIG = 200  # the big update inserts BIG * BIG quads
+COUNT = f"SELECT (COUNT(*) AS ?n) WHERE {{ ?s <{EX}big> ?o }}"
+
+
+def big_update() -> str:
+    numbers = " ".join(str(n) for n in range(BIG))
+    return (
+        f"INSERT {{ ?s <{EX}big> ?b }} WHERE {{ VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} "
+        f'BIND(IRI(CONCAT("{EX}s", STR(?a))) AS ?s) }}'
+    )
+
+
+def count_big(gateway: RunningGateway) -> int:
+    return int(gateway.select(COUNT)[0]["n"])
+
+
+def assert_one_line_exit_2(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and result.stderr.endswith("\n"), result.stderr
+    assert lines[0].startswith("sepa-gateway: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+class UpdateInFlight:
+    """A big update sent on its own connection from a thread; `reply` is (status, body) or the
+    exception the client saw."""
+
+    def __init__(self, gateway: RunningGateway) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=60)
+        self.sent = threading.Event()
+        self.reply: tuple[int, bytes] | Exception | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.connection.request(
+                "POST", "/update", big_update().encode(), {"Content-Type": "application/sparql-update"}
+            )
+            self.sent.set()
+            response = self.connection.getresponse()
+            self.reply = (response.status, response.read())
+        except Exception as error:  # noqa: BLE001 - the client's view is what the test checks
+            self.reply = error
+        finally:
+            self.sent.set()
+            self.connection.close()
+
+    def result(self, timeout: float = 60.0) -> tuple[int, bytes] | Exception | None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the update client never finished"
+        return self.reply
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+# -- serving ---------------------------------------------------------------------------------
+
+
+def test_run_logs_the_urls_it_serves(start_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = start_gateway()
+    http_port, ws_port = gateway.http_port, gateway.ws_port
+    assert http_port != 0 and ws_port != 0 and http_port != ws_port
+    assert gateway.urls == [
+        f"http://127.0.0.1:{http_port}/query",
+        f"http://127.0.0.1:{http_port}/update",
+        f"ws://127.0.0.1:{ws_port}/subscribe",
+        f"ws://127.0.0.1:{http_port}/subscribe",
+        f"http://127.0.0.1:{http_port}/metrics",
+        f"http://127.0.0.1:{http_port}/scheduled",
+    ]
+    serving = next(line for line in gateway.stderr_lines if "sepa-gateway serving" in line)
+    assert "store=memory" in serving and "mode=incremental" in serving
+    assert gateway.request("GET", urlsplit(gateway.urls[0]).path + "?query=ASK%7B%7D").json()["boolean"] is True
+    assert gateway.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 1 }}").status == 200
+    assert gateway.request("GET", urlsplit(gateway.urls[4]).path).status == 200
+    for url in gateway.urls[2:4]:  # both subscribe URLs accept a WebSocket handshake
+        port = urlsplit(url).port
+        assert port is not None
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+            connection.sendall(
+                b"GET /subscribe HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            assert connection.recv(4096).startswith(b"HTTP/1.1 101 "), url
+    started = time.monotonic()
+    assert gateway.stop(signal.SIGTERM) == 0
+    assert time.monotonic() - started < 10
+    assert gateway.stderr_lines[-1].endswith('msg="sepa-gateway stopped"'), gateway.stderr_lines
+
+
+def test_data_dir_persists_across_restart(start_gateway: Callable[..., RunningGateway], tmp_path: Path) -> None:
+    data_dir = tmp_path / "store"
+    first = start_gateway(data_dir=data_dir)
+    assert any(f"store={data_dir}" in line for line in first.stderr_lines)
+    assert (
+        first.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 'kept' . GRAPH <{EX}g> {{ <{EX}s> <{EX}p> 2 }} }}").status == 200
+    )
+    assert first.stop() == 0
+    second = start_gateway(data_dir=data_dir)
+    rows = second.select(
+        f"SELECT ?g ?o WHERE {{ {{ <{EX}s> <{EX}p> ?o }} UNION {{ GRAPH ?g {{ <{EX}s> <{EX}p> ?o }} }} }}"
+    )
+    assert sorted((row.get("g", ""), row["o"]) for row in rows) == [("", "kept"), (f"{EX}g", "2")]
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_finishes_the_in_flight_update(
+    start_gateway: Callable[..., RunningGateway], tmp_path: Path, signum: int
+) -> None:
+    """The signal arrives while the update is being processed: its client gets 200 with the full
+    count, the process exits 0, and after a restart the store holds the whole update."""
+    data_dir = tmp_path / "store"
+    gateway = start_gateway(data_dir=data_dir)
+    update = UpdateInFlight(gateway)
+    wait_until(lambda: update.reply is not None or gateway.metrics()["sepa_scheduler_in_flight"] == 1)
+    assert update.reply is None, f"the update finished before the signal: {update.reply!r}"
+    assert gateway.stop(signum) == 0, gateway.stderr_lines
+    reply = update.result()
+    assert isinstance(reply, tuple), f"the in-flight update got no reply: {reply!r}"
+    status, body = reply
+    assert status == 200, body
+    assert b'"added": 40000' in body
+    assert any("stopping" in line for line in gateway.stderr_lines)
+    assert any("sepa-gateway stopped" in line for line in gateway.stderr_lines)
+    assert count_big(start_gateway(data_dir=data_dir)) == BIG * BIG
+
+
+def test_sigterm_right_after_sending_is_all_or_nothing(
+    start_gateway: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    """SIGTERM as soon as the request bytes are sent: the client gets 200 (then the update is
+    all there after restart) or a cleanly closed connection (then all or nothing is there)."""
+    data_dir = tmp_path / "store"
+    gateway = start_gateway(data_dir=data_dir)
+    update = UpdateInFlight(gateway)
+    assert update.sent.wait(10)
+    assert gateway.stop(signal.SIGTERM) == 0, gateway.stderr_lines
+    reply = update.result()
+    count = count_big(start_gateway(data_dir=data_dir))
+    if isinstance(reply, tuple):
+        assert reply[0] == 200, reply
+        assert count == BIG * BIG
+    else:
+        assert isinstance(reply, ConnectionError | http.client.RemoteDisconnected), repr(reply)
+        assert count in (0, BIG * BIG)
+
+
+# -- startup failures ------------------------------------------------------------------------
+# The cases named by the operator's contract run as real `sepa-gateway run` processes (concurrently,
+# once per module); the other configuration errors go through the same command in process.
+
+CONFIG_CASES: dict[str, tuple[bytes | None, str]] = {
+    "unknown-key": (b"[http]\nprot = 8000\n", "http.prot"),
+    "wrong-type": (b'[http]\nport = "8000"\n', "http.port"),
+    "invalid-toml": (b"[http\nport = 8000\n", "not valid TOML"),
+    "missing-file": (None, "cannot read"),
+}
+MORE_CONFIG_CASES: dict[str, tuple[bytes | None, str]] = {
+    "unknown-section": (b"[htp]\nport = 8000\n", "[htp]"),
+    "bool-for-int": (b"[scheduler]\nqueue_size = true\n", "scheduler.queue_size"),
+    "float-for-int": (b"[http]\nmax_request_bytes = 1.5\n", "http.max_request_bytes"),
+    "section-not-table": (b"http = 8000\n", "[http]"),
+    "invalid-value": (b'[engine]\nmode = "fast"\n', "engine.mode"),
+    "out-of-range": (b"[websocket]\nport = 70000\n", "websocket.port"),
+    "not-positive": (b"[scheduler]\nqueue_size = 0\n", "scheduler.queue_size"),
+    "not-utf8": (b'[http]\nhost = "\xff"\n', "not valid TOML"),
+    "directory": (None, "cannot read"),
+}
+LOCAL = ("--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0")
+Refused = tuple[dict[str, "subprocess.CompletedProcess[str]"], int, Path]
+
+
+def _config_file(folder: Path, case: str, content: bytes | None) -> Path:
+    path = folder / f"{case}.toml"
+    if case == "directory":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    return path
+
+
+@pytest.fixture(scope="module")
+def refused_starts(tmp_path_factory: pytest.TempPathFactory, gateway_command: list[str]) -> Iterator[Refused]:
+    """{case: completed process} for the startups that must fail, the busy port, the bad data dir."""
+    folder = tmp_path_factory.mktemp("refused")
+    invocations = {
+        f"config:{case}": ["--config", str(_config_file(folder, case, content)), *LOCAL]
+        for case, (content, _) in CONFIG_CASES.items()
+    }
+    not_a_directory = folder / "file"
+    not_a_directory.write_text("x")
+    invocations["data-dir"] = [*LOCAL, "--data-dir", str(not_a_directory)]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        busy = blocker.getsockname()[1]
+        invocations["port:http"] = ["--host", "127.0.0.1", "--http-port", str(busy), "--ws-port", "0"]
+        invocations["port:ws"] = ["--host", "127.0.0.1", "--http-port", "0", "--ws-port", str(busy)]
+
+        def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*gateway_command, "run", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+            )
+
+        with ThreadPoolExecutor(max_workers=len(invocations)) as pool:
+            futures = {case: pool.submit(run, args) for case, args in invocations.items()}
+            results = {case: future.result() for case, future in futures.items()}
+    yield results, busy, not_a_directory
+
+
+@pytest.mark.parametrize("which", ["http", "ws"])
+def test_port_in_use_is_one_line_and_exit_2(refused_starts: Refused, which: str) -> None:
+    results, busy, _ = refused_starts
+    assert_one_line_exit_2(results[f"port:{which}"], str(busy), "in use")
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_bad_config_is_one_line_and_exit_2(refused_starts: Refused, case: str) -> None:
+    assert_one_line_exit_2(refused_starts[0][f"config:{case}"], "bad configuration", CONFIG_CASES[case][1])
+
+
+def test_unusable_data_dir_is_one_line_and_exit_2(refused_starts: Refused) -> None:
+    results, _, not_a_directory = refused_starts
+    assert_one_line_exit_2(results["data-dir"], "data directory", str(not_a_directory))
+
+
+@pytest.mark.parametrize("case", [*MORE_CONFIG_CASES, "cli-port"])
+def test_more_bad_configs_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    """The command's `main` refuses these before serving anything: one line, exit 2."""
+    if case == "cli-port":
+        argv, fragment = ["run", "--http-port", "65536"], "http.port"
+    else:
+        content, fragment = MORE_CONFIG_CASES[case]
+        argv = ["run", "--config", str(_config_file(tmp_path, case, content)), *LOCAL]
+    code = cli_main(argv)
+    captured = capsys.readouterr()
+    assert_one_line_exit_2(subprocess.CompletedProcess(argv, code, captured.out, captured.err), fragment)
+
+
+# -- the systemd configuration ---------------------------------------------------------------
+
+
+def test_systemd_config_runs(start_gateway: Callable[..., RunningGateway]) -> None:
+    # its ports are overridden by --http-port/--ws-port 0; its MQTT login exists only where installed
+    gateway = start_gateway("--no-mqtt", config=SYSTEMD_CONFIG)
+    assert gateway.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 1 }}").json()["added"] == 1
+    assert gateway.ask(f"ASK {{ <{EX}s> <{EX}p> 1 }}")
+
+
+def _leaves(instance: Any, prefix: str = "") -> dict[str, Any]:
+    """Every setting of a config dataclass, as {"section.key": value}."""
+    found: dict[str, Any] = {}
+    for item in fields(instance):
+        value = getattr(instance, item.name)
+        if is_dataclass(value):
+            found.update(_leaves(value, f"{prefix}{item.name}."))
+        elif item.name == "adapters":  # the plug-ins' sections, [mqtt]...
+            for name, section in value.items():
+                found.update(_leaves(section, f"{prefix}{name}."))
+        else:
+            found[f"{prefix}{item.name}"] = value
+    return found
+
+
+# the installed appliance's two choices (secure by default): the only settings that differ from the defaults
+INSTALLED_CHOICES = {
+    "security.enabled": True,
+    "http.host": "127.0.0.1",
+    "mqtt.username": "sepa-gateway",
+    "mqtt.password_file": "/etc/sepa-gateway/mqtt-password",
+}
+
+
+def test_systemd_config_documents_exactly_the_defaults() -> None:
+    installed = _leaves(load_config(SYSTEMD_CONFIG))
+    defaults = _leaves(Config())
+    changed = {key: value for key, value in installed.items() if value != defaults[key]}
+    assert changed == INSTALLED_CHOICES
+    data = tomllib.loads(SYSTEMD_CONFIG.read_text(encoding="utf-8"))
+    documented = {f"{section}.{key}" for section, table in data.items() for key in table}
+    assert documented == set(_leaves(Config())), "systemd/sepa-gateway.toml must show every setting"
+
+
+def test_plain_gates_on_a_network_address_without_security_are_logged_as_insecure(gateway_command) -> None:
+    from tools.launcher import launch_gateway
+
+    for host, warned in (("0.0.0.0", True), ("127.0.0.1", False)):
+        running = launch_gateway("--host", host)
+        try:
+            time.sleep(0.2)
+            assert any("INSECURE" in line for line in running.stderr_lines) is warned, running.stderr_lines
+        finally:
+            assert running.stop() == 0

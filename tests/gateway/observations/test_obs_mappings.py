@@ -1,0 +1,180 @@
+"""Mappings from the config file and as RDF (the Topics Manager).
+
+What it protects: the `[[mqtt.mappings]]` TOML shape, MappingErrors that name the entry, and the
+round trip config -> RDF in the mappings graph -> MAPPINGS_QUERY rows -> the same Mappings, so a
+mapping added or changed with SPARQL is what the adapter's Mapper gets.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from adapters.mqtt.profiles import default_profiles
+from gateway.observations import (
+    MAPPINGS_QUERY,
+    Mapper,
+    MappingError,
+    mappings_from_config,
+    mappings_from_rdf,
+    mappings_update,
+)
+from tests.gateway.observations.conftest import Store
+
+CONFIG = """
+[[mqtt.mappings]]
+id = "boiler"
+topic = "plant/{room}/boiler"
+extract = "json"
+path = "sensors[0].value"
+property = "temperature"
+unit = "degF"
+sensor = "urn:example:boiler/{room}"
+feature = "urn:example:room/{room}"
+time_path = "ts"
+
+[[mqtt.mappings]]
+id = "leak"
+topic = "plant/{room}/leak"
+extract = "boolean"
+true_words = ["wet"]
+false_words = ["dry"]
+property = "gw:waterLeak"
+sensor = "urn:example:leak/{room}"
+order = -1
+
+[[mqtt.mappings]]
+id = "meter"
+topic = "meters/{id}"
+extract = "fields"
+sensor = "urn:example:meter/{id}"
+[[mqtt.mappings.fields]]
+key = "P"
+property = "power"
+unit = "kW"
+[[mqtt.mappings.fields]]
+key = "E.total"
+property = "energy"
+"""
+
+
+def test_config_shape() -> None:
+    mappings = mappings_from_config(tomllib.loads(CONFIG)["mqtt"]["mappings"])
+    assert [m.id for m in mappings] == ["boiler", "leak", "meter"]
+    mapper = Mapper(mappings)
+    (reading,) = mapper.readings("meters/7", b'{"P": 1.5}', 1)
+    assert reading.unit == "http://qudt.org/vocab/unit/KiloW"
+    assert mapper.readings("plant/attic/leak", b"dry", 1)[0].value is False
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"id": "x", "topic": "a", "extract": "number"}, r"mqtt.mappings\[0\] \(id 'x'\): 'sensor'"),
+        ({"topic": "a", "extract": "number"}, "'id' is required"),
+        ({"id": "x", "topic": "a/#/b", "extract": "ignore"}, "last level"),
+        ({"id": "x", "topic": "a", "extract": "xml"}, "unknown extract 'xml'"),
+        (
+            {"id": "x", "topic": "a", "extract": "regex", "sensor": "urn:s", "property": "temperature", "pattern": "("},
+            "pattern",
+        ),
+        (
+            {
+                "id": "x",
+                "topic": "a",
+                "extract": "regex",
+                "sensor": "urn:s",
+                "property": "temperature",
+                "pattern": "[0-9]+",
+            },
+            "named group",
+        ),
+        ({"id": "x", "topic": "a", "extract": "json", "sensor": "urn:s", "property": "temperature"}, "'path'"),
+        (
+            {"id": "x", "topic": "a/{r}", "extract": "number", "sensor": "urn:s/{room}", "property": "temperature"},
+            "{room}",
+        ),
+        (
+            {"id": "x", "topic": "a", "extract": "number", "sensor": "not an iri", "property": "temperature"},
+            "absolute IRI",
+        ),
+        ({"id": "x", "topic": "a", "extract": "number", "sensor": "urn:s", "property": "flux"}, "known property"),
+        (
+            {
+                "id": "x",
+                "topic": "a",
+                "extract": "number",
+                "sensor": "urn:s",
+                "property": "temperature",
+                "unit": "furlong",
+            },
+            "unit",
+        ),
+        ({"id": "x", "topic": "a", "extract": "number", "sensor": "urn:s>", "property": "temperature"}, "IRI"),
+        ({"id": "x", "topic": "a", "extract": "number", "colour": "red"}, "unknown key"),
+    ],  # fmt: skip
+)
+def test_config_errors_name_the_entry(entry: dict, message: str) -> None:
+    with pytest.raises(MappingError, match=message):
+        mappings_from_config([entry])
+
+
+def test_duplicate_ids() -> None:
+    entry = {"id": "x", "topic": "a", "extract": "ignore"}
+    with pytest.raises(MappingError, match="used twice"):
+        mappings_from_config([entry, entry])
+
+
+def rows(store: Store) -> list[dict]:
+    return store.rows(MAPPINGS_QUERY)
+
+
+def test_rdf_round_trip_through_the_store() -> None:
+    store = Store()
+    mappings = [*mappings_from_config(tomllib.loads(CONFIG)["mqtt"]["mappings"]), *default_profiles()]
+    store.engine.update(mappings_update(mappings))
+    back = mappings_from_rdf(rows(store))
+    assert sorted(back, key=lambda m: m.id) == sorted(mappings, key=lambda m: m.id)
+    assert Mapper(back).subscriptions() == Mapper(mappings).subscriptions()
+    store.engine.update(mappings_update(mappings))  # rewriting is idempotent
+    assert sorted(mappings_from_rdf(rows(store)), key=lambda m: m.id) == sorted(mappings, key=lambda m: m.id)
+
+
+def test_topics_manager_edits_with_sparql() -> None:
+    store = Store()
+    store.engine.update(mappings_update(default_profiles()))
+    store.engine.update(
+        """PREFIX gw: <http://w3id.org/sepa-gateway/ns#>
+        INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> {
+          <urn:sepa-gateway:mapping:pepoli> a gw:TopicMapping ; gw:mappingId "pepoli" ;
+            gw:topicFilter "pepoli/6lowpan/network/{node}/Temperature" ; gw:extract "number" ;
+            gw:sensorTemplate "urn:arces:pepoli/{node}" ; gw:propertyTemplate "temperature" ; gw:order -5 .
+          <urn:sepa-gateway:mapping:broken> a gw:TopicMapping ; gw:mappingId "broken" ;
+            gw:topicFilter "x/#/y" ; gw:extract "ignore" .
+        } }"""
+    )
+    errors: list[MappingError] = []
+    mapper = Mapper(mappings_from_rdf(rows(store), errors))
+    assert len(errors) == 1 and "broken" in str(errors[0]) and "last level" in str(errors[0])
+    (reading,) = mapper.readings("pepoli/6lowpan/network/NODO1/Temperature", b"23.4", 1)
+    assert reading.sensor == "urn:arces:pepoli/NODO1"
+    with pytest.raises(MappingError, match="broken"):
+        mappings_from_rdf(rows(store))
+    store.engine.update(
+        """DELETE WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> {
+          <urn:sepa-gateway:mapping:zigbee2mqtt> ?p ?o } }"""
+    )
+    remaining = {m.id for m in mappings_from_rdf(rows(store), [])}
+    assert "zigbee2mqtt" not in remaining and "pepoli" in remaining
+
+
+def test_two_values_for_one_term_are_an_error() -> None:
+    store = Store()
+    store.engine.update(mappings_update(default_profiles()[-1:]))
+    store.engine.update(
+        """INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> {
+          <urn:sepa-gateway:mapping:gateway-generic> <http://w3id.org/sepa-gateway/ns#extract> "json" } }"""
+    )
+    with pytest.raises(MappingError, match="2 values for gw:extract"):
+        mappings_from_rdf(rows(store))
