@@ -383,7 +383,7 @@ class InProcessGateway(Endpoint):
 
 
 def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
-    """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (tests/adapters/mqtt run the adapter on their own broker)."""
+    """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (the MQTT tests run it on their own broker)."""
     config.adapter("mqtt").enabled = False
     config.http.host = "127.0.0.1"
     config.http.port = 0
