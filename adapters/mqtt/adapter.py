@@ -147,14 +147,12 @@ class MqttAdapter:
             readings, self.gateway_id, self.cache
         )
         try:
-            summary = await self.client.update(request)
+            summary = await self.client.update(request, quads=True)  # the mirror moves with the quads
         except BaseException:
             self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
             raise
-        if summary.result is not None:
-            self.cache.apply(summary.result.added, summary.result.removed)
-        else:
-            self.cache.clear()
+        assert summary.result is not None  # asked for: every transport returns the quads
+        self.cache.apply(summary.result.added, summary.result.removed)
         self.readings += len(readings)
         self.observations_committed += len(readings)
         if not self.cache.complete:

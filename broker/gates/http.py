@@ -9,6 +9,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, MultiDict, MultiDictProxy
+from pyoxigraph import Quad, RdfFormat
+from pyoxigraph import serialize as rdf_serialize
 
 from broker.core.access import GraphAccess
 from broker.core.clock import rfc3339
@@ -164,7 +166,7 @@ class HttpGate:
             result = await self.scheduler.update(
                 sparql, base_iri=_endpoint(request), yield_to_loop=False, access=access
             )
-            return _update_reply(result)
+            return _update_reply(result, request)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
@@ -181,7 +183,7 @@ class HttpGate:
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
         result = await self.scheduler.update(sparql, yield_to_loop=False, access=access, **options)  # type: ignore[arg-type]
-        return _update_reply(result)
+        return _update_reply(result, request)
 
     async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
         """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own)."""
@@ -224,15 +226,35 @@ def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, obj
     return shown
 
 
-def _update_reply(result: UpdateResult) -> web.Response:
+def _update_reply(result: UpdateResult, request: web.BaseRequest) -> web.Response:
     """200 with the counts, as ``json.dumps(result.to_json())`` spells them, formatted directly (the
-    reply of every update: json.dumps and text encoding cost more than the formatting)."""
+    reply of every update: json.dumps and text encoding cost more than the formatting).
+
+    With ``Prefer: return=representation`` (RFC 7240) the reply also holds the quads really added
+    and removed, as N-Quads text (docs/protocol.md): what an in-process client reads from its
+    UpdateResult, for every transport. Only the client's own update is shown, whose WHERE clause
+    could read only what the client may read."""
+    prefer = request.headers.get("Prefer")
+    if prefer is not None and "return=representation" in prefer.replace(" ", "").lower():
+        document = {
+            **result.to_json(),
+            "quads": {"added": _nquads(result.added), "removed": _nquads(result.removed)},
+        }
+        return web.Response(
+            text=json.dumps(document),
+            content_type="application/json",
+            headers={"Preference-Applied": "return=representation"},
+        )
     body = b'{"added": %d, "removed": %d, "notifications": %d}' % (
         len(result.added),
         len(result.removed),
         result.notifications,
     )
     return web.Response(body=body, headers=UPDATE_REPLY_HEADERS)
+
+
+def _nquads(quads: frozenset[Quad]) -> str:
+    return rdf_serialize(sorted(quads, key=str), format=RdfFormat.N_QUADS).decode("utf-8") if quads else ""
 
 
 def _json(document: object, *, status: int = 200) -> web.Response:

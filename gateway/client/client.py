@@ -247,6 +247,7 @@ class SepaClient:
         using_named_graph_uri: Graphs = None,
         delay: None = None,
         at: None = None,
+        quads: bool = False,
     ) -> UpdateSummary: ...
 
     @overload
@@ -279,6 +280,7 @@ class SepaClient:
         using_named_graph_uri: Graphs = None,
         delay: Delay | None = None,
         at: Instant | None = None,
+        quads: bool = False,
     ) -> UpdateSummary | Scheduled:
         """Apply an update now, or have the broker apply it later (seed 001 §II-C, delayed update).
 
@@ -288,11 +290,17 @@ class SepaClient:
         :class:`Scheduled` once the broker has checked and stored it; its subscriptions are notified
         when it runs. A bad delay or instant is refused (invalid_request, 400) before anything is
         sent. `sparql` may be a :class:`~broker.api.Update` syntax tree (in-process
-        producers of large batches): a delayed one is stored as its text.
+        producers of large batches): a delayed one is stored as its text. With `quads`, the
+        summary's `result` holds the quads the update really added and removed, whatever the
+        transport (over the network the broker sends them on request: docs/protocol.md).
         """
         using, named = graph_list(using_graph_uri), graph_list(using_named_graph_uri)
         if delay is None and at is None:
-            return await self.transport.update(sparql, using_graph_uri=using, using_named_graph_uri=named)
+            return await self.transport.update(
+                sparql, using_graph_uri=using, using_named_graph_uri=named, quads=quads
+            )
+        if quads:
+            raise SepaClientError("invalid_request", "a delayed update has no quads to return yet", 400)
         delay_text, at_text = due_params(delay, at)
         return await self.transport.schedule(
             sparql if isinstance(sparql, str) else sparql.to_sparql(),

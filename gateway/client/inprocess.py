@@ -97,6 +97,7 @@ class InProcessTransport:
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
+        quads: bool = False,
     ) -> UpdateSummary:
         self._check_open()
         options = {"using_graph_uri": tuple(using_graph_uri), "using_named_graph_uri": tuple(using_named_graph_uri)}
@@ -107,7 +108,7 @@ class InProcessTransport:
                 result = await self.scheduler.update(sparql, **options)
         except SepaError as error:
             raise SepaClientError.from_engine(error) from error
-        return UpdateSummary.of(result)
+        return UpdateSummary.of(result, quads=quads)
 
     async def schedule(
         self,

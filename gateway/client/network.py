@@ -51,14 +51,14 @@ import urllib.parse
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aiohttp
-from pyoxigraph import RdfFormat, Triple, parse
+from pyoxigraph import Quad, RdfFormat, Triple, parse
 
-from broker.api import Notification, QueryResult, Row, Update, term_from_json
+from broker.api import Notification, QueryResult, Row, Update, UpdateResult, term_from_json
 from gateway.client.errors import SepaClientError, SepaConnectionError
 from gateway.client.oauth import OAuthSession
 from gateway.client.transport import NotificationSink, Scheduled, TransportSubscription, UpdateSummary
@@ -395,12 +395,18 @@ class NetworkTransport:
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
+        quads: bool = False,
     ) -> UpdateSummary:
+        """POST the update; with `quads`, ``Prefer: return=representation`` asks for its quads too."""
         if isinstance(sparql, Update):
             sparql = sparql.to_sparql()
         params = [("using-graph-uri", iri) for iri in using_graph_uri]
         params += [("using-named-graph-uri", iri) for iri in using_named_graph_uri]
-        status, content_type, body = await self._post(self.update_url, sparql, UPDATE_TYPE, params, "application/json")
+        headers = self._headers(UPDATE_TYPE, "application/json")
+        if quads:
+            headers["Prefer"] = "return=representation"
+        data = sparql.encode("utf-8")
+        status, content_type, body = await self._request("POST", self.update_url, data, headers, params)
         if status != 200:
             raise self._refusal(status, content_type, body)
         try:
@@ -413,7 +419,17 @@ class NetworkTransport:
             value = document.get(name, 0)
             return value if isinstance(value, int) else 0
 
-        return UpdateSummary(count("added"), count("removed"), count("notifications"))
+        summary = UpdateSummary(count("added"), count("removed"), count("notifications"))
+        if not quads:
+            return summary
+        shown = document.get("quads")
+        if not isinstance(shown, dict):
+            raise SepaClientError("bad_response", "the broker did not return the update's quads", status)
+        try:
+            added, removed = (_nquads(shown.get(name)) for name in ("added", "removed"))
+        except (SyntaxError, ValueError, TypeError) as error:
+            raise SepaClientError("bad_response", f"unreadable quads in the update's reply: {error}", status) from None
+        return replace(summary, result=UpdateResult(added, removed, summary.notifications))
 
     # -- delayed updates (this broker's extension of the update operation) -------------------------
 
@@ -808,3 +824,10 @@ class NetworkTransport:
         self._fail_pending(SepaConnectionError("connection_lost", "the client was closed"))
         if self._session is not None:
             await self._session.close()
+
+
+def _nquads(text: object) -> frozenset[Quad]:
+    """The quads of an update's reply (N-Quads text; "" for none)."""
+    if not isinstance(text, str):
+        raise TypeError("the quads are not text")
+    return frozenset(parse(text, format=RdfFormat.N_QUADS)) if text else frozenset()

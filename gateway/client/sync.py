@@ -109,6 +109,7 @@ class SyncSepaClient:
         using_named_graph_uri: Graphs = None,
         delay: None = None,
         at: None = None,
+        quads: bool = False,
     ) -> UpdateSummary: ...
 
     @overload
@@ -141,6 +142,7 @@ class SyncSepaClient:
         using_named_graph_uri: Graphs = None,
         delay: Delay | None = None,
         at: Instant | None = None,
+        quads: bool = False,
     ) -> UpdateSummary | Scheduled:
         """Apply an update now, or schedule it with `delay` / `at` (see :meth:`SepaClient.update`)."""
         return self._call(
@@ -150,6 +152,7 @@ class SyncSepaClient:
                 using_named_graph_uri=using_named_graph_uri,
                 delay=delay,
                 at=at,
+                quads=quads,
             )
         )
 

@@ -28,10 +28,11 @@ from gateway.client.errors import SepaClientError
 class UpdateSummary:
     """What an update changed, as the broker acknowledged it (after end of processing).
 
-    `added` / `removed` count the quads really added and removed (PROTOCOL.md: the reply counts
+    `added` / `removed` count the quads really added and removed (docs/protocol.md: the reply counts
     them); `notifications` is how many notifications the update produced (0 when the broker does
-    not say). `result` is the engine's full :class:`UpdateResult` (with the quads themselves) when
-    the in-process transport produced the summary, None over the network.
+    not say). `result` is the broker's :class:`UpdateResult` with the quads themselves when the
+    update was sent with ``quads=True``, by every transport alike (the MQTT adapter moves its mirror
+    of the latest view with them), else None.
     """
 
     added: int
@@ -40,8 +41,8 @@ class UpdateSummary:
     result: UpdateResult | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def of(cls, result: UpdateResult) -> UpdateSummary:
-        return cls(len(result.added), len(result.removed), result.notifications, result)
+    def of(cls, result: UpdateResult, *, quads: bool = False) -> UpdateSummary:
+        return cls(len(result.added), len(result.removed), result.notifications, result if quads else None)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -115,8 +116,10 @@ class Transport(Protocol):
         *,
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
+        quads: bool = False,
     ) -> UpdateSummary:
         """Apply an update; returns after the broker's end of processing; raises SepaClientError.
+        With `quads`, the summary carries the quads really added and removed (UpdateSummary.result).
 
         An Update syntax tree is handed to an in-process engine as is; a transport that sends text
         sends its `to_sparql()`.

@@ -683,3 +683,17 @@ def test_metrics_counters_move(gateway: RunningGateway, ex: str) -> None:
     assert after["sepa_updates_total"] == before["sepa_updates_total"] + 1
     assert after["sepa_http_updates_total"] == before.get("sepa_http_updates_total", 0) + 1
     assert after["sepa_http_queries_total"] == before.get("sepa_http_queries_total", 0) + 2
+
+
+def test_prefer_return_representation_adds_the_quads_of_the_update(gateway: RunningGateway, ex: str) -> None:
+    """RFC 7240: on request, the reply carries the update's own quads as N-Quads; never otherwise."""
+    headers = {"Content-Type": "application/sparql-update", "Prefer": "return=representation"}
+    sparql = f"INSERT DATA {{ GRAPH <{ex}g> {{ <{ex}pr> <{ex}p> 'é' }} }}"
+    reply = gateway.request("POST", "/update", sparql, headers)
+    assert reply.status == 200 and reply.headers["Preference-Applied"] == "return=representation"
+    body = reply.json()
+    assert (body["added"], body["removed"]) == (1, 0)
+    assert body["quads"] == {"added": f'<{ex}pr> <{ex}p> "é" <{ex}g> .\n', "removed": ""}
+    plain = gateway.update(f"DELETE DATA {{ GRAPH <{ex}g> {{ <{ex}pr> <{ex}p> 'é' }} }}")
+    assert plain.json() == {"added": 0, "removed": 1, "notifications": 0}
+    assert "Preference-Applied" not in plain.headers
