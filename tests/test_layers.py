@@ -169,3 +169,15 @@ def test_no_cycle_between_files() -> None:
         for source, targets in graph.items()
     }
     assert not _cycles(graph)
+
+
+def test_no_sys_path_manipulation() -> None:
+    """Tests, tools and examples import the project as packages (pytest puts the checkout on the
+    path for `tests`); none edits sys.path to reach a helper."""
+    offending = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and ast.unparse(node.value) == "sys":
+                offending.append(f"{module}:{node.lineno}")
+    assert not offending, "\n".join(offending)
