@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from broker.api import Engine, Scheduler
 from gateway.appliance.config import Config
-from tests.gateway.client.client_support import GatewayProcess
+from gateway.client import InProcessTransport, NetworkTransport, ReconnectPolicy, SepaClient
+from tests.gateway.client.client_support import Connect, GatewayProcess
 from tools.launcher import (
     STOP_TIMEOUT_S,
     InProcessGateway,
@@ -95,6 +97,28 @@ def restartable(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     for process in made:
         with contextlib.suppress(Exception):
             process.stop()
+
+
+@pytest.fixture(params=["inprocess", "network"])
+def transport_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def connect(transport_kind: str, request: pytest.FixtureRequest) -> Iterator[Connect]:
+    """A factory of clients of one broker, over the transport of this parametrization: every test
+    that takes it runs twice, in process (a fresh Engine behind a Scheduler) and over the network
+    against the module's `sepa-gateway run` (emptied first), so the two transports are held to
+    identical behaviour. Each call returns a new SepaClient (several clients of one broker)."""
+    if transport_kind == "inprocess":
+        scheduler = Scheduler(Engine())
+        yield lambda: SepaClient(InProcessTransport(scheduler))
+        scheduler.close()
+        return
+    gateway: RunningGateway = request.getfixturevalue("gateway")
+    gateway.post_update("DROP ALL")
+    policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=0.5)
+    yield lambda: SepaClient(NetworkTransport(*gateway.endpoints, reconnect=policy))
 
 
 @pytest.fixture

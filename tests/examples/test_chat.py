@@ -26,7 +26,8 @@ import pytest
 from pyoxigraph import Literal
 
 from examples.chat.chat import ChatClient, load_jsap, main, messages_left
-from tests.gateway.client.client_support import Connect, GatewayProcess, eventually, run
+from tests.gateway.client.client_support import Connect, eventually, run
+from tools.launcher import RunningGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,10 +115,10 @@ def test_no_duplicate_when_a_row_changes_and_offline_delivery(connect: Connect) 
     run(body())
 
 
-def test_main_over_the_network_with_overridden_endpoints(gateway: GatewayProcess) -> None:
+def test_main_over_the_network_with_overridden_endpoints(gateway: RunningGateway) -> None:
     gateway.post_update("DROP ALL")
     command = [sys.executable, "-m", "examples.chat.chat", "--messages", "3"]
-    command += ["--url", f"http://127.0.0.1:{gateway.http_port}", "--ws-url", gateway.ws_url]
+    command += ["--url", f"http://127.0.0.1:{gateway.http_port}", "--ws-url", gateway.subscribe_url]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

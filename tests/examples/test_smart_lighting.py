@@ -31,7 +31,8 @@ from examples.smart_lighting.smart_lighting import (
 )
 from gateway.client import Producer, Scheduled, UpdateSummary
 from gateway.jsap import Jsap
-from tests.gateway.client.client_support import Connect, GatewayProcess, eventually, run
+from tests.gateway.client.client_support import Connect, eventually, run
+from tools.launcher import RunningGateway
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,10 +126,10 @@ def test_a_presence_already_reported_is_handled_when_the_aggregator_starts(conne
     run(body())
 
 
-def test_main_over_the_network(gateway: GatewayProcess) -> None:
+def test_main_over_the_network(gateway: RunningGateway) -> None:
     gateway.post_update("DROP ALL")
     command = [sys.executable, "-m", "examples.smart_lighting.smart_lighting", "--delay", "400"]
-    command += ["--url", f"http://127.0.0.1:{gateway.http_port}", "--ws-url", gateway.ws_url]
+    command += ["--url", f"http://127.0.0.1:{gateway.http_port}", "--ws-url", gateway.subscribe_url]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()

@@ -51,7 +51,7 @@ class GatewayProcess:
     subscribe_url = ws_url
 
     @property
-    def urls(self) -> tuple[str, str, str]:
+    def endpoints(self) -> tuple[str, str, str]:
         return self.query_url, self.update_url, self.ws_url
 
     def log(self) -> str:

@@ -18,7 +18,8 @@ from broker.api import Notification
 from gateway.client import Aggregator, Consumer, NetworkTransport, Producer, client_for
 from gateway.client.client import rows_as_bindings
 from gateway.jsap import Jsap
-from tests.gateway.client.client_support import Connect, GatewayProcess, eventually, run
+from tests.gateway.client.client_support import Connect, eventually, run
+from tools.launcher import RunningGateway
 
 CHAT = "http://wot.arces.unibo.it/chat"
 PERSON1, PERSON2 = f"{CHAT}#PersonURI1", f"{CHAT}#PersonURI2"
@@ -177,7 +178,7 @@ def test_consumer_callbacks_and_aggregator_failures(connect: Connect) -> None:
     run(body())
 
 
-def test_client_for_uses_the_jsap_urls(gateway: GatewayProcess) -> None:
+def test_client_for_uses_the_jsap_urls(gateway: RunningGateway) -> None:
     gateway.post_update("DROP ALL")
     jsap = chat_jsap(gateway.http_port, gateway.ws_port)
 
@@ -185,7 +186,7 @@ def test_client_for_uses_the_jsap_urls(gateway: GatewayProcess) -> None:
         client = client_for(jsap, "SENT")
         transport = client.transport
         assert isinstance(transport, NetworkTransport)
-        assert (transport.query_url, transport.update_url, transport.subscribe_url) == gateway.urls
+        assert (transport.query_url, transport.update_url, transport.subscribe_url) == gateway.endpoints
         assert transport.reconnect.enabled  # "reconnect": true
         async with client:
             sub = await client.subscribe(jsap.query_text("USERS"), "USERS")

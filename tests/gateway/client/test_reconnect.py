@@ -31,6 +31,7 @@ from gateway.client import (
     SepaConnectionError,
 )
 from tests.gateway.client.client_support import HOST, GatewayProcess, eventually, free_ports, run
+from tools.launcher import RunningGateway
 
 EX = "http://example.org/"
 PREFIX = f"PREFIX ex: <{EX}>\n"
@@ -44,7 +45,7 @@ def ex(local: str) -> NamedNode:
     return NamedNode(EX + local)
 
 
-def subscriptions_on(gateway: GatewayProcess) -> float:
+def subscriptions_on(gateway: RunningGateway) -> float:
     with urllib.request.urlopen(f"http://{HOST}:{gateway.http_port}/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
             name, _, value = line.rpartition(" ")
@@ -58,7 +59,7 @@ def test_kill_restart_delivers_one_diff_and_sequence_continues(restartable: Make
     gateway.post_update(PREFIX + "INSERT DATA { ex:a1 ex:p 1 . ex:a2 ex:p 2 . ex:a3 ex:p 3 }")
 
     async def body() -> None:
-        transport = NetworkTransport(*gateway.urls, reconnect=FAST)
+        transport = NetworkTransport(*gateway.endpoints, reconnect=FAST)
         seen: list[Notification] = []
         async with SepaClient(transport) as client:
             sub = await client.subscribe(QUERY, "watch", on_notification=seen.append, iterate=True)
@@ -85,7 +86,7 @@ def test_kill_restart_delivers_one_diff_and_sequence_continues(restartable: Make
             assert [row[0] for row in resync.removed] == [ex("a1")]
             assert transport.stats.reconnects == 1 and sub.resyncs == 1
 
-            async with SepaClient(NetworkTransport(*gateway.urls)) as publisher:
+            async with SepaClient(NetworkTransport(*gateway.endpoints)) as publisher:
                 await publisher.update(PREFIX + "INSERT DATA { ex:c1 ex:p 7 }")
             await eventually(lambda: sub.sequence == 3, what="notification after the restart")
             await _last(seen, 3)
@@ -108,7 +109,7 @@ def test_requests_during_an_outage_and_a_silent_resync(restartable: Make) -> Non
     gateway = restartable().start()
 
     async def body() -> None:
-        transport = NetworkTransport(*gateway.urls, reconnect=FAST)
+        transport = NetworkTransport(*gateway.endpoints, reconnect=FAST)
         async with SepaClient(transport) as client:
             await client.update(PREFIX + "INSERT DATA { ex:a ex:p 1 }")
             kept = await client.subscribe(QUERY, "kept")
@@ -148,7 +149,7 @@ def test_gives_up_after_max_attempts_with_a_clear_error(restartable: Make) -> No
 
     async def body() -> None:
         policy = ReconnectPolicy(initial_delay_s=0.05, max_delay_s=0.1, max_attempts=3)
-        transport = NetworkTransport(*gateway.urls, reconnect=policy)
+        transport = NetworkTransport(*gateway.endpoints, reconnect=policy)
         async with SepaClient(transport) as client:
             sub = await client.subscribe(QUERY, "doomed")
             assert (await sub.next(5)).sequence == 0
@@ -258,7 +259,7 @@ def test_without_a_view_a_reconnect_delivers_the_complete_result_marked_resync(r
     gateway.post_update(PREFIX + "INSERT DATA { ex:a1 ex:p 1 }")
 
     async def body() -> None:
-        transport = NetworkTransport(*gateway.urls, reconnect=FAST)
+        transport = NetworkTransport(*gateway.endpoints, reconnect=FAST)
         seen: list[Notification] = []
         async with SepaClient(transport) as client:
             sub = await client.subscribe(QUERY, "mirror", on_notification=seen.append, keep_view=False)

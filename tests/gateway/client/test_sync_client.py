@@ -16,7 +16,7 @@ import pytest
 
 from broker.api import Engine, Notification
 from gateway.client import InProcessTransport, NetworkTransport, Scheduled, SepaClientError, SyncSepaClient
-from tests.gateway.client.client_support import GatewayProcess
+from tools.launcher import RunningGateway
 
 PREFIX = "PREFIX ex: <http://example.org/>\n"
 QUERY = PREFIX + "SELECT ?o WHERE { ex:a ex:p ?o }"
@@ -26,9 +26,9 @@ QUERY = PREFIX + "SELECT ?o WHERE { ex:a ex:p ?o }"
 def sync_client(request: pytest.FixtureRequest) -> SyncSepaClient:
     if request.param == "inprocess":
         return SyncSepaClient(InProcessTransport(Engine()))
-    gateway: GatewayProcess = request.getfixturevalue("gateway")
+    gateway: RunningGateway = request.getfixturevalue("gateway")
     gateway.post_update("DROP ALL")
-    return SyncSepaClient(lambda: NetworkTransport(*gateway.urls))
+    return SyncSepaClient(lambda: NetworkTransport(*gateway.endpoints))
 
 
 def test_blocking_calls_and_callbacks(sync_client: SyncSepaClient) -> None:

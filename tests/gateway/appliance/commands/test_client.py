@@ -123,7 +123,7 @@ def test_graph_options(empty: RunningGateway) -> None:
     assert cli("update", *urls, "--using-graph", graph, delete).stdout == "added 0, removed 1\n"
 
 
-def test_jsap_entries_with_typed_bindings(empty: GatewayProcess, tmp_path: Path) -> None:
+def test_jsap_entries_with_typed_bindings(empty: RunningGateway, tmp_path: Path) -> None:
     # a small JSAP pointing at the test gateway (no --url: the JSAP's own endpoints are used)
     profile = {
         "host": "127.0.0.1",
@@ -200,7 +200,7 @@ def test_subscribe_json_count_prints_sequence_0_then_the_update(empty: RunningGa
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_subscribe_human_output_until_a_signal(empty: GatewayProcess, signum: int) -> None:
+def test_subscribe_human_output_until_a_signal(empty: RunningGateway, signum: int) -> None:
     command = [
         *gateway_command(),
         "subscribe",
