@@ -384,7 +384,8 @@ class InProcessGateway(Endpoint):
 
 def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
     """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (the MQTT tests run it on their own broker)."""
-    config.adapter("mqtt").enabled = False
+    if "mqtt" in config.adapters:
+        config.adapter("mqtt").enabled = False
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0
