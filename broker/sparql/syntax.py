@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyoxigraph import DefaultGraph, NamedNode, Quad
+from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad
 
 from broker.sparql.patterns import QuadPattern, Var
 
@@ -73,8 +73,10 @@ class Modify:
     """DELETE { delete } INSERT { insert } WHERE where.
 
     Templates are instantiated once per solution of `where` (a group graph pattern as SPARQL text,
-    braces included); a template quad without variables is added or removed once if there is any
-    solution. Blank nodes are refused in its templates when planned (write a Var bound in `where`).
+    braces included); a ground template (a pyoxigraph Quad) is added or removed once if there is any
+    solution, as it is. A blank node in a ground template is therefore that very node, not a fresh
+    one per solution as in SPARQL text, which cannot say this: :meth:`to_sparql` refuses it. For
+    fresh nodes write a Var bound in `where` (``BIND(BNODE() AS ?b)``).
     """
 
     delete: tuple[Template, ...] = ()
@@ -88,9 +90,9 @@ class Modify:
     def to_sparql(self) -> str:
         parts = []
         if self.delete:
-            parts.append(f"DELETE {{ {_block(self.delete)} }}")
+            parts.append(f"DELETE {{ {_block(self.delete, template=True)} }}")
         if self.insert:
-            parts.append(f"INSERT {{ {_block(self.insert)} }}")
+            parts.append(f"INSERT {{ {_block(self.insert, template=True)} }}")
         if not parts:
             parts.append("DELETE { }")
         return f"{' '.join(parts)} WHERE {self.where}"
@@ -118,12 +120,14 @@ def _terms(template: Template) -> tuple[object, ...]:
     return template.positions()
 
 
-def _block(templates: tuple[Template, ...]) -> str:
+def _block(templates: tuple[Template, ...], *, template: bool = False) -> str:
     """Templates as a quad block: default-graph triples first, then one GRAPH group per graph."""
     default: list[str] = []
     graphs: dict[str, list[str]] = {}
-    for template in templates:
-        subject, predicate, object_, graph = _terms(template)
+    for item in templates:
+        subject, predicate, object_, graph = _terms(item)
+        if template and isinstance(item, Quad) and any(isinstance(t, BlankNode) for t in (subject, object_, graph)):
+            raise ValueError("a blank node in a ground Modify template has no SPARQL text: use a Var bound in WHERE")
         triple = f"{subject} {predicate} {object_} ."
         if isinstance(graph, DefaultGraph):
             default.append(triple)
