@@ -10,7 +10,7 @@ import pytest
 
 from broker.core.engine import Engine
 from broker.errors import InvalidRequest
-from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
+from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, MAX_OPERATORS, check_structure
 from tools.launcher import launch_gateway
 
 NESTED = "INSERT { <urn:a> <urn:b> 1 } WHERE " + "{" * 100_000 + "}" * 100_000
@@ -57,3 +57,54 @@ def test_limits_count_structure_not_strings_and_let_real_requests_through() -> N
         engine.update("INSERT { <urn:a> <urn:b> 1 } WHERE " + "{" * 2000 + "}" * 2000)
     with pytest.raises(InvalidRequest):
         check_structure("SELECT * WHERE { " + "OPTIONAL { } " * (MAX_GROUP_ELEMENTS + 1) + "}")
+
+
+OPERATOR_CHAINS = {
+    "not": "ASK { FILTER(" + "!" * 100_000 + "true) }",
+    "and": "ASK { FILTER(" + " && ".join(["true"] * 10_000) + ") }",
+    "plus": "ASK { FILTER(" + " + ".join(["1"] * 10_000) + " > 0) }",
+    "path": "ASK { ?s " + "/".join(["<p:a>"] * 1_500) + " ?o }",
+    "alternatives": "ASK { ?s " + "|".join(["<p:a>"] * 20_000) + " ?o }",
+}
+
+
+@pytest.mark.parametrize("query", OPERATOR_CHAINS.values(), ids=OPERATOR_CHAINS.keys())
+def test_operator_chains_that_would_overflow_the_stack_are_refused_on_every_gate(query: str) -> None:
+    """Each of these killed the process with SIGSEGV (pyoxigraph 0.5, measured): from /query, from
+    /update (also as a delayed update, accepted with 202 and then killing the gateway at every
+    restart) and from a WebSocket subscribe. Now: 400 or an error frame, the process alive."""
+    import asyncio
+
+    import aiohttp
+
+    gateway = launch_gateway("--no-mqtt")
+    try:
+        gateway.update("INSERT DATA { <urn:s> <urn:p> 1 }")
+        assert gateway.request("POST", gateway.query_path, query.encode(), QUERY).status == 400
+        update = f"INSERT {{ <urn:a> <urn:b> 1 }} WHERE {{ {query[6:-2]} }}"
+        assert gateway.request("POST", gateway.update_path, update.encode(), UPDATE).status == 400
+        delayed = gateway.request("POST", gateway.update_path + "?delay=100", update.encode(), UPDATE)
+        assert delayed.status == 400  # refused when scheduled, never stored to crash later
+
+        async def subscribe() -> dict:
+            async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+                await ws.send_json({"subscribe": {"sparql": query, "alias": "chain"}})
+                return await ws.receive_json(timeout=30)
+
+        answer = asyncio.run(subscribe())
+        assert answer["error"] == "invalid_request" and answer["alias"] == "chain", answer
+        assert gateway.running
+        assert gateway.select("SELECT ?o WHERE { <urn:s> <urn:p> ?o }") == [{"o": "1"}]  # alive, unchanged
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_operators_in_data_and_in_real_queries_are_not_counted_against_them() -> None:
+    data = " ".join(
+        f'<urn:s{i}> <urn:p> "1.5e+3"^^<http://www.w3.org/2001/XMLSchema#double> , 2.5e+3 , -4 , +5 .'
+        for i in range(3_000)
+    )
+    check_structure(f"INSERT DATA {{ {data} }}")  # typed literals (^^), exponents, signs: no operators
+    check_structure("SELECT * WHERE { ?s <p:a>/<p:b>|^<p:c> ?o FILTER(!BOUND(?x) && ?o * 2 + 1 > 3) }")
+    with pytest.raises(InvalidRequest, match="operators"):
+        check_structure("ASK { ?s " + "/".join(["<p:a>"] * (MAX_OPERATORS + 2)) + " ?o }")
