@@ -112,7 +112,12 @@ class WebSocketGate:
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
-                    await self.on_text(connection, message.data)
+                    try:
+                        await self.on_text(connection, message.data)
+                    except Exception as error:  # nothing but a frame may reach an upgraded socket
+                        self.counters["ws_internal_errors"] += 1
+                        log.error("websocket: a message failed", extra={"error": repr(error)[:300]})
+                        self.reply_error(connection, "internal_error", "the message could not be processed", 500)
                 elif message.type == WSMsgType.BINARY:
                     self.reply_error(
                         connection, "invalid_request", "binary frames are not supported: send JSON text", 400
@@ -172,6 +177,9 @@ class WebSocketGate:
             return
         try:
             message = json.loads(data)
+        except RecursionError:
+            self.reply_error(connection, "invalid_request", "the JSON nests too deep", 400)
+            return
         except ValueError as error:
             self.reply_error(connection, "invalid_request", f"not JSON: {error}", 400)
             return
@@ -240,6 +248,14 @@ class WebSocketGate:
             )
         except SepaError as error:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
+            return
+        except RecursionError:
+            self.reply_error(connection, "invalid_request", "the query nests too deep for this gateway", 400, alias)
+            return
+        except Exception as error:  # an error frame for this subscribe alone: the socket lives
+            self.counters["ws_subscribe_failures"] += 1
+            log.error("websocket: a subscribe failed", extra={"error": repr(error)[:300]})
+            self.reply_error(connection, "internal_error", f"the subscription failed: {str(error)[:200]}", 500, alias)
             return
         self.counters["ws_subscribes"] += 1
         if connection.closing:  # the client left while we subscribed

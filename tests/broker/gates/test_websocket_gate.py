@@ -605,3 +605,37 @@ def test_a_message_over_max_message_bytes_gets_413(start_gateway: Callable[..., 
             await subscribe(ws, {"sparql": GOOD + " #" + "x" * (limit - 200), "alias": "fits"})
 
     run(scenario)
+
+
+def test_nothing_but_frames_reach_the_socket_whatever_the_message(gateway: RunningGateway) -> None:
+    """Deep JSON, a query 999 groups deep, EXISTS with an object list: before, some of these made the
+    gateway write a raw `HTTP/1.1 500` into the upgraded socket, ending it and all its subscriptions.
+    Each now gets a frame (a notification or an error) and the same socket keeps working."""
+    deep_json = "[" * 100_000 + "]" * 100_000
+    deep_query = "SELECT * WHERE " + "{" * 999 + "}" * 999
+    exists_list = "ASK { FILTER EXISTS { ?s ?p 1 , 2 } }"
+
+    async def scenario(session: aiohttp.ClientSession) -> None:
+        async with session.ws_connect(gateway.subscribe_url, max_msg_size=0) as ws:
+            await ws.send_str(deep_json)
+            reply = await receive_json(ws, timeout=30)
+            assert reply["error"] == "invalid_request", reply
+            for alias, sparql in (("deep", deep_query), ("exists", exists_list)):
+                await ws.send_json({"subscribe": {"sparql": sparql, "alias": alias}})
+                reply = await receive_json(ws, timeout=60)
+                assert reply.get("alias") == alias or reply.get("notification", {}).get("alias") == alias, reply
+            keep = await subscribe(ws, {"sparql": "SELECT ?o WHERE { <urn:frames> <urn:p> ?o }", "alias": "alive"})
+            assert keep["sequence"] == 0
+            await post_update(session, gateway, "INSERT DATA { <urn:frames> <urn:p> 1 }")
+            while True:  # the socket still carries notifications (after the earlier subscriptions' own)
+                note = await receive_json(ws, timeout=10)
+                if note.get("notification", {}).get("alias") == "alive":
+                    assert note["notification"]["sequence"] == 1
+                    break
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            await scenario(session)
+
+    asyncio.run(main())
+    assert gateway.running
