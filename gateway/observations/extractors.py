@@ -88,10 +88,17 @@ class Compiled:
 
 
 def coerce(value: Any, kind: Kind | None, words: BooleanWords, want: str = "auto") -> float | bool:
-    """A raw value as the property needs it: a bool for boolean properties, else a finite float."""
+    """A raw value as the property needs it: a bool for boolean properties, else a finite float.
+
+    A JSON true/false for a numeric property is refused (it used to be stored as, say, a temperature
+    of true), and so is a null: neither is a reading of the property."""
+    if value is None:
+        raise PayloadError("null is not a value")
     if want == "boolean" or (kind is not None and kind.boolean):
         return words.parse(value)
-    if want == "number" or (kind is not None and not isinstance(value, bool)):
+    if isinstance(value, bool) and (want == "number" or kind is not None):
+        raise PayloadError(f"{str(value).lower()} is not a value of a numeric property")
+    if want == "number" or kind is not None:
         return number_of(value)
     if isinstance(value, bool):
         return value
@@ -162,6 +169,7 @@ def _fields(compiled: Compiled, message: Message) -> list[Reading]:
         raise PayloadError("expected a JSON object")
     time_us = json_time(compiled, document)
     readings: list[Reading] = []
+    nulls: list[str] = []  # partial updates may null a key beside real values; alone, it is bad input
     if compiled.fields:
         for path_text, path, prop, kind, unit in compiled.fields:
             try:
@@ -169,16 +177,27 @@ def _fields(compiled: Compiled, message: Message) -> list[Reading]:
             except PayloadError:
                 continue  # devices send partial updates: an absent key is not an error
             if raw is None:
+                nulls.append(path_text)
                 continue
             value = _field_value(raw, kind, compiled.words, path_text)
             readings.append(message.reading(value, unit_for(unit, kind), time_us, len(readings), property=prop))
-        return readings
+        return _or_refused(readings, nulls)
     for key, raw in document.items():
         kind = kind_named(key)
-        if kind is None or raw is None or isinstance(raw, dict | list):
+        if kind is None or isinstance(raw, dict | list):
+            continue
+        if raw is None:
+            nulls.append(key)
             continue
         value = _field_value(raw, kind, compiled.words, key)
         readings.append(message.reading(value, kind.default_unit, time_us, len(readings), property=kind.iri))
+    return _or_refused(readings, nulls)
+
+
+def _or_refused(readings: list[Reading], nulls: list[str]) -> list[Reading]:
+    """The readings of a message, or PayloadError when all it held for its properties was null."""
+    if not readings and nulls:
+        raise PayloadError(f"key {nulls[0]!r}: null is not a value")
     return readings
 
 

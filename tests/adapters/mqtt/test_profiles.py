@@ -256,3 +256,18 @@ def test_subscriptions(mapper: Mapper) -> None:
         "senml/+",
         "gateway/+/+",
     ]
+
+
+@pytest.mark.parametrize(
+    "payload", ['{"temperature": true}', '{"temperature": false, "humidity": 40}', '{"temperature": null}']
+)
+def test_wrong_typed_values_are_refused_not_stored(read: Read, payload: str) -> None:
+    """A boolean is not a temperature (it was stored as one) and a lone null is not a reading (it was
+    neither stored nor counted): the message is refused, which the adapter counts per topic."""
+    with pytest.raises(PayloadError, match="not a value"):
+        read("zigbee2mqtt/kitchen", payload)
+
+
+def test_a_null_beside_real_values_is_a_partial_update(read: Read) -> None:
+    (reading,) = read("zigbee2mqtt/kitchen", '{"temperature": null, "humidity": 40}')
+    assert (reading.property, reading.value) == (GW + "relativeHumidity", 40.0)
