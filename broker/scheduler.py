@@ -160,6 +160,7 @@ class Scheduler:
         query_threads: int = 4,
         pending: PendingUpdates | None = None,
         max_pending: int = 100_000,
+        max_pending_bytes: int = 64 << 20,
     ) -> None:
         self.engine = engine
         self.queue_size = queue_size
@@ -171,7 +172,10 @@ class Scheduler:
         self._due: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._draining = False
         self.delayed = DelayedUpdates(
-            self, pending if pending is not None else PendingUpdates(), max_pending=max_pending
+            self,
+            pending if pending is not None else PendingUpdates(),
+            max_pending=max_pending,
+            max_pending_bytes=max_pending_bytes,
         )
 
     def _admit(self) -> None:

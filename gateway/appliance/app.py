@@ -50,6 +50,7 @@ class Gateway:
             query_threads=config.scheduler.query_threads,
             pending=self.pending,
             max_pending=config.scheduler.max_pending,
+            max_pending_bytes=config.scheduler.max_pending_bytes,
         )
         self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.secure: SecureParts | None = None

@@ -72,6 +72,7 @@ class SchedulerConfig:
     queue_size: int = 1000  # requests in flight before 429 too_many_requests
     query_threads: int = 4
     max_pending: int = 100_000  # delayed updates waiting for their due time before new ones get 429
+    max_pending_bytes: int = 67108864  # and their SPARQL text in total (UTF-8 bytes): they wait in memory
 
 
 @dataclass
@@ -153,6 +154,7 @@ class Config:
             ("scheduler.queue_size", self.scheduler.queue_size),
             ("scheduler.query_threads", self.scheduler.query_threads),
             ("scheduler.max_pending", self.scheduler.max_pending),
+            ("scheduler.max_pending_bytes", self.scheduler.max_pending_bytes),
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")

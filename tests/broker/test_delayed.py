@@ -52,3 +52,37 @@ def test_an_update_journalled_with_its_tag_counts_as_run_after_a_kill(tmp_path: 
     assert any(quad.predicate == NamedNode(f"{EX}ran") for quad in quads)  # job-2 had not run: it runs now
     assert scheduler.delayed.stats.recovered == 1 and scheduler.delayed.stats.fired == 1
     assert pending.all() == [] and other.id == "job-2"
+
+
+def test_pending_delayed_updates_are_limited_by_bytes_as_well_as_by_count() -> None:
+    """500 delayed updates of 1 MB took RSS to 1.1 GB under a count limit alone: the text is bounded
+    too (429 too_many_requests), and what runs or is cancelled gives its bytes back."""
+    from broker.delayed import TooManyPending, now_micros
+
+    big = 'INSERT DATA { <urn:s> <urn:p> "' + "x" * 4_000 + '" }'
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine(), max_pending_bytes=10_000)
+        try:
+            later = now_micros() + 3_600_000_000
+            first = await scheduler.delayed.schedule(big, later)
+            await scheduler.delayed.schedule(big, later)
+            try:
+                await scheduler.delayed.schedule(big, later)
+            except TooManyPending as error:
+                assert error.status_code == 429 and "bytes" in error.description
+            else:
+                raise AssertionError("a third 4 KB update fitted in 10,000 bytes")
+            await scheduler.delayed.cancel(first.id)
+            await scheduler.delayed.schedule(big, later)  # the cancelled one's bytes are free again
+            soon = await scheduler.delayed.schedule("INSERT DATA { <urn:s> <urn:p> 1 }", now_micros())
+            for _ in range(200):
+                if not any(entry.id == soon.id for entry in await scheduler.delayed.list()):
+                    break
+                await asyncio.sleep(0.01)
+            assert scheduler.engine.query("ASK { <urn:s> <urn:p> 1 }").boolean
+        finally:
+            await scheduler.delayed.stop()
+            scheduler.close()
+
+    asyncio.run(scenario())
