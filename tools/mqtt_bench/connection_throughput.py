@@ -19,12 +19,12 @@ import uuid
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
-from mqtt_support import Mosquitto
 from paho.mqtt.enums import CallbackAPIVersion
 
 from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.settings import MqttSettings
+from tools.mosquitto import Mosquitto
 
 
 def publisher(port: int, index: int, count: int) -> None:
