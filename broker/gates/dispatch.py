@@ -135,10 +135,14 @@ class Dispatcher:
         *,
         max_request_bytes: int,
         cors_origins: Sequence[str] = (),
+        idle_timeout_s: float = 60.0,
     ) -> None:
         self.routes = routes
         self.counters = counters
         self.max_request_bytes = max_request_bytes
+        # a kept-alive connection with no request for this long is closed (aiohttp's default, an hour,
+        # let idle clients hold descriptors indefinitely); a WebSocket is held by its heartbeat instead
+        self.idle_timeout_s = idle_timeout_s
         self.cors_origins = frozenset(origin.rstrip("/") for origin in cors_origins)
 
     def server(self) -> web.Server:
@@ -155,7 +159,9 @@ class Dispatcher:
         ) -> web.BaseRequest:
             return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
 
-        return web.Server(self, request_factory=make_request, access_log=None)
+        return web.Server(
+            self, request_factory=make_request, access_log=None, keepalive_timeout=self.idle_timeout_s
+        )
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.headers.get(hdrs.EXPECT):

@@ -28,6 +28,7 @@ class GateSettings:
     queue_limit: int = 10_000
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
+    idle_timeout_s: float = 60.0
 
 
 class Gates:
@@ -69,6 +70,7 @@ class Gates:
             self.counters,
             max_request_bytes=self.settings.max_request_bytes,
             cors_origins=self.settings.cors_origins,
+            idle_timeout_s=self.settings.idle_timeout_s,
         ).server()
 
     def http_server(self) -> web.Server:

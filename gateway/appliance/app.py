@@ -71,6 +71,7 @@ class Gateway:
                 queue_limit=config.websocket.queue_limit,
                 max_message_bytes=config.websocket.max_message_bytes,
                 cors_origins=tuple(config.http.cors_origins),
+                idle_timeout_s=config.http.idle_timeout_s,
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )

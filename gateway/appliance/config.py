@@ -41,6 +41,7 @@ class HttpConfig:
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
+    idle_timeout_s: float = 60.0  # a kept-alive connection without a request for this long is closed
 
 
 @dataclass
@@ -158,6 +159,8 @@ class Config:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        if self.http.idle_timeout_s <= 0:
+            raise ConfigError("http.idle_timeout_s must be positive")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
         if self.engine.service_timeout_s <= 0:

@@ -697,3 +697,23 @@ def test_prefer_return_representation_adds_the_quads_of_the_update(gateway: Runn
     plain = gateway.update(f"DELETE DATA {{ GRAPH <{ex}g> {{ <{ex}pr> <{ex}p> 'é' }} }}")
     assert plain.json() == {"added": 0, "removed": 1, "notifications": 0}
     assert "Preference-Applied" not in plain.headers
+
+
+def test_an_idle_kept_alive_connection_is_closed(start_gateway: Any) -> None:
+    """A client that keeps a connection open without sending a request is not kept forever
+    ([http] idle_timeout_s; aiohttp's own default was an hour): the gateway closes it."""
+    import socket
+    import time
+
+    gateway = start_gateway(toml="[http]\nidle_timeout_s = 1.0\n")
+    with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=10) as client:
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += client.recv(65536)
+        assert received.startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        while chunk := client.recv(65536):  # the rest of the reply, then the end of the connection
+            assert time.monotonic() - started < 8, "the idle connection is still open"
+        assert time.monotonic() - started < 8
+    assert gateway.running
