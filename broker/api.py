@@ -8,7 +8,8 @@ broker/ imports anything else from it.
 
 What it offers, in the order a newcomer meets it (docs/architecture.md walks the same path):
 
-- building a broker: :class:`RdfStore` (pyoxigraph, in memory or on disk), :class:`Engine` (updates,
+- building a broker: :class:`RdfStore` (pyoxigraph, in memory or on disk), :class:`QueryWorkers`
+  (replicas in processes of their own, where time limits stop evaluations), :class:`Engine` (updates,
   queries, subscriptions, end of processing), :class:`Scheduler` (the bounded FIFO and the update
   thread in front of it), :class:`PendingUpdates` (delayed updates), :class:`Gates` (HTTP and
   WebSocket, plain and secure);
@@ -35,7 +36,18 @@ from broker.core.pending import PendingUpdate, PendingUpdates
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
 from broker.delayed import now_micros
-from broker.errors import Forbidden, InvalidRequest, NotFound, SepaError, SparqlSyntaxError, Unauthorized, UpdateFailed
+from broker.errors import (
+    EvaluationCrashed,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    SepaError,
+    SparqlSyntaxError,
+    TimeLimitExceeded,
+    Unauthorized,
+    UpdateFailed,
+)
+from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler, TooManyRequests, loop_handoff
 from broker.security.authority import Authority
@@ -48,6 +60,7 @@ from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Templat
 from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
 from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
 from broker.store import RdfStore
+from broker.workers.pool import QueryWorkers
 
 __all__ = [
     "DEFAULT_GRAPH_IRI",
@@ -92,6 +105,11 @@ __all__ = [
     "TlsFiles",
     "Token",
     "TooManyRequests",
+    "TimeLimitExceeded",
+    "EvaluationCrashed",
+    "QueryWorkers",
+    "QuotaLimits",
+    "TooManySubscriptions",
     "Unauthorized",
     "Update",
     "UpdateFailed",

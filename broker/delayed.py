@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_SLEEP_S = 1.0  # wake at least this often, to notice wall-clock steps
+# A delayed update is started at most this many times: once, and once more after a restart (the
+# process may have died of something else, a kill -9 or a power cut). Started a third time, the
+# process died while running it twice: it is abandoned, not replayed into a crash loop.
+MAX_STARTS = 2
 BATCH = 64  # due updates handed to the update thread per serial call, so other requests interleave
 LATENESS_SAMPLES = 100_000
 
@@ -67,6 +71,7 @@ class DelayedStats:
     failed: int = 0
     cancelled: int = 0
     recovered: int = 0
+    abandoned: int = 0  # the gateway died while running them, MAX_STARTS times (see _fire)
     lateness_us: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
     max_lateness_us: int = 0
 
@@ -81,17 +86,27 @@ class DelayedUpdates:
         *,
         max_pending: int = 100_000,
         max_pending_bytes: int = 64 << 20,
+        max_pending_per_client: int = 10_000,
+        max_pending_bytes_per_client: int = 4 << 20,
     ) -> None:
+        """Limits: pending updates in total and per client (by count and by bytes of SPARQL text).
+        A client is a secure owner, or the address a plain gate saw; after a restart, pending
+        updates of plain-gate clients count towards the totals only (their address is not kept)."""
         self.scheduler = scheduler
         self.pending = pending
         self.max_pending = max_pending
         # Why bytes too: the timer keeps every pending update's text in memory; 500 delayed updates of
         # 1 MB took RSS to 1.1 GB (and one GET /scheduled to 1.9 GB) under a count limit alone.
         self.max_pending_bytes = max_pending_bytes
+        self.max_pending_per_client = max_pending_per_client
+        self.max_pending_bytes_per_client = max_pending_bytes_per_client
         self.stats = DelayedStats()
         self._heap: list[tuple[int, int, PendingUpdate]] = []
         self._count = len(pending)  # changed only by serial calls, on the update thread
         self._bytes = 0  # UTF-8 bytes of the pending updates' text, counted like _count
+        self._clients: dict[str, str] = {}  # id -> client, for the per-client counts
+        self._client_count: Counter[str] = Counter()
+        self._client_bytes: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._batches: set[asyncio.Future[object]] = set()
@@ -115,8 +130,12 @@ class DelayedUpdates:
         store.recovered_tags.clear()
         self._heap = [(entry.due_us, entry.seq, entry) for entry in self.pending.all()]
         heapq.heapify(self._heap)
-        self._count = len(self._heap)
-        self._bytes = sum(_size(entry.sparql) for _, _, entry in self._heap)
+        self._count = self._bytes = 0
+        self._clients.clear()
+        self._client_count.clear()
+        self._client_bytes.clear()
+        for _, _, entry in self._heap:
+            self._hold(entry.id, _size(entry.sparql), entry.owner)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._timer(), name="delayed-updates")
 
@@ -141,10 +160,12 @@ class DelayedUpdates:
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
         owner: str | None = None,
+        client: str | None = None,
     ) -> PendingUpdate:
         """Check and store an update due at `due_us`; raises what the update would raise if malformed.
 
-        An `owner` (a secure client's identity) must still hold its rights when the update falls due."""
+        An `owner` (a secure client's identity) must still hold its rights when the update falls due.
+        The per-client limits count it for `owner`, else for `client` (an address)."""
         await self.start()
         engine = self.scheduler.engine
         using, named = tuple(using_graph_uri), tuple(using_named_graph_uri)
@@ -157,10 +178,16 @@ class DelayedUpdates:
                 raise TooManyPending(
                     f"pending delayed updates would exceed {self.max_pending_bytes} bytes of SPARQL; retry later"
                 )
+            holder = owner if owner is not None else client
+            if holder is not None:
+                if self._client_count[holder] >= self.max_pending_per_client:
+                    raise TooManyPending(f"this client has {self.max_pending_per_client} delayed updates pending")
+                if self._client_bytes[holder] + size > self.max_pending_bytes_per_client:
+                    raise TooManyPending(
+                        f"this client's pending delayed updates would exceed {self.max_pending_bytes_per_client} bytes"
+                    )
             engine.check_update(sparql, using_graph_uri=using, using_named_graph_uri=named, base_iri=base_iri)
-            self._count += 1
-            self._bytes += size
-            return self.pending.add(
+            entry = self.pending.add(
                 uuid.uuid4().hex,
                 due_us,
                 now_micros(),
@@ -170,6 +197,8 @@ class DelayedUpdates:
                 base_iri=base_iri,
                 owner=owner,
             )
+            self._hold(entry.id, size, holder)
+            return entry
 
         entry: PendingUpdate = await self.scheduler.serialized(check_and_store)
         self.stats.scheduled += 1
@@ -189,9 +218,28 @@ class DelayedUpdates:
         entry = self.pending.get(id)
         if entry is None or (owner is not None and entry.owner != owner) or not self.pending.remove(id):
             return None
-        self._count -= 1  # the heap entry is dropped when it falls due
-        self._bytes -= _size(entry.sparql)
+        self._release(entry)  # the heap entry is dropped when it falls due
         return entry
+
+    def _hold(self, id: str, size: int, client: str | None) -> None:
+        """Count a pending update against the limits (on the update thread, or before the timer starts)."""
+        self._count += 1
+        self._bytes += size
+        if client is not None:
+            self._clients[id] = client
+            self._client_count[client] += 1
+            self._client_bytes[client] += size
+
+    def _release(self, entry: PendingUpdate) -> None:
+        size = _size(entry.sparql)
+        self._count -= 1
+        self._bytes -= size
+        client = self._clients.pop(entry.id, None)
+        if client is not None:
+            self._client_count[client] -= 1
+            self._client_bytes[client] -= size
+            if self._client_count[client] <= 0:
+                del self._client_count[client], self._client_bytes[client]
 
     async def list(self) -> list[PendingUpdate]:
         """Every pending update, in due order."""
@@ -250,6 +298,13 @@ class DelayedUpdates:
             if now_micros() < entry.due_us:
                 early.append(entry)
                 continue
+            if self.pending.attempt(entry.id) > MAX_STARTS:
+                # the process died while running it, MAX_STARTS times: running it again would be a crash loop
+                self.stats.abandoned += 1
+                if self.pending.remove(entry.id):
+                    self._release(entry)
+                log.error("delayed update abandoned: the gateway stopped while running it", extra={"id": entry.id})
+                continue
             mark = ApplyMark(entry.id, lambda _tag, entry=entry: self._ran(entry))  # type: ignore[misc]
             try:
                 access = None
@@ -268,14 +323,12 @@ class DelayedUpdates:
             except SepaError as error:
                 self.stats.failed += 1
                 if self.pending.remove(entry.id):
-                    self._count -= 1
-                    self._bytes -= _size(entry.sparql)
+                    self._release(entry)
                 log.warning("delayed update failed", extra={"id": entry.id, "error": error.description})
             except Exception:
                 self.stats.failed += 1
                 if self.pending.remove(entry.id):
-                    self._count -= 1
-                    self._bytes -= _size(entry.sparql)
+                    self._release(entry)
                 log.exception("delayed update failed", extra={"id": entry.id})
         return early
 
@@ -285,8 +338,7 @@ class DelayedUpdates:
             self.pending.remove(entry.id)
         except sqlite3.Error:  # the update itself is in the store: it must still notify
             log.exception("could not mark a delayed update as run: it may run again after a restart")
-        self._count -= 1
-        self._bytes -= _size(entry.sparql)
+        self._release(entry)
         self.stats.fired += 1
         lateness = self.scheduler.engine.store.clock.micros() - entry.due_us
         self.stats.lateness_us.append(lateness)

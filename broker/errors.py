@@ -71,3 +71,17 @@ class Forbidden(SepaError):
 
     error = "forbidden"
     status_code = 403
+
+
+class TimeLimitExceeded(SepaError):
+    """A query, subscription or update WHERE ran past its wall-clock limit; it was stopped, nothing changed."""
+
+    error = "timeout"
+    status_code = 503
+
+
+class EvaluationCrashed(SepaError):
+    """The evaluation of a request killed the worker process it ran in (the gateway itself is unaffected)."""
+
+    error = "evaluation_crashed"
+    status_code = 500

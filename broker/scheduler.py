@@ -161,6 +161,8 @@ class Scheduler:
         pending: PendingUpdates | None = None,
         max_pending: int = 100_000,
         max_pending_bytes: int = 64 << 20,
+        max_pending_per_client: int = 10_000,
+        max_pending_bytes_per_client: int = 4 << 20,
     ) -> None:
         self.engine = engine
         self.queue_size = queue_size
@@ -176,6 +178,8 @@ class Scheduler:
             pending if pending is not None else PendingUpdates(),
             max_pending=max_pending,
             max_pending_bytes=max_pending_bytes,
+            max_pending_per_client=max_pending_per_client,
+            max_pending_bytes_per_client=max_pending_bytes_per_client,
         )
 
     def _admit(self) -> None:
@@ -305,8 +309,7 @@ class Scheduler:
         def from_engine_thread(notification: Notification) -> None:
             to_loop(deliver, notification)
 
-        handle.subscription = await self.serialized(
-            self.engine.subscribe,
+        handle.subscription = await self.engine_subscribe(
             sparql,
             from_engine_thread,
             alias=alias,
@@ -317,6 +320,18 @@ class Scheduler:
         )
         return handle
 
+    async def engine_subscribe(
+        self, sparql: str, callback: Callable[[Notification], None], **options: Any
+    ) -> Subscription:
+        """:meth:`Engine.subscribe` on the update thread, after :meth:`Engine.probe` on the query pool.
+
+        Why the probe: subscribe evaluates the query on the update thread, where nothing can stop
+        it; the probe evaluates it first where the time limit can (the query workers), so a query
+        that never ends costs its client an error, not every client the update thread."""
+        probed = ("default_graph_uri", "named_graph_uri", "prefixes")
+        await self._run(self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed})
+        return await self.serialized(self.engine.subscribe, sparql, callback, **options)  # type: ignore[no-any-return]
+
     async def unsubscribe(self, spuid: str) -> Subscription:
         return await self.serialized(self.engine.unsubscribe, spuid)
 
@@ -326,6 +341,8 @@ class Scheduler:
         never answers; see :attr:`queries_running`)."""
         self._updates.shutdown(wait=True)
         self._queries.shutdown(wait=False, cancel_futures=True)
+        if self.engine.workers is not None:
+            self.engine.workers.close()
 
     @property
     def queries_running(self) -> int:

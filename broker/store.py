@@ -18,16 +18,22 @@ journal is emptied. A journal re-applied at start-up keeps its tag in :attr:`Rdf
 even when the process was killed between the store write and the callback: that is what makes
 delayed updates run exactly once across kill -9.
 
-Layout of a data directory: `store/` (Oxigraph/RocksDB) and `apply.journal`.
+Replicas (the query workers of :mod:`broker.workers`) follow the store: :meth:`RdfStore.follow`
+takes a snapshot and registers a follower atomically, and every later delta reaches each follower,
+encoded once as a journal record, in the order the store applied them.
+
+Layout of a data directory: `store/` (Oxigraph/RocksDB), `apply.journal` and `replicas/` (the
+workers' checkpoints, hard links to the store's files).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
@@ -36,6 +42,8 @@ from broker.core.clock import EngineClock
 log = logging.getLogger(__name__)
 
 JOURNAL = "apply.journal"
+T = TypeVar("T")
+Follower = Callable[[bytes], None]
 _MAGIC = b"SEPA-DELTA"
 
 
@@ -65,7 +73,7 @@ def encode_journal_entry(
 Journalled = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str]
 
 
-def _decode(data: bytes) -> Journalled | None:
+def decode_journal_entry(data: bytes) -> Journalled | None:
     """The journalled delta and tag, or None when the journal is empty or was cut while being written."""
     header, newline, body = data.partition(b"\n")
     fields = header.split()
@@ -95,6 +103,8 @@ class RdfStore:
         self.clock = EngineClock()
         self._journal: BinaryIO | None = None
         self.recovered_tags: list[str] = []
+        self.lock = threading.Lock()  # held while a delta is applied and sent to the followers
+        self._followers: list[Follower] = []
         if path is not None:
             journal = path / JOURNAL
             self._recover(journal)
@@ -119,7 +129,7 @@ class RdfStore:
         """Finish an apply that a killed process left half done (see the module docstring)."""
         if not journal.exists():
             return
-        delta = _decode(journal.read_bytes())
+        delta = decode_journal_entry(journal.read_bytes())
         if delta is not None:
             added, removed, created, dropped, tag = delta
             log.warning("finishing an interrupted update from the journal", extra={"quads": len(added) + len(removed)})
@@ -146,25 +156,48 @@ class RdfStore:
 
         With a `mark`, its callback runs once the change is in the store (see the module docstring).
         """
-        journal = self._journal
-        if journal is None:
+        with self.lock:
+            journal, followers = self._journal, self._followers
+            if journal is None and not followers:
+                self._apply(added, removed, graphs_created, graphs_dropped)
+                if mark is not None:
+                    mark.committed(mark.tag)
+                return
+            added, removed = list(added), list(removed)
+            graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
+            if not (added or removed or graphs_created or graphs_dropped or mark):
+                return
+            tag = mark.tag if mark is not None else ""
+            entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
+            if journal is not None:
+                journal.seek(0)
+                journal.write(entry)
+                journal.truncate()
+                journal.flush()
             self._apply(added, removed, graphs_created, graphs_dropped)
+            for follower in followers:
+                follower(entry)
             if mark is not None:
                 mark.committed(mark.tag)
-            return
-        added, removed = list(added), list(removed)
-        graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
-        tag = mark.tag if mark is not None else ""
-        journal.seek(0)
-        journal.write(encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
-        journal.truncate()
-        journal.flush()
-        self._apply(added, removed, graphs_created, graphs_dropped)
-        if mark is not None:
-            mark.committed(mark.tag)
-        journal.seek(0)
-        journal.truncate()
-        journal.flush()
+            if journal is not None:
+                journal.seek(0)
+                journal.truncate()
+                journal.flush()
+
+    def follow(self, snapshot: Callable[[RdfStore], T], follower: Follower) -> T:
+        """Take `snapshot` of the store and register `follower` for every later delta, atomically.
+
+        The follower is called with each delta's journal record, under the store's lock: it must
+        only queue it (a replica that applies the snapshot and then the records in order is the
+        store)."""
+        with self.lock:
+            taken = snapshot(self)
+            self._followers = [*self._followers, follower]
+        return taken
+
+    def unfollow(self, follower: Follower) -> None:
+        with self.lock:
+            self._followers = [each for each in self._followers if each is not follower]
 
     def _apply(
         self,

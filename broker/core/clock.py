@@ -49,12 +49,14 @@ class EngineClock:
         pinned = getattr(self._pinned, "value", None)
         return pinned if pinned is not None else self._source() // 1000
 
-    def pin(self) -> int:
+    def pin(self, value: int | None = None) -> int:
         """Pin the clock on this thread until :meth:`unpin` (one request); returns the pinned value.
 
+        `value` pins it at a given instant (a query worker evaluates at its broker's instant).
         A pair of calls rather than a context manager: the engine pins once per update, and a
         generator-based context manager costs more than the rest of the pinning."""
-        value = self._source() // 1000
+        if value is None:
+            value = self._source() // 1000
         self._pinned.value = value
         return value
 

@@ -13,6 +13,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from broker.core.access import GraphAccess
 from broker.core.budget import Budget, OverBudget
@@ -23,7 +24,11 @@ from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Request, UpdateProcessor
+from broker.sparql.base import with_base
 from broker.store import ApplyMark, RdfStore
+
+if TYPE_CHECKING:
+    from broker.workers.pool import QueryWorkers
 
 NotificationCallback = Callable[[Notification], None]
 
@@ -44,9 +49,18 @@ class Engine:
         allow_load: bool = False,
         service_allow: Sequence[str] = (),
         service_timeout_s: float = 10.0,
+        workers: QueryWorkers | None = None,
+        base_iri: str | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
-        at most `service_timeout_s` for them (:mod:`broker.sparql.service`)."""
+        at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
+
+        `workers` (started, over this store): queries, subscription probes and WHERE clauses run
+        there, under their time limit (:mod:`broker.workers.pool`); without, they run in the
+        calling thread with no limit (tests, tools, the library).
+
+        `base_iri`: what relative IRIs of every request resolve against, unless the call gives its
+        own (:mod:`broker.sparql.base`)."""
         if mode not in ("incremental", "naive"):
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
@@ -56,6 +70,10 @@ class Engine:
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
         self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"))
         self._update_lock = threading.Lock()
+        self.workers = workers
+        self.base_iri = base_iri
+        if workers is not None:
+            self.updates.where_evaluator = functools.partial(workers.run, "where_solutions")
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -87,6 +105,8 @@ class Engine:
         outside its writable graphs raises Forbidden with nothing changed or notified.
         """
         steps = None if budget is None else Budget(budget)
+        if base_iri is None:
+            base_iri = self.base_iri
         if not self._update_lock.acquire(blocking=steps is None):
             raise OverBudget
         clock = self.store.clock
@@ -124,7 +144,10 @@ class Engine:
     ) -> None:
         """Raise what :meth:`update` would for a malformed request, without running it."""
         self.updates.check(
-            sparql, using_graph_uri=using_graph_uri, using_named_graph_uri=using_named_graph_uri, base_iri=base_iri
+            sparql,
+            using_graph_uri=using_graph_uri,
+            using_named_graph_uri=using_named_graph_uri,
+            base_iri=self.base_iri if base_iri is None else base_iri,
         )
 
     # -- querying -----------------------------------------------------------------------------
@@ -139,6 +162,17 @@ class Engine:
         prefixes: dict[str, str] | None = None,
     ) -> QueryResult:
         """Evaluate a SPARQL 1.1 query (SELECT, ASK, CONSTRUCT, DESCRIBE) and materialize it."""
+        if base_iri is None:
+            base_iri = self.base_iri
+        if self.workers is not None:
+            return self.workers.run(  # type: ignore[no-any-return]
+                "materialized",
+                sparql,
+                default_graph_uri=default_graph_uri,
+                named_graph_uri=named_graph_uri,
+                base_iri=base_iri,
+                prefixes=prefixes,
+            )
         raw = self.queries.run(
             sparql,
             default_graph_uri=default_graph_uri,
@@ -149,6 +183,27 @@ class Engine:
         return self.queries.materialize(raw)
 
     # -- subscribing --------------------------------------------------------------------------
+
+    def probe(
+        self,
+        sparql: str,
+        *,
+        default_graph_uri: Sequence[str] = (),
+        named_graph_uri: Sequence[str] = (),
+        prefixes: dict[str, str] | None = None,
+    ) -> None:
+        """Evaluate a subscription's query once under the time limit, before :meth:`subscribe`.
+
+        Why: subscribe evaluates on the update thread, which nothing can interrupt; a query that
+        would never end is refused here (TimeLimitExceeded) instead. Without workers, nothing."""
+        if self.workers is not None:
+            self.workers.run(
+                "probe",
+                with_base(sparql, self.base_iri),
+                default_graph_uri=tuple(default_graph_uri),
+                named_graph_uri=tuple(named_graph_uri),
+                prefixes=prefixes,
+            )
 
     def subscribe(
         self,
@@ -172,7 +227,7 @@ class Engine:
         """
         with self._update_lock:
             return self.spus.subscribe(
-                sparql,
+                with_base(sparql, self.base_iri),
                 callback,
                 alias=alias,
                 default_graph_uri=tuple(default_graph_uri),

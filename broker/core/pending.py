@@ -33,6 +33,10 @@ CREATE TABLE IF NOT EXISTS pending (
     options TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS pending_due ON pending (due_us, seq);
+CREATE TABLE IF NOT EXISTS attempts (
+    id TEXT PRIMARY KEY,
+    started INTEGER NOT NULL
+);
 """
 
 
@@ -73,6 +77,7 @@ class PendingUpdates:
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)
             (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()
+            self._attempted = {id for (id,) in self._db.execute("SELECT id FROM attempts")}
         self._seq = int(last)
         if self.path is not None:
             self._checkpointer = threading.Thread(target=self._checkpoint, name="sepa-pending-checkpoint", daemon=True)
@@ -130,9 +135,25 @@ class PendingUpdates:
         return _pending(row) if row is not None else None
 
     def remove(self, id: str) -> bool:
-        """Delete a row (run or cancelled); False when there was none."""
+        """Delete a row (run or cancelled) and its attempts; False when there was none."""
         with self._lock:
-            return self._db.execute("DELETE FROM pending WHERE id = ?", (id,)).rowcount > 0
+            removed = self._db.execute("DELETE FROM pending WHERE id = ?", (id,)).rowcount > 0
+            if self._attempted:
+                self._db.execute("DELETE FROM attempts WHERE id = ?", (id,))
+                self._attempted.discard(id)
+            return removed
+
+    def attempt(self, id: str) -> int:
+        """Record that the update `id` starts running now; how many times it has started, this one
+        included (a count above one means the process died while running it before)."""
+        with self._lock:
+            (started,) = self._db.execute(
+                "INSERT INTO attempts (id, started) VALUES (?, 1) "
+                "ON CONFLICT (id) DO UPDATE SET started = started + 1 RETURNING started",
+                (id,),
+            ).fetchone()
+            self._attempted.add(id)
+        return int(started)
 
     def all(self) -> list[PendingUpdate]:
         """Every pending update, in due order."""

@@ -10,7 +10,7 @@ processing (removed results are computed on the old state, added ones on the new
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
@@ -24,6 +24,7 @@ from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.plan import plan_update
 from broker.sparql.service import check_services
 from broker.sparql.syntax import Digest, Modify, Update
+from broker.sparql.terms import Term
 from broker.sparql.update_parser import (
     DataOp,
     GraphOp,
@@ -128,6 +129,38 @@ def _matched_deletes(
     return operation.delete_matches
 
 
+Solutions = list[dict[str, Term]]
+WhereEvaluator = Callable[[str, list[NamedNode | DefaultGraph] | None, list[NamedNode] | None], Solutions]
+
+
+def where_solutions(
+    store: RdfStore,
+    query: str,
+    default_graph: list[NamedNode | DefaultGraph] | None = None,
+    named_graphs: list[NamedNode] | None = None,
+) -> Solutions:
+    """The solutions of an update's WHERE clause (the SELECT * the parser wrote), as dicts.
+
+    Raises pyoxigraph's SyntaxError as is (the caller locates it in the request's text)."""
+    arguments: dict[str, object] = {}
+    if default_graph is not None:
+        arguments["default_graph"] = default_graph
+    if named_graphs is not None:
+        arguments["named_graphs"] = named_graphs
+    try:
+        solutions = store.query(query, **arguments)
+    except (ValueError, RuntimeError) as error:
+        raise UpdateFailed(str(error)) from None
+    names = [variable.value for variable in solutions.variables]
+    try:
+        return [
+            {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
+            for solution in solutions
+        ]
+    except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
+        raise UpdateFailed(f"the WHERE clause failed: {str(error)[:300]}") from None
+
+
 class UpdateProcessor:
     """Computes and applies exact update deltas."""
 
@@ -135,6 +168,9 @@ class UpdateProcessor:
         self.store = store
         self.allow_load = allow_load
         self.service_allow = tuple(service_allow)
+        # evaluates the WHERE clauses that are not a plain BGP elsewhere (a query worker, where a
+        # time limit can stop them: broker.workers); None evaluates them here
+        self.where_evaluator: WhereEvaluator | None = None
 
     def compute(
         self,
@@ -225,11 +261,8 @@ class UpdateProcessor:
                 net.add(added, removed)
         finally:
             graphs_after = set(ox.named_graphs())
-            self.store.apply(net.removed, net.added)
-            for graph in graphs_after - graphs_before:
-                ox.remove_graph(graph)
-            for graph in graphs_before - graphs_after:
-                ox.add_graph(graph)
+            # undone through apply, so that the store's followers undo it too
+            self.store.apply(net.removed, net.added, graphs_before - graphs_after, graphs_after - graphs_before)
         return Delta(
             frozenset(net.added),
             frozenset(net.removed),
@@ -311,26 +344,14 @@ class UpdateProcessor:
             )
         if budget is not None:  # a SPARQL evaluation cannot be bounded
             raise OverBudget
-        arguments: dict[str, object] = {}
-        if default_graphs is not None:
-            arguments["default_graph"] = default_graphs
-        if named_graphs is not None:
-            arguments["named_graphs"] = named_graphs
+        evaluate = self.where_evaluator
         try:
-            solutions = self.store.query(operation.where_query, **arguments)
+            if evaluate is not None:
+                return evaluate(operation.where_query, default_graphs, named_graphs)
+            return where_solutions(self.store, operation.where_query, default_graphs, named_graphs)
         except SyntaxError as error:
             text = sparql if isinstance(sparql, str) else sparql.to_sparql()
-            raise located_error(text, str(error), None) from error
-        except (ValueError, RuntimeError) as error:
-            raise UpdateFailed(str(error)) from error
-        names = [variable.value for variable in solutions.variables]
-        try:
-            return [
-                {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
-                for solution in solutions
-            ]
-        except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
-            raise UpdateFailed(f"the WHERE clause failed: {str(error)[:300]}") from error
+            raise located_error(text, str(error), None) from None
 
     def _modify(
         self,

@@ -45,6 +45,7 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, json_error
+from broker.gates.slow import GuardedHandler, GuardedServer
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class Dispatcher:
         max_request_bytes: int,
         cors_origins: Sequence[str] = (),
         idle_timeout_s: float = 60.0,
+        request_timeout_s: float = 20.0,
     ) -> None:
         self.routes = routes
         self.counters = counters
@@ -143,6 +145,7 @@ class Dispatcher:
         # a kept-alive connection with no request for this long is closed (aiohttp's default, an hour,
         # let idle clients hold descriptors indefinitely); a WebSocket is held by its heartbeat instead
         self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s  # a request's head and body arrive within this (broker.gates.slow)
         self.cors_origins = frozenset(origin.rstrip("/") for origin in cors_origins)
 
     def server(self) -> web.Server:
@@ -159,11 +162,29 @@ class Dispatcher:
         ) -> web.BaseRequest:
             return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
 
-        return web.Server(
-            self, request_factory=make_request, access_log=None, keepalive_timeout=self.idle_timeout_s
+        return GuardedServer(
+            self,
+            request_factory=make_request,
+            access_log=None,
+            keepalive_timeout=self.idle_timeout_s,
+            head_timeout_s=self.request_timeout_s,
+            on_timeout=self._timed_out,
         )
 
+    def _timed_out(self) -> None:
+        self.counters["request_timeout:408"] += 1
+
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        protocol = request.protocol
+        if isinstance(protocol, GuardedHandler):
+            protocol.handling(True)
+            try:
+                return await self._dispatch(request)
+            finally:
+                protocol.handling(False)
+        return await self._dispatch(request)
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.headers.get(hdrs.EXPECT):
             await _expect(request)  # before the JSON errors: an unknown expectation is aiohttp's plain 417
         origin = request.headers.get(hdrs.ORIGIN)

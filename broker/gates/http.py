@@ -21,8 +21,9 @@ from broker.core.results import UpdateResult
 from broker.delayed import now_micros
 from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
-from broker.gates.negotiation import serialize
+from broker.gates.slow import read_within
 from broker.scheduler import Scheduler
+from broker.workers.jobs import serialized
 
 FORM = "application/x-www-form-urlencoded"
 QUERY_TYPE = "application/sparql-query"
@@ -44,7 +45,7 @@ async def _utf8_body(request: web.BaseRequest) -> str:
     charset = request.charset
     if charset is not None and charset.lower() not in ("utf-8", "utf8"):
         raise BadRequest(f"the body must be UTF-8, not {charset}")
-    return (await request.read()).decode("utf-8")
+    return (await read_within(request, request.read())).decode("utf-8")
 
 
 async def _whole_body(request: web.BaseRequest) -> bytes:
@@ -53,7 +54,7 @@ async def _whole_body(request: web.BaseRequest) -> bytes:
     read()'s loop of reads costs more than the rest of the gate's work on it. Read it only once."""
     payload = request.content
     if not payload.is_eof():
-        return await request.read()
+        return await read_within(request, request.read())
     body = payload.read_nowait()
     limit = request.client_max_size
     if limit and len(body) > limit:
@@ -93,11 +94,6 @@ async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple
     return text, params  # type: ignore[return-value]
 
 
-def _endpoint(request: web.BaseRequest) -> str:
-    """The base IRI of relative IRIs in a request: the service endpoint (SPARQL 1.1 Protocol)."""
-    return f"{request.scheme}://{request.host}{request.path}"
-
-
 class HttpGate:
     """Handlers of /query and /update over one scheduler."""
 
@@ -117,18 +113,23 @@ class HttpGate:
         named_graphs = params.getall("named-graph-uri", [])
         if access is not None:
             default_graphs, named_graphs = access.restrict_dataset(
-                default_graphs, named_graphs, sparql, _endpoint(request)
+                default_graphs, named_graphs, sparql, self.engine.base_iri
             )
 
-        base_iri = _endpoint(request)
+        base_iri = self.engine.base_iri
+
+        calls_service = self.engine.queries.calls_service(sparql, base_iri)
+        workers = self.engine.workers
 
         def run() -> tuple[bytes, str]:
-            raw = self.engine.queries.run(
-                sparql, default_graph_uri=default_graphs, named_graph_uri=named_graphs, base_iri=base_iri
-            )
-            return serialize(raw, accept)
+            options = {"accept": accept, "default_graph_uri": default_graphs, "named_graph_uri": named_graphs}
+            if workers is None:
+                return serialized(self.engine.queries, sparql, base_iri=base_iri, **options)
+            # a SERVICE call is stopped with its client's wait, not later
+            limit = min(workers.time_limit_s, self.engine.queries.service_timeout_s) if calls_service else None
+            return workers.run("serialized", sparql, base_iri=base_iri, time_limit_s=limit, **options)  # type: ignore[no-any-return]
 
-        if not self.engine.queries.calls_service(sparql, base_iri):
+        if not calls_service:
             body, content_type = await self.scheduler.run_query(run)
             return web.Response(body=body, headers={"Content-Type": content_type})
         limit = self.engine.queries.service_timeout_s
@@ -163,9 +164,7 @@ class HttpGate:
             self.counters["http_updates"] += 1
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
-            result = await self.scheduler.update(
-                sparql, base_iri=_endpoint(request), yield_to_loop=False, access=access
-            )
+            result = await self.scheduler.update(sparql, yield_to_loop=False, access=access)
             return _update_reply(result, request)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
@@ -173,12 +172,13 @@ class HttpGate:
         options = {
             "using_graph_uri": params.getall("using-graph-uri", []),
             "using_named_graph_uri": params.getall("using-named-graph-uri", []),
-            "base_iri": _endpoint(request),
+            "base_iri": self.engine.base_iri,
         }
         if "delay" in params or "at" in params:
             due = due_micros(_single(params, "delay"), _single(params, "at"), now_micros())
             assert due is not None
-            entry = await self.scheduler.delayed.schedule(sparql, due, owner=owner, **options)  # type: ignore[arg-type]
+            client = f"address {request.remote}"
+            entry = await self.scheduler.delayed.schedule(sparql, due, owner=owner, client=client, **options)  # type: ignore[arg-type]
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1

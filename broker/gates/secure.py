@@ -30,6 +30,7 @@ from broker.errors import Forbidden, InvalidRequest
 from broker.gates.dispatch import Routes
 from broker.gates.errors import UnsupportedMediaType
 from broker.gates.http import HttpGate
+from broker.gates.slow import read_within
 from broker.gates.websocket import WebSocketGate
 from broker.security.authority import Authority, Principal
 
@@ -73,7 +74,7 @@ class SecureGate:
         return await self.http.cancel(request, owner=self.principal(request).identity)
 
     async def register(self, request: web.BaseRequest) -> web.Response:
-        body = await request.read()
+        body = await read_within(request, request.read())
         authorization = request.headers.get(hdrs.AUTHORIZATION, "")
         if not body and authorization.lower().startswith("basic "):
             return await self.token(request)  # a token request sent here: see the module docstring

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from broker.delayed import DelayedUpdates
 from broker.gates.dispatch import Dispatcher, Routes
 from broker.gates.http import HttpGate
+from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import SUBSCRIBE_PATH, SecureGate
 from broker.gates.websocket import Connection, WebSocketGate
 from broker.scheduler import Scheduler
@@ -29,6 +30,8 @@ class GateSettings:
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
     idle_timeout_s: float = 60.0
+    request_timeout_s: float = 20.0
+    subscription_limits: QuotaLimits = field(default_factory=QuotaLimits)
 
 
 class Gates:
@@ -44,12 +47,14 @@ class Gates:
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         self.http = HttpGate(scheduler, self.counters)
+        self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.websocket = WebSocketGate(
             scheduler,
             self.counters,
             queue_limit=self.settings.queue_limit,
             heartbeat_s=self.settings.heartbeat_s,
             max_message_bytes=self.settings.max_message_bytes,
+            quota=self.quota,
         )
         self.secure: SecureGate | None = None
         if authority is not None:
@@ -60,6 +65,7 @@ class Gates:
                 heartbeat_s=self.settings.heartbeat_s,
                 max_message_bytes=self.settings.max_message_bytes,
                 authenticate=authority.authenticate,
+                quota=self.quota,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             scheduler.delayed.access_of = authority.access_of
@@ -71,6 +77,7 @@ class Gates:
             max_request_bytes=self.settings.max_request_bytes,
             cors_origins=self.settings.cors_origins,
             idle_timeout_s=self.settings.idle_timeout_s,
+            request_timeout_s=self.settings.request_timeout_s,
         ).server()
 
     def http_server(self) -> web.Server:
@@ -122,6 +129,11 @@ class Gates:
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
         ]
         lines += delayed_metrics(self.scheduler.delayed)
+        quota = self.quota
+        lines += [f"sepa_ws_subscription_clients {len(quota.count)}", f"sepa_ws_subscription_bytes {quota.total_bytes}"]
+        if engine.workers is not None:
+            lines.append(f"sepa_query_workers {engine.workers.count}")
+            lines += [f"sepa_query_worker_{name}_total {value}" for name, value in sorted(engine.workers.stats.items())]
         for source, numbers in self.metric_sources.items():
             for key, value in numbers().items():
                 if isinstance(value, bool | int | float):
@@ -154,6 +166,7 @@ def delayed_metrics(delayed: DelayedUpdates) -> list[str]:
         f"sepa_delayed_failed_total {stats.failed}",
         f"sepa_delayed_cancelled_total {stats.cancelled}",
         f"sepa_delayed_recovered_total {stats.recovered}",
+        f"sepa_delayed_abandoned_total {stats.abandoned}",
         f"sepa_delayed_lateness_max_seconds {stats.max_lateness_us / 1e6}",
     ]
     samples = sorted(stats.lateness_us)

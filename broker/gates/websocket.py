@@ -22,6 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from broker.core.notification import Notification
 from broker.errors import NotFound, SepaError
 from broker.gates.errors import error_body
+from broker.gates.quota import SubscriptionQuota
 from broker.scheduler import Scheduler, loop_handoff
 from broker.security.authority import Principal
 
@@ -42,6 +43,7 @@ class Connection:
         self.ready = asyncio.Event()
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
         self.owners: dict[str, Principal] = {}  # spuid -> the secure client that subscribed
+        self.held: dict[str, tuple[str, int]] = {}  # spuid -> (client, bytes) taken from the quota
         self.closing = False
         self.dropping: asyncio.Future[None] | None = None
 
@@ -91,6 +93,7 @@ class WebSocketGate:
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
         authenticate: Callable[[Any], Principal] | None = None,
+        quota: SubscriptionQuota | None = None,
     ) -> None:
         """`authenticate` (secure gates): the principal of a message's ``authorization`` value, or
         Unauthorized; every subscribe and unsubscribe is then checked."""
@@ -101,6 +104,7 @@ class WebSocketGate:
         self.heartbeat_s = heartbeat_s
         self.max_message_bytes = max_message_bytes
         self.connections: set[Connection] = set()
+        self.quota = quota if quota is not None else SubscriptionQuota()
 
     async def handle(self, request: web.BaseRequest) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes)
@@ -135,10 +139,17 @@ class WebSocketGate:
 
     async def end_all(self, connection: Connection) -> None:
         for spuid in list(connection.subscriptions):
+            self.forget(connection, spuid)
             with contextlib.suppress(SepaError):
                 await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
-        connection.subscriptions.clear()
-        connection.owners.clear()
+
+    def forget(self, connection: Connection, spuid: str) -> str | None:
+        """Drop a subscription from `connection` and give its quota back; returns its alias."""
+        connection.owners.pop(spuid, None)
+        held = connection.held.pop(spuid, None)
+        if held is not None:
+            self.quota.give_back(*held)
+        return connection.subscriptions.pop(spuid, None)
 
     async def end_invalid(self, still_valid: Callable[[Principal], bool]) -> int:
         """End every subscription whose client is revoked or whose rights changed (told with a 401
@@ -148,8 +159,7 @@ class WebSocketGate:
             for spuid, principal in list(connection.owners.items()):
                 if still_valid(principal):
                     continue
-                alias = connection.subscriptions.pop(spuid, None)
-                connection.owners.pop(spuid, None)
+                alias = self.forget(connection, spuid)
                 with contextlib.suppress(NotFound):
                     await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
                 self.counters["ws_revoked_subscriptions"] += 1
@@ -226,19 +236,40 @@ class WebSocketGate:
         if principal is not None:
             try:
                 graphs["default-graph-uri"], graphs["named-graph-uri"] = principal.access.restrict_dataset(  # type: ignore[assignment]
-                    graphs["default-graph-uri"], graphs["named-graph-uri"], sparql
+                    graphs["default-graph-uri"], graphs["named-graph-uri"], sparql, self.scheduler.engine.base_iri
                 )
             except SepaError as error:
                 self.reply_error(connection, error.error, error.description, error.status_code, alias)
                 return
+        client = principal.identity if principal is not None else f"address {connection.peer}"
+        size = len(sparql.encode("utf-8"))
+        try:
+            self.quota.take(client, size)
+        except SepaError as error:
+            self.reply_error(connection, error.error, error.description, error.status_code, alias)
+            return
+        spuid = None
+        try:
+            spuid = await self._subscribe(connection, sparql, alias, graphs)
+        finally:
+            if spuid is None:
+                self.quota.give_back(client, size)
+        if spuid is not None:
+            connection.held[spuid] = (client, size)
+            if principal is not None:
+                connection.owners[spuid] = principal
+
+    async def _subscribe(
+        self, connection: Connection, sparql: str, alias: str | None, graphs: dict[str, list[str]]
+    ) -> str | None:
+        """Subscribe for `connection`: the spuid, or None when an error frame was sent instead."""
         to_loop = loop_handoff(asyncio.get_running_loop())
 
         def from_engine(notification: Notification) -> None:
             to_loop(connection.push, notification)
 
         try:
-            subscription = await self.scheduler.serialized(
-                self.scheduler.engine.subscribe,
+            subscription = await self.scheduler.engine_subscribe(
                 sparql,
                 from_engine,
                 alias=alias,
@@ -248,22 +279,21 @@ class WebSocketGate:
             )
         except SepaError as error:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
-            return
+            return None
         except RecursionError:
             self.reply_error(connection, "invalid_request", "the query nests too deep for this gateway", 400, alias)
-            return
+            return None
         except Exception as error:  # an error frame for this subscribe alone: the socket lives
             self.counters["ws_subscribe_failures"] += 1
             log.error("websocket: a subscribe failed", extra={"error": repr(error)[:300]})
             self.reply_error(connection, "internal_error", f"the subscription failed: {str(error)[:200]}", 500, alias)
-            return
+            return None
         self.counters["ws_subscribes"] += 1
         if connection.closing:  # the client left while we subscribed
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
-            return
+            return None
         connection.subscriptions[subscription.spuid] = alias
-        if principal is not None:
-            connection.owners[subscription.spuid] = principal
+        return subscription.spuid
 
     async def unsubscribe(
         self, connection: Connection, body: dict[str, Any], principal: Principal | None = None
@@ -279,8 +309,7 @@ class WebSocketGate:
         if principal is not None and (owner is None or owner.identity != principal.identity):
             self.reply_error(connection, "forbidden", "a client may only end its own subscriptions", 403)
             return
-        connection.owners.pop(spuid, None)
-        alias = connection.subscriptions.pop(spuid)
+        alias = self.forget(connection, spuid)
         with contextlib.suppress(NotFound):
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
         connection.push({"unsubscribed": {"spuid": spuid, "alias": alias}})

@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import signal
 import socket
 import ssl
+import threading
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from aiohttp import web
 
-from broker.api import Engine, Gates, GateSettings, PendingUpdates, RdfStore, Scheduler
+from broker.api import Engine, Gates, GateSettings, PendingUpdates, QueryWorkers, QuotaLimits, RdfStore, Scheduler
 from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
@@ -36,8 +39,22 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
+        self.workers = QueryWorkers(
+            self.store,
+            count=config.engine.query_workers,
+            time_limit_s=config.engine.time_limit_s,
+            service_allow=tuple(config.engine.service_allow),
+        )
+        try:
+            self.workers.start()
+        except OSError as error:
+            self.workers.close()
+            raise StartupError(f"cannot start the query workers: {error}") from error
+        self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.engine = Engine(
             self.store,
+            workers=self.workers,
+            base_iri=config.engine.base_iri or f"urn:sepa-gateway:{quote(self.gateway_id, safe='')}/",
             mode=config.engine.mode,
             allow_load=config.engine.allow_load,
             service_allow=config.engine.service_allow,
@@ -51,8 +68,9 @@ class Gateway:
             pending=self.pending,
             max_pending=config.scheduler.max_pending,
             max_pending_bytes=config.scheduler.max_pending_bytes,
+            max_pending_per_client=config.scheduler.max_pending_per_client,
+            max_pending_bytes_per_client=config.scheduler.max_pending_bytes_per_client,
         )
-        self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.secure: SecureParts | None = None
         if config.security.enabled:
             try:
@@ -70,8 +88,15 @@ class Gateway:
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
                 max_message_bytes=config.websocket.max_message_bytes,
+                subscription_limits=QuotaLimits(
+                    per_client=config.websocket.max_subscriptions_per_client,
+                    per_client_bytes=config.websocket.max_subscription_bytes_per_client,
+                    total=config.websocket.max_subscriptions,
+                    total_bytes=config.websocket.max_subscription_bytes,
+                ),
                 cors_origins=tuple(config.http.cors_origins),
                 idle_timeout_s=config.http.idle_timeout_s,
+                request_timeout_s=config.http.request_timeout_s,
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )
@@ -205,8 +230,25 @@ class Gateway:
         log.info("sepa-gateway serving", extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode})
         await self.stopped.wait()
         log.info("sepa-gateway stopping: finishing in-flight updates")
+        deadline = threading.Timer(STOP_DEADLINE_S, _force_exit)
+        deadline.daemon = True
+        deadline.start()
         await self.stop()
+        deadline.cancel()
         log.info("sepa-gateway stopped")
+
+
+# SIGTERM ends the process within 10 s whatever is running: systemd's own stop timeout is 90 s, an
+# operator's patience less. Queries are stopped with their workers; what can still hold the stop is
+# an update whose subscriptions take long to process. The store's journal makes a forced exit safe.
+STOP_DEADLINE_S = 9.0
+
+
+def _force_exit() -> None:
+    """The clean stop took too long: leave now (exit status 1, so that it shows)."""
+    log.error("sepa-gateway stop took longer than %.0f s: exiting now", STOP_DEADLINE_S)
+    logging.shutdown()
+    os._exit(1)
 
 
 def _loopback(host: str) -> bool:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pyoxigraph import NamedNode
+
 from gateway.appliance.plugins import adapter_plugins
 
 
@@ -25,6 +27,13 @@ class EngineConfig:
     allow_load: bool = False  # allow SPARQL LOAD (fetches URLs from the gateway)
     service_allow: list = field(default_factory=list)  # SERVICE endpoints allowed: exact IRIs, or prefixes ending in *
     service_timeout_s: float = 10.0  # a query's client waits this long for allowed SERVICE calls (then 504)
+    # queries, subscription probes and update WHEREs run in this many worker processes, each with a
+    # replica of the store (a copy in memory; a checkpoint on disk), stopped past time_limit_s (503)
+    query_workers: int = 2
+    time_limit_s: float = 10.0
+    # relative IRIs of every request resolve against this, whatever gate, scheme, host or port the
+    # request came by; "" is urn:sepa-gateway:<observations.gateway_id>/ (stable across restarts)
+    base_iri: str = ""
 
 
 @dataclass
@@ -42,6 +51,7 @@ class HttpConfig:
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     idle_timeout_s: float = 60.0  # a kept-alive connection without a request for this long is closed
+    request_timeout_s: float = 20.0  # a request's head, and its body, must arrive within this (then 408)
 
 
 @dataclass
@@ -51,6 +61,12 @@ class WebSocketConfig:
     heartbeat_s: float = 30.0  # ping interval; a client that does not answer is dropped
     queue_limit: int = 10_000  # notifications queued for one slow client before it is disconnected
     max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
+    # subscriptions one client (secure identity, or address on the plain gates) and all clients may
+    # hold, by count and by bytes of SPARQL text; past them a subscribe gets a 429 error frame
+    max_subscriptions_per_client: int = 500
+    max_subscription_bytes_per_client: int = 4194304
+    max_subscriptions: int = 10_000
+    max_subscription_bytes: int = 67108864
 
 
 @dataclass
@@ -74,6 +90,8 @@ class SchedulerConfig:
     query_threads: int = 4
     max_pending: int = 100_000  # delayed updates waiting for their due time before new ones get 429
     max_pending_bytes: int = 67108864  # and their SPARQL text in total (UTF-8 bytes): they wait in memory
+    max_pending_per_client: int = 10_000  # one client's (secure identity, or address on the plain gates)
+    max_pending_bytes_per_client: int = 4194304
 
 
 @dataclass
@@ -152,19 +170,34 @@ class Config:
             ("http.max_request_bytes", self.http.max_request_bytes),
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
+            ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),
+            ("websocket.max_subscription_bytes_per_client", self.websocket.max_subscription_bytes_per_client),
+            ("websocket.max_subscriptions", self.websocket.max_subscriptions),
+            ("websocket.max_subscription_bytes", self.websocket.max_subscription_bytes),
             ("scheduler.queue_size", self.scheduler.queue_size),
             ("scheduler.query_threads", self.scheduler.query_threads),
             ("scheduler.max_pending", self.scheduler.max_pending),
             ("scheduler.max_pending_bytes", self.scheduler.max_pending_bytes),
+            ("scheduler.max_pending_per_client", self.scheduler.max_pending_per_client),
+            ("scheduler.max_pending_bytes_per_client", self.scheduler.max_pending_bytes_per_client),
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
-        if self.http.idle_timeout_s <= 0:
-            raise ConfigError("http.idle_timeout_s must be positive")
+        if self.http.idle_timeout_s <= 0 or self.http.request_timeout_s <= 0:
+            raise ConfigError("http.idle_timeout_s and http.request_timeout_s must be positive")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
         if self.engine.service_timeout_s <= 0:
             raise ConfigError("engine.service_timeout_s must be positive")
+        if self.engine.base_iri:
+            try:
+                NamedNode(self.engine.base_iri)
+            except ValueError as error:
+                raise ConfigError(f"engine.base_iri is not an absolute IRI: {error}") from None
+        if self.engine.time_limit_s <= 0:
+            raise ConfigError("engine.time_limit_s must be positive")
+        if not 1 <= self.engine.query_workers <= 64:
+            raise ConfigError("engine.query_workers must be between 1 and 64")
         for name, path in (
             ("http.query_path", self.http.query_path),
             ("http.update_path", self.http.update_path),

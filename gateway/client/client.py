@@ -296,9 +296,7 @@ class SepaClient:
         """
         using, named = graph_list(using_graph_uri), graph_list(using_named_graph_uri)
         if delay is None and at is None:
-            return await self.transport.update(
-                sparql, using_graph_uri=using, using_named_graph_uri=named, quads=quads
-            )
+            return await self.transport.update(sparql, using_graph_uri=using, using_named_graph_uri=named, quads=quads)
         if quads:
             raise SepaClientError("invalid_request", "a delayed update has no quads to return yet", 400)
         delay_text, at_text = due_params(delay, at)

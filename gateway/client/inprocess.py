@@ -168,8 +168,7 @@ class InProcessTransport:
             to_loop(deliver, notification)
 
         call = asyncio.ensure_future(
-            self.scheduler.serialized(
-                self.engine.subscribe,
+            self.scheduler.engine_subscribe(
                 sparql,
                 from_engine_thread,
                 alias=alias,

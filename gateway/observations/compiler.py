@@ -7,7 +7,7 @@ failure on the first message.
 
 from __future__ import annotations
 
-import re
+import regex
 
 from gateway.observations import senml  # noqa: F401  (registers the "senml" extractor)
 from gateway.observations.errors import MappingError, PayloadError
@@ -59,12 +59,12 @@ def compile_mapping(mapping: Mapping) -> Compiled:
     )
 
 
-def _pattern(mapping: Mapping) -> re.Pattern[str]:
+def _pattern(mapping: Mapping) -> regex.Pattern[str]:
     if not mapping.pattern:
         raise MappingError("extract 'regex' needs a 'pattern'")
     try:
-        pattern = re.compile(mapping.pattern)
-    except re.error as error:
+        pattern = regex.compile(mapping.pattern)
+    except (regex.error, ValueError) as error:
         raise MappingError(f"pattern {mapping.pattern!r}: {error}") from None
     if "value" not in pattern.groupindex:
         raise MappingError(f"pattern {mapping.pattern!r} needs a named group (?P<value>...)")

@@ -8,10 +8,11 @@ in :mod:`gateway.observations.compiler`, once per mapping.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import regex
 
 from gateway.observations.errors import PayloadError
 from gateway.observations.kinds import Kind, kind_named
@@ -32,6 +33,11 @@ from gateway.observations.sources import SourceFilter
 from gateway.observations.targets import Resolved, Targets
 
 TIME_KEYS = ("time", "Time", "timestamp", "ts", "last_seen")
+# A mapping's pattern comes from whoever may write the mappings graph: a catastrophic one (`(a+)+$`
+# style) backtracks exponentially in the payload's length, and one MQTT message froze the gateway
+# for 48 s with Python's re. The `regex` module stops a match at a time limit (and avoids many such
+# blow-ups outright); past it the payload is refused like any other that does not match.
+REGEX_TIME_LIMIT_S = 0.05
 
 
 @dataclass(slots=True)
@@ -82,7 +88,7 @@ class Compiled:
     words: BooleanWords
     path: tuple[PathStep, ...] | None
     time_path: tuple[PathStep, ...] | None
-    pattern: re.Pattern[str] | None
+    pattern: regex.Pattern[str] | None
     fields: tuple[tuple[str, tuple[PathStep, ...], str, Kind | None, str | None], ...]
     run: Run
 
@@ -154,7 +160,12 @@ def _json(compiled: Compiled, message: Message) -> list[Reading]:
 def _regex(compiled: Compiled, message: Message) -> list[Reading]:
     assert compiled.pattern is not None
     text = decode(message.payload)
-    found = compiled.pattern.search(text)
+    try:
+        found = compiled.pattern.search(text, timeout=REGEX_TIME_LIMIT_S)
+    except TimeoutError:
+        raise PayloadError(
+            f"the pattern {compiled.pattern.pattern!r} took over {REGEX_TIME_LIMIT_S * 1000:g} ms on this payload"
+        ) from None
     if found is None or found.group("value") is None:
         raise PayloadError(f"payload {shown(text)} does not match the pattern {compiled.pattern.pattern!r}")
     kind = message.resolved.kind

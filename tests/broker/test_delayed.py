@@ -21,6 +21,23 @@ EX = "http://example.org/"
 RAN = Quad(NamedNode(f"{EX}lamp"), NamedNode(f"{EX}status"), Literal("OFF"))
 
 
+def _run_until_none_pending(store: RdfStore, pending: PendingUpdates) -> Scheduler:
+    """Start the delayed updates of a scheduler over `store` and `pending`, stop once none is left."""
+    scheduler = Scheduler(Engine(store), pending=pending)
+
+    async def run() -> None:
+        await scheduler.delayed.start()
+        for _ in range(200):
+            if not pending.all():
+                break
+            await asyncio.sleep(0.01)
+        await scheduler.delayed.stop()
+
+    asyncio.run(run())
+    scheduler.close()
+    return scheduler
+
+
 def test_an_update_journalled_with_its_tag_counts_as_run_after_a_kill(tmp_path: Path) -> None:
     pending = PendingUpdates(tmp_path)
     entry = pending.add("job-1", 0, 0, f'INSERT DATA {{ <{EX}lamp> <{EX}status> "OFF" . <{EX}lamp> <{EX}again> 1 }}')
@@ -34,18 +51,7 @@ def test_an_update_journalled_with_its_tag_counts_as_run_after_a_kill(tmp_path: 
     store = RdfStore.open(tmp_path)
     assert store.recovered_tags == ["job-1"]
     pending = PendingUpdates(tmp_path)
-    scheduler = Scheduler(Engine(store), pending=pending)
-
-    async def run() -> None:
-        await scheduler.delayed.start()
-        for _ in range(200):
-            if not pending.all():
-                break
-            await asyncio.sleep(0.01)
-        await scheduler.delayed.stop()
-
-    asyncio.run(run())
-    scheduler.close()
+    scheduler = _run_until_none_pending(store, pending)
     quads = store.quads()
     assert RAN in quads
     assert not any(quad.predicate == NamedNode(f"{EX}again") for quad in quads)  # job-1 did not run again
@@ -86,3 +92,58 @@ def test_pending_delayed_updates_are_limited_by_bytes_as_well_as_by_count() -> N
             scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_one_client_cannot_fill_the_pending_delayed_updates_of_all() -> None:
+    from broker.delayed import TooManyPending, now_micros
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine(), max_pending_per_client=2, max_pending_bytes_per_client=1_000)
+        try:
+            later = now_micros() + 3_600_000_000
+            update = "INSERT DATA { <urn:s> <urn:p> 1 }"
+            first = await scheduler.delayed.schedule(update, later, client="address 10.0.0.1")
+            await scheduler.delayed.schedule(update, later, client="address 10.0.0.1")
+            try:
+                await scheduler.delayed.schedule(update, later, client="address 10.0.0.1")
+            except TooManyPending as error:
+                assert error.status_code == 429 and "this client" in error.description
+            else:
+                raise AssertionError("a third update fitted in a quota of two")
+            await scheduler.delayed.schedule(update, later, client="address 10.0.0.2")  # another client is served
+            await scheduler.delayed.schedule(update, later, owner="sensor-app")
+            await scheduler.delayed.cancel(first.id)
+            await scheduler.delayed.schedule(update, later, client="address 10.0.0.1")  # room again
+            big = 'INSERT DATA { <urn:s> <urn:p> "' + "x" * 1_000 + '" }'
+            try:
+                await scheduler.delayed.schedule(big, later, owner="sensor-app")
+            except TooManyPending as error:
+                assert "bytes" in error.description
+            else:
+                raise AssertionError("1 KB of text fitted in a client's quota of 1,000 bytes")
+        finally:
+            await scheduler.delayed.stop()
+            scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_update_the_gateway_died_running_twice_is_abandoned_not_replayed(tmp_path: Path) -> None:
+    """What two crashes while running one delayed update leave on disk: its row, started twice. It
+    must not be started a third time (a crash loop under Restart=on-failure); the others still run."""
+    pending = PendingUpdates(tmp_path)
+    deadly = pending.add("deadly", 0, 0, f"INSERT DATA {{ <{EX}deadly> <{EX}ran> 1 }}")
+    pending.add("fine", 0, 0, f"INSERT DATA {{ <{EX}fine> <{EX}ran> 1 }}")
+    assert pending.attempt(deadly.id) == 1 and pending.attempt(deadly.id) == 2
+    pending.close()
+    pending = PendingUpdates(tmp_path)
+    store = RdfStore.open(tmp_path)
+    scheduler = _run_until_none_pending(store, pending)
+    assert scheduler.delayed.stats.abandoned == 1 and not pending.all()
+    assert scheduler.engine.query(f"ASK {{ <{EX}fine> <{EX}ran> 1 }}").boolean
+    assert not scheduler.engine.query(f"ASK {{ <{EX}deadly> <{EX}ran> 1 }}").boolean
+    # a row that ran leaves no attempts behind
+    (left,) = pending._db.execute("SELECT COUNT(*) FROM attempts").fetchone()
+    pending.close()
+    store.close()
+    assert left == 0

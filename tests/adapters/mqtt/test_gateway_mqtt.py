@@ -227,3 +227,35 @@ def test_edge_history_is_pruned_to_the_retention_count(mosquitto: Mosquitto, tmp
         assert sorted(float(row["v"]) for row in numeric_results(gateway, "gateway/tank/temperature")) == [7, 8, 9]
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_catastrophic_mapping_regex_costs_its_message_only(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Issue 16's freeze: a mapping whose pattern backtracks exponentially, and one message that makes
+    it: with Python's re this froze HTTP, WebSocket and MQTT for 48 s; now the message is refused
+    (counted) within the pattern's time limit and the gateway answers meanwhile."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        added = gateway.update(
+            PREFIXES + "INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
+            '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+            'gw:topicFilter "evil/{sensor}" ; gw:extract "regex" ; gw:pattern "^(?P<value>(a|aa)+)$" ; '
+            'gw:sensorTemplate "urn:example:{sensor}" ; gw:propertyTemplate "temperature" } }'
+        )
+        assert added.status == 200, added.body
+        time.sleep(0.3)  # the adapter subscribes to the new topic
+        bad_before = gateway.metrics().get("sepa_mqtt_ingest_bad_input", 0)
+        for _ in range(3):
+            mosquitto.pub("evil/x", "a" * 40 + "!")
+        slowest = 0.0
+        deadline = time.monotonic() + 5
+        while gateway.metrics().get("sepa_mqtt_ingest_bad_input", 0) < bad_before + 3:
+            started = time.monotonic()
+            assert gateway.ask("ASK { }")
+            slowest = max(slowest, time.monotonic() - started)
+            assert time.monotonic() < deadline, "the messages were not refused in time"
+        assert slowest < 0.5
+        mosquitto.pub("gateway/s1/temperature", "19.5")  # the adapter goes on
+        wait_for(lambda: numeric_results(gateway, "gateway/s1/temperature"))
+    finally:
+        assert gateway.stop() == 0

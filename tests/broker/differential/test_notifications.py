@@ -75,6 +75,24 @@ def _numbers_by_value(rows: Iterable[Sequence[object]]) -> list[tuple[object, ..
     return [tuple(value(term) for term in row) for row in rows]
 
 
+# MIN and MAX over values that are equal but differently typed (1 and 1.0) may give either: pyoxigraph
+# takes the first in its iteration order, which an update of unrelated quads can change. The view and
+# a re-evaluation then agree by value, not by term.
+TIES = frozenset({"min_max_avg_no_group"})
+
+
+def comparable(name: str, rows: Counter[NormalRow]) -> Counter[tuple[object, ...]]:
+    """`rows` as they must agree for the pool query `name`: by value where ties are allowed (TIES)."""
+    if name not in TIES:
+        return rows  # type: ignore[return-value]
+    out: Counter[tuple[object, ...]] = Counter()
+    for row, count in rows.items():
+        names = [name for name, _ in row]
+        (values,) = _numbers_by_value([[term for _, term in row]])
+        out[tuple(zip(names, values, strict=True))] += count
+    return out
+
+
 def _show(rows: Counter[NormalRow]) -> str:
     return (
         "; ".join(
@@ -159,7 +177,8 @@ class ClientView:
             assert self.variables == frozenset(result.variables), (
                 f"{q.name}: notified variables {sorted(self.variables)} vs query variables {result.variables}"
             )
-        assert self.rows == expected, (
+        held, expected = comparable(q.name, self.rows), comparable(q.name, expected)
+        assert held == expected, (
             f"{q.name}: view rebuilt from notifications differs from query()\n"
             f"  missing from view: {_show(expected - self.rows)}\n"
             f"  extra in view:     {_show(self.rows - expected)}"

@@ -717,3 +717,52 @@ def test_an_idle_kept_alive_connection_is_closed(start_gateway: Any) -> None:
             assert time.monotonic() - started < 8, "the idle connection is still open"
         assert time.monotonic() - started < 8
     assert gateway.running
+
+
+def _trickle(client: Any, data: bytes, every_s: float, until_s: float) -> bytes:
+    """Send `data` a byte at a time (slowloris) until the gateway answers or closes; what it answered."""
+    import time
+
+    client.settimeout(every_s)
+    started = time.monotonic()
+    for byte in data:
+        try:
+            client.sendall(bytes([byte]))
+        except OSError:
+            break
+        try:
+            answer = client.recv(65536)
+        except TimeoutError:
+            assert time.monotonic() - started < until_s, "the trickling request is still being read"
+            continue
+        return answer
+    return b""
+
+
+def test_a_request_head_that_trickles_in_is_timed_out(start_gateway: Any) -> None:
+    """Slowloris: header lines a byte at a time. aiohttp has no header timeout; the gateway answers
+    408 and closes once [http] request_timeout_s has passed since the request's first byte, while a
+    connection that was merely idle longer than that still gets its next request served."""
+    import socket
+    import time
+
+    gateway = start_gateway(toml="[http]\nrequest_timeout_s = 1.0\nidle_timeout_s = 30.0\n")
+    head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=10) as client:
+        answer = _trickle(client, head, 0.1, 5)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 1.0 <= time.monotonic() - started < 2.5
+    body = b"INSERT DATA { <urn:slow> <urn:p> 1 }"
+    request = b"POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
+    request += b"Content-Length: %d\r\n\r\n" % len(body)
+    with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=10) as client:
+        client.sendall(request)
+        answer = _trickle(client, body, 0.1, 5)  # a body that trickles in
+    assert b" 408 " in answer.split(b"\r\n")[0] and b"request_timeout" in answer, answer
+    assert not gateway.ask("ASK { <urn:slow> <urn:p> 1 }")
+    with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=10) as client:
+        time.sleep(1.5)  # idle, past the request limit but not the idle one
+        client.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200")
+    assert gateway.metrics()['sepa_errors_total{error="request_timeout",status="408"}'] == 2

@@ -1,0 +1,68 @@
+"""What a query worker evaluates: the jobs, the same functions in a worker or in this process.
+
+A job takes the :class:`~broker.core.query_processor.QueryProcessor` of the store it runs on (a
+worker's replica, or the engine's own store when there are no workers) and returns plain, picklable
+values: bytes, rows of pyoxigraph terms. Errors are :class:`~broker.errors.SepaError` subclasses, or
+pyoxigraph's SyntaxError where the caller locates it in the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from broker.core.query_processor import QueryProcessor
+from broker.core.results import QueryResult
+from broker.core.update_processor import where_solutions
+from broker.gates.negotiation import serialize
+
+
+def serialized(
+    processor: QueryProcessor,
+    sparql: str,
+    *,
+    accept: str | None,
+    default_graph_uri: Sequence[str] = (),
+    named_graph_uri: Sequence[str] = (),
+    base_iri: str | None = None,
+) -> tuple[bytes, str]:
+    """A SPARQL Protocol query, serialized for the client's Accept header: (body, content type)."""
+    raw = processor.run(sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri, base_iri=base_iri)
+    return serialize(raw, accept)
+
+
+def materialized(processor: QueryProcessor, sparql: str, **options: Any) -> QueryResult:
+    """A query evaluated in full (the in-process API's :meth:`~broker.core.engine.Engine.query`)."""
+    return processor.materialize(processor.run(sparql, **options))
+
+
+def probe(
+    processor: QueryProcessor,
+    sparql: str,
+    *,
+    default_graph_uri: Sequence[str] = (),
+    named_graph_uri: Sequence[str] = (),
+    prefixes: dict[str, str] | None = None,
+) -> int:
+    """Evaluate a subscription's query once, in full: the number of its results.
+
+    Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
+    first where it can be, a query that never ends is refused before it gets there."""
+    result = processor.materialize(
+        processor.run(
+            sparql,
+            default_graph_uri=default_graph_uri,
+            named_graph_uri=named_graph_uri,
+            prefixes=prefixes,
+            subscription=True,
+        )
+    )
+    return len(result.rows) if result.kind == "select" else 1
+
+
+JOBS: dict[str, Callable[..., Any]] = {
+    "serialized": serialized,
+    "materialized": materialized,
+    "probe": probe,
+    "where_solutions": lambda processor, *args: where_solutions(processor.store, *args),
+}

@@ -1,0 +1,85 @@
+"""Wall-clock limits over real sockets: a never-ending query, subscription or update WHERE is
+stopped within its limit plus a second, its client gets a clear error, nothing half-applies, and
+other clients are served meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from tools.launcher import RunningGateway
+
+LIMIT_S = 1.0
+TOML = f"[engine]\ntime_limit_s = {LIMIT_S}\nquery_workers = 2\n"
+EX = "http://example.org/"
+PRODUCT = " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15))  # a cartesian product: never ends
+ENDLESS_COUNT = f"SELECT (COUNT(*) AS ?n) WHERE {{ {PRODUCT} }}"
+
+
+def _seeded(start_gateway: Callable[..., RunningGateway]) -> RunningGateway:
+    gateway = start_gateway(toml=TOML)
+    assert gateway.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3 . <{EX}b> <{EX}p> <{EX}a> }}").status == 200
+    return gateway
+
+
+def test_an_endless_query_is_stopped_and_other_clients_are_served(start_gateway) -> None:
+    gateway = _seeded(start_gateway)
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def other_client() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            assert gateway.query(f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}").status == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+
+    meanwhile = threading.Thread(target=other_client)
+    meanwhile.start()
+    try:
+        started = time.monotonic()
+        reply = gateway.query(ENDLESS_COUNT)
+        waited = time.monotonic() - started
+    finally:
+        stop.set()
+        meanwhile.join()
+    assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
+    assert LIMIT_S <= waited < LIMIT_S + 1
+    assert len(latencies) > 20 and statistics.quantiles(latencies, n=100)[98] < 0.05
+    metrics = gateway.metrics()
+    assert metrics["sepa_query_worker_timeouts_total"] == 1
+    assert metrics['sepa_errors_total{error="timeout",status="503"}'] == 1
+
+
+def test_an_update_with_an_endless_where_changes_nothing_and_updates_go_on(start_gateway) -> None:
+    gateway = _seeded(start_gateway)
+    before = gateway.query("SELECT * WHERE { ?s ?p ?o }", accept="text/csv").body
+    update = f"INSERT {{ <{EX}z> <{EX}p> ?n }} WHERE {{ {{ {ENDLESS_COUNT} }} }}"
+    started = time.monotonic()
+    reply = gateway.update(update)
+    assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
+    assert time.monotonic() - started < LIMIT_S + 1
+    assert gateway.query("SELECT * WHERE { ?s ?p ?o }", accept="text/csv").body == before
+    assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
+
+
+def test_an_endless_subscription_is_an_error_frame_and_the_socket_lives_on(start_gateway) -> None:
+    gateway = _seeded(start_gateway)
+
+    async def main() -> tuple[dict, dict]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{gateway.ws_url}/subscribe") as ws:
+            await ws.send_json({"subscribe": {"sparql": ENDLESS_COUNT, "alias": "endless"}})
+            refused = json.loads((await ws.receive(timeout=LIMIT_S + 5)).data)
+            await ws.send_json({"subscribe": {"sparql": f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}", "alias": "fine"}})
+            accepted = json.loads((await ws.receive(timeout=5)).data)
+            return refused, accepted
+
+    refused, accepted = asyncio.run(main())
+    assert refused["error"] == "timeout" and refused["alias"] == "endless", refused
+    assert accepted["notification"]["alias"] == "fine", accepted

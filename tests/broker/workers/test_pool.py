@@ -1,0 +1,170 @@
+"""Query workers: replicas that follow the store exactly, and evaluations a time limit really stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.core.engine import Engine
+from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded
+from broker.store import RdfStore
+from broker.workers.pool import QueryWorkers
+
+EX = "http://example.org/"
+# a cartesian product of 15 patterns: never ends on any store of a few quads
+ENDLESS = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15)) + " }"
+EVERYTHING = "SELECT ?g ?s ?p ?o WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } }"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[tuple[Engine, QueryWorkers]]:
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=2, time_limit_s=1.0)
+    pool.start()
+    yield Engine(store, workers=pool), pool
+    pool.close()
+
+
+def _rows(engine: Engine, sparql: str) -> set[tuple[str, ...]]:
+    """The rows evaluated by a worker, and the same evaluated on the store itself: they must agree."""
+    remote = engine.query(sparql)
+    local = engine.queries.materialize(engine.queries.run(sparql))
+    as_text = lambda result: {tuple(str(term) for term in row) for row in result.rows}  # noqa: E731
+    assert as_text(remote) == as_text(local)
+    return as_text(remote)
+
+
+_UPDATES = st.sampled_from(
+    [
+        f"INSERT DATA {{ <{EX}a> <{EX}p> 1 . <{EX}b> <{EX}p> 2 }}",
+        f"INSERT DATA {{ GRAPH <{EX}g> {{ <{EX}a> <{EX}q> 'x'@en }} }}",
+        f"INSERT DATA {{ _:n <{EX}p> 3 }}",
+        f"DELETE WHERE {{ ?s <{EX}p> 1 }}",
+        f"DELETE {{ ?s <{EX}p> ?o }} INSERT {{ ?s <{EX}r> ?o }} WHERE {{ ?s <{EX}p> ?o FILTER(?o > 1) }}",
+        f"INSERT {{ ?s <{EX}copy> ?o }} WHERE {{ ?s ?p ?o OPTIONAL {{ ?s <{EX}none> ?x }} }}",
+        f"CREATE SILENT GRAPH <{EX}empty>",
+        f"DROP SILENT GRAPH <{EX}g>",
+        f"CLEAR SILENT GRAPH <{EX}empty> ; INSERT DATA {{ <{EX}c> <{EX}p> 5 }}",
+        "DELETE WHERE { ?s ?p ?o }",
+    ]
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(updates=st.lists(_UPDATES, max_size=8))
+def test_a_replica_answers_as_the_store_after_any_updates(
+    workers: tuple[Engine, QueryWorkers], updates: list[str]
+) -> None:
+    """Blank nodes, named graphs (empty ones too), sequences, WHERE clauses run in the workers."""
+    engine, _ = workers
+    for update in updates:
+        engine.update(update)
+    _rows(engine, EVERYTHING)
+    _rows(engine, "SELECT ?g WHERE { GRAPH ?g { } }")
+
+
+def test_a_query_past_its_limit_is_stopped_and_its_worker_replaced(workers: tuple[Engine, QueryWorkers]) -> None:
+    engine, pool = workers
+    engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3 }}")
+    pids = {worker.process.pid for worker in pool._workers}
+    before = dict(pool.stats)
+    started = time.monotonic()
+    with pytest.raises(TimeLimitExceeded):
+        engine.query(ENDLESS)
+    assert time.monotonic() - started < pool.time_limit_s + 1
+    # the work really stopped: one of the worker processes is gone within the second
+    deadline = time.monotonic() + 1
+    while all(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not all(_alive(pid) for pid in pids)
+    assert pool.stats["timeouts"] == before.get("timeouts", 0) + 1
+    # the other worker answers meanwhile, and the successor holds every update made since
+    engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 4 }}")
+    for _ in range(4):
+        assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}")) >= 4
+
+
+def test_an_update_whose_where_runs_past_its_limit_changes_nothing(workers: tuple[Engine, QueryWorkers]) -> None:
+    engine, _ = workers
+    engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
+    before = _rows(engine, EVERYTHING)
+    endless_where = (
+        ENDLESS.replace(
+            "SELECT (COUNT(*) AS ?n) WHERE", f"INSERT {{ <{EX}z> <{EX}p> ?n }} WHERE {{ SELECT (COUNT(*) AS ?n) WHERE"
+        )
+        + " }"
+    )
+    with pytest.raises(TimeLimitExceeded):
+        engine.update(endless_where)
+    assert _rows(engine, EVERYTHING) == before
+    engine.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}")  # the update path is free again
+    assert (f"<{EX}after>",) in _rows(engine, f"SELECT ?s WHERE {{ ?s <{EX}p> 1 }}")
+
+
+def test_a_worker_that_dies_is_an_error_for_its_job_and_is_replaced(workers: tuple[Engine, QueryWorkers]) -> None:
+    """A crash of pyoxigraph in a worker (killed here from outside: the same fault) costs one request."""
+    engine, pool = workers
+    time.sleep(1.5)  # successors of earlier tests are up
+    victims = {worker.process.pid for worker in pool._workers}
+
+    def kill_soon() -> None:
+        time.sleep(0.3)
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+
+    import threading
+
+    threading.Thread(target=kill_soon).start()
+    with pytest.raises((EvaluationCrashed, TimeLimitExceeded)):
+        engine.query(ENDLESS)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            assert _rows(engine, "ASK { }") == set()
+            break
+        except TimeLimitExceeded:
+            continue
+    assert pool.stats["crashes"] >= 1 or pool.stats["timeouts"] >= 1
+    assert engine.query("ASK { }").boolean is True
+
+
+def test_an_error_in_a_worker_comes_back_as_the_same_error(workers: tuple[Engine, QueryWorkers]) -> None:
+    engine, _ = workers
+    bad = "SELECT ?s WHERE { ?s ?p ?o } GROUP BY ?o"
+    with pytest.raises(SparqlSyntaxError) as remote:
+        engine.query(bad)
+    with pytest.raises(SparqlSyntaxError) as local:
+        engine.queries.run(bad)
+    assert remote.value.description == local.value.description and remote.value.status_code == 400
+
+
+def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None:
+    store = RdfStore.open(tmp_path)
+    store.ox.update(f"INSERT DATA {{ <{EX}before> <{EX}p> 1 }}")
+    pool = QueryWorkers(store, count=1, time_limit_s=5.0)
+    pool.start()
+    try:
+        engine = Engine(store, workers=pool)
+        engine.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 2 }}")
+        assert _rows(engine, f"SELECT ?s WHERE {{ ?s <{EX}p> ?o }}") == {(f"<{EX}before>",), (f"<{EX}after>",)}
+        assert len(list((tmp_path / "replicas").iterdir())) == 1
+    finally:
+        pool.close()
+        store.close()
+    assert not (tmp_path / "replicas").exists()
