@@ -21,9 +21,9 @@ class TooManySubscriptions(SepaError):
 
 @dataclass(frozen=True)
 class QuotaLimits:
-    per_client: int = 500
+    per_client: int = 2_000
     per_client_bytes: int = 4 << 20
-    total: int = 10_000
+    total: int = 20_000
     total_bytes: int = 64 << 20
 
 

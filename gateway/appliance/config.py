@@ -63,9 +63,9 @@ class WebSocketConfig:
     max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
     # subscriptions one client (secure identity, or address on the plain gates) and all clients may
     # hold, by count and by bytes of SPARQL text; past them a subscribe gets a 429 error frame
-    max_subscriptions_per_client: int = 500
+    max_subscriptions_per_client: int = 2_000
     max_subscription_bytes_per_client: int = 4194304
-    max_subscriptions: int = 10_000
+    max_subscriptions: int = 20_000
     max_subscription_bytes: int = 67108864
 
 
