@@ -19,8 +19,8 @@ even when the process was killed between the store write and the callback: that 
 delayed updates run exactly once across kill -9.
 
 Replicas (the query workers of :mod:`broker.workers`) follow the store: :meth:`RdfStore.follow`
-takes a snapshot and registers a follower atomically, and every later delta reaches each follower,
-encoded once as a journal record, in the order the store applied them.
+takes a snapshot and registers a follower atomically, and every later delta reaches each follower
+(as the lists of quads and graphs the store applied), in the order the store applied them.
 
 Layout of a data directory: `store/` (Oxigraph/RocksDB), `apply.journal` and `replicas/` (the
 workers' checkpoints, hard links to the store's files).
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 JOURNAL = "apply.journal"
 T = TypeVar("T")
-Follower = Callable[[bytes], None]
+Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
 _MAGIC = b"SEPA-DELTA"
 
 
@@ -73,7 +73,7 @@ def encode_journal_entry(
 Journalled = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str]
 
 
-def decode_journal_entry(data: bytes) -> Journalled | None:
+def _decode(data: bytes) -> Journalled | None:
     """The journalled delta and tag, or None when the journal is empty or was cut while being written."""
     header, newline, body = data.partition(b"\n")
     fields = header.split()
@@ -129,7 +129,7 @@ class RdfStore:
         """Finish an apply that a killed process left half done (see the module docstring)."""
         if not journal.exists():
             return
-        delta = decode_journal_entry(journal.read_bytes())
+        delta = _decode(journal.read_bytes())
         if delta is not None:
             added, removed, created, dropped, tag = delta
             log.warning("finishing an interrupted update from the journal", extra={"quads": len(added) + len(removed)})
@@ -167,16 +167,15 @@ class RdfStore:
             graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
             if not (added or removed or graphs_created or graphs_dropped or mark):
                 return
-            tag = mark.tag if mark is not None else ""
-            entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
             if journal is not None:
+                tag = mark.tag if mark is not None else ""
                 journal.seek(0)
-                journal.write(entry)
+                journal.write(encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
                 journal.truncate()
                 journal.flush()
             self._apply(added, removed, graphs_created, graphs_dropped)
             for follower in followers:
-                follower(entry)
+                follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
             if mark is not None:
                 mark.committed(mark.tag)
             if journal is not None:
@@ -184,20 +183,21 @@ class RdfStore:
                 journal.truncate()
                 journal.flush()
 
-    def follow(self, snapshot: Callable[[RdfStore], T], follower: Follower) -> T:
-        """Take `snapshot` of the store and register `follower` for every later delta, atomically.
-
-        The follower is called with each delta's journal record, under the store's lock: it must
-        only queue it (a replica that applies the snapshot and then the records in order is the
-        store)."""
+    def follow(self, follower: Follower) -> None:
+        """Call `follower` with every later delta (added, removed, graphs created, graphs dropped),
+        under the store's lock: it must only keep it. A replica that starts from a snapshot taken
+        :meth:`at_rest` and applies the deltas that follow, in order, is the store."""
         with self.lock:
-            taken = snapshot(self)
             self._followers = [*self._followers, follower]
-        return taken
 
     def unfollow(self, follower: Follower) -> None:
         with self.lock:
             self._followers = [each for each in self._followers if each is not follower]
+
+    def at_rest(self, call: Callable[[RdfStore], T]) -> T:
+        """`call(self)` while no delta is being applied (a snapshot between two deltas)."""
+        with self.lock:
+            return call(self)
 
     def _apply(
         self,

@@ -1,8 +1,8 @@
 """The query worker's process: a replica of the store that evaluates jobs, and can be killed.
 
 Run as ``python -m broker.workers.replica FD``: FD is its end of a socket pair to the broker. It
-receives, in order, one snapshot (``seed``), then every delta the store applies (``apply``, a
-journal record of :mod:`broker.store`) and jobs (``job``, :mod:`broker.workers.jobs`), each
+receives, in order, one snapshot (``seed``), then the deltas the store applied (``apply``, net
+deltas as N-Quads, :func:`broker.workers.pool.merged`) and jobs (``job``, :mod:`broker.workers.jobs`), each
 answered with one reply. A job sees every delta sent before it, so it sees what the store held
 when it was sent: the replica is the store, one message behind at most.
 
@@ -26,7 +26,7 @@ from pyoxigraph import NamedNode, RdfFormat, Store, parse
 from broker.core.query_processor import QueryProcessor
 from broker.errors import SepaError
 from broker.scheduler import WORKER_STACK_BYTES
-from broker.store import RdfStore, decode_journal_entry
+from broker.store import RdfStore
 from broker.workers.jobs import JOBS
 
 PR_SET_PDEATHSIG = 1
@@ -74,10 +74,13 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
         kind = message[0]
         if kind == "apply":
             assert processor is not None
-            delta = decode_journal_entry(message[1])
-            if delta is not None:
-                added, removed, created, dropped, _ = delta
-                processor.store.apply(added, removed, created, dropped)
+            _, added, removed, created, dropped = message
+            processor.store.apply(
+                parse(added, format=RdfFormat.N_QUADS) if added else (),
+                parse(removed, format=RdfFormat.N_QUADS) if removed else (),
+                [NamedNode(graph) for graph in created],
+                [NamedNode(graph) for graph in dropped],
+            )
         elif kind == "job":
             assert processor is not None
             connection.send(reply_for(processor, message))

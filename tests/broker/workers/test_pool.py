@@ -81,7 +81,7 @@ def test_a_replica_answers_as_the_store_after_any_updates(
 
 def test_a_query_past_its_limit_is_stopped_and_its_worker_replaced(workers: tuple[Engine, QueryWorkers]) -> None:
     engine, pool = workers
-    engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3 }}")
+    engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")
     pids = {worker.process.pid for worker in pool._workers}
     before = dict(pool.stats)
     started = time.monotonic()
@@ -120,6 +120,7 @@ def test_an_update_whose_where_runs_past_its_limit_changes_nothing(workers: tupl
 def test_a_worker_that_dies_is_an_error_for_its_job_and_is_replaced(workers: tuple[Engine, QueryWorkers]) -> None:
     """A crash of pyoxigraph in a worker (killed here from outside: the same fault) costs one request."""
     engine, pool = workers
+    engine.update(f"INSERT DATA {{ <{EX}many> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")  # ENDLESS never ends
     time.sleep(1.5)  # successors of earlier tests are up
     victims = {worker.process.pid for worker in pool._workers}
 
@@ -168,3 +169,41 @@ def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None
         pool.close()
         store.close()
     assert not (tmp_path / "replicas").exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    changes=st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(0, 5), max_size=4), st.sampled_from([None, "g", "h"])),
+        max_size=12,
+    )
+)
+def test_merged_deltas_have_the_effect_of_the_deltas_in_order(changes) -> None:
+    """The catch-up message a worker gets for many deltas leaves its replica as the deltas would."""
+    from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
+
+    from broker.workers.pool import merged
+
+    store, replica, deltas = Store(), Store(), []
+    for add, values, graph in changes:
+        name = NamedNode(f"{EX}{graph}") if graph else DefaultGraph()
+        quads = {Quad(NamedNode(f"{EX}s"), NamedNode(f"{EX}p"), Literal(str(value)), name) for value in values}
+        if add:
+            delta = ([q for q in quads if q not in store], [], [], [])
+        elif graph == "h":  # a graph drop: all of it goes
+            delta = ([], list(store.quads_for_pattern(None, None, None, name)), [], [name])
+        else:
+            delta = ([], [q for q in quads if q in store], [], [])
+        for quad in delta[1]:
+            store.remove(quad)
+        store.extend(delta[0])
+        deltas.append(delta)
+    for _, added, removed, created, dropped in merged(deltas):
+        for quad in parse(removed, format=RdfFormat.N_QUADS) if removed else ():
+            replica.remove(quad)
+        for graph in dropped:
+            replica.remove_graph(NamedNode(graph))
+        replica.extend(parse(added, format=RdfFormat.N_QUADS) if added else ())
+        for graph in created:
+            replica.add_graph(NamedNode(graph))
+    assert set(replica) == set(store)
