@@ -18,7 +18,8 @@ into one log of deltas, and a worker is sent the deltas it lacks just before eac
 one net delta (the last change of each quad wins), so a job sees exactly what the store held when
 it was sent. The update path only appends to the log: sending every delta to every worker as it
 happened cost the wire benchmark 60 % of its updates per second (2 workers, 2 cores). A thread
-sends the log to every worker once a second, or sooner past BACKLOG deltas, to bound the log.
+sends the log to every worker past BACKLOG deltas, to bound it (sending it once a second as well
+cost bench wire another ~10 %: the workers' catching up competes for the cores).
 
 Costs, measured on the test machine: a worker process is ~40 MB plus its replica (a full copy of
 an in-memory store; a checkpoint on disk shares the store's files and costs its own cache only);
@@ -58,7 +59,6 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
 BACKLOG = 5_000  # deltas kept for the workers before they are sent without waiting for a job
-BACKLOG_PERIOD_S = 1.0
 
 
 def _nquads(quads: list[Quad]) -> bytes:
@@ -234,9 +234,9 @@ class QueryWorkers:
             self._backlog.set()
 
     def _send_backlog(self) -> None:
-        """Send every worker the deltas it lacks, once a second or past BACKLOG deltas."""
+        """Send every worker the deltas it lacks once the log holds BACKLOG deltas."""
         while not self._closed:
-            self._backlog.wait(BACKLOG_PERIOD_S)
+            self._backlog.wait()
             self._backlog.clear()
             with self._lock:
                 for worker in self._workers:
