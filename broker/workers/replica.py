@@ -1,8 +1,8 @@
 """The query worker's process: a replica of the store that evaluates jobs, and can be killed.
 
 Run as ``python -m broker.workers.replica FD``: FD is its end of a socket pair to the broker. It
-receives, in order, one snapshot (``seed``), then the deltas the store applied (``apply``, net
-deltas as N-Quads, :func:`broker.workers.pool.merged`) and jobs (``job``, :mod:`broker.workers.jobs`), each
+receives, in order, one snapshot (``seed``), then the deltas the store applied (``apply``, in
+order as N-Quads, :func:`broker.workers.pool.batched`) and jobs (``job``, :mod:`broker.workers.jobs`), each
 answered with one reply. A job sees every delta sent before it, so it sees what the store held
 when it was sent: the replica is the store, one message behind at most.
 
@@ -74,13 +74,13 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
         kind = message[0]
         if kind == "apply":
             assert processor is not None
-            _, added, removed, created, dropped = message
-            processor.store.apply(
-                parse(added, format=RdfFormat.N_QUADS) if added else (),
-                parse(removed, format=RdfFormat.N_QUADS) if removed else (),
-                [NamedNode(graph) for graph in created],
-                [NamedNode(graph) for graph in dropped],
-            )
+            for added, removed, created, dropped in message[1]:
+                processor.store.apply(
+                    parse(added, format=RdfFormat.N_QUADS) if added else (),
+                    parse(removed, format=RdfFormat.N_QUADS) if removed else (),
+                    [NamedNode(graph) for graph in created],
+                    [NamedNode(graph) for graph in dropped],
+                )
         elif kind == "job":
             assert processor is not None
             connection.send(reply_for(processor, message))

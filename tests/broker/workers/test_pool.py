@@ -178,11 +178,11 @@ def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None
         max_size=12,
     )
 )
-def test_merged_deltas_have_the_effect_of_the_deltas_in_order(changes) -> None:
+def test_a_batch_of_deltas_has_the_effect_of_the_deltas_in_order(changes) -> None:
     """The catch-up message a worker gets for many deltas leaves its replica as the deltas would."""
     from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
 
-    from broker.workers.pool import merged
+    from broker.workers.pool import batched
 
     store, replica, deltas = Store(), Store(), []
     for add, values, graph in changes:
@@ -198,7 +198,9 @@ def test_merged_deltas_have_the_effect_of_the_deltas_in_order(changes) -> None:
             store.remove(quad)
         store.extend(delta[0])
         deltas.append(delta)
-    for _, added, removed, created, dropped in merged(deltas):
+    kind, steps = batched(deltas)
+    assert kind == "apply"
+    for added, removed, created, dropped in steps:
         for quad in parse(removed, format=RdfFormat.N_QUADS) if removed else ():
             replica.remove(quad)
         for graph in dropped:
