@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from pyoxigraph import NamedNode
+from pyparsing import ParseResults
 from rdflib import URIRef
 from rdflib.paths import AlternativePath, InvPath, MulPath, NegatedPath, Path, SequencePath
 from rdflib.plugins.sparql.algebra import translateQuery
@@ -93,7 +94,11 @@ def _walk(node: object, graph: GraphKey) -> Iterator[LoosePattern]:
         triples = node.get("triples")
         if isinstance(triples, list):
             for triple in triples:
-                yield from _triple(triple, graph)
+                # inside an EXISTS, rdflib leaves the parse tree: a subject with property and object
+                # lists is one flat list of 3k terms, its paths and prefixed names unresolved (both
+                # become wildcards in _triple: wider, never narrower)
+                for start in range(0, len(triple) - 2, 3):
+                    yield from _triple(triple[start : start + 3], graph)
         for key, value in node.items():
             if key != "triples":
                 yield from _walk(value, graph)
@@ -105,11 +110,31 @@ def _walk(node: object, graph: GraphKey) -> Iterator[LoosePattern]:
             yield from _walk(value, graph)
 
 
+_EXISTS = ("Builtin_EXISTS", "Builtin_NOTEXISTS")
+
+
+def _exists_count(node: object) -> int:
+    """How many [NOT] EXISTS a parse tree or an algebra holds."""
+    if isinstance(node, CompValue):
+        return (node.name in _EXISTS) + sum(_exists_count(value) for value in node.values())
+    if isinstance(node, list | tuple | ParseResults):
+        return sum(_exists_count(item) for item in node)
+    if isinstance(node, dict):
+        return sum(_exists_count(value) for value in node.values())
+    return 0
+
+
 @lru_cache(maxsize=1024)
 def _cached(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePattern, ...]:
     try:
-        query = translateQuery(parseQuery(text), initNs=dict(prefixes))
+        parsed = parseQuery(text)
+        written = _exists_count(parsed)  # before translation, which works on the parse tree
+        query = translateQuery(parsed, initNs=dict(prefixes))
     except Exception:  # noqa: BLE001 - anything rdflib cannot read: match everything
+        return EVERYTHING
+    if _exists_count(query.algebra) < written:
+        # rdflib's translation drops a FILTER [NOT] EXISTS nested in another one's group (rdflib
+        # 7): its patterns would be missing, and the subscription never told of their changes
         return EVERYTHING
     # FROM / FROM NAMED move the default graph: be conservative about graphs then
     graph = ANY if query.algebra.get("datasetClause") else DEFAULT

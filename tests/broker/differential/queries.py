@@ -84,6 +84,24 @@ POOL: tuple[PoolQuery, ...] = (
     _q("minus_graph", "SELECT ?s ?p ?o WHERE { ?s ?p ?o MINUS { GRAPH ?g { ?s ?p ?o } } }"),
     _q("exists", "SELECT ?s ?o WHERE { ?s ex:p ?o FILTER EXISTS { ?o ?p ?x } }"),
     _q("not_exists", "SELECT ?s ?p ?o WHERE { ?s ?p ?o FILTER NOT EXISTS { GRAPH ex:g1 { ?s ?p ?o } } }"),
+    # nested and listed [NOT] EXISTS, and EXISTS inside OPTIONAL, MINUS and subqueries (issue 16: an
+    # inner EXISTS's patterns were missing from the LUTT, and ; or , inside EXISTS broke the analyser)
+    _q("ask_nested_exists", "ASK { FILTER EXISTS { ?a ex:p ?o FILTER EXISTS { ?b ex:q ?o } } }"),
+    _q(
+        "nested_not_exists",
+        "SELECT ?s WHERE { ?s ex:p ?o FILTER NOT EXISTS { ?o ?p ?x FILTER EXISTS { ?x ex:r ?y } } }",
+    ),
+    _q("exists_lists", "SELECT ?s WHERE { ?s ?p ?o FILTER EXISTS { ?s ex:p ex:s1 , ex:s2 ; ex:q ?x } }"),
+    _q("ask_exists_lists", "ASK { FILTER EXISTS { ?s ex:p ex:o , ex:s1 ; ex:q ?x } }"),
+    _q("optional_exists", "SELECT ?s ?x WHERE { ?s ex:p ?o OPTIONAL { ?o ex:q ?x FILTER NOT EXISTS { ?x ex:r ?z } } }"),
+    _q("minus_exists", "SELECT ?s WHERE { ?s ex:p ?o MINUS { ?s ex:q ?x FILTER EXISTS { ?x ex:p ?y } } }"),
+    _q(
+        "subquery_exists",
+        "SELECT ?s ?n WHERE { ?s ex:p ?o { SELECT ?s (COUNT(*) AS ?n) WHERE { ?s ?p ?x "
+        "FILTER EXISTS { ?x ?q ?y } } GROUP BY ?s } }",
+    ),
+    _q("exists_in_graph", "SELECT ?g ?s WHERE { GRAPH ?g { ?s ex:p ?o FILTER EXISTS { ?o ex:q ?x } } }"),
+    _q("exists_path", "SELECT ?s WHERE { ?s ex:p ?o FILTER EXISTS { ?o (ex:p|ex:q)+ ?z } }"),
     # -- property paths
     _q("path_sequence", "SELECT ?s ?o WHERE { ?s ex:p/ex:q ?o }"),
     _q("path_alternative", "SELECT ?s ?o WHERE { ?s ex:p|ex:r ?o }"),
