@@ -4,19 +4,21 @@ The engine changes the store only through :meth:`RdfStore.apply` with an exact d
 the update processor, so what subscriptions are told is exactly what the store did.
 
 On disk, a delta's removals and additions are several pyoxigraph writes (pyoxigraph has no
-multi-write transaction), so a process killed in the middle would leave an update half-applied.
-The delta is therefore journalled first (`apply.journal` beside the `store` directory) and the
-journal emptied once applied; a store opened with a non-empty, complete journal re-applies it
-(removals and additions are idempotent), so after a crash every update is applied whole or not at
-all. The journal is not fsync'd, like RocksDB's own write-ahead log: it guards against the process
-being killed, not against power loss.
+multi-write transaction and no way to sync RocksDB's own write-ahead log). So every delta is first
+appended to a journal (`apply.journal` beside the `store` directory), and the journal is the
+gateway's write-ahead log: :meth:`RdfStore.sync` makes what it holds durable (fdatasync), and the
+scheduler acknowledges updates only after it (group commit: one sync per batch of updates the
+update thread ran back to back). Every CHECKPOINT_BYTES of journal the store is flushed (RocksDB
+writes and syncs its memtables to table files) and the journal emptied. A store opened with a
+journal re-applies it in order (removals and additions are idempotent) up to its last complete
+record: after a kill or a power cut, every acknowledged update is in the store, whole, and an
+update cut in the middle is either whole or absent.
 
 An update may carry an :class:`ApplyMark` (a delayed update firing does): its tag is journalled
-with the delta and its `committed` callback runs after the store was changed and before the
-journal is emptied. A journal re-applied at start-up keeps its tag in :attr:`RdfStore.recovered_tags`
-(and on disk until the next apply), so whoever owns the tag learns that its update is in the store
-even when the process was killed between the store write and the callback: that is what makes
-delayed updates run exactly once across kill -9.
+with the delta, the journal synced, and its `committed` callback runs after the store was changed.
+Tags re-applied at start-up are in :attr:`RdfStore.recovered_tags`, so whoever owns the tag learns
+that its update is in the store even when the process died between the store write and the
+callback: that is what makes delayed updates run exactly once across kill -9 and power cuts.
 
 Replicas (the query workers of :mod:`broker.workers`) follow the store: :meth:`RdfStore.follow`
 takes a snapshot and registers a follower atomically, and every later delta reaches each follower
@@ -29,6 +31,7 @@ workers' checkpoints, hard links to the store's files).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -42,6 +45,8 @@ from broker.core.clock import EngineClock
 log = logging.getLogger(__name__)
 
 JOURNAL = "apply.journal"
+# journal size past which the store is flushed and the journal emptied (bounds the replay at start)
+CHECKPOINT_BYTES = 16 << 20
 T = TypeVar("T")
 Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
 _MAGIC = b"SEPA-DELTA"
@@ -73,25 +78,28 @@ def encode_journal_entry(
 Journalled = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str]
 
 
-def _decode(data: bytes) -> Journalled | None:
-    """The journalled delta and tag, or None when the journal is empty or was cut while being written."""
-    header, newline, body = data.partition(b"\n")
-    fields = header.split()
-    if not newline or len(fields) not in (5, 6) or fields[0] != _MAGIC:
-        return None
-    sizes = [int(field) for field in fields[1:]]
-    if len(body) != sum(sizes):
-        return None
-    parts, offset = [], 0
-    for size in sizes:
-        parts.append(body[offset : offset + size])
-        offset += size
-    removed = list(parse(parts[0], format=RdfFormat.N_QUADS)) if parts[0] else []
-    added = list(parse(parts[1], format=RdfFormat.N_QUADS)) if parts[1] else []
-    created = [NamedNode(line) for line in parts[2].decode().splitlines() if line]
-    dropped = [NamedNode(line) for line in parts[3].decode().splitlines() if line]
-    tag = parts[4].decode() if len(parts) > 4 else ""
-    return added, removed, created, dropped, tag
+def _decode(data: bytes) -> list[Journalled]:
+    """The journalled deltas with their tags, in order, up to the last complete record."""
+    entries: list[Journalled] = []
+    while data:
+        header, newline, body = data.partition(b"\n")
+        fields = header.split()
+        if not newline or len(fields) not in (5, 6) or fields[0] != _MAGIC:
+            break
+        sizes = [int(field) for field in fields[1:]]
+        if len(body) < sum(sizes):
+            break  # cut while being written: never acknowledged
+        parts, offset = [], 0
+        for size in sizes:
+            parts.append(body[offset : offset + size])
+            offset += size
+        data = body[offset:]
+        removed = list(parse(parts[0], format=RdfFormat.N_QUADS)) if parts[0] else []
+        added = list(parse(parts[1], format=RdfFormat.N_QUADS)) if parts[1] else []
+        created = [NamedNode(line) for line in parts[2].decode().splitlines() if line]
+        dropped = [NamedNode(line) for line in parts[3].decode().splitlines() if line]
+        entries.append((added, removed, created, dropped, parts[4].decode() if len(parts) > 4 else ""))
+    return entries
 
 
 class RdfStore:
@@ -105,10 +113,13 @@ class RdfStore:
         self.recovered_tags: list[str] = []
         self.lock = threading.Lock()  # held while a delta is applied and sent to the followers
         self._followers: list[Follower] = []
+        self._unsynced = False
+        self._journal_bytes = 0
         if path is not None:
             journal = path / JOURNAL
             self._recover(journal)
-            self._journal = journal.open("r+b" if journal.exists() else "w+b")
+            self._journal = journal.open("ab")
+            self._journal_bytes = self._journal.tell()
 
     def query(self, sparql: str, **options: Any) -> Any:
         """pyoxigraph's query with the engine clock's SPARQL functions (broker.core.clock)."""
@@ -126,19 +137,18 @@ class RdfStore:
         return cls(Store(str(directory / "store")), directory)
 
     def _recover(self, journal: Path) -> None:
-        """Finish an apply that a killed process left half done (see the module docstring)."""
+        """Re-apply the journal, in order (see the module docstring). It is kept until the next
+        checkpoint: the owners of its tags hear of them after start-up, and a second crash before
+        then finds them again."""
         if not journal.exists():
             return
-        delta = _decode(journal.read_bytes())
-        if delta is not None:
-            added, removed, created, dropped, tag = delta
-            log.warning("finishing an interrupted update from the journal", extra={"quads": len(added) + len(removed)})
+        entries = _decode(journal.read_bytes())
+        if entries:
+            log.info("replaying the journal", extra={"updates": len(entries)})
+        for added, removed, created, dropped, tag in entries:
             self._apply(added, removed, created, dropped)
-            self.ox.flush()
             if tag:
                 self.recovered_tags.append(tag)
-                return  # kept until the next apply, in case we are killed before the tag's owner hears of it
-        journal.write_bytes(b"")
 
     @property
     def on_disk(self) -> bool:
@@ -169,19 +179,40 @@ class RdfStore:
                 return
             if journal is not None:
                 tag = mark.tag if mark is not None else ""
-                journal.seek(0)
-                journal.write(encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag))  # type: ignore[arg-type]
-                journal.truncate()
-                journal.flush()
+                entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
+                journal.write(entry)
+                journal.flush()  # in the kernel: safe from a kill now, from a power cut once synced
+                self._unsynced = True
+                self._journal_bytes += len(entry)
+                if mark is not None:
+                    self._sync()  # before the mark's owner records elsewhere that the update ran
             self._apply(added, removed, graphs_created, graphs_dropped)
             for follower in followers:
                 follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
             if mark is not None:
                 mark.committed(mark.tag)
-            if journal is not None:
-                journal.seek(0)
-                journal.truncate()
-                journal.flush()
+            if self._journal_bytes > CHECKPOINT_BYTES:
+                self._checkpoint()
+
+    def sync(self) -> None:
+        """Make every delta applied so far durable (no-op in memory, or when nothing is new)."""
+        if self._unsynced:
+            with self.lock:
+                self._sync()
+
+    def _sync(self) -> None:
+        if self._journal is not None and self._unsynced:
+            os.fdatasync(self._journal.fileno())
+            self._unsynced = False
+
+    def _checkpoint(self) -> None:
+        """Flush the store (RocksDB syncs its table files), then empty the journal (hold the lock)."""
+        assert self._journal is not None
+        self.ox.flush()
+        self._journal.truncate(0)
+        os.fdatasync(self._journal.fileno())
+        self._journal_bytes = 0
+        self._unsynced = False
 
     def follow(self, follower: Follower) -> None:
         """Call `follower` with every later delta (added, removed, graphs created, graphs dropped),
@@ -227,8 +258,10 @@ class RdfStore:
             self.ox.flush()
 
     def close(self) -> None:
-        """Flush and release the journal (the pyoxigraph store closes when dropped)."""
-        self.flush()
+        """Flush, empty and release the journal (the pyoxigraph store closes when dropped)."""
         if self._journal is not None:
+            with self.lock:
+                self._checkpoint()
             self._journal.close()
             self._journal = None
+        self.flush()

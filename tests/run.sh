@@ -8,8 +8,9 @@ sudo_cmd=()
 [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
 
 # Debian packages the tests use (real services, not mocks). Java runs the cloud tests' local Spark;
-# Chromium (with its driver) is the browser of the page tests (tests/browser_support.py).
-packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver)
+# Chromium (with its driver) is the browser of the page tests (tests/browser_support.py); strace traces
+# the syncs of the durability test (tests/broker/test_durability.py).
+packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver strace)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

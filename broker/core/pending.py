@@ -1,7 +1,7 @@
 """Pending delayed updates, kept where they survive a restart.
 
-With a data directory the table lives in SQLite (`scheduled.sqlite3`, WAL, synchronous=NORMAL:
-a committed row survives the process being killed, like the store itself); without one it lives
+With a data directory the table lives in SQLite (`scheduled.sqlite3`, WAL, synchronous=FULL:
+a committed row survives the process being killed and a power cut, like the store's journal); without one it lives
 in memory and is lost with the process, like the in-memory store.
 
 A row is deleted in the same step that puts its update's delta in the store (the store's
@@ -73,7 +73,8 @@ class PendingUpdates:
         with self._lock:
             if self.path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
+                # FULL: a delayed update is acknowledged (202) only once its row is on stable storage
+                self._db.execute("PRAGMA synchronous=FULL")
                 self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)
             (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()

@@ -1,0 +1,123 @@
+"""Acknowledged means durable: an update is answered only once its journal record is on stable
+storage, a delayed update only once its row is.
+
+The harness traces the gateway's system calls (strace attached to every thread) and checks, in
+the order the kernel saw them, that when a reply acknowledging an update starts to be sent, every
+write to the journal that had completed was covered by an fdatasync that had completed. Why that
+is equivalent to cutting the power: a power cut loses exactly the writes not yet synced, and the
+journal's records are replayed at start (tests/broker/test_store.py); so an acknowledged update
+can be lost only if a reply went out while its record was unsynced, which is what is checked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.launcher import RunningGateway
+
+_CALL = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\((\d+)<([^>]*)>)(.*)$")
+
+
+def _traced(gateway: RunningGateway, trace: Path) -> subprocess.Popen[bytes]:
+    if shutil.which("strace") is None:
+        pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
+    threads = os.listdir(f"/proc/{gateway.process.pid}/task")
+    argv = ["strace", "-f", "-y", "-s", "200", "-o", str(trace)]
+    argv += ["-e", "trace=write,pwrite64,fdatasync,fsync,sendto,sendmsg,writev"]
+    for thread in threads:
+        argv += ["-p", thread]
+    tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached
+    return tracer
+
+
+_RECORD = re.compile(r'write\(\d+<[^>]*apply\.journal>, "SEPA-DELTA 0 (\d+) ')
+_REPLY = re.compile(r'sendto\(\d+<socket:[^>]*>, "HTTP/1\.1 200 OK.*\{\\"added\\": (\d+),')
+LINE = len('<urn:x:0000> <urn:p> "0000" .\n')  # every quad of the test has this N-Quads length
+
+
+def unsynced_acknowledgements(trace: str) -> list[int]:
+    """The sizes (quads added) of updates whose 200 reply started before a sync of the journal that
+    covered their record had completed. Each update of the test adds a different number of quads
+    of one N-Quads length, so the record's byte length names its update, and the reply's "added"."""
+    completed: list[int] = []  # sizes of the journal records whose write had completed, in order
+    writing: dict[str, int] = {}  # thread -> size of the record it is writing
+    syncing: dict[str, int] = {}  # thread -> how many completed records its sync covers
+    durable = 0  # the first `durable` completed records are synced
+    late: list[int] = []
+    for line in trace.splitlines():
+        thread = line.split(" ", 1)[0]
+        record = _RECORD.search(line)
+        if record is not None:
+            size = int(record.group(1)) // LINE
+            if "<unfinished" in line:
+                writing[thread] = size
+            else:
+                completed.append(size)
+        elif "<... write resumed>" in line and thread in writing:
+            completed.append(writing.pop(thread))
+        elif "sync(" in line and "apply.journal>" in line:
+            if "<unfinished" in line:
+                syncing[thread] = len(completed)
+            elif line.rstrip().endswith("= 0"):
+                durable = len(completed)
+        elif "sync resumed>" in line and thread in syncing:
+            covered = syncing.pop(thread)
+            if line.rstrip().endswith("= 0"):
+                durable = max(durable, covered)
+        else:
+            reply = _REPLY.search(line)
+            if reply is not None and int(reply.group(1)) not in completed[:durable]:
+                late.append(int(reply.group(1)))
+    return late
+
+
+def test_updates_are_acknowledged_only_once_their_journal_is_synced(start_gateway, tmp_path: Path) -> None:
+    gateway = start_gateway(data_dir=tmp_path / "data")
+    trace = tmp_path / "trace.txt"
+    tracer = _traced(gateway, trace)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:  # concurrent: batches share a sync
+            replies = list(pool.map(lambda size: _insert(gateway, size), range(1, SIZES + 1)))
+        scheduled = gateway.update("INSERT DATA { <urn:later> <urn:p> 1 }", params=[("delay", "60000")])
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(10)
+    assert replies == [200] * SIZES and scheduled.status == 202, scheduled.body
+    text = trace.read_text(errors="replace")
+    records = len(_RECORD.findall(text))
+    syncs = len(re.findall(r"fdatasync\(\d+<[^>]*apply\.journal>", text))
+    assert records >= SIZES and 1 <= syncs <= records, (records, syncs)
+    assert len(_REPLY.findall(text)) == SIZES
+    assert unsynced_acknowledgements(text) == []
+    # the checker can fail: the same trace with the journal's syncs taken out
+    unsynced = "\n".join(line for line in text.splitlines() if "sync" not in line)
+    assert len(unsynced_acknowledgements(unsynced)) == SIZES
+    # a delayed update's 202 comes after SQLite synced its row (synchronous=FULL): the WAL's sync
+    # (fsync or fdatasync) lies between the row's write and the reply
+    wal_write = max(
+        i
+        for i, line in enumerate(text.splitlines())
+        if "scheduled.sqlite3-wal>" in line and ("write(" in line or "write64(" in line)
+    )
+    reply = next(i for i, line in enumerate(text.splitlines()) if "HTTP/1.1 202" in line)
+    between = text.splitlines()[wal_write:reply]
+    assert any("sync(" in line and "scheduled.sqlite3-wal>" in line for line in between)
+
+
+SIZES = 60
+
+
+def _insert(gateway: RunningGateway, size: int) -> int:
+    """INSERT DATA of `size` quads, each of N-Quads length LINE."""
+    quads = " ".join(f'<urn:x:{size:02d}{index:02d}> <urn:p> "{index:04d}" .' for index in range(size))
+    return gateway.update(f"INSERT DATA {{ {quads} }}").status
