@@ -25,6 +25,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "--retain-count", type=bounded(1, 1_000_000), help="observations kept per sensor (default: readings/100)"
     )
     parser.add_argument("--prune-interval", type=float, default=2.0, help="seconds between prune runs (default 2)")
+    parser.add_argument("--on-disk", action="store_true", help="the gateway with a data directory (durable readings)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_mqtt)
 
@@ -41,6 +42,7 @@ def run_mqtt(args: argparse.Namespace) -> int:
         latency_seconds=args.latency_seconds,
         retain_count=args.retain_count,
         prune_interval_s=args.prune_interval,
+        on_disk=args.on_disk,
     )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))

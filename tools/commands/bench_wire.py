@@ -63,6 +63,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         "or large INSERT DATA requests",
     )
     wire.add_argument("--no-oxigraph", action="store_true", help="skip the Oxigraph baseline")
+    wire.add_argument("--on-disk", action="store_true", help="the gateway with a data directory (durable updates)")
     wire.add_argument(
         "--secure",
         action="store_true",
@@ -105,6 +106,7 @@ def run_wire(args: argparse.Namespace) -> int:
         oxigraph=not args.no_oxigraph,
         timeout_s=float(args.timeout),
         secure=args.secure,
+        on_disk=args.on_disk,
     )
     try:
         with _sigterm_as_interrupt():

@@ -56,6 +56,7 @@ class MqttBenchOptions:
     timeout_s: float = 300.0
     retain_count: int | None = None  # observations kept per sensor; None: readings // sensors
     prune_interval_s: float = 2.0
+    on_disk: bool = False  # the gateway with a data directory (a reading is acknowledged once synced)
 
     @property
     def retention(self) -> int:
@@ -102,7 +103,9 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         broker = children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
         mqtt = f'[mqtt]\nport = {port}\nclient_id = "bench-gateway"\nprofiles = ["generic"]'
         mqtt += f"\n\n[observations]\nretain_count = {options.retention}\nprune_interval_s = {options.prune_interval_s}"
-        gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt)
+        gateway = start_gateway(
+            children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt, on_disk=options.on_disk
+        )
         metrics_url = f"http://127.0.0.1:{gateway.http_port}/metrics"
         wait_until(
             lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection"

@@ -287,8 +287,10 @@ def start_gateway(
     timeout: float = 30.0,
     mqtt: str = NO_MQTT,
     secure: bool = False,
+    on_disk: bool = False,
 ) -> GatewayProcess:
-    """Start ``sepa-gateway run`` on free ports with an in-memory store and wait until it serves.
+    """Start ``sepa-gateway run`` on free ports and wait until it serves: with an in-memory store, or
+    `on_disk` with a data directory in `workdir` (every update then waits for its group's fdatasync).
 
     With `secure`, its secure gates too (HTTPS + WSS, a self-signed certificate in
     ``<workdir>/security``, the client :data:`BENCH_IDENTITY` allowed to read and write everything).
@@ -307,6 +309,8 @@ def start_gateway(
         https_port, wss_port = (free_port(), free_port()) if secure else (None, None)
         argv = [*gateway_argv(), "run", "--config", str(config)]
         argv += ["--http-port", str(http_port), "--ws-port", str(ws_port)]
+        if on_disk:
+            argv += ["--data-dir", str(workdir / f"data-{attempt}")]
         if secure:
             argv += ["--https-port", str(https_port), "--wss-port", str(wss_port)]
         child = children.start("gateway", argv, log_path=workdir / f"gateway-{attempt}.log")

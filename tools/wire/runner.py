@@ -48,6 +48,7 @@ class WireOptions:
     oxigraph: bool = True
     timeout_s: float = 900.0
     secure: bool = False  # also run the gateway phase over HTTPS + WSS with a registered client and its token
+    on_disk: bool = False  # the gateway with a data directory (durable acknowledgements)
 
 
 class Deadline:
@@ -132,6 +133,7 @@ def gateway_phase(
         max_request_bytes=INSERT_MAX_REQUEST_BYTES,
         timeout=deadline.left(60),
         secure=secure,
+        on_disk=options.on_disk,
     )
     credentials: tuple[str, ...] = ()
     update_url, subscribe_url = gateway.update_url, gateway.subscribe_url
