@@ -23,6 +23,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
+from adapters.mqtt import deliveries
 from adapters.mqtt.actuators import Actuator
 from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor, TopicCounters
@@ -90,6 +91,7 @@ class MqttAdapter:
         self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.cache = LatestCache()
+        self.deliveries = deliveries.Deliveries()
         self.readings = 0
         self.observations_committed = 0
         self.mapping_errors = 0
@@ -107,6 +109,8 @@ class MqttAdapter:
         self._rebuild()
         result = await self.client.query(LATEST_QUERY)
         self.cache.load(dict(zip(result.variables, row, strict=True)) for row in result.rows)
+        recorded = await self.client.query(deliveries.QUERY)
+        self.deliveries.load(dict(zip(recorded.variables, row, strict=True)) for row in recorded.rows)
         for actuator in self.actuators:
             await actuator.start(self.client, self.connection)
         self._filters = self.mapper.subscriptions()
@@ -134,23 +138,30 @@ class MqttAdapter:
         if the store refuses the update the error propagates and the batch is retried.
         """
         readings: list[Reading] = []
+        delivered: list[Message] = []
         for message in batch:
+            if self.deliveries.committed(message):
+                continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
             try:
                 readings += self.mapper.readings(message.topic, message.payload, message.arrival_us)
             except UnmappedTopic as error:
                 self.counters.add(message.topic, str(error))
             except PayloadError as error:
                 self.counters.add(message.topic, str(error))
+            else:
+                delivered.append(message)
         if not readings:
             return
         request = observation_quads(readings, self.gateway_id, self.cache) or observation_update(
             readings, self.gateway_id, self.cache
         )
+        request, recorded, forgotten = self.deliveries.record(request, delivered)
         try:
             summary = await self.client.update(request, quads=True)  # the mirror moves with the quads
         except BaseException:
             self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
             raise
+        self.deliveries.settle(recorded, forgotten)
         assert summary.result is not None  # asked for: every transport returns the quads
         self.cache.apply(summary.result.added, summary.result.removed)
         self.readings += len(readings)
@@ -199,6 +210,7 @@ class MqttAdapter:
     def metrics(self) -> dict[str, Any]:
         return {
             "readings": self.readings,
+            "duplicates_skipped": self.deliveries.duplicates,
             "mapping_errors": self.mapping_errors,
             **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items() if key != "bad_input_by_topic"},
             **{f"connection_{key}": value for key, value in self.connection.metrics().items()},

@@ -259,3 +259,52 @@ def test_a_catastrophic_mapping_regex_costs_its_message_only(mosquitto: Mosquitt
         wait_for(lambda: numeric_results(gateway, "gateway/s1/temperature"))
     finally:
         assert gateway.stop() == 0
+
+
+def _publish_lines(broker: Mosquitto, topic: str, values: range) -> subprocess.Popen[bytes]:
+    publisher = subprocess.Popen(
+        ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1", "-t", topic, "-l"],
+        stdin=subprocess.PIPE,
+    )
+    assert publisher.stdin is not None
+    publisher.stdin.write("".join(f"{value}\n" for value in values).encode())
+    publisher.stdin.close()
+    return publisher
+
+
+def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Issue 16's bar: kill -9 with 1,000 readings in flight, again and again: 0 lost, 0 duplicates.
+    Without the deliveries record a redelivered reading became a second observation (168 of 3,000)."""
+    config = config_file(tmp_path, mosquitto, "\n[observations]\nretain_count = 1000000\n")
+    data = tmp_path / "data"
+    topic, per_cycle, cycles = "gateway/once/temperature", 1000, 3
+    skipped = 0.0
+    for cycle in range(cycles):
+        gateway = launch_gateway(config=config, data_dir=data)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)  # noqa: B023
+        before = gateway.metrics().get("sepa_mqtt_ingest_acked", 0)
+        publisher = _publish_lines(mosquitto, topic, range(cycle * per_cycle, (cycle + 1) * per_cycle))
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > before + 100, timeout=30)  # noqa: B023
+        skipped += gateway.metrics().get("sepa_mqtt_duplicates_skipped", 0)
+        gateway.stop(signal.SIGKILL)  # mid-stream: hundreds committed, the rest in flight
+        assert publisher.wait(30) == 0
+    restarted = launch_gateway(config=config, data_dir=data)
+    try:
+        total = cycles * per_cycle
+        counted = PREFIXES + (
+            "SELECT ?v (COUNT(?obs) AS ?n) WHERE { GRAPH " + OBSERVATIONS + " { "
+            f'?obs gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r . ?r qudt:numericValue ?v }} }} GROUP BY ?v'
+        )
+
+        def counts() -> dict[float, int]:
+            return {float(row["v"]): int(row["n"]) for row in restarted.select(counted)}
+
+        wait_for(lambda: len(counts()) == total, timeout=60)
+        found = counts()
+        assert set(found) == {float(k) for k in range(total)}
+        duplicated = sorted(value for value, n in found.items() if n > 1)
+        skipped += restarted.metrics().get("sepa_mqtt_duplicates_skipped", 0)
+        print(f"{cycles} kill -9 cycles: {len(duplicated)} duplicates, {skipped:.0f} redeliveries recognised")
+        assert duplicated == []
+    finally:
+        assert restarted.stop() == 0
