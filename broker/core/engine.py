@@ -88,6 +88,7 @@ class Engine:
         mark: ApplyMark | None = None,
         budget: int | None = None,
         access: GraphAccess | None = None,
+        trusted: bool = False,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
 
@@ -103,6 +104,10 @@ class Engine:
 
         `access` limits what the request may read and write (:mod:`broker.core.access`): a write
         outside its writable graphs raises Forbidden with nothing changed or notified.
+
+        `trusted`: the request comes from code of this process (the in-process transport: the
+        adapters, the retention agent), whose WHERE clauses run here, not in a time-limited worker;
+        an Update syntax tree is always trusted.
         """
         steps = None if budget is None else Budget(budget)
         if base_iri is None:
@@ -111,6 +116,7 @@ class Engine:
             raise OverBudget
         clock = self.store.clock
         clock.pin()  # one instant for the update and all the subscription processing it causes
+        self.updates.trusted = trusted or not isinstance(sparql, str)  # read by its WHERE evaluation, under the lock
         try:
             started = time.perf_counter()
             delta = self.updates.compute(

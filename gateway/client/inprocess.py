@@ -100,7 +100,11 @@ class InProcessTransport:
         quads: bool = False,
     ) -> UpdateSummary:
         self._check_open()
-        options = {"using_graph_uri": tuple(using_graph_uri), "using_named_graph_uri": tuple(using_named_graph_uri)}
+        options = {
+            "using_graph_uri": tuple(using_graph_uri),
+            "using_named_graph_uri": tuple(using_named_graph_uri),
+            "trusted": True,  # code of this process, not a network client: no time limit (broker.workers)
+        }
         try:
             if self.inline:
                 result = self.engine.update(sparql, **options)  # type: ignore[arg-type]
