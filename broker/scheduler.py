@@ -350,15 +350,19 @@ class Scheduler:
         return handle
 
     async def engine_subscribe(
-        self, sparql: str, callback: Callable[[Notification], None], **options: Any
+        self, sparql: str, callback: Callable[[Notification], None], *, trusted: bool = False, **options: Any
     ) -> Subscription:
         """:meth:`Engine.subscribe` on the update thread, after :meth:`Engine.probe` on the query pool.
 
         Why the probe: subscribe evaluates the query on the update thread, where nothing can stop
         it; the probe evaluates it first where the time limit can (the query workers), so a query
-        that never ends costs its client an error, not every client the update thread."""
-        probed = ("default_graph_uri", "named_graph_uri", "prefixes")
-        await self._run(self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed})
+        that never ends costs its client an error, not every client the update thread. A `trusted`
+        subscriber (code of this process) is not probed."""
+        if not trusted:
+            probed = ("default_graph_uri", "named_graph_uri", "prefixes")
+            await self._run(
+                self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed}
+            )
         return await self.serialized(self.engine.subscribe, sparql, callback, **options)  # type: ignore[no-any-return]
 
     async def unsubscribe(self, spuid: str) -> Subscription:
