@@ -58,7 +58,11 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
-BACKLOG = 5_000  # deltas kept for the workers before they are sent without waiting for a job
+# deltas, and quads in them, kept for the workers before they are sent without waiting for a job:
+# a worker that is far behind (a LOAD, minutes of readings) would catch up at its next job, and that
+# client would wait for it (a checkpoint on disk applies ~20,000 quads/s)
+BACKLOG = 5_000
+BACKLOG_QUADS = 20_000
 
 
 def _nquads(quads: list[Quad]) -> bytes:
@@ -199,6 +203,7 @@ class QueryWorkers:
         # the deltas since the oldest position of a live worker; _log[0] is delta number _log_start
         self._log: list[Delta] = []
         self._log_start = 0
+        self._log_quads = 0  # quads logged since the sender last ran
         self._backlog = threading.Event()
         self._sender: threading.Thread | None = None
 
@@ -220,7 +225,8 @@ class QueryWorkers:
     ) -> None:
         """The store's follower: keep the delta (called under the store's lock, on the update path)."""
         self._log.append((added, removed, created, dropped))
-        if len(self._log) >= BACKLOG:
+        self._log_quads += len(added) + len(removed)
+        if self._log_quads >= BACKLOG_QUADS or len(self._log) >= BACKLOG:
             self._backlog.set()
 
     def _send_backlog(self) -> None:
@@ -228,6 +234,7 @@ class QueryWorkers:
         while not self._closed:
             self._backlog.wait()
             self._backlog.clear()
+            self._log_quads = 0
             with self._lock:
                 for worker in self._workers:
                     self._catch_up(worker)
@@ -286,7 +293,9 @@ class QueryWorkers:
             self._catch_up(worker)
             worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
         try:
-            if worker.connection.poll(limit):
+            # the time limit counts from the start of the evaluation, not from the catch-up before it
+            started = worker.connection.poll(READY_TIMEOUT_S) and worker.connection.recv() == ("started",)
+            if started and worker.connection.poll(limit):
                 reply = worker.connection.recv()
         except (EOFError, OSError):
             reply = ("crashed",)

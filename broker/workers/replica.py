@@ -83,6 +83,7 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
                 )
         elif kind == "job":
             assert processor is not None
+            connection.send(("started",))  # the deltas before it are applied: its time limit starts now
             connection.send(reply_for(processor, message))
         elif kind == "seed":
             processor = QueryProcessor(seeded(message), service_allow=service_allow)
