@@ -22,6 +22,7 @@ from pyoxigraph import DefaultGraph, NamedNode
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
+from broker.core.memory import Trimmer
 from broker.core.notification import QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
 from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, ReevalSpu, ShapeGroup, SpuBase
@@ -46,6 +47,7 @@ class SpuManager:
 
     def __init__(self, store: RdfStore, queries: QueryProcessor, stats: EngineStats, *, naive: bool = False) -> None:
         self.store = store
+        self.trimmer = Trimmer()
         self.queries = queries
         self.stats = stats
         self.naive = naive
@@ -194,6 +196,7 @@ class SpuManager:
         spu.subscribers.remove(subscription)
         if spu.subscribers:
             return subscription
+        self.trimmer.freed()  # the SPU's result goes: give the memory back (broker.core.memory)
         if isinstance(spu, GraphFeedSpu):
             by_variables = self.feeds[spu.graph]
             del by_variables[spu.variables]

@@ -1,0 +1,47 @@
+"""Giving freed memory back to the system once subscriptions end.
+
+Why: a re-evaluated subscription holds its whole result as Python objects; when it ends, Python
+frees them, but glibc keeps the freed pages in its arenas. `malloc_trim(0)` hands free pages back;
+it walks the arenas, so it runs once, TRIM_DELAY_S after the last subscription of a burst ended,
+on a timer thread. Measured on the test machine: 1,000 OPTIONAL subscriptions of 5,000 rows each
+took RSS from 88 MB to 2.65 GB; after all ended it stayed at 2.55 GB without the trim, 2.43 GB
+with it. The rest is Python's own small-object arenas, fragmented: issue 16 item 7 (memory in
+proportion to a result, given back) is not solved by this.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+TRIM_DELAY_S = 1.0
+
+_libc_name = ctypes.util.find_library("c")
+_malloc_trim = getattr(ctypes.CDLL(_libc_name), "malloc_trim", None) if _libc_name else None  # glibc only
+
+
+class Trimmer:
+    """Calls malloc_trim once, TRIM_DELAY_S after the last :meth:`freed` of a burst."""
+
+    def __init__(self) -> None:
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self.trims = 0
+
+    def freed(self) -> None:
+        if _malloc_trim is None:
+            return
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(TRIM_DELAY_S, self._trim)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _trim(self) -> None:
+        with self._lock:
+            self._timer = None
+        assert _malloc_trim is not None
+        _malloc_trim(0)
+        self.trims += 1
