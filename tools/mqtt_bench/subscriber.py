@@ -2,7 +2,8 @@
 
 Run as ``python -m tools.mqtt_bench.subscriber --url ws://.../subscribe --sensors S``; prints
 ``{"ready": true}`` once every sequence-0 reply arrived, then records each added value with
-``time.monotonic_ns()``; on a line on stdin it prints ``{"received": [[sensor, value, ns], ...]}``.
+``time.monotonic_ns()``; on a line on stdin it prints ``{"received": [[sensor, value, ns], ...]}``
+(what came since the last one): after a line holding "report" it goes on, after any other it ends.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ async def run(url: str, sensors: int) -> None:
         await ready.wait()
         sys.stdout.write(json.dumps({"ready": True}) + "\n")
         sys.stdout.flush()
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        while True:  # a line with "report" prints what came since, and goes on; any other ends
+            line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+            if "report" not in line:
+                break
+            sys.stdout.write(json.dumps({"received": received}) + "\n")
+            sys.stdout.flush()
+            received = []
         await asyncio.sleep(0.5)  # the last notifications in flight
         reader.cancel()
     sys.stdout.write(json.dumps({"received": received}) + "\n")
