@@ -15,11 +15,13 @@ A replica starts from a snapshot of the store between two deltas (:meth:`broker.
 in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
 `replicas/` of the data directory. The pool follows the store (:meth:`~broker.store.RdfStore.follow`)
 into one log of deltas, and a worker is sent the deltas it lacks just before each job, in one
-message (:func:`batched`), so a job sees exactly what the store held when it was sent. The update
-path only appends to the log: sending every delta to every worker as it happened cost the wire
-benchmark 60 % of its updates per second (2 workers, 2 cores). A thread sends the log to every
-worker past BACKLOG deltas, to bound it (sending it once a second as well cost bench wire another
-~10 %: the workers' catching up competes for the cores).
+message (:func:`batched`), so a job sees exactly what the store held when it was sent; its time
+limit counts from the start of the evaluation, after that catch-up. The update path only appends
+to the log: sending every delta to every worker as it happened cost the wire benchmark 60 % of its
+updates per second (2 workers, 2 cores), and sending the log unasked past 200,000 quads took bench
+mqtt's notification p99 from 15-29 ms to 175-236 ms. So past LOG_MAX_QUADS (or LOG_MAX_DELTAS)
+the log is dropped instead, and a worker that lacks what was dropped is replaced by a fresh one,
+from a new snapshot, when it is next picked: a checkpoint on disk (milliseconds), a dump in memory.
 
 Costs, measured on the test machine: a worker process is ~40 MB plus its replica (a full copy of
 an in-memory store; a checkpoint on disk shares the store's files and costs its own cache only);
@@ -58,13 +60,10 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
-# deltas, and quads in them, kept for the workers before they are sent without waiting for a job:
-# a worker that is far behind (a LOAD, minutes of readings) would catch up at its next job, and that
-# client would wait for it. Sent sooner, the workers compete with ingestion for the cores: at
-# 20,000 quads bench mqtt lost 10 % of its readings/s and its p99 went from 15 to 83 ms
-BACKLOG = 5_000
-BACKLOG_QUADS = 200_000
-SLICE = 50  # deltas per message when the log is sent unasked
+# the log of deltas is dropped past this many (the workers that lack them are replaced when next
+# picked): it bounds the log's memory (~200 bytes a quad) without taking cores from ingestion
+LOG_MAX_DELTAS = 5_000
+LOG_MAX_QUADS = 200_000
 
 
 def _nquads(quads: list[Quad]) -> bytes:
@@ -205,9 +204,7 @@ class QueryWorkers:
         # the deltas since the oldest position of a live worker; _log[0] is delta number _log_start
         self._log: list[Delta] = []
         self._log_start = 0
-        self._log_quads = 0  # quads logged since the sender last ran
-        self._backlog = threading.Event()
-        self._sender: threading.Thread | None = None
+        self._log_quads = 0  # quads in the log
 
     def start(self) -> None:
         """Start every worker and wait until each holds its replica."""
@@ -219,8 +216,6 @@ class QueryWorkers:
         for worker in started:
             worker.wait_ready()
             self._idle.put(worker)
-        self._sender = threading.Thread(target=self._send_backlog, name="sepa-worker-backlog", daemon=True)
-        self._sender.start()
 
     def _follow(
         self, added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
@@ -228,37 +223,27 @@ class QueryWorkers:
         """The store's follower: keep the delta (called under the store's lock, on the update path)."""
         self._log.append((added, removed, created, dropped))
         self._log_quads += len(added) + len(removed)
-        if self._log_quads >= BACKLOG_QUADS or len(self._log) >= BACKLOG:
-            self._backlog.set()
+        if self._log_quads >= LOG_MAX_QUADS or len(self._log) >= LOG_MAX_DELTAS:
+            with self._lock:  # forget it: the workers lack some of it, and are replaced when next picked
+                self._log_start += len(self._log)
+                self._log = []
+                self._log_quads = 0
+                self.stats["dropped_logs"] += 1
 
-    def _send_backlog(self) -> None:
-        """Send every worker the deltas it lacks once the log holds BACKLOG deltas."""
-        while not self._closed:
-            self._backlog.wait()
-            self._backlog.clear()
-            self._log_quads = 0
-            behind = True
-            while behind and not self._closed:
-                # a slice at a time, letting go of the GIL in between: one serialization of the whole
-                # log held it for a tenth of a second (bench mqtt's p99)
-                with self._lock:
-                    behind = any([self._catch_up(worker, SLICE) for worker in list(self._workers)])
-                time.sleep(0.001)
-
-    def _catch_up(self, worker: Worker, most: int | None = None) -> bool:
-        """Queue for `worker` the deltas it lacks (at most `most`), in one message; then forget what
-        every worker has (hold _lock). Whether it still lacks some."""
+    def _catch_up(self, worker: Worker) -> None:
+        """Queue for `worker` the deltas it lacks, in one message; then forget what every worker
+        has (hold _lock; `worker` must not lack dropped deltas)."""
         first = worker.position - self._log_start
-        entries = self._log[first:] if most is None else self._log[first : first + most]
+        entries = self._log[first:]
         if not entries:
-            return False
+            return
         worker.outbox.put(batched(entries))
         worker.position += len(entries)
         oldest = min((each.position for each in self._workers), default=worker.position) - self._log_start
         if oldest > 0:
+            self._log_quads -= sum(len(added) + len(removed) for added, removed, _, _ in self._log[:oldest])
             del self._log[:oldest]
             self._log_start += oldest
-        return worker.position < self._log_start + len(self._log)
 
     def _spawn(self) -> Worker:
         with self._lock:
@@ -291,15 +276,21 @@ class QueryWorkers:
             except queue.Empty:
                 self.stats["busy"] += 1
                 raise TimeLimitExceeded(f"no query worker became free within {limit:g} s; retry later") from None
-            if worker.process.poll() is None:
+            if worker.process.poll() is not None:
+                self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
+                self._replace(worker)
+                continue
+            with self._lock:
+                fresh = worker.position >= self._log_start
+                if fresh:
+                    self._catch_up(worker)
+                    worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
+            if fresh:
                 break
-            self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
+            self.stats["stale"] += 1  # it lacks deltas the log dropped: a fresh snapshot is cheaper
             self._replace(worker)
         self.stats["jobs"] += 1
         reply: tuple[Any, ...] | None = None
-        with self._lock:
-            self._catch_up(worker)
-            worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
         try:
             # the time limit counts from the start of the evaluation, not from the catch-up before it
             started = worker.connection.poll(READY_TIMEOUT_S) and worker.connection.recv() == ("started",)
@@ -345,7 +336,6 @@ class QueryWorkers:
             self._closed = True
             workers, self._workers = list(self._workers), set()
         self.store.unfollow(self._follow)
-        self._backlog.set()
         for worker in workers:
             worker.kill()
         self._spawner.shutdown(wait=False, cancel_futures=True)

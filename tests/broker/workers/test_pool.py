@@ -211,3 +211,24 @@ def test_a_batch_of_deltas_has_the_effect_of_the_deltas_in_order(changes) -> Non
         for graph in created:
             replica.add_graph(NamedNode(graph))
     assert set(replica) == set(store)
+
+
+def test_past_its_bound_the_log_is_dropped_and_lagging_workers_start_afresh(monkeypatch) -> None:
+    """A long stretch of updates without a query does not grow the log without bound nor take cores
+    to replay it: the workers that lack the dropped deltas get a fresh snapshot when next picked."""
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "LOG_MAX_DELTAS", 20)
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=2, time_limit_s=10.0)
+    pool.start()
+    try:
+        engine = Engine(store, workers=pool)
+        for value in range(50):
+            engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> {value} }}")
+        assert pool.stats["dropped_logs"] >= 2 and len(pool._log) < 20
+        for _ in range(3):
+            assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 50
+        assert pool.stats["stale"] >= 1
+    finally:
+        pool.close()
