@@ -33,7 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.wire.processes import BenchError, Children, free_port, python_module, start_gateway
+from tools.wire.processes import (
+    BenchError,
+    Child,
+    Children,
+    GatewayProcess,
+    free_port,
+    python_module,
+    start_gateway,
+)
 
 Log = Callable[[str], None]
 MOSQUITTO_CONFIG = """\
@@ -94,31 +102,60 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class MqttSetup:
+    """Mosquitto, a gateway ingesting from it, and a subscriber holding one subscription per sensor."""
+
+    port: int
+    broker: Child
+    gateway: GatewayProcess
+    subscriber: Child
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway.http_port}/metrics"
+
+
+def start_mqtt_setup(
+    children: Children,
+    workdir: Path,
+    client_id: str,
+    retain_count: int,
+    prune_interval_s: float,
+    sensors: int,
+    on_disk: bool,
+) -> MqttSetup:
+    """Start Mosquitto, the gateway (generic profile, retention as given) and the subscriber; return
+    once the gateway is connected and every subscription has its first notification."""
+    port = free_port()
+    (workdir / "mosquitto.conf").write_text(MOSQUITTO_CONFIG.format(port=port))
+    broker = children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
+    mqtt = f'[mqtt]\nport = {port}\nclient_id = "{client_id}"\nprofiles = ["generic"]'
+    mqtt += f"\n\n[observations]\nretain_count = {retain_count}\nprune_interval_s = {prune_interval_s}"
+    gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt, on_disk=on_disk)
+    setup = MqttSetup(port, broker, gateway, children.start(
+        "subscriber",
+        python_module("tools.mqtt_bench.subscriber", "--url", gateway.subscribe_url, "--sensors", str(sensors)),
+        pipes=True,
+    ))  # fmt: skip
+    wait_until(
+        lambda: read_metrics(setup.metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection"
+    )
+    setup.subscriber.receive(60)
+    return setup
+
+
 def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
     say = log or (lambda _message: None)
     with tempfile.TemporaryDirectory(prefix="sepa-bench-mqtt-") as directory, Children() as children:
         workdir = Path(directory)
-        port = free_port()
-        (workdir / "mosquitto.conf").write_text(MOSQUITTO_CONFIG.format(port=port))
-        broker = children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
-        mqtt = f'[mqtt]\nport = {port}\nclient_id = "bench-gateway"\nprofiles = ["generic"]'
-        mqtt += f"\n\n[observations]\nretain_count = {options.retention}\nprune_interval_s = {options.prune_interval_s}"
-        gateway = start_gateway(
-            children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt, on_disk=options.on_disk
-        )
-        metrics_url = f"http://127.0.0.1:{gateway.http_port}/metrics"
-        wait_until(
-            lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection"
-        )
+        setup = start_mqtt_setup(
+            children, workdir, "bench-gateway", options.retention, options.prune_interval_s, options.sensors,
+            options.on_disk,
+        )  # fmt: skip
+        port, broker, gateway, subscriber = setup.port, setup.broker, setup.gateway, setup.subscriber
+        metrics_url = setup.metrics_url
         say(f"mosquitto on {port}, gateway pid {gateway.child.pid}")
-        subscriber = children.start(
-            "subscriber",
-            python_module(
-                "tools.mqtt_bench.subscriber", "--url", gateway.subscribe_url, "--sensors", str(options.sensors)
-            ),
-            pipes=True,
-        )
-        subscriber.receive(60)
         say(f"subscriber: {options.sensors} subscriptions on the latest-value view")
 
         per = options.readings // options.publishers

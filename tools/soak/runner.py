@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tools.mqtt_bench.runner import MOSQUITTO_CONFIG, read_metrics, wait_until
-from tools.wire.processes import Children, free_port, python_module, start_gateway
+from tools.mqtt_bench.runner import read_metrics, start_mqtt_setup, wait_until
+from tools.wire.processes import Children, python_module
 
 Log = Callable[[str], None]
 RETAIN = 100
@@ -91,26 +91,11 @@ def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
     say = log or (lambda _message: None)
     with tempfile.TemporaryDirectory(prefix="sepa-bench-soak-") as directory, Children() as children:
         workdir = Path(directory)
-        port = free_port()
-        (workdir / "mosquitto.conf").write_text(MOSQUITTO_CONFIG.format(port=port))
-        children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
-        mqtt = f'[mqtt]\nport = {port}\nclient_id = "soak-gateway"\nprofiles = ["generic"]'
         # the edge keeps the last RETAIN observations per sensor, as an installed gateway does: the
         # store stays bounded, so memory that grows is a leak
-        mqtt += f"\n\n[observations]\nretain_count = {RETAIN}\nprune_interval_s = 2.0"
-        gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt,
-                                on_disk=options.on_disk)  # fmt: skip
-        pid = gateway.child.pid
-        metrics_url = f"http://127.0.0.1:{gateway.http_port}/metrics"
-        wait_until(lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "MQTT")
-        subscriber = children.start(
-            "subscriber",
-            python_module(
-                "tools.mqtt_bench.subscriber", "--url", gateway.subscribe_url, "--sensors", str(options.sensors)
-            ),
-            pipes=True,
-        )
-        subscriber.receive(60)
+        setup = start_mqtt_setup(children, workdir, "soak-gateway", RETAIN, 2.0, options.sensors, options.on_disk)
+        port, gateway, subscriber = setup.port, setup.gateway, setup.subscriber
+        pid, metrics_url = gateway.child.pid, setup.metrics_url
         updater = Updater(f"http://127.0.0.1:{gateway.http_port}/update", options.updates_per_s)
         updater.start()
         per_minute = int(options.rate * options.minute_s)
