@@ -14,14 +14,16 @@ that are not a plain BGP (those run on the engine's own evaluator, which counts 
 A replica starts from a snapshot of the store taken after its place in the log (see `_place`):
 in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
 `replicas/` of the data directory. The pool follows the store (:meth:`~broker.store.RdfStore.follow`)
-into one log of deltas, and a worker is sent the deltas it lacks just before each job, in one
-message (:func:`batched`), so a job sees exactly what the store held when it was sent; its time
-limit counts from the start of the evaluation, after that catch-up. The update path only appends
-to the log: sending every delta to every worker as it happened cost the wire benchmark 60 % of its
-updates per second (2 workers, 2 cores), and sending the log unasked past 200,000 quads took bench
-mqtt's notification p99 from 15-29 ms to 175-236 ms. So past LOG_MAX_QUADS (or LOG_MAX_DELTAS)
-the log is dropped instead, and a worker that lacks what was dropped is replaced by a fresh one,
-from a new snapshot, when it is next picked: a checkpoint on disk (milliseconds), a dump in memory.
+into one log of deltas; the update path only appends to it. A feeding thread sends the workers what
+they lack every FEED_INTERVAL_S, in one message per tick (:func:`batched`, serialized once for all
+the workers at the same place), and the rest is sent just before each job, so a job sees exactly
+what the store held when it was sent; its time limit counts from the start of the evaluation,
+after that catch-up. Why a steady feed, measured with bench mqtt (in memory, 2 cores): sending
+every delta to every worker as it happened cost the wire benchmark 60 % of its updates per second;
+sending nothing unasked and replacing a worker that lagged past 200,000 quads by a fresh snapshot
+(a dump of the whole store by the gateway, ~0.4 s of its CPU a time) took the notification p99
+from 21 to 73-201 ms, every spike a re-seed; a tick's worth of deltas costs the gateway
+milliseconds, in proportion to what changed rather than to the store.
 
 Costs, measured on the test machine: a worker process is ~40 MB plus its replica (a full copy of
 an in-memory store; a checkpoint on disk shares the store's files and costs its own cache only);
@@ -61,13 +63,8 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
-# the log of deltas is dropped past this many (the workers that lack them are replaced when next
-# picked): it bounds the log's memory (~200 bytes a quad) without taking cores from ingestion
-LOG_MAX_DELTAS = 5_000
-LOG_MAX_QUADS = 200_000
-
-
-SEED_SLICE = 20_000  # quads serialized at a time when a replica of an in-memory store is seeded
+FEED_INTERVAL_S = 0.2  # how often the feeding thread sends the workers the deltas they lack
+SLICE = 20_000  # quads serialized at a time (a seed, a large delta), letting go of the GIL in between
 
 
 def _dump_in_slices(store: RdfStore) -> bytes:
@@ -80,14 +77,21 @@ def _dump_in_slices(store: RdfStore) -> bytes:
     from the worker's place in the log (see QueryWorkers._place)."""
     quads = store.ox.quads_for_pattern(None, None, None, None)
     parts: list[bytes] = []
-    while chunk := list(itertools.islice(quads, SEED_SLICE)):
+    while chunk := list(itertools.islice(quads, SLICE)):
         parts.append(serialize(chunk, format=RdfFormat.N_QUADS))
         time.sleep(0)
     return b"".join(parts)
 
 
 def _nquads(quads: list[Quad]) -> bytes:
-    return serialize(quads, format=RdfFormat.N_QUADS) if quads else b""
+    """`quads` as N-Quads; a large delta (a LOAD) a slice at a time, letting other threads in."""
+    if len(quads) <= SLICE:
+        return serialize(quads, format=RdfFormat.N_QUADS) if quads else b""
+    parts = []
+    for start in range(0, len(quads), SLICE):
+        parts.append(serialize(quads[start : start + SLICE], format=RdfFormat.N_QUADS))
+        time.sleep(0)
+    return b"".join(parts)
 
 
 def batched(deltas: list[Delta]) -> tuple[Any, ...]:
@@ -157,6 +161,7 @@ class Worker:
         self.connection = Connection(ours.detach())
         self.outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.position = 0  # deltas of the pool's log sent to it (an absolute index into the log)
+        self.seeded = False  # its snapshot is queued: deltas may follow
         self._writer = threading.Thread(target=self._write, name=f"{name}-feed", daemon=True)
         self._writer.start()
 
@@ -175,6 +180,7 @@ class Worker:
         else:
             graphs = tuple(graph.value for graph in store.ox.named_graphs())
             self.outbox.put(("seed", "memory", _dump_in_slices(store), graphs))
+        self.seeded = True
 
     def wait_ready(self) -> None:
         if not self.connection.poll(READY_TIMEOUT_S) or self.connection.recv() != ("ready",):
@@ -224,7 +230,8 @@ class QueryWorkers:
         # the deltas since the oldest position of a live worker; _log[0] is delta number _log_start
         self._log: list[Delta] = []
         self._log_start = 0
-        self._log_quads = 0  # quads in the log
+        self._stopping = threading.Event()
+        self._feeder = threading.Thread(target=self._feed, name="sepa-worker-feed", daemon=True)
 
     def start(self) -> None:
         """Start every worker and wait until each holds its replica."""
@@ -236,32 +243,37 @@ class QueryWorkers:
         for worker in started:
             worker.wait_ready()
             self._idle.put(worker)
+        self._feeder.start()
 
     def _follow(
         self, added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
     ) -> None:
         """The store's follower: keep the delta (called under the store's lock, on the update path)."""
         self._log.append((added, removed, created, dropped))
-        self._log_quads += len(added) + len(removed)
-        if self._log_quads >= LOG_MAX_QUADS or len(self._log) >= LOG_MAX_DELTAS:
-            with self._lock:  # forget it: the workers lack some of it, and are replaced when next picked
-                self._log_start += len(self._log)
-                self._log = []
-                self._log_quads = 0
-                self.stats["dropped_logs"] += 1
 
-    def _catch_up(self, worker: Worker) -> None:
-        """Queue for `worker` the deltas it lacks, in one message; then forget what every worker
-        has (hold _lock; `worker` must not lack dropped deltas)."""
-        first = worker.position - self._log_start
+    def _feed(self) -> None:
+        """Every FEED_INTERVAL_S, send every worker the deltas it lacks."""
+        while not self._stopping.wait(FEED_INTERVAL_S):
+            with self._lock:
+                by_position: dict[int, list[Worker]] = {}
+                for worker in filter(lambda each: each.seeded, self._workers):
+                    by_position.setdefault(worker.position, []).append(worker)
+                for workers in by_position.values():
+                    self._catch_up(*workers)
+
+    def _catch_up(self, *workers: Worker) -> None:
+        """Queue for `workers` (all at the same place in the log) the deltas they lack, in one
+        message; then forget what every worker has (hold _lock)."""
+        first = workers[0].position - self._log_start
         entries = self._log[first:]
         if not entries:
             return
-        worker.outbox.put(batched(entries))
-        worker.position += len(entries)
-        oldest = min((each.position for each in self._workers), default=worker.position) - self._log_start
+        message = batched(entries)
+        for worker in workers:
+            worker.outbox.put(message)
+            worker.position += len(entries)
+        oldest = min(each.position for each in self._workers) - self._log_start
         if oldest > 0:
-            self._log_quads -= sum(len(added) + len(removed) for added, removed, _, _ in self._log[:oldest])
             del self._log[:oldest]
             self._log_start += oldest
 
@@ -302,19 +314,13 @@ class QueryWorkers:
             except queue.Empty:
                 self.stats["busy"] += 1
                 raise TimeLimitExceeded(f"no query worker became free within {limit:g} s; retry later") from None
-            if worker.process.poll() is not None:
-                self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
-                self._replace(worker)
-                continue
-            with self._lock:
-                fresh = worker.position >= self._log_start
-                if fresh:
-                    self._catch_up(worker)
-                    worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
-            if fresh:
+            if worker.process.poll() is None:
                 break
-            self.stats["stale"] += 1  # it lacks deltas the log dropped: a fresh snapshot is cheaper
+            self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
             self._replace(worker)
+        with self._lock:
+            self._catch_up(worker)
+            worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
         self.stats["jobs"] += 1
         reply: tuple[Any, ...] | None = None
         try:
@@ -358,6 +364,7 @@ class QueryWorkers:
 
     def close(self) -> None:
         """Kill every worker (a running job gets an error)."""
+        self._stopping.set()
         with self._lock:
             self._closed = True
             workers, self._workers = list(self._workers), set()

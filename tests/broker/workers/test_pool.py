@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded
 from broker.store import RdfStore
-from broker.workers.pool import QueryWorkers
+from broker.workers.pool import QueryWorkers, batched
 
 EX = "http://example.org/"
 # a cartesian product of 15 patterns: never ends on any store of a few quads
@@ -182,10 +183,6 @@ def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None
 )
 def test_a_batch_of_deltas_has_the_effect_of_the_deltas_in_order(changes) -> None:
     """The catch-up message a worker gets for many deltas leaves its replica as the deltas would."""
-    from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
-
-    from broker.workers.pool import batched
-
     store, replica, deltas = Store(), Store(), []
     for add, values, graph in changes:
         name = NamedNode(f"{EX}{graph}") if graph else DefaultGraph()
@@ -213,12 +210,11 @@ def test_a_batch_of_deltas_has_the_effect_of_the_deltas_in_order(changes) -> Non
     assert set(replica) == set(store)
 
 
-def test_past_its_bound_the_log_is_dropped_and_lagging_workers_start_afresh(monkeypatch) -> None:
-    """A long stretch of updates without a query does not grow the log without bound nor take cores
-    to replay it: the workers that lack the dropped deltas get a fresh snapshot when next picked."""
+def test_the_feeding_thread_keeps_idle_workers_current_and_the_log_short() -> None:
+    """A long stretch of updates without a query: the workers are sent the deltas as they come
+    (a tick at a time), so the log holds a tick's worth at most and no worker is ever re-seeded."""
     import broker.workers.pool as pool_module
 
-    monkeypatch.setattr(pool_module, "LOG_MAX_DELTAS", 20)
     store = RdfStore.memory()
     pool = QueryWorkers(store, count=2, time_limit_s=10.0)
     pool.start()
@@ -226,9 +222,21 @@ def test_past_its_bound_the_log_is_dropped_and_lagging_workers_start_afresh(monk
         engine = Engine(store, workers=pool)
         for value in range(50):
             engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> {value} }}")
-        assert pool.stats["dropped_logs"] >= 2 and len(pool._log) < 20
+        deadline = time.monotonic() + 5
+        while pool._log and time.monotonic() < deadline:
+            time.sleep(pool_module.FEED_INTERVAL_S)
+        assert pool._log == [] and {worker.position for worker in pool._workers} == {pool._log_start}
         for _ in range(3):
             assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 50
-        assert pool.stats["stale"] >= 1
+        assert pool.stats["replaced"] == 0
     finally:
         pool.close()
+
+
+def test_a_large_delta_is_serialized_a_slice_at_a_time(monkeypatch) -> None:
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "SLICE", 3)
+    quads = [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(str(n))) for n in range(10)]
+    _kind, [(added, removed, _created, _dropped)] = batched([(quads, [], [], [])])
+    assert set(parse(added, format=RdfFormat.N_QUADS)) == set(quads) and removed == b""
