@@ -9,7 +9,8 @@ broker/ imports anything else from it.
 What it offers, in the order a newcomer meets it (docs/architecture.md walks the same path):
 
 - building a broker: :class:`RdfStore` (pyoxigraph, in memory or on disk), :class:`QueryWorkers`
-  (replicas in processes of their own, where time limits stop evaluations), :class:`Engine` (updates,
+  (replicas in processes of their own, where time limits stop evaluations), :class:`Compactor` (drops
+  the dead versions pyoxigraph keeps), :class:`Engine` (updates,
   queries, subscriptions, end of processing), :class:`Scheduler` (the bounded FIFO and the update
   thread in front of it), :class:`PendingUpdates` (delayed updates), :class:`Gates` (HTTP and
   WebSocket, plain and secure);
@@ -26,6 +27,7 @@ What it offers, in the order a newcomer meets it (docs/architecture.md walks the
 
 from __future__ import annotations
 
+from broker.compaction import Compactor
 from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
 from broker.core.budget import OverBudget
 from broker.core.clock import FUNCTIONS_NS, EngineClock, rfc3339
@@ -108,6 +110,7 @@ __all__ = [
     "TimeLimitExceeded",
     "EvaluationCrashed",
     "QueryWorkers",
+    "Compactor",
     "QuotaLimits",
     "TooManySubscriptions",
     "Unauthorized",

@@ -24,15 +24,25 @@ Replicas (the query workers of :mod:`broker.workers`) follow the store: :meth:`R
 takes a snapshot and registers a follower atomically, and every later delta reaches each follower
 (as the lists of quads and graphs the store applied), in the order the store applied them.
 
+Dead versions: pyoxigraph keeps what an update removed. In memory, a removed quad stays in the
+indexes for good (500,000 quads inserted then removed: RSS +340 MB, and a scan of the empty store
+9 ms); on disk, RocksDB keeps tombstones until it compacts. A value replaced 50,000 times made a
+lookup of it 55x slower in memory (0.018 -> 1.0 ms) and 250x on disk (0.021 -> 5.25 ms). So the
+store counts what it removed (:attr:`RdfStore.garbage`) and :meth:`RdfStore.compact` rebuilds an
+in-memory store from its live quads (then swaps it in) or has RocksDB compact (Store.optimize,
+which lets go of the GIL); :mod:`broker.compaction` decides when.
+
 Layout of a data directory: `store/` (Oxigraph/RocksDB), `apply.journal` and `replicas/` (the
 workers' checkpoints, hard links to the store's files).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +60,9 @@ CHECKPOINT_BYTES = 16 << 20
 T = TypeVar("T")
 Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
 _MAGIC = b"SEPA-DELTA"
+# live quads copied at a time by an in-memory compaction, letting go of the GIL in between (20,000
+# at a time held it up to 61 ms with 200,000 dead quads among 100,000 live ones)
+COPY_SLICE = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +128,7 @@ class RdfStore:
         self._followers: list[Follower] = []
         self._unsynced = False
         self._journal_bytes = 0
+        self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
         if path is not None:
             journal = path / JOURNAL
             self._recover(journal)
@@ -169,7 +183,7 @@ class RdfStore:
         with self.lock:
             journal, followers = self._journal, self._followers
             if journal is None and not followers:
-                self._apply(added, removed, graphs_created, graphs_dropped)
+                self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)
                 if mark is not None:
                     mark.committed(mark.tag)
                 return
@@ -186,7 +200,7 @@ class RdfStore:
                 self._journal_bytes += len(entry)
                 if mark is not None:
                     self._sync()  # before the mark's owner records elsewhere that the update ran
-            self._apply(added, removed, graphs_created, graphs_dropped)
+            self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)
             for follower in followers:
                 follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
             if mark is not None:
@@ -236,15 +250,56 @@ class RdfStore:
         removed: Iterable[Quad],
         graphs_created: Iterable[NamedNode],
         graphs_dropped: Iterable[NamedNode],
-    ) -> None:
-        remove = self.ox.remove
+    ) -> int:
+        """Apply one delta; the number of quads it removed."""
+        remove, count = self.ox.remove, 0
         for quad in removed:
             remove(quad)
+            count += 1
         for graph in graphs_dropped:
             self.ox.remove_graph(graph)
         self.ox.extend(added)
         for graph in graphs_created:
             self.ox.add_graph(graph)
+        return count
+
+    def compact(self) -> int | None:
+        """Drop the dead versions pyoxigraph keeps (see the module docstring). Updates go on
+        meanwhile: in memory, the live quads of a snapshot are copied into a new store a slice at a
+        time, the deltas applied since are replayed into it, and it replaces the old one between
+        two deltas (queries running on the old one finish there). Returns the number of live quads
+        copied (in memory), None on disk."""
+        if self.path is not None:
+            self.garbage = 0
+            self.ox.optimize()
+            return None
+        deltas: list[tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]] = []
+        follower: Follower = lambda *delta: deltas.append(delta)  # noqa: E731
+        with self.lock:
+            live = self.ox.quads_for_pattern(None, None, None, None)  # a snapshot, between two deltas
+            graphs = list(self.ox.named_graphs())
+            self._followers = [*self._followers, follower]
+            self.garbage = 0
+        fresh, copied = RdfStore(Store()), 0
+        try:
+            while chunk := list(itertools.islice(live, COPY_SLICE)):
+                fresh.ox.extend(chunk)
+                copied += len(chunk)
+                time.sleep(0)
+            for graph in graphs:
+                fresh.ox.add_graph(graph)
+            replayed = 0
+            while len(deltas) - replayed > 100:  # most of them without holding up the update path
+                for delta in deltas[replayed : len(deltas)]:
+                    fresh._apply(*delta)
+                    replayed += 1
+            with self.lock:
+                for delta in deltas[replayed:]:
+                    fresh._apply(*delta)
+                self.ox = fresh.ox
+        finally:
+            self.unfollow(follower)
+        return copied
 
     def graph_exists(self, graph: NamedNode | DefaultGraph) -> bool:
         return isinstance(graph, DefaultGraph) or self.ox.contains_named_graph(graph)

@@ -21,6 +21,12 @@ _libc_name = ctypes.util.find_library("c")
 _malloc_trim = getattr(ctypes.CDLL(_libc_name), "malloc_trim", None) if _libc_name else None  # glibc only
 
 
+def trim() -> None:
+    """Hand glibc's free pages back to the system now (no-op elsewhere)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
 class Trimmer:
     """Calls malloc_trim once, TRIM_DELAY_S after the last :meth:`freed` of a burst."""
 

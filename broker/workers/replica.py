@@ -24,6 +24,7 @@ from typing import Any
 
 from pyoxigraph import NamedNode, RdfFormat, Store, parse
 
+from broker.compaction import Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import SepaError
 from broker.scheduler import WORKER_STACK_BYTES
@@ -68,6 +69,7 @@ def reply_for(processor: QueryProcessor, message: tuple[Any, ...]) -> tuple[Any,
 def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
     """Apply deltas and answer jobs until the broker closes its end."""
     processor: QueryProcessor | None = None
+    compactor: Compactor | None = None
     while True:
         try:
             message = connection.recv()
@@ -83,12 +85,15 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
                     [NamedNode(graph) for graph in created],
                     [NamedNode(graph) for graph in dropped],
                 )
+            assert compactor is not None
+            compactor.maybe_compact()  # dead versions grow in a replica as in the store
         elif kind == "job":
             assert processor is not None
             connection.send(("started",))  # the deltas before it are applied: its time limit starts now
             connection.send(reply_for(processor, message))
         elif kind == "seed":
             processor = QueryProcessor(seeded(message), service_allow=service_allow)
+            compactor = Compactor(processor.store)
             connection.send(("ready",))
 
 

@@ -16,7 +16,17 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from broker.api import Engine, Gates, GateSettings, PendingUpdates, QueryWorkers, QuotaLimits, RdfStore, Scheduler
+from broker.api import (
+    Compactor,
+    Engine,
+    Gates,
+    GateSettings,
+    PendingUpdates,
+    QueryWorkers,
+    QuotaLimits,
+    RdfStore,
+    Scheduler,
+)
 from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
@@ -50,6 +60,8 @@ class Gateway:
         except OSError as error:
             self.workers.close()
             raise StartupError(f"cannot start the query workers: {error}") from error
+        self.compactor = Compactor(self.store)
+        self.compactor.start()
         self.gateway_id = config.observations.gateway_id or socket.gethostname()
         self.engine = Engine(
             self.store,
@@ -100,6 +112,7 @@ class Gateway:
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )
+        self.gates.metric_sources["store"] = lambda: {"garbage_quads": self.store.garbage, **self.compactor.stats}
         self.runners: list[web.BaseRunner] = []
         self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
         self.stopped = asyncio.Event()
@@ -211,6 +224,7 @@ class Gateway:
             await runner.cleanup()
         self.runners.clear()
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
+        await asyncio.get_running_loop().run_in_executor(None, self.compactor.close)
         self.pending.close()
         self.store.flush()
         if self.secure is not None and self.secure.temporary is not None:

@@ -1,0 +1,85 @@
+"""Compaction drops pyoxigraph's dead versions and nothing else, while updates go on."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad
+
+import broker.store as store_module
+from broker.compaction import Compactor
+from broker.store import RdfStore
+
+EX = "http://example.org/"
+GRAPHS = [DefaultGraph(), NamedNode(f"{EX}g1"), NamedNode(f"{EX}g2")]
+
+
+def _quad(value: int, graph: int) -> Quad:
+    subject = BlankNode(f"b{value % 3}") if value % 5 == 0 else NamedNode(f"{EX}s{value % 7}")
+    return Quad(subject, NamedNode(f"{EX}p"), Literal(str(value)), GRAPHS[graph])
+
+
+_changes = st.lists(
+    st.tuples(st.booleans(), st.lists(st.integers(0, 40), max_size=8), st.integers(0, 2)), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=_changes, during=_changes, empty_graph=st.booleans())
+def test_a_compaction_under_concurrent_updates_keeps_exactly_the_live_quads(
+    monkeypatch, before, during, empty_graph
+) -> None:
+    """The update path keeps applying deltas while an in-memory compaction copies and swaps: the
+    store ends with exactly what the deltas left (blank node labels and empty named graphs too)."""
+    monkeypatch.setattr(store_module, "COPY_SLICE", 3)  # many slices: deltas land between them
+    store, expected = RdfStore.memory(), set()
+
+    def apply(changes) -> None:
+        for add, values, graph in changes:
+            quads = {_quad(value, graph) for value in values}
+            if add:
+                store.apply(quads - expected, [])
+                expected.update(quads)
+            else:
+                store.apply([], quads & expected)
+                expected.difference_update(quads)
+
+    apply(before)
+    if empty_graph:
+        store.apply([], [], [NamedNode(f"{EX}empty")])
+    compaction = threading.Thread(target=store.compact)
+    compaction.start()
+    apply(during)
+    compaction.join()
+    assert store.quads() == expected
+    assert (NamedNode(f"{EX}empty") in set(store.ox.named_graphs())) == empty_graph
+    assert store.garbage <= sum(len(values) for add, values, _ in during if not add)
+
+
+def test_the_compactor_compacts_when_enough_is_dead_and_counts_it(tmp_path: Path) -> None:
+    for store in (RdfStore.memory(), RdfStore.open(tmp_path / "data")):
+        compactor = Compactor(store, min_garbage=100)
+        quads = [_quad(value, 1) for value in range(1, 200) if value % 5]
+        store.apply(quads, [])
+        store.apply([], quads[:99])
+        assert not compactor.maybe_compact() and store.garbage == 99
+        store.apply([], quads[99:100])
+        assert compactor.maybe_compact()
+        assert store.garbage == 0 and store.quads() == set(quads[100:])
+        assert compactor.stats["compactions"] == 1 and compactor.stats["compacted_quads"] == 100
+        store.close()
+
+
+def test_after_a_compaction_the_next_waits_in_proportion_to_its_cost() -> None:
+    store = RdfStore.memory()
+    compactor = Compactor(store, min_garbage=1, duty=0.0001)
+    quads = [_quad(value, 0) for value in range(1, 50) if value % 5]
+    store.apply(quads, [])
+    store.apply([], quads)
+    assert compactor.maybe_compact()
+    store.apply(quads, [])
+    store.apply([], quads)
+    assert not compactor.maybe_compact()  # its cost / 0.01 % is seconds away
