@@ -1,0 +1,38 @@
+"""The LUTT patterns of re-evaluated subscriptions: queries that differ in constants share one parse."""
+
+from __future__ import annotations
+
+from pyoxigraph import NamedNode
+
+from broker.sparql.query_patterns import DEFAULT, LoosePattern, _cached, query_patterns
+
+EX = "http://example.org/"
+
+
+def _query(sensor: str, kind: str, threshold: float) -> str:
+    return (
+        f"PREFIX ex: <{EX}> SELECT ?v WHERE {{ <{EX}{sensor}> a ex:{kind} "
+        f'OPTIONAL {{ <{EX}{sensor}> ex:value ?v ; ex:label "a {sensor}"@en }} FILTER(?v > {threshold}) }}'
+    )
+
+
+def test_queries_that_differ_in_constants_are_parsed_once_and_keep_their_own_iris() -> None:
+    _cached.cache_clear()
+    first = query_patterns(_query("s1", "Sensor", 1.5))
+    second = query_patterns(_query("s2", "Probe", 70))
+    assert _cached.cache_info().misses == 1 and _cached.cache_info().hits == 1
+    rdf_type = NamedNode("http://www.w3.org/1999/02/22-rdf-syntax-ns#type")
+    assert LoosePattern(DEFAULT, NamedNode(f"{EX}s1"), rdf_type, NamedNode(f"{EX}Sensor")) in first
+    assert LoosePattern(DEFAULT, NamedNode(f"{EX}s2"), rdf_type, NamedNode(f"{EX}Probe")) in second
+    assert LoosePattern(DEFAULT, NamedNode(f"{EX}s2"), NamedNode(f"{EX}value"), None) in second
+    assert not any("slot" in str(pattern) for pattern in first + second)
+
+
+def test_what_is_not_abstracted_still_counts() -> None:
+    """Relative IRIs (BASE), graph names, datatypes and undeclared prefixes come out as rdflib reads them."""
+    patterns = query_patterns(
+        'BASE <http://b/> SELECT * { GRAPH <http://g/1> { <rel> ?p "1"^^<http://www.w3.org/2001/XMLSchema#int> } }'
+    )
+    assert patterns == (LoosePattern(NamedNode("http://g/1"), NamedNode("http://b/rel"), None, None),)
+    given = query_patterns("SELECT * { ?s ex:p ?o }", {"ex": EX})
+    assert given == (LoosePattern(DEFAULT, None, NamedNode(f"{EX}p"), None),)
