@@ -357,13 +357,15 @@ class Scheduler:
         Why the probe: subscribe evaluates the query on the update thread, where nothing can stop
         it; the probe evaluates it first where the time limit can (the query workers), so a query
         that never ends costs its client an error, not every client the update thread. A `trusted`
-        subscriber (code of this process) is not probed."""
+        subscriber (code of this process) is not probed, and its re-evaluations are not limited."""
         if not trusted:
             probed = ("default_graph_uri", "named_graph_uri", "prefixes")
             await self._run(
                 self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed}
             )
-        return await self.serialized(self.engine.subscribe, sparql, callback, **options)  # type: ignore[no-any-return]
+        return await self.serialized(  # type: ignore[no-any-return]
+            self.engine.subscribe, sparql, callback, limited=not trusted, **options
+        )
 
     async def unsubscribe(self, spuid: str) -> Subscription:
         return await self.serialized(self.engine.unsubscribe, spuid)
@@ -374,6 +376,7 @@ class Scheduler:
         never answers; see :attr:`queries_running`)."""
         self._updates.shutdown(wait=True)
         self._queries.shutdown(wait=False, cancel_futures=True)
+        self.engine.spus.close()
         if self.engine.workers is not None:
             self.engine.workers.close()
 

@@ -68,7 +68,7 @@ class Engine:
         self.stats = EngineStats()
         self.queries = QueryProcessor(self.store, service_allow=service_allow, service_timeout_s=service_timeout_s)
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
-        self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"))
+        self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"), workers=workers)
         self._update_lock = threading.Lock()
         self.workers = workers
         self.base_iri = base_iri
@@ -224,6 +224,7 @@ class Engine:
         named_graph_uri: Sequence[str] = (),
         prefixes: dict[str, str] | None = None,
         nonblocking: bool = False,
+        limited: bool = False,
     ) -> Subscription:
         """Subscribe to a SELECT or ASK query.
 
@@ -233,6 +234,10 @@ class Engine:
 
         `nonblocking`: the callback only hands the notification over (it never waits), so updates
         that notify it may run on an event loop thread (see :mod:`broker.core.budget`).
+
+        `limited` (a network client's): if it is re-evaluated, each re-evaluation runs in a query
+        worker under the time limit; past it the subscription ends, and `callback` gets a last
+        notification whose `ended` says why.
         """
         with self._update_lock:
             return self.spus.subscribe(
@@ -243,6 +248,7 @@ class Engine:
                 named_graph_uri=tuple(named_graph_uri),
                 prefixes=prefixes,
                 nonblocking=nonblocking,
+                limited=limited,
             )
 
     def unsubscribe(self, spuid: str) -> Subscription:

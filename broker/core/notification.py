@@ -8,6 +8,7 @@ from typing import Any, overload
 
 from pyoxigraph import NamedNode, Quad
 
+from broker.errors import SepaError
 from broker.sparql.syntax import Digest
 from broker.sparql.terms import Row, rows_to_bindings
 
@@ -118,6 +119,8 @@ class Notification:
     boolean: bool | None = None
     previous: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # the subscription ended here, for this reason (its re-evaluation ran past the time limit...)
+    ended: SepaError | None = None
 
     def results(self, rows: Sequence[Row], boolean: bool | None) -> dict[str, Any]:
         if self.boolean is not None:

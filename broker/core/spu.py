@@ -266,15 +266,14 @@ class ReevalSpu(SpuBase):
         self.is_ask = False
         self.variables: tuple[str, ...] = ()
         self.lutt_keys: list[object] = []
+        # a network client subscribed it: re-evaluated in a query worker, under the time limit
+        self.limited = False
 
     def evaluate(self, store: RdfStore) -> tuple[tuple[Row, ...], bool | None]:
-        result = store.query(self.sparql, prefixes=self.prefixes, **self.arguments)  # type: ignore[arg-type]
-        if isinstance(result, QueryBoolean):
-            self.is_ask = True
-            return (), bool(result)
-        self.variables = tuple(variable.value for variable in result.variables)
-        width = len(self.variables)
-        return tuple(tuple(solution[index] for index in range(width)) for solution in result), None
+        variables, rows, boolean = evaluate_rows(store, self.sparql, self.prefixes, self.arguments)
+        self.is_ask = boolean is not None
+        self.variables = variables
+        return rows, boolean
 
     def load(self, store: RdfStore) -> None:
         self.rows, self.boolean = self.evaluate(store)
@@ -287,7 +286,10 @@ class ReevalSpu(SpuBase):
         return self.boolean
 
     def refresh(self, store: RdfStore) -> int:
-        rows, boolean = self.evaluate(store)
+        return self.replace(*self.evaluate(store))
+
+    def replace(self, rows: tuple[Row, ...], boolean: bool | None) -> int:
+        """Take `rows` (or `boolean`) as the new result and notify the difference."""
         if self.is_ask:
             previous, self.boolean = self.boolean, boolean
             return self.notify((), (), boolean, previous)
@@ -296,6 +298,19 @@ class ReevalSpu(SpuBase):
         removed = list((self.counts - counts).elements())
         self.rows, self.counts = rows, counts
         return self.notify(added, removed, None, None)
+
+
+def evaluate_rows(
+    store: RdfStore, sparql: str, prefixes: dict[str, str] | None, arguments: dict[str, object]
+) -> tuple[tuple[str, ...], tuple[Row, ...], bool | None]:
+    """A subscription's query evaluated in full: (variables, rows, None), or ((), (), boolean) for
+    ASK. Here for a re-evaluating SPU, and in a query worker for one under the time limit."""
+    result = store.query(sparql, prefixes=prefixes, **arguments)  # type: ignore[arg-type]
+    if isinstance(result, QueryBoolean):
+        return (), (), bool(result)
+    variables = tuple(variable.value for variable in result.variables)
+    width = len(variables)
+    return variables, tuple(tuple(solution[index] for index in range(width)) for solution in result), None
 
 
 # -- graph feeds ------------------------------------------------------------------------------

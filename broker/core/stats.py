@@ -18,6 +18,7 @@ class EngineStats:
     updates: int = 0
     notifications: int = 0
     lutt_hits: int = 0
+    subscriptions_ended: int = 0  # by the engine: a re-evaluation past its time limit, or crashed
     timers: dict[str, float] = field(default_factory=dict)
 
     def record_update(self, timings: dict[str, float], notifications: int) -> None:

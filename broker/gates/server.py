@@ -123,6 +123,7 @@ class Gates:
             f"sepa_updates_total {engine.stats.updates}",
             f"sepa_notifications_total {engine.stats.notifications}",
             f"sepa_lutt_hits_total {engine.stats.lutt_hits}",
+            f"sepa_subscriptions_ended_total {engine.stats.subscriptions_ended}",
             f"sepa_subscriptions {engine.subscription_count}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",

@@ -175,6 +175,23 @@ class WebSocketGate:
                 ended += 1
         return ended
 
+    def _ended(self, connection: Connection, notification: Notification) -> None:
+        """The engine ended a subscription (its re-evaluation ran past the time limit...): an
+        error frame naming it, and its quota back."""
+        error = notification.ended
+        assert error is not None
+        self.forget(connection, notification.spuid)
+        self.counters[f"ws_{error.error}:{error.status_code}"] += 1
+        connection.push(
+            error_body(
+                error.error,
+                f"subscription ended: {error.description}",
+                error.status_code,
+                alias=notification.alias,
+                spuid=notification.spuid,
+            )
+        )
+
     def reply_error(self, connection: Connection, error: str, description: str, status: int, alias: Any = None) -> None:
         self.counters[f"ws_{error}:{status}"] += 1
         connection.push(error_body(error, description, status, alias=alias))
@@ -266,7 +283,10 @@ class WebSocketGate:
         to_loop = loop_handoff(asyncio.get_running_loop())
 
         def from_engine(notification: Notification) -> None:
-            to_loop(connection.push, notification)
+            if notification.ended is not None:
+                to_loop(self._ended, connection, notification)
+            else:
+                to_loop(connection.push, notification)
 
         try:
             subscription = await self.scheduler.engine_subscribe(

@@ -13,6 +13,7 @@ from typing import Any
 
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
+from broker.core.spu import evaluate_rows
 from broker.core.update_processor import where_solutions
 from broker.gates.negotiation import serialize
 
@@ -65,4 +66,5 @@ JOBS: dict[str, Callable[..., Any]] = {
     "materialized": materialized,
     "probe": probe,
     "where_solutions": lambda processor, *args: where_solutions(processor.store, *args),
+    "subscription_rows": lambda processor, *args: evaluate_rows(processor.store, *args),
 }

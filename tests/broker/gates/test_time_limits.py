@@ -83,3 +83,33 @@ def test_an_endless_subscription_is_an_error_frame_and_the_socket_lives_on(start
     refused, accepted = asyncio.run(main())
     assert refused["error"] == "timeout" and refused["alias"] == "endless", refused
     assert accepted["notification"]["alias"] == "fine", accepted
+
+
+def test_a_subscription_the_data_makes_endless_ends_with_an_error_frame(start_gateway) -> None:
+    """Its first evaluation is quick (the probe lets it in); an update then makes its
+    re-evaluation a cartesian product: it is stopped at the limit, the subscription ends with a
+    timeout frame naming it, and the socket and its other subscription live on."""
+    gateway = _seeded(start_gateway)
+    chain = " ".join(f"?s{i} <{EX}x> ?o{i} ." for i in range(8))
+    growing = f"SELECT (COUNT(*) AS ?n) WHERE {{ {chain} }}"
+    fine = f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}"
+
+    async def main() -> tuple[list[dict], float, int]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{gateway.ws_url}/subscribe") as ws:
+            for alias, sparql in (("growing", growing), ("fine", fine)):
+                await ws.send_json({"subscribe": {"sparql": sparql, "alias": alias}})
+                assert "notification" in json.loads((await ws.receive(timeout=10)).data)
+            many = " ".join(f"<{EX}n{i}> <{EX}x> {i} ." for i in range(300))
+            started = time.monotonic()
+            status = (await asyncio.to_thread(gateway.update, f"INSERT DATA {{ {many} }}")).status
+            waited = time.monotonic() - started
+            frames = [json.loads((await ws.receive(timeout=10)).data)]
+            await asyncio.to_thread(gateway.update, f"INSERT DATA {{ <{EX}a> <{EX}p> 4 }}")
+            frames.append(json.loads((await ws.receive(timeout=10)).data))
+            return frames, waited, status
+
+    (ended, notified), waited, status = asyncio.run(main())
+    assert status == 200 and waited < LIMIT_S + 1
+    assert ended["error"] == "timeout" and ended["alias"] == "growing" and ended["spuid"], ended
+    assert notified["notification"]["alias"] == "fine", notified
+    assert gateway.metrics()["sepa_subscriptions_ended_total"] == 1
