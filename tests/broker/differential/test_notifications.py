@@ -37,6 +37,8 @@ from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.core.results import UpdateResult
 from broker.errors import NotFound, SepaError
+from broker.store import RdfStore
+from broker.workers.pool import QueryWorkers
 from tests.broker.differential.queries import POOL, PoolQuery
 from tests.broker.differential.strategies import Scenario, UpdateRequest, budget, scenarios
 
@@ -185,7 +187,7 @@ class ClientView:
         )
 
 
-def subscribe(engine: Engine, query: PoolQuery, alias: str | None) -> tuple[str, ClientView]:
+def subscribe(engine: Engine, query: PoolQuery, alias: str | None, limited: bool = False) -> tuple[str, ClientView]:
     """Subscribe one pool query; sequence 0 must have arrived when subscribe returns."""
     view = ClientView(query, alias)
     sub = engine.subscribe(
@@ -194,6 +196,7 @@ def subscribe(engine: Engine, query: PoolQuery, alias: str | None) -> tuple[str,
         alias=alias,
         default_graph_uri=query.default_graph_uri,
         named_graph_uri=query.named_graph_uri,
+        limited=limited,
     )
     assert len(view.inbox) == 1 and view.inbox[0].sequence == 0, (
         f"{query.name}: expected exactly notification 0 before subscribe returned, got {view.inbox!r}"
@@ -258,6 +261,25 @@ def test_notifications_rebuild_query_results(mode: str, scenario: Scenario) -> N
         view.check_against(engine)
     for request in scenario.updates:
         step(engine, request, views)
+
+
+@budget(12)
+@given(scenario=scenarios(max_updates=6))
+def test_notifications_of_network_subscriptions_rebuild_query_results(scenario: Scenario) -> None:
+    """A network client's subscriptions (`limited`): their re-evaluations run in the query
+    workers, on replicas; the rules hold all the same."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=2, time_limit_s=60.0)
+    workers.start()
+    try:
+        engine = Engine(store, workers=workers)
+        engine.update(scenario.dataset)
+        views = [subscribe(engine, query, query.name, limited=True)[1] for query in POOL]
+        assert engine.spus.reeval and all(spu.limited for spu in engine.spus.reeval.values())
+        for request in scenario.updates:
+            step(engine, request, views)
+    finally:
+        workers.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
