@@ -11,7 +11,15 @@ import resource
 import sys
 from typing import Any
 
-from tools.commands import bench_growth, bench_mqtt, bench_scheduling, bench_shipper, bench_soak, bench_wire
+from tools.commands import (
+    bench_growth,
+    bench_mqtt,
+    bench_reeval,
+    bench_scheduling,
+    bench_shipper,
+    bench_soak,
+    bench_wire,
+)
 
 EXPERIMENTS = ("LAMP", "ROAD")
 MODES = ("incremental", "naive")
@@ -64,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_shipper.register(kinds)
     bench_soak.register(kinds)
     bench_growth.register(kinds)
+    bench_reeval.register(kinds)
 
 
 def peak_rss_mb() -> float:
