@@ -38,6 +38,9 @@ class ModifyOp:
     using_named: tuple[NamedNode, ...]
     delete_ground: tuple[Quad, ...] = ()
     insert_ground: tuple[Quad, ...] = ()
+    # OPTIONAL { triple patterns } blocks after `where_bgp`, applied in order (left joins): the
+    # "replace a value that may not be there yet" update of SEPA applications
+    where_optionals: tuple[tuple[QuadPattern, ...], ...] = ()
     # Derived from the fields above once, here: a cached request's operation is run many times.
     # where_skeleton: pattern_skeleton(where_bgp). delete_matches: per `delete` pattern, the index of
     # an identical `where_bgp` pattern or None; None when there is none at all.

@@ -330,7 +330,7 @@ class _Parser:
             body = iter(self.tokens[open_index + 1 : close_index])
             close_token = self.tokens[close_index]
             self.pos = close_index + 1
-        where_bgp, where_pins = self.simple_bgp(open_token, body, close_token)
+        where_bgp, where_pins, where_optionals = self.simple_bgp(open_token, body, close_token)
         return ModifyOp(
             delete,
             insert,
@@ -342,6 +342,7 @@ class _Parser:
             tuple(using_named),
             delete_ground=delete_ground,
             insert_ground=insert_ground,
+            where_optionals=where_optionals,
         )
 
     def text_tokens(self, start: int, end: int) -> Iterator[Token]:
@@ -353,43 +354,76 @@ class _Parser:
 
     def simple_bgp(
         self, open_token: Token, body: Iterator[Token], close_token: Token
-    ) -> tuple[tuple[QuadPattern, ...] | None, tuple[tuple[str, NamedNode], ...]]:
-        """The WHERE clause as quad patterns plus `FILTER(?v = <iri>)` pins, when that is all it is.
+    ) -> tuple[tuple[QuadPattern, ...] | None, tuple[tuple[str, NamedNode], ...], tuple[tuple[QuadPattern, ...], ...]]:
+        """The WHERE clause as quad patterns plus `FILTER(?v = <iri>)` pins, then the quad patterns
+        of `OPTIONAL { ... }` blocks that follow them, when that is all it is.
 
-        Such clauses (the common IoT update: replace one value, or the values of one group) are
-        evaluated by index lookups from the pinned values instead of by the query engine. `body`
-        is read only up to the first token that rules this out (a batch's WHERE may be long).
+        Such clauses (the common IoT update: replace one value, or the values of one group; with
+        OPTIONAL, one that may not be there yet) are evaluated by index lookups from the pinned
+        values instead of by the query engine. `body` is read only up to the first token that
+        rules this out (a batch's WHERE may be long).
         """
         kept: list[Token] = [open_token]
         pinned: list[tuple[str, Token]] = []
+        optionals: list[list[Token]] = []  # each block's tokens, braces included
+        depth = 0  # inside an OPTIONAL block: its GRAPH blocks' braces
         for token in body:
             kind = token.kind
             if kind == "BNODE" or (kind == "PUNCT" and token.text in ("[", "(", "+", "-")):
-                return None, ()
+                return None, (), ()
+            if optionals and depth:
+                optionals[-1].append(token)
+                if token.text == "{":
+                    depth += 1
+                elif token.text == "}":
+                    depth -= 1
+                elif kind == "NAME" and token.text.upper() != "GRAPH" and token.text.lower() not in ALLOWED_NAMES:
+                    return None, (), ()
+                continue
+            if kind == "NAME" and token.text.upper() == "OPTIONAL":
+                opening = next(body, None)
+                if opening is None or opening.text != "{":
+                    return None, (), ()
+                optionals.append([opening])
+                depth = 1
+                continue
+            if optionals and token.text == ".":
+                continue
+            if optionals:
+                return None, (), ()  # a pattern after an OPTIONAL joins with it: not this shape
             if kind == "NAME":
                 word = token.text.upper()
                 if word == "FILTER":
                     pin = _pin(list(islice(body, 5)))
                     if pin is None:
-                        return None, ()
+                        return None, (), ()
                     pinned.append(pin)
                     continue
                 if word != "GRAPH" and token.text.lower() not in ALLOWED_NAMES:
-                    return None, ()  # block_to_trig would refuse it
+                    return None, (), ()  # block_to_trig would refuse it
             kept.append(token)
+        if depth:
+            return None, (), ()
         kept.append(close_token)
         try:
-            trig = block_to_trig(self.text, kept, 0, len(kept) - 1, allow_vars=True, allow_bnodes=False, what="WHERE")
-            patterns = tuple(parse_block(trig, "\n".join(self.prologue), self.base_iri))
+            patterns = self._block_patterns(kept)
+            blocks = tuple(self._block_patterns(block) for block in optionals)
         except (BlockSyntax, SyntaxError, SparqlSyntaxError):
-            return None, ()
+            return None, (), ()
+        if not all(blocks):
+            return None, (), ()
         variables = {name for pattern in patterns for name in pattern.variables()}
         pins: list[tuple[str, NamedNode]] = []
         for name, iri_token in pinned:
             if name not in variables:
-                return None, ()
+                return None, (), ()
             pins.append((name, self.iri_of(iri_token)))
-        return patterns, tuple(pins)
+        return patterns, tuple(pins), blocks
+
+    def _block_patterns(self, tokens: list[Token]) -> tuple[QuadPattern, ...]:
+        """The quad patterns of a `{ ... }` group of triples (and GRAPH blocks)."""
+        trig = block_to_trig(self.text, tokens, 0, len(tokens) - 1, allow_vars=True, allow_bnodes=False, what="WHERE")
+        return tuple(parse_block(trig, "\n".join(self.prologue), self.base_iri))
 
 
 def _pin(tokens: list[Token]) -> tuple[str, Token] | None:

@@ -117,6 +117,7 @@ def instantiate(plan: ParsedUpdate, originals: list[str], constants: Constants) 
                     insert_ground=quads(operation.insert_ground),
                     where_query=_PLACEHOLDER.sub(text, operation.where_query),
                     where_bgp=_patterns(operation.where_bgp, constants),
+                    where_optionals=tuple(_patterns(block, constants) for block in operation.where_optionals),
                     where_pins=tuple((name, term(value)) for name, value in operation.where_pins),
                     with_graph=term(operation.with_graph),
                     using=tuple(term(g) for g in operation.using),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tools.wire.processes import Children, start_gateway
+from tools.wire.processes import Children, rss_mb, start_gateway
 
 Log = Callable[[str], None]
 UPDATE = "application/sparql-update"
@@ -33,13 +33,6 @@ class GrowthOptions:
     replacements: int = 50_000
     window: int = 2_500
     lookups: int = 100
-
-
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
 
 
 class _Client:
@@ -79,7 +72,7 @@ def _one_store(options: GrowthOptions, on_disk: bool, say: Log) -> dict[str, Any
                 "replacements": done,
                 "update_ms": round(statistics.median(updates), 3),
                 "lookup_ms": round(statistics.median(lookups), 3),
-                "rss_mb": _rss_mb(gateway.child.pid),
+                "rss_mb": rss_mb(gateway.child.pid),
             })  # fmt: skip
             say(f"{'disk' if on_disk else 'memory'}: {windows[-1]}")
         first = windows[0]

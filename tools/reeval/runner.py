@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from tools.wire.processes import Children, start_gateway
+from tools.wire.processes import Children, rss_mb, start_gateway
 
 Log = Callable[[str], None]
 SETTLE_S = 3.0  # after the last unsubscribe: the trimmer runs 1 s after a burst
@@ -34,11 +34,6 @@ class ReevalOptions:
     rows: int = 200  # sensors: the rows of each result
 
 
-def _rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return round(int(status.split("VmRSS:")[1].split()[0]) / 1024, 1)
-
-
 def _update(url: str, sparql: str) -> float:
     started = time.perf_counter()
     request = urllib.request.Request(url, sparql.encode(), {"Content-Type": "application/sparql-update"})
@@ -48,7 +43,7 @@ def _update(url: str, sparql: str) -> float:
 
 
 async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) -> dict[str, Any]:
-    report: dict[str, Any] = {"rss_start_mb": _rss_mb(pid)}
+    report: dict[str, Any] = {"rss_start_mb": rss_mb(pid)}
     async with aiohttp.ClientSession() as session, session.ws_connect(url, max_msg_size=0) as ws:
         started = time.perf_counter()
         for i in range(options.subscriptions):
@@ -65,7 +60,7 @@ async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) 
             if message.get("notification", {}).get("sequence") == 0:
                 spuids.append(message["notification"]["spuid"])
         report["subscribe_s"] = round(time.perf_counter() - started, 2)
-        report["rss_subscribed_mb"] = _rss_mb(pid)
+        report["rss_subscribed_mb"] = rss_mb(pid)
 
         async def drain() -> None:
             while True:
@@ -75,7 +70,7 @@ async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) 
         report["matching_update_ms"] = round(
             await asyncio.to_thread(_update, update_url, "INSERT DATA { <urn:s:0> <urn:t:value> -1 }"), 1
         )
-        report["rss_after_update_mb"] = _rss_mb(pid)
+        report["rss_after_update_mb"] = rss_mb(pid)
         draining.cancel()
         await asyncio.gather(draining, return_exceptions=True)
         for spuid in spuids:
@@ -84,7 +79,7 @@ async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) 
         while ended < len(spuids):
             ended += "unsubscribed" in json.loads((await ws.receive(timeout=600)).data)
     await asyncio.sleep(SETTLE_S)
-    report["rss_ended_mb"] = _rss_mb(pid)
+    report["rss_ended_mb"] = rss_mb(pid)
     return report
 
 

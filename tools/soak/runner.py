@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.mqtt_bench.runner import read_metrics, start_mqtt_setup, wait_until
-from tools.wire.processes import Children, python_module
+from tools.wire.processes import Children, python_module, rss_mb
 
 Log = Callable[[str], None]
 RETAIN = 100
@@ -42,11 +42,6 @@ def _percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
-
-
-def _rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return round(int(status.split("VmRSS:")[1].split()[0]) / 1024, 1)
 
 
 def _fds(pid: int) -> int:
@@ -124,7 +119,7 @@ def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
             replies = updater.take()
             sample = {
                 "minute": minute + 1,
-                "rss_mb": _rss_mb(pid),
+                "rss_mb": rss_mb(pid),
                 "open_fds": _fds(pid),
                 "readings": per_minute,
                 "notified": len(latencies),

@@ -250,6 +250,12 @@ class GatewayProcess:
         return f"ws://{HOST}:{self.ws_port}/subscribe"
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory, in MB (from /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return round(int(status.split("VmRSS:")[1].split()[0]) / 1024, 1)
+
+
 GATEWAY_CONFIG = """\
 # Written by `sepa-gateway bench wire` for one run; deleted afterwards.
 [engine]

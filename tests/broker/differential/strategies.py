@@ -237,7 +237,16 @@ def _where(draw: st.DrawFn) -> _Where:
         matched = f"GRAPH {scope} {{ {matched} }}"
     if draw(_one_in(4)):
         body += f" FILTER({draw(st.sampled_from(FILTERS))})"
-    bound = tuple(v for v in ("?s", "?o", "?p", "?x", "?g") if v in body)
+    for _ in range(draw(st.sampled_from((0, 0, 1, 2)))):  # left joins: values that may be missing
+        optional = (
+            draw(st.sampled_from(("?s", "?o", "?y")))
+            + f" {draw(st.sampled_from(PREDICATES))} "
+            + draw(st.sampled_from(("?y", "?y", "?x", '"a"')))
+        )
+        if draw(_one_in(3)):
+            optional = f"GRAPH {draw(st.sampled_from(('ex:g1', '?g2')))} {{ {optional} }}"
+        body += f" OPTIONAL {{ {optional} }}"
+    bound = tuple(v for v in ("?s", "?o", "?p", "?x", "?g", "?y") if v in body)
     return _Where(body, matched, bound)
 
 
@@ -476,6 +485,14 @@ SYNTAX: tuple[tuple[str, bool], ...] = (
     ("INSERT { ?s ex:r ?n } WHERE { { SELECT ?s (COUNT(*) AS ?n) WHERE { ?s ?p ?o } GROUP BY ?s } }", False),
     ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o OPTIONAL { ?o ex:q ?x } FILTER(!bound(?x)) }", False),
     ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o MINUS { ?s ex:q ?x } }", False),
+    ("DELETE { ex:s1 ex:p ?o } INSERT { ex:s1 ex:p 2 } WHERE { OPTIONAL { ex:s1 ex:p ?o } }", False),
+    (
+        "DELETE { ?s ex:q ?x } INSERT { ?s ex:q 3 } "
+        "WHERE { ?s ex:p ?o OPTIONAL { ?s ex:q ?x } . OPTIONAL { GRAPH ex:g1 { ?o ex:p ?y } } }",
+        False,
+    ),
+    ("INSERT { ?s ex:r ?y } WHERE { ?s ex:p ?o OPTIONAL { ?s ex:q ?x } OPTIONAL { ?x ex:p ?y } }", False),
+    ("INSERT { ?s ex:r ?x } WHERE { ?s ex:p ?o OPTIONAL { ?o ex:q ?x . ?x ex:p ?y } FILTER(?s = ex:s1) }", False),
     ("DELETE { ?s ex:p ?o } WHERE { ?s ex:p ?o FILTER NOT EXISTS { ?o ?p2 ?x } }", False),
     ("INSERT { ?s ex:r ?o } WHERE { ?s ex:p+ ?o }", False),
     ("INSERT { ?s ex:r ?o } WHERE { ?s ex:p/ex:q|^ex:q ?o }", False),

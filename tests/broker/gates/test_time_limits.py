@@ -113,3 +113,18 @@ def test_a_subscription_the_data_makes_endless_ends_with_an_error_frame(start_ga
     assert ended["error"] == "timeout" and ended["alias"] == "growing" and ended["spuid"], ended
     assert notified["notification"]["alias"] == "fine", notified
     assert gateway.metrics()["sepa_subscriptions_ended_total"] == 1
+
+
+def test_an_update_whose_plain_bgp_is_a_cartesian_product_is_stopped(start_gateway) -> None:
+    """A WHERE of plain triple patterns runs on the update thread, by index lookups: past a step
+    budget it goes on in a query worker, where the time limit stops it."""
+    gateway = _seeded(start_gateway)
+    many = " ".join(f"<{EX}n{i}> <{EX}x> {i} ." for i in range(300))
+    assert gateway.update(f"INSERT DATA {{ {many} }}").status == 200
+    chain = " ".join(f"?s{i} <{EX}x> ?o{i} ." for i in range(6))
+    started = time.monotonic()
+    reply = gateway.update(f"DELETE {{ ?s0 <{EX}x> ?o0 }} WHERE {{ {chain} }}")
+    assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
+    assert time.monotonic() - started < LIMIT_S + 1
+    assert gateway.query(f"ASK {{ <{EX}n1> <{EX}x> 1 }}").body.find(b"true") >= 0
+    assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
