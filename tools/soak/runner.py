@@ -1,6 +1,7 @@
 """The soak benchmark: MQTT readings, HTTP updates and 100 subscriptions at a steady rate for N
-minutes; every minute the gateway's RSS, open descriptors, notification latency percentiles and
-update reply percentiles (issue 16: a leak or a creeping cost shows as a slope here).
+minutes; every minute the gateway's RSS (median and maximum of one reading a second) and its query
+workers', open descriptors, notification latency percentiles and update reply percentiles (issue
+16: a leak or a creeping cost shows as a slope here).
 
 Mosquitto, the gateway, the subscriber (100 subscriptions on the latest-value view, the MQTT
 benchmark's) and one paced publisher per minute run as processes; the HTTP updates come from a
@@ -82,6 +83,41 @@ class Updater(threading.Thread):
         return taken
 
 
+class RssSampler(threading.Thread):
+    """The gateway's RSS and its query workers' (its child processes) every second; taken and
+    cleared each minute. Why not one reading a minute: the store's compaction swings the RSS by
+    up to the store's size within seconds, and one reading lands anywhere in a swing."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(name="soak-rss", daemon=True)
+        self.pid = pid
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._gateway: list[float] = []
+        self._workers: list[float] = []
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+            try:
+                workers = sum(rss_mb(int(child)) for child in children.read_text().split())
+                gateway = rss_mb(self.pid)
+            except (OSError, ValueError, IndexError):
+                continue  # a worker replaced in between
+            with self._lock:
+                self._gateway.append(gateway)
+                self._workers.append(workers)
+
+    def take(self) -> dict[str, float | None]:
+        with self._lock:
+            gateway, workers, self._gateway, self._workers = self._gateway, self._workers, [], []
+        return {
+            "rss_mb": statistics.median(gateway) if gateway else rss_mb(self.pid),
+            "rss_max_mb": max(gateway, default=None),
+            "workers_rss_mb": statistics.median(workers) if workers else None,
+        }
+
+
 def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
     say = log or (lambda _message: None)
     with tempfile.TemporaryDirectory(prefix="sepa-bench-soak-") as directory, Children() as children:
@@ -93,6 +129,8 @@ def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
         pid, metrics_url = gateway.child.pid, setup.metrics_url
         updater = Updater(f"http://127.0.0.1:{gateway.http_port}/update", options.updates_per_s)
         updater.start()
+        sampler = RssSampler(pid)
+        sampler.start()
         per_minute = int(options.rate * options.minute_s)
         minutes: list[dict[str, Any]] = []
         for minute in range(options.minutes):
@@ -119,7 +157,7 @@ def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
             replies = updater.take()
             sample = {
                 "minute": minute + 1,
-                "rss_mb": rss_mb(pid),
+                **sampler.take(),
                 "open_fds": _fds(pid),
                 "readings": per_minute,
                 "notified": len(latencies),
@@ -133,6 +171,7 @@ def run(options: SoakOptions, log: Log | None = None) -> dict[str, Any]:
             say(" ".join(f"{key}={value}" for key, value in sample.items()))
         updater.stopping.set()
         updater.join(10)
+        sampler.stopping.set()
         subscriber.send({"stop": True})
         subscriber.receive(60)
     settled = [sample["rss_mb"] for sample in minutes[5:]] or [sample["rss_mb"] for sample in minutes]
