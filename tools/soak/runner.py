@@ -98,9 +98,11 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(1.0):
-            children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
             try:
-                workers = sum(rss_mb(int(child)) for child in children.read_text().split())
+                # a child is listed under the thread that started it (the workers' spawner thread)
+                tasks = Path(f"/proc/{self.pid}/task").iterdir()
+                children = [child for task in tasks for child in (task / "children").read_text().split()]
+                workers = sum(rss_mb(int(child)) for child in children)
                 gateway = rss_mb(self.pid)
             except (OSError, ValueError, IndexError):
                 continue  # a worker replaced in between
