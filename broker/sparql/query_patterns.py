@@ -188,7 +188,8 @@ def _filled(term: object, iris: tuple[NamedNode, ...]) -> object:
 
 
 @lru_cache(maxsize=1024)
-def _cached(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePattern, ...]:
+def cached_patterns(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePattern, ...]:
+    """The patterns of `text` as rdflib reads it, cached (query_patterns calls it with abstract texts)."""
     try:
         parsed = parseQuery(text)
         written = _exists_count(parsed)  # before translation, which works on the parse tree
@@ -208,7 +209,7 @@ def _cached(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePatt
 def query_patterns(text: str, prefixes: dict[str, str] | None = None) -> tuple[LoosePattern, ...]:
     """Conservative triple patterns of `text` (at least one)."""
     abstract, iris = _abstracted(text)
-    patterns = _cached(abstract, tuple(sorted((prefixes or {}).items())))
+    patterns = cached_patterns(abstract, tuple(sorted((prefixes or {}).items())))
     if not iris:
         return patterns
     return tuple(

@@ -25,6 +25,13 @@ sending nothing unasked and replacing a worker that lagged past 200,000 quads by
 from 21 to 73-201 ms, every spike a re-seed; a tick's worth of deltas costs the gateway
 milliseconds, in proportion to what changed rather than to the store.
 
+On disk there is no feed: a replica on disk writes every delta to its own RocksDB files again
+(pyoxigraph: ~11-14 us a quad), and fed, two of them took the cores from the update thread (a
+query after 100,000 readings waited past a minute for its worker to catch up). The log is kept up
+to LOG_MAX_QUADS (or LOG_MAX_DELTAS), sent just before a job; past it it is dropped, and a worker
+that lacks what was dropped is replaced when next picked, from a new checkpoint (hard links,
+milliseconds) and a new process.
+
 Costs, measured on the test machine: a worker process is ~40 MB plus its replica (a full copy of
 an in-memory store; a checkpoint on disk shares the store's files and costs its own cache only);
 a job adds one round trip over a socket pair (~0.15 ms for a small query).
@@ -64,6 +71,10 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
 FEED_INTERVAL_S = 0.2  # how often the feeding thread sends the workers the deltas they lack
+# on disk (no feed): past this many quads or deltas the log is dropped, and a worker that lacks
+# them is replaced when next picked, from a new checkpoint (milliseconds)
+LOG_MAX_QUADS = 200_000
+LOG_MAX_DELTAS = 5_000
 SLICE = 20_000  # quads serialized at a time (a seed, a large delta), letting go of the GIL in between
 
 
@@ -230,6 +241,7 @@ class QueryWorkers:
         # the deltas since the oldest position of a live worker; _log[0] is delta number _log_start
         self._log: list[Delta] = []
         self._log_start = 0
+        self._log_quads = 0  # on disk: quads in the log
         self._stopping = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name="sepa-worker-feed", daemon=True)
 
@@ -243,13 +255,23 @@ class QueryWorkers:
         for worker in started:
             worker.wait_ready()
             self._idle.put(worker)
-        self._feeder.start()
+        if self._checkpoints is None:
+            self._feeder.start()
 
     def _follow(
         self, added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
     ) -> None:
         """The store's follower: keep the delta (called under the store's lock, on the update path)."""
         self._log.append((added, removed, created, dropped))
+        if self._checkpoints is None:
+            return
+        self._log_quads += len(added) + len(removed)
+        if self._log_quads >= LOG_MAX_QUADS or len(self._log) >= LOG_MAX_DELTAS:
+            with self._lock:  # forget it: the workers lack some of it, and are replaced when next picked
+                self._log_start += len(self._log)
+                self._log = []
+                self._log_quads = 0
+                self.stats["dropped_logs"] += 1
 
     def _feed(self) -> None:
         """Every FEED_INTERVAL_S, send every worker the deltas it lacks."""
@@ -274,6 +296,7 @@ class QueryWorkers:
             worker.position += len(entries)
         oldest = min(each.position for each in self._workers) - self._log_start
         if oldest > 0:
+            self._log_quads -= sum(len(added) + len(removed) for added, removed, _, _ in self._log[:oldest])
             del self._log[:oldest]
             self._log_start += oldest
 
@@ -314,13 +337,19 @@ class QueryWorkers:
             except queue.Empty:
                 self.stats["busy"] += 1
                 raise TimeLimitExceeded(f"no query worker became free within {limit:g} s; retry later") from None
-            if worker.process.poll() is None:
+            if worker.process.poll() is not None:
+                self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
+                self._replace(worker)
+                continue
+            with self._lock:
+                fresh = worker.position >= self._log_start
+                if fresh:
+                    self._catch_up(worker)
+                    worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
+            if fresh:
                 break
-            self.stats["died_idle"] += 1  # killed from outside (the OOM killer...): not this job's fault
+            self.stats["stale"] += 1  # on disk, it lacks deltas the log dropped: a checkpoint is cheaper
             self._replace(worker)
-        with self._lock:
-            self._catch_up(worker)
-            worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
         self.stats["jobs"] += 1
         reply: tuple[Any, ...] | None = None
         try:

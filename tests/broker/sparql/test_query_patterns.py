@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyoxigraph import NamedNode
 
-from broker.sparql.query_patterns import DEFAULT, LoosePattern, _cached, query_patterns
+from broker.sparql.query_patterns import DEFAULT, LoosePattern, cached_patterns, query_patterns
 
 EX = "http://example.org/"
 
@@ -17,10 +17,10 @@ def _query(sensor: str, kind: str, threshold: float) -> str:
 
 
 def test_queries_that_differ_in_constants_are_parsed_once_and_keep_their_own_iris() -> None:
-    _cached.cache_clear()
+    cached_patterns.cache_clear()
     first = query_patterns(_query("s1", "Sensor", 1.5))
     second = query_patterns(_query("s2", "Probe", 70))
-    assert _cached.cache_info().misses == 1 and _cached.cache_info().hits == 1
+    assert cached_patterns.cache_info().misses == 1 and cached_patterns.cache_info().hits == 1
     rdf_type = NamedNode("http://www.w3.org/1999/02/22-rdf-syntax-ns#type")
     assert LoosePattern(DEFAULT, NamedNode(f"{EX}s1"), rdf_type, NamedNode(f"{EX}Sensor")) in first
     assert LoosePattern(DEFAULT, NamedNode(f"{EX}s2"), rdf_type, NamedNode(f"{EX}Probe")) in second

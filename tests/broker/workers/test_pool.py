@@ -233,6 +233,28 @@ def test_the_feeding_thread_keeps_idle_workers_current_and_the_log_short() -> No
         pool.close()
 
 
+def test_on_disk_the_log_is_dropped_past_its_bound_and_lagging_workers_start_afresh(monkeypatch, tmp_path) -> None:
+    """On disk there is no feed (a replica would write every delta again): a long stretch of
+    updates without a query drops the log, and the workers that lack it get a new checkpoint."""
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "LOG_MAX_DELTAS", 20)
+    store = RdfStore.open(tmp_path / "data")
+    pool = QueryWorkers(store, count=2, time_limit_s=10.0)
+    pool.start()
+    try:
+        engine = Engine(store, workers=pool)
+        for value in range(50):
+            engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> {value} }}")
+        assert pool.stats["dropped_logs"] >= 2 and len(pool._log) < 20
+        for _ in range(3):
+            assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 50
+        assert pool.stats["stale"] >= 1
+    finally:
+        pool.close()
+        store.close()
+
+
 def test_a_large_delta_is_serialized_a_slice_at_a_time(monkeypatch) -> None:
     import broker.workers.pool as pool_module
 
