@@ -126,7 +126,9 @@ class RdfStore:
         self.recovered_tags: list[str] = []
         self.lock = threading.Lock()  # held while a delta is applied and sent to the followers
         self._followers: list[Follower] = []
-        self._unsynced = False
+        self._written = 0  # journal records written (to the kernel)
+        self._synced = 0  # journal records known to be on stable storage
+        self._sync_lock = threading.Lock()  # one fdatasync at a time; taken after `lock`, never before
         self._journal_bytes = 0
         self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
         if path is not None:
@@ -196,10 +198,10 @@ class RdfStore:
                 entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
                 journal.write(entry)
                 journal.flush()  # in the kernel: safe from a kill now, from a power cut once synced
-                self._unsynced = True
+                self._written += 1
                 self._journal_bytes += len(entry)
                 if mark is not None:
-                    self._sync()  # before the mark's owner records elsewhere that the update ran
+                    self.sync()  # before the mark's owner records elsewhere that the update ran
             self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)
             for follower in followers:
                 follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
@@ -208,25 +210,36 @@ class RdfStore:
             if self._journal_bytes > CHECKPOINT_BYTES:
                 self._checkpoint()
 
-    def sync(self) -> None:
-        """Make every delta applied so far durable (no-op in memory, or when nothing is new)."""
-        if self._unsynced:
-            with self.lock:
-                self._sync()
+    @property
+    def unsynced(self) -> bool:
+        """Some delta applied so far is not known to be on stable storage yet."""
+        return self._synced < self._written
 
-    def _sync(self) -> None:
-        if self._journal is not None and self._unsynced:
-            os.fdatasync(self._journal.fileno())
-            self._unsynced = False
+    def sync(self) -> None:
+        """Make every delta applied so far durable (no-op in memory, or when nothing is new).
+
+        Safe from any thread, without the store's lock: deltas go on being applied during the
+        fdatasync (which lets go of the GIL), and a caller that finds a sync under way waits for it
+        and is often covered by it (group commit)."""
+        journal, target = self._journal, self._written
+        if journal is None or self._synced >= target:
+            return
+        with self._sync_lock:
+            target = self._written  # every record counted here was written before the fdatasync
+            if self._synced >= target or journal.closed:
+                return
+            os.fdatasync(journal.fileno())
+            self._synced = max(self._synced, target)
 
     def _checkpoint(self) -> None:
         """Flush the store (RocksDB syncs its table files), then empty the journal (hold the lock)."""
         assert self._journal is not None
         self.ox.flush()
-        self._journal.truncate(0)
-        os.fdatasync(self._journal.fileno())
+        with self._sync_lock:
+            self._journal.truncate(0)
+            os.fdatasync(self._journal.fileno())
+            self._synced = self._written
         self._journal_bytes = 0
-        self._unsynced = False
 
     def follow(self, follower: Follower) -> None:
         """Call `follower` with every later delta (added, removed, graphs created, graphs dropped),
@@ -317,6 +330,7 @@ class RdfStore:
         if self._journal is not None:
             with self.lock:
                 self._checkpoint()
-            self._journal.close()
-            self._journal = None
+                with self._sync_lock:
+                    self._journal.close()
+                    self._journal = None
         self.flush()
