@@ -73,6 +73,8 @@ Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
 FEED_INTERVAL_S = 0.2  # how often the feeding thread sends the workers the deltas they lack
 # on disk (no feed): past this many quads or deltas the log is dropped, and a worker that lacks
 # them is replaced when next picked, from a new checkpoint (milliseconds)
+# a worker whose fed deltas wait unsent past this many bytes stops being fed (see QueryWorkers._feed)
+FEED_MAX_BACKLOG_BYTES = 32 << 20
 LOG_MAX_QUADS = 200_000
 LOG_MAX_DELTAS = 5_000
 SLICE = 20_000  # quads serialized at a time (a seed, a large delta), letting go of the GIL in between
@@ -103,6 +105,11 @@ def _nquads(quads: list[Quad]) -> bytes:
         parts.append(serialize(quads[start : start + SLICE], format=RdfFormat.N_QUADS))
         time.sleep(0)
     return b"".join(parts)
+
+
+def _size(message: tuple[Any, ...]) -> int:
+    """The N-Quads bytes an ``apply`` message carries."""
+    return sum(len(added) + len(removed) for added, removed, _, _ in message[1])
 
 
 def batched(deltas: list[Delta]) -> tuple[Any, ...]:
@@ -173,6 +180,8 @@ class Worker:
         self.outbox: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self.position = 0  # deltas of the pool's log sent to it (an absolute index into the log)
         self.seeded = False  # its snapshot is queued: deltas may follow
+        self.queued_bytes = 0  # of deltas put in its outbox (by the pool, under its lock)
+        self.sent_bytes = 0  # of deltas sent to the process (by its feeding thread)
         self._writer = threading.Thread(target=self._write, name=f"{name}-feed", daemon=True)
         self._writer.start()
 
@@ -182,6 +191,13 @@ class Worker:
                 self.connection.send(message)
             except OSError:  # the worker is gone; whoever waits on it finds out
                 return
+            if message[0] == "apply":
+                self.sent_bytes += _size(message)
+
+    @property
+    def backlog(self) -> int:
+        """Bytes of deltas queued for the process and not sent yet (it is not reading them)."""
+        return self.queued_bytes - self.sent_bytes
 
     def seed(self, store: RdfStore) -> None:
         """Queue the snapshot, taken now (see QueryWorkers._place)."""
@@ -274,14 +290,25 @@ class QueryWorkers:
                 self.stats["dropped_logs"] += 1
 
     def _feed(self) -> None:
-        """Every FEED_INTERVAL_S, send every worker the deltas it lacks."""
+        """Every FEED_INTERVAL_S, send every worker the deltas it lacks.
+
+        A worker that does not take them (the cores are busy, and workers run at niceness 10)
+        would have them pile up in this process without bound: measured, bench soak on a 2-core
+        machine that could not keep up took the gateway from 270 to 790 MB and the workers to
+        1.2 GB in three minutes. Past FEED_MAX_BACKLOG_BYTES unsent, a worker is fed no more: it
+        is stale, like a worker on disk after the log was dropped, and replaced when next picked."""
         while not self._stopping.wait(FEED_INTERVAL_S):
             with self._lock:
                 by_position: dict[int, list[Worker]] = {}
-                for worker in filter(lambda each: each.seeded, self._workers):
+                for worker in filter(lambda each: each.seeded and each.position >= self._log_start, self._workers):
+                    if worker.backlog > FEED_MAX_BACKLOG_BYTES:
+                        worker.position = -1  # stale
+                        self.stats["lagging"] += 1
+                        continue
                     by_position.setdefault(worker.position, []).append(worker)
                 for workers in by_position.values():
                     self._catch_up(*workers)
+                self._forget()
 
     def _catch_up(self, *workers: Worker) -> None:
         """Queue for `workers` (all at the same place in the log) the deltas they lack, in one
@@ -291,10 +318,17 @@ class QueryWorkers:
         if not entries:
             return
         message = batched(entries)
+        size = _size(message)
         for worker in workers:
             worker.outbox.put(message)
             worker.position += len(entries)
-        oldest = min(each.position for each in self._workers) - self._log_start
+            worker.queued_bytes += size
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the deltas every live worker that is not stale has (hold _lock)."""
+        positions = [each.position for each in self._workers if each.position >= self._log_start]
+        oldest = (min(positions) if positions else self._log_start + len(self._log)) - self._log_start
         if oldest > 0:
             self._log_quads -= sum(len(added) + len(removed) for added, removed, _, _ in self._log[:oldest])
             del self._log[:oldest]

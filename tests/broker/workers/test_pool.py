@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -230,6 +231,42 @@ def test_the_feeding_thread_keeps_idle_workers_current_and_the_log_short() -> No
             assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 50
         assert pool.stats["replaced"] == 0
     finally:
+        pool.close()
+
+
+def test_a_worker_that_takes_no_deltas_stops_being_fed_and_starts_afresh(monkeypatch) -> None:
+    """A stopped worker (SIGSTOP: it reads nothing) must not have deltas pile up in the gateway:
+    past the backlog bound it is fed no more, the log is kept short for the other worker, and the
+    stale one is replaced when next picked, with every delta."""
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "FEED_MAX_BACKLOG_BYTES", 200_000)
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=2, time_limit_s=10.0)
+    pool.start()
+    stopped = next(iter(pool._workers))
+    try:
+        engine = Engine(store, workers=pool)
+        os.kill(stopped.process.pid, signal.SIGSTOP)
+        padding = "x" * 2_000
+        for value in range(1_500):  # ~3 MB of N-Quads: more than the socket pair buffers
+            engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> {value} . <{EX}s{value}> <{EX}pad> '{padding}' }}")
+            if value % 100 == 0:
+                time.sleep(pool_module.FEED_INTERVAL_S)
+        deadline = time.monotonic() + 5
+        while pool.stats["lagging"] == 0 and time.monotonic() < deadline:
+            time.sleep(pool_module.FEED_INTERVAL_S)
+        assert pool.stats["lagging"] == 1
+        assert stopped.position < pool._log_start and stopped.backlog <= 2 * pool_module.FEED_MAX_BACKLOG_BYTES
+        time.sleep(3 * pool_module.FEED_INTERVAL_S)
+        assert len(pool._log) < 100  # the other worker is fed, so the log is forgotten as it goes
+        os.kill(stopped.process.pid, signal.SIGCONT)
+        for _ in range(3):  # both workers, the stale one replaced first
+            assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 1_500
+        assert pool.stats["stale"] == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped.process.pid, signal.SIGCONT)
         pool.close()
 
 
