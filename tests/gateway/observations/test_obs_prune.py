@@ -174,6 +174,39 @@ def test_a_backlog_is_found_in_bounded_finds_and_deleted_in_small_updates(
     assert sizes == [110, 110, 55] * 4 + [110]
 
 
+def test_a_run_that_falls_behind_deletes_in_larger_chunks_and_goes_back_when_in_time(
+    store: Store, read: Read, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run still deleting when the next is due doubles its chunk (up to CATCH_UP_CHUNK); a run
+    that ends in time halves it back. Late here: an interval shorter than any update."""
+    for value in range(60):
+        store.write(read("gateway/a/temperature", str(value)) + read("gateway/b/temperature", str(value)))
+    monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
+    monkeypatch.setattr(retention_module, "CATCH_UP_CHUNK", 40)
+
+    async def runs() -> list[int]:
+        sepa = SepaClient(InProcessTransport(store.engine))
+        retention = Retention(sepa, ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=1e-9))
+        chunks = []
+        try:
+            await retention.prune()
+            chunks.append(retention.chunk)
+            retention.config.prune_interval_s = 60.0
+            await retention.prune()
+            chunks.append(retention.chunk)
+        finally:
+            await sepa.close()
+            sepa.transport.scheduler.close()  # type: ignore[attr-defined]
+        return chunks
+
+    sizes: list[int] = []
+    with update_costs(sizes=sizes):
+        chunks = asyncio.run(runs())
+    assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
+    # 110 observations beyond: 10, then 20, then 40 and 40 (11 quads each); in time: back to 20
+    assert sizes == [110, 220, 440, 440] and chunks == [40, 20]
+
+
 @contextmanager
 def update_costs(costs: list[float] | None = None, sizes: list[int] | None = None) -> Iterator[None]:
     """Record each Engine.update's CPU time on its own thread, and the quads it removed."""
