@@ -292,11 +292,10 @@ class QueryWorkers:
     def _feed(self) -> None:
         """Every FEED_INTERVAL_S, send every worker the deltas it lacks.
 
-        A worker that does not take them (the cores are busy, and workers run at niceness 10)
-        would have them pile up in this process without bound: measured, bench soak on a 2-core
-        machine that could not keep up took the gateway from 270 to 790 MB and the workers to
-        1.2 GB in three minutes. Past FEED_MAX_BACKLOG_BYTES unsent, a worker is fed no more: it
-        is stale, like a worker on disk after the log was dropped, and replaced when next picked."""
+        A worker that does not take them (the cores are busy, and workers run at niceness 10; or
+        it was stopped) would have them pile up in this process without bound. Past
+        FEED_MAX_BACKLOG_BYTES unsent, a worker is fed no more: it is stale, like a worker on disk
+        after the log was dropped, and replaced when next picked."""
         while not self._stopping.wait(FEED_INTERVAL_S):
             with self._lock:
                 by_position: dict[int, list[Worker]] = {}
