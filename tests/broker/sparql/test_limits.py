@@ -34,10 +34,12 @@ def test_a_request_that_would_overflow_the_stack_gets_a_400_and_the_gateway_live
 
 
 def test_a_large_flat_update_within_the_limits_runs_on_the_engine_threads() -> None:
-    """2,000 BINDs needed more than a default 8 MB thread stack: SIGSEGV before WORKER_STACK_BYTES."""
+    """2,000 BINDs needed more than a default 8 MB thread stack: SIGSEGV before WORKER_STACK_BYTES.
+    3,000 (SIGSEGV on a default stack, measured): pyoxigraph's time grows with the square of the
+    BINDs (1.1 s here; 9,000 took 11.5 s on a slower machine, past the 10 s limit)."""
     gateway = launch_gateway("--no-mqtt")
     try:
-        binds = " ".join(f"BIND({i} AS ?v{i})" for i in range(9_000))
+        binds = " ".join(f"BIND({i} AS ?v{i})" for i in range(3_000))
         reply = gateway.request(
             "POST", gateway.update_path, f"INSERT {{ <urn:a> <urn:b> ?v7 }} WHERE {{ {binds} }}".encode(), UPDATE
         )
