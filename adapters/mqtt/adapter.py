@@ -26,14 +26,12 @@ from typing import Any
 from adapters.mqtt import deliveries
 from adapters.mqtt.actuators import Actuator
 from adapters.mqtt.connection import Message, MqttConnection
-from adapters.mqtt.ingest import Ingestor, TopicCounters
+from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.profiles import default_profiles
 from adapters.mqtt.settings import MqttSettings
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
-    LATEST_QUERY,
     MAPPINGS_QUERY,
-    LatestCache,
     Mapper,
     Mapping,
     MappingError,
@@ -42,9 +40,9 @@ from gateway.observations import (
     UnmappedTopic,
     mappings_from_rdf,
     mappings_update,
-    observation_quads,
-    observation_update,
 )
+from gateway.observations.counters import SourceCounters
+from gateway.observations.writer import ObservationWriter
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +77,7 @@ class MqttAdapter:
         profile_names: Sequence[str] = tuple(PROFILE_IDS),
         actuators: Sequence[Actuator] = (),
         gateway: str = "",
+        writer: ObservationWriter | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -86,11 +85,11 @@ class MqttAdapter:
         self.profiles = profiles(profile_names)
         self.actuators = list(actuators)
         self.gateway_id = gateway_id(gateway)
-        self.counters = TopicCounters()
+        self.counters = SourceCounters()
         self.connection = MqttConnection(settings)
         self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
-        self.cache = LatestCache()
+        self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
         self.readings = 0
         self.observations_committed = 0
@@ -107,8 +106,7 @@ class MqttAdapter:
             MAPPINGS_QUERY, "mqtt-mappings", on_notification=self._mappings_changed
         )
         self._rebuild()
-        result = await self.client.query(LATEST_QUERY)
-        self.cache.load(dict(zip(result.variables, row, strict=True)) for row in result.rows)
+        await self.writer.load()
         recorded = await self.client.query(deliveries.QUERY)
         self.deliveries.load(dict(zip(recorded.variables, row, strict=True)) for row in recorded.rows)
         for actuator in self.actuators:
@@ -152,26 +150,17 @@ class MqttAdapter:
                 delivered.append(message)
         if not readings:
             return
-        request = observation_quads(readings, self.gateway_id, self.cache) or observation_update(
-            readings, self.gateway_id, self.cache
-        )
-        request, recorded, forgotten = self.deliveries.record(request, delivered)
-        try:
-            summary = await self.client.update(request, quads=True)  # the mirror moves with the quads
-        except BaseException:
-            self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
-            raise
-        self.deliveries.settle(recorded, forgotten)
-        assert summary.result is not None  # asked for: every transport returns the quads
-        self.cache.apply(summary.result.added, summary.result.removed)
+        amended: list[tuple[list[Any], list[Any]]] = []
+
+        def record(request: Any) -> Any:
+            request, recorded, forgotten = self.deliveries.record(request, delivered)
+            amended.append((recorded, forgotten))
+            return request
+
+        await self.writer.commit(readings, amend=record)
+        self.deliveries.settle(*amended[0])
         self.readings += len(readings)
         self.observations_committed += len(readings)
-        if not self.cache.complete:
-            await self._reload_cache()
-
-    async def _reload_cache(self) -> None:
-        result = await self.client.query(LATEST_QUERY)
-        self.cache.load(dict(zip(result.variables, row, strict=True)) for row in result.rows)
 
     # -- the Topics Manager --------------------------------------------------------------------
 

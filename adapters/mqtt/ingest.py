@@ -20,6 +20,7 @@ from typing import Any
 
 from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.settings import MqttSettings
+from gateway.observations.counters import SourceCounters
 
 log = logging.getLogger(__name__)
 
@@ -28,47 +29,6 @@ Commit = Callable[[list[Message]], Awaitable[None]]
 COMMIT_RETRY_MIN_S = 0.1
 COMMIT_RETRY_MAX_S = 5.0
 FAILURE_LOG_INTERVAL_S = 30.0
-OTHER_TOPICS = "(other topics)"
-
-
-class TopicCounters:
-    """Bad input counted per topic, logged at most once per `log_interval_s` per topic with the count since.
-
-    Fed by the ingestor (oversize payloads) and by the mapping layer (PayloadError, unmapped topics). At most
-    `max_topics` topics are tracked, the rest under one shared entry, so a client publishing to endless topic
-    names cannot grow memory or the log.
-    """
-
-    def __init__(
-        self, log_interval_s: float = 60.0, max_topics: int = 1000, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.log_interval_s = log_interval_s
-        self.max_topics = max_topics
-        self._clock = clock
-        self.counts: dict[str, int] = {}
-        self.total = 0
-        self._unlogged: dict[str, int] = {}
-        self._logged_at: dict[str, float] = {}
-
-    def add(self, topic: str, reason: str) -> None:
-        """Count one bad message on `topic`; `reason` says what was wrong with it (logged with the count)."""
-        if topic not in self.counts and len(self.counts) >= self.max_topics:
-            topic = OTHER_TOPICS
-        self.total += 1
-        self.counts[topic] = self.counts.get(topic, 0) + 1
-        self._unlogged[topic] = self._unlogged.get(topic, 0) + 1
-        now = self._clock()
-        last = self._logged_at.get(topic)
-        if last is None or now - last >= self.log_interval_s:
-            log.warning(
-                "mqtt: bad input on topic %r: %s (%d since the last report, %d in total)",
-                topic[:200],
-                reason[:300],
-                self._unlogged[topic],
-                self.counts[topic],
-            )
-            self._logged_at[topic] = now
-            self._unlogged[topic] = 0
 
 
 @dataclass
@@ -98,11 +58,11 @@ class Ingestor:
         connection: MqttConnection,
         commit: Commit,
         settings: MqttSettings | None = None,
-        counters: TopicCounters | None = None,
+        counters: SourceCounters | None = None,
     ) -> None:
         self.connection = connection
         self.settings = settings or connection.settings
-        self.counters = counters or TopicCounters()
+        self.counters = counters or SourceCounters()
         self.stats = IngestStats()
         self._commit = commit
         self._stopping = asyncio.Event()

@@ -20,6 +20,7 @@ from gateway.appliance.config import ConfigError
 from gateway.appliance.plugins import AdapterContext
 from gateway.client import SepaClient
 from gateway.observations import Mapping, MappingError, mappings_from_config
+from gateway.observations.writer import ObservationWriter
 
 
 @dataclass
@@ -133,7 +134,13 @@ def password(config: MqttConfig) -> str:
         raise ConfigError(f"mqtt.password_file: cannot read {config.password_file}: {error.strerror}") from None
 
 
-def build_adapter(config: MqttConfig, client: SepaClient, gateway_id: str, data_dir: str = "") -> MqttAdapter:
+def build_adapter(
+    config: MqttConfig,
+    client: SepaClient,
+    gateway_id: str,
+    data_dir: str = "",
+    writer: ObservationWriter | None = None,
+) -> MqttAdapter:
     _, mappings, actuators = check(config)
     mqtt_settings = replace(
         settings(config, client_id(config, gateway_id, data_dir)), password=password(config) or None
@@ -145,6 +152,7 @@ def build_adapter(config: MqttConfig, client: SepaClient, gateway_id: str, data_
         profile_names=config.profiles,
         actuators=actuators,
         gateway=gateway_id,
+        writer=writer,
     )
 
 
@@ -158,7 +166,7 @@ class MqttPlugin:
         check(section)
 
     def build(self, section: MqttConfig, context: AdapterContext) -> MqttAdapter:
-        return build_adapter(section, context.client, context.gateway_id, context.data_dir)
+        return build_adapter(section, context.client, context.gateway_id, context.data_dir, context.observations)
 
 
 PLUGIN = MqttPlugin()

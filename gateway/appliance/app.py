@@ -34,6 +34,7 @@ from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
 from gateway.client import InProcessTransport, SepaClient
 from gateway.observations import ontology_update
+from gateway.observations.writer import ObservationWriter
 
 if TYPE_CHECKING:
     from gateway.shipper import Shipper
@@ -126,7 +127,8 @@ class Gateway:
             self.shipper = build_shipper(config, self.client, self.gateway_id)
             self.gates.metric_sources["shipper"] = self.shipper.metrics
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
-        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir)
+        writer = ObservationWriter(self.client, self.gateway_id)
+        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir, writer)
         self.adapters: dict[str, Adapter] = {}
         for name, plugin in adapter_plugins().items():
             section = config.adapter(name)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from gateway.client import SepaClient
+    from gateway.observations.writer import ObservationWriter
 
 ENTRY_POINTS = "sepa_gateway.adapters"
 
@@ -52,6 +53,7 @@ class AdapterContext:
     client: SepaClient  # an in-process client of the broker (the same API as a network client)
     gateway_id: str  # names this gateway in observation IRIs
     data_dir: str  # the store's data directory ("" for a store in memory): where to keep state
+    observations: ObservationWriter  # the one writer of readings, shared by every adapter (its docstring says why)
 
 
 class AdapterPlugin(Protocol):

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from adapters.mqtt.connection import MqttError, check_filter
-from adapters.mqtt.ingest import OTHER_TOPICS, TopicCounters
 from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
+from gateway.observations.counters import OTHER_TOPICS, SourceCounters
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_malformed_filters_are_refused(bad: str) -> None:
 
 def test_bad_topics_are_logged_at_most_once_a_minute_with_their_count(caplog) -> None:
     now = [0.0]
-    counters = TopicCounters(clock=lambda: now[0])
+    counters = SourceCounters(clock=lambda: now[0])
     with caplog.at_level(logging.WARNING, logger="adapters.mqtt.ingest"):
         for _ in range(1000):
             counters.add("zigbee2mqtt/kitchen", "not JSON")
@@ -71,7 +71,7 @@ def test_bad_topics_are_logged_at_most_once_a_minute_with_their_count(caplog) ->
 
 
 def test_topic_counters_do_not_grow_without_bound() -> None:
-    counters = TopicCounters(max_topics=3)
+    counters = SourceCounters(max_topics=3)
     for i in range(100):
         counters.add(f"spam/{i}", "unmapped topic")
     assert len(counters.counts) == 4

@@ -1,0 +1,59 @@
+"""Bad input counted per source, for /metrics and a quiet log (shared by the adapters)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+OTHER_TOPICS = "(other topics)"
+
+
+class SourceCounters:
+    """Bad input counted per source (an MQTT topic, a CoAP resource), logged at most once per
+    `log_interval_s` per source with the count since.
+
+    Fed by the adapters (oversize payloads, refused requests) and by the mapping layer (PayloadError,
+    unmapped sources). At most `max_topics` sources are tracked, the rest under one shared entry, so
+    a client sending to endless source names cannot grow memory or the log. `label` names the
+    adapter and its kind of source in the log ("mqtt: bad input on topic").
+    """
+
+    def __init__(
+        self,
+        log_interval_s: float = 60.0,
+        max_topics: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "mqtt: bad input on topic",
+    ) -> None:
+        self.label = label
+        self.log_interval_s = log_interval_s
+        self.max_topics = max_topics
+        self._clock = clock
+        self.counts: dict[str, int] = {}
+        self.total = 0
+        self._unlogged: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def add(self, topic: str, reason: str) -> None:
+        """Count one bad message on `topic`; `reason` says what was wrong with it (logged with the count)."""
+        if topic not in self.counts and len(self.counts) >= self.max_topics:
+            topic = OTHER_TOPICS
+        self.total += 1
+        self.counts[topic] = self.counts.get(topic, 0) + 1
+        self._unlogged[topic] = self._unlogged.get(topic, 0) + 1
+        now = self._clock()
+        last = self._logged_at.get(topic)
+        if last is None or now - last >= self.log_interval_s:
+            log.warning(
+                "%s %r: %s (%d since the last report, %d in total)",
+                self.label,
+                topic[:200],
+                reason[:300],
+                self._unlogged[topic],
+                self.counts[topic],
+            )
+            self._logged_at[topic] = now
+            self._unlogged[topic] = 0
