@@ -89,8 +89,6 @@ def _learn(units: dict[str, str], topic: str, unit: str) -> None:
         units[topic] = unit
 
 
-register_extractor(
-    "homie", Extractor(_value, wants_property=True, property_fallback=PROPERTY_PREFIX + "homie/{name}")
-)
+register_extractor("homie", Extractor(_value, wants_property=True, property_fallback=PROPERTY_PREFIX + "homie/{name}"))
 register_extractor("homie-unit", Extractor(_unit, targets=False))
 register_extractor("homie-description", Extractor(_description, targets=False))

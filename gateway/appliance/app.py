@@ -128,7 +128,7 @@ class Gateway:
             self.gates.metric_sources["shipper"] = self.shipper.metrics
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
         writer = ObservationWriter(self.client, self.gateway_id)
-        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir, writer)
+        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled)
         self.adapters: dict[str, Adapter] = {}
         for name, plugin in adapter_plugins().items():
             section = config.adapter(name)

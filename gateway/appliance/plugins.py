@@ -54,6 +54,7 @@ class AdapterContext:
     gateway_id: str  # names this gateway in observation IRIs
     data_dir: str  # the store's data directory ("" for a store in memory): where to keep state
     observations: ObservationWriter  # the one writer of readings, shared by every adapter (its docstring says why)
+    secure: bool = False  # [security] enabled (the installed service): authenticate every peer on the network
 
 
 class AdapterPlugin(Protocol):

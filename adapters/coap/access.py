@@ -1,0 +1,41 @@
+"""Who may send readings and follow subscriptions over CoAP.
+
+The rule is the plain gates' (docs/security.md): a request from this board (a loopback address) is
+the local, trusted side; a request from the network must be authenticated when the installed
+service runs (`[security] enabled`), else it is refused with 4.01. A development gateway without
+security takes it, and says INSECURE at start, as the plain HTTP gates do.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import aiocoap
+from aiocoap import Code
+
+from adapters.coap.errors import Refused
+
+
+def loopback(request: aiocoap.Message) -> bool:
+    """Whether the request came from this host (IPv4, IPv6, or IPv4 mapped into IPv6)."""
+    sockaddr = getattr(request.remote, "sockaddr", None)
+    if not sockaddr:
+        return False
+    try:
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+class Access:
+    """`secure`: requests from the network are refused (the installed service)."""
+
+    def __init__(self, *, secure: bool) -> None:
+        self.secure = secure
+
+    def check(self, request: aiocoap.Message, path: str) -> None:
+        if self.secure and not loopback(request):
+            raise Refused(Code.UNAUTHORIZED, f"/{path}: requests from the network must be authenticated"[:200])

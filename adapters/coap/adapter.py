@@ -1,0 +1,119 @@
+"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP).
+
+A client of the broker like the MQTT adapter (docs/adapters.md): readings go through the shared
+observation writer, mappings come from the config, the mappings graph (followed: a SPARQL update
+adds one without a restart) and the CoAP profiles (`/s/{sensor}/{property}`, `/s/{device}`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import aiocoap
+
+from adapters.coap.access import Access
+from adapters.coap.batcher import Batcher
+from adapters.coap.profiles import default_profiles
+from adapters.coap.readings import ReadingsResource
+from adapters.coap.site import GatewaySite
+from gateway.client import ClientSubscription, SepaClient
+from gateway.observations import MAPPINGS_QUERY, Mapper, Mapping, MappingError, mappings_from_rdf, mappings_update
+from gateway.observations.writer import ObservationWriter
+
+log = logging.getLogger(__name__)
+
+
+class CoapAdapter:
+    """Serves the gateway's CoAP resources on `host`:`port` (UDP)."""
+
+    def __init__(
+        self,
+        client: SepaClient,
+        writer: ObservationWriter,
+        *,
+        host: str = "::",
+        port: int = 5683,
+        mappings: Sequence[Mapping] = (),
+        secure: bool = False,
+        max_payload_bytes: int = 65_536,
+        batch_max: int = 500,
+    ) -> None:
+        self.client = client
+        self.writer = writer
+        self.host = host
+        self.port = port
+        self.configured = list(mappings)
+        self.profiles = default_profiles()
+        self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=max_payload_bytes)
+        self.batcher = Batcher(writer, batch_max=batch_max)
+        self.readings = ReadingsResource(
+            lambda: self.mapper, self.batcher, Access(secure=secure), max_payload_bytes=max_payload_bytes
+        )
+        self.site = GatewaySite(self.readings)
+        self.mapping_errors = 0
+        self.context: aiocoap.Context | None = None
+        self._mappings: ClientSubscription | None = None
+
+    async def start(self) -> None:
+        """Publish the config's mappings, follow the mappings graph, then listen."""
+        if self.configured:
+            await self.client.update(mappings_update(self.configured))
+        self._mappings = await self.client.subscribe(
+            MAPPINGS_QUERY, "coap-mappings", on_notification=self._mappings_changed
+        )
+        self._rebuild()
+        await self.writer.load()
+        self.batcher.start()
+        self.context = await aiocoap.Context.create_server_context(
+            self.site, bind=(self.host, self.port), transports=["udp6"], loggername="sepa-coap"
+        )
+        log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.port}/udp"})
+        if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning(
+                "INSECURE: CoAP readings are taken from the network without authentication; enable [security]",
+                extra={"host": self.host},
+            )
+
+    async def stop(self) -> None:
+        """Stop listening, commit what was received, and stop following the mappings."""
+        if self.context is not None:
+            await self.context.shutdown()
+            self.context = None
+        await self.batcher.stop()
+        if self._mappings is not None:
+            await self._mappings.unsubscribe()
+            self._mappings = None
+
+    def _mappings_changed(self, _notification: Any) -> None:
+        if self._mappings is not None:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        rows = self._mappings.view.bindings() if self._mappings is not None else []
+        errors: list[MappingError] = []
+        stored = mappings_from_rdf(rows, errors)
+        self.mapping_errors += len(errors)
+        try:
+            self.mapper = self.mapper.rebuild([*stored, *self.profiles])
+        except MappingError as error:
+            self.mapping_errors += 1
+            log.warning("coap: mappings not changed", extra={"error": str(error)})
+
+    def health(self) -> dict[str, Any]:
+        listening = self.context is not None
+        return {"ok": listening, "listening": listening}
+
+    def metrics(self) -> dict[str, Any]:
+        resource = self.readings
+        return {
+            "requests": resource.requests,
+            "readings": resource.readings,
+            "bad_input": resource.counters.total,
+            **{f"refused_{code.replace('.', '_')}": count for code, count in sorted(resource.refused.items())},
+            "mapping_errors": self.mapping_errors,
+            "batches": self.batcher.stats.batches,
+            "largest_batch": self.batcher.stats.largest_batch,
+            "commit_failures": self.batcher.stats.commit_failures,
+        }

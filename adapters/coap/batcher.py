@@ -1,0 +1,123 @@
+"""Readings of concurrent CoAP requests committed together, each request answered once it is stored.
+
+Why: a commit is one update through the scheduler, and its cost is mostly per update, not per
+reading; sensors send one reading a request. While one batch commits, the next gathers (like the
+MQTT ingestor's batches: a slow commit means larger batches, not a longer queue). Memory is bounded
+by `max_waiting` readings: past it a request is refused at once (5.03 with Max-Age) rather than queued.
+
+One request's readings are all or nothing. A batch the writer refuses as a whole (a reading that
+cannot be written: PayloadError) is retried request by request, so only the bad request fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.observations import PayloadError, Reading
+from gateway.observations.vocabulary import HAS_COAP_RESOURCE
+from gateway.observations.writer import ObservationWriter
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(Exception):
+    """Too many readings are waiting for their commit: the sender should retry later."""
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    committed: int = 0
+    largest_batch: int = 0
+    commit_failures: int = 0
+
+
+class Batcher:
+    """Queues readings and commits them in batches on one task (see the module docstring)."""
+
+    def __init__(self, writer: ObservationWriter, *, batch_max: int = 500, max_waiting: int = 20_000) -> None:
+        self.writer = writer
+        self.batch_max = batch_max
+        self.max_waiting = max_waiting
+        self.stats = BatchStats()
+        self._queue: deque[tuple[Sequence[Reading], asyncio.Future[None]]] = deque()
+        self._waiting = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="coap-commit")
+
+    async def stop(self) -> None:
+        """Commit what is queued, then stop."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._wake.set()
+        while self._queue:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def store(self, readings: Sequence[Reading]) -> None:
+        """Return once `readings` are committed; PayloadError if they cannot be written, Overloaded
+        if too many wait, else what the store raised."""
+        if self._task is None:
+            raise Overloaded("the CoAP adapter is stopping")
+        if self._waiting + len(readings) > self.max_waiting:
+            raise Overloaded(f"{self._waiting} readings wait for their commit")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((readings, future))
+        self._waiting += len(readings)
+        self._wake.set()
+        await asyncio.shield(future)  # a request given up on still commits: its sender may retransmit
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch = self._take()
+                await self._commit(batch)
+
+    def _take(self) -> list[tuple[Sequence[Reading], asyncio.Future[None]]]:
+        batch = [self._queue.popleft()]
+        size = len(batch[0][0])
+        while self._queue and size + len(self._queue[0][0]) <= self.batch_max:
+            batch.append(self._queue.popleft())
+            size += len(batch[-1][0])
+        self._waiting -= size
+        return batch
+
+    async def _commit(self, batch: list[tuple[Sequence[Reading], asyncio.Future[None]]]) -> None:
+        readings = [reading for part, _ in batch for reading in part]
+        try:
+            await self.writer.commit(readings, source_property=HAS_COAP_RESOURCE)
+        except PayloadError as error:
+            if len(batch) > 1:
+                for one in batch:
+                    await self._commit([one])
+                return
+            _settle(batch, error)
+        except Exception as error:
+            self.stats.commit_failures += 1
+            log.error("coap: commit of %d readings failed", len(readings), exc_info=True)
+            _settle(batch, error)
+        else:
+            self.stats.batches += 1
+            self.stats.committed += len(readings)
+            self.stats.largest_batch = max(self.stats.largest_batch, len(readings))
+            _settle(batch, None)
+
+
+def _settle(batch: list[tuple[Sequence[Reading], asyncio.Future[None]]], error: BaseException | None) -> None:
+    for _, future in batch:
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)

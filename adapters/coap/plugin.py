@@ -1,0 +1,63 @@
+"""The CoAP adapter as a plug-in of the appliance: the `[coap]` section, its checks, the adapter."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from adapters.coap.adapter import CoapAdapter
+from gateway.appliance.config import ConfigError
+from gateway.appliance.plugins import AdapterContext
+from gateway.observations import Mapping, MappingError, mappings_from_config
+
+
+@dataclass
+class CoapConfig:
+    enabled: bool = True  # the CoAP adapter: sensor readings in over UDP (RFC 7252)
+    host: str = "::"  # every address, IPv6 and IPv4; with [security] on, peers off this board must authenticate
+    port: int = 5683
+    max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
+    batch_max: int = 500  # readings committed by one update at most
+    mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
+
+
+def check(config: CoapConfig) -> list[Mapping]:
+    try:
+        ipaddress.ip_address(config.host)
+    except ValueError:
+        raise ConfigError(f"coap.host: {config.host!r} is not an IP address") from None
+    if not 0 <= config.port <= 65535:
+        raise ConfigError("coap.port must be between 0 and 65535")
+    if not 1 <= config.max_payload_bytes <= 16 << 20:
+        raise ConfigError("coap.max_payload_bytes must be between 1 and 16 MiB")
+    if not 1 <= config.batch_max <= 10_000:
+        raise ConfigError("coap.batch_max must be between 1 and 10000")
+    try:
+        return mappings_from_config(config.mappings)
+    except MappingError as error:
+        raise ConfigError(f"coap.mappings: {error}") from None
+
+
+class CoapPlugin:
+    """The entry point `coap` of the `sepa_gateway.adapters` group (pyproject.toml)."""
+
+    name = "coap"
+    section = CoapConfig
+
+    def check(self, section: CoapConfig) -> None:
+        check(section)
+
+    def build(self, section: CoapConfig, context: AdapterContext) -> CoapAdapter:
+        return CoapAdapter(
+            context.client,
+            context.observations,
+            host=section.host,
+            port=section.port,
+            mappings=check(section),
+            secure=context.secure,
+            max_payload_bytes=section.max_payload_bytes,
+            batch_max=section.batch_max,
+        )
+
+
+PLUGIN = CoapPlugin()

@@ -1,0 +1,124 @@
+"""Readings in: a POST or PUT of a sensor's reading to a resource becomes observations.
+
+The path is the source the mappings match (`/s/boiler/temperature` is `s/boiler/temperature`), as an
+MQTT topic is: one mapping serves both transports. 2.04 Changed is sent only once the observations
+are committed (:class:`~adapters.coap.batcher.Batcher`), so a reading acknowledged is in the store and
+every subscription has seen it. A confirmable request retransmitted because its ACK was lost is
+recognised by aiocoap's message layer (same endpoint and message ID within EXCHANGE_LIFETIME) and
+answered with the first response: it never reaches this code twice.
+
+Refusals, each with a one-line diagnostic payload and counted per resource (`bad_input_by_resource`):
+4.00 a payload that cannot be read or written, 4.01 a request that is not authenticated
+(:mod:`adapters.coap.access`), 4.04 a path no mapping takes, 4.13 a payload over `max_payload_bytes`
+(with Size1; also announced or reached part-way through a block-wise transfer, which is then not
+assembled further), 4.15 a content format the resource does not read, 5.03 (Max-Age 1) when too many
+readings wait for their commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import aiocoap
+from aiocoap import Code
+from aiocoap.resource import Resource
+
+from adapters.coap import formats
+from adapters.coap.access import Access
+from adapters.coap.batcher import Batcher, Overloaded
+from adapters.coap.errors import Refused, refusal
+from gateway.observations import Mapper, PayloadError, UnmappedTopic
+from gateway.observations.counters import SourceCounters
+
+
+class ReadingsResource(Resource):
+    """Every path no other resource claims: a reading POSTed or PUT there."""
+
+    def __init__(
+        self,
+        mapper: Callable[[], Mapper],
+        batcher: Batcher,
+        access: Access,
+        *,
+        max_payload_bytes: int = 65_536,
+        counters: SourceCounters | None = None,
+    ) -> None:
+        super().__init__()
+        self._mapper = mapper
+        self.batcher = batcher
+        self.access = access
+        self.max_payload_bytes = max_payload_bytes
+        self.counters = counters or SourceCounters(label="coap: bad input on resource")
+        self.readings = 0
+        self.requests = 0
+        self.refused: Counter[str] = Counter()
+
+    async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
+        """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has none)."""
+        return not self._too_large(request)
+
+    def _too_large(self, request: aiocoap.Message) -> bool:
+        block1 = request.opt.block1
+        reached = (block1.start if block1 is not None else 0) + len(request.payload)
+        announced = request.opt.size1 or 0
+        return max(reached, announced) > self.max_payload_bytes
+
+    async def render_post(self, request: aiocoap.Message) -> aiocoap.Message:
+        path = "/".join(request.opt.uri_path)
+        self.requests += 1
+        try:
+            await self._store(path, request)
+        except Refused as refused:
+            self.refused[refused.code.dotted] += 1
+            self.counters.add(path or "/", f"{refused.code.dotted} {refused}")
+            options = {"size1": self.max_payload_bytes} if refused.code == Code.REQUEST_ENTITY_TOO_LARGE else {}
+            if refused.code == Code.SERVICE_UNAVAILABLE:
+                options = {"max_age": 1}
+            return refusal(refused.code, str(refused), **options)
+        return aiocoap.Message(code=Code.CHANGED)
+
+    render_put = render_post
+
+    async def _store(self, path: str, request: aiocoap.Message) -> None:
+        self.access.check(request, path)
+        if self._too_large(request) or request.opt.block1 is not None and request.opt.block1.more:
+            raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
+        content_format = request.opt.content_format
+        if content_format not in formats.READABLE:
+            raise Refused(
+                Code.UNSUPPORTED_CONTENT_FORMAT,
+                f"content format {int(content_format)} not read here (0, 50, 110 or 112)",
+            )
+        mapper = self._mapper()
+        found = mapper.match(path)
+        if found is None:
+            raise Refused(Code.NOT_FOUND, f"no mapping takes /{path}"[:200])
+        senml = found[0].mapping.extract == "senml"
+        if content_format in formats.SENML and not senml:
+            raise Refused(
+                Code.UNSUPPORTED_CONTENT_FORMAT, "this resource reads a value (text/plain or application/json)"
+            )
+        payload = request.payload
+        try:
+            if content_format == formats.SENML_CBOR:
+                payload = formats.senml_json(payload)
+            readings = mapper.readings(path, payload, time.time_ns() // 1000)
+        except UnmappedTopic as error:
+            raise Refused(Code.NOT_FOUND, str(error)) from None
+        except PayloadError as error:
+            raise Refused(Code.BAD_REQUEST, str(error)) from None
+        if not readings:
+            return  # a pack with no value in it: nothing to store, and nothing wrong
+        try:
+            await self.batcher.store(readings)
+        except Overloaded as error:
+            raise Refused(Code.SERVICE_UNAVAILABLE, str(error)) from None
+        except PayloadError as error:
+            raise Refused(Code.BAD_REQUEST, str(error)) from None
+        except Exception as error:
+            raise Refused(
+                Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {type(error).__name__}"
+            ) from None
+        self.readings += len(readings)
