@@ -215,6 +215,7 @@ class RunningGateway(Endpoint):
     ws_url: str = ""
     https_url: str = ""  # the secure gates, when enabled
     wss_url: str = ""
+    coap_url: str = ""  # coap://127.0.0.1:PORT (no path), when the CoAP adapter runs
     launch: dict[str, Any] = field(default_factory=dict)  # how it was started: restart() starts it again
 
     def _drain(self) -> None:
@@ -312,6 +313,7 @@ def launch_gateway(
     http_port: int = 0,
     ws_port: int = 0,
     mqtt: bool | None = None,
+    coap_port: int = 0,
 ) -> RunningGateway:
     """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
 
@@ -322,6 +324,7 @@ def launch_gateway(
     argv += ["--https-port", "0", "--wss-port", "0"]  # used only when a test's config or flag enables [security]
     if mqtt is False or (mqtt is None and config is None):
         argv.append("--no-mqtt")
+    argv += ["--coap-port", str(coap_port)]  # 0: any free port (test files run in parallel); see coap_url
     if config is not None:
         argv += ["--config", str(config)]
     if data_dir is not None:
@@ -335,7 +338,7 @@ def launch_gateway(
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt}
+    launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt}  # coap: its port, once bound
     gateway = RunningGateway(process=process, launch=launch)
     gateway._reader = threading.Thread(target=gateway._drain, name="gateway-stderr", daemon=True)
     gateway._reader.start()
@@ -353,6 +356,9 @@ def launch_gateway(
                 gateway.https_url = f"https://127.0.0.1:{urlsplit(url).port}"
             elif url.endswith("/secure/subscribe"):
                 gateway.wss_url = f"wss://127.0.0.1:{urlsplit(url).port}"
+            elif url.startswith("coap://"):
+                gateway.coap_url = f"coap://127.0.0.1:{urlsplit(url).port}"
+                launch["coap_port"] = urlsplit(url).port  # restart() comes back on the same port
         wait_until_answering(gateway)
     except BaseException:
         if process.poll() is None:
@@ -386,6 +392,8 @@ def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread
     """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (the MQTT tests run it on their own broker)."""
     if "mqtt" in config.adapters:
         config.adapter("mqtt").enabled = False
+    if "coap" in config.adapters:
+        config.adapter("coap").port = 0
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0
@@ -412,5 +420,3 @@ def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread
         endpoint.wss_url = f"wss://127.0.0.1:{built.ports['wss']}"
     wait_until_answering(endpoint)
     return endpoint, thread
-
-

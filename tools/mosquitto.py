@@ -72,8 +72,7 @@ class Mosquitto:
             tls = (f"{self.tls_port} 127.0.0.1", *installed_tls) if installed_tls is not None else None
             head = installed_config(installed, f"{self.port} 127.0.0.1", tls)  # type: ignore[arg-type]
         self.config.write_text(
-            head
-            + f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
+            head + f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
             "persistence true\n"
             f"persistence_location {directory / 'data'}/\n"
             f"log_dest file {self.log}\n"

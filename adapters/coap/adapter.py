@@ -66,10 +66,14 @@ class CoapAdapter:
         self._rebuild()
         await self.writer.load()
         self.batcher.start()
-        self.context = await aiocoap.Context.create_server_context(
-            self.site, bind=(self.host, self.port), transports=["udp6"], loggername="sepa-coap"
-        )
-        log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.port}/udp"})
+        try:
+            self.context = await aiocoap.Context.create_server_context(
+                self.site, bind=(self.host, self.port), transports=["udp6"], loggername="sepa-coap"
+            )
+        except OSError as error:
+            await self.batcher.stop()
+            raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
+        log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.bound_port}/udp"})
         if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
                 "INSECURE: CoAP readings are taken from the network without authentication; enable [security]",
@@ -100,6 +104,22 @@ class CoapAdapter:
         except MappingError as error:
             self.mapping_errors += 1
             log.warning("coap: mappings not changed", extra={"error": str(error)})
+
+    @property
+    def bound_port(self) -> int:
+        """The UDP port really bound: the configured one, or the one the system chose for 0."""
+        if self.context is None:
+            return self.port
+        for interface in self.context.request_interfaces:
+            transport = getattr(interface.token_interface.message_interface, "transport", None)
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            if sock is not None:
+                return int(sock.getsockname()[1])
+        return self.port
+
+    def urls(self) -> list[str]:
+        shown = "localhost" if self.host in ("::", "0.0.0.0") else f"[{self.host}]" if ":" in self.host else self.host
+        return [f"coap://{shown}:{self.bound_port}/"]
 
     def health(self) -> dict[str, Any]:
         listening = self.context is not None

@@ -208,6 +208,7 @@ class Gateway:
             f"{http}/metrics",
             f"{http}{self.config.http.scheduled_path}",
             *secure_urls,
+            *(url for adapter in self.adapters.values() for url in getattr(adapter, "urls", list)()),
         ]
 
     async def stop(self) -> None:

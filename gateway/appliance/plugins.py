@@ -45,6 +45,9 @@ class Adapter(Protocol):
         """Counters and state, flat JSON values (for /metrics, under the plug-in's name)."""
         ...
 
+    # Optional: `def urls(self) -> list[str]`, what a listening adapter serves once started (the
+    # "sepa-gateway serving" log line shows them; coap://host:port/ with the port really bound).
+
 
 @dataclass(frozen=True, slots=True)
 class AdapterContext:

@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--wss-port", type=int, help="secure WebSocket port, with [security] enabled (default 9443)")
     parser.add_argument("--secure", action="store_true", help="enable the secure gates ([security] enabled)")
     parser.add_argument("--no-mqtt", action="store_true", help="serve without the MQTT adapter ([mqtt] enabled)")
+    parser.add_argument("--coap-port", type=int, help="CoAP UDP port, 0 for any free one (default 5683)")
+    parser.add_argument("--no-coap", action="store_true", help="serve without the CoAP adapter ([coap] enabled)")
     parser.set_defaults(handler=run)
 
 
@@ -46,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
             config.security.enabled = True
         if args.no_mqtt:
             config.adapter("mqtt").enabled = False
+        if args.coap_port is not None:
+            config.adapter("coap").port = args.coap_port
+        if args.no_coap:
+            config.adapter("coap").enabled = False
         config.validate()
     except ConfigError as error:
         print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)
