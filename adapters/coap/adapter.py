@@ -42,7 +42,7 @@ class CoapAdapter:
     ) -> None:
         self.client = client
         self.writer = writer
-        self.host = host
+        self.host = "::" if host == "0.0.0.0" else host  # aiocoap's udp6 transport: :: takes IPv4 too
         self.port = port
         self.configured = list(mappings)
         self.profiles = default_profiles()

@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("run", help="run the gateway (HTTP + WebSocket gates)")
     parser.add_argument("--config", metavar="FILE", help="TOML configuration (see systemd/sepa-gateway.toml)")
     parser.add_argument("--data-dir", metavar="DIR", help="on-disk store directory (default: in-memory store)")
-    parser.add_argument("--host", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--host", help="listen address of the plain gates and CoAP (default 0.0.0.0, and :: for CoAP)")
     parser.add_argument("--http-port", type=int, help="SPARQL 1.1 Protocol port (default 8000)")
     parser.add_argument("--ws-port", type=int, help="subscription WebSocket port (default 9000)")
     parser.add_argument("--https-port", type=int, help="secure HTTPS port, with [security] enabled (default 8443)")
@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
             config.store.data_dir = args.data_dir
         if args.host is not None:
             config.http.host = args.host
+            if "coap" in config.adapters:  # the CoAP adapter listens where the gateway does
+                config.adapter("coap").host = args.host
         if args.http_port is not None:
             config.http.port = args.http_port
         if args.ws_port is not None:

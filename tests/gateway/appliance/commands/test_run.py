@@ -115,6 +115,7 @@ def test_run_logs_the_urls_it_serves(start_gateway: Callable[..., RunningGateway
         f"ws://127.0.0.1:{http_port}/subscribe",
         f"http://127.0.0.1:{http_port}/metrics",
         f"http://127.0.0.1:{http_port}/scheduled",
+        f"coap://127.0.0.1:{urlsplit(gateway.coap_url).port}/",  # the CoAP adapter listens where the gates do
     ]
     serving = next(line for line in gateway.stderr_lines if "sepa-gateway serving" in line)
     assert "store=memory" in serving and "mode=incremental" in serving
