@@ -9,8 +9,10 @@ sudo_cmd=()
 
 # Debian packages the tests use (real services, not mocks). Java runs the cloud tests' local Spark;
 # Chromium (with its driver) is the browser of the page tests (tests/browser_support.py); strace traces
-# the syncs of the durability test (tests/broker/test_durability.py).
-packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver strace)
+# the syncs of the durability test (tests/broker/test_durability.py); libcoap3-bin is libcoap's coap-client,
+# the real client of the CoAP tests (tests/adapters/coap).
+packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver strace
+    libcoap3-bin)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -18,6 +20,12 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo_cmd[@]}" apt-get update -qq
     DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
+fi
+
+# Debian's libcoap3-bin has coap-client-notls / -gnutls / -openssl but no plain coap-client, the name
+# every CoAP guide (and our README) uses.
+if ! command -v coap-client >/dev/null; then
+    "${sudo_cmd[@]}" ln -sf "$(command -v coap-client-notls)" /usr/local/bin/coap-client
 fi
 
 # Node.js runs the SEPA project's JavaScript client (tests/broker/gates/test_sepa_js.py), installed from the

@@ -54,22 +54,25 @@ class ReadingsResource(Resource):
         self.readings = 0
         self.requests = 0
         self.refused: Counter[str] = Counter()
+        self._unassembled: set[int] = set()  # ids of requests given to render one block at a time
 
     async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
-        """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has none)."""
-        return not self._too_large(request)
-
-    def _too_large(self, request: aiocoap.Message) -> bool:
+        """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has
+        none: a sender could grow one without end); a block past it is rendered alone, and refused."""
         block1 = request.opt.block1
         reached = (block1.start if block1 is not None else 0) + len(request.payload)
-        announced = request.opt.size1 or 0
-        return max(reached, announced) > self.max_payload_bytes
+        if max(reached, request.opt.size1 or 0) > self.max_payload_bytes:
+            self._unassembled.add(id(request))
+            return False
+        return True
 
     async def render_post(self, request: aiocoap.Message) -> aiocoap.Message:
         path = "/".join(request.opt.uri_path)
         self.requests += 1
+        unassembled = id(request) in self._unassembled
+        self._unassembled.discard(id(request))
         try:
-            await self._store(path, request)
+            await self._store(path, request, unassembled)
         except Refused as refused:
             self.refused[refused.code.dotted] += 1
             self.counters.add(path or "/", f"{refused.code.dotted} {refused}")
@@ -81,9 +84,9 @@ class ReadingsResource(Resource):
 
     render_put = render_post
 
-    async def _store(self, path: str, request: aiocoap.Message) -> None:
+    async def _store(self, path: str, request: aiocoap.Message, unassembled: bool) -> None:
         self.access.check(request, path)
-        if self._too_large(request) or request.opt.block1 is not None and request.opt.block1.more:
+        if unassembled or max(len(request.payload), request.opt.size1 or 0) > self.max_payload_bytes:
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
         content_format = request.opt.content_format
         if content_format not in formats.READABLE:

@@ -1,0 +1,236 @@
+"""Readings in over CoAP, with real clients over real UDP: libcoap's coap-client and aiocoap's.
+
+What each test would see without the adapter: nothing listens on the gateway's CoAP port, so every
+request times out and no observation appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import time
+from collections.abc import Callable
+
+import aiocoap
+import cbor2
+import pytest
+from aiocoap import Code
+
+from tools.coap import libcoap
+from tools.coap.relay import LossyRelay
+from tools.launcher import RunningGateway
+
+OBSERVATIONS = """PREFIX sosa: <http://www.w3.org/ns/sosa/>
+PREFIX qudt: <http://qudt.org/schema/qudt/>
+SELECT ?sensor ?value ?unit WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> {
+  ?o sosa:madeBySensor ?sensor ; sosa:hasResult ?r . ?r qudt:numericValue ?value .
+  OPTIONAL { ?r qudt:unit ?unit } } }"""
+SENSOR = "urn:sepa-gateway:sensor:coap/"
+DEG_C = "http://qudt.org/vocab/unit/DEG_C"
+
+
+def observations(gateway: RunningGateway) -> list[tuple[str, float, str]]:
+    return sorted((row["sensor"], float(row["value"]), row.get("unit", "")) for row in gateway.select(OBSERVATIONS))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.02)
+
+
+async def request(uri: str, payload: bytes, content_format: int | None = None, **options: object) -> aiocoap.Message:
+    context = await aiocoap.Context.create_client_context()
+    try:
+        message = aiocoap.Message(code=Code.POST, uri=uri, payload=payload, **options)
+        if content_format is not None:
+            message.opt.content_format = content_format
+        return await context.request(message).response
+    finally:
+        await context.shutdown()
+
+
+def test_a_coap_client_post_is_an_observation_visible_over_http_within_a_second(start_gateway, coap_client) -> None:
+    gateway = start_gateway()
+    started = time.monotonic()
+    done = libcoap.run(["-m", "post", "-t", "0", "-e", "63.5", f"{gateway.coap_url}/s/boiler/temperature"])
+    assert libcoap.succeeded(done), done
+    assert observations(gateway) == [(SENSOR + "boiler", 63.5, DEG_C)]  # stored before the 2.04
+    assert time.monotonic() - started < 1.0
+    assert gateway.metrics()["sepa_coap_readings"] == 1
+
+
+def test_senml_json_and_cbor_packs_are_one_observation_per_record(start_gateway, coap_client) -> None:
+    gateway = start_gateway()
+    pack = [{"bn": "tank1/", "n": "temperature", "u": "Cel", "v": 21.5}, {"n": "humidity", "u": "%RH", "v": 40}]
+    done = libcoap.run(["-m", "post", "-t", "110", "-e", libcoap.text(json.dumps(pack)), f"{gateway.coap_url}/s/tank"])
+    assert libcoap.succeeded(done), done
+    cbor = cbor2.dumps([{-2: "tank2/", 0: "temperature", 1: "Cel", 2: 19.25}, {0: "pressure", 1: "hPa", 2: 1013}])
+    response = asyncio.run(request(f"{gateway.coap_url}/s/tank", cbor, 112))
+    assert response.code == Code.CHANGED, response.payload
+    sensors = {row[0]: row[1] for row in observations(gateway)}
+    assert sensors == {
+        SENSOR + "tank/tank1/temperature": 21.5,
+        SENSOR + "tank/tank1/humidity": 40.0,
+        SENSOR + "tank/tank2/temperature": 19.25,
+        SENSOR + "tank/tank2/pressure": 1013.0,
+    }
+
+
+def test_a_large_senml_pack_arrives_block_wise_and_an_oversized_one_is_refused(start_gateway, coap_client) -> None:
+    gateway = start_gateway(toml="[coap]\nmax_payload_bytes = 8192\n")
+    pack = [{"bn": "big/", "n": f"temperature{index}", "u": "Cel", "v": index / 4} for index in range(120)]
+    text = json.dumps(pack)
+    assert 4096 < len(text) <= 8192
+    done = libcoap.run(["-m", "post", "-b", "64", "-t", "110", "-e", text, f"{gateway.coap_url}/s/bulk"], timeout=60)
+    assert libcoap.succeeded(done), done
+    assert len(observations(gateway)) == 120
+    huge = json.dumps([{"bn": "huge/", "n": f"t{index}", "u": "Cel", "v": 1.0} for index in range(400)])
+    assert len(huge) > 8192
+    done = libcoap.run(["-m", "post", "-b", "64", "-t", "110", "-e", huge, f"{gateway.coap_url}/s/bulk"], timeout=60)
+    assert "4.13" in done.stdout + done.stderr, done
+    assert len(observations(gateway)) == 120  # nothing of it stored
+    assert gateway.metrics()["sepa_coap_refused_4_13"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "code"),
+    [
+        (["-e", "hot"], "s/boiler/temperature", "4.00"),
+        (["-t", "50", "-e", "true"], "s/boiler/temperature", "4.00"),  # a boolean is not a temperature
+        (["-t", "110", "-e", '[{"n": "t", "v": "warm"}]'], "s/pack", "4.00"),
+        (["-e", "1"], "nothing/maps/this", "4.04"),
+        (["-t", "41", "-e", "<v>1</v>"], "s/boiler/temperature", "4.15"),
+        (["-t", "110", "-e", "[]"], "s/boiler/temperature", "4.15"),  # SenML where a value is read
+    ],
+)
+def test_bad_input_gets_a_clear_code_is_counted_per_resource_and_stores_nothing(
+    start_gateway, coap_client, args: list[str], path: str, code: str
+) -> None:
+    gateway = start_gateway()
+    done = libcoap.run(["-m", "post", *args, f"{gateway.coap_url}/{path}"])
+    assert (done.stdout + done.stderr).startswith(code), done
+    assert len((done.stdout + done.stderr).strip()) > len(code) + 3  # a diagnostic, not a bare code
+    metrics = gateway.metrics()
+    assert metrics[f"sepa_coap_refused_{code.replace('.', '_')}"] == 1
+    assert metrics["sepa_coap_bad_input"] == 1
+    assert observations(gateway) == []
+    assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "20", f"{gateway.coap_url}/s/boiler/temperature"]))
+
+
+def test_a_mapping_added_with_sparql_takes_a_new_resource_without_a_restart(start_gateway, coap_client) -> None:
+    gateway = start_gateway()
+    uri = f"{gateway.coap_url}/plant/room1/flow"
+    done = libcoap.run(["-m", "post", "-e", "3.5", uri])
+    assert (done.stdout + done.stderr).startswith("4.04"), done
+    gw = "http://w3id.org/sepa-gateway/ns#"
+    gateway.update(
+        f"""INSERT DATA {{ GRAPH <http://w3id.org/sepa-gateway/graph/mappings> {{
+        <urn:sepa-gateway:mapping:flow> a <{gw}TopicMapping> ; <{gw}mappingId> "flow" ;
+          <{gw}topicFilter> "plant/{{room}}/flow" ; <{gw}extract> "number" ;
+          <{gw}sensorTemplate> "urn:example:flow/{{room}}" ; <{gw}propertyTemplate> "temperature" }} }}"""
+    )
+    wait_for(lambda: libcoap.succeeded(libcoap.run(["-m", "post", "-e", "3.5", uri])))
+    assert observations(gateway)[0][:2] == ("urn:example:flow/room1", 3.5)
+
+
+def _confirmable_post(mid: int, path: list[str], payload: bytes) -> bytes:
+    """A CoAP CON POST written byte by byte (RFC 7252 §3): what a sensor's firmware sends."""
+    header = struct.pack("!BBH", 0x40, 0x02, mid)  # version 1, CON, no token; POST
+    options, previous = b"", 0
+    for segment in path:
+        data = segment.encode()
+        delta, previous = 11 - previous, 11  # Uri-Path (11), short segments
+        options += bytes([(delta << 4) | len(data)]) + data
+    return header + options + b"\xff" + payload
+
+
+def test_a_retransmitted_confirmable_request_is_not_a_second_observation(start_gateway) -> None:
+    gateway = start_gateway()
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    datagram = _confirmable_post(0x1234, ["s", "boiler", "temperature"], b"70.5")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(10)
+        replies = []
+        for _ in range(3):  # the first ACK "lost": the sensor sends the same message again
+            sock.sendto(datagram, ("127.0.0.1", port))
+            replies.append(sock.recv(1500))
+    assert all(reply[:4] == bytes([0x60, 0x44, 0x12, 0x34]) for reply in replies), replies  # ACK 2.04, same MID
+    assert observations(gateway) == [(SENSOR + "boiler", 70.5, DEG_C)]
+
+
+def _host_address() -> str:
+    """An address of this machine that is not loopback (where a LAN peer reaches it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        address = probe.getsockname()[0]
+    assert not address.startswith("127."), "this machine has no network address to test from"
+    return address
+
+
+def test_with_security_a_peer_on_the_network_is_refused_and_this_board_is_not(start_gateway, coap_client) -> None:
+    gateway = start_gateway("--secure", "--host", "0.0.0.0")  # plain gates and CoAP on every address
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    refused = libcoap.run(["-m", "post", "-e", "1", f"coap://{_host_address()}:{port}/s/boiler/temperature"])
+    assert (refused.stdout + refused.stderr).startswith("4.01"), refused
+    assert observations(gateway) == []
+    assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "2", f"coap://127.0.0.1:{port}/s/boiler/temperature"]))
+    assert observations(gateway) == [(SENSOR + "boiler", 2.0, DEG_C)]
+
+
+async def _send_through(relay_port: int, readings: int, senders: int) -> tuple[int, int]:
+    """`readings` confirmable POSTs with distinct values from `senders` clients; (acknowledged, failed)."""
+    acknowledged = failed = 0
+
+    async def sender(index: int) -> None:
+        nonlocal acknowledged, failed
+        context = await aiocoap.Context.create_client_context()
+        try:
+            for value in range(index, readings, senders):
+                uri = f"coap://127.0.0.1:{relay_port}/s/sensor{index}/temperature"
+                message = aiocoap.Message(code=Code.POST, uri=uri, payload=str(value).encode())
+                message.transport_tuning = _Patient()
+                try:
+                    response = await context.request(message).response
+                except aiocoap.error.Error:
+                    failed += 1
+                    continue
+                assert response.code == Code.CHANGED, response
+                acknowledged += 1
+        finally:
+            await context.shutdown()
+
+    await asyncio.gather(*(sender(index) for index in range(senders)))
+    return acknowledged, failed
+
+
+class _Patient(aiocoap.numbers.TransportTuning):
+    """RFC 7252's timing with more retransmissions (8 instead of 4), as a sensor on a lossy link is set up."""
+
+    MAX_RETRANSMIT = 8
+    ACK_TIMEOUT = 0.5
+
+
+def test_ten_percent_loss_both_ways_loses_nothing_acknowledged_and_duplicates_nothing(start_gateway) -> None:
+    gateway = start_gateway()
+    server = ("127.0.0.1", int(gateway.coap_url.rsplit(":", 1)[1]))
+
+    async def scenario() -> tuple[int, int, LossyRelay]:
+        relay = LossyRelay(server, loss=0.10)
+        port = await relay.start()
+        try:
+            acknowledged, failed = await _send_through(port, readings=300, senders=4)
+        finally:
+            relay.close()
+        return acknowledged, failed, relay
+
+    acknowledged, failed, relay = asyncio.run(scenario())
+    assert relay.stats.dropped_up > 10 and relay.stats.dropped_down > 10  # the loss really happened
+    stored = [(sensor, value) for sensor, value, _ in observations(gateway)]
+    assert len(stored) == len(set(stored)), "a retransmission was stored twice"
+    values = sorted(value for _, value in stored)
+    assert failed == 0 and acknowledged == 300
+    assert values == [float(value) for value in range(300)]  # every acknowledged reading, once
