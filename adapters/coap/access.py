@@ -2,8 +2,10 @@
 
 The rule is the plain gates' (docs/security.md): a request from this board (a loopback address) is
 the local, trusted side; a request from the network must be authenticated when the installed
-service runs (`[security] enabled`), else it is refused with 4.01. A development gateway without
-security takes it, and says INSECURE at start, as the plain HTTP gates do.
+service runs (`[security] enabled`): protected with the OSCORE context of a sensor
+(:mod:`adapters.coap.oscore`; aiocoap then names it in `authenticated_claims`), else it is refused
+with 4.01. A development gateway without security takes it, and says INSECURE at start, as the
+plain HTTP gates do.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def loopback(request: aiocoap.Message) -> bool:
     return address.is_loopback
 
 
+def authenticated(request: aiocoap.Message) -> str | None:
+    """The sensor whose OSCORE context protected the request, or None."""
+    claims = getattr(request.remote, "authenticated_claims", ())
+    return str(claims[0]).lstrip(":") if claims else None
+
+
 class Access:
     """`secure`: requests from the network are refused (the installed service)."""
 
@@ -37,5 +45,5 @@ class Access:
         self.secure = secure
 
     def check(self, request: aiocoap.Message, path: str) -> None:
-        if self.secure and not loopback(request):
+        if self.secure and not authenticated(request) and not loopback(request):
             raise Refused(Code.UNAUTHORIZED, f"/{path}: requests from the network must be authenticated"[:200])

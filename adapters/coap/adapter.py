@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiocoap
 
 from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher
+from adapters.coap.credentials import SensorCredentials
 from adapters.coap.profiles import default_profiles
 from adapters.coap.readings import ReadingsResource
 from adapters.coap.site import GatewaySite
@@ -39,6 +41,7 @@ class CoapAdapter:
         secure: bool = False,
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
+        oscore_dir: Path | None = None,
     ) -> None:
         self.client = client
         self.writer = writer
@@ -52,6 +55,7 @@ class CoapAdapter:
             lambda: self.mapper, self.batcher, Access(secure=secure), max_payload_bytes=max_payload_bytes
         )
         self.site = GatewaySite(self.readings)
+        self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
         self.mapping_errors = 0
         self.context: aiocoap.Context | None = None
         self._mappings: ClientSubscription | None = None
@@ -66,14 +70,30 @@ class CoapAdapter:
         self._rebuild()
         await self.writer.load()
         self.batcher.start()
+        root: Any = self.site
+        credentials = None
+        if self.oscore is not None:
+            root, credentials = self.oscore.wrap(self.site), self.oscore.map
         try:
             self.context = await aiocoap.Context.create_server_context(
-                self.site, bind=(self.host, self.port), transports=["udp6"], loggername="sepa-coap"
+                root,
+                bind=(self.host, self.port),
+                transports=["udp6"],
+                loggername="sepa-coap",
+                server_credentials=credentials,
             )
         except OSError as error:
             await self.batcher.stop()
             raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
-        log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.bound_port}/udp"})
+        if self.oscore is not None:
+            self.oscore.start()
+        log.info(
+            "coap adapter listening",
+            extra={
+                "address": f"[{self.host}]:{self.bound_port}/udp",
+                "oscore_sensors": self.oscore.count if self.oscore else 0,
+            },
+        )
         if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
                 "INSECURE: CoAP readings are taken from the network without authentication; enable [security]",
@@ -82,6 +102,8 @@ class CoapAdapter:
 
     async def stop(self) -> None:
         """Stop listening, commit what was received, and stop following the mappings."""
+        if self.oscore is not None:
+            await self.oscore.stop()
         if self.context is not None:
             await self.context.shutdown()
             self.context = None
@@ -136,4 +158,5 @@ class CoapAdapter:
             "batches": self.batcher.stats.batches,
             "largest_batch": self.batcher.stats.largest_batch,
             "commit_failures": self.batcher.stats.commit_failures,
+            "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
         }

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from adapters.coap.adapter import CoapAdapter
 from gateway.appliance.config import ConfigError
+from gateway.appliance.oscore_sensors import OSCORE_DIR
 from gateway.appliance.plugins import AdapterContext
 from gateway.observations import Mapping, MappingError, mappings_from_config
 
@@ -19,6 +21,8 @@ class CoapConfig:
     max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
     batch_max: int = 500  # readings committed by one update at most
     mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
+    # sensors' OSCORE credentials (`sepa-gateway sensors add NAME --coap`); empty: <store.data_dir>/coap-sensors
+    oscore_dir: str = ""
 
 
 def check(config: CoapConfig) -> list[Mapping]:
@@ -48,6 +52,7 @@ class CoapPlugin:
         check(section)
 
     def build(self, section: CoapConfig, context: AdapterContext) -> CoapAdapter:
+        oscore_dir = section.oscore_dir or (str(Path(context.data_dir) / OSCORE_DIR) if context.data_dir else "")
         return CoapAdapter(
             context.client,
             context.observations,
@@ -57,6 +62,7 @@ class CoapPlugin:
             secure=context.secure,
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
+            oscore_dir=Path(oscore_dir) if oscore_dir else None,
         )
 
 

@@ -1,5 +1,8 @@
 """``sepa-gateway sensors add | list | remove``: logins of the sensors that publish to the gateway.
 
+MQTT logins by default; with ``--coap``, the sensor's OSCORE security context for CoAP
+(:mod:`gateway.appliance.oscore_sensors`), printed once as the settings the sensor needs.
+
 Why through Mosquitto's own tool: the installed Mosquitto refuses anonymous clients on its LAN
 listener and checks logins against a password file; ``mosquitto_passwd`` writes the hashes (never
 hand-rolled here). The password is handed to it in a 0600 temporary file (``mosquitto_passwd -U``),
@@ -13,6 +16,7 @@ and the install script (the gateway's own MQTT login) use the same code.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import secrets
@@ -23,7 +27,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gateway.appliance import oscore_sensors
+from gateway.appliance.oscore_sensors import OSCORE_DIR
+
 PASSWORD_FILE = Path("/etc/mosquitto/sepa-gateway.passwd")
+COAP_DIR = Path("/var/lib/sepa-gateway/data") / OSCORE_DIR  # the installed service's data directory
 PID_FILE = Path("/run/mosquitto/mosquitto.pid")  # pid_file of Debian's /etc/mosquitto/mosquitto.conf
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -133,6 +141,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--pid-file", type=Path, default=PID_FILE, help=f"Mosquitto's pid file, for the reload (default {PID_FILE})"
     )
     parser.add_argument("--host", default="", help="the host name sensors use, in the printed example")
+    parser.add_argument("--coap", action="store_true", help="CoAP credentials (OSCORE contexts), not MQTT logins")
+    parser.add_argument(
+        "--coap-dir", type=Path, default=COAP_DIR, help=f"where the CoAP credentials are kept (default {COAP_DIR})"
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="create a login and print its password (shown only once)")
     add.add_argument("name")
@@ -144,6 +156,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.coap:
+        return _run_coap(args)
     try:
         if args.action == "list":
             for name in logins(args.password_file):
@@ -167,4 +181,33 @@ def run(args: argparse.Namespace) -> int:
     except (LoginError, OSError, subprocess.SubprocessError) as error:
         print(f"sepa-gateway sensors: {error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _run_coap(args: argparse.Namespace) -> int:
+    """The CoAP side of the command: OSCORE contexts the running gateway picks up within seconds."""
+    directory: Path = args.coap_dir
+    try:
+        if args.action == "list":
+            for name in oscore_sensors.sensors(directory):
+                print(name)
+            return 0
+        if args.action == "remove":
+            oscore_sensors.remove_sensor(directory, args.name)
+            print(f"{args.name}: CoAP credential removed")
+            return 0
+        settings = oscore_sensors.create_sensor(directory, args.name, reset=args.reset)
+    except PermissionError as error:
+        print(f"sepa-gateway sensors: {error.filename}: permission denied (run it with sudo)", file=sys.stderr)
+        return 1
+    except (oscore_sensors.CredentialError, OSError) as error:
+        print(f"sepa-gateway sensors: {error}", file=sys.stderr)
+        return 1
+    host = args.host or os.uname().nodename
+    print(f"sensor: {args.name}")
+    print("OSCORE security context of the sensor (RFC 8613; AES-CCM-16-64-128, HKDF-SHA256), shown only once:")
+    print(json.dumps(settings, indent=1))
+    print(f"test it (aiocoap): save the JSON above as ./{args.name}/settings.json, then")
+    print(f"  aiocoap-client --credentials creds.json -m POST --payload 21.5 coap://{host}/s/{args.name}/temperature")
+    print(f'  with creds.json: {{"coap://{host}/*": {{"oscore": {{"basedir": "{args.name}/"}}}}}}')
     return 0

@@ -1,0 +1,110 @@
+"""The OSCORE contexts the CoAP server knows, loaded from the sensors' directory and kept current.
+
+`sepa-gateway sensors add NAME --coap` writes a context while the gateway runs; the server picks it
+up within RELOAD_INTERVAL_S (the directory's modification time changes when a sensor is added or
+removed), with no restart. Without aiocoap's OSCORE modules (lakers has no wheel for 32-bit ARM),
+there is no OSCORE: peers on the network are then refused when security is on, never let in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiocoap.credentials import CredentialsMap
+
+from gateway.appliance import oscore_sensors as oscore
+
+log = logging.getLogger(__name__)
+
+RELOAD_INTERVAL_S = 2.0
+
+
+class SensorCredentials:
+    """aiocoap's credentials map of the sensors in `directory`, reloaded when the directory changes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.map = CredentialsMap()
+        self.count = 0
+        self._stamp: int | None = None
+        self._loaded: dict[str, int] = {}  # label -> settings.json's mtime when loaded
+        self._task: asyncio.Task[None] | None = None
+        self.reload()
+
+    def wrap(self, site: Any) -> Any:
+        """`site` behind aiocoap's OSCORE wrapper (requests protected by a known context are verified
+        and marked authenticated; others pass through as they are), or `site` without OSCORE."""
+        try:
+            from aiocoap.oscore_sitewrapper import OscoreSiteWrapper
+        except ImportError as error:
+            log.warning("coap: no OSCORE (%s): network peers cannot authenticate", error)
+            return site
+        return OscoreSiteWrapper(site, self.map)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="coap-credentials")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def reload(self) -> None:
+        """Load what changed in the directory since the last look: new sensors, removed ones, reset ones.
+
+        Contexts that did not change are kept as they are: aiocoap holds a lock file in each context
+        directory for as long as its context object lives, so loading one twice would fail.
+        """
+        try:
+            stamp = self.directory.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp == self._stamp and self._stamp is not None:
+            return
+        self._stamp = stamp
+        wanted = oscore.credentials(self.directory)
+        for label in [label for label in self.map if label not in wanted or self._changed(label)]:
+            self._release(label)
+        for label, entry in wanted.items():
+            if label in self.map:
+                continue
+            try:
+                self.map.load_from_dict({label: entry})
+                self._loaded[label] = self._settings_stamp(label)
+            except Exception as error:  # a damaged context: said, and the other sensors still work
+                log.error("coap: cannot load an OSCORE context", extra={"sensor": label[1:], "error": str(error)[:200]})
+        if len(self.map) != self.count:
+            log.info("coap: OSCORE sensors loaded", extra={"sensors": len(self.map)})
+        self.count = len(self.map)
+
+    def _settings_stamp(self, label: str) -> int:
+        try:
+            return (self.directory / label[1:] / "settings.json").stat().st_mtime_ns
+        except OSError:
+            return -1
+
+    def _changed(self, label: str) -> bool:
+        return self._loaded.get(label) != self._settings_stamp(label)
+
+    def _release(self, label: str) -> None:
+        """Forget a removed or reset context. aiocoap writes its sequence numbers back and lets go of
+        its lock file when the object goes; a reset sensor's new secret then starts from a clean state."""
+        context = self.map.pop(label)
+        self._loaded.pop(label, None)
+        destroy = getattr(context, "_destroy", None)  # aiocoap's own release (what its __del__ calls)
+        if destroy is not None and getattr(context, "lockfile", None) is not None:
+            with contextlib.suppress(OSError):  # the directory went with the sensor
+                destroy()
+        stale = self.directory / label[1:] / "sequence.json"
+        if (self.directory / label[1:] / "settings.json").is_file():
+            stale.unlink(missing_ok=True)  # written by the old context: not the new secret's
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(RELOAD_INTERVAL_S)
+            self.reload()

@@ -1,0 +1,102 @@
+"""Sensor credentials for CoAP: OSCORE security contexts (RFC 8613), one per sensor, in a directory.
+
+Here, not in adapters/coap, because `sepa-gateway sensors` (the one CLI of sensor credentials, MQTT
+logins too) makes them; the CoAP adapter loads them (adapters/coap/credentials.py).
+
+Why OSCORE and not DTLS: aiocoap's DTLS server needs DTLSSocket, which has no wheels and builds
+from source with autotools and a C compiler (it fails on a stock Debian: no autoreconf), and aiocoap
+calls that server "highly experimental and incomplete", bound to a single address. aiocoap's OSCORE
+is maintained and pure Python over `cryptography` (plus lakers for EDHOC, which it imports): it
+protects each request end to end, and works through proxies and over plain UDP on port 5683, so a
+sensor needs no second port. libcoap's coap-client speaks OSCORE from libcoap 4.3.2 (`-E`); Debian 12
+ships 4.3.1, so on this Debian the plain coap-client is for this board (loopback) only.
+
+Layout: `<dir>/<sensor>/settings.json` (aiocoap's security context file: the gateway's sender ID,
+the sensor's as recipient ID, a 16-byte master secret and an 8-byte salt) and aiocoap's own
+`sequence.json` beside it (sequence numbers, kept across restarts so no nonce is used twice).
+Sender IDs are 6 random bytes (OSCORE IDs are at most 7 bytes with AES-CCM-16-64-128): the sensor's
+ID names its context in every request (the OSCORE `kid`), its name names it in the logs and claims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+OSCORE_DIR = "coap-sensors"  # in the data directory, unless [coap] oscore_dir says otherwise
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+GATEWAY_ID = "00"  # the gateway's sender ID in every context: contexts differ by their secrets
+
+
+class CredentialError(Exception):
+    """A sensor credential cannot be made or removed (said in one line)."""
+
+
+def sensors(directory: Path) -> list[str]:
+    """The sensors with a security context in `directory`."""
+    if not directory.is_dir():
+        return []
+    return sorted(entry.name for entry in directory.iterdir() if (entry / "settings.json").is_file())
+
+
+def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[str, Any]:
+    """Make the security context of sensor `name`; returns the sensor's side of it (its settings).
+
+    The directory and the context are 0700 / 0600 and owned like `directory`'s parent (the data
+    directory of the service: the gateway must write the sequence numbers).
+    """
+    if not NAME.fullmatch(name):
+        raise CredentialError("a sensor name is 1-64 characters: letters, digits and . _ - (not first)")
+    folder = directory / name
+    if folder.exists() and not reset:
+        raise CredentialError(f"{name!r} already has a CoAP credential (--reset gives it a new one)")
+    taken = {_recipient(directory / other) for other in sensors(directory) if other != name}
+    sensor_id = secrets.token_hex(6)
+    while sensor_id in taken:
+        sensor_id = secrets.token_hex(6)
+    secret, salt = secrets.token_hex(16), secrets.token_hex(8)
+    owner = _owner(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(mode=0o700)
+    settings = {"sender-id_hex": GATEWAY_ID, "recipient-id_hex": sensor_id, "secret_hex": secret, "salt_hex": salt}
+    path = folder / "settings.json"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        json.dump(settings, out, indent=1)
+    if owner is not None and os.geteuid() == 0:
+        for item in (directory, folder, path):
+            os.chown(item, *owner)
+    return {"sender-id_hex": sensor_id, "recipient-id_hex": GATEWAY_ID, "secret_hex": secret, "salt_hex": salt}
+
+
+def remove_sensor(directory: Path, name: str) -> None:
+    if not NAME.fullmatch(name) or not (directory / name / "settings.json").is_file():
+        raise CredentialError(f"no CoAP credential {name!r}")
+    shutil.rmtree(directory / name)
+
+
+def credentials(directory: Path) -> dict[str, Any]:
+    """aiocoap's credentials map for the server: `:<sensor>` -> its context directory."""
+    return {f":{name}": {"oscore": {"basedir": str(directory / name) + "/"}} for name in sensors(directory)}
+
+
+def _recipient(folder: Path) -> str:
+    try:
+        return str(json.loads((folder / "settings.json").read_text())["recipient-id_hex"])
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
+def _owner(directory: Path) -> tuple[int, int] | None:
+    for candidate in (directory, directory.parent):
+        if candidate.exists():
+            status = candidate.stat()
+            return status.st_uid, status.st_gid
+    return None

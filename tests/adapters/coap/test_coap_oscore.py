@@ -1,0 +1,93 @@
+"""CoAP sensors on the network authenticate with OSCORE contexts made by `sepa-gateway sensors add --coap`.
+
+Real parts: the CLI as a subprocess, the gateway as the installed service runs it (--secure, a data
+directory), aiocoap's client speaking OSCORE to the gateway's network address over real UDP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiocoap
+from aiocoap import Code
+
+from tests.adapters.coap.test_coap_readings import DEG_C, SENSOR, _host_address, observations
+
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
+
+
+def add_sensor(directory: Path, name: str) -> dict[str, str]:
+    done = subprocess.run(
+        [*CLI, "sensors", "--coap", "--coap-dir", str(directory), "add", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    return json.loads(text[text.index("{") : text.index("}") + 1])
+
+
+async def post(uri: str, payload: bytes, context_dir: Path | None) -> aiocoap.Message:
+    context = await aiocoap.Context.create_client_context()
+    try:
+        if context_dir is not None:
+            context.client_credentials.load_from_dict(
+                {uri.rsplit("/s/", 1)[0] + "/*": {"oscore": {"basedir": str(context_dir) + "/"}}}
+            )
+        return await asyncio.wait_for(
+            context.request(aiocoap.Message(code=Code.POST, uri=uri, payload=payload)).response, 30
+        )
+    finally:
+        await context.shutdown()
+
+
+def accepted(uri: str, payload: bytes, context_dir: Path) -> bool:
+    try:
+        return asyncio.run(post(uri, payload, context_dir)).code == Code.CHANGED
+    except Exception:  # an unprotected refusal, which the client does not take as the gateway's answer
+        return False
+
+
+def sensor_side(tmp_path: Path, name: str, settings: dict[str, str]) -> Path:
+    folder = tmp_path / "sensor-side" / name
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps(settings))
+    return folder
+
+
+def test_a_sensor_with_its_oscore_context_is_taken_from_the_network_and_others_are_not(start_gateway, tmp_path) -> None:
+    data = tmp_path / "data"
+    settings = add_sensor(data / "coap-sensors", "boiler")
+    assert set(settings) == {"sender-id_hex", "recipient-id_hex", "secret_hex", "salt_hex"}
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    uri = f"coap://{_host_address()}:{port}/s/boiler/temperature"
+
+    response = asyncio.run(post(uri, b"64.5", sensor_side(tmp_path, "boiler", settings)))
+    assert response.code == Code.CHANGED, response
+    assert observations(gateway) == [(SENSOR + "boiler", 64.5, DEG_C)]
+
+    plain = asyncio.run(post(uri, b"1", None))
+    assert plain.code == Code.UNAUTHORIZED, plain
+    forged = dict(settings, secret_hex="00" * 16)
+    try:  # the gateway cannot decrypt it: an unprotected 4.00 (RFC 8613 §8.2), which the client refuses
+        refused = asyncio.run(post(uri, b"2", sensor_side(tmp_path, "forger", forged)))
+    except Exception as error:  # aiocoap: NotAProtectedMessage, the answer is not from the sensor's context
+        assert "4.00" in repr(error) or "Protected" in type(error).__name__, error
+    else:
+        assert not refused.code.is_successful(), refused
+    assert observations(gateway) == [(SENSOR + "boiler", 64.5, DEG_C)]  # neither stored
+
+    later = add_sensor(data / "coap-sensors", "pump")  # while the gateway runs: no restart
+    pump = sensor_side(tmp_path, "pump", later)
+    deadline = time.monotonic() + 15
+    while not accepted(uri.replace("boiler", "pump"), b"3", pump):  # unknown kid: 4.01 until loaded
+        assert time.monotonic() < deadline, "a sensor added while running is never taken"
+        time.sleep(0.5)
+    assert (SENSOR + "pump", 3.0, DEG_C) in observations(gateway)
