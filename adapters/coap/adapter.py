@@ -1,8 +1,9 @@
-"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP).
+"""The CoAP adapter: readings in from constrained sensors, subscriptions out (aiocoap server, UDP).
 
 A client of the broker like the MQTT adapter (docs/adapters.md): readings go through the shared
 observation writer, mappings come from the config, the mappings graph (followed: a SPARQL update
 adds one without a restart) and the CoAP profiles (`/s/{sensor}/{property}`, `/s/{device}`).
+Named subscriptions are observable resources under `/q` (:mod:`adapters.coap.queries`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import aiocoap
 from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher
 from adapters.coap.profiles import default_profiles
+from adapters.coap.queries import QueriesResource, QueryLimits
 from adapters.coap.readings import ReadingsResource
 from adapters.coap.site import GatewaySite
 from gateway.client import ClientSubscription, SepaClient
@@ -39,6 +41,8 @@ class CoapAdapter:
         secure: bool = False,
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
+        subscriptions: Sequence[tuple[str, str]] = (),
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self.client = client
         self.writer = writer
@@ -48,10 +52,12 @@ class CoapAdapter:
         self.profiles = default_profiles()
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=max_payload_bytes)
         self.batcher = Batcher(writer, batch_max=batch_max)
-        self.readings = ReadingsResource(
-            lambda: self.mapper, self.batcher, Access(secure=secure), max_payload_bytes=max_payload_bytes
+        access = Access(secure=secure)
+        self.readings = ReadingsResource(lambda: self.mapper, self.batcher, access, max_payload_bytes=max_payload_bytes)
+        self.queries = QueriesResource(
+            client, access, configured=subscriptions, limits=query_limits, context=lambda: self.context
         )
-        self.site = GatewaySite(self.readings)
+        self.site = GatewaySite(self.readings, self.queries)
         self.mapping_errors = 0
         self.context: aiocoap.Context | None = None
         self._mappings: ClientSubscription | None = None
@@ -65,6 +71,7 @@ class CoapAdapter:
         )
         self._rebuild()
         await self.writer.load()
+        await self.queries.start()
         self.batcher.start()
         try:
             self.context = await aiocoap.Context.create_server_context(
@@ -72,16 +79,18 @@ class CoapAdapter:
             )
         except OSError as error:
             await self.batcher.stop()
+            await self.queries.stop()
             raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
         log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.bound_port}/udp"})
         if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
-                "INSECURE: CoAP readings are taken from the network without authentication; enable [security]",
+                "INSECURE: CoAP readings and subscriptions are open to the network, unauthenticated; enable [security]",
                 extra={"host": self.host},
             )
 
     async def stop(self) -> None:
-        """Stop listening, commit what was received, and stop following the mappings."""
+        """End the observations, stop listening, commit what was received, stop following the mappings."""
+        await self.queries.stop()
         if self.context is not None:
             await self.context.shutdown()
             self.context = None
@@ -136,4 +145,5 @@ class CoapAdapter:
             "batches": self.batcher.stats.batches,
             "largest_batch": self.batcher.stats.largest_batch,
             "commit_failures": self.batcher.stats.commit_failures,
+            **self.queries.metrics(),
         }
