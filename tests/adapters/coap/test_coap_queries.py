@@ -486,3 +486,43 @@ def test_an_observer_that_falls_behind_gets_the_complete_result_again(monkeypatc
             scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_an_ask_subscription_sends_its_boolean() -> None:
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        resource = QueriesResource(client, Access(secure=False))
+        try:
+            ask = f"ASK {{ GRAPH <{LIGHTS}> {{ ?lamp <{ON}> true }} }}"
+            created = await resource.render(incoming((), Code.POST, payload=ask.encode(), uri_query=("name=any-on",)))
+            assert created.code == Code.CREATED and created.opt.location_path == ("q", "any-on")
+            shown = await resource.render(incoming(("any-on",)))
+            assert json.loads(shown.payload) == {"head": {}, "boolean": False}
+            pipe = Pipe(incoming(("any-on",), observe=0))
+            task = asyncio.create_task(resource.render_to_pipe(pipe))  # type: ignore[arg-type]
+            await until(lambda: len(pipe.responses) == 1)
+            await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp('hall', True)} }} }}")
+            await until(lambda: len(pipe.responses) == 2)
+            first, changed = (json.loads(response.payload) for response, _ in pipe.responses)
+            assert first == {
+                "sequence": 0,
+                "addedResults": {"head": {}, "boolean": False},
+                "removedResults": {"head": {}},
+                "complete": True,
+            }
+            assert changed == {
+                "sequence": 1,
+                "addedResults": {"head": {}, "boolean": True},
+                "removedResults": {"head": {}, "boolean": False},
+            }
+            deleted = await resource.render(incoming(("any-on",), Code.DELETE))
+            assert deleted.code == Code.DELETED
+            await asyncio.wait_for(task, 5)  # the observation ended with a 4.04
+            assert pipe.responses[-1][0].code == Code.NOT_FOUND and pipe.responses[-1][1]
+        finally:
+            await resource.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
