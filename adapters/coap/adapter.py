@@ -1,8 +1,9 @@
-"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP).
+"""The CoAP adapter: readings in from constrained sensors, subscriptions out (aiocoap server, UDP).
 
 A client of the broker like the MQTT adapter (docs/adapters.md): readings go through the shared
 observation writer, mappings come from the config, the mappings graph (followed: a SPARQL update
 adds one without a restart) and the CoAP profiles (`/s/{sensor}/{property}`, `/s/{device}`).
+Named subscriptions are observable resources under `/q` (:mod:`adapters.coap.queries`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher
 from adapters.coap.credentials import SensorCredentials
 from adapters.coap.profiles import default_profiles
+from adapters.coap.queries import QueriesResource, QueryLimits
 from adapters.coap.readings import ReadingsResource
 from adapters.coap.site import GatewaySite
 from gateway.client import ClientSubscription, SepaClient
@@ -42,6 +44,8 @@ class CoapAdapter:
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
         oscore_dir: Path | None = None,
+        subscriptions: Sequence[tuple[str, str]] = (),
+        query_limits: QueryLimits | None = None,
     ) -> None:
         self.client = client
         self.writer = writer
@@ -51,10 +55,12 @@ class CoapAdapter:
         self.profiles = default_profiles()
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=max_payload_bytes)
         self.batcher = Batcher(writer, batch_max=batch_max)
-        self.readings = ReadingsResource(
-            lambda: self.mapper, self.batcher, Access(secure=secure), max_payload_bytes=max_payload_bytes
+        access = Access(secure=secure)
+        self.readings = ReadingsResource(lambda: self.mapper, self.batcher, access, max_payload_bytes=max_payload_bytes)
+        self.queries = QueriesResource(
+            client, access, configured=subscriptions, limits=query_limits, context=lambda: self.context
         )
-        self.site = GatewaySite(self.readings)
+        self.site = GatewaySite(self.readings, self.queries)
         self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
         self.mapping_errors = 0
         self.context: aiocoap.Context | None = None
@@ -69,6 +75,7 @@ class CoapAdapter:
         )
         self._rebuild()
         await self.writer.load()
+        await self.queries.start()
         self.batcher.start()
         root: Any = self.site
         credentials = None
@@ -84,6 +91,7 @@ class CoapAdapter:
             )
         except OSError as error:
             await self.batcher.stop()
+            await self.queries.stop()
             raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
         if self.oscore is not None:
             self.oscore.start()
@@ -96,12 +104,13 @@ class CoapAdapter:
         )
         if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
-                "INSECURE: CoAP readings are taken from the network without authentication; enable [security]",
+                "INSECURE: CoAP readings and subscriptions are open to the network, unauthenticated; enable [security]",
                 extra={"host": self.host},
             )
 
     async def stop(self) -> None:
-        """Stop listening, commit what was received, and stop following the mappings."""
+        """End the observations, stop listening, commit what was received, stop following the mappings."""
+        await self.queries.stop()
         if self.oscore is not None:
             await self.oscore.stop()
         if self.context is not None:
@@ -159,4 +168,5 @@ class CoapAdapter:
             "largest_batch": self.batcher.stats.largest_batch,
             "commit_failures": self.batcher.stats.commit_failures,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
+            **self.queries.metrics(),
         }

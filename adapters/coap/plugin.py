@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.coap.adapter import CoapAdapter
+from adapters.coap.queries import QueryLimits, configured_queries
 from gateway.appliance.config import ConfigError
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 from gateway.appliance.plugins import AdapterContext
@@ -23,6 +24,11 @@ class CoapConfig:
     mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
     # sensors' OSCORE credentials (`sepa-gateway sensors add NAME --coap`); empty: <store.data_dir>/coap-sensors
     oscore_dir: str = ""
+    # [[coap.subscriptions]]: name, sparql (SELECT or ASK) -> the observable resource /q/<name> (GET, Observe)
+    subscriptions: list = field(default_factory=list)
+    max_created_subscriptions: int = 100  # created by POST /q and alive at once; past it 5.03
+    max_subscription_bytes: int = 65536  # the SPARQL of one POSTed subscription; past it 4.13
+    max_observers: int = 1000  # observations of /q/<name> at once; past it 5.03
 
 
 def check(config: CoapConfig) -> list[Mapping]:
@@ -36,6 +42,16 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError("coap.max_payload_bytes must be between 1 and 16 MiB")
     if not 1 <= config.batch_max <= 10_000:
         raise ConfigError("coap.batch_max must be between 1 and 10000")
+    if not 0 <= config.max_created_subscriptions <= 10_000:
+        raise ConfigError("coap.max_created_subscriptions must be between 0 and 10000")
+    if not 1 <= config.max_subscription_bytes <= 1 << 20:
+        raise ConfigError("coap.max_subscription_bytes must be between 1 and 1 MiB")
+    if not 0 <= config.max_observers <= 100_000:
+        raise ConfigError("coap.max_observers must be between 0 and 100000")
+    try:
+        configured_queries(config.subscriptions)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     try:
         return mappings_from_config(config.mappings)
     except MappingError as error:
@@ -63,6 +79,10 @@ class CoapPlugin:
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
             oscore_dir=Path(oscore_dir) if oscore_dir else None,
+            subscriptions=configured_queries(section.subscriptions),
+            query_limits=QueryLimits(
+                section.max_created_subscriptions, section.max_subscription_bytes, section.max_observers
+            ),
         )
 
 

@@ -1,4 +1,4 @@
-"""The gateway's CoAP resources: `/.well-known/core`, and readings on every other path."""
+"""The gateway's CoAP resources: `/.well-known/core`, the subscriptions under `/q`, readings on every other path."""
 
 from __future__ import annotations
 
@@ -6,24 +6,39 @@ from typing import Any
 
 import aiocoap
 from aiocoap.resource import Site, WKCResource
+from aiocoap.util.linkformat import LinkFormat
 
+from adapters.coap.queries import QueriesResource
 from adapters.coap.readings import ReadingsResource
 
 
 class GatewaySite(Site):
-    """A Site whose registered resources come first and whose every other path takes readings.
+    """A Site whose registered resources come first, `/q` and below go to the subscriptions, and
+    every other path takes readings.
 
     Why not a resource per sensor: the paths are whatever the mappings take (`s/{sensor}/{property}`,
-    a deployment's own), and they change with the mappings graph without a restart.
+    a deployment's own), and they change with the mappings graph without a restart. Why `/q` is
+    routed here rather than registered: its names come and go (POST, DELETE), and `/q` itself and
+    `/q/NAME` must reach one resource, which aiocoap's Site does not do for a path and its children.
     """
 
-    def __init__(self, readings: ReadingsResource) -> None:
+    def __init__(self, readings: ReadingsResource, queries: QueriesResource | None = None) -> None:
         super().__init__()
         self.readings = readings
+        self.queries = queries
         self.add_resource([".well-known", "core"], WKCResource(self.get_resources_as_linkheader))
 
     def _find_child_and_pathstripped_message(self, request: aiocoap.Message) -> tuple[Any, aiocoap.Message]:
+        path = request.opt.uri_path
+        if self.queries is not None and path[:1] == ("q",):
+            return self.queries, request.copy(uri_path=path[1:])
         try:
             return super()._find_child_and_pathstripped_message(request)
         except KeyError:
             return self.readings, request
+
+    def get_resources_as_linkheader(self) -> LinkFormat:
+        links = super().get_resources_as_linkheader()
+        if self.queries is not None:
+            links.links = [*links.links, *self.queries.links()]
+        return links

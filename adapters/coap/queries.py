@@ -1,0 +1,471 @@
+"""Subscriptions as observable CoAP resources: `/q` and `/q/{name}` (issue 17, item 3).
+
+A named subscription, from `[[coap.subscriptions]]` or created by POSTing SPARQL to `/q`, is the
+resource `/q/{name}`, so a constrained actuator follows a SPARQL subscription with a CoAP GET and
+the Observe option (RFC 7641): `coap-client -s 30 coap://gateway/q/lamps`.
+
+- ``POST /q`` (text/plain SPARQL, content format 0 or none; `?name=NAME` to choose the name,
+  1-64 of ``[A-Za-z0-9._-]``, else one is made up): 2.01 Created with Location-Path ``q/NAME``.
+  POSTing the same name with the same SPARQL again answers 2.01 as well (a device may re-create
+  its subscription at every boot); the same name with other SPARQL is 4.09 Conflict.
+  The broker's refusal of the SPARQL (syntax, not SELECT/ASK, SERVICE) is 4.00 with its text.
+- ``GET /q/NAME``: the current result (:mod:`adapters.coap.results`: SPARQL JSON as
+  application/json 50, or CBOR 60 by Accept), block-wise (Block2) when large. Its ETag is the
+  result's sequence number (8 bytes, big-endian), the same number the notifications carry.
+- ``GET /q/NAME`` with Observe: first the complete result at the current sequence, then every
+  notification of the subscription, in order (added and removed rows). Nothing is skipped: RFC 7641
+  lets a server send only the latest state, but a delta missed would leave the observer's rows
+  wrong, so every notification is sent confirmable (lost ones are retransmitted) and each observer
+  has its own queue. An observer that falls behind (aiocoap still holds `WINDOW` messages for it:
+  it acknowledges slower than the subscription changes) keeps notifications here, up to
+  `MAX_PENDING`; past that they are dropped and, once it catches up, it gets the complete result
+  again (``"complete": true``, the sequence numbers go on), so what it holds is always exact.
+- ``DELETE /q/NAME`` ends a subscription created over CoAP (2.02; its observers get 4.04); a
+  configured one is the config file's (4.05).
+- ``GET /q``: the subscriptions, as links (application/link-format).
+
+Created subscriptions last until deleted or until the gateway stops (they are not stored). Their
+number and the size of each one's SPARQL are bounded (`QueryLimits`): 5.03 (Max-Age 30) past the
+number, 4.13 (with Size1) past the size. Every request is authorized as readings are
+(:class:`adapters.coap.access.Access`: the plain gates' rule). Refusals are counted by code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiocoap
+from aiocoap import Code
+from aiocoap.numbers.contentformat import ContentFormat
+from aiocoap.pipe import Pipe
+from aiocoap.resource import Resource
+from aiocoap.util.linkformat import Link, LinkFormat
+from pyoxigraph import QueryBoolean, QuerySolutions, Store
+
+from adapters.coap import formats, results
+from adapters.coap.access import Access
+from adapters.coap.errors import Refused, refusal
+from broker.api import InvalidRequest, Notification, SparqlSyntaxError, check_structure, tokenize
+from gateway.client import ClientSubscription, SepaClient, SepaClientError
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+WINDOW = 16  # messages aiocoap may hold for one observer before its notifications wait here
+MAX_PENDING = 256  # notifications one observer may have waiting here before it gets the complete result instead
+POLL_S = 0.05  # how often a waiting observer looks whether aiocoap caught up
+_KEYS = {"name", "sparql"}
+
+
+@dataclass(frozen=True)
+class QueryLimits:
+    """Bounds on what CoAP clients may create and follow."""
+
+    max_created: int = 100  # subscriptions created by POST and alive at once
+    max_sparql_bytes: int = 65_536  # the SPARQL of one created subscription
+    max_observers: int = 1_000  # observations of /q/NAME at once
+
+
+def check_query(sparql: str) -> None:
+    """Raise ValueError unless `sparql` is a SELECT or ASK query a subscription can take.
+
+    For the config file, so a mistake is one line at start-up rather than a failed start: the
+    engine's structure bounds (a crash otherwise), the query form, no SERVICE (the broker refuses it
+    in subscriptions), then pyoxigraph's parser (on an empty store: nothing is evaluated that costs).
+    """
+    try:
+        check_structure(sparql)
+        tokens = tokenize(sparql)
+    except (InvalidRequest, SparqlSyntaxError) as error:
+        raise ValueError(str(error)) from None
+    position = 0
+    while position < len(tokens) and tokens[position].upper in ("BASE", "PREFIX"):
+        position += 3 if tokens[position].upper == "PREFIX" else 2
+    form = tokens[position].upper if position < len(tokens) else ""
+    if form not in ("SELECT", "ASK"):
+        raise ValueError(f"a subscription is a SELECT or ASK query, not {form or 'empty text'}")
+    if any(token.is_keyword("SERVICE") for token in tokens):
+        raise ValueError("SERVICE is not allowed in subscriptions")
+    try:
+        result = Store().query(sparql, base_iri="http://localhost/")
+    except SyntaxError as error:
+        raise ValueError(f"SPARQL syntax error: {error}") from None
+    if not isinstance(result, QuerySolutions | QueryBoolean):
+        raise ValueError("a subscription is a SELECT or ASK query")
+
+
+def configured_queries(entries: Any, label: str = "coap.subscriptions") -> list[tuple[str, str]]:
+    """`[[coap.subscriptions]]` as (name, sparql) pairs; ValueError naming the entry otherwise."""
+    if not isinstance(entries, list):
+        raise ValueError(f"{label} must be a list of tables")
+    found: list[tuple[str, str]] = []
+    for position, entry in enumerate(entries):
+        where = f"{label}[{position}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a table with name and sparql")
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: name, sparql")
+        name, sparql = entry.get("name"), entry.get("sparql")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ValueError(f"{where}: name must be 1-64 of A-Z a-z 0-9 . _ - (got {name!r})")
+        if any(name == other for other, _ in found):
+            raise ValueError(f"{where}: name {name!r} is used twice")
+        if not isinstance(sparql, str) or not sparql.strip():
+            raise ValueError(f"{where} ({name}): sparql is required (a SELECT or ASK query)")
+        try:
+            check_query(sparql)
+        except ValueError as error:
+            raise ValueError(f"{where} ({name}): {error}") from None
+        found.append((name, sparql))
+    return found
+
+
+def queued_messages(context: aiocoap.Context | None, remote: Any) -> int:
+    """How many messages aiocoap holds back for `remote`, waiting for the one in flight to be acknowledged.
+
+    aiocoap keeps one confirmable message in flight per peer (NSTART = 1) and queues the rest
+    without bound, with no public way to see them; this reads the queue of its message manager
+    (aiocoap 0.4), and finds nothing (0: never behind) if a later aiocoap keeps it elsewhere.
+    """
+    if context is None:
+        return 0
+    held = 0
+    for interface in context.request_interfaces:
+        backlogs = getattr(getattr(interface, "token_interface", None), "_backlogs", None)
+        if isinstance(backlogs, dict):
+            held += len(backlogs.get(remote, ()))
+    return held
+
+
+class NamedQuery:
+    """One named subscription and the observers following it."""
+
+    def __init__(self, name: str, sparql: str, *, configured: bool) -> None:
+        self.name = name
+        self.sparql = sparql
+        self.configured = configured
+        self.subscription: ClientSubscription | None = None
+        self.observers: set[Observer] = set()
+
+    def notified(self, notification: Notification) -> None:
+        for observer in list(self.observers):
+            observer.offer(notification)
+
+    def complete(self) -> Notification:
+        """The current result as one notification at the subscription's current sequence."""
+        assert self.subscription is not None and self.subscription.view is not None
+        view = self.subscription.view
+        return Notification(
+            "",
+            self.name,
+            max(self.subscription.sequence, 0),
+            view.variables,
+            tuple(view.rows.elements()),
+            boolean=view.boolean,
+        )
+
+
+class Observer:
+    """One observation of a named query: its own queue, sent in order into the request's pipe."""
+
+    def __init__(self, query: NamedQuery, pipe: Pipe, content_format: int, held: Callable[[], int]) -> None:
+        self.query = query
+        self.pipe = pipe
+        self.content_format = content_format
+        self.held = held  # messages aiocoap still holds for this peer
+        self.outbox: deque[Notification] = deque()
+        self.covered = -1  # the last sequence sent (or covered by a complete result)
+        self.resync = True  # the next message is the complete result (the first one is)
+        self.resyncs = 0  # times it fell behind
+        self.messages = 0
+        self.final: aiocoap.Message | None = None
+        self.wake = asyncio.Event()
+
+    def offer(self, notification: Notification) -> None:
+        if notification.sequence <= self.covered or self.resync:
+            return  # in the complete result already, or about to be
+        if len(self.outbox) >= MAX_PENDING:
+            self.outbox.clear()
+            self.resync = True
+            self.resyncs += 1
+            log.warning("coap: observer of /q/%s fell behind; it will get the complete result", self.query.name)
+        else:
+            self.outbox.append(notification)
+        self.wake.set()
+
+    def end(self, response: aiocoap.Message) -> None:
+        """Send `response` (an error: it ends the observation, RFC 7641 §3.2) and stop."""
+        self.final = response
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Send the complete result, then every notification, until the observation ends.
+
+        The observation ends when the client cancels it, stops acknowledging (aiocoap gives up after
+        its retransmissions and cancels this task), or the subscription is deleted.
+        """
+        while True:
+            if self.final is not None:
+                self.pipe.add_response(self.final, is_last=True)
+                return
+            if not self.outbox and not self.resync:
+                await self.wake.wait()
+                self.wake.clear()
+                continue
+            if self.messages and self.held() >= WINDOW:
+                await asyncio.sleep(POLL_S)
+                continue
+            complete = self.resync
+            if complete:
+                notification = self.query.complete()
+                self.outbox.clear()
+                self.resync = False
+            else:
+                notification = self.outbox.popleft()
+            self.covered = notification.sequence
+            for payload in results.notification_parts(notification, self.content_format, complete=complete):
+                self.pipe.add_response(
+                    aiocoap.Message(
+                        code=Code.CONTENT,
+                        payload=payload,
+                        content_format=self.content_format,
+                        observe=self.messages & 0xFFFFFF,
+                        transport_tuning=aiocoap.Reliable(),
+                    ),
+                    is_last=False,
+                )
+                self.messages += 1
+
+
+class QueriesResource(Resource):
+    """`/q` and every `/q/NAME` (the site hands over requests with `q` stripped from the path)."""
+
+    def __init__(
+        self,
+        client: SepaClient,
+        access: Access,
+        *,
+        configured: Sequence[tuple[str, str]] = (),
+        limits: QueryLimits | None = None,
+        context: Callable[[], aiocoap.Context | None] = lambda: None,
+    ) -> None:
+        super().__init__()
+        self.client = client
+        self.access = access
+        self.configured = list(configured)
+        self.limits = limits or QueryLimits()
+        self.context = context
+        self.queries: dict[str, NamedQuery] = {}
+        self.creating: set[str] = set()  # names whose subscribe is under way
+        self.observers: set[Observer] = set()
+        self.requests = 0
+        self.created = 0
+        self.deleted = 0
+        self.messages = 0  # notification messages handed to aiocoap, observers that ended included
+        self.resyncs = 0
+        self.refused: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        """Subscribe the configured queries (a refusal stops the start: the config is wrong)."""
+        for name, sparql in self.configured:
+            query = NamedQuery(name, sparql, configured=True)
+            try:
+                await self._subscribe(query)
+            except SepaClientError as error:
+                await self.stop()
+                raise ValueError(f"coap.subscriptions ({name}): {error.error_description}") from None
+            self.queries[name] = query
+
+    async def stop(self) -> None:
+        for query in list(self.queries.values()):
+            await self._end(query, "the gateway is stopping", Code.SERVICE_UNAVAILABLE)
+        self.queries.clear()
+
+    async def _subscribe(self, query: NamedQuery) -> None:
+        query.subscription = await self.client.subscribe(
+            query.sparql, f"coap-q-{query.name}", on_notification=query.notified
+        )
+
+    async def _end(self, query: NamedQuery, reason: str, code: Code) -> None:
+        for observer in list(query.observers):
+            observer.end(refusal(code, reason))
+        if query.subscription is not None:
+            await query.subscription.unsubscribe()
+            query.subscription = None
+
+    # -- the resource ------------------------------------------------------------------------------
+
+    def links(self) -> list[Link]:
+        """`/q` and its subscriptions, for /.well-known/core."""
+        found = [Link("/q", ct=str(int(ContentFormat.LINKFORMAT)))]
+        return found + [Link(f"/q/{name}", obs=None, ct="50 60") for name in sorted(self.queries)]
+
+    async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
+        """Assemble a block-wise POST only while it stays under the SPARQL limit (aiocoap's spool has none)."""
+        return not self._too_large(request)
+
+    def _too_large(self, request: aiocoap.Message) -> bool:
+        block1 = request.opt.block1
+        reached = (block1.start if block1 is not None else 0) + len(request.payload)
+        return max(reached, request.opt.size1 or 0) > self.limits.max_sparql_bytes
+
+    async def render_to_pipe(self, pipe: Pipe) -> None:
+        request = pipe.request
+        block2 = request.opt.block2
+        if (
+            request.code != Code.GET
+            or request.opt.observe != 0
+            or len(request.opt.uri_path) != 1
+            or (block2 is not None and block2.block_number > 0)
+        ):
+            await super().render_to_pipe(pipe)
+            return
+        self.requests += 1
+        try:
+            query, content_format = self._readable(request)
+            if len(self.observers) >= self.limits.max_observers:
+                raise Refused(Code.SERVICE_UNAVAILABLE, f"{len(self.observers)} observations already")
+        except Refused as refused:
+            pipe.add_response(self._refusal(refused), is_last=True)
+            return
+        observer = Observer(
+            query,
+            pipe,
+            content_format,
+            lambda: queued_messages(self.context(), request.remote.as_response_address()),
+        )
+        query.observers.add(observer)
+        self.observers.add(observer)
+        try:
+            await observer.run()
+        finally:
+            query.observers.discard(observer)
+            self.observers.discard(observer)
+            self.messages += observer.messages
+            self.resyncs += observer.resyncs
+
+    async def render(self, request: aiocoap.Message) -> aiocoap.Message:
+        self.requests += 1
+        try:
+            return await super().render(request)
+        except Refused as refused:
+            return self._refusal(refused)
+
+    def _refusal(self, refused: Refused) -> aiocoap.Message:
+        self.refused[refused.code.dotted] += 1
+        options: dict[str, Any] = {}
+        if refused.code == Code.REQUEST_ENTITY_TOO_LARGE:
+            options["size1"] = self.limits.max_sparql_bytes
+        elif refused.code == Code.SERVICE_UNAVAILABLE:
+            options["max_age"] = 30
+        return refusal(refused.code, str(refused), **options)
+
+    def _readable(self, request: aiocoap.Message) -> tuple[NamedQuery, int]:
+        """The query a GET names and the format to answer in, or Refused."""
+        (name,) = request.opt.uri_path
+        self.access.check(request, f"q/{name}")
+        query = self.queries.get(name)
+        if query is None or query.subscription is None:
+            raise Refused(Code.NOT_FOUND, f"no subscription /q/{name}"[:200])
+        content_format = results.wanted_format(request.opt.accept)
+        if content_format is None:
+            raise Refused(Code.NOT_ACCEPTABLE, "results are application/json (50) or application/cbor (60)")
+        return query, content_format
+
+    async def render_get(self, request: aiocoap.Message) -> aiocoap.Message:
+        if not request.opt.uri_path:
+            self.access.check(request, "q")
+            links = LinkFormat([Link(f"/q/{name}", obs=None) for name in sorted(self.queries)])
+            return aiocoap.Message(payload=str(links).encode(), content_format=ContentFormat.LINKFORMAT)
+        if len(request.opt.uri_path) != 1:
+            raise Refused(Code.NOT_FOUND, "subscriptions are /q/NAME")
+        query, content_format = self._readable(request)
+        current = query.complete()
+        return aiocoap.Message(
+            payload=results.results_payload(current, content_format),
+            content_format=content_format,
+            etag=current.sequence.to_bytes(8, "big"),
+        )
+
+    async def render_post(self, request: aiocoap.Message) -> aiocoap.Message:
+        if request.opt.uri_path:
+            raise Refused(Code.METHOD_NOT_ALLOWED, "POST SPARQL to /q to create a subscription")
+        self.access.check(request, "q")
+        if self._too_large(request) or (request.opt.block1 is not None and request.opt.block1.more):
+            raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"SPARQL is limited to {self.limits.max_sparql_bytes} bytes")
+        if request.opt.content_format not in (None, formats.TEXT_PLAIN):
+            raise Refused(Code.UNSUPPORTED_CONTENT_FORMAT, "POST the SPARQL query as text/plain (0)")
+        try:
+            sparql = request.payload.decode()
+        except UnicodeDecodeError:
+            raise Refused(Code.BAD_REQUEST, "the SPARQL is not UTF-8") from None
+        name = self._name(request)
+        existing = self.queries.get(name)
+        if existing is not None or name in self.creating:
+            if existing is not None and existing.sparql == sparql:
+                return aiocoap.Message(code=Code.CREATED, location_path=("q", name))
+            raise Refused(Code.CONFLICT, f"/q/{name} exists with another query")
+        created = sum(not query.configured for query in self.queries.values()) + len(self.creating)
+        if created >= self.limits.max_created:
+            raise Refused(Code.SERVICE_UNAVAILABLE, f"{created} subscriptions were created over CoAP already")
+        query = NamedQuery(name, sparql, configured=False)
+        self.creating.add(name)
+        try:
+            await self._subscribe(query)
+        except SepaClientError as error:
+            code = Code.BAD_REQUEST if error.status_code == 400 else Code.SERVICE_UNAVAILABLE
+            raise Refused(code, error.error_description or error.error) from None
+        finally:
+            self.creating.discard(name)
+        self.queries[name] = query
+        self.created += 1
+        return aiocoap.Message(code=Code.CREATED, location_path=("q", name))
+
+    def _name(self, request: aiocoap.Message) -> str:
+        for option in request.opt.uri_query:
+            key, _, value = option.partition("=")
+            if key == "name":
+                if not NAME.fullmatch(value):
+                    raise Refused(Code.BAD_REQUEST, "name: 1-64 of A-Z a-z 0-9 . _ -")
+                return value
+        while True:
+            name = secrets.token_hex(4)
+            if name not in self.queries and name not in self.creating:
+                return name
+
+    async def render_delete(self, request: aiocoap.Message) -> aiocoap.Message:
+        if len(request.opt.uri_path) != 1:
+            raise Refused(Code.METHOD_NOT_ALLOWED, "DELETE /q/NAME")
+        (name,) = request.opt.uri_path
+        self.access.check(request, f"q/{name}")
+        query = self.queries.get(name)
+        if query is None:
+            raise Refused(Code.NOT_FOUND, f"no subscription /q/{name}"[:200])
+        if query.configured:
+            raise Refused(Code.METHOD_NOT_ALLOWED, f"/q/{name} is configured ([[coap.subscriptions]])"[:200])
+        del self.queries[name]
+        with contextlib.suppress(SepaClientError):
+            await self._end(query, f"/q/{name} was deleted", Code.NOT_FOUND)
+        self.deleted += 1
+        return aiocoap.Message(code=Code.DELETED)
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "q_requests": self.requests,
+            "q_subscriptions": len(self.queries),
+            "q_created": self.created,
+            "q_deleted": self.deleted,
+            "q_observers": len(self.observers),
+            "q_messages": self.messages + sum(observer.messages for observer in self.observers),
+            "q_resyncs": self.resyncs + sum(observer.resyncs for observer in self.observers),
+            **{f"q_refused_{code.replace('.', '_')}": count for code, count in sorted(self.refused.items())},
+        }

@@ -1,0 +1,528 @@
+"""Subscriptions as observable CoAP resources (adapters/coap/queries.py): `/q` and `/q/{name}`.
+
+Against a real `sepa-gateway run` and the real libcoap client (Debian's libcoap3-bin installs it as
+`coap-client-notls`), with updates made over HTTP as any application makes them: an unmodified
+`coap-client -s 30` observer must see every change of its subscription. aiocoap is the second,
+independent client (CBOR, response codes and options). Authorization and the observer that falls
+behind are exercised on the resource itself, where the peer address and aiocoap's queue can be set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import shutil
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiocoap
+import cbor2
+import pytest
+from aiocoap import Code
+from aiocoap.message import Direction
+
+from adapters.coap import queries, results
+from adapters.coap.access import Access
+from adapters.coap.queries import Observer, QueriesResource
+from broker.api import Engine, Scheduler
+from gateway.appliance.cli import main as cli_main
+from gateway.client import InProcessTransport, SepaClient
+from tools.launcher import RunningGateway
+
+LIGHTS = "urn:example:lights"
+ON = "urn:example:on"
+LAMPS_QUERY = f"SELECT ?lamp ?on WHERE {{ GRAPH <{LIGHTS}> {{ ?lamp <{ON}> ?on }} }}"
+CONFIG = f'''
+[coap]
+[[coap.subscriptions]]
+name = "lamps"
+sparql = "{LAMPS_QUERY}"
+'''
+
+Row = tuple[tuple[str, str], ...]
+
+
+def coap_client() -> str:
+    found = shutil.which("coap-client") or shutil.which("coap-client-notls")
+    assert found, "libcoap's coap-client is missing: apt-get install libcoap3-bin (it installs coap-client-notls)"
+    return found
+
+
+def lamp(name: str, on: bool) -> str:
+    return f"<urn:example:lamp/{name}> <{ON}> {'true' if on else 'false'}"
+
+
+def change(gateway: RunningGateway, sparql: str) -> None:
+    """An update over HTTP, as any application makes one."""
+    reply = gateway.update(sparql)
+    assert reply.status == 200, reply.body
+
+
+def insert(gateway: RunningGateway, *triples: str) -> None:
+    change(gateway, f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {' . '.join(triples)} }} }}")
+
+
+def delete(gateway: RunningGateway, *triples: str) -> None:
+    change(gateway, f"DELETE DATA {{ GRAPH <{LIGHTS}> {{ {' . '.join(triples)} }} }}")
+
+
+def row(binding: dict[str, Any]) -> Row:
+    return tuple(sorted((name, term["value"]) for name, term in binding.items()))
+
+
+def bindings(document: dict[str, Any]) -> list[Row]:
+    return [row(binding) for binding in document["results"]["bindings"]]
+
+
+def current(gateway: RunningGateway, sparql: str = LAMPS_QUERY) -> Counter[Row]:
+    return Counter(tuple(sorted(found.items())) for found in gateway.select(sparql))
+
+
+class Follower:
+    """What an observer holds: notifications applied in order, as a constrained device would."""
+
+    def __init__(self) -> None:
+        self.view: Counter[Row] = Counter()
+        self.sequence = -1
+        self.messages: list[dict[str, Any]] = []
+
+    def apply(self, message: dict[str, Any]) -> None:
+        if message.get("complete"):
+            self.view.clear()
+        else:
+            assert message["sequence"] in (self.sequence, self.sequence + 1), (message, self.messages)
+            if message["sequence"] == self.sequence:
+                assert self.messages[-1].get("more"), "a sequence repeats only for the parts of one notification"
+        self.sequence = message["sequence"]
+        self.messages.append(message)
+        for removed in bindings(message["removedResults"]):
+            assert self.view[removed] > 0, (removed, self.view)
+            self.view[removed] -= 1
+            if not self.view[removed]:
+                del self.view[removed]
+        self.view.update(bindings(message["addedResults"]))
+
+
+class CoapClientObserver:
+    """`coap-client -s 30 -w URI`, unmodified; its output lines are read as they come."""
+
+    def __init__(self, uri: str) -> None:
+        self.process = subprocess.Popen(
+            [coap_client(), "-s", "30", "-w", "-B", "35", uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.follower = Follower()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.strip():
+                self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def receive(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The next notification, applied to the follower's view."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no notification within {timeout} s; so far {self.follower.messages}") from None
+        assert line is not None, f"coap-client ended: {self.process.stderr.read() if self.process.stderr else ''}"
+        assert len(line.encode()) <= results.MESSAGE_BYTES, len(line.encode())
+        message = json.loads(line)
+        self.follower.apply(message)
+        return message
+
+    def receive_notification(self) -> list[dict[str, Any]]:
+        """Every part of the next notification."""
+        parts = [self.receive()]
+        while parts[-1].get("more"):
+            parts.append(self.receive())
+        return parts
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture
+def observers() -> Iterator[Callable[[str], CoapClientObserver]]:
+    started: list[CoapClientObserver] = []
+
+    def start(uri: str) -> CoapClientObserver:
+        started.append(CoapClientObserver(uri))
+        return started[-1]
+
+    yield start
+    for observer in started:
+        if observer.process.poll() is None:
+            observer.stop()
+
+
+def coap(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([coap_client(), "-B", "10", *args], capture_output=True, text=True, timeout=20)
+
+
+async def request(uri: str, code: Code = Code.GET, **options: Any) -> aiocoap.Message:
+    context = await aiocoap.Context.create_client_context()
+    try:
+        return await context.request(aiocoap.Message(code=code, uri=uri, **options)).response
+    finally:
+        await context.shutdown()
+
+
+# -- against a running gateway ------------------------------------------------------------------
+
+
+def test_a_configured_subscription_is_a_resource(start_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = start_gateway(toml=CONFIG)
+    insert(gateway, lamp("hall", True), lamp("porch", False))
+
+    shown = coap(f"{gateway.coap_url}/q/lamps")
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["head"]["vars"] == ["lamp", "on"]
+    assert Counter(bindings(document)) == current(gateway)
+    assert len(document["results"]["bindings"]) == 2
+
+    response = asyncio.run(request(f"{gateway.coap_url}/q/lamps", accept=results.CBOR))
+    assert response.code == Code.CONTENT and response.opt.content_format == results.CBOR
+    assert Counter(bindings(cbor2.loads(response.payload))) == current(gateway)
+    assert int.from_bytes(response.opt.etag, "big") == 1  # the sequence number: one update changed it
+
+    listed = coap(f"{gateway.coap_url}/.well-known/core")
+    assert "</q/lamps>;obs" in listed.stdout
+    assert "4.04" in coap(f"{gateway.coap_url}/q/nothing").stderr
+    assert "4.06" in coap("-A", "0", f"{gateway.coap_url}/q/lamps").stderr
+
+
+def test_coap_client_observer_receives_each_change(
+    start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
+) -> None:
+    """The bar of issue 17: an unmodified `coap-client -s 30` observer of /q/... sees every change."""
+    gateway = start_gateway(toml=CONFIG)
+    insert(gateway, lamp("hall", True))
+    observer = observers(f"{gateway.coap_url}/q/lamps")
+
+    first = observer.receive()
+    assert first["complete"] is True and first["sequence"] == 1
+    assert observer.follower.view == current(gateway)
+
+    insert(gateway, lamp("porch", False))
+    added = observer.receive()
+    assert added["sequence"] == 2 and not bindings(added["removedResults"])
+    assert bindings(added["addedResults"]) == [(("lamp", "urn:example:lamp/porch"), ("on", "false"))]
+
+    delete(gateway, lamp("hall", True))
+    removed = observer.receive()
+    assert removed["sequence"] == 3 and not bindings(removed["addedResults"])
+    assert bindings(removed["removedResults"]) == [(("lamp", "urn:example:lamp/hall"), ("on", "true"))]
+
+    change(
+        gateway,
+        f"DELETE {{ GRAPH <{LIGHTS}> {{ ?l <{ON}> false }} }} INSERT {{ GRAPH <{LIGHTS}> {{ ?l <{ON}> true }} }}"
+        f" WHERE {{ GRAPH <{LIGHTS}> {{ ?l <{ON}> false }} }}",
+    )
+    switched = observer.receive()
+    assert switched["sequence"] == 4
+    assert bindings(switched["removedResults"]) == [(("lamp", "urn:example:lamp/porch"), ("on", "false"))]
+    assert bindings(switched["addedResults"]) == [(("lamp", "urn:example:lamp/porch"), ("on", "true"))]
+
+    for number in range(10):  # a burst: none may be coalesced away
+        insert(gateway, lamp(f"burst{number}", True))
+    for number in range(10):
+        assert observer.receive()["sequence"] == 5 + number
+    assert observer.follower.view == current(gateway)
+    assert gateway.metric("sepa_coap_q_observers") == 1
+
+
+def test_large_results_are_block_wise_for_get_and_in_parts_for_observers(
+    start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
+) -> None:
+    gateway = start_gateway(toml=CONFIG)
+    insert(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(60)))
+
+    shown = coap(f"{gateway.coap_url}/q/lamps")
+    assert len(shown.stdout) > 4 * results.MESSAGE_BYTES  # Block2: coap-client fetched every block
+    assert Counter(bindings(json.loads(shown.stdout))) == current(gateway)
+
+    observer = observers(f"{gateway.coap_url}/q/lamps")
+    parts = observer.receive_notification()  # each part fits libcoap's buffer (checked on receipt)
+    assert len(parts) > 3 and parts[0]["complete"] and not any(part.get("complete") for part in parts[1:])
+    assert observer.follower.view == current(gateway)
+
+    delete(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(40)))
+    parts = observer.receive_notification()
+    assert len(parts) > 1 and {part["sequence"] for part in parts} == {2}
+    assert observer.follower.view == current(gateway)
+    assert len(observer.follower.view) == 20
+
+
+def test_a_subscription_posted_to_q(
+    start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
+) -> None:
+    gateway = start_gateway(toml="[coap]\n")
+    insert(gateway, lamp("hall", True))
+
+    created = coap("-m", "post", "-t", "0", "-e", LAMPS_QUERY, f"{gateway.coap_url}/q?name=mine")
+    assert created.returncode == 0 and not created.stderr, created.stderr
+    assert Counter(bindings(json.loads(coap(f"{gateway.coap_url}/q/mine").stdout))) == current(gateway)
+
+    response = asyncio.run(request(f"{gateway.coap_url}/q", Code.POST, payload=LAMPS_QUERY.encode()))
+    assert response.code == Code.CREATED, response.payload
+    assert response.opt.location_path[0] == "q" and len(response.opt.location_path) == 2
+    generated = response.opt.location_path[1]
+    assert generated != "mine"
+    again = asyncio.run(request(f"{gateway.coap_url}/q?name=mine", Code.POST, payload=LAMPS_QUERY.encode()))
+    assert again.code == Code.CREATED and again.opt.location_path == ("q", "mine")  # the same: idempotent
+    other = asyncio.run(request(f"{gateway.coap_url}/q?name=mine", Code.POST, payload=b"ASK { ?s ?p ?o }"))
+    assert other.code == Code.CONFLICT
+
+    observer = observers(f"{gateway.coap_url}/q/{generated}")
+    assert observer.receive()["complete"]
+    insert(gateway, lamp("porch", True))
+    assert observer.receive()["sequence"] == 1  # created after the first lamp: that was its sequence 0
+
+    deleted = asyncio.run(request(f"{gateway.coap_url}/q/{generated}", Code.DELETE))
+    assert deleted.code == Code.DELETED
+    gateway.wait_for_metric("sepa_coap_q_observers", lambda count: count == 0)  # ended by a 4.04
+    observer.stop()
+    assert observer.process.stderr is not None and "4.04" in observer.process.stderr.read()
+    assert asyncio.run(request(f"{gateway.coap_url}/q/{generated}")).code == Code.NOT_FOUND
+    assert gateway.metric("sepa_coap_q_created") == 2
+    assert gateway.metric("sepa_coap_q_deleted") == 1
+
+
+def test_bad_sparql_gets_4_00_with_the_brokers_text(start_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = start_gateway(toml="[coap]\n")
+    refused = coap("-m", "post", "-e", "SELEC ?s WHERE { ?s ?p ?o }", f"{gateway.coap_url}/q")
+    assert refused.stderr.startswith("4.00 SPARQL syntax error at line 1, column"), refused.stderr
+    constructed = asyncio.run(request(f"{gateway.coap_url}/q", Code.POST, payload=b"CONSTRUCT WHERE { ?s ?p ?o }"))
+    assert constructed.code == Code.BAD_REQUEST
+    assert b"only SELECT and ASK" in constructed.payload
+    assert asyncio.run(request(f"{gateway.coap_url}/q?name=a/b", Code.POST, payload=b"ASK {}")).code == Code.BAD_REQUEST
+    assert gateway.metric("sepa_coap_q_refused_4_00") == 3
+    assert gateway.metric("sepa_coap_q_subscriptions") == 0
+
+
+def test_limits_on_what_coap_clients_create(start_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = start_gateway(toml="[coap]\nmax_created_subscriptions = 2\nmax_subscription_bytes = 200\n")
+    for name in ("one", "two"):
+        created = asyncio.run(request(f"{gateway.coap_url}/q?name={name}", Code.POST, payload=LAMPS_QUERY.encode()))
+        assert created.code == Code.CREATED
+    full = asyncio.run(request(f"{gateway.coap_url}/q?name=three", Code.POST, payload=LAMPS_QUERY.encode()))
+    assert full.code == Code.SERVICE_UNAVAILABLE and full.opt.max_age == 30
+    long = "SELECT * WHERE { ?s ?p ?o } " + "#" * 200
+    too_large = asyncio.run(request(f"{gateway.coap_url}/q", Code.POST, payload=long.encode()))
+    assert too_large.code == Code.REQUEST_ENTITY_TOO_LARGE and too_large.opt.size1 == 200
+    assert "5.03" in coap("-m", "post", "-e", LAMPS_QUERY, f"{gateway.coap_url}/q").stderr
+    assert asyncio.run(request(f"{gateway.coap_url}/q/one", Code.DELETE)).code == Code.DELETED
+    assert asyncio.run(request(f"{gateway.coap_url}/q", Code.POST, payload=LAMPS_QUERY.encode())).code == Code.CREATED
+    assert gateway.metric("sepa_coap_q_refused_5_03") == 2
+    assert gateway.metric("sepa_coap_q_refused_4_13") == 1
+
+
+def test_an_aiocoap_observer_in_cbor(start_gateway: Callable[..., RunningGateway]) -> None:
+    gateway = start_gateway(toml=CONFIG)
+    follower = Follower()
+
+    async def observe() -> None:
+        context = await aiocoap.Context.create_client_context()
+        try:
+            message = aiocoap.Message(code=Code.GET, uri=f"{gateway.coap_url}/q/lamps", observe=0, accept=results.CBOR)
+            pending = context.request(message)
+            first = await pending.response
+            assert first.code == Code.CONTENT and first.opt.content_format == results.CBOR
+            follower.apply(cbor2.loads(first.payload))
+            updates = [
+                lambda: insert(gateway, lamp("hall", True), lamp("porch", True)),
+                lambda: delete(gateway, lamp("hall", True)),
+                lambda: insert(gateway, lamp("hall", False)),
+            ]
+            notifications = aiter(pending.observation)
+            for update in updates:
+                await asyncio.to_thread(update)
+                notification = await asyncio.wait_for(anext(notifications), 10)
+                assert notification.opt.content_format == results.CBOR
+                follower.apply(cbor2.loads(notification.payload))
+            pending.observation.cancel()
+        finally:
+            await context.shutdown()
+
+    asyncio.run(observe())
+    assert [message["sequence"] for message in follower.messages] == [0, 1, 2, 3]
+    assert follower.view == current(gateway)
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ('name = "x"\nsparql = "INSERT DATA { <urn:a> <urn:b> 1 }"', "coap.subscriptions[0] (x): a subscription is"),
+        ('name = "x"\nsparql = "SELECT * WHERE { ?s ?p }"', "coap.subscriptions[0] (x): SPARQL syntax error"),
+        ('name = "a/b"\nsparql = "ASK {}"', "coap.subscriptions[0]: name must be"),
+        ('name = "x"\nquery = "ASK {}"', "coap.subscriptions[0]: unknown key(s) query"),
+    ],
+)
+def test_a_bad_configured_subscription_is_one_line_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], entry: str, fragment: str
+) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(f"[coap]\n[[coap.subscriptions]]\n{entry}\n", encoding="utf-8")
+    assert cli_main(["run", "--config", str(config), "--http-port", "0", "--ws-port", "0"]) == 2
+    error = capsys.readouterr().err
+    assert fragment in error and error.count("\n") == 1, error
+
+
+# -- on the resource itself ---------------------------------------------------------------------
+
+
+class Pipe:
+    """What an observation writes to: aiocoap's pipe, reduced to what the resource uses."""
+
+    def __init__(self, message: aiocoap.Message) -> None:
+        self.request = message
+        self.responses: list[tuple[aiocoap.Message, bool]] = []
+
+    def add_response(self, response: aiocoap.Message, is_last: bool = False) -> None:
+        self.responses.append((response, is_last))
+
+
+def incoming(path: tuple[str, ...], code: Code = Code.GET, host: str = "127.0.0.1", **options: Any) -> aiocoap.Message:
+    message = aiocoap.Message(code=code, uri_path=path, **options)
+    message.remote = SimpleNamespace(sockaddr=(host, 5683), as_response_address=lambda: host)
+    message.direction = Direction.INCOMING
+    return message
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met within 5 s")
+
+
+def test_peers_on_the_network_are_refused_when_secure() -> None:
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        resource = QueriesResource(client, Access(secure=True), configured=[("lamps", LAMPS_QUERY)])
+        await resource.start()
+        try:
+            remote = "192.0.2.7"
+            for message in (
+                incoming(("lamps",), host=remote),
+                incoming((), Code.POST, host=remote, payload=b"ASK {}"),
+                incoming(("lamps",), Code.DELETE, host=remote),
+            ):
+                assert (await resource.render(message)).code == Code.UNAUTHORIZED
+            pipe = Pipe(incoming(("lamps",), host=remote, observe=0))
+            await resource.render_to_pipe(pipe)  # type: ignore[arg-type]
+            assert [(response.code, last) for response, last in pipe.responses] == [(Code.UNAUTHORIZED, True)]
+            assert (await resource.render(incoming(("lamps",)))).code == Code.CONTENT  # this board: trusted
+            assert resource.refused["4.01"] == 4
+        finally:
+            await resource.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_observer_that_falls_behind_gets_the_complete_result_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notifications wait while aiocoap holds a window of messages for the peer; past MAX_PENDING
+    they are dropped and the complete result is sent once the peer caught up: its view stays exact."""
+    monkeypatch.setattr(queries, "MAX_PENDING", 3)
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
+        await resource.start()
+        query = resource.queries["lamps"]
+        held = [queries.WINDOW]  # the peer acknowledges nothing for now
+        pipe = Pipe(incoming(("lamps",), observe=0))
+        observer = Observer(query, pipe, results.JSON, lambda: held[0])  # type: ignore[arg-type]
+        query.observers.add(observer)
+        task = asyncio.create_task(observer.run())
+        follower = Follower()
+        try:
+            await until(lambda: len(pipe.responses) == 1)  # the first message never waits
+            for number in range(6):
+                await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp(str(number), True)} }} }}")
+            await asyncio.sleep(0.2)
+            assert len(pipe.responses) == 1 and observer.resyncs == 1
+            held[0] = 0  # caught up
+            await until(lambda: observer.covered == 6 and not observer.outbox)
+            await client.update(f"DELETE DATA {{ GRAPH <{LIGHTS}> {{ {lamp('0', True)} }} }}")
+            await until(lambda: observer.covered == 7)
+            for response, last in pipe.responses:
+                assert response.code == Code.CONTENT and not last
+                follower.apply(json.loads(response.payload))
+            shape = [(m["sequence"], m.get("complete", False), m.get("more", False)) for m in follower.messages]
+            assert shape[0] == (0, True, False) and shape[-1] == (7, False, False)
+            resent = shape[1:-1]  # the complete result at sequence 6, in as many parts as it takes
+            assert resent[0] == (6, True, len(resent) > 1) and all(seq == 6 for seq, _, _ in resent)
+            assert [response.opt.observe for response, _ in pipe.responses] == list(range(len(pipe.responses)))
+            assert query.subscription is not None and query.subscription.view is not None
+            expected = Counter(
+                row({name: {"value": term.value} for name, term in binding.items()})
+                for binding in query.subscription.view.bindings()
+            )
+            assert follower.view == expected and len(expected) == 5
+        finally:
+            task.cancel()
+            await resource.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_ask_subscription_sends_its_boolean() -> None:
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        resource = QueriesResource(client, Access(secure=False))
+        try:
+            ask = f"ASK {{ GRAPH <{LIGHTS}> {{ ?lamp <{ON}> true }} }}"
+            created = await resource.render(incoming((), Code.POST, payload=ask.encode(), uri_query=("name=any-on",)))
+            assert created.code == Code.CREATED and created.opt.location_path == ("q", "any-on")
+            shown = await resource.render(incoming(("any-on",)))
+            assert json.loads(shown.payload) == {"head": {}, "boolean": False}
+            pipe = Pipe(incoming(("any-on",), observe=0))
+            task = asyncio.create_task(resource.render_to_pipe(pipe))  # type: ignore[arg-type]
+            await until(lambda: len(pipe.responses) == 1)
+            await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp('hall', True)} }} }}")
+            await until(lambda: len(pipe.responses) == 2)
+            first, changed = (json.loads(response.payload) for response, _ in pipe.responses)
+            assert first == {
+                "sequence": 0,
+                "addedResults": {"head": {}, "boolean": False},
+                "removedResults": {"head": {}},
+                "complete": True,
+            }
+            assert changed == {
+                "sequence": 1,
+                "addedResults": {"head": {}, "boolean": True},
+                "removedResults": {"head": {}, "boolean": False},
+            }
+            deleted = await resource.render(incoming(("any-on",), Code.DELETE))
+            assert deleted.code == Code.DELETED
+            await asyncio.wait_for(task, 5)  # the observation ended with a 4.04
+            assert pipe.responses[-1][0].code == Code.NOT_FOUND and pipe.responses[-1][1]
+        finally:
+            await resource.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
