@@ -1,4 +1,5 @@
-"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP).
+"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP), the resources it
+observes (observer.py) and commands out (actuators.py).
 
 A client of the broker like the MQTT adapter (docs/adapters.md): readings go through the shared
 observation writer, mappings come from the config, the mappings graph (followed: a SPARQL update
@@ -14,7 +15,9 @@ from typing import Any
 import aiocoap
 
 from adapters.coap.access import Access
+from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
+from adapters.coap.observer import Observer, ObserveTarget
 from adapters.coap.profiles import default_profiles
 from adapters.coap.readings import ReadingsResource
 from adapters.coap.site import GatewaySite
@@ -39,6 +42,10 @@ class CoapAdapter:
         secure: bool = False,
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
+        observe: Sequence[ObserveTarget] = (),
+        observe_margin_s: float = 5.0,
+        observe_backoff_max_s: float = 30.0,
+        actuators: Sequence[CoapActuator] = (),
     ) -> None:
         self.client = client
         self.writer = writer
@@ -52,6 +59,15 @@ class CoapAdapter:
             lambda: self.mapper, self.batcher, Access(secure=secure), max_payload_bytes=max_payload_bytes
         )
         self.site = GatewaySite(self.readings)
+        self.observer = Observer(
+            client,
+            lambda: self.mapper,
+            self.batcher.store,
+            observe,
+            margin_s=observe_margin_s,
+            backoff_max_s=observe_backoff_max_s,
+        )
+        self.actuators = CoapActuators(client, actuators)
         self.mapping_errors = 0
         self.context: aiocoap.Context | None = None
         self._mappings: ClientSubscription | None = None
@@ -73,6 +89,8 @@ class CoapAdapter:
         except OSError as error:
             await self.batcher.stop()
             raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
+        await self.observer.start()
+        await self.actuators.start()
         log.info("coap adapter listening", extra={"address": f"[{self.host}]:{self.bound_port}/udp"})
         if not self.readings.access.secure and self.host not in ("127.0.0.1", "::1", "localhost"):
             log.warning(
@@ -82,6 +100,8 @@ class CoapAdapter:
 
     async def stop(self) -> None:
         """Stop listening, commit what was received, and stop following the mappings."""
+        await self.actuators.stop()
+        await self.observer.stop()
         if self.context is not None:
             await self.context.shutdown()
             self.context = None
@@ -123,7 +143,7 @@ class CoapAdapter:
 
     def health(self) -> dict[str, Any]:
         listening = self.context is not None
-        return {"ok": listening, "listening": listening}
+        return {"ok": listening, "listening": listening, **self.observer.health(), **self.actuators.health()}
 
     def metrics(self) -> dict[str, Any]:
         resource = self.readings
@@ -136,4 +156,6 @@ class CoapAdapter:
             "batches": self.batcher.stats.batches,
             "largest_batch": self.batcher.stats.largest_batch,
             "commit_failures": self.batcher.stats.commit_failures,
+            **self.observer.metrics(),
+            **self.actuators.metrics(),
         }

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from adapters.coap.actuators import ActuatorError, CoapActuator
 from adapters.coap.adapter import CoapAdapter
+from adapters.coap.observer import ObserveError, ObserveTarget, observe_from_config
 from gateway.appliance.config import ConfigError
 from gateway.appliance.plugins import AdapterContext
 from gateway.observations import Mapping, MappingError, mappings_from_config
@@ -19,6 +21,10 @@ class CoapConfig:
     max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
     batch_max: int = 500  # readings committed by one update at most
     mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
+    observe: list = field(default_factory=list)  # [[coap.observe]]: uri = "coap://…", source = path the mappings match
+    observe_margin_s: float = 5.0  # an observation silent for its Max-Age plus this is lost: register again
+    observe_backoff_max_s: float = 30.0  # failed registrations are retried after 1 s, doubling up to this
+    actuators: list = field(default_factory=list)  # [[coap.actuators]]: subscription -> confirmable PUT to coap://
 
 
 def check(config: CoapConfig) -> list[Mapping]:
@@ -38,6 +44,19 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError(f"coap.mappings: {error}") from None
 
 
+def check_client(config: CoapConfig) -> tuple[list[ObserveTarget], list[CoapActuator]]:
+    """The gateway as a CoAP client: the resources it observes and its actuators."""
+    if not 0 <= config.observe_margin_s <= 3600:
+        raise ConfigError("coap.observe_margin_s must be between 0 and 3600")
+    if not 1 <= config.observe_backoff_max_s <= 3600:
+        raise ConfigError("coap.observe_backoff_max_s must be between 1 and 3600")
+    try:
+        actuators = [CoapActuator.from_config(entry, position) for position, entry in enumerate(config.actuators)]
+        return observe_from_config(config.observe), actuators
+    except (ObserveError, ActuatorError) as error:
+        raise ConfigError(str(error)) from None
+
+
 class CoapPlugin:
     """The entry point `coap` of the `sepa_gateway.adapters` group (pyproject.toml)."""
 
@@ -46,8 +65,10 @@ class CoapPlugin:
 
     def check(self, section: CoapConfig) -> None:
         check(section)
+        check_client(section)
 
     def build(self, section: CoapConfig, context: AdapterContext) -> CoapAdapter:
+        observe, actuators = check_client(section)
         return CoapAdapter(
             context.client,
             context.observations,
@@ -57,6 +78,10 @@ class CoapPlugin:
             secure=context.secure,
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
+            observe=observe,
+            observe_margin_s=section.observe_margin_s,
+            observe_backoff_max_s=section.observe_backoff_max_s,
+            actuators=actuators,
         )
 
 
