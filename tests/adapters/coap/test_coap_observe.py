@@ -6,22 +6,27 @@ becomes one observation, through the mappings and content formats of a POSTed re
 the mappings graph by a SPARQL update is observed without a restart, and left when deleted; a sensor
 killed and started again on its port (it forgot its observer) is registered with again and its later
 values arrive; a gateway restarted observes again what its store lists; a `[[coap.actuators]]` row
-becomes a confirmable PUT the device receives.
+becomes a confirmable PUT the device receives; a section that cannot work is refused at start.
 """
 
 from __future__ import annotations
 
 import queue
+import re
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
 
+from adapters.coap.observer import ObserveTarget, observe_from_config
+from adapters.coap.plugin import PLUGIN, CoapConfig
+from gateway.appliance.config import ConfigError
 from tests.conftest import stop_and_check
 from tools.launcher import RunningGateway
 
@@ -254,3 +259,24 @@ def test_an_actuator_row_is_put_to_the_device(
     assert device.wait_for("put ") == f"put kitchen-lamp 0 {b'OFF'.hex()}"
     gateway.wait_for_metric("sepa_coap_actuator_sent", lambda v: v == 2)
     assert gateway.metric("sepa_coap_actuator_dropped") == 0 and gateway.metric("sepa_coap_actuator_queued") == 0
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"observe": [{"uri": "http://127.0.0.1/t"}]}, "coap.observe[0]: uri 'http://127.0.0.1/t' is not a coap://"),
+        ({"observe": [{"uri": "coap://127.0.0.1"}]}, "coap.observe[0]: uri 'coap://127.0.0.1': no source"),
+        ({"observe": [{"uri": "coap://h/t", "every": 5}]}, "coap.observe[0]: unknown key(s) every"),
+        ({"observe_margin_s": -1.0}, "coap.observe_margin_s must be between 0 and 3600"),
+        ({"actuators": [{"id": "a", "query": "ASK {}", "uri": "coap:///{x}", "payload": "1"}]}, "is not a coap://"),
+        ({"actuators": [{"id": "a", "query": "ASK {}", "uri": "coap://h/x", "payload": "1", "qos": 1}]}, "qos"),
+    ],
+)
+def test_a_section_that_cannot_work_is_refused_at_start(section: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PLUGIN.check(CoapConfig(**section))
+
+
+def test_an_observed_resource_without_source_is_mapped_as_its_path() -> None:
+    (target,) = observe_from_config([{"uri": "coap://[::1]:5683/s/boiler/temperature"}])
+    assert target == ObserveTarget("coap://[::1]:5683/s/boiler/temperature", "s/boiler/temperature")
