@@ -21,9 +21,11 @@ current value).
 Why re-register, and when: an observation ends without a word when the sensor reboots (it forgot its
 observers) or the gateway restarts (its token is gone), and with one on an error, a reset or a
 final response. So each observation also expects a notification within the last one's Max-Age
-(60 s when absent, RFC 7252 §5.10.5) plus `margin_s`, and re-registers when none came; a failed
+(60 s when absent, RFC 7252 §5.10.5) plus `margin_s`, and re-registers when none came. A failed
 registration is retried after 1 s, doubling up to `backoff_max_s` (with ±20 % jitter so that many
-sensors lost together do not come back together). A gateway start registers everything anew.
+sensors lost together do not come back together); an observation that had lasted `backoff_max_s`
+starts again from 1 s, one that keeps ending sooner backs off like a failure. A gateway start
+registers everything anew.
 """
 
 from __future__ import annotations
@@ -228,13 +230,13 @@ class Observation:
     async def _run(self) -> None:
         delay = FIRST_BACKOFF_S
         while True:
-            if await self._observe():
-                delay = FIRST_BACKOFF_S
+            if await self._observe() >= self.backoff_max_s:
+                delay = FIRST_BACKOFF_S  # it had lasted: come back fast; one that keeps ending backs off
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(delay * 2, self.backoff_max_s)
 
-    async def _observe(self) -> bool:
-        """One registration, followed until the observation ends; True when it had started."""
+    async def _observe(self) -> float:
+        """One registration, followed until the observation ends; how long it lasted (0: it did not start)."""
         loop = asyncio.get_running_loop()
         registration = _Registration(loop.create_future())
         request = self.context.request(aiocoap.Message(code=Code.GET, uri=self.target.uri, observe=0))
@@ -264,12 +266,13 @@ class Observation:
                 return self._failed("not observable (the answer had no Observe option)")
             self.stats.registrations += 1
             self.state, self.last_error = "observed", ""
+            started = loop.time()
             log.info("coap: observing", extra={"uri": self.target.uri, "source": self.target.source})
             reason = await self._follow(registration)
             self.stats.losses += 1
             self.state, self.last_error = "failed", reason
             log.warning("coap: observation lost, registering again", extra={"uri": self.target.uri, "why": reason})
-            return True
+            return loop.time() - started
         finally:
             if not observation.cancelled:
                 # aiocoap cannot deregister (RFC 7641 §3.6): the next notification is acknowledged and
@@ -289,12 +292,12 @@ class Observation:
             if registration.lost.done():
                 return registration.lost.result()
 
-    def _failed(self, why: str) -> bool:
+    def _failed(self, why: str) -> float:
         self.stats.failures += 1
         if self.state != "failed" or why != self.last_error:
             log.warning("coap: cannot observe", extra={"uri": self.target.uri, "why": why})
         self.state, self.last_error = "failed", why
-        return False
+        return 0.0
 
     def _lifetime(self, message: aiocoap.Message) -> float:
         max_age = message.opt.max_age
