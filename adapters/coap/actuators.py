@@ -62,6 +62,12 @@ def _coap_uri(uri: str) -> bool:
     return parts.scheme == "coap" and bool(parts.hostname) and parts.username is None and not parts.fragment
 
 
+def _example(template: str) -> str:
+    """The template with sample values, to check its shape: `::1` in an IPv6 host, `x` elsewhere."""
+    in_brackets = re.sub(r"\[[^\]]*\]", lambda m: "[::1]" if PLACEHOLDER.search(m.group()) else m.group(), template)
+    return PLACEHOLDER.sub("x", in_brackets)
+
+
 @dataclass
 class CoapActuator:
     """One subscription → CoAP PUT mapping, with its queue and counters."""
@@ -96,7 +102,7 @@ class CoapActuator:
             raise ActuatorError(f"{name}: content_format must be a CoAP content format number (0 to 65535)")
         if not isinstance(entry.get("initial", False), bool):
             raise ActuatorError(f"{name}: initial must be true or false")
-        if not _coap_uri(PLACEHOLDER.sub("x", entry["uri"])):
+        if not _coap_uri(_example(entry["uri"])):
             raise ActuatorError(f"{name}: uri {entry['uri']!r} is not a coap://host[:port]/path template")
         initial = entry.get("initial", False)
         return cls(entry["id"], entry["query"], entry["uri"], entry["payload"], content_format, initial)

@@ -23,7 +23,9 @@ from typing import Any
 
 import cbor2
 import pytest
+from pyoxigraph import Literal, NamedNode
 
+from adapters.coap.actuators import CoapActuator
 from adapters.coap.observer import ObserveTarget, observe_from_config
 from adapters.coap.plugin import PLUGIN, CoapConfig
 from gateway.appliance.config import ConfigError
@@ -280,3 +282,16 @@ def test_a_section_that_cannot_work_is_refused_at_start(section: dict[str, Any],
 def test_an_observed_resource_without_source_is_mapped_as_its_path() -> None:
     (target,) = observe_from_config([{"uri": "coap://[::1]:5683/s/boiler/temperature"}])
     assert target == ObserveTarget("coap://[::1]:5683/s/boiler/temperature", "s/boiler/temperature")
+
+
+def test_an_actuator_uri_takes_a_host_or_a_level_from_the_row_never_more() -> None:
+    actuator = CoapActuator.from_config(
+        {"id": "a", "query": "SELECT * {}", "uri": "coap://[{ip}]:5683/{lamp}", "payload": "{power}"}, 0
+    )
+    row = ("ip", "lamp", "power")
+    assert actuator.render(row, (Literal("fe80::1"), NamedNode("urn:example:kitchen"), Literal("ON"))) == (
+        "coap://[fe80::1]:5683/kitchen",
+        "ON",
+    )
+    for ip, lamp in (("fe80::1", "a/b"), ("fe80::1", "x?y"), ("not-an-address", "lamp"), ("::1]@evil", "x")):
+        assert actuator.render(row, (Literal(ip), Literal(lamp), Literal("ON"))) is None
