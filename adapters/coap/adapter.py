@@ -1,4 +1,5 @@
-"""The CoAP adapter: readings in from constrained sensors, subscriptions out (aiocoap server, UDP).
+"""The CoAP adapter: readings in from constrained sensors (aiocoap server, UDP), the resources it
+observes (observer.py) and commands out (actuators.py).
 
 A client of the broker like the MQTT adapter (docs/adapters.md): readings go through the shared
 observation writer, mappings come from the config, the mappings graph (followed: a SPARQL update
@@ -16,8 +17,10 @@ from typing import Any
 import aiocoap
 
 from adapters.coap.access import Access
+from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
 from adapters.coap.credentials import SensorCredentials
+from adapters.coap.observer import Observer, ObserveTarget
 from adapters.coap.profiles import default_profiles
 from adapters.coap.queries import QueriesResource, QueryLimits
 from adapters.coap.readings import ReadingsResource
@@ -46,6 +49,10 @@ class CoapAdapter:
         oscore_dir: Path | None = None,
         subscriptions: Sequence[tuple[str, str]] = (),
         query_limits: QueryLimits | None = None,
+        observe: Sequence[ObserveTarget] = (),
+        observe_margin_s: float = 5.0,
+        observe_backoff_max_s: float = 30.0,
+        actuators: Sequence[CoapActuator] = (),
     ) -> None:
         self.client = client
         self.writer = writer
@@ -62,6 +69,15 @@ class CoapAdapter:
         )
         self.site = GatewaySite(self.readings, self.queries)
         self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
+        self.observer = Observer(
+            client,
+            lambda: self.mapper,
+            self.batcher.store,
+            observe,
+            margin_s=observe_margin_s,
+            backoff_max_s=observe_backoff_max_s,
+        )
+        self.actuators = CoapActuators(client, actuators)
         self.mapping_errors = 0
         self.context: aiocoap.Context | None = None
         self._mappings: ClientSubscription | None = None
@@ -93,6 +109,8 @@ class CoapAdapter:
             await self.batcher.stop()
             await self.queries.stop()
             raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
+        await self.observer.start()
+        await self.actuators.start()
         if self.oscore is not None:
             self.oscore.start()
         log.info(
@@ -113,6 +131,8 @@ class CoapAdapter:
         await self.queries.stop()
         if self.oscore is not None:
             await self.oscore.stop()
+        await self.actuators.stop()
+        await self.observer.stop()
         if self.context is not None:
             await self.context.shutdown()
             self.context = None
@@ -154,7 +174,7 @@ class CoapAdapter:
 
     def health(self) -> dict[str, Any]:
         listening = self.context is not None
-        return {"ok": listening, "listening": listening}
+        return {"ok": listening, "listening": listening, **self.observer.health(), **self.actuators.health()}
 
     def metrics(self) -> dict[str, Any]:
         resource = self.readings
@@ -169,4 +189,6 @@ class CoapAdapter:
             "commit_failures": self.batcher.stats.commit_failures,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
             **self.queries.metrics(),
+            **self.observer.metrics(),
+            **self.actuators.metrics(),
         }

@@ -6,7 +6,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adapters.coap.actuators import ActuatorError, CoapActuator
 from adapters.coap.adapter import CoapAdapter
+from adapters.coap.observer import ObserveError, ObserveTarget, observe_from_config
 from adapters.coap.queries import QueryLimits, configured_queries
 from gateway.appliance.config import ConfigError
 from gateway.appliance.oscore_sensors import OSCORE_DIR
@@ -29,6 +31,10 @@ class CoapConfig:
     max_created_subscriptions: int = 100  # created by POST /q and alive at once; past it 5.03
     max_subscription_bytes: int = 65536  # the SPARQL of one POSTed subscription; past it 4.13
     max_observers: int = 1000  # observations of /q/<name> at once; past it 5.03
+    observe: list = field(default_factory=list)  # [[coap.observe]]: uri = "coap://…", source = path the mappings match
+    observe_margin_s: float = 5.0  # an observation silent for its Max-Age plus this is lost: register again
+    observe_backoff_max_s: float = 30.0  # failed registrations are retried after 1 s, doubling up to this
+    actuators: list = field(default_factory=list)  # [[coap.actuators]]: subscription -> confirmable PUT to coap://
 
 
 def check(config: CoapConfig) -> list[Mapping]:
@@ -58,6 +64,19 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError(f"coap.mappings: {error}") from None
 
 
+def check_client(config: CoapConfig) -> tuple[list[ObserveTarget], list[CoapActuator]]:
+    """The gateway as a CoAP client: the resources it observes and its actuators."""
+    if not 0 <= config.observe_margin_s <= 3600:
+        raise ConfigError("coap.observe_margin_s must be between 0 and 3600")
+    if not 1 <= config.observe_backoff_max_s <= 3600:
+        raise ConfigError("coap.observe_backoff_max_s must be between 1 and 3600")
+    try:
+        actuators = [CoapActuator.from_config(entry, position) for position, entry in enumerate(config.actuators)]
+        return observe_from_config(config.observe), actuators
+    except (ObserveError, ActuatorError) as error:
+        raise ConfigError(str(error)) from None
+
+
 class CoapPlugin:
     """The entry point `coap` of the `sepa_gateway.adapters` group (pyproject.toml)."""
 
@@ -66,9 +85,11 @@ class CoapPlugin:
 
     def check(self, section: CoapConfig) -> None:
         check(section)
+        check_client(section)
 
     def build(self, section: CoapConfig, context: AdapterContext) -> CoapAdapter:
         oscore_dir = section.oscore_dir or (str(Path(context.data_dir) / OSCORE_DIR) if context.data_dir else "")
+        observe, actuators = check_client(section)
         return CoapAdapter(
             context.client,
             context.observations,
@@ -83,6 +104,10 @@ class CoapPlugin:
             query_limits=QueryLimits(
                 section.max_created_subscriptions, section.max_subscription_bytes, section.max_observers
             ),
+            observe=observe,
+            observe_margin_s=section.observe_margin_s,
+            observe_backoff_max_s=section.observe_backoff_max_s,
+            actuators=actuators,
         )
 
 

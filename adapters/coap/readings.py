@@ -29,7 +29,7 @@ from adapters.coap import formats
 from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher, Overloaded
 from adapters.coap.errors import Refused, refusal
-from gateway.observations import Mapper, PayloadError, UnmappedTopic
+from gateway.observations import Mapper, PayloadError, Reading, UnmappedTopic
 from gateway.observations.counters import SourceCounters
 
 
@@ -88,30 +88,9 @@ class ReadingsResource(Resource):
         self.access.check(request, path)
         if unassembled or max(len(request.payload), request.opt.size1 or 0) > self.max_payload_bytes:
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
-        content_format = request.opt.content_format
-        if content_format not in formats.READABLE:
-            raise Refused(
-                Code.UNSUPPORTED_CONTENT_FORMAT,
-                f"content format {int(content_format)} not read here (0, 50, 110 or 112)",
-            )
-        mapper = self._mapper()
-        found = mapper.match(path)
-        if found is None:
-            raise Refused(Code.NOT_FOUND, f"no mapping takes /{path}"[:200])
-        senml = found[0].mapping.extract == "senml"
-        if content_format in formats.SENML and not senml:
-            raise Refused(
-                Code.UNSUPPORTED_CONTENT_FORMAT, "this resource reads a value (text/plain or application/json)"
-            )
-        payload = request.payload
-        try:
-            if content_format == formats.SENML_CBOR:
-                payload = formats.senml_json(payload)
-            readings = mapper.readings(path, payload, time.time_ns() // 1000)
-        except UnmappedTopic as error:
-            raise Refused(Code.NOT_FOUND, str(error)) from None
-        except PayloadError as error:
-            raise Refused(Code.BAD_REQUEST, str(error)) from None
+        readings = payload_readings(
+            self._mapper(), path, request.opt.content_format, request.payload, time.time_ns() // 1000
+        )
         if not readings:
             return  # a pack with no value in it: nothing to store, and nothing wrong
         try:
@@ -125,3 +104,34 @@ class ReadingsResource(Resource):
                 Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {type(error).__name__}"
             ) from None
         self.readings += len(readings)
+
+
+def payload_readings(
+    mapper: Mapper, path: str, content_format: int | None, payload: bytes, arrival_us: int
+) -> list[Reading]:
+    """The readings of one payload for the source `path`, in its CoAP content format.
+
+    Shared by the readings POSTed here and the notifications of the resources the gateway observes
+    (:mod:`adapters.coap.observer`), so that a payload means the same whichever way it came. Raises
+    Refused: 4.15 for a format not read (or SenML where the mapping reads a value), 4.04 when no
+    mapping takes `path`, 4.00 for a payload that cannot be read.
+    """
+    if content_format not in formats.READABLE:
+        raise Refused(
+            Code.UNSUPPORTED_CONTENT_FORMAT,
+            f"content format {int(content_format)} not read here (0, 50, 110 or 112)",
+        )
+    found = mapper.match(path)
+    if found is None:
+        raise Refused(Code.NOT_FOUND, f"no mapping takes /{path}"[:200])
+    senml = found[0].mapping.extract == "senml"
+    if content_format in formats.SENML and not senml:
+        raise Refused(Code.UNSUPPORTED_CONTENT_FORMAT, "this resource reads a value (text/plain or application/json)")
+    try:
+        if content_format == formats.SENML_CBOR:
+            payload = formats.senml_json(payload)
+        return mapper.readings(path, payload, arrival_us)
+    except UnmappedTopic as error:
+        raise Refused(Code.NOT_FOUND, str(error)) from None
+    except PayloadError as error:
+        raise Refused(Code.BAD_REQUEST, str(error)) from None

@@ -10,42 +10,31 @@ Example (a lamp status changing in the store publishes `cmnd/<lamp>/POWER ON`)::
     payload = "{power}"
 
 `{name}` in `topic` and `payload` is the row's value of ?name: a literal's lexical form, or an
-IRI's last segment (after the last `/`, `#` or `:`). A value that would change the topic's
-structure (`/`, `+`, `#`, empty) is refused for that row (counted and logged), never published.
-Only changes are published: the rows present when the gateway starts (sequence 0) are not, unless
-`initial = true` (then the current state is re-sent at every start).
+IRI's last segment (after the last `/`, `#` or `:`; gateway/actuation.py, shared with CoAP). A value
+that would change the topic's structure (`/`, `+`, `#`, empty) is refused for that row (counted and
+logged), never published. Only changes are published: the rows present when the gateway starts
+(sequence 0) are not, unless `initial = true` (then the current state is re-sent at every start).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyoxigraph import Literal, NamedNode
-
 from adapters.mqtt.connection import MqttConnection
+from gateway.actuation import added_rows, fill, row_values
 from gateway.client import ClientSubscription, SepaClient
 
 log = logging.getLogger(__name__)
 
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _KEYS = {"id", "query", "topic", "payload", "qos", "retain", "initial"}
 
 
 class ActuatorError(ValueError):
     """An `[[mqtt.actuators]]` entry that cannot work; the message names it."""
-
-
-def _value(term: Any) -> str | None:
-    if isinstance(term, NamedNode):
-        return re.split(r"[/#:]", term.value)[-1]
-    if isinstance(term, Literal):
-        return term.value
-    return None
 
 
 @dataclass
@@ -108,26 +97,12 @@ class Actuator:
 
     def render(self, variables: tuple[str, ...], row: tuple[Any, ...]) -> tuple[str, str] | None:
         """(topic, payload) for one row, or None when a value cannot go into the topic."""
-        values = {name: _value(term) for name, term in zip(variables, row, strict=True)}
-
-        def fill(template: str, in_topic: bool) -> str | None:
-            out: list[str] = []
-            position = 0
-            for match in _PLACEHOLDER.finditer(template):
-                value = values.get(match.group(1))
-                if value is None or (in_topic and (not value or any(c in value for c in "/+#\0"))):
-                    return None
-                out += [template[position : match.start()], value]
-                position = match.end()
-            return "".join([*out, template[position:]])
-
-        topic, payload = fill(self.topic, True), fill(self.payload, False)
+        values = row_values(variables, row)
+        topic, payload = fill(self.topic, values, _topic_level), fill(self.payload, values)
         return None if topic is None or payload is None else (topic, payload)
 
     def _notified(self, notification: Any) -> None:
-        if notification.sequence == 0 and not self.initial:
-            return
-        for row in notification.added:
+        for row in added_rows(notification, self.initial):
             rendered = self.render(notification.variables, row)
             if rendered is None:
                 self.refused += 1
@@ -144,3 +119,8 @@ class Actuator:
             self.published += 1
         except Exception as error:  # the broker is away: the command is lost, say so
             log.warning("mqtt actuator: publish failed", extra={"actuator": self.id, "error": str(error)})
+
+
+def _topic_level(value: str) -> bool:
+    """A value that stays one topic level: not empty, no separator or wildcard."""
+    return bool(value) and not any(c in value for c in "/+#\0")

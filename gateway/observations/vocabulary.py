@@ -66,3 +66,8 @@ MAPPING_TERMS = (
     "field",
     "key",
 )
+
+# CoAP resources the gateway observes (RFC 7641), kept in the mappings graph next to the topic mappings:
+# <node> a gw:CoapObservation ; gw:uri "coap://host:port/path" ; gw:source "s/boiler/temperature" (optional).
+COAP_OBSERVATION = GW + "CoapObservation"
+COAP_OBSERVATION_TERMS = ("uri", "source")

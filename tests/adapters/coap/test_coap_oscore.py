@@ -16,7 +16,7 @@ from pathlib import Path
 import aiocoap
 from aiocoap import Code
 
-from tests.adapters.coap.test_coap_readings import DEG_C, SENSOR, _host_address, observations
+from tests.support.coap import DEG_C, SENSOR, host_address, observations
 
 CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
@@ -67,7 +67,7 @@ def test_a_sensor_with_its_oscore_context_is_taken_from_the_network_and_others_a
     assert set(settings) == {"sender-id_hex", "recipient-id_hex", "secret_hex", "salt_hex"}
     gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data)
     port = int(gateway.coap_url.rsplit(":", 1)[1])
-    uri = f"coap://{_host_address()}:{port}/s/boiler/temperature"
+    uri = f"coap://{host_address()}:{port}/s/boiler/temperature"
 
     response = asyncio.run(post(uri, b"64.5", sensor_side(tmp_path, "boiler", settings)))
     assert response.code == Code.CHANGED, response

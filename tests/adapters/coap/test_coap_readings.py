@@ -18,21 +18,9 @@ import cbor2
 import pytest
 from aiocoap import Code
 
+from tests.support.coap import DEG_C, SENSOR, host_address, observations
 from tools.coap import libcoap
 from tools.coap.relay import LossyRelay
-from tools.launcher import RunningGateway
-
-OBSERVATIONS = """PREFIX sosa: <http://www.w3.org/ns/sosa/>
-PREFIX qudt: <http://qudt.org/schema/qudt/>
-SELECT ?sensor ?value ?unit WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> {
-  ?o sosa:madeBySensor ?sensor ; sosa:hasResult ?r . ?r qudt:numericValue ?value .
-  OPTIONAL { ?r qudt:unit ?unit } } }"""
-SENSOR = "urn:sepa-gateway:sensor:coap/"
-DEG_C = "http://qudt.org/vocab/unit/DEG_C"
-
-
-def observations(gateway: RunningGateway) -> list[tuple[str, float, str]]:
-    return sorted((row["sensor"], float(row["value"]), row.get("unit", "")) for row in gateway.select(OBSERVATIONS))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -162,19 +150,10 @@ def test_a_retransmitted_confirmable_request_is_not_a_second_observation(start_g
     assert observations(gateway) == [(SENSOR + "boiler", 70.5, DEG_C)]
 
 
-def _host_address() -> str:
-    """An address of this machine that is not loopback (where a LAN peer reaches it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
-        address = probe.getsockname()[0]
-    assert not address.startswith("127."), "this machine has no network address to test from"
-    return address
-
-
 def test_with_security_a_peer_on_the_network_is_refused_and_this_board_is_not(start_gateway, coap_client) -> None:
     gateway = start_gateway("--secure", "--host", "0.0.0.0")  # plain gates and CoAP on every address
     port = int(gateway.coap_url.rsplit(":", 1)[1])
-    refused = libcoap.run(["-m", "post", "-e", "1", f"coap://{_host_address()}:{port}/s/boiler/temperature"])
+    refused = libcoap.run(["-m", "post", "-e", "1", f"coap://{host_address()}:{port}/s/boiler/temperature"])
     assert (refused.stdout + refused.stderr).startswith("4.01"), refused
     assert observations(gateway) == []
     assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "2", f"coap://127.0.0.1:{port}/s/boiler/temperature"]))

@@ -13,7 +13,16 @@ from broker.api import Engine
 from gateway.observations import ontology_update
 from gateway.observations.kinds import KINDS, UNITS
 from gateway.observations.ontologies import ONTOLOGY_DIR, ontology_files
-from gateway.observations.vocabulary import GRAPH_ONTOLOGIES, GW, LATEST_TERMS, MAPPING_TERMS, QUDT, SOSA
+from gateway.observations.vocabulary import (
+    COAP_OBSERVATION,
+    COAP_OBSERVATION_TERMS,
+    GRAPH_ONTOLOGIES,
+    GW,
+    LATEST_TERMS,
+    MAPPING_TERMS,
+    QUDT,
+    SOSA,
+)
 
 RDF_TYPE = NamedNode("http://www.w3.org/1999/02/22-rdf-syntax-ns#type")
 
@@ -41,7 +50,7 @@ def test_files_parse_and_load_idempotently() -> None:
 
 def test_gateway_terms_are_declared() -> None:
     gateway = declared("gateway.ttl")
-    used = {GW + term for term in (*LATEST_TERMS, *MAPPING_TERMS)} | {
+    used = {GW + term for term in (*LATEST_TERMS, *MAPPING_TERMS, *COAP_OBSERVATION_TERMS)} | {COAP_OBSERVATION} | {
         GW + t for t in ("hasMqttTopic", "hasCoapResource", "sourceTime", "sequenceNumber", "LatestValue",
                          "TopicMapping", "FieldMapping", "defaultUnit")
     }  # fmt: skip

@@ -1,0 +1,297 @@
+"""The gateway as a CoAP client, inside a real `sepa-gateway run`, against a real CoAP peer: an aiocoap
+sensor in its own process on 127.0.0.1 (sensor_process.py), over UDP.
+
+What it protects: a resource listed in `[[coap.observe]]` is observed (RFC 7641) and each notification
+becomes one observation, through the mappings and content formats of a POSTed reading; one added to
+the mappings graph by a SPARQL update is observed without a restart, and left when deleted; a sensor
+killed and started again on its port (it forgot its observer) is registered with again and its later
+values arrive; a gateway restarted observes again what its store lists; a `[[coap.actuators]]` row
+becomes a confirmable PUT the device receives; a section that cannot work is refused at start.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cbor2
+import pytest
+from pyoxigraph import Literal, NamedNode
+
+from adapters.coap.actuators import CoapActuator
+from adapters.coap.observer import ObserveTarget, observe_from_config
+from adapters.coap.plugin import PLUGIN, CoapConfig
+from gateway.appliance.config import ConfigError
+from tests.conftest import stop_and_check
+from tools.launcher import RunningGateway
+
+PREFIXES = (
+    "PREFIX sosa: <http://www.w3.org/ns/sosa/> PREFIX qudt: <http://qudt.org/schema/qudt/> "
+    "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
+)
+OBSERVATIONS = "<http://w3id.org/sepa-gateway/graph/observations>"
+MAPPINGS = "<http://w3id.org/sepa-gateway/graph/mappings>"
+TEXT = 0
+
+
+class Sensor:
+    """sensor_process.py in a subprocess: its stdout lines in a queue, its stdin to set values."""
+
+    def __init__(self, *args: str, port: int = 0) -> None:
+        self.args = args
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.adapters.coap.sensor_process", "--port", str(port), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        self.port = int(self.wait_for("ready ").split()[1])
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+
+    def wait_for(self, prefix: str, timeout: float = 15.0) -> str:
+        """The first line from now on that starts with `prefix`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the sensor did not say {prefix!r}; it said {self.seen}") from None
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def set(self, name: str, payload: bytes, content_format: int = TEXT) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"set {name} {content_format} {payload.hex()}\n")
+        self.process.stdin.flush()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def uri(self, path: str) -> str:
+        return f"coap://127.0.0.1:{self.port}/{path}"
+
+
+@pytest.fixture
+def sensors() -> Iterator[Callable[..., Sensor]]:
+    """Factory of sensor processes; every one is killed at teardown."""
+    started: list[Sensor] = []
+
+    def start(*args: str, port: int = 0) -> Sensor:
+        started.append(Sensor(*args, port=port))
+        return started[-1]
+
+    yield start
+    for sensor in started:
+        sensor.kill()
+
+
+def values(gateway: RunningGateway, source: str) -> list[float]:
+    """The numeric observations of `source`, oldest first."""
+    rows = gateway.select(
+        PREFIXES + "SELECT ?v ?time WHERE { GRAPH " + OBSERVATIONS + " { "
+        f'?obs a sosa:Observation ; gw:hasCoapResource "{source}" ; sosa:hasResult ?r ; sosa:resultTime ?time . '
+        "?r qudt:numericValue ?v } } ORDER BY ?time"
+    )
+    return [float(row["v"]) for row in rows]
+
+
+def eventually(predicate: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not met in {timeout} s"
+        time.sleep(0.05)
+
+
+def observe_entry(uri: str, source: str) -> str:
+    return f'[[coap.observe]]\nuri = "{uri}"\nsource = "{source}"\n'
+
+
+def insert_observation(gateway: RunningGateway, node: str, uri: str, source: str) -> None:
+    reply = gateway.update(
+        f"PREFIX gw: <http://w3id.org/sepa-gateway/ns#> INSERT DATA {{ GRAPH {MAPPINGS} {{ "
+        f'<{node}> a gw:CoapObservation ; gw:uri "{uri}" ; gw:source "{source}" }} }}'
+    )
+    assert reply.status == 200, reply.body
+
+
+def test_each_notification_of_a_configured_resource_is_stored_once(
+    sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway]
+) -> None:
+    sensor = sensors("--observable", "temperature", "--observable", "meter", "--initial", "temperature=20.5")
+    sensor.set("meter", cbor2.dumps([{0: "power", 2: 12.5, 1: "W"}]), content_format=112)  # SenML CBOR
+    gateway = start_gateway(
+        toml="[coap]\n"
+        + observe_entry(sensor.uri("temperature"), "s/boiler/temperature")
+        + observe_entry(sensor.uri("meter"), "s/meter")
+    )
+    eventually(lambda: values(gateway, "s/boiler/temperature") == [20.5], what="the first response stored")
+    eventually(lambda: values(gateway, "s/meter") == [12.5], what="the SenML CBOR representation")
+    for value in (b"21", b"21.5", b"22"):
+        sensor.set("temperature", value)
+        time.sleep(0.1)
+    eventually(lambda: values(gateway, "s/boiler/temperature") == [20.5, 21.0, 21.5, 22.0], what="notifications")
+    sensor.set("temperature", b"warm")  # no number: counted, not stored
+    sensor.set("meter", cbor2.dumps([{0: "power", 2: 13.5, 1: "W"}]), content_format=112)
+    eventually(lambda: values(gateway, "s/meter") == [12.5, 13.5], what="the SenML CBOR notification")
+    gateway.wait_for_metric("sepa_coap_observe_bad_payloads", lambda v: v == 1)
+    time.sleep(0.3)
+    assert values(gateway, "s/boiler/temperature") == [20.5, 21.0, 21.5, 22.0]
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_observed"] == 2 and metrics["sepa_coap_observe_failed"] == 0
+    assert metrics["sepa_coap_observe_registrations"] == 2 and metrics["sepa_coap_observe_losses"] == 0
+    assert metrics["sepa_coap_observe_notifications"] == 5 and metrics["sepa_coap_observe_readings"] == 6
+    sensor_row = gateway.select(
+        PREFIXES + "SELECT ?sensor WHERE { GRAPH " + OBSERVATIONS + ' { ?obs gw:hasCoapResource "s/meter" ; '
+        "sosa:madeBySensor ?sensor } }"
+    )
+    assert sensor_row == [{"sensor": "urn:sepa-gateway:sensor:coap/meter/power"}] * 2
+
+
+def test_an_observation_added_by_a_sparql_update_starts_and_a_deleted_one_stops(
+    sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway]
+) -> None:
+    sensor = sensors("--observable", "temperature", "--initial", "temperature=18")
+    gateway = start_gateway(toml="[coap]\n")
+    assert gateway.metric("sepa_coap_observed") == 0
+    insert_observation(gateway, "urn:example:hall", sensor.uri("temperature"), "s/hall/temperature")
+    eventually(lambda: values(gateway, "s/hall/temperature") == [18.0], what="observed after the update")
+    assert sensor.wait_for("observers temperature ") == "observers temperature 1"
+    sensor.set("temperature", b"19")
+    eventually(lambda: values(gateway, "s/hall/temperature") == [18.0, 19.0], what="a notification")
+    reply = gateway.update(f"DELETE WHERE {{ GRAPH {MAPPINGS} {{ <urn:example:hall> ?p ?o }} }}")
+    assert reply.status == 200, reply.body
+    gateway.wait_for_metric("sepa_coap_observed", lambda v: v == 0)
+    # aiocoap has no deregistration: the first notification after is acknowledged (and dropped), the
+    # next one is answered with a reset, and the sensor forgets the gateway
+    sensor.set("temperature", b"20")
+    time.sleep(0.2)
+    sensor.set("temperature", b"21")
+    assert sensor.wait_for("observers temperature ") == "observers temperature 0"
+    time.sleep(0.3)
+    assert values(gateway, "s/hall/temperature") == [18.0, 19.0]
+
+
+def test_a_sensor_restarted_on_its_port_is_registered_with_again(
+    sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway]
+) -> None:
+    first = sensors("--observable", "temperature", "--initial", "temperature=30", "--max-age", "1")
+    gateway = start_gateway(
+        toml="[coap]\nobserve_margin_s = 1.0\nobserve_backoff_max_s = 2.0\n"
+        + observe_entry(first.uri("temperature"), "s/attic/temperature")
+    )
+    eventually(lambda: 30.0 in values(gateway, "s/attic/temperature"), what="the first value")
+    time.sleep(2.5)  # notifications every 0.6 s keep the observation alive: no loss
+    assert gateway.metric("sepa_coap_observe_losses") == 0 and gateway.metric("sepa_coap_observe_registrations") == 1
+    first.kill()
+    second = sensors("--observable", "temperature", "--initial", "temperature=31", "--max-age", "1", port=first.port)
+    assert second.wait_for("observers temperature ", timeout=20) == "observers temperature 1"
+    eventually(lambda: 31.0 in values(gateway, "s/attic/temperature"), what="the restarted sensor's value")
+    second.set("temperature", b"32")
+    eventually(lambda: 32.0 in values(gateway, "s/attic/temperature"), what="a later notification")
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_observe_losses"] >= 1 and metrics["sepa_coap_observe_registrations"] >= 2
+    assert metrics["sepa_coap_observed"] == 1
+
+
+def test_a_restarted_gateway_observes_again_what_its_store_lists(
+    sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    sensor = sensors("--observable", "temperature", "--initial", "temperature=5")
+    gateway = start_gateway(toml="[coap]\n", data_dir=tmp_path / "data")
+    insert_observation(gateway, "urn:example:cellar", sensor.uri("temperature"), "s/cellar/temperature")
+    eventually(lambda: values(gateway, "s/cellar/temperature") == [5.0], what="observed")
+    stop_and_check(gateway)
+    sensor.set("temperature", b"6")  # while the gateway is away: its old observation ends here
+    restarted = gateway.restart()
+    try:
+        restarted.wait_for_metric("sepa_coap_observe_registrations", lambda v: v == 1, timeout=10)
+        eventually(lambda: 6.0 in values(restarted, "s/cellar/temperature"), what="the value at restart")
+        sensor.set("temperature", b"7")
+        eventually(lambda: values(restarted, "s/cellar/temperature")[-1] == 7.0, what="a notification")
+    finally:
+        stop_and_check(restarted)
+
+
+def test_an_actuator_row_is_put_to_the_device(
+    sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway]
+) -> None:
+    device = sensors("--actuator", "kitchen-lamp")
+    gateway = start_gateway(
+        toml="[coap]\n[[coap.actuators]]\n"
+        'id = "lamps"\n'
+        "query = 'SELECT ?lamp ?power WHERE { GRAPH <urn:lights> { ?l <urn:name> ?lamp ; <urn:power> ?power } }'\n"
+        f'uri = "coap://127.0.0.1:{device.port}/{{lamp}}"\n'
+        'payload = "{power}"\n'
+    )
+    reply = gateway.update(
+        'INSERT DATA { GRAPH <urn:lights> { <urn:l1> <urn:name> "kitchen-lamp" ; <urn:power> "ON" } }'
+    )
+    assert reply.status == 200, reply.body
+    assert device.wait_for("put ") == f"put kitchen-lamp 0 {b'ON'.hex()}"
+    gateway.wait_for_metric("sepa_coap_actuator_sent", lambda v: v == 1)
+    reply = gateway.update(
+        "INSERT DATA { GRAPH <urn:lights> { "
+        '<urn:l2> <urn:name> "garden-lamp" ; <urn:power> "ON" . <urn:l3> <urn:name> "up/stairs" ; <urn:power> "ON" } }'
+    )
+    assert reply.status == 200, reply.body
+    gateway.wait_for_metric("sepa_coap_actuator_failed", lambda v: v == 1)  # 4.04: the device has no garden-lamp
+    gateway.wait_for_metric("sepa_coap_actuator_refused", lambda v: v == 1)  # a "/" would add a path level
+    reply = gateway.update(
+        'DELETE DATA { GRAPH <urn:lights> { <urn:l1> <urn:power> "ON" } } ; '
+        'INSERT DATA { GRAPH <urn:lights> { <urn:l1> <urn:power> "OFF" } }'
+    )
+    assert reply.status == 200, reply.body
+    assert device.wait_for("put ") == f"put kitchen-lamp 0 {b'OFF'.hex()}"
+    gateway.wait_for_metric("sepa_coap_actuator_sent", lambda v: v == 2)
+    assert gateway.metric("sepa_coap_actuator_dropped") == 0 and gateway.metric("sepa_coap_actuator_queued") == 0
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"observe": [{"uri": "http://127.0.0.1/t"}]}, "coap.observe[0]: uri 'http://127.0.0.1/t' is not a coap://"),
+        ({"observe": [{"uri": "coap://127.0.0.1"}]}, "coap.observe[0]: uri 'coap://127.0.0.1': no source"),
+        ({"observe": [{"uri": "coap://h/t", "every": 5}]}, "coap.observe[0]: unknown key(s) every"),
+        ({"observe_margin_s": -1.0}, "coap.observe_margin_s must be between 0 and 3600"),
+        ({"actuators": [{"id": "a", "query": "ASK {}", "uri": "coap:///{x}", "payload": "1"}]}, "is not a coap://"),
+        ({"actuators": [{"id": "a", "query": "ASK {}", "uri": "coap://h/x", "payload": "1", "qos": 1}]}, "qos"),
+    ],
+)
+def test_a_section_that_cannot_work_is_refused_at_start(section: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        PLUGIN.check(CoapConfig(**section))
+
+
+def test_an_observed_resource_without_source_is_mapped_as_its_path() -> None:
+    (target,) = observe_from_config([{"uri": "coap://[::1]:5683/s/boiler/temperature"}])
+    assert target == ObserveTarget("coap://[::1]:5683/s/boiler/temperature", "s/boiler/temperature")
+
+
+def test_an_actuator_uri_takes_a_host_or_a_level_from_the_row_never_more() -> None:
+    actuator = CoapActuator.from_config(
+        {"id": "a", "query": "SELECT * {}", "uri": "coap://[{ip}]:5683/{lamp}", "payload": "{power}"}, 0
+    )
+    row = ("ip", "lamp", "power")
+    assert actuator.render(row, (Literal("fe80::1"), NamedNode("urn:example:kitchen"), Literal("ON"))) == (
+        "coap://[fe80::1]:5683/kitchen",
+        "ON",
+    )
+    for ip, lamp in (("fe80::1", "a/b"), ("fe80::1", "x?y"), ("not-an-address", "lamp"), ("::1]@evil", "x")):
+        assert actuator.render(row, (Literal(ip), Literal(lamp), Literal("ON"))) is None
