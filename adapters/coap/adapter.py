@@ -108,7 +108,7 @@ class CoapAdapter:
         except OSError as error:
             await self.batcher.stop()
             await self.queries.stop()
-            raise OSError(f"coap: cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
+            raise OSError(f"cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
         await self.observer.start()
         await self.actuators.start()
         if self.oscore is not None:

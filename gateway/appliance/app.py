@@ -173,8 +173,12 @@ class Gateway:
         self.ports = {"http": http_port, "websocket": ws_port}
         if self.shipper is not None:  # before the adapters: it counts what is in the store first
             await self.shipper.start()
-        for adapter in self.adapters.values():
-            await adapter.start()
+        for name, adapter in self.adapters.items():
+            try:
+                await adapter.start()
+            except OSError as error:  # a port taken, an address not on this host: said in one line, exit 2
+                await self.stop()
+                raise StartupError(f"{name}: {error}") from error
         self.retention.start()
         settle_after_start()  # what start-up built lives as long as the gateway: see gateway.appliance.collector
         shown = "localhost" if host in ("0.0.0.0", "::") else host
