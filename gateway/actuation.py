@@ -15,6 +15,25 @@ from typing import Any
 
 from pyoxigraph import Literal, NamedNode
 
+
+class ActuatorError(ValueError):
+    """An actuator entry of the configuration is wrong (said in one line, naming it)."""
+
+
+def checked_entry(entry: Any, name: str, allowed: Iterable[str], required: Sequence[str]) -> Mapping[str, Any]:
+    """A `[[<adapter>.actuators]]` table with no unknown key and its `required` keys non-empty strings."""
+    if not isinstance(entry, Mapping):
+        raise ActuatorError(f"{name}: expected a table")
+    allowed = set(allowed)
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ActuatorError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    for key in required:
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise ActuatorError(f"{name}: '{key}' is required (a non-empty string)")
+    return entry
+
+
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import aiocoap
 from aiocoap import Code
 
-from gateway.actuation import PLACEHOLDER, added_rows, fill, row_values
+from gateway.actuation import PLACEHOLDER, ActuatorError, added_rows, checked_entry, fill, row_values
 from gateway.client import ClientSubscription, SepaClient
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,6 @@ QUEUE_MAX = 100
 PUT_TIMEOUT_S = 15.0  # the first three transmissions of a confirmable request (RFC 7252 §4.2)
 _KEYS = {"id", "query", "uri", "payload", "content_format", "initial"}
 _URI_VALUE = re.compile(r"[A-Za-z0-9._~:-]+")
-
-
-class ActuatorError(ValueError):
-    """A `[[coap.actuators]]` entry that cannot work; the message names it."""
 
 
 def _uri_value(value: str) -> bool:
@@ -89,14 +85,7 @@ class CoapActuator:
     @classmethod
     def from_config(cls, entry: Any, position: int) -> CoapActuator:
         name = f"coap.actuators[{position}]"
-        if not isinstance(entry, Mapping):
-            raise ActuatorError(f"{name}: expected a table")
-        unknown = sorted(set(entry) - _KEYS)
-        if unknown:
-            raise ActuatorError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
-        for key in ("id", "query", "uri", "payload"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise ActuatorError(f"{name}: '{key}' is required (a non-empty string)")
+        entry = checked_entry(entry, name, _KEYS, ("id", "query", "uri", "payload"))
         content_format = entry.get("content_format", 0)
         if not isinstance(content_format, int) or isinstance(content_format, bool) or not 0 <= content_format <= 65535:
             raise ActuatorError(f"{name}: content_format must be a CoAP content format number (0 to 65535)")

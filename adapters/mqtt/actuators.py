@@ -20,21 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.mqtt.connection import MqttConnection
-from gateway.actuation import added_rows, fill, row_values
+from gateway.actuation import ActuatorError, added_rows, checked_entry, fill, row_values
 from gateway.client import ClientSubscription, SepaClient
 
 log = logging.getLogger(__name__)
 
 _KEYS = {"id", "query", "topic", "payload", "qos", "retain", "initial"}
-
-
-class ActuatorError(ValueError):
-    """An `[[mqtt.actuators]]` entry that cannot work; the message names it."""
 
 
 @dataclass
@@ -57,14 +52,7 @@ class Actuator:
     @classmethod
     def from_config(cls, entry: Any, position: int) -> Actuator:
         name = f"mqtt.actuators[{position}]"
-        if not isinstance(entry, Mapping):
-            raise ActuatorError(f"{name}: expected a table")
-        unknown = sorted(set(entry) - _KEYS)
-        if unknown:
-            raise ActuatorError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
-        for key in ("id", "query", "topic", "payload"):
-            if not isinstance(entry.get(key), str) or not entry[key]:
-                raise ActuatorError(f"{name}: '{key}' is required (a non-empty string)")
+        entry = checked_entry(entry, name, _KEYS, ("id", "query", "topic", "payload"))
         if entry.get("qos", 1) not in (0, 1, 2) or isinstance(entry.get("qos", 1), bool):
             raise ActuatorError(f"{name}: qos must be 0, 1 or 2")
         for key in ("retain", "initial"):
