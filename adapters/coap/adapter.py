@@ -16,6 +16,7 @@ from typing import Any
 
 import aiocoap
 
+from adapters.coap import deliveries
 from adapters.coap.access import Access
 from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
@@ -91,6 +92,8 @@ class CoapAdapter:
         )
         self._rebuild()
         await self.writer.load()
+        recorded = await self.client.query(deliveries.QUERY)
+        self.batcher.deliveries.load(dict(zip(recorded.variables, row, strict=True)) for row in recorded.rows)
         await self.queries.start()
         self.batcher.start()
         root: Any = self.site
@@ -187,6 +190,7 @@ class CoapAdapter:
             "batches": self.batcher.stats.batches,
             "largest_batch": self.batcher.stats.largest_batch,
             "commit_failures": self.batcher.stats.commit_failures,
+            "duplicates_skipped": self.batcher.deliveries.duplicates,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
             **self.queries.metrics(),
             **self.observer.metrics(),

@@ -16,12 +16,17 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from adapters.coap.deliveries import Deliveries, Delivery
 from gateway.observations import PayloadError, Reading
 from gateway.observations.vocabulary import HAS_COAP_RESOURCE
 from gateway.observations.writer import ObservationWriter
 
 log = logging.getLogger(__name__)
+
+
+Waiting = tuple[Sequence[Reading], asyncio.Future[None], Delivery | None]
 
 
 class Overloaded(Exception):
@@ -44,7 +49,8 @@ class Batcher:
         self.batch_max = batch_max
         self.max_waiting = max_waiting
         self.stats = BatchStats()
-        self._queue: deque[tuple[Sequence[Reading], asyncio.Future[None]]] = deque()
+        self.deliveries = Deliveries()
+        self._queue: deque[Waiting] = deque()
         self._waiting = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -63,15 +69,16 @@ class Batcher:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    async def store(self, readings: Sequence[Reading]) -> None:
+    async def store(self, readings: Sequence[Reading], delivery: Delivery | None = None) -> None:
         """Return once `readings` are committed; PayloadError if they cannot be written, Overloaded
-        if too many wait, else what the store raised."""
+        if too many wait, else what the store raised. `delivery` is recorded with them
+        (adapters/coap/deliveries.py: a confirmable request, recognised if it comes again)."""
         if self._task is None:
             raise Overloaded("the CoAP adapter is stopping")
         if self._waiting + len(readings) > self.max_waiting:
             raise Overloaded(f"{self._waiting} readings wait for their commit")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((readings, future))
+        self._queue.append((readings, future, delivery))
         self._waiting += len(readings)
         self._wake.set()
         await asyncio.shield(future)  # a request given up on still commits: its sender may retransmit
@@ -84,7 +91,7 @@ class Batcher:
                 batch = self._take()
                 await self._commit(batch)
 
-    def _take(self) -> list[tuple[Sequence[Reading], asyncio.Future[None]]]:
+    def _take(self) -> list[Waiting]:
         batch = [self._queue.popleft()]
         size = len(batch[0][0])
         while self._queue and size + len(self._queue[0][0]) <= self.batch_max:
@@ -93,10 +100,18 @@ class Batcher:
         self._waiting -= size
         return batch
 
-    async def _commit(self, batch: list[tuple[Sequence[Reading], asyncio.Future[None]]]) -> None:
-        readings = [reading for part, _ in batch for reading in part]
+    async def _commit(self, batch: list[Waiting]) -> None:
+        readings = [reading for part, _, _ in batch for reading in part]
+        items = [item for _, _, item in batch if item is not None]
+        expired: list[tuple[float, str, str]] = []
+
+        def record(request: Any) -> Any:
+            amended, old = self.deliveries.amend(request, items)
+            expired.extend(old)
+            return amended
+
         try:
-            await self.writer.commit(readings, source_property=HAS_COAP_RESOURCE)
+            await self.writer.commit(readings, source_property=HAS_COAP_RESOURCE, amend=record)
         except PayloadError as error:
             if len(batch) > 1:
                 for one in batch:
@@ -111,11 +126,12 @@ class Batcher:
             self.stats.batches += 1
             self.stats.committed += len(readings)
             self.stats.largest_batch = max(self.stats.largest_batch, len(readings))
+            self.deliveries.settle(items, expired)
             _settle(batch, None)
 
 
-def _settle(batch: list[tuple[Sequence[Reading], asyncio.Future[None]]], error: BaseException | None) -> None:
-    for _, future in batch:
+def _settle(batch: list[Waiting], error: BaseException | None) -> None:
+    for _, future, _ in batch:
         if not future.done():
             if error is None:
                 future.set_result(None)

@@ -28,6 +28,7 @@ from aiocoap.resource import Resource
 from adapters.coap import formats
 from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher, Overloaded
+from adapters.coap.deliveries import Delivery, delivery
 from adapters.coap.errors import Refused, refusal
 from gateway.observations import Mapper, PayloadError, Reading, UnmappedTopic
 from gateway.observations.counters import SourceCounters
@@ -88,13 +89,16 @@ class ReadingsResource(Resource):
         self.access.check(request, path)
         if unassembled or max(len(request.payload), request.opt.size1 or 0) > self.max_payload_bytes:
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
+        item = _delivery(request, path)
+        if item is not None and self.batcher.deliveries.committed(item):
+            return  # committed before a restart, its 2.04 lost: answered again, not stored again
         readings = payload_readings(
             self._mapper(), path, request.opt.content_format, request.payload, time.time_ns() // 1000
         )
         if not readings:
             return  # a pack with no value in it: nothing to store, and nothing wrong
         try:
-            await self.batcher.store(readings)
+            await self.batcher.store(readings, item)
         except Overloaded as error:
             raise Refused(Code.SERVICE_UNAVAILABLE, str(error)) from None
         except PayloadError as error:
@@ -135,3 +139,11 @@ def payload_readings(
         raise Refused(Code.NOT_FOUND, str(error)) from None
     except PayloadError as error:
         raise Refused(Code.BAD_REQUEST, str(error)) from None
+
+
+def _delivery(request: aiocoap.Message, path: str) -> Delivery | None:
+    """What names a confirmable request across a restart (its endpoint and message ID), or None."""
+    if request.mtype != aiocoap.CON or request.mid is None:
+        return None
+    endpoint = getattr(request.remote, "hostinfo", None)
+    return delivery(str(endpoint), request.mid, path, request.payload) if endpoint else None

@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 
 from pyoxigraph import Literal, NamedNode, Quad
 
 from adapters.mqtt.connection import Message
-from broker.api import DeleteData, InsertData, Modify, Update
+from broker.api import Update
+from gateway.observations.amend import with_quads
 
 GRAPH = NamedNode("http://w3id.org/sepa-gateway/graph/deliveries")
 DIGEST = NamedNode("http://w3id.org/sepa-gateway/ns#deliveryDigest")
@@ -74,18 +74,7 @@ class Deliveries:
         quads added, quads deleted). Call :meth:`settle` once it is committed."""
         added = [_quad(message.mid, digest(message)) for message in messages if message.qos > 0]
         deleted = self._batches[0] if len(self._batches) >= KEPT_BATCHES else []
-        if isinstance(request, Update) and len(request.operations) == 1 and isinstance(request.operations[0], Modify):
-            # in the batch's one operation (its WHERE has one solution): two more would make it a
-            # sequence of operations, the engine's slow path
-            operation = request.operations[0]
-            widened = replace(operation, delete=(*operation.delete, *deleted), insert=(*operation.insert, *added))
-            return replace(request, operations=(widened,)), added, deleted
-        operations = [DeleteData(tuple(deleted))] if deleted else []
-        operations += [InsertData(tuple(added))] if added else []
-        if not operations:
-            return request, added, deleted
-        text = request if isinstance(request, str) else request.to_sparql()
-        return text + " ;\n" + Update(tuple(operations)).to_sparql(), added, deleted
+        return with_quads(request, added, deleted), added, deleted
 
     def settle(self, added: list[Quad], deleted: list[Quad]) -> None:
         """The batch's update was committed: remember its deliveries, forget the deleted ones."""

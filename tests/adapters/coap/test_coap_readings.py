@@ -213,3 +213,26 @@ def test_ten_percent_loss_both_ways_loses_nothing_acknowledged_and_duplicates_no
     values = sorted(value for _, value in stored)
     assert failed == 0 and acknowledged == 300
     assert values == [float(value) for value in range(300)]  # every acknowledged reading, once
+
+
+def test_a_retransmission_after_a_kill_and_restart_is_not_a_second_observation(start_gateway, tmp_path) -> None:
+    """The sensor's ACK is lost, the gateway is killed (-9) and back within the sensor's
+    retransmission span: the same message again is answered 2.04 and stored once."""
+    gateway = start_gateway(data_dir=tmp_path / "data")
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    datagram = _confirmable_post(0x4321, ["s", "boiler", "temperature"], b"71.5")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(10)
+        sock.sendto(datagram, ("127.0.0.1", port))
+        assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x21])
+        gateway.kill()
+        again = gateway.restart()
+        assert int(again.coap_url.rsplit(":", 1)[1]) == port
+        sock.sendto(datagram, ("127.0.0.1", port))  # from the same endpoint, as a retransmission is
+        assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x21])
+        assert observations(again) == [(SENSOR + "boiler", 71.5, DEG_C)]
+        assert again.metrics()["sepa_coap_duplicates_skipped"] == 1
+        sock.sendto(_confirmable_post(0x4322, ["s", "boiler", "temperature"], b"71.5"), ("127.0.0.1", port))
+        assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x22])  # a new message with the same value
+    assert len(observations(again)) == 2  # is a new reading
+    again.stop()
