@@ -185,6 +185,7 @@ class CoapAdapter:
             "requests": resource.requests,
             "readings": resource.readings,
             "bad_input": resource.counters.total,
+            "bad_input_by_resource": dict(resource.counters.counts),
             **{f"refused_{code.replace('.', '_')}": count for code, count in sorted(resource.refused.items())},
             "mapping_errors": self.mapping_errors,
             "batches": self.batcher.stats.batches,

@@ -201,6 +201,6 @@ class MqttAdapter:
             "readings": self.readings,
             "duplicates_skipped": self.deliveries.duplicates,
             "mapping_errors": self.mapping_errors,
-            **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items() if key != "bad_input_by_topic"},
+            **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items()},
             **{f"connection_{key}": value for key, value in self.connection.metrics().items()},
         }

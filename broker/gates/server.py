@@ -139,6 +139,12 @@ class Gates:
             for key, value in numbers().items():
                 if isinstance(value, bool | int | float):
                     lines.append(f"sepa_{source}_{key} {float(value) if isinstance(value, bool) else value}")
+                elif isinstance(value, dict):  # counts per source (topic, resource): one labelled series each
+                    lines += [
+                        f'sepa_{source}_{key}{{source="{_label(label)}"}} {count}'
+                        for label, count in sorted(value.items())
+                        if isinstance(count, int | float)
+                    ]
         lines += [
             f'sepa_stage_seconds_total{{stage="{name[:-2]}"}} {value}' for name, value in engine.stats.timers.items()
         ]
@@ -155,6 +161,11 @@ class Gates:
         for connection in self.websocket_connections:
             connection.closing = True
             await connection.ws.close(code=1001, message=b"gateway shutting down")
+
+
+def _label(value: object) -> str:
+    """A Prometheus label value: backslash, double quote and line feed escaped (text format 0.0.4)."""
+    return str(value)[:200].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def delayed_metrics(delayed: DelayedUpdates) -> list[str]:

@@ -105,6 +105,8 @@ def test_bad_input_gets_a_clear_code_is_counted_per_resource_and_stores_nothing(
     metrics = gateway.metrics()
     assert metrics[f"sepa_coap_refused_{code.replace('.', '_')}"] == 1
     assert metrics["sepa_coap_bad_input"] == 1
+    text = gateway.request("GET", "/metrics").text
+    assert f'sepa_coap_bad_input_by_resource{{source="{path}"}} 1' in text  # counted per resource
     assert observations(gateway) == []
     assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "20", f"{gateway.coap_url}/s/boiler/temperature"]))
 
