@@ -48,6 +48,7 @@ class CoapAdapter:
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
         oscore_dir: Path | None = None,
+        peer_client: SepaClient | None = None,
         subscriptions: Sequence[tuple[str, str]] = (),
         query_limits: QueryLimits | None = None,
         observe: Sequence[ObserveTarget] = (),
@@ -66,7 +67,12 @@ class CoapAdapter:
         access = Access(secure=secure)
         self.readings = ReadingsResource(lambda: self.mapper, self.batcher, access, max_payload_bytes=max_payload_bytes)
         self.queries = QueriesResource(
-            client, access, configured=subscriptions, limits=query_limits, context=lambda: self.context
+            client,
+            access,
+            configured=subscriptions,
+            limits=query_limits,
+            context=lambda: self.context,
+            peer_client=peer_client,
         )
         self.site = GatewaySite(self.readings, self.queries)
         self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None

@@ -100,6 +100,7 @@ class CoapPlugin:
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
             oscore_dir=Path(oscore_dir) if oscore_dir else None,
+            peer_client=context.peer_client,
             subscriptions=configured_queries(section.subscriptions),
             query_limits=QueryLimits(
                 section.max_created_subscriptions, section.max_subscription_bytes, section.max_observers

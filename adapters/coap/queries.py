@@ -257,9 +257,11 @@ class QueriesResource(Resource):
         configured: Sequence[tuple[str, str]] = (),
         limits: QueryLimits | None = None,
         context: Callable[[], aiocoap.Context | None] = lambda: None,
+        peer_client: SepaClient | None = None,
     ) -> None:
         super().__init__()
         self.client = client
+        self.peer_client = peer_client or client  # limited like a network client: for POSTed queries
         self.access = access
         self.configured = list(configured)
         self.limits = limits or QueryLimits()
@@ -291,7 +293,10 @@ class QueriesResource(Resource):
         self.queries.clear()
 
     async def _subscribe(self, query: NamedQuery) -> None:
-        query.subscription = await self.client.subscribe(
+        """A configured query is the deployment's (trusted); one POSTed by a peer runs with the time
+        limits of a WebSocket client's (probed in the query workers first: 503 past the limit)."""
+        client = self.client if query.configured else self.peer_client
+        query.subscription = await client.subscribe(
             query.sparql, f"coap-q-{query.name}", on_notification=query.notified
         )
 

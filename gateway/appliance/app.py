@@ -128,7 +128,10 @@ class Gateway:
             self.gates.metric_sources["shipper"] = self.shipper.metrics
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
         writer = ObservationWriter(self.client, self.gateway_id)
-        context = AdapterContext(self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled)
+        self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
+        context = AdapterContext(
+            self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled, self.peer_client
+        )
         self.adapters: dict[str, Adapter] = {}
         for name, plugin in adapter_plugins().items():
             section = config.adapter(name)
@@ -224,6 +227,7 @@ class Gateway:
             await adapter.stop()
         if self.shipper is not None:
             await self.shipper.stop()
+        await self.peer_client.close()
         await self.client.close()
         await self.scheduler.delayed.stop()
         await self.gates.close_connections()

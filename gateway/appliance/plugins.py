@@ -58,6 +58,9 @@ class AdapterContext:
     data_dir: str  # the store's data directory ("" for a store in memory): where to keep state
     observations: ObservationWriter  # the one writer of readings, shared by every adapter (its docstring says why)
     secure: bool = False  # [security] enabled (the installed service): authenticate every peer on the network
+    # an in-process client limited like a network client (time limits, probed subscriptions): for
+    # what a peer asks the adapter to run (a CoAP POST /q), never for the adapter's own requests
+    peer_client: SepaClient | None = None
 
 
 class AdapterPlugin(Protocol):

@@ -59,8 +59,15 @@ def scheduled_of(entry: PendingUpdate, *, full: bool = False) -> Scheduled:
 class InProcessTransport:
     """A :class:`~gateway.client.transport.Transport` over a Scheduler (or an Engine it wraps in one)."""
 
-    def __init__(self, broker: Scheduler | Engine, *, queue_size: int = 1000, inline: bool = False) -> None:
+    def __init__(
+        self, broker: Scheduler | Engine, *, queue_size: int = 1000, inline: bool = False, trusted: bool = True
+    ) -> None:
+        """`trusted`: requests are this process's code, evaluated without time limits. A transport
+        acting for peers on the network (the CoAP adapter's `/q`) is not: its queries run in the
+        time-limited query workers and its subscriptions are probed there first, like a network
+        client's (broker/scheduler.py, `Scheduler.engine_subscribe`)."""
         self.inline = inline
+        self.trusted = trusted
         if isinstance(broker, Engine):
             self.scheduler = Scheduler(broker, queue_size=queue_size)
             self._owns_scheduler = True
@@ -88,7 +95,7 @@ class InProcessTransport:
                 sparql,
                 default_graph_uri=tuple(default_graph_uri),
                 named_graph_uri=tuple(named_graph_uri),
-                trusted=True,  # code of this process: evaluated here, not in a time-limited worker
+                trusted=self.trusted,  # code of this process: evaluated here, not in a time-limited worker
             )
         except SepaError as error:
             raise SepaClientError.from_engine(error) from error
@@ -106,7 +113,7 @@ class InProcessTransport:
         options = {
             "using_graph_uri": tuple(using_graph_uri),
             "using_named_graph_uri": tuple(using_named_graph_uri),
-            "trusted": True,  # code of this process, not a network client: no time limit (broker.workers)
+            "trusted": self.trusted,  # code of this process, not a network client: no time limit (broker.workers)
         }
         try:
             if self.inline:
@@ -181,7 +188,7 @@ class InProcessTransport:
                 alias=alias,
                 default_graph_uri=handle.default_graph_uri,
                 named_graph_uri=handle.named_graph_uri,
-                trusted=True,
+                trusted=self.trusted,
             )
         )
         try:

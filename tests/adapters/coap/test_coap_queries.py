@@ -15,6 +15,7 @@ import queue
 import shutil
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -526,3 +527,21 @@ def test_an_ask_subscription_sends_its_boolean() -> None:
             scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_an_endless_query_posted_to_q_is_stopped_at_the_time_limit_and_updates_go_on(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A peer's query is limited like a WebSocket client's: probed in the query workers, so one that
+    never ends costs its sender a 5.03, not every client the update thread."""
+    gateway = start_gateway(toml="[engine]\ntime_limit_s = 1.0\n")
+    ex = "http://example.org/"
+    assert gateway.update(f"INSERT DATA {{ <{ex}a> <{ex}p> 1, 2, 3 . <{ex}b> <{ex}p> <{ex}a> }}").status == 200
+    endless = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15)) + " }"
+    started = time.monotonic()
+    response = asyncio.run(request(f"{gateway.coap_url}/q?name=endless", Code.POST, payload=endless.encode()))
+    assert response.code == Code.SERVICE_UNAVAILABLE, response
+    assert time.monotonic() - started < 1.0 + 2.0
+    assert gateway.update(f"INSERT DATA {{ <{ex}x> <{ex}p> 1 }}").status == 200  # the update thread is free
+    shown = coap(f"{gateway.coap_url}/q/endless")
+    assert (shown.stdout + shown.stderr).startswith("4.04"), shown  # never created
