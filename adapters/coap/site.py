@@ -32,6 +32,12 @@ class GatewaySite(Site):
         path = request.opt.uri_path
         if self.queries is not None and path[:1] == ("q",):
             return self.queries, request.copy(uri_path=path[1:])
+        if path not in self._resources and not self._subsites:
+            # A reading. aiocoap's lookup would first build the request's URI (a getsockname() call
+            # and string work per request), only to find nothing: 14-17% of the event loop's time
+            # under `bench coap` (py-spy). Gateway CPU per reading 1.57 -> 1.31 ms, 487 -> 587
+            # readings/s (means of 3 alternated runs of 6,000 readings on a shared 2-core machine).
+            return self.readings, request
         try:
             return super()._find_child_and_pathstripped_message(request)
         except KeyError:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from tools.commands import (
+    bench_coap,
     bench_growth,
     bench_mqtt,
     bench_reeval,
@@ -69,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_wire.register(kinds)
     bench_scheduling.register(kinds)
     bench_mqtt.register(kinds)
+    bench_coap.register(kinds)
     bench_shipper.register(kinds)
     bench_soak.register(kinds)
     bench_growth.register(kinds)

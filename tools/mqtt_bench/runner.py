@@ -97,7 +97,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.02)
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -132,6 +132,7 @@ def start_mqtt_setup(
     broker = children.start("mosquitto", ["mosquitto", "-c", str(workdir / "mosquitto.conf")])
     mqtt = f'[mqtt]\nport = {port}\nclient_id = "{client_id}"\nprofiles = ["generic"]'
     mqtt += f"\n\n[observations]\nretain_count = {retain_count}\nprune_interval_s = {prune_interval_s}"
+    mqtt += "\n\n[coap]\nenabled = false  # not measured here; it would bind UDP 5683, which another run may hold"
     gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt, on_disk=on_disk)
     setup = MqttSetup(port, broker, gateway, children.start(
         "subscriber",
@@ -209,7 +210,7 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
             "readings_per_s": round(total / elapsed, 1),
             "lost": total - stored,
             "nl_p50_ms": round(statistics.median(latencies), 3) if latencies else None,
-            "nl_p99_ms": round(_percentile(latencies, 0.99), 3) if latencies else None,
+            "nl_p99_ms": round(percentile(latencies, 0.99), 3) if latencies else None,
             "readings": total,
             "publishers": options.publishers,
             "subscriptions": options.sensors,

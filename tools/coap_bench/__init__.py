@@ -1,0 +1,1 @@
+"""``sepa-gateway bench coap``: confirmable CoAP readings into observations, beside the MQTT figure."""
