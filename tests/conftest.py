@@ -66,13 +66,14 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
         data_dir: Path | None = None,
         http_port: int = 0,
         ws_port: int = 0,
+        coap: bool = False,
     ) -> RunningGateway:
         if toml is not None:
             config = tmp_path / f"gateway-{len(started)}.toml"
             config.write_text(toml, encoding="utf-8")
         mqtt = False if toml is not None else None  # a config file of a test may turn MQTT on
         running = launch_gateway(
-            *args, config=config, data_dir=data_dir, http_port=http_port, ws_port=ws_port, mqtt=mqtt
+            *args, config=config, data_dir=data_dir, http_port=http_port, ws_port=ws_port, mqtt=mqtt, coap=coap
         )
         started.append(running)
         return running

@@ -313,18 +313,25 @@ def launch_gateway(
     http_port: int = 0,
     ws_port: int = 0,
     mqtt: bool | None = None,
+    coap: bool = False,
     coap_port: int = 0,
 ) -> RunningGateway:
     """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
 
     MQTT is off unless asked for (or a config file is given): tests of the MQTT adapter run their
     own Mosquitto (tests/adapters/mqtt), and no other test may depend on a broker at localhost:1883.
+    CoAP is off unless asked for (`coap=True`): its adapter holds subscriptions of its own (the
+    mappings graph), which tests counting `sepa_subscriptions` do not expect; when on, it binds
+    `coap_port` (0: a free one, see `RunningGateway.coap_url`).
     """
     argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
     argv += ["--https-port", "0", "--wss-port", "0"]  # used only when a test's config or flag enables [security]
     if mqtt is False or (mqtt is None and config is None):
         argv.append("--no-mqtt")
-    argv += ["--coap-port", str(coap_port)]  # 0: any free port (test files run in parallel); see coap_url
+    if coap:
+        argv += ["--coap-port", str(coap_port)]  # 0: any free port (test files run in parallel); see coap_url
+    else:
+        argv.append("--no-coap")
     if config is not None:
         argv += ["--config", str(config)]
     if data_dir is not None:
@@ -338,7 +345,7 @@ def launch_gateway(
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt}  # coap: its port, once bound
+    launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt, "coap": coap}
     gateway = RunningGateway(process=process, launch=launch)
     gateway._reader = threading.Thread(target=gateway._drain, name="gateway-stderr", daemon=True)
     gateway._reader.start()

@@ -137,9 +137,10 @@ def test_each_notification_of_a_configured_resource_is_stored_once(
     sensor = sensors("--observable", "temperature", "--observable", "meter", "--initial", "temperature=20.5")
     sensor.set("meter", cbor2.dumps([{0: "power", 2: 12.5, 1: "W"}]), content_format=112)  # SenML CBOR
     gateway = start_gateway(
+        coap=True,
         toml="[coap]\n"
         + observe_entry(sensor.uri("temperature"), "s/boiler/temperature")
-        + observe_entry(sensor.uri("meter"), "s/meter")
+        + observe_entry(sensor.uri("meter"), "s/meter"),
     )
     eventually(lambda: values(gateway, "s/boiler/temperature") == [20.5], what="the first response stored")
     eventually(lambda: values(gateway, "s/meter") == [12.5], what="the SenML CBOR representation")
@@ -168,7 +169,7 @@ def test_an_observation_added_by_a_sparql_update_starts_and_a_deleted_one_stops(
     sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway]
 ) -> None:
     sensor = sensors("--observable", "temperature", "--initial", "temperature=18")
-    gateway = start_gateway(toml="[coap]\n")
+    gateway = start_gateway(coap=True, toml="[coap]\n")
     assert gateway.metric("sepa_coap_observed") == 0
     insert_observation(gateway, "urn:example:hall", sensor.uri("temperature"), "s/hall/temperature")
     eventually(lambda: values(gateway, "s/hall/temperature") == [18.0], what="observed after the update")
@@ -193,8 +194,9 @@ def test_a_sensor_restarted_on_its_port_is_registered_with_again(
 ) -> None:
     first = sensors("--observable", "temperature", "--initial", "temperature=30", "--max-age", "1")
     gateway = start_gateway(
+        coap=True,
         toml="[coap]\nobserve_margin_s = 1.0\nobserve_backoff_max_s = 2.0\n"
-        + observe_entry(first.uri("temperature"), "s/attic/temperature")
+        + observe_entry(first.uri("temperature"), "s/attic/temperature"),
     )
     eventually(lambda: 30.0 in values(gateway, "s/attic/temperature"), what="the first value")
     time.sleep(2.5)  # notifications every 0.6 s keep the observation alive: no loss
@@ -214,7 +216,7 @@ def test_a_restarted_gateway_observes_again_what_its_store_lists(
     sensors: Callable[..., Sensor], start_gateway: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
     sensor = sensors("--observable", "temperature", "--initial", "temperature=5")
-    gateway = start_gateway(toml="[coap]\n", data_dir=tmp_path / "data")
+    gateway = start_gateway(coap=True, toml="[coap]\n", data_dir=tmp_path / "data")
     insert_observation(gateway, "urn:example:cellar", sensor.uri("temperature"), "s/cellar/temperature")
     eventually(lambda: values(gateway, "s/cellar/temperature") == [5.0], what="observed")
     stop_and_check(gateway)
@@ -234,11 +236,12 @@ def test_an_actuator_row_is_put_to_the_device(
 ) -> None:
     device = sensors("--actuator", "kitchen-lamp")
     gateway = start_gateway(
+        coap=True,
         toml="[coap]\n[[coap.actuators]]\n"
         'id = "lamps"\n'
         "query = 'SELECT ?lamp ?power WHERE { GRAPH <urn:lights> { ?l <urn:name> ?lamp ; <urn:power> ?power } }'\n"
         f'uri = "coap://127.0.0.1:{device.port}/{{lamp}}"\n'
-        'payload = "{power}"\n'
+        'payload = "{power}"\n',
     )
     reply = gateway.update(
         'INSERT DATA { GRAPH <urn:lights> { <urn:l1> <urn:name> "kitchen-lamp" ; <urn:power> "ON" } }'

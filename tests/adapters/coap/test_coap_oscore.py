@@ -65,7 +65,7 @@ def test_a_sensor_with_its_oscore_context_is_taken_from_the_network_and_others_a
     data = tmp_path / "data"
     settings = add_sensor(data / "coap-sensors", "boiler")
     assert set(settings) == {"sender-id_hex", "recipient-id_hex", "secret_hex", "salt_hex"}
-    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data)
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True)
     port = int(gateway.coap_url.rsplit(":", 1)[1])
     uri = f"coap://{host_address()}:{port}/s/boiler/temperature"
 

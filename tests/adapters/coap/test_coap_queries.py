@@ -185,7 +185,7 @@ async def request(uri: str, code: Code = Code.GET, **options: Any) -> aiocoap.Me
 
 
 def test_a_configured_subscription_is_a_resource(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(toml=CONFIG)
+    gateway = start_gateway(coap=True, toml=CONFIG)
     insert(gateway, lamp("hall", True), lamp("porch", False))
 
     shown = coap(f"{gateway.coap_url}/q/lamps")
@@ -210,7 +210,7 @@ def test_coap_client_observer_receives_each_change(
     start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
 ) -> None:
     """The bar of issue 17: an unmodified `coap-client -s 30` observer of /q/... sees every change."""
-    gateway = start_gateway(toml=CONFIG)
+    gateway = start_gateway(coap=True, toml=CONFIG)
     insert(gateway, lamp("hall", True))
     observer = observers(f"{gateway.coap_url}/q/lamps")
 
@@ -249,7 +249,7 @@ def test_coap_client_observer_receives_each_change(
 def test_large_results_are_block_wise_for_get_and_in_parts_for_observers(
     start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
 ) -> None:
-    gateway = start_gateway(toml=CONFIG)
+    gateway = start_gateway(coap=True, toml=CONFIG)
     insert(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(60)))
 
     shown = coap(f"{gateway.coap_url}/q/lamps")
@@ -271,7 +271,7 @@ def test_large_results_are_block_wise_for_get_and_in_parts_for_observers(
 def test_a_subscription_posted_to_q(
     start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
 ) -> None:
-    gateway = start_gateway(toml="[coap]\n")
+    gateway = start_gateway(coap=True, toml="[coap]\n")
     insert(gateway, lamp("hall", True))
 
     created = coap("-m", "post", "-t", "0", "-e", LAMPS_QUERY, f"{gateway.coap_url}/q?name=mine")
@@ -304,7 +304,7 @@ def test_a_subscription_posted_to_q(
 
 
 def test_bad_sparql_gets_4_00_with_the_brokers_text(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(toml="[coap]\n")
+    gateway = start_gateway(coap=True, toml="[coap]\n")
     refused = coap("-m", "post", "-e", "SELEC ?s WHERE { ?s ?p ?o }", f"{gateway.coap_url}/q")
     assert refused.stderr.startswith("4.00 SPARQL syntax error at line 1, column"), refused.stderr
     constructed = asyncio.run(request(f"{gateway.coap_url}/q", Code.POST, payload=b"CONSTRUCT WHERE { ?s ?p ?o }"))
@@ -316,7 +316,7 @@ def test_bad_sparql_gets_4_00_with_the_brokers_text(start_gateway: Callable[...,
 
 
 def test_limits_on_what_coap_clients_create(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(toml="[coap]\nmax_created_subscriptions = 2\nmax_subscription_bytes = 200\n")
+    gateway = start_gateway(coap=True, toml="[coap]\nmax_created_subscriptions = 2\nmax_subscription_bytes = 200\n")
     for name in ("one", "two"):
         created = asyncio.run(request(f"{gateway.coap_url}/q?name={name}", Code.POST, payload=LAMPS_QUERY.encode()))
         assert created.code == Code.CREATED
@@ -333,7 +333,7 @@ def test_limits_on_what_coap_clients_create(start_gateway: Callable[..., Running
 
 
 def test_an_aiocoap_observer_in_cbor(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(toml=CONFIG)
+    gateway = start_gateway(coap=True, toml=CONFIG)
     follower = Follower()
 
     async def observe() -> None:
@@ -534,7 +534,7 @@ def test_an_endless_query_posted_to_q_is_stopped_at_the_time_limit_and_updates_g
 ) -> None:
     """A peer's query is limited like a WebSocket client's: probed in the query workers, so one that
     never ends costs its sender a 5.03, not every client the update thread."""
-    gateway = start_gateway(toml="[engine]\ntime_limit_s = 1.0\n")
+    gateway = start_gateway(coap=True, toml="[engine]\ntime_limit_s = 1.0\n")
     ex = "http://example.org/"
     assert gateway.update(f"INSERT DATA {{ <{ex}a> <{ex}p> 1, 2, 3 . <{ex}b> <{ex}p> <{ex}a> }}").status == 200
     endless = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15)) + " }"

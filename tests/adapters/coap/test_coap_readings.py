@@ -42,7 +42,7 @@ async def request(uri: str, payload: bytes, content_format: int | None = None, *
 
 
 def test_a_coap_client_post_is_an_observation_visible_over_http_within_a_second(start_gateway, coap_client) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     started = time.monotonic()
     done = libcoap.run(["-m", "post", "-t", "0", "-e", "63.5", f"{gateway.coap_url}/s/boiler/temperature"])
     assert libcoap.succeeded(done), done
@@ -52,7 +52,7 @@ def test_a_coap_client_post_is_an_observation_visible_over_http_within_a_second(
 
 
 def test_senml_json_and_cbor_packs_are_one_observation_per_record(start_gateway, coap_client) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     pack = [{"bn": "tank1/", "n": "temperature", "u": "Cel", "v": 21.5}, {"n": "humidity", "u": "%RH", "v": 40}]
     done = libcoap.run(["-m", "post", "-t", "110", "-e", libcoap.text(json.dumps(pack)), f"{gateway.coap_url}/s/tank"])
     assert libcoap.succeeded(done), done
@@ -69,7 +69,7 @@ def test_senml_json_and_cbor_packs_are_one_observation_per_record(start_gateway,
 
 
 def test_a_large_senml_pack_arrives_block_wise_and_an_oversized_one_is_refused(start_gateway, coap_client) -> None:
-    gateway = start_gateway(toml="[coap]\nmax_payload_bytes = 8192\n")
+    gateway = start_gateway(coap=True, toml="[coap]\nmax_payload_bytes = 8192\n")
     pack = [{"bn": "big/", "n": f"temperature{index}", "u": "Cel", "v": index / 4} for index in range(120)]
     text = json.dumps(pack)
     assert 4096 < len(text) <= 8192
@@ -98,7 +98,7 @@ def test_a_large_senml_pack_arrives_block_wise_and_an_oversized_one_is_refused(s
 def test_bad_input_gets_a_clear_code_is_counted_per_resource_and_stores_nothing(
     start_gateway, coap_client, args: list[str], path: str, code: str
 ) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     done = libcoap.run(["-m", "post", *args, f"{gateway.coap_url}/{path}"])
     assert (done.stdout + done.stderr).startswith(code), done
     assert len((done.stdout + done.stderr).strip()) > len(code) + 3  # a diagnostic, not a bare code
@@ -112,7 +112,7 @@ def test_bad_input_gets_a_clear_code_is_counted_per_resource_and_stores_nothing(
 
 
 def test_a_mapping_added_with_sparql_takes_a_new_resource_without_a_restart(start_gateway, coap_client) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     uri = f"{gateway.coap_url}/plant/room1/flow"
     done = libcoap.run(["-m", "post", "-e", "3.5", uri])
     assert (done.stdout + done.stderr).startswith("4.04"), done
@@ -139,7 +139,7 @@ def _confirmable_post(mid: int, path: list[str], payload: bytes) -> bytes:
 
 
 def test_a_retransmitted_confirmable_request_is_not_a_second_observation(start_gateway) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     port = int(gateway.coap_url.rsplit(":", 1)[1])
     datagram = _confirmable_post(0x1234, ["s", "boiler", "temperature"], b"70.5")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -153,7 +153,7 @@ def test_a_retransmitted_confirmable_request_is_not_a_second_observation(start_g
 
 
 def test_with_security_a_peer_on_the_network_is_refused_and_this_board_is_not(start_gateway, coap_client) -> None:
-    gateway = start_gateway("--secure", "--host", "0.0.0.0")  # plain gates and CoAP on every address
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", coap=True)  # plain gates and CoAP on every address
     port = int(gateway.coap_url.rsplit(":", 1)[1])
     refused = libcoap.run(["-m", "post", "-e", "1", f"coap://{host_address()}:{port}/s/boiler/temperature"])
     assert (refused.stdout + refused.stderr).startswith("4.01"), refused
@@ -196,7 +196,7 @@ class _Patient(aiocoap.numbers.TransportTuning):
 
 
 def test_ten_percent_loss_both_ways_loses_nothing_acknowledged_and_duplicates_nothing(start_gateway) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     server = ("127.0.0.1", int(gateway.coap_url.rsplit(":", 1)[1]))
 
     async def scenario() -> tuple[int, int, LossyRelay]:
@@ -220,7 +220,7 @@ def test_ten_percent_loss_both_ways_loses_nothing_acknowledged_and_duplicates_no
 def test_a_retransmission_after_a_kill_and_restart_is_not_a_second_observation(start_gateway, tmp_path) -> None:
     """The sensor's ACK is lost, the gateway is killed (-9) and back within the sensor's
     retransmission span: the same message again is answered 2.04 and stored once."""
-    gateway = start_gateway(data_dir=tmp_path / "data")
+    gateway = start_gateway(coap=True, data_dir=tmp_path / "data")
     port = int(gateway.coap_url.rsplit(":", 1)[1])
     datagram = _confirmable_post(0x4321, ["s", "boiler", "temperature"], b"71.5")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

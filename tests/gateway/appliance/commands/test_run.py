@@ -105,7 +105,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def test_run_logs_the_urls_it_serves(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway()
+    gateway = start_gateway(coap=True)
     http_port, ws_port = gateway.http_port, gateway.ws_port
     assert http_port != 0 and ws_port != 0 and http_port != ws_port
     assert gateway.urls == [
