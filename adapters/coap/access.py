@@ -44,6 +44,18 @@ class Access:
     def __init__(self, *, secure: bool) -> None:
         self.secure = secure
 
+    def check_local(self, request: aiocoap.Message, path: str) -> None:
+        """Only this board may do this when security is on (running SPARQL of its own choosing).
+
+        Why: a sensor's OSCORE identity carries no graph rights (a secure WebSocket client's does),
+        so a network peer may follow only what the deployment exposes (`[[coap.subscriptions]]`),
+        never read the store with queries it writes."""
+        if self.secure and not loopback(request):
+            raise Refused(
+                Code.FORBIDDEN,
+                f"/{path}: only this board creates subscriptions; expose them in [[coap.subscriptions]]"[:200],
+            )
+
     def check(self, request: aiocoap.Message, path: str) -> None:
         if self.secure and not authenticated(request) and not loopback(request):
             raise Refused(Code.UNAUTHORIZED, f"/{path}: requests from the network must be authenticated"[:200])

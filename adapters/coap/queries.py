@@ -27,7 +27,9 @@ the Observe option (RFC 7641): `coap-client -s 30 coap://gateway/q/lamps`.
 Created subscriptions last until deleted or until the gateway stops (they are not stored). Their
 number and the size of each one's SPARQL are bounded (`QueryLimits`): 5.03 (Max-Age 30) past the
 number, 4.13 (with Size1) past the size. Every request is authorized as readings are
-(:class:`adapters.coap.access.Access`: the plain gates' rule). Refusals are counted by code.
+(:class:`adapters.coap.access.Access`: the plain gates' rule); with security on, creating and
+deleting (SPARQL of the sender's choosing) is for this board only (4.03 from the network): an
+authenticated sensor follows what the deployment exposes. Refusals are counted by code.
 """
 
 from __future__ import annotations
@@ -405,6 +407,7 @@ class QueriesResource(Resource):
         if request.opt.uri_path:
             raise Refused(Code.METHOD_NOT_ALLOWED, "POST SPARQL to /q to create a subscription")
         self.access.check(request, "q")
+        self.access.check_local(request, "q")
         if self._too_large(request) or (request.opt.block1 is not None and request.opt.block1.more):
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"SPARQL is limited to {self.limits.max_sparql_bytes} bytes")
         if request.opt.content_format not in (None, formats.TEXT_PLAIN):
@@ -452,6 +455,7 @@ class QueriesResource(Resource):
             raise Refused(Code.METHOD_NOT_ALLOWED, "DELETE /q/NAME")
         (name,) = request.opt.uri_path
         self.access.check(request, f"q/{name}")
+        self.access.check_local(request, f"q/{name}")
         query = self.queries.get(name)
         if query is None:
             raise Refused(Code.NOT_FOUND, f"no subscription /q/{name}"[:200])

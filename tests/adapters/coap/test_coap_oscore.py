@@ -91,3 +91,42 @@ def test_a_sensor_with_its_oscore_context_is_taken_from_the_network_and_others_a
         assert time.monotonic() < deadline, "a sensor added while running is never taken"
         time.sleep(0.5)
     assert (SENSOR + "pump", 3.0, DEG_C) in observations(gateway)
+
+
+async def oscore_requests(base: str, context_dir: Path, *requests: tuple[Code, str, bytes]) -> list[aiocoap.Message]:
+    """The requests in order, from one client context (aiocoap locks a context directory while it is loaded)."""
+    context = await aiocoap.Context.create_client_context()
+    try:
+        context.client_credentials.load_from_dict({base + "/*": {"oscore": {"basedir": str(context_dir) + "/"}}})
+        answers = []
+        for code, path, payload in requests:
+            message = aiocoap.Message(code=code, uri=base + path, payload=payload)
+            answers.append(await asyncio.wait_for(context.request(message).response, 30))
+        return answers
+    finally:
+        await context.shutdown()
+
+
+def test_an_authenticated_sensor_follows_exposed_subscriptions_but_cannot_create_its_own(
+    start_gateway, tmp_path
+) -> None:
+    """Its OSCORE identity carries no graph rights: it may follow what [[coap.subscriptions]]
+    exposes, never read the store with SPARQL of its own (4.03), which this board still may."""
+    data = tmp_path / "data"
+    settings = add_sensor(data / "coap-sensors", "valve")
+    toml = '[[coap.subscriptions]]\nname = "open"\nsparql = "SELECT ?v WHERE { ?v <urn:example:open> true }"\n'
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True, toml=toml)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    base = f"coap://{host_address()}:{port}"
+    assert gateway.update("INSERT DATA { <urn:example:v1> <urn:example:open> true }").status == 200
+    side = sensor_side(tmp_path, "valve", settings)
+
+    everything = b"SELECT * WHERE { GRAPH ?g { ?s ?p ?o } }"
+    shown, created = asyncio.run(
+        oscore_requests(base, side, (Code.GET, "/q/open", b""), (Code.POST, "/q?name=all", everything))
+    )
+    assert shown.code == Code.CONTENT, shown
+    assert "urn:example:v1" in shown.payload.decode()
+    assert created.code == Code.FORBIDDEN, created
+    local = asyncio.run(post(f"coap://127.0.0.1:{port}/q?name=all", b"SELECT ?s WHERE { ?s ?p ?o }", None))
+    assert local.code == Code.CREATED, local
