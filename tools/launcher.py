@@ -396,11 +396,12 @@ class InProcessGateway(Endpoint):
 
 
 def start_in_process(config: Config) -> tuple[InProcessGateway, threading.Thread]:
-    """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (the MQTT tests run it on their own broker)."""
+    """Start a Gateway for `config` on 127.0.0.1:0, MQTT off (the MQTT tests run it on their own broker)
+    and CoAP off (tests/adapters/coap runs it in subprocess gateways)."""
     if "mqtt" in config.adapters:
         config.adapter("mqtt").enabled = False
-    if "coap" in config.adapters:
-        config.adapter("coap").port = 0
+    if "coap" in config.adapters:  # off, as in launch_gateway: its own subscriptions would count
+        config.adapter("coap").enabled = False
     config.http.host = "127.0.0.1"
     config.http.port = 0
     config.websocket.port = 0
