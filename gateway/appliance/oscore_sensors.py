@@ -41,14 +41,21 @@ def sensors(directory: Path) -> list[str]:
     """The sensors with a security context in `directory`."""
     if not directory.is_dir():
         return []
-    return sorted(entry.name for entry in directory.iterdir() if (entry / "settings.json").is_file())
+    return sorted(
+        entry.name
+        for entry in directory.iterdir()
+        if NAME.fullmatch(entry.name) and (entry / "settings.json").is_file()
+    )
 
 
 def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[str, Any]:
     """Make the security context of sensor `name`; returns the sensor's side of it (its settings).
 
     The directory and the context are 0700 / 0600 and owned like `directory`'s parent (the data
-    directory of the service: the gateway must write the sequence numbers).
+    directory of the service: the gateway must write the sequence numbers). The context is written
+    in a hidden folder and renamed into place, so the running gateway, which reloads when the
+    directory changes, never sees a folder without its settings (under load it did, and then
+    never looked again).
     """
     if not NAME.fullmatch(name):
         raise CredentialError("a sensor name is 1-64 characters: letters, digits and . _ - (not first)")
@@ -62,17 +69,21 @@ def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[st
     secret, salt = secrets.token_hex(16), secrets.token_hex(8)
     owner = _owner(directory)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(mode=0o700)
+    making = directory / f".{name}.new"
+    if making.exists():
+        shutil.rmtree(making)
+    making.mkdir(mode=0o700)
     settings = {"sender-id_hex": GATEWAY_ID, "recipient-id_hex": sensor_id, "secret_hex": secret, "salt_hex": salt}
-    path = folder / "settings.json"
+    path = making / "settings.json"
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as out:
         json.dump(settings, out, indent=1)
     if owner is not None and os.geteuid() == 0:
-        for item in (directory, folder, path):
+        for item in (directory, making, path):
             os.chown(item, *owner)
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.rename(making, folder)
     return {"sender-id_hex": sensor_id, "recipient-id_hex": GATEWAY_ID, "secret_hex": secret, "salt_hex": salt}
 
 
