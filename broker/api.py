@@ -50,6 +50,7 @@ from broker.errors import (
     UpdateFailed,
 )
 from broker.gates.quota import QuotaLimits, TooManySubscriptions
+from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
 from broker.scheduler import Scheduler, TooManyRequests, loop_handoff
 from broker.security.authority import Authority
@@ -94,6 +95,7 @@ __all__ = [
     "PendingUpdates",
     "QuadPattern",
     "QuadRows",
+    "SECURE_PATHS",
     "QueryResult",
     "RdfStore",
     "RegistryError",

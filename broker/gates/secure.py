@@ -43,6 +43,19 @@ SCHEDULED_PATH = "/secure/scheduled"
 SUBSCRIBE_PATH = "/secure/subscribe"
 REGISTER_PATH = "/oauth/register"
 TOKEN_PATH = "/oauth/token"
+RIGHTS_PATH = "/secure/rights"
+METRICS_PATH = "/secure/metrics"
+# what a client of the HTTPS port finds where (a page served on that port builds its URLs from it)
+SECURE_PATHS = {
+    "query": QUERY_PATH,
+    "update": UPDATE_PATH,
+    "scheduled": SCHEDULED_PATH,
+    "subscribe": SUBSCRIBE_PATH,
+    "rights": RIGHTS_PATH,
+    "metrics": METRICS_PATH,
+    "register": REGISTER_PATH,
+    "token": TOKEN_PATH,
+}
 
 
 class SecureGate:
@@ -73,6 +86,23 @@ class SecureGate:
     async def cancel(self, request: web.BaseRequest) -> web.Response:
         return await self.http.cancel(request, owner=self.principal(request).identity)
 
+    async def rights(self, request: web.BaseRequest) -> web.Response:
+        """The requesting client's identity and current graph rights (``"*"``: every graph).
+
+        Why an endpoint and not claims in the token: rights change while a token lives (`clients
+        allow`, `revoke NAME --read G` apply on the next request), so only the registry says what
+        a client may do now. A page asks before it shows a control that writes; the write is
+        still checked when it is sent.
+        """
+        principal = self.principal(request)
+        access = principal.access
+        document = {
+            "identity": principal.identity,
+            "read": ["*"] if access.read is None else sorted(access.read),
+            "write": ["*"] if access.write is None else sorted(access.write),
+        }
+        return _json(document, 200)
+
     async def register(self, request: web.BaseRequest) -> web.Response:
         body = await read_within(request, request.read())
         authorization = request.headers.get(hdrs.AUTHORIZATION, "")
@@ -100,6 +130,7 @@ class SecureGate:
         routes.get(UPDATE_PATH, self.update)
         routes.post(UPDATE_PATH, self.update)
         routes.get(SCHEDULED_PATH, self.scheduled)
+        routes.get(RIGHTS_PATH, self.rights)
         routes.delete(SCHEDULED_PATH + "/{id}", self.cancel)
         routes.post(REGISTER_PATH, self.register)
         routes.post(TOKEN_PATH, self.token)

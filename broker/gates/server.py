@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from broker.delayed import DelayedUpdates
-from broker.gates.dispatch import Dispatcher, Routes
+from broker.errors import Forbidden
+from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
-from broker.gates.secure import SUBSCRIBE_PATH, SecureGate
+from broker.gates.secure import METRICS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.websocket import Connection, WebSocketGate
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
@@ -56,6 +57,8 @@ class Gates:
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
         )
+        # path -> GET handler of a page the appliance serves on the HTTP and HTTPS ports (add_page)
+        self.pages: dict[str, Handler] = {}
         self.secure: SecureGate | None = None
         if authority is not None:
             secure_websocket = WebSocketGate(
@@ -69,6 +72,23 @@ class Gates:
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             scheduler.delayed.access_of = authority.access_of
+
+    def add_page(self, path: str, handler: Handler) -> None:
+        """Serve `handler` for GET (and HEAD) `path` on the HTTP port and, when secure, the HTTPS port.
+
+        Why a hook: the gates own their ports and route tables, and what a page shows (the
+        appliance's dashboard) is no business of the broker. A page is public static content: it
+        is not authenticated here, so it must not hold data; the requests its script makes carry
+        their own token to the secure routes. The handler can tell the ports apart by
+        ``request.secure``. Call before the servers are built (``http_server``, ``https_server``).
+        """
+        if path in self.pages:
+            raise ValueError(f"page {path} is added twice")
+        self.pages[path] = handler
+
+    def _add_pages(self, routes: Routes) -> None:
+        for path, handler in self.pages.items():
+            routes.get(path, handler)
 
     def _server(self, routes: Routes) -> web.Server:
         return Dispatcher(
@@ -87,6 +107,7 @@ class Gates:
         self.http.add_routes(routes, self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
         routes.get(self.settings.subscribe_path, self.websocket.handle)
         routes.get("/metrics", self.metrics)
+        self._add_pages(routes)
         return self._server(routes)
 
     def https_server(self) -> web.Server:
@@ -94,6 +115,8 @@ class Gates:
         assert self.secure is not None
         routes = Routes()
         self.secure.add_routes(routes)
+        routes.get(METRICS_PATH, self.secure_metrics)
+        self._add_pages(routes)
         return self._server(routes)
 
     def wss_server(self) -> web.Server:
@@ -115,6 +138,18 @@ class Gates:
         routes = Routes()
         routes.get(self.settings.subscribe_path, self.websocket.handle)
         return self._server(routes)
+
+    async def secure_metrics(self, request: web.BaseRequest) -> web.Response:
+        """/metrics on the HTTPS port, for a token whose client may read every graph.
+
+        Why that right: the samples name topics and resources of every sensor (bad input per
+        topic) and count every client's subscriptions, so they are the operator's, and a client
+        granted every graph is the operator's view of the store already.
+        """
+        assert self.secure is not None
+        if self.secure.principal(request).access.read is not None:
+            raise Forbidden("only a client that may read every graph may read the metrics")
+        return await self.metrics(request)
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
         """Prometheus text format: engine stages, gate counters, scheduler admission."""

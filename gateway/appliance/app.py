@@ -33,6 +33,7 @@ from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
 from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
 from gateway.client import InProcessTransport, SepaClient
+from gateway.dashboard import Dashboard, DashboardPaths
 from gateway.observations import ontology_update
 from gateway.observations.writer import ObservationWriter
 
@@ -113,6 +114,13 @@ class Gateway:
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )
+        paths = DashboardPaths(
+            query=config.http.query_path,
+            update=config.http.update_path,
+            scheduled=config.http.scheduled_path,
+            subscribe=config.websocket.path,
+        )
+        Dashboard(paths).add_to(self.gates)  # `/` on the HTTP port, and on the HTTPS port when secure
         self.gates.metric_sources["store"] = lambda: {"garbage_quads": self.store.garbage, **self.compactor.stats}
         self.runners: list[web.BaseRunner] = []
         self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)

@@ -1,0 +1,73 @@
+// The dashboard's entry: load the configuration, log in on the HTTPS port, then start the parts
+// over one WebSocket. Each part is a module of its own (docs/dashboard.md lists them).
+
+import { Actuators } from "./actuators.js";
+import { Chart } from "./chart.js";
+import { SparqlConsole } from "./console.js";
+import { Mappings } from "./mappings.js";
+import { Metrics } from "./metrics.js";
+import { Scheduled } from "./scheduled.js";
+import { Session } from "./session.js";
+import { Subscriptions } from "./socket.js";
+import { Tiles } from "./tiles.js";
+
+const $ = (id) => document.getElementById(id);
+
+function showLogin(session) {
+  $("main").hidden = true;
+  $("login").hidden = false;
+  $("logout").hidden = true;
+  $("status").textContent = "logged out";
+  $("login").onsubmit = async (event) => {
+    event.preventDefault();
+    $("login-error").textContent = "";
+    try {
+      await session.login($("client-id").value.trim(), $("client-secret").value);
+      $("client-secret").value = "";
+      location.reload(); // a clean start with the token in sessionStorage: no part of the page holds old state
+    } catch (error) {
+      $("login-error").textContent = `Login refused: ${error.message}`;
+    }
+  };
+}
+
+async function start(session) {
+  $("login").hidden = true;
+  $("main").hidden = false;
+  let rights;
+  try {
+    rights = await session.rights();
+  } catch (error) {
+    if (error.status === 401) return showLogin(session);
+    rights = { identity: null, read: [], write: [] };
+  }
+  $("who").textContent = session.config.secure ? `client ${rights.identity}` : "local (plain port)";
+  $("logout").hidden = !session.config.secure;
+  $("logout").onclick = () => session.logout();
+  const subscriptions = new Subscriptions(session, (state) => {
+    $("status").textContent = state;
+    $("status").className = `status ${state}`;
+  });
+  session.onLogout = () => {
+    subscriptions.close();
+    location.reload();
+  };
+  const tiles = new Tiles(session, subscriptions, $("tiles"), $("sensor-count"), session.config.stale_periods);
+  new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));
+  new Actuators(session, subscriptions, $("actuators-panel"), $("actuators"), rights);
+  new SparqlConsole(session, subscriptions, {
+    sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"),
+    error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),
+  });
+  new Scheduled(session, $("scheduled-panel"), $("scheduled"), $("scheduled-refresh"));
+  new Mappings(session, subscriptions, {
+    mappings: $("mappings"), coap: $("coap-observations"), mappingForm: $("mapping-form"),
+    coapForm: $("coap-form"), error: $("mappings-error"),
+  });
+  new Metrics(session, {
+    stats: $("stats"), chart: $("metrics-chart"), error: $("metrics-error"), health: $("health"), panel: $("gateway-panel"),
+  });
+}
+
+const session = await Session.load();
+if (session.needsLogin) showLogin(session); else start(session);

@@ -1,0 +1,122 @@
+// The SPARQL console: a query's table, an update's counts, and subscriptions whose rows stay live:
+// each notification's added rows are shown added (and join the table), its removed rows are shown
+// removed (and leave it), so one sees what changed and not only what is.
+
+import { schedule } from "./frames.js";
+import { rowKey, termText } from "./terms.js";
+
+const LOG_ROWS = 50;
+
+function table(vars, rows, className = "") {
+  const element = document.createElement("table");
+  element.className = `results ${className}`;
+  const head = element.createTHead().insertRow();
+  for (const name of vars) head.append(Object.assign(document.createElement("th"), { textContent: `?${name}` }));
+  const body = element.createTBody();
+  for (const [row, rowClass] of rows) {
+    const line = body.insertRow();
+    if (rowClass) line.className = rowClass;
+    for (const name of vars) line.insertCell().textContent = termText(row[name]);
+  }
+  return element;
+}
+
+class ConsoleSubscription {
+  constructor(owner, sparql) {
+    this.owner = owner;
+    this.sparql = sparql;
+    this.vars = [];
+    this.rows = new Map(); // row key -> [row, count]
+    this.log = []; // [row, "row-added" | "row-removed"], newest first
+    this.element = document.createElement("div");
+    this.element.className = "console-subscription";
+    this.render = () => this.draw();
+    this.alias = owner.subscriptions.subscribe(sparql, (n) => this.apply(n), (error) => {
+      this.error = error;
+      schedule(this.render);
+    });
+  }
+
+  apply({ reset, added, removed, vars }) {
+    this.vars = vars;
+    if (reset) this.rows.clear();
+    for (const row of removed) {
+      const key = rowKey(row, vars);
+      const entry = this.rows.get(key);
+      if (entry && --entry[1] === 0) this.rows.delete(key);
+      if (!reset) this.log.unshift([row, "row-removed"]);
+    }
+    for (const row of added) {
+      const key = rowKey(row, vars);
+      const entry = this.rows.get(key);
+      if (entry) entry[1] += 1; else this.rows.set(key, [row, 1]);
+      if (!reset) this.log.unshift([row, "row-added"]);
+    }
+    this.log.length = Math.min(this.log.length, LOG_ROWS);
+    schedule(this.render);
+  }
+
+  draw() {
+    const head = document.createElement("div");
+    head.className = "subscription-head";
+    const text = Object.assign(document.createElement("code"), { textContent: this.sparql });
+    const stop = Object.assign(document.createElement("button"), { type: "button", textContent: "Unsubscribe" });
+    stop.addEventListener("click", () => this.stop());
+    head.append(text, stop);
+    const parts = [head];
+    if (this.error) parts.push(Object.assign(document.createElement("p"), { className: "error", textContent: this.error }));
+    parts.push(Object.assign(document.createElement("h4"), { textContent: `Current rows (${this.rows.size})` }));
+    parts.push(table(this.vars, [...this.rows.values()].map(([row]) => [row, ""]), "current"));
+    parts.push(Object.assign(document.createElement("h4"), { textContent: "Changes, newest first" }));
+    parts.push(table(this.vars, this.log, "changes"));
+    this.element.replaceChildren(...parts);
+  }
+
+  stop() {
+    this.owner.subscriptions.unsubscribe(this.alias);
+    this.element.remove();
+  }
+}
+
+export class SparqlConsole {
+  constructor(session, subscriptions, elements) {
+    this.session = session;
+    this.subscriptions = subscriptions;
+    this.elements = elements;
+    elements.query.addEventListener("click", () => this.run(() => this.query()));
+    elements.update.addEventListener("click", () => this.run(() => this.update()));
+    elements.subscribe.addEventListener("click", () => this.run(async () => this.subscribe()));
+  }
+
+  get text() { return this.elements.sparql.value; }
+
+  async run(action) {
+    this.elements.error.textContent = "";
+    try { await action(); } catch (error) { this.elements.error.textContent = error.message; }
+  }
+
+  async query() {
+    const reply = await this.session.query(this.text);
+    const result = this.elements.result;
+    if (reply && reply.head && "boolean" in reply) {
+      result.replaceChildren(Object.assign(document.createElement("p"), { textContent: String(reply.boolean) }));
+    } else if (reply && reply.results) {
+      result.replaceChildren(table(reply.head.vars, reply.results.bindings.map((row) => [row, ""])));
+    } else {
+      result.replaceChildren(Object.assign(document.createElement("pre"), { textContent: String(reply) }));
+    }
+  }
+
+  async update() {
+    const reply = await this.session.update(this.text);
+    const text = reply.scheduled
+      ? `scheduled ${reply.scheduled.id}, due ${reply.scheduled.due}`
+      : `added ${reply.added}, removed ${reply.removed}, notifications ${reply.notifications}`;
+    this.elements.result.replaceChildren(Object.assign(document.createElement("p"), { className: "update-result", textContent: text }));
+  }
+
+  subscribe() {
+    const subscription = new ConsoleSubscription(this, this.text);
+    this.elements.subscriptions.prepend(subscription.element);
+  }
+}

@@ -1,0 +1,118 @@
+// Gateway figures from /metrics (Prometheus text; on the HTTPS port /secure/metrics, for a client
+// that may read every graph): subscriptions and SPU statistics, the shipper's backlog and upload
+// health, the adapters, and rates over time (kept in the page, POLL_MS apart, for HISTORY points).
+// /health is shown when the gateway has it; nothing depends on it. It is asked for only when the
+// panel is first opened: a gateway without it answers 404, which the browser logs as an error.
+
+import { schedule } from "./frames.js";
+
+const POLL_MS = 2000;
+const HISTORY = 900;
+const GROUPS = [
+  ["Subscriptions and SPUs", /^sepa_(subscriptions|subscriptions_ended_total|notifications_total|updates_total|lutt_hits_total|ws_connections|ws_subscription_clients|ws_subscription_bytes|stage_seconds_total.*)$/],
+  ["Scheduler and delayed updates", /^sepa_(scheduler_.*|delayed_pending|delayed_.*_total|query_workers.*)$/],
+  ["Shipper", /^sepa_shipper_.*/],
+  ["MQTT", /^sepa_mqtt_(readings|mapping_errors|duplicates_skipped|connection_connected|ingest_bad_input|connection_session_takeovers)$/],
+  ["CoAP", /^sepa_coap_[a-z_]+$/],
+  ["Retention and store", /^sepa_(retention|store)_[a-z_]+$/],
+];
+const RATES = [["updates/s", "sepa_updates_total"], ["notifications/s", "sepa_notifications_total"],
+  ["MQTT readings/s", "sepa_mqtt_readings"], ["CoAP readings/s", "sepa_coap_readings"]];
+
+export function parseMetrics(text) {
+  const samples = new Map();
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const cut = line.lastIndexOf(" ");
+    samples.set(line.slice(0, cut), Number(line.slice(cut + 1)));
+  }
+  return samples;
+}
+
+export class Metrics {
+  constructor(session, elements) {
+    this.session = session;
+    this.elements = elements;
+    this.samples = new Map();
+    this.previous = null;
+    this.series = [[], ...RATES.map(() => [])];
+    this.plot = null;
+    this.render = () => this.draw();
+    this.poll();
+    this.timer = setInterval(() => this.poll(), POLL_MS);
+    const panel = elements.panel;
+    const once = () => {
+      if (!panel.open) return;
+      panel.removeEventListener("toggle", once);
+      this.health();
+      schedule(this.render);
+    };
+    panel.addEventListener("toggle", once);
+  }
+
+  async poll() {
+    let text;
+    try {
+      text = await this.session.metrics();
+    } catch (error) {
+      this.elements.error.textContent = error.status === 403
+        ? "The gateway's figures are shown to clients that may read every graph."
+        : `metrics: ${error.message}`;
+      return;
+    }
+    this.elements.error.textContent = "";
+    const now = Date.now() / 1000;
+    const samples = parseMetrics(text);
+    if (this.previous) {
+      const [then, before] = this.previous;
+      this.series[0].push(now);
+      RATES.forEach(([, name], index) => {
+        const rate = samples.has(name) && before.has(name) ? (samples.get(name) - before.get(name)) / (now - then) : null;
+        this.series[index + 1].push(rate);
+      });
+      if (this.series[0].length > HISTORY) for (const values of this.series) values.shift();
+    }
+    this.previous = [now, samples];
+    this.samples = samples;
+    schedule(this.render);
+  }
+
+  async health() {
+    try {
+      const reply = await fetch(this.session.config.health, { headers: this.session.headers() });
+      if (reply.ok) this.elements.health.textContent = JSON.stringify(await reply.json(), null, 2);
+    } catch { /* a gateway without /health: nothing to show */ }
+  }
+
+  draw() {
+    const groups = [];
+    for (const [title, pattern] of GROUPS) {
+      const entries = [...this.samples].filter(([name]) => pattern.test(name));
+      if (entries.length === 0) continue;
+      const group = document.createElement("div");
+      group.className = "stat-group";
+      group.append(Object.assign(document.createElement("h3"), { textContent: title }));
+      const list = document.createElement("dl");
+      for (const [name, value] of entries) {
+        list.append(Object.assign(document.createElement("dt"), { textContent: name.replace(/^sepa_/, "") }));
+        const shown = Number.isInteger(value) ? String(value) : value.toPrecision(4);
+        list.append(Object.assign(document.createElement("dd"), { textContent: shown, title: name }));
+      }
+      group.append(list);
+      groups.push(group);
+    }
+    this.elements.stats.replaceChildren(...groups);
+    if (!window.uPlot || this.series[0].length < 2 || !this.elements.panel.open) return;
+    if (!this.plot) {
+      const colors = ["#2a7ab0", "#c0392b", "#27ae60", "#8e44ad"];
+      this.plot = new window.uPlot({
+        width: this.elements.chart.clientWidth || 320,
+        height: 200,
+        scales: { x: { time: true } },
+        series: [{}, ...RATES.map(([label], index) => ({ label, stroke: colors[index], spanGaps: true }))],
+      }, this.series, this.elements.chart);
+    } else {
+      this.plot.setData(this.series);
+    }
+  }
+}

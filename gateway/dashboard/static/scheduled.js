@@ -1,0 +1,43 @@
+// Delayed updates: the list (GET scheduled: on the HTTPS port, this client's own), and cancel.
+
+export class Scheduled {
+  constructor(session, panel, container, refresh) {
+    this.session = session;
+    this.container = container;
+    refresh.addEventListener("click", () => this.load());
+    panel.addEventListener("toggle", () => { if (panel.open) this.load(); });
+  }
+
+  async load() {
+    let pending;
+    try {
+      pending = await this.session.scheduled();
+    } catch (error) {
+      this.container.textContent = error.message;
+      return;
+    }
+    const list = Array.isArray(pending) ? pending : pending.scheduled || pending.pending || [];
+    if (list.length === 0) {
+      this.container.textContent = "no delayed update pending";
+      return;
+    }
+    const table = document.createElement("table");
+    table.className = "results";
+    const head = table.createTHead().insertRow();
+    for (const name of ["due", "update", ""]) head.append(Object.assign(document.createElement("th"), { textContent: name }));
+    const body = table.createTBody();
+    for (const item of list) {
+      const row = body.insertRow();
+      row.dataset.id = item.id;
+      row.insertCell().textContent = item.due;
+      row.insertCell().append(Object.assign(document.createElement("code"), { textContent: item.update }));
+      const cancel = Object.assign(document.createElement("button"), { type: "button", textContent: "Cancel" });
+      cancel.addEventListener("click", async () => {
+        try { await this.session.cancel(item.id); } catch (error) { row.title = error.message; }
+        this.load();
+      });
+      row.insertCell().append(cancel);
+    }
+    this.container.replaceChildren(table);
+  }
+}

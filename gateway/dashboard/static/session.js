@@ -1,0 +1,120 @@
+// The gateway as the page sees it: where things are (config.json), who we are (the OAuth token on
+// the HTTPS port), and the HTTP calls. Why sessionStorage for the token: it dies with the tab and
+// is never shared with other tabs or written to disk like localStorage; the client secret is kept
+// only in memory, to renew the token while the page is open. Neither is ever logged.
+
+const TOKEN_KEY = "sepa-dashboard-token";
+
+export class HttpError extends Error {
+  constructor(status, document) {
+    super((document && (document.error_description || document.error)) || `HTTP ${status}`);
+    this.status = status;
+  }
+}
+
+export class Session {
+  constructor(config, clockOffsetMs) {
+    this.config = config;
+    this.clockOffsetMs = clockOffsetMs; // gateway clock minus ours, refined by the tiles
+    this.credentials = null;
+    this.renewal = null;
+    this.onLogout = () => {};
+    const kept = JSON.parse(sessionStorage.getItem(TOKEN_KEY) || "null");
+    this.token = kept && kept.expires > Date.now() + 5000 ? kept : null;
+  }
+
+  static async load() {
+    const reply = await fetch("/dashboard/config.json", { cache: "no-cache" });
+    const config = await reply.json();
+    const date = Date.parse(reply.headers.get("Date") || "");
+    return new Session(config, Number.isNaN(date) ? 0 : date + 500 - Date.now());
+  }
+
+  get needsLogin() { return this.config.secure && !this.token; }
+
+  async login(clientId, clientSecret) {
+    const reply = await fetch(this.config.token, {
+      method: "POST",
+      headers: { Authorization: "Basic " + btoa(`${clientId}:${clientSecret}`) },
+    });
+    const document = await reply.json().catch(() => null);
+    if (reply.status !== 201 && reply.status !== 200) throw new HttpError(reply.status, document);
+    this.credentials = { clientId, clientSecret };
+    this.keep(document.access_token, document.expires_in);
+  }
+
+  keep(accessToken, expiresIn) {
+    this.token = { value: accessToken, expires: Date.now() + expiresIn * 1000 };
+    sessionStorage.setItem(TOKEN_KEY, JSON.stringify(this.token));
+    clearTimeout(this.renewal);
+    if (this.credentials) { // renew at 80 % of its life, while the page is open
+      this.renewal = setTimeout(() => this.login(this.credentials.clientId, this.credentials.clientSecret)
+        .catch(() => this.logout()), expiresIn * 800);
+    }
+  }
+
+  logout() {
+    clearTimeout(this.renewal);
+    this.token = null;
+    this.credentials = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    this.onLogout();
+  }
+
+  get bearer() { return this.token ? `Bearer ${this.token.value}` : null; }
+
+  headers(extra = {}) {
+    return this.bearer ? { ...extra, Authorization: this.bearer } : extra;
+  }
+
+  async call(url, options = {}) {
+    const reply = await fetch(url, { ...options, headers: this.headers(options.headers || {}) });
+    if (reply.status === 401 && this.config.secure) this.logout();
+    const text = await reply.text();
+    let document = null;
+    try { document = text ? JSON.parse(text) : null; } catch { document = text; }
+    if (!reply.ok) throw new HttpError(reply.status, document);
+    return document;
+  }
+
+  query(sparql) {
+    return this.call(this.config.query, {
+      method: "POST",
+      headers: { "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json" },
+      body: sparql,
+    });
+  }
+
+  update(sparql) {
+    return this.call(this.config.update, {
+      method: "POST", headers: { "Content-Type": "application/sparql-update" }, body: sparql,
+    });
+  }
+
+  scheduled() { return this.call(this.config.scheduled); }
+
+  cancel(id) { return this.call(`${this.config.scheduled}/${encodeURIComponent(id)}`, { method: "DELETE" }); }
+
+  async metrics() {
+    const reply = await fetch(this.config.metrics, { headers: this.headers() });
+    if (!reply.ok) throw new HttpError(reply.status, await reply.json().catch(() => null));
+    return reply.text();
+  }
+
+  // What this client may write, as the server says now: "*" or graph IRIs (plain port: everything).
+  async rights() {
+    if (!this.config.rights) return { identity: null, read: ["*"], write: ["*"] };
+    return this.call(this.config.rights);
+  }
+
+  subscribeUrl() {
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    return `${scheme}//${location.host}${this.config.subscribe}`;
+  }
+
+  gatewayNow() { return Date.now() + this.clockOffsetMs; }
+}
+
+export function mayWrite(rights, graph) {
+  return rights.write.includes("*") || rights.write.includes(graph);
+}

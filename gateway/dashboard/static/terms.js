@@ -1,0 +1,51 @@
+// SPARQL JSON terms: showing them, and writing them back into SPARQL text safely.
+
+const UNITS = {
+  DEG_C: "°C", DEG_F: "°F", K: "K", PERCENT: "%", PERCENT_RH: "%RH", HectoPA: "hPa", PA: "Pa", LUX: "lx",
+  PPM: "ppm", W: "W", KiloW: "kW", KiloW_HR: "kWh", V: "V", A: "A",
+};
+
+export function shortName(iri) {
+  const text = String(iri || "");
+  const cut = Math.max(text.lastIndexOf("/"), text.lastIndexOf("#"), text.lastIndexOf(":"));
+  return cut >= 0 && cut < text.length - 1 ? decodeURIComponent(text.slice(cut + 1)) : text;
+}
+
+export function unitSymbol(iri) {
+  if (!iri) return "";
+  const name = shortName(iri);
+  return UNITS[name] || name;
+}
+
+export function formatValue(term) {
+  if (!term) return "";
+  if (term.type === "literal" && /#(double|decimal|float)$/.test(term.datatype || "")) {
+    const number = Number(term.value);
+    if (Number.isFinite(number)) return Math.abs(number) >= 1000 ? number.toFixed(0) : String(+number.toPrecision(4));
+  }
+  return term.value;
+}
+
+export function termText(term) {
+  if (!term) return "";
+  if (term.type === "uri") return `<${term.value}>`;
+  if (term.type === "bnode") return `_:${term.value}`;
+  const datatype = term.datatype && !term.datatype.endsWith("#string") ? `^^<${shortName(term.datatype)}>` : "";
+  const language = term["xml:lang"] ? `@${term["xml:lang"]}` : "";
+  return `"${term.value}"${language}${datatype}`;
+}
+
+// An IRI as SPARQL text, refused if it could change the shape of the request.
+export function iri(value) {
+  if (!value || /[\s<>"{}|^`\\]/.test(value)) throw new Error(`not an IRI: ${value}`);
+  return `<${value}>`;
+}
+
+// A string literal: JSON's escapes are all valid SPARQL escapes.
+export function literal(value) {
+  return JSON.stringify(String(value));
+}
+
+export function rowKey(row, vars) {
+  return vars.map((name) => (row[name] ? `${row[name].type}:${row[name].value}` : "")).join("\u0001");
+}

@@ -1,0 +1,164 @@
+// Live tiles, one per sensor and property, from ONE subscription to the latest view.
+//
+// The query is a UNION, not an OPTIONAL, so that the engine keeps it incremental: a reading costs
+// it one bound pattern, not a re-evaluation of the whole view (the unit rows do not change with
+// each reading, as a quad deleted and re-inserted by one update is in neither set).
+//
+// Stale: no reading for N periods (config stale_periods), where a sensor's period is learned from
+// the result times of its readings (median of the last 8 intervals); until two readings came, the
+// period is DEFAULT_PERIOD_S. Time is the gateway's: result times are its clock, and our estimate of
+// its clock is the Date of config.json, then the latest result time seen arriving (a reading cannot
+// arrive before it was stored), so a browser whose clock is off does not mark everything stale.
+
+import { schedule } from "./frames.js";
+import { formatValue, shortName, unitSymbol } from "./terms.js";
+
+const GW = "http://w3id.org/sepa-gateway/ns#";
+const DEFAULT_PERIOD_S = 60;
+const MIN_STALE_MS = 1000;
+const INTERVALS = 8;
+
+export function latestQuery(graph) {
+  return `PREFIX gw: <${GW}>
+SELECT ?node ?sensor ?property ?value ?time ?unit WHERE { GRAPH <${graph}> {
+  { ?node gw:sensor ?sensor ; gw:property ?property ; gw:value ?value ; gw:resultTime ?time }
+  UNION { ?node gw:unit ?unit } } }`;
+}
+
+class Tile {
+  constructor(node) {
+    this.node = node;
+    this.sensor = "";
+    this.property = "";
+    this.value = null;
+    this.time = 0;
+    this.unit = "";
+    this.intervals = [];
+    this.stale = false;
+    this.element = null;
+  }
+
+  period() {
+    if (this.intervals.length === 0) return DEFAULT_PERIOD_S * 1000;
+    const sorted = [...this.intervals].sort((a, b) => a - b);
+    return sorted[Math.floor(sorted.length / 2)];
+  }
+
+  observe(time) {
+    if (this.time && time > this.time) {
+      this.intervals.push(time - this.time);
+      if (this.intervals.length > INTERVALS) this.intervals.shift();
+    }
+    this.time = Math.max(this.time, time);
+  }
+}
+
+export class Tiles {
+  constructor(session, subscriptions, container, counter, periods) {
+    this.session = session;
+    this.container = container;
+    this.counter = counter;
+    this.periods = periods;
+    this.tiles = new Map(); // node IRI -> Tile
+    this.changed = new Set();
+    this.listeners = [];
+    this.selected = null;
+    this.render = () => this.draw();
+    subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n));
+    setInterval(() => this.markStale(), 1000);
+  }
+
+  onReading(listener) { this.listeners.push(listener); }
+
+  tile(node) {
+    let tile = this.tiles.get(node);
+    if (!tile) {
+      tile = new Tile(node);
+      this.tiles.set(node, tile);
+    }
+    return tile;
+  }
+
+  apply({ reset, added, removed }) {
+    if (reset) {
+      for (const tile of this.tiles.values()) tile.element?.remove();
+      this.tiles.clear();
+    }
+    const touched = new Set(added.map((row) => row.node.value));
+    for (const row of removed) {
+      const node = row.node.value;
+      if (!touched.has(node) && row.value && this.tiles.has(node)) {
+        this.tiles.get(node).element?.remove(); // the node left the view
+        this.tiles.delete(node);
+      }
+    }
+    const now = Date.now();
+    for (const row of added) {
+      const tile = this.tile(row.node.value);
+      if (row.unit) {
+        tile.unit = unitSymbol(row.unit.value);
+      } else {
+        const time = Date.parse(row.time.value);
+        tile.sensor = row.sensor.value;
+        tile.property = row.property.value;
+        tile.value = row.value;
+        tile.observe(time);
+        if (!reset) this.session.clockOffsetMs = Math.max(this.session.clockOffsetMs, time - now);
+        for (const listener of this.listeners) listener(tile, time, row.value);
+      }
+      this.changed.add(tile);
+    }
+    schedule(this.render);
+  }
+
+  markStale() {
+    const now = this.session.gatewayNow();
+    for (const tile of this.tiles.values()) {
+      const stale = tile.time > 0 && now - tile.time > Math.max(this.periods * tile.period(), MIN_STALE_MS);
+      if (stale !== tile.stale) {
+        tile.stale = stale;
+        this.changed.add(tile);
+      }
+    }
+    if (this.changed.size) schedule(this.render);
+  }
+
+  draw() {
+    for (const tile of this.changed) {
+      if (!this.tiles.has(tile.node) || !tile.sensor) continue;
+      if (!tile.element) this.create(tile);
+      const [sensor, property, value, unit] = tile.element.children;
+      sensor.textContent = shortName(tile.sensor);
+      property.textContent = shortName(tile.property);
+      value.textContent = formatValue(tile.value);
+      unit.textContent = tile.unit;
+      tile.element.classList.toggle("stale", tile.stale);
+      tile.element.title = `${tile.sensor}\n${tile.property}\n${new Date(tile.time).toISOString()}` +
+        (tile.stale ? "\nstale: no reading for " + this.periods + " periods" : "");
+    }
+    this.changed.clear();
+    const sensors = new Set([...this.tiles.values()].map((tile) => tile.sensor));
+    this.counter.textContent = `${sensors.size} sensors, ${this.tiles.size} values`;
+  }
+
+  create(tile) {
+    const element = document.createElement("button");
+    element.type = "button";
+    element.className = "tile";
+    element.dataset.sensor = tile.sensor;
+    element.dataset.property = tile.property;
+    for (const part of ["sensor", "property", "value", "unit"]) {
+      const span = document.createElement("span");
+      span.className = part;
+      element.append(span);
+    }
+    element.addEventListener("click", () => this.select?.(tile.sensor));
+    tile.element = element;
+    this.container.append(element);
+  }
+
+  // Tiles of one sensor: its properties and their units (for the chart).
+  ofSensor(sensor) {
+    return [...this.tiles.values()].filter((tile) => tile.sensor === sensor);
+  }
+}
