@@ -29,7 +29,7 @@ from tools.launcher import (
     start_in_process,
 )
 
-pytest_plugins = ("tests.support.readings",)
+pytest_plugins = ("tests.support.readings", "tests.support.artifacts")
 
 
 def stop_and_check(gateway: RunningGateway) -> None:

@@ -37,7 +37,8 @@ export class Chart {
     this.render = () => this.draw();
     tiles.select = (sensor) => this.show(sensor);
     tiles.onReading((tile, time, value) => this.reading(tile, time, value));
-    window.addEventListener("resize", () => this.resize());
+    // the container's width changes with the window and with a scrollbar coming or going
+    new ResizeObserver(() => this.resize()).observe(container);
   }
 
   async show(sensor) {
@@ -130,6 +131,7 @@ export class Chart {
   }
 
   resize() {
-    this.plot?.setSize({ width: this.container.clientWidth || 320, height: 240 });
+    const width = this.container.clientWidth || 320;
+    if (this.plot && this.plot.width !== width) this.plot.setSize({ width, height: 240 });
   }
 }

@@ -48,6 +48,10 @@ export class Metrics {
       schedule(this.render);
     };
     panel.addEventListener("toggle", once);
+    new ResizeObserver(() => {
+      const width = elements.chart.clientWidth;
+      if (this.plot && width && this.plot.width !== width) this.plot.setSize({ width, height: 200 });
+    }).observe(elements.chart);
   }
 
   async poll() {

@@ -62,7 +62,7 @@ export class Tiles {
     this.tiles = new Map(); // node IRI -> Tile
     this.changed = new Set();
     this.listeners = [];
-    this.selected = null;
+    this.select = null; // what a click on a tile does (the chart sets it)
     this.render = () => this.draw();
     subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n));
     setInterval(() => this.markStale(), 1000);
@@ -154,7 +154,11 @@ export class Tiles {
     }
     element.addEventListener("click", () => this.select?.(tile.sensor));
     tile.element = element;
-    this.container.append(element);
+    // in sensor and property order, so that a tile stays where one saw it
+    const key = `${tile.sensor}\u0001${tile.property}`;
+    const after = [...this.container.children].find((other) =>
+      `${other.dataset.sensor}\u0001${other.dataset.property}` > key);
+    this.container.insertBefore(element, after || null);
   }
 
   // Tiles of one sensor: its properties and their units (for the chart).

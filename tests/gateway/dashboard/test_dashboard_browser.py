@@ -1,0 +1,227 @@
+"""The dashboard in real Chromium against a gateway started as the installed service starts it
+(systemd/sepa-gateway.toml: HTTPS + WSS with OAuth, plain gates on loopback, MQTT through a
+Mosquitto that wants logins; clients made with `sepa-gateway clients add --register`).
+
+The browser trusts the gateway's generated certificate by its key (tools.browser.trusting), as an
+operator does by importing tls-cert.pem. Screenshots go to the `artifacts` folder listed at the end
+of the run (tests/support/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.gateway.dashboard.dashboard_support import (
+    CONSOLE_ROWS,
+    SL,
+    lamp_state,
+    lamp_update,
+    log_in,
+    tile_value,
+    wait_for,
+)
+from tests.support.browser import chromium, console_errors, trusting
+from tools.dashboard_bench.installed import SENSOR, Credentials, InstalledGateway, installed_gateway
+
+PAGE_WEIGHT_LIMIT = 300 * 1024
+FIRST_RENDER_LIMIT_MS = 1000
+READING_LATENCY_LIMIT_MS = 1000
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledGateway]:
+    with installed_gateway(tmp_path_factory.mktemp("installed")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def writer(installed: InstalledGateway) -> Credentials:
+    return installed.register("dashboard", read=("*",), write=("*",))
+
+
+@pytest.fixture(scope="module")
+def viewer(installed: InstalledGateway) -> Credentials:
+    return installed.register("viewer", read=("*",))
+
+
+@pytest.fixture(scope="module")
+def browser(installed: InstalledGateway, writer: Credentials) -> Iterator[Any]:
+    """One Chromium logged in as the client that may write, shared by the module's tests."""
+    with chromium(flags=trusting(installed.certificate)) as driver:
+        log_in(driver, installed.gateway.https_url, writer)
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def sensor(installed: InstalledGateway) -> Iterator[mqtt.Client]:
+    """A sensor's MQTT connection, with the login `sepa-gateway sensors add` printed for it."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"dash-{uuid.uuid4().hex[:8]}")
+    client.username_pw_set(SENSOR, installed.sensor_password)
+    client.connect("127.0.0.1", installed.broker.port)
+    client.loop_start()
+    yield client
+    client.disconnect()
+    client.loop_stop()
+
+
+def publish(client: mqtt.Client, topic: str, value: str) -> None:
+    client.publish(topic, value, qos=1).wait_for_publish(10)
+
+
+def test_the_page_loads_without_console_errors_within_its_weight_and_first_render(
+    installed: InstalledGateway, writer: Credentials
+) -> None:
+    with chromium(flags=trusting(installed.certificate)) as driver:
+        driver.get(installed.gateway.https_url + "/")
+        wait_for(driver, "return !document.getElementById('login').hidden", what="the login form")
+        time.sleep(0.3)  # the last resources' timings
+        weight = driver.execute_script(
+            "return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]"
+            ".map((e) => [e.name, e.transferSize]);"
+        )
+        names = [name for name, _ in weight]
+        assert any(name.endswith("uPlot.iife.min.js") for name in names), names  # everything loaded is counted
+        assert all(size > 0 for _, size in weight), weight  # a cold cache: every byte came over the wire
+        total = sum(size for _, size in weight)
+        assert total <= PAGE_WEIGHT_LIMIT, (total, weight)
+        log_in(driver, installed.gateway.https_url, writer)  # the page loads again, logged in
+        paint = driver.execute_script(
+            "return performance.getEntriesByName('first-contentful-paint').map((e) => e.startTime)"
+        )
+        assert paint and paint[0] <= FIRST_RENDER_LIMIT_MS, paint
+        for panel in ("console-panel", "scheduled-panel", "mappings-panel"):
+            driver.find_element("css selector", f"#{panel} > summary").click()
+        time.sleep(1.5)  # the panels' first requests and subscriptions, a metrics poll
+        assert console_errors(driver) == []
+        print(f"page weight {total} bytes transferred, first contentful paint {paint[0]:.0f} ms")
+
+
+def test_a_reading_over_mqtt_shows_in_its_tile_and_chart_within_a_second(browser: Any, sensor: mqtt.Client) -> None:
+    publish(sensor, "gateway/dash-boiler/temperature", "20.25")
+    wait_for(browser, "return document.querySelector('.tile .value') !== null", what="a tile")
+    assert wait_for(
+        browser,
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'dash-boiler'); if (t) t.click(); return !!t;",
+        what="the tile of dash-boiler",
+    )
+    wait_for(browser, "return document.getElementById('chart').dataset.last === '20.25'", what="the chart's history")
+    browser.execute_script(
+        "window.seen = {};"
+        "const check = () => {"
+        "  const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'dash-boiler');"
+        "  if (t && t.querySelector('.value').textContent === '63.5') window.seen.tile ??= Date.now();"
+        "  if (document.getElementById('chart').dataset.last === '63.5') window.seen.chart ??= Date.now();"
+        "};"
+        "new MutationObserver(check).observe(document.body, "
+        "{subtree: true, childList: true, characterData: true, attributes: true});"
+    )
+    sent_ms = time.time() * 1000
+    publish(sensor, "gateway/dash-boiler/temperature", "63.5")
+    seen = wait_for(browser, "return window.seen.tile && window.seen.chart && window.seen", what="63.5 shown")
+    assert seen["tile"] - sent_ms <= READING_LATENCY_LIMIT_MS, seen["tile"] - sent_ms
+    assert seen["chart"] - sent_ms <= READING_LATENCY_LIMIT_MS, seen["chart"] - sent_ms
+    assert tile_value(browser, "dash-boiler", "temperature") == "63.5"
+    points = int(browser.execute_script("return document.getElementById('chart').dataset.points"))
+    assert points >= 2  # the history point and the live one
+
+
+def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, installed: InstalledGateway) -> None:
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    if not browser.find_element("id", "console-panel").get_attribute("open"):
+        browser.find_element("css selector", "#console-panel > summary").click()
+    box = browser.find_element("id", "sparql")
+    box.clear()
+    box.send_keys(f"SELECT ?o WHERE {{ <{subject}> <urn:dash:p> ?o }}")
+    browser.find_element("id", "run-subscribe").click()
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+
+    def rows(selector: str) -> list[str]:
+        return [text for text in browser.execute_script(CONSOLE_ROWS, subject, selector) if "hello" in text]
+
+    def until(selector: str, expected: list[str]) -> None:
+        deadline = time.monotonic() + 10
+        while rows(selector) != expected:
+            assert time.monotonic() < deadline, (selector, rows(selector))
+            time.sleep(0.02)
+
+    assert installed.gateway.update(f'INSERT DATA {{ <{subject}> <urn:dash:p> "hello" }}').status == 200
+    until("table.changes tr.row-added", ['"hello"'])
+    until("table.current tbody tr", ['"hello"'])
+    assert installed.gateway.update(f'DELETE DATA {{ <{subject}> <urn:dash:p> "hello" }}').status == 200
+    until("table.changes tr.row-removed", ['"hello"'])
+    until("table.current tbody tr", [])
+    assert rows("table.changes tr.row-added") == ['"hello"']  # the change log keeps both
+
+
+def test_an_actuator_control_changes_the_store(browser: Any, installed: InstalledGateway) -> None:
+    assert installed.gateway.update(lamp_update("Lamp7", "OFF")).status == 200
+    line = f"document.querySelector('.actuator[data-target=\"{SL}Lamp7\"]')"
+    wait_for(browser, f"return {line}?.dataset.state === '{SL}OFF'", what="the lamp's control")
+    browser.execute_script(f"{line}.querySelector('button[data-state=\"{SL}ON\"]').click()")
+    deadline = time.monotonic() + 10
+    while lamp_state(installed.gateway, "Lamp7") != "ON":
+        assert time.monotonic() < deadline, "the lamp is still not ON in the store"
+        time.sleep(0.05)
+    wait_for(browser, f"return {line}?.dataset.state === '{SL}ON'", what="the control to show ON")
+
+
+def test_a_client_without_write_rights_sees_no_control(
+    installed: InstalledGateway, viewer: Credentials, sensor: mqtt.Client
+) -> None:
+    assert installed.gateway.update(lamp_update("Lamp8", "OFF")).status == 200
+    with chromium(flags=trusting(installed.certificate)) as driver:
+        log_in(driver, installed.gateway.https_url, viewer)
+        publish(sensor, "gateway/viewer-check/temperature", "5.5")
+        wait_for(driver, "return document.querySelectorAll('.tile').length > 0", what="the viewer's tiles")
+        assert driver.find_element("id", "who").text == "client viewer"
+        time.sleep(1.0)  # the actuators' description is fetched and filtered after the rights came
+        assert driver.execute_script("return document.getElementById('actuators-panel').hidden") is True
+        assert driver.find_elements("css selector", ".actuator-control") == []
+        assert console_errors(driver) == []
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+@pytest.mark.parametrize(("name", "width", "height"), [("phone", 390, 844), ("desktop", 1280, 900)])
+def test_screenshots_at_phone_and_desktop_widths(
+    installed: InstalledGateway,
+    writer: Credentials,
+    sensor: mqtt.Client,
+    artifacts: Any,
+    name: str,
+    width: int,
+    height: int,
+) -> None:
+    for index in range(6):
+        publish(sensor, f"gateway/room-{index}/temperature", f"{20 + index}.5")
+    assert installed.gateway.update(lamp_update("Lamp1", "ON")).status == 200
+    with chromium(width, height, flags=trusting(installed.certificate)) as driver:
+        log_in(driver, installed.gateway.https_url, writer)
+        wait_for(driver, "return document.querySelectorAll('.tile').length >= 6", what="the tiles")
+        driver.execute_script("document.querySelector('.tile').click()")
+        wait_for(driver, "return document.querySelector('#chart canvas') !== null", what="the chart")
+        time.sleep(0.3)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page is {overflow} px wider than a {width} px screen"
+        path = artifacts.path(f"dashboard-{name}-{width}px.png")
+        assert driver.save_screenshot(str(path))
+        inner = driver.execute_script("return window.innerWidth")
+        assert png_size(path)[0] == inner
+        print(f"screenshot: {path}")

@@ -1,0 +1,110 @@
+"""A gateway started as the installed service starts it, on free ports of this machine.
+
+What "as installed" means here: the configuration is systemd/sepa-gateway.toml itself (secure gates
+on, plain gates on 127.0.0.1, MQTT with the gateway's own login), with only what points at the
+machine changed (the Mosquitto port, the gateway's MQTT password file; ports are chosen by the OS);
+a data directory; Mosquitto runs the installer's configuration (logins required) with logins made
+by `sepa-gateway sensors add`; OAuth clients are added and registered by `sepa-gateway clients add
+--register`, as the operator does (README, "Security"). Shared by the dashboard's browser tests
+and its benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.launcher import RunningGateway, gateway_argv, launch_gateway
+from tools.mosquitto import Mosquitto, missing_tools
+
+INSTALLED_TOML = Path(__file__).resolve().parents[2] / "systemd" / "sepa-gateway.toml"
+SENSOR = "sensors"  # the MQTT login the tests and the benchmark publish with
+
+
+@dataclass
+class Credentials:
+    client_id: str
+    client_secret: str
+
+
+@dataclass
+class InstalledGateway:
+    gateway: RunningGateway
+    broker: Mosquitto
+    config: Path
+    data_dir: Path
+    sensor_password: str
+
+    @property
+    def certificate(self) -> Path:
+        return self.data_dir / "security" / "tls-cert.pem"
+
+    def clients(self, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [*gateway_argv(), "clients", "--config", str(self.config), "--data-dir", str(self.data_dir), *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+    def register(self, identity: str, *, read: tuple[str, ...] = ("*",), write: tuple[str, ...] = ()) -> Credentials:
+        """`sepa-gateway clients add IDENTITY --read ... --write ... --register`: its credentials."""
+        rights = [option for graph in read for option in ("--read", graph)]
+        rights += [option for graph in write for option in ("--write", graph)]
+        done = self.clients("add", identity, *rights, "--register")
+        if done.returncode != 0:
+            raise RuntimeError(f"clients add {identity}: {done.stderr}")
+        document = json.loads(done.stdout)
+        return Credentials(document["client_id"], document["client_secret"])
+
+
+def sensors_command(broker: Mosquitto, password_file: Path, *args: str) -> str:
+    """`sepa-gateway sensors add NAME` on the broker's password file; the printed password."""
+    command = [*gateway_argv(), "sensors", "--password-file", str(password_file), "--pid-file", str(broker.pid_file)]
+    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"sensors {' '.join(args)}: {done.stderr}")
+    (password,) = re.findall(r"^password: (\S+)$", done.stdout, re.MULTILINE)
+    return password
+
+
+def installed_toml(mqtt_port: int, password_file: Path) -> str:
+    """systemd/sepa-gateway.toml with the Mosquitto port and the gateway's password file of this run."""
+    text = INSTALLED_TOML.read_text(encoding="utf-8")
+    head, mqtt_section = text.split("\n[mqtt]\n", 1)
+    section, rest = mqtt_section.split("\n[", 1)
+    section = re.sub(r"(?m)^port = 1883\b", f"port = {mqtt_port}", section)
+    section = re.sub(r'(?m)^password_file = "[^"]*"', f'password_file = "{password_file}"', section)
+    return f"{head}\n[mqtt]\n{section}\n[{rest}"
+
+
+@contextlib.contextmanager
+def installed_gateway(directory: Path, *, coap: bool = True) -> Iterator[InstalledGateway]:
+    """Mosquitto and `sepa-gateway run` as installed; both stopped on the way out (the gateway must
+    exit 0 on SIGTERM)."""
+    problem = missing_tools()
+    if problem:
+        raise RuntimeError(problem)
+    directory.mkdir(parents=True, exist_ok=True)
+    passwords = directory / "mosquitto.passwd"
+    passwords.touch(mode=0o600)
+    broker = Mosquitto(directory, installed=passwords)
+    broker.start()
+    try:
+        gateway_password = directory / "mqtt-password"
+        gateway_password.write_text(sensors_command(broker, passwords, "add", "sepa-gateway") + "\n")
+        gateway_password.chmod(0o600)
+        sensor_password = sensors_command(broker, passwords, "add", SENSOR)
+        config = directory / "sepa-gateway.toml"
+        config.write_text(installed_toml(broker.port, gateway_password), encoding="utf-8")
+        data_dir = directory / "data"
+        gateway = launch_gateway(config=config, data_dir=data_dir, coap=coap)
+        try:
+            yield InstalledGateway(gateway, broker, config, data_dir, sensor_password)
+        finally:
+            code = gateway.stop()
+            if code != 0:
+                raise RuntimeError(f"gateway exited {code} on SIGTERM: {gateway.log()[-2000:]}")
+    finally:
+        broker.stop()
