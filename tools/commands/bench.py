@@ -13,6 +13,7 @@ from typing import Any
 
 from tools.commands import (
     bench_coap,
+    bench_dashboard,
     bench_growth,
     bench_mqtt,
     bench_reeval,
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_scheduling.register(kinds)
     bench_mqtt.register(kinds)
     bench_coap.register(kinds)
+    bench_dashboard.register(kinds)
     bench_shipper.register(kinds)
     bench_soak.register(kinds)
     bench_growth.register(kinds)

@@ -69,9 +69,12 @@ def sensors_command(broker: Mosquitto, password_file: Path, *args: str) -> str:
     return password
 
 
-def installed_toml(mqtt_port: int, password_file: Path) -> str:
-    """systemd/sepa-gateway.toml with the Mosquitto port and the gateway's password file of this run."""
+def installed_toml(mqtt_port: int, password_file: Path, security_dir: Path) -> str:
+    """systemd/sepa-gateway.toml with the Mosquitto port, the gateway's password file and the
+    security directory of this run (the installed default is <data dir>/security; set, so that a
+    gateway without a data directory keeps its certificate where the browser is told to trust it)."""
     text = INSTALLED_TOML.read_text(encoding="utf-8")
+    text = re.sub(r'(?m)^dir = ""', f'dir = "{security_dir}"', text, count=1)
     head, mqtt_section = text.split("\n[mqtt]\n", 1)
     section, rest = mqtt_section.split("\n[", 1)
     section = re.sub(r"(?m)^port = 1883\b", f"port = {mqtt_port}", section)
@@ -80,9 +83,9 @@ def installed_toml(mqtt_port: int, password_file: Path) -> str:
 
 
 @contextlib.contextmanager
-def installed_gateway(directory: Path, *, coap: bool = True) -> Iterator[InstalledGateway]:
+def installed_gateway(directory: Path, *, coap: bool = True, on_disk: bool = True) -> Iterator[InstalledGateway]:
     """Mosquitto and `sepa-gateway run` as installed; both stopped on the way out (the gateway must
-    exit 0 on SIGTERM)."""
+    exit 0 on SIGTERM). `on_disk=False`: an in-memory store (what the other benchmarks measure)."""
     problem = missing_tools()
     if problem:
         raise RuntimeError(problem)
@@ -97,9 +100,10 @@ def installed_gateway(directory: Path, *, coap: bool = True) -> Iterator[Install
         gateway_password.chmod(0o600)
         sensor_password = sensors_command(broker, passwords, "add", SENSOR)
         config = directory / "sepa-gateway.toml"
-        config.write_text(installed_toml(broker.port, gateway_password), encoding="utf-8")
         data_dir = directory / "data"
-        gateway = launch_gateway(config=config, data_dir=data_dir, coap=coap)
+        security_dir = data_dir / "security"
+        config.write_text(installed_toml(broker.port, gateway_password, security_dir), encoding="utf-8")
+        gateway = launch_gateway(config=config, data_dir=data_dir if on_disk else None, coap=coap)
         try:
             yield InstalledGateway(gateway, broker, config, data_dir, sensor_password)
         finally:

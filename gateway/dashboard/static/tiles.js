@@ -1,8 +1,10 @@
 // Live tiles, one per sensor and property, from ONE subscription to the latest view.
 //
-// The query is a UNION, not an OPTIONAL, so that the engine keeps it incremental: a reading costs
-// it one bound pattern, not a re-evaluation of the whole view (the unit rows do not change with
-// each reading, as a quad deleted and re-inserted by one update is in neither set).
+// The query is a UNION of three kinds of rows, not one row with OPTIONALs: the engine keeps a UNION
+// incremental (a reading costs it one bound pattern, not a re-evaluation of the whole view), and a
+// reading changes only the (value, time) row of its node: the sensor, property and unit rows never
+// change (a quad deleted and re-inserted by one update is in neither set), so each notification
+// carries two short rows per reading instead of everything about the node.
 //
 // Stale: no reading for N periods (config stale_periods), where a sensor's period is learned from
 // the result times of its readings (median of the last 8 intervals); until two readings came, the
@@ -20,8 +22,9 @@ const INTERVALS = 8;
 
 export function latestQuery(graph) {
   return `PREFIX gw: <${GW}>
-SELECT ?node ?sensor ?property ?value ?time ?unit WHERE { GRAPH <${graph}> {
-  { ?node gw:sensor ?sensor ; gw:property ?property ; gw:value ?value ; gw:resultTime ?time }
+SELECT ?node ?value ?time ?sensor ?property ?unit WHERE { GRAPH <${graph}> {
+  { ?node gw:value ?value ; gw:resultTime ?time }
+  UNION { ?node gw:sensor ?sensor ; gw:property ?property }
   UNION { ?node gw:unit ?unit } } }`;
 }
 
@@ -84,28 +87,36 @@ export class Tiles {
       for (const tile of this.tiles.values()) tile.element?.remove();
       this.tiles.clear();
     }
-    const touched = new Set(added.map((row) => row.node.value));
+    const kept = new Set(added.filter((row) => row.sensor).map((row) => row.node.value));
     for (const row of removed) {
       const node = row.node.value;
-      if (!touched.has(node) && row.value && this.tiles.has(node)) {
+      if (row.sensor && !kept.has(node) && this.tiles.has(node)) {
         this.tiles.get(node).element?.remove(); // the node left the view
         this.tiles.delete(node);
       }
     }
-    const now = Date.now();
-    for (const row of added) {
-      const tile = this.tile(row.node.value);
-      if (row.unit) {
-        tile.unit = unitSymbol(row.unit.value);
-      } else {
-        const time = Date.parse(row.time.value);
+    for (const row of added) { // what a node is first: its readings need it (the chart asks for the sensor)
+      if (row.sensor) {
+        const tile = this.tile(row.node.value);
         tile.sensor = row.sensor.value;
         tile.property = row.property.value;
-        tile.value = row.value;
-        tile.observe(time);
-        if (!reset) this.session.clockOffsetMs = Math.max(this.session.clockOffsetMs, time - now);
-        for (const listener of this.listeners) listener(tile, time, row.value);
+        this.changed.add(tile);
+      } else if (row.unit) {
+        const tile = this.tile(row.node.value);
+        tile.unit = unitSymbol(row.unit.value);
+        this.changed.add(tile);
       }
+    }
+    const now = Date.now();
+    for (const row of added) {
+      if (!row.value) continue;
+      const tile = this.tile(row.node.value);
+      const time = Date.parse(row.time.value);
+      tile.value = row.value;
+      tile.observe(time);
+      tile.stale = false; // a reading just came; the next check judges it again
+      if (!reset) this.session.clockOffsetMs = Math.max(this.session.clockOffsetMs, time - now);
+      for (const listener of this.listeners) listener(tile, time, row.value);
       this.changed.add(tile);
     }
     schedule(this.render);
@@ -125,7 +136,7 @@ export class Tiles {
 
   draw() {
     for (const tile of this.changed) {
-      if (!this.tiles.has(tile.node) || !tile.sensor) continue;
+      if (!this.tiles.has(tile.node) || !tile.sensor || tile.value === null) continue;
       if (!tile.element) this.create(tile);
       const [sensor, property, value, unit] = tile.element.children;
       sensor.textContent = shortName(tile.sensor);

@@ -136,6 +136,27 @@ def test_a_reading_over_mqtt_shows_in_its_tile_and_chart_within_a_second(browser
     assert points >= 2  # the history point and the live one
 
 
+def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
+    browser: Any, sensor: mqtt.Client
+) -> None:
+    """Stale = no reading for 3 periods (config stale_periods), the period learned from the sensor's
+    own readings: a sensor publishing every 0.3 s is stale within about a second of its last reading."""
+    stale = (
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'pulse'); return t ? t.classList.contains('stale') : null;"
+    )
+    for value in range(6):
+        publish(sensor, "gateway/pulse/temperature", f"{value}.5")
+        time.sleep(0.3)
+        if value >= 2:
+            assert browser.execute_script(stale) is False  # readings keep coming: fresh
+    stopped = time.monotonic()
+    wait_for(browser, stale, timeout=10, what="the pulse sensor marked stale")
+    assert time.monotonic() - stopped <= 3.5  # 3 periods of 0.3 s (1 s at least), seen by a 1 s check
+    publish(sensor, "gateway/pulse/temperature", "9.5")
+    wait_for(browser, stale.replace("? t.classList", "? !t.classList"), what="the pulse sensor fresh again")
+
+
 def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, installed: InstalledGateway) -> None:
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
     if not browser.find_element("id", "console-panel").get_attribute("open"):

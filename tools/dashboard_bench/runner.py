@@ -1,0 +1,198 @@
+"""Runs the dashboard benchmark: does an open dashboard stay responsive under 100 sensors at 10 Hz,
+and what does it cost the gateway?
+
+1. A gateway started as installed (tools/dashboard_bench/installed.py: secure gates, OAuth client
+   from `clients add --register`, Mosquitto with logins; in memory unless `on_disk`), and the MQTT
+   benchmark's subscriber holding one latest-view subscription per sensor on the plain WebSocket.
+2. Rounds, alternating: a phase WITHOUT the page (no browser running at all), then a phase WITH it
+   (Chromium logged in over HTTPS, the chart of one sensor open). In each phase one publisher sends
+   `sensors` x `hz` readings/s for `seconds` (sensor k % sensors gets reading k, so every sensor
+   updates at `hz`).
+3. Frame time: in the page, the deltas between successive requestAnimationFrame callbacks during
+   the WITH phase (what a user feels as jank: a frame that cannot start while the page is busy);
+   p50, p95, max.
+4. NL: as `bench mqtt` measures it, the subscriber's receive time minus the publish time of the same
+   (sensor, value); p99 per phase, and the ratio of the WITH phases' p99 to the WITHOUT phases'.
+
+The bars (issue 18): frame p95 <= 50 ms, NL p99 with the page <= 1.10 x without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.browser import chromium, trusting
+from tools.dashboard_bench.installed import SENSOR, Credentials, InstalledGateway, installed_gateway
+from tools.mqtt_bench.runner import percentile, read_metrics, wait_until
+from tools.wire.processes import BenchError, Children, python_module
+
+Log = Callable[[str], None]
+FRAME_P95_BAR_MS = 50.0
+NL_RATIO_BAR = 1.10
+# records every frame's delta from the previous one, from now on
+FRAME_RECORDER = """
+window.benchFrames = [];
+let last = performance.now();
+const frame = (now) => { window.benchFrames.push(now - last); last = now; requestAnimationFrame(frame); };
+requestAnimationFrame(frame);
+"""
+
+
+@dataclass(frozen=True)
+class DashboardBenchOptions:
+    sensors: int = 100
+    hz: float = 10.0
+    seconds: float = 10.0
+    rounds: int = 2
+    on_disk: bool = False
+    width: int = 1280
+    height: int = 900
+    timeout_s: float = 120.0
+
+
+def summary(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    return {
+        "p50": round(statistics.median(values), 2),
+        "p95": round(percentile(values, 0.95), 2),
+        "p99": round(percentile(values, 0.99), 2),
+        "max": round(max(values), 2),
+    }
+
+
+@contextlib.contextmanager
+def open_page(installed: InstalledGateway, credentials: Credentials, options: DashboardBenchOptions) -> Iterator[Any]:
+    """Chromium with the dashboard logged in, its tiles live and one sensor's chart open."""
+    with chromium(options.width, options.height, flags=trusting(installed.certificate)) as driver:
+        driver.get(installed.gateway.https_url + "/")
+        _until(driver, "return !document.getElementById('login').hidden")
+        driver.find_element("id", "client-id").send_keys(credentials.client_id)
+        driver.find_element("id", "client-secret").send_keys(credentials.client_secret)
+        driver.find_element("id", "login-button").click()
+        _until(driver, "return document.getElementById('status').textContent === 'live'")
+        _until(driver, f"return document.querySelectorAll('.tile').length >= {options.sensors}")
+        driver.execute_script("document.querySelector('.tile').click()")
+        _until(driver, "return document.querySelector('#chart canvas') !== null")
+        yield driver
+
+
+def _until(driver: Any, script: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not driver.execute_script(script):
+        if time.monotonic() > deadline:
+            raise BenchError(f"the page did not get there: {script}")
+        time.sleep(0.05)
+
+
+def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any]:
+    say = log or (lambda _message: None)
+    with (
+        tempfile.TemporaryDirectory(prefix="sepa-bench-dashboard-") as directory,
+        installed_gateway(Path(directory), coap=False, on_disk=options.on_disk) as installed,
+        Children() as children,
+    ):
+        gateway = installed.gateway
+        credentials = installed.register("bench-dashboard", read=("*",), write=("*",))
+        metrics_url = gateway.http_url + "/metrics"
+        wait_until(lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "MQTT")
+        sensors = str(options.sensors)
+        subscriber = children.start(
+            "subscriber",
+            python_module("tools.mqtt_bench.subscriber", "--url", gateway.subscribe_url, "--sensors", sensors),
+            pipes=True,
+        )
+        subscriber.receive(60)
+        os.environ["SEPA_BENCH_MQTT_PASSWORD"] = installed.sensor_password  # the publishers inherit it
+        rate = options.sensors * options.hz
+        count = int(rate * options.seconds)
+        first = 0
+
+        def phase() -> list[float]:
+            """One paced publishing phase; the NL of each reading that became the latest, in ms."""
+            nonlocal first
+            publisher = children.start(
+                "publisher",
+                python_module(
+                    "tools.mqtt_bench.publisher",
+                    "--port", str(installed.broker.port), "--username", SENSOR, "--first", str(first),
+                    "--count", str(count), "--sensors", str(options.sensors), "--rate", str(rate),
+                ),
+                pipes=True,
+            )  # fmt: skip
+            sent = publisher.receive(options.timeout_s)["sent_ns"]
+            children.stop(publisher)
+            total = first + count
+            wait_until(
+                lambda: read_metrics(metrics_url).get("sepa_mqtt_readings", 0) >= total, options.timeout_s, "readings"
+            )
+            time.sleep(0.5)  # the last notifications in flight
+            subscriber.send({"report": True})
+            by_value = {value: ns for _sensor, value, ns in subscriber.receive(60)["received"]}
+            latencies = [(by_value[first + n] - ns) / 1e6 for n, ns in enumerate(sent) if first + n in by_value]
+            first = total
+            return latencies
+
+        say(f"warm-up: {options.sensors} sensors at {options.hz:g} Hz for {options.seconds:g} s")
+        phase()  # every sensor has a tile; the gateway's caches and the retention are warm
+        rounds: list[dict[str, Any]] = []
+        without_all: list[float] = []
+        with_all: list[float] = []
+        frames_all: list[float] = []
+        for number in range(options.rounds):
+            without = phase()
+            say(f"round {number + 1}: without the page, NL p99 {summary(without)['p99']} ms")
+            with open_page(installed, credentials, options) as driver:
+                time.sleep(1.0)  # the page settles (history query, first metrics)
+                driver.execute_script(FRAME_RECORDER)
+                with_page = phase()
+                frames = [float(value) for value in driver.execute_script("return window.benchFrames")]
+                shown = int(driver.execute_script("return document.querySelectorAll('.tile').length"))
+            say(
+                f"round {number + 1}: with the page, NL p99 {summary(with_page)['p99']} ms, "
+                f"frame p95 {summary(frames)['p95']} ms over {len(frames)} frames, {shown} tiles"
+            )
+            without_all += without
+            with_all += with_page
+            frames_all += frames
+            rounds.append(
+                {
+                    "nl_without_ms": summary(without),
+                    "nl_with_ms": summary(with_page),
+                    "frames_ms": summary(frames),
+                    "frames": len(frames),
+                    "tiles": shown,
+                    "matched_without": len(without),
+                    "matched_with": len(with_page),
+                }
+            )
+        subscriber.send({"stop": True})
+        frame_p95 = summary(frames_all)["p95"]
+        nl_without = summary(without_all)["p99"]
+        nl_with = summary(with_all)["p99"]
+        ratio = round(nl_with / nl_without, 3) if nl_with and nl_without else None
+        return {
+            "sensors": options.sensors,
+            "hz": options.hz,
+            "readings_per_s": rate,
+            "seconds_per_phase": options.seconds,
+            "rounds": options.rounds,
+            "on_disk": options.on_disk,
+            "frame_ms": summary(frames_all),
+            "frames": len(frames_all),
+            "nl_p99_without_page_ms": nl_without,
+            "nl_p99_with_page_ms": nl_with,
+            "nl_p99_ratio": ratio,
+            "bars": {"frame_p95_ms": FRAME_P95_BAR_MS, "nl_p99_ratio": NL_RATIO_BAR},
+            "frame_bar_met": frame_p95 is not None and frame_p95 <= FRAME_P95_BAR_MS,
+            "nl_bar_met": ratio is not None and ratio <= NL_RATIO_BAR,
+            "per_round": rounds,
+        }
