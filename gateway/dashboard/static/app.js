@@ -56,7 +56,7 @@ async function start(session) {
   new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));
   new Actuators(session, subscriptions, $("actuators-panel"), $("actuators"), rights);
   new SparqlConsole(session, subscriptions, {
-    sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"),
+    sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"), delay: $("update-delay"),
     error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),
   });
   new Scheduled(session, $("scheduled-panel"), $("scheduled"), $("scheduled-refresh"));

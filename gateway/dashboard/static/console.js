@@ -108,7 +108,7 @@ export class SparqlConsole {
   }
 
   async update() {
-    const reply = await this.session.update(this.text);
+    const reply = await this.session.update(this.text, this.elements.delay.value.trim());
     const text = reply.scheduled
       ? `scheduled ${reply.scheduled.id}, due ${reply.scheduled.due}`
       : `added ${reply.added}, removed ${reply.removed}, notifications ${reply.notifications}`;

@@ -16,7 +16,7 @@ export class Scheduled {
       this.container.textContent = error.message;
       return;
     }
-    const list = Array.isArray(pending) ? pending : pending.scheduled || pending.pending || [];
+    const list = pending.scheduled; // in due order; on the HTTPS port this client's own
     if (list.length === 0) {
       this.container.textContent = "no delayed update pending";
       return;

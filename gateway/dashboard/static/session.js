@@ -85,8 +85,10 @@ export class Session {
     });
   }
 
-  update(sparql) {
-    return this.call(this.config.update, {
+  // `delay` (ISO 8601 duration or milliseconds) schedules it: the reply is {"scheduled": {id, due}}
+  update(sparql, delay = "") {
+    const url = delay ? `${this.config.update}?delay=${encodeURIComponent(delay)}` : this.config.update;
+    return this.call(url, {
       method: "POST", headers: { "Content-Type": "application/sparql-update" }, body: sparql,
     });
   }

@@ -185,6 +185,76 @@ def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, insta
     assert rows("table.changes tr.row-added") == ['"hello"']  # the change log keeps both
 
 
+def open_panel(browser: Any, panel: str) -> None:
+    if not browser.find_element("id", panel).get_attribute("open"):
+        browser.find_element("css selector", f"#{panel} > summary").click()
+
+
+def test_a_delayed_update_from_the_console_is_listed_and_cancelled(browser: Any, installed: InstalledGateway) -> None:
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    open_panel(browser, "console-panel")
+    box = browser.find_element("id", "sparql")
+    box.clear()
+    box.send_keys(f"INSERT DATA {{ <{subject}> <urn:dash:p> 1 }}")
+    browser.find_element("id", "update-delay").send_keys("PT1H")
+    browser.find_element("id", "run-update").click()
+    scheduled = wait_for(
+        browser,
+        "const p = document.querySelector('#console-result .update-result');"
+        "return p && p.textContent.startsWith('scheduled') && p.textContent",
+        what="the scheduled reply",
+    )
+    pending = installed.gateway.request("GET", "/scheduled").json()["scheduled"]
+    (entry,) = [item for item in pending if subject in item["update"]]
+    assert entry["id"] in scheduled
+    browser.find_element("id", "update-delay").clear()
+    open_panel(browser, "scheduled-panel")
+    browser.find_element("id", "scheduled-refresh").click()
+    row = f"document.querySelector('#scheduled tr[data-id=\"{entry['id']}\"]')"
+    wait_for(browser, f"return {row} !== null", what="the delayed update in the list")
+    browser.execute_script(f"{row}.querySelector('button').click()")
+    wait_for(browser, f"return {row} === null", what="the delayed update gone from the list")
+    pending = installed.gateway.request("GET", "/scheduled").json()["scheduled"]
+    assert [item for item in pending if subject in item["update"]] == []
+
+
+def test_a_mapping_added_in_the_page_maps_the_next_readings(
+    browser: Any, installed: InstalledGateway, sensor: mqtt.Client
+) -> None:
+    open_panel(browser, "mappings-panel")
+    form = browser.find_element("id", "mapping-form")
+    for name, value in {
+        "id": "kilns",
+        "topic": "plant/{kiln}/heat",
+        "sensor": "urn:example:kiln/{kiln}",
+        "property": "temperature",
+        "unit": "degC",
+    }.items():
+        form.find_element("name", name).send_keys(value)
+    form.find_element("css selector", "button[type=submit]").click()
+    wait_for(
+        browser,
+        "return [...document.querySelectorAll('#mappings td')].some((td) => td.textContent === 'plant/{kiln}/heat')",
+        what="the new mapping in the list",
+    )
+    publish(sensor, "plant/kiln7/heat", "480")
+    wait_for(browser, "return [...document.querySelectorAll('.tile .sensor')].some((s) => s.textContent === 'kiln7')")
+    assert tile_value(browser, "kiln7", "temperature") == "480"
+
+
+def test_the_gateway_panel_shows_subscriptions_and_rates(browser: Any) -> None:
+    open_panel(browser, "gateway-panel")
+    figures = wait_for(
+        browser,
+        "const dts = [...document.querySelectorAll('#stats dt')].map((d) => d.textContent);"
+        "return dts.includes('subscriptions') && dts.includes('mqtt_readings') && dts",
+        what="the figures",
+    )
+    assert "ws_connections" in figures and "updates_total" in figures
+    wait_for(browser, "return document.querySelector('#metrics-chart canvas') !== null", what="the rates chart")
+    assert browser.find_element("id", "metrics-error").text == ""
+
+
 def test_an_actuator_control_changes_the_store(browser: Any, installed: InstalledGateway) -> None:
     assert installed.gateway.update(lamp_update("Lamp7", "OFF")).status == 200
     line = f"document.querySelector('.actuator[data-target=\"{SL}Lamp7\"]')"
