@@ -1,0 +1,24 @@
+"""The dashboard benchmark runs end to end (small): a gateway as installed, phases without and with
+the page in Chromium, frame times and NL from every phase, and the command's JSON."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tools.dashboard_bench.runner import DashboardBenchOptions, run
+from tools.launcher import gateway_argv
+
+
+def test_a_small_run_measures_frames_with_the_page_and_nl_in_both_phases() -> None:
+    report = run(DashboardBenchOptions(sensors=10, hz=10, seconds=2, rounds=1))
+    (round_,) = report["per_round"]
+    assert round_["tiles"] == 10  # the page showed every sensor
+    assert round_["frames"] > 30 and report["frame_ms"]["p95"] > 0  # two seconds of frames were recorded
+    assert round_["matched_without"] > 100 and round_["matched_with"] > 100  # NL from both phases
+    assert report["nl_p99_without_page_ms"] > 0 and report["nl_p99_ratio"] > 0
+    assert report["readings_per_s"] == 100
+
+
+def test_the_command_is_registered() -> None:
+    done = subprocess.run([*gateway_argv(), "bench", "dashboard", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--sensors" in done.stdout and "--rounds" in done.stdout
