@@ -37,9 +37,11 @@ def missing() -> str | None:
 
 
 @contextlib.contextmanager
-def chromium(width: int = 1280, height: int = 900, flags: tuple[str, ...] = ()) -> Iterator[Any]:
+def chromium(width: int = 1280, height: int = 900, flags: tuple[str, ...] = (), nice: int = 0) -> Iterator[Any]:
     """A headless Chromium (a selenium WebDriver) with a fresh profile and these extra `flags`;
-    quit on the way out. RuntimeError when it is not installed."""
+    quit on the way out. RuntimeError when it is not installed. `nice`: run the browser (and every
+    process it starts) at that niceness, so that on a shared machine it yields the cores to what
+    is measured beside it."""
     problem = missing()
     if problem:
         raise RuntimeError(problem)
@@ -49,6 +51,11 @@ def chromium(width: int = 1280, height: int = 900, flags: tuple[str, ...] = ()) 
     with tempfile.TemporaryDirectory(prefix="sepa-chromium-") as profile:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
+        if nice:
+            wrapper = Path(profile) / "chromium-nice"
+            wrapper.write_text(f'#!/bin/sh\nexec nice -n {int(nice)} "{CHROMIUM}" "$@"\n')
+            wrapper.chmod(0o700)
+            options.binary_location = str(wrapper)
         for flag in (*FLAGS, *flags, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
             options.add_argument(flag)
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

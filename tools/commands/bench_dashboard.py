@@ -24,6 +24,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--seconds", type=bounded(2, 600), default=10, help="length of each phase (default 10)")
     parser.add_argument("--rounds", type=bounded(1, 20), default=2, help="without/with pairs (default 2)")
     parser.add_argument("--on-disk", action="store_true", help="the gateway with a data directory, as installed")
+    parser.add_argument(
+        "--browser-nice",
+        type=bounded(0, 19),
+        default=10,
+        help="niceness of Chromium (default 10: it yields the shared cores, as a phone's browser is not on them)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_dashboard)
 
@@ -35,7 +41,12 @@ def run_dashboard(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     options = DashboardBenchOptions(
-        sensors=args.sensors, hz=args.hz, seconds=args.seconds, rounds=args.rounds, on_disk=args.on_disk
+        sensors=args.sensors,
+        hz=args.hz,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        on_disk=args.on_disk,
+        browser_nice=args.browser_nice,
     )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))

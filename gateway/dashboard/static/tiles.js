@@ -66,6 +66,7 @@ export class Tiles {
     this.changed = new Set();
     this.listeners = [];
     this.select = null; // what a click on a tile does (the chart sets it)
+    this.counted = -1;
     this.render = () => this.draw();
     subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n));
     setInterval(() => this.markStale(), 1000);
@@ -144,12 +145,13 @@ export class Tiles {
       value.textContent = formatValue(tile.value);
       unit.textContent = tile.unit;
       tile.element.classList.toggle("stale", tile.stale);
-      tile.element.title = `${tile.sensor}\n${tile.property}\n${new Date(tile.time).toISOString()}` +
-        (tile.stale ? "\nstale: no reading for " + this.periods + " periods" : "");
     }
     this.changed.clear();
-    const sensors = new Set([...this.tiles.values()].map((tile) => tile.sensor));
-    this.counter.textContent = `${sensors.size} sensors, ${this.tiles.size} values`;
+    if (this.counted !== this.tiles.size) {
+      this.counted = this.tiles.size;
+      const sensors = new Set([...this.tiles.values()].map((tile) => tile.sensor));
+      this.counter.textContent = `${sensors.size} sensors, ${this.tiles.size} values`;
+    }
   }
 
   create(tile) {
@@ -164,6 +166,10 @@ export class Tiles {
       element.append(span);
     }
     element.addEventListener("click", () => this.select?.(tile.sensor));
+    element.addEventListener("pointerenter", () => { // written when looked at, not at every reading
+      element.title = `${tile.sensor}\n${tile.property}\n${new Date(tile.time).toISOString()}` +
+        (tile.stale ? `\nstale: no reading for ${this.periods} periods` : "");
+    });
     tile.element = element;
     // in sensor and property order, so that a tile stays where one saw it
     const key = `${tile.sensor}\u0001${tile.property}`;
