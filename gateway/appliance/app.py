@@ -114,13 +114,14 @@ class Gateway:
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )
-        paths = DashboardPaths(
+        paths = DashboardPaths(  # where the plain gates serve what the page uses
             query=config.http.query_path,
             update=config.http.update_path,
             scheduled=config.http.scheduled_path,
             subscribe=config.websocket.path,
         )
-        Dashboard(paths).add_to(self.gates)  # `/` on the HTTP port, and on the HTTPS port when secure
+        if config.http.dashboard:  # `/` on the HTTP port, and on the HTTPS port when secure
+            Dashboard(paths).add_to(self.gates)
         self.gates.metric_sources["store"] = lambda: {"garbage_quads": self.store.garbage, **self.compactor.stats}
         self.runners: list[web.BaseRunner] = []
         self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)

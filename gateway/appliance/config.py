@@ -52,6 +52,7 @@ class HttpConfig:
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     idle_timeout_s: float = 60.0  # a kept-alive connection without a request for this long is closed
     request_timeout_s: float = 20.0  # a request's head, and its body, must arrive within this (then 408)
+    dashboard: bool = True  # the web dashboard at / on this port and, when secure, the HTTPS port (docs/dashboard.md)
 
 
 @dataclass

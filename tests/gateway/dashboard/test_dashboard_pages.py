@@ -82,3 +82,12 @@ def test_on_the_plain_port_the_page_works_without_a_login(in_process_gateway) ->
         errors = console_errors(driver)
         # the gateway has no /health yet: the page asks for it once the panel is opened, and shows nothing
         assert all("/health" in entry["message"] and "404" in entry["message"] for entry in errors), errors
+
+
+def test_the_dashboard_can_be_turned_off(in_process_gateway) -> None:
+    config = Config()
+    config.http.dashboard = False
+    gateway = in_process_gateway(config)
+    assert gateway.request("GET", "/").status == 404
+    assert gateway.request("GET", "/dashboard/app.js").status == 404
+    assert gateway.request("GET", "/metrics").status == 200
