@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from email.utils import formatdate
 
 from aiohttp import hdrs, web
 
@@ -74,10 +73,8 @@ class Dashboard:
         return reply(request, self.assets["index.html"])
 
     async def config(self, request: web.BaseRequest) -> web.StreamResponse:
-        response = reply(request, self.configs[request.secure])
-        # the page estimates the gateway's clock from this (stale sensors are judged in its time)
-        response.headers[hdrs.DATE] = formatdate(usegmt=True)
-        return response
+        # the page also estimates the gateway's clock from this reply's Date (stale sensors are judged in its time)
+        return reply(request, self.configs[request.secure])
 
     async def file(self, request: web.BaseRequest) -> web.StreamResponse:
         return reply(request, self.assets[request.path.removeprefix(PREFIX)])

@@ -24,7 +24,7 @@ function showLogin(session) {
     try {
       await session.login($("client-id").value.trim(), $("client-secret").value);
       $("client-secret").value = "";
-      location.reload(); // a clean start with the token in sessionStorage: no part of the page holds old state
+      start(session); // not a reload: the secret, kept in memory to renew the token, would be lost
     } catch (error) {
       $("login-error").textContent = `Login refused: ${error.message}`;
     }
@@ -50,7 +50,7 @@ async function start(session) {
   });
   session.onLogout = () => {
     subscriptions.close();
-    location.reload();
+    location.reload(); // a clean start: no part of the page keeps what the last client could see
   };
   const tiles = new Tiles(session, subscriptions, $("tiles"), $("sensor-count"), session.config.stale_periods);
   new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));
@@ -66,7 +66,7 @@ async function start(session) {
   });
   new Metrics(session, {
     stats: $("stats"), chart: $("metrics-chart"), error: $("metrics-error"), health: $("health"), panel: $("gateway-panel"),
-  });
+  }, rights);
 }
 
 const session = await Session.load();

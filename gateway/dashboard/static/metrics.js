@@ -30,7 +30,7 @@ export function parseMetrics(text) {
 }
 
 export class Metrics {
-  constructor(session, elements) {
+  constructor(session, elements, rights) {
     this.session = session;
     this.elements = elements;
     this.samples = new Map();
@@ -38,6 +38,10 @@ export class Metrics {
     this.series = [[], ...RATES.map(() => [])];
     this.plot = null;
     this.render = () => this.draw();
+    if (!rights.read.includes("*")) { // the gateway would refuse (403) every poll
+      elements.error.textContent = "The gateway's figures are shown to clients that may read every graph.";
+      return;
+    }
     this.poll();
     this.timer = setInterval(() => this.poll(), POLL_MS);
     const panel = elements.panel;
@@ -59,9 +63,8 @@ export class Metrics {
     try {
       text = await this.session.metrics();
     } catch (error) {
-      this.elements.error.textContent = error.status === 403
-        ? "The gateway's figures are shown to clients that may read every graph."
-        : `metrics: ${error.message}`;
+      this.elements.error.textContent = `metrics: ${error.message}`;
+      if (error.status === 403 || error.status === 401) clearInterval(this.timer);
       return;
     }
     this.elements.error.textContent = "";
