@@ -69,12 +69,18 @@ def sensors_command(broker: Mosquitto, password_file: Path, *args: str) -> str:
     return password
 
 
-def installed_toml(mqtt_port: int, password_file: Path, security_dir: Path) -> str:
+def installed_toml(
+    mqtt_port: int, password_file: Path, security_dir: Path, retention: tuple[int, float] | None = None
+) -> str:
     """systemd/sepa-gateway.toml with the Mosquitto port, the gateway's password file and the
     security directory of this run (the installed default is <data dir>/security; set, so that a
-    gateway without a data directory keeps its certificate where the browser is told to trust it)."""
+    gateway without a data directory keeps its certificate where the browser is told to trust it);
+    and, for a benchmark, the retention (observations kept per sensor, seconds between prunes)."""
     text = INSTALLED_TOML.read_text(encoding="utf-8")
     text = re.sub(r'(?m)^dir = ""', f'dir = "{security_dir}"', text, count=1)
+    if retention is not None:
+        text = re.sub(r"(?m)^retain_count = [0-9]+", f"retain_count = {retention[0]}", text, count=1)
+        text = re.sub(r"(?m)^prune_interval_s = [0-9.]+", f"prune_interval_s = {retention[1]}", text, count=1)
     head, mqtt_section = text.split("\n[mqtt]\n", 1)
     section, rest = mqtt_section.split("\n[", 1)
     section = re.sub(r"(?m)^port = 1883\b", f"port = {mqtt_port}", section)
@@ -83,7 +89,9 @@ def installed_toml(mqtt_port: int, password_file: Path, security_dir: Path) -> s
 
 
 @contextlib.contextmanager
-def installed_gateway(directory: Path, *, coap: bool = True, on_disk: bool = True) -> Iterator[InstalledGateway]:
+def installed_gateway(
+    directory: Path, *, coap: bool = True, on_disk: bool = True, retention: tuple[int, float] | None = None
+) -> Iterator[InstalledGateway]:
     """Mosquitto and `sepa-gateway run` as installed; both stopped on the way out (the gateway must
     exit 0 on SIGTERM). `on_disk=False`: an in-memory store (what the other benchmarks measure)."""
     problem = missing_tools()
@@ -102,7 +110,8 @@ def installed_gateway(directory: Path, *, coap: bool = True, on_disk: bool = Tru
         config = directory / "sepa-gateway.toml"
         data_dir = directory / "data"
         security_dir = data_dir / "security"
-        config.write_text(installed_toml(broker.port, gateway_password, security_dir), encoding="utf-8")
+        toml = installed_toml(broker.port, gateway_password, security_dir, retention)
+        config.write_text(toml, encoding="utf-8")
         gateway = launch_gateway(config=config, data_dir=data_dir if on_disk else None, coap=coap)
         try:
             yield InstalledGateway(gateway, broker, config, data_dir, sensor_password)

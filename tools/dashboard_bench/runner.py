@@ -48,6 +48,11 @@ from tools.wire.processes import BenchError, Children, python_module
 
 Log = Callable[[str], None]
 FRAME_P95_BAR_MS = 50.0
+# as `bench mqtt`: the store is full after the warm-up (each sensor keeps what it published then)
+# and retention prunes every 2 s, so every phase meets the same steady state; at the installed 60 s
+# one phase in six would carry a whole run's deletions, and with a growing store later phases
+# would cost more than earlier ones
+PRUNE_INTERVAL_S = 2.0
 NL_RATIO_BAR = 1.10
 # records every frame's delta from the previous one, from now on
 FRAME_RECORDER = """
@@ -68,6 +73,12 @@ class DashboardBenchOptions:
     width: int = 1280
     height: int = 900
     browser_nice: int = 10
+
+    @property
+    def retain_count(self) -> int:
+        """Observations kept per sensor: what the warm-up phase publishes to each."""
+        return max(1, int(self.hz * self.seconds))
+
     timeout_s: float = 120.0
 
 
@@ -111,7 +122,9 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
     say = log or (lambda _message: None)
     with (
         tempfile.TemporaryDirectory(prefix="sepa-bench-dashboard-") as directory,
-        installed_gateway(Path(directory), coap=False, on_disk=options.on_disk) as installed,
+        installed_gateway(
+            Path(directory), coap=False, on_disk=options.on_disk, retention=(options.retain_count, PRUNE_INTERVAL_S)
+        ) as installed,
         Children() as children,
     ):
         gateway = installed.gateway
@@ -168,20 +181,26 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
         with_all: list[float] = []
         frames_all: list[float] = []
         for number in range(options.rounds):
-            without = phase()
-            say(f"round {number + 1}: without the page, NL p99 {summary(without)['p99']} ms")
-            with open_page(installed, credentials, options) as driver:
-                time.sleep(1.0)  # the page settles (history query, first metrics)
-                driver.execute_script(FRAME_RECORDER)
-                browser_before = tree_cpu_seconds(driver.service.process.pid)
-                with_page = phase()
-                browser_cpu = round(tree_cpu_seconds(driver.service.process.pid) - browser_before, 2)
-                frames = [float(value) for value in driver.execute_script("return window.benchFrames")]
-                shown = int(driver.execute_script("return document.querySelectorAll('.tile').length"))
-            say(
-                f"round {number + 1}: with the page, NL p99 {summary(with_page)['p99']} ms, "
-                f"frame p95 {summary(frames)['p95']} ms over {len(frames)} frames, {shown} tiles"
-            )
+            # ABBA: odd rounds put the page first, so that whatever drifts during a run (the
+            # machine's other load, the gateway's caches) weighs on both sides alike
+            order = ("without", "with") if number % 2 == 0 else ("with", "without")
+            for side in order:
+                if side == "without":
+                    without = phase()
+                    say(f"round {number + 1}: without the page, NL p99 {summary(without)['p99']} ms")
+                    continue
+                with open_page(installed, credentials, options) as driver:
+                    time.sleep(1.0)  # the page settles (history query, first metrics)
+                    driver.execute_script(FRAME_RECORDER)
+                    browser_before = tree_cpu_seconds(driver.service.process.pid)
+                    with_page = phase()
+                    browser_cpu = round(tree_cpu_seconds(driver.service.process.pid) - browser_before, 2)
+                    frames = [float(value) for value in driver.execute_script("return window.benchFrames")]
+                    shown = int(driver.execute_script("return document.querySelectorAll('.tile').length"))
+                say(
+                    f"round {number + 1}: with the page, NL p99 {summary(with_page)['p99']} ms, "
+                    f"frame p95 {summary(frames)['p95']} ms over {len(frames)} frames, {shown} tiles"
+                )
             without_all += without
             with_all += with_page
             frames_all += frames
@@ -194,8 +213,9 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
                     "tiles": shown,
                     "matched_without": len(without),
                     "matched_with": len(with_page),
-                    "gateway_cpu_s_without": cpu[-2],
-                    "gateway_cpu_s_with": cpu[-1],
+                    "gateway_cpu_s_without": cpu[-2] if order[0] == "without" else cpu[-1],
+                    "gateway_cpu_s_with": cpu[-1] if order[0] == "without" else cpu[-2],
+                    "order": "-".join(order),
                     "browser_cpu_s": browser_cpu,
                 }
             )
@@ -212,6 +232,8 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
             "rounds": options.rounds,
             "on_disk": options.on_disk,
             "browser_nice": options.browser_nice,
+            "prune_interval_s": PRUNE_INTERVAL_S,
+            "retain_count": options.retain_count,
             "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "cpus": os.cpu_count(),
             "frame_ms": summary(frames_all),
