@@ -1,10 +1,12 @@
 // Live tiles, one per sensor and property, from ONE subscription to the latest view.
 //
-// The query is a UNION of three kinds of rows, not one row with OPTIONALs: the engine keeps a UNION
-// incremental (a reading costs it one bound pattern, not a re-evaluation of the whole view), and a
-// reading changes only the (value, time) row of its node: the sensor, property and unit rows never
-// change (a quad deleted and re-inserted by one update is in neither set), so each notification
-// carries two short rows per reading instead of everything about the node.
+// The query is a UNION of single triple patterns, one per thing a tile shows, not a join and not
+// OPTIONALs: the engine keeps a UNION incremental, and a branch of one pattern costs it no lookup
+// (a changed quad is the solution), so the page's subscription costs the gateway about half what a
+// joined row per node did (measured: +0.37 against +0.77 CPU-s over 5 s of 100 readings/s). A
+// reading changes the node's time row and, unless the value repeats, its value row; the sensor,
+// property and unit rows do not change (a quad deleted and re-inserted by one update is in neither
+// set). A time row is therefore a reading.
 //
 // Stale: no reading for N periods (config stale_periods), where a sensor's period is learned from
 // the result times of its readings (median of the last 8 intervals); until two readings came, the
@@ -23,9 +25,8 @@ const INTERVALS = 8;
 export function latestQuery(graph) {
   return `PREFIX gw: <${GW}>
 SELECT ?node ?value ?time ?sensor ?property ?unit WHERE { GRAPH <${graph}> {
-  { ?node gw:value ?value ; gw:resultTime ?time }
-  UNION { ?node gw:sensor ?sensor ; gw:property ?property }
-  UNION { ?node gw:unit ?unit } } }`;
+  { ?node gw:value ?value } UNION { ?node gw:resultTime ?time } UNION { ?node gw:sensor ?sensor }
+  UNION { ?node gw:property ?property } UNION { ?node gw:unit ?unit } } }`;
 }
 
 class Tile {
@@ -96,28 +97,24 @@ export class Tiles {
         this.tiles.delete(node);
       }
     }
-    for (const row of added) { // what a node is first: its readings need it (the chart asks for the sensor)
-      if (row.sensor) {
-        const tile = this.tile(row.node.value);
-        tile.sensor = row.sensor.value;
-        tile.property = row.property.value;
-        this.changed.add(tile);
-      } else if (row.unit) {
-        const tile = this.tile(row.node.value);
-        tile.unit = unitSymbol(row.unit.value);
-        this.changed.add(tile);
-      }
+    const times = new Map(); // node -> result time of its reading in this notification
+    for (const row of added) { // what a node is, and its value, before its reading is told
+      const node = row.node.value;
+      if (row.time) { times.set(node, Date.parse(row.time.value)); continue; }
+      const tile = this.tile(node);
+      if (row.sensor) tile.sensor = row.sensor.value;
+      else if (row.property) tile.property = row.property.value;
+      else if (row.unit) tile.unit = unitSymbol(row.unit.value);
+      else if (row.value) tile.value = row.value;
+      this.changed.add(tile);
     }
     const now = Date.now();
-    for (const row of added) {
-      if (!row.value) continue;
-      const tile = this.tile(row.node.value);
-      const time = Date.parse(row.time.value);
-      tile.value = row.value;
+    for (const [node, time] of times) {
+      const tile = this.tile(node);
       tile.observe(time);
       tile.stale = false; // a reading just came; the next check judges it again
       if (!reset) this.session.clockOffsetMs = Math.max(this.session.clockOffsetMs, time - now);
-      for (const listener of this.listeners) listener(tile, time, row.value);
+      if (tile.value !== null) for (const listener of this.listeners) listener(tile, time, tile.value);
       this.changed.add(tile);
     }
     schedule(this.render);
@@ -137,7 +134,7 @@ export class Tiles {
 
   draw() {
     for (const tile of this.changed) {
-      if (!this.tiles.has(tile.node) || !tile.sensor || tile.value === null) continue;
+      if (!this.tiles.has(tile.node) || !tile.sensor || !tile.property || tile.value === null) continue;
       if (!tile.element) this.create(tile);
       const [sensor, property, value, unit] = tile.element.children;
       sensor.textContent = shortName(tile.sensor);
