@@ -37,11 +37,13 @@ def missing() -> str | None:
 
 
 @contextlib.contextmanager
-def chromium(width: int = 1280, height: int = 900, flags: tuple[str, ...] = (), nice: int = 0) -> Iterator[Any]:
+def chromium(
+    width: int = 1280, height: int = 900, flags: tuple[str, ...] = (), nice: int = 0, idle: bool = False
+) -> Iterator[Any]:
     """A headless Chromium (a selenium WebDriver) with a fresh profile and these extra `flags`;
     quit on the way out. RuntimeError when it is not installed. `nice`: run the browser (and every
     process it starts) at that niceness, so that on a shared machine it yields the cores to what
-    is measured beside it."""
+    is measured beside it; `idle`: under SCHED_IDLE, so that it runs only on time nothing else wants."""
     problem = missing()
     if problem:
         raise RuntimeError(problem)
@@ -51,9 +53,10 @@ def chromium(width: int = 1280, height: int = 900, flags: tuple[str, ...] = (), 
     with tempfile.TemporaryDirectory(prefix="sepa-chromium-") as profile:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
-        if nice:
-            wrapper = Path(profile) / "chromium-nice"
-            wrapper.write_text(f'#!/bin/sh\nexec nice -n {int(nice)} "{CHROMIUM}" "$@"\n')
+        if nice or idle:
+            wrapper = Path(profile) / "chromium-wrapper"
+            prefix = "chrt --idle 0" if idle else f"nice -n {int(nice)}"
+            wrapper.write_text(f'#!/bin/sh\nexec {prefix} "{CHROMIUM}" "$@"\n')
             wrapper.chmod(0o700)
             options.binary_location = str(wrapper)
         for flag in (*FLAGS, *flags, f"--user-data-dir={profile}", f"--window-size={width},{height}"):

@@ -30,6 +30,11 @@ def register(kinds: argparse._SubParsersAction) -> None:
         default=10,
         help="niceness of Chromium (default 10: it yields the shared cores, as a phone's browser is not on them)",
     )
+    parser.add_argument(
+        "--browser-idle",
+        action="store_true",
+        help="run Chromium under SCHED_IDLE (only on CPU time nothing else wants) instead of niced",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_dashboard)
 
@@ -47,6 +52,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         on_disk=args.on_disk,
         browser_nice=args.browser_nice,
+        browser_idle=args.browser_idle,
     )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))

@@ -73,6 +73,7 @@ class DashboardBenchOptions:
     width: int = 1280
     height: int = 900
     browser_nice: int = 10
+    browser_idle: bool = False
 
     @property
     def retain_count(self) -> int:
@@ -97,7 +98,9 @@ def summary(values: list[float]) -> dict[str, float | None]:
 def open_page(installed: InstalledGateway, credentials: Credentials, options: DashboardBenchOptions) -> Iterator[Any]:
     """Chromium with the dashboard logged in, its tiles live and one sensor's chart open."""
     flags = trusting(installed.certificate)
-    with chromium(options.width, options.height, flags=flags, nice=options.browser_nice) as driver:
+    with chromium(
+        options.width, options.height, flags=flags, nice=options.browser_nice, idle=options.browser_idle
+    ) as driver:
         driver.get(installed.gateway.https_url + "/")
         _until(driver, "return !document.getElementById('login').hidden")
         driver.find_element("id", "client-id").send_keys(credentials.client_id)
@@ -232,6 +235,7 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
             "rounds": options.rounds,
             "on_disk": options.on_disk,
             "browser_nice": options.browser_nice,
+            "browser_idle": options.browser_idle,
             "prune_interval_s": PRUNE_INTERVAL_S,
             "retain_count": options.retain_count,
             "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
