@@ -21,8 +21,11 @@ from adapters.coap.errors import Refused
 def loopback(request: aiocoap.Message) -> bool:
     """Whether the request came from this host (IPv4, IPv6, or IPv4 mapped into IPv6)."""
     sockaddr = getattr(request.remote, "sockaddr", None)
-    if not sockaddr:
-        return False
+    return bool(sockaddr) and loopback_address(sockaddr)
+
+
+def loopback_address(sockaddr: tuple[object, ...]) -> bool:
+    """Whether a peer's socket address is this host's."""
     try:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
     except ValueError:
