@@ -65,7 +65,8 @@ class CoapAdapter:
         self.profiles = default_profiles()
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=max_payload_bytes)
         self.batcher = Batcher(writer, batch_max=batch_max)
-        access = Access(secure=secure)
+        self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
+        access = Access(secure=secure, may_post=self.oscore.may_post if self.oscore is not None else None)
         self.readings = ReadingsResource(lambda: self.mapper, self.batcher, access, max_payload_bytes=max_payload_bytes)
         self.queries = QueriesResource(
             client,
@@ -77,7 +78,6 @@ class CoapAdapter:
         )
         self.site = GatewaySite(self.readings, self.queries)
         self.fast = FastPath(self.readings, self.site, secure=secure)
-        self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
         self.observer = Observer(
             client,
             lambda: self.mapper,

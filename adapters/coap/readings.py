@@ -74,7 +74,7 @@ class ReadingsResource(Resource):
         unassembled = id(request) in self._unassembled
         self._unassembled.discard(id(request))
         try:
-            self.access.check(request, path)
+            self.access.check_reading(request, path)
             if unassembled:
                 raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
             stored = self.offer(
