@@ -18,6 +18,7 @@ from broker.api import gateway_version
 
 COMMAND_MODULES: tuple[str, ...] = (
     "gateway.appliance.commands.run",
+    "gateway.appliance.commands.check_config",
     "gateway.appliance.commands.client",
     "gateway.appliance.commands.clients",
     "gateway.appliance.commands.sensors",
