@@ -148,6 +148,10 @@ class ShipperConfig:
 @dataclass
 class LoggingConfig:
     level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR; INFO logs only lifecycle events
+    # empty: stderr; else this file, rotated (ignored under systemd, whose journal has stderr)
+    file: str = ""
+    file_max_bytes: int = 10485760  # the file is rotated at this size (FILE.1, FILE.2...)
+    file_backups: int = 5  # old files kept
 
 
 @dataclass
@@ -232,6 +236,8 @@ class Config:
             self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
+        if self.logging.file_max_bytes < 4096 or self.logging.file_backups < 1:
+            raise ConfigError("logging.file_max_bytes must be at least 4096 and logging.file_backups at least 1")
         return self
 
     def _check_security(self) -> None:
