@@ -122,7 +122,9 @@ fi
 # Whether the gateway gave up: its reason, at once, instead of a timeout.
 stopped() {
     if [ -n "$pid" ]; then
-        kill -0 "$pid" 2>/dev/null && return 1
+        # alive unless gone or a zombie (a container's first process may never reap it); the state
+        # follows the command's name, which ends at the last ")"
+        case "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null)" in "" | Z*) ;; *) return 1 ;; esac
         tail -n 5 "$state/sepa-gateway.stderr" >&2
     else
         case "$(systemctl show -p SubState --value sepa-gateway)" in auto-restart | failed) ;; *) return 1 ;; esac
@@ -133,8 +135,12 @@ stopped() {
 
 port=$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$etc/sepa-gateway.toml" | head -n 1)
 port=${port:-8000}
+# /health/live, not a connect: another program listening on the port must not pass for the gateway
+alive='import json, sys, urllib.request
+sys.exit(json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health/live", timeout=1)) != {"status": "alive"})'
 for _ in $(seq 1 60); do
-    if "$prefix/bin/python" -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$port" 2>/dev/null; then
+    ! stopped || exit 1
+    if "$prefix/bin/python" -c "$alive" "$port" 2>/dev/null; then
         echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
         echo "  health: curl http://localhost:$port/health; commands: sepa-gateway --help, sepa-cloud --help"
         cert="$state/data/security/tls-cert.pem"
@@ -151,7 +157,6 @@ for _ in $(seq 1 60); do
         echo "logs: $started"
         exit 0
     fi
-    ! stopped || exit 1
     sleep 0.5
 done
 echo "sepa-gateway did not answer on port $port within 30 s; logs: $started" >&2

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ("pyproject.toml", "README.md", "broker", "adapters", "gateway", "cloud", "tools", "ontologies", "examples")
 OVERLAID = ("/etc", "/opt", "/usr/local", "/var", "/run")
 INSTALL_TIMEOUT_S = 900
+# the installed gateway's process, as pgrep -f finds it ([/]: not the shell that runs pgrep)
+GATEWAY = "'[/]opt/sepa-gateway/bin/sepa-gateway run'"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a root shell's PATH on Debian
 
 
@@ -197,21 +199,33 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
 
     # a bad configuration: said at once, with its line; the running gateway is left alone
-    pid_before = machine.ok("pgrep -f '/opt/sepa-gateway/bin/sepa-gateway run'")
+    pid_before = machine.ok(f"pgrep -f {GATEWAY}")
     machine.ok("sed -i 's/^port = 8000 /port = 80000 /' /etc/sepa-gateway/sepa-gateway.toml")
     line = machine.ok("grep -n '^port = 80000' /etc/sepa-gateway/sepa-gateway.toml").split(":")[0]
     bad = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert bad.returncode == 2
     assert f"sepa-gateway: bad configuration: /etc/sepa-gateway/sepa-gateway.toml:{line}: http.port" in bad.stderr
     assert "the service was not restarted" in bad.stderr and "did not answer" not in bad.stderr
-    assert machine.ok("pgrep -f '/opt/sepa-gateway/bin/sepa-gateway run'") == pid_before
+    assert machine.ok(f"pgrep -f {GATEWAY}") == pid_before
     machine.ok("sed -i 's/^port = 80000 /port = 8000 /' /etc/sepa-gateway/sepa-gateway.toml")
+
+    # a start that fails (another program took the WebSocket port while the gateway was stopped): its
+    # reason, at once
+    machine.ok(f"pkill -f {GATEWAY}; while pgrep -f {GATEWAY}; do sleep 0.1; done")
+    machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
+    machine.ok("sleep 1; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)'")
+    failed = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert (
+        "cannot listen on 127.0.0.1:9000" in failed.stderr and "did not start (above: its last words)" in failed.stderr
+    )
+    machine.ok("kill $(cat /run/squatter)")
 
     # uninstall keeps data and configuration; a new install finds them
     out = machine.ok(f"{clone}/systemd/uninstall.sh")
     assert "kept: /etc/sepa-gateway (configuration), /var/lib/sepa-gateway (data)" in out
     assert machine.run("command -v sepa-gateway || ls /opt/sepa-gateway").returncode != 0
-    assert machine.run("pgrep -f '/opt/sepa-gateway/bin/sepa-gateway run'").returncode == 1
+    assert machine.run(f"pgrep -f {GATEWAY}").returncode == 1
     assert machine.run("test -e /etc/mosquitto/conf.d/sepa-gateway.conf").returncode == 1
     machine.ok("test -f /etc/sepa-gateway/sepa-gateway.toml && test -d /var/lib/sepa-gateway/data && id sepa-gateway")
     machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
