@@ -5,11 +5,14 @@ Protects: readiness is 200 only while every required component is ready and 503 
 every component's status, required flag and detail in the body; a failing optional component
 leaves it 200; a check that raises is a failing component, not a 500; liveness stays 200 while
 readiness is 503; the store is not ready while the request queue is full (new requests get 429)
-and then is again; the version is the package's, on /health, on /metrics and nowhere different.
+and then is again; the version is the package's, on /health, on /metrics and nowhere different;
+like /metrics, /health is not served on the secure (network) port.
 """
 
 from __future__ import annotations
 
+import http.client
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -135,3 +138,22 @@ def test_metrics_show_version_uptime_and_the_reference_brokers_indicators(
     assert first["sepa_update_processing_seconds_max"] <= high  # start-up's own updates (the ontologies) count
     assert after["sepa_subscriptions"] == first["sepa_subscriptions"]
     assert after["sepa_subscriptions_max"] >= first["sepa_subscriptions"] + 3
+
+
+def test_not_on_the_secure_gates(in_process_gateway: Callable[..., InProcessGateway]) -> None:
+    """Like /metrics, /health is the plain port's (127.0.0.1 on the installed appliance): the secure
+    port, the one on the network, answers neither without a token."""
+    config = Config()
+    config.security.enabled = True
+    gateway = in_process_gateway(config)
+    port = int(gateway.https_url.rpartition(":")[2])
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # only the routes are under test here
+    for path in ("/health", "/health/live", "/metrics"):
+        connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        try:
+            connection.request("GET", path)
+            assert connection.getresponse().status == 404, path
+        finally:
+            connection.close()
+    assert gateway.request("GET", "/health").status == 200  # the plain port still answers
