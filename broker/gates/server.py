@@ -90,9 +90,9 @@ class Gates:
         routes = Routes()
         self.http.add_routes(routes, self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
         routes.get(self.settings.subscribe_path, self.websocket.handle)
-        routes.get("/metrics", self.metrics)
         routes.get("/health", self.health.ready)
         routes.get("/health/live", self.health.live)
+        routes.get("/metrics", self.metrics)
         return self._server(routes)
 
     def https_server(self) -> web.Server:
