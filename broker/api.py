@@ -21,6 +21,8 @@ What it offers, in the order a newcomer meets it (docs/architecture.md walks the
   :class:`Modify`, :class:`Var`, :class:`QuadPattern`) that producers build instead of text, with its
   declared extra, the :class:`Digest` (broker.sparql.syntax says what it is for);
 - the errors every gate maps to a status, and the clock, delay and term helpers of the protocol;
+- what ``/health`` reports of a component (:class:`ComponentHealth`, added to ``Gates.health.checks``)
+  and the version of the running code (:func:`gateway_version`);
 - the security parts the appliance wires (client registry, token authority, TLS files);
 - the SPARQL lexical rules (prefixed names, tokens) that JSAP tooling must agree with.
 """
@@ -49,6 +51,7 @@ from broker.errors import (
     Unauthorized,
     UpdateFailed,
 )
+from broker.gates.health import ComponentHealth
 from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
@@ -63,6 +66,7 @@ from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Templat
 from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
 from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
 from broker.store import RdfStore
+from broker.version import gateway_version
 from broker.workers.pool import QueryWorkers
 
 __all__ = [
@@ -77,6 +81,7 @@ __all__ = [
     "XSD",
     "Authority",
     "ClientRegistry",
+    "ComponentHealth",
     "DeleteData",
     "Digest",
     "Engine",
@@ -125,6 +130,7 @@ __all__ = [
     "configured_client",
     "due_micros",
     "fingerprint",
+    "gateway_version",
     "line_column",
     "loop_handoff",
     "matching_brace",

@@ -21,6 +21,11 @@ from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
 from gateway.appliance.logs import setup_logging
 
 SPARK_COMMANDS = {"stream": "cloud.stream", "stats": "cloud.stats"}
+# Spark is an extra (pyproject.toml: cloud): a gateway board needs neither it nor Java
+SPARK_MISSING = (
+    "needs pyspark and Java 17+: pip install 'sepa-gateway[cloud]' "
+    "(on an installed gateway: SEPA_GATEWAY_CLOUD=1 ./systemd/install.sh)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = build_parser().parse_known_args(argv)
     if args.command in SPARK_COMMANDS:
-        module = importlib.import_module(SPARK_COMMANDS[args.command])
+        try:
+            module = importlib.import_module(SPARK_COMMANDS[args.command])
+        except ModuleNotFoundError as error:
+            if (error.name or "").partition(".")[0] != "pyspark":
+                raise
+            print(f"sepa-cloud: {args.command} {SPARK_MISSING}", file=sys.stderr)
+            return 2
         return int(module.main(rest, prog=f"sepa-cloud {args.command}"))
     if rest:
         print(f"sepa-cloud: unrecognized arguments: {' '.join(rest)}", file=sys.stderr)

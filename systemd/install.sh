@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
 # Installs sepa-gateway on Debian / Raspberry Pi OS as a systemd service and starts it on its
 # embedded defaults (the installed /etc/sepa-gateway/sepa-gateway.toml lists every default; the
-# service keeps its store in /var/lib/sepa-gateway/data). Safe to run again to upgrade.
+# service keeps its store in /var/lib/sepa-gateway/data). Safe to run again to upgrade: the
+# configuration and the data are kept. systemd/uninstall.sh removes it.
+# Run it as root, or as a user who may use sudo (it asks sudo for root then): ./systemd/install.sh
+# SEPA_GATEWAY_CLOUD=1 also installs the cloud jobs' pyspark and a Java runtime (sepa-cloud stream/stats).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
-[ "$(id -u)" -eq 0 ] || exec sudo "$0" "$@"
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        # sudo starts from a clean environment: hand the installer's own settings (SEPA_GATEWAY_*) over
+        mapfile -t settings < <(env | grep '^SEPA_GATEWAY_' || true)
+        exec sudo -- env "${settings[@]}" "$0" "$@"
+    fi
+    echo "install.sh: run it as root (e.g. su -c '$0'): there is no sudo here" >&2
+    exit 1
+fi
 
 prefix=/opt/sepa-gateway
 etc=/etc/sepa-gateway
 state=/var/lib/sepa-gateway
 
 missing=()
-for package in python3 python3-venv python3-pip mosquitto; do
+packages=(python3 python3-venv python3-pip mosquitto)
+[ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || packages+=(default-jre-headless)  # Spark 4 runs on Java 17+
+for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
@@ -24,9 +37,13 @@ id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --she
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
 "$prefix/bin/python" -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -m venv "$prefix"; }
 "$prefix/bin/pip" install -q --upgrade pip
-"$prefix/bin/pip" install -q "$src"
+# the examples are in the package too: $prefix/bin/python -m examples.chat.chat runs without the clone
+"$prefix/bin/pip" install -q "$src$([ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || echo '[cloud]')"
 install -m 0644 "$src/README.md" "$prefix/README.md"
-ln -sf "$prefix/bin/sepa-gateway" /usr/local/bin/sepa-gateway  # the operator's CLI (clients, query...) on PATH
+install -d -m 0755 /usr/local/bin
+for command in sepa-gateway sepa-cloud; do
+    ln -sf "$prefix/bin/$command" "/usr/local/bin/$command"  # the operator's CLI (clients, query, check-config...) on PATH
+done
 install -d -m 0755 "$etc"
 [ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
 if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
@@ -39,6 +56,12 @@ if ! grep -q '^password_file' "$etc/sepa-gateway.toml"; then
     sed -i 's|^username = ""\(.*\)$|username = "sepa-gateway"\1\npassword_file = "/etc/sepa-gateway/mqtt-password"|' "$etc/sepa-gateway.toml"
 fi
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+# A bad configuration is said now, with its line, by the code just installed: the service is not
+# restarted on it (an upgrade leaves the running gateway as it is until the file is fixed).
+if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null; then
+    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted)" >&2
+    exit 2
+fi
 
 # The local MQTT broker the [mqtt] section talks to: a LAN listener that requires a login (sensors
 # get theirs from `sepa-gateway sensors add NAME`), the gateway logging in with its own. Its
@@ -77,6 +100,7 @@ else
 fi
 
 
+pid=""
 if [ -d /run/systemd/system ]; then
     install -m 0644 "$src/systemd/sepa-gateway.service" /etc/systemd/system/sepa-gateway.service
     systemctl daemon-reload
@@ -84,18 +108,41 @@ if [ -d /run/systemd/system ]; then
     systemctl restart sepa-gateway
     started="systemctl status sepa-gateway; journalctl -u sepa-gateway"
 else
-    # No systemd (a container): run the same command line in the background instead.
-    pkill -f "$prefix/bin/sepa-gateway run" 2>/dev/null && sleep 1 || true
+    # No systemd (a container): run the same command line in the background instead, its log in a
+    # rotated file ([logging] file_max_bytes, file_backups); stderr keeps what comes before logging
+    # (a refused start) and crashes.
+    if pkill -f "$prefix/bin/sepa-gateway run"; then
+        for _ in $(seq 1 120); do pgrep -f "$prefix/bin/sepa-gateway run" >/dev/null || break; sleep 0.1; done
+    fi
     command=$(sed -n 's/^ExecStart=//p' "$src/systemd/sepa-gateway.service")
-    su -s /bin/sh sepa-gateway -c "nohup $command >>$state/sepa-gateway.log 2>&1 &"
-    started="$state/sepa-gateway.log (no systemd here: started in the background)"
+    pid=$(su -s /bin/sh sepa-gateway -c "nohup $command --log-file $state/sepa-gateway.log >>$state/sepa-gateway.stderr 2>&1 & echo \$!")
+    started="$state/sepa-gateway.log (no systemd here: started in the background, pid $pid)"
 fi
+
+# Whether the gateway gave up: its reason, at once, instead of a timeout.
+stopped() {
+    if [ -n "$pid" ]; then
+        # alive unless gone or a zombie (a container's first process may never reap it); the state
+        # follows the command's name, which ends at the last ")"
+        case "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null)" in "" | Z*) ;; *) return 1 ;; esac
+        tail -n 5 "$state/sepa-gateway.stderr" >&2
+    else
+        case "$(systemctl show -p SubState --value sepa-gateway)" in auto-restart | failed) ;; *) return 1 ;; esac
+        journalctl -u sepa-gateway -n 5 --no-pager -o cat >&2 || true
+    fi
+    echo "sepa-gateway did not start (above: its last words); logs: $started" >&2
+}
 
 port=$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$etc/sepa-gateway.toml" | head -n 1)
 port=${port:-8000}
+# /health/live, not a connect: another program listening on the port must not pass for the gateway
+alive='import json, sys, urllib.request
+sys.exit(json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health/live", timeout=1)) != {"status": "alive"})'
 for _ in $(seq 1 60); do
-    if "$prefix/bin/python" -c "import socket,sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$port" 2>/dev/null; then
-        echo "sepa-gateway is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+    ! stopped || exit 1
+    if "$prefix/bin/python" -c "$alive" "$port" 2>/dev/null; then
+        echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+        echo "  health: curl http://localhost:$port/health; commands: sepa-gateway --help, sepa-cloud --help"
         cert="$state/data/security/tls-cert.pem"
         for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done
         if [ -f "$cert" ]; then
@@ -112,5 +159,5 @@ for _ in $(seq 1 60); do
     fi
     sleep 0.5
 done
-echo "sepa-gateway did not start; see $started" >&2
+echo "sepa-gateway did not answer on port $port within 30 s; logs: $started" >&2
 exit 1

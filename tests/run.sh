@@ -10,9 +10,10 @@ sudo_cmd=()
 # Debian packages the tests use (real services, not mocks). Java runs the cloud tests' local Spark;
 # Chromium (with its driver) is the browser of the page tests (tests/browser_support.py); strace traces
 # the syncs of the durability test (tests/broker/test_durability.py); libcoap3-bin is libcoap's coap-client,
-# the real client of the CoAP tests (tests/adapters/coap).
+# the real client of the CoAP tests (tests/adapters/coap); util-linux (unshare, nsenter, setpriv), iproute2
+# and curl run systemd/install.sh in namespaces of its own (tests/systemd/test_install.py, as root).
 packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver strace
-    libcoap3-bin)
+    libcoap3-bin util-linux iproute2 curl)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -11,18 +11,23 @@ plain HTTP gates do.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 
 import aiocoap
 from aiocoap import Code
 
 from adapters.coap.errors import Refused
+from gateway.appliance import oscore_sensors
 
 
 def loopback(request: aiocoap.Message) -> bool:
     """Whether the request came from this host (IPv4, IPv6, or IPv4 mapped into IPv6)."""
     sockaddr = getattr(request.remote, "sockaddr", None)
-    if not sockaddr:
-        return False
+    return bool(sockaddr) and loopback_address(sockaddr)
+
+
+def loopback_address(sockaddr: tuple[object, ...]) -> bool:
+    """Whether a peer's socket address is this host's."""
     try:
         address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
     except ValueError:
@@ -39,10 +44,12 @@ def authenticated(request: aiocoap.Message) -> str | None:
 
 
 class Access:
-    """`secure`: requests from the network are refused (the installed service)."""
+    """`secure`: requests from the network are refused (the installed service) unless authenticated;
+    `may_post(sensor, path)`: whether an authenticated sensor may post a reading to `path`."""
 
-    def __init__(self, *, secure: bool) -> None:
+    def __init__(self, *, secure: bool, may_post: Callable[[str, str], bool] | None = None) -> None:
         self.secure = secure
+        self.may_post = may_post or (lambda sensor, path: oscore_sensors.may_post(sensor, (), path))
 
     def check_local(self, request: aiocoap.Message, path: str) -> None:
         """Only this board may do this when security is on (running SPARQL of its own choosing).
@@ -54,6 +61,18 @@ class Access:
             raise Refused(
                 Code.FORBIDDEN,
                 f"/{path}: only this board creates subscriptions; expose them in [[coap.subscriptions]]"[:200],
+            )
+
+    def check_reading(self, request: aiocoap.Message, path: str) -> None:
+        """A reading from the network comes from an authenticated sensor, to its own resources
+        (gateway/appliance/oscore_sensors.py says which: a key taken from one device must not
+        write every sensor's readings), else 4.01 or 4.03."""
+        self.check(request, path)
+        sensor = authenticated(request)
+        if self.secure and sensor is not None and not self.may_post(sensor, path):
+            raise Refused(
+                Code.FORBIDDEN,
+                f"/{path}: sensor {sensor} posts to s/{sensor}/... (more: `sensors allow NAME --coap --path`)"[:200],
             )
 
     def check(self, request: aiocoap.Message, path: str) -> None:

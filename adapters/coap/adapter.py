@@ -21,6 +21,7 @@ from adapters.coap.access import Access
 from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
 from adapters.coap.credentials import SensorCredentials
+from adapters.coap.fastpath import FastPath
 from adapters.coap.observer import Observer, ObserveTarget
 from adapters.coap.profiles import default_profiles
 from adapters.coap.queries import QueriesResource, QueryLimits
@@ -64,7 +65,8 @@ class CoapAdapter:
         self.profiles = default_profiles()
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=max_payload_bytes)
         self.batcher = Batcher(writer, batch_max=batch_max)
-        access = Access(secure=secure)
+        self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
+        access = Access(secure=secure, may_post=self.oscore.may_post if self.oscore is not None else None)
         self.readings = ReadingsResource(lambda: self.mapper, self.batcher, access, max_payload_bytes=max_payload_bytes)
         self.queries = QueriesResource(
             client,
@@ -75,7 +77,7 @@ class CoapAdapter:
             peer_client=peer_client,
         )
         self.site = GatewaySite(self.readings, self.queries)
-        self.oscore = SensorCredentials(oscore_dir) if oscore_dir is not None else None
+        self.fast = FastPath(self.readings, self.site, secure=secure)
         self.observer = Observer(
             client,
             lambda: self.mapper,
@@ -118,6 +120,7 @@ class CoapAdapter:
             await self.batcher.stop()
             await self.queries.stop()
             raise OSError(f"cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
+        self.fast.attach(self.context)
         await self.observer.start()
         await self.actuators.start()
         if self.oscore is not None:
@@ -199,6 +202,7 @@ class CoapAdapter:
             "commit_failures": self.batcher.stats.commit_failures,
             "duplicates_skipped": self.batcher.deliveries.duplicates,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
+            **self.fast.metrics(),
             **self.queries.metrics(),
             **self.observer.metrics(),
             **self.actuators.metrics(),

@@ -79,6 +79,14 @@ class Batcher:
         """Return once `readings` are committed; PayloadError if they cannot be written, Overloaded
         if too many wait, else what the store raised. `delivery` is recorded with them
         (adapters/coap/deliveries.py: a confirmable request, recognised if it comes again)."""
+        await asyncio.shield(
+            self.submit(readings, delivery)
+        )  # given up on, it still commits: its sender may retransmit
+
+    def submit(self, readings: Sequence[Reading], delivery: Delivery | None = None) -> asyncio.Future[None]:
+        """Queue `readings`: the future is done once they are committed (or with the error of
+        :meth:`store`). Raises Overloaded at once. Why not only :meth:`store`: the fast path
+        (:mod:`adapters.coap.fastpath`) answers from the future's callback, with no task a request."""
         if self._task is None:
             raise Overloaded("the CoAP adapter is stopping")
         if self._waiting + len(readings) > self.max_waiting:
@@ -87,7 +95,7 @@ class Batcher:
         self._queue.append((readings, future, delivery))
         self._waiting += len(readings)
         self._wake.set()
-        await asyncio.shield(future)  # a request given up on still commits: its sender may retransmit
+        return future
 
     async def _run(self) -> None:
         while True:

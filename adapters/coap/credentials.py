@@ -32,6 +32,8 @@ class SensorCredentials:
         self.count = 0
         self._stamp: int | None = None
         self._loaded: dict[str, int] = {}  # label -> settings.json's mtime when loaded
+        self.paths: dict[str, tuple[str, ...]] = {}  # sensor -> its extra path patterns (paths.json)
+        self._paths_stamps: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self.reload()
 
@@ -54,8 +56,29 @@ class SensorCredentials:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
+    def may_post(self, sensor: str, path: str) -> bool:
+        """Whether `sensor` may post a reading to `path` (for :class:`~adapters.coap.access.Access`)."""
+        return oscore.may_post(sensor, self.paths.get(sensor, ()), path)
+
+    def _reload_paths(self) -> None:
+        """Re-read the path patterns whose file changed: a stat per sensor and tick."""
+        for label in list(self.map):
+            name = label[1:]
+            path = self.directory / name / oscore.PATHS_FILE
+            try:
+                stamp = path.stat().st_mtime_ns
+            except OSError:
+                stamp = -1
+            if self._paths_stamps.get(name) != stamp:
+                self._paths_stamps[name] = stamp
+                self.paths[name] = oscore.allowed_paths(self.directory / name)
+        for name in [name for name in self.paths if f":{name}" not in self.map]:
+            self.paths.pop(name)
+            self._paths_stamps.pop(name, None)
+
     def reload(self) -> None:
-        """Load what changed in the directory since the last look: new sensors, removed ones, reset ones.
+        """Load what changed in the directory since the last look: new sensors, removed ones, reset
+        ones, and changed path patterns.
 
         Contexts that did not change are kept as they are: aiocoap holds a lock file in each context
         directory for as long as its context object lives, so loading one twice would fail.
@@ -65,6 +88,7 @@ class SensorCredentials:
         except OSError:
             stamp = None
         if stamp == self._stamp and self._stamp is not None:
+            self._reload_paths()
             return
         self._stamp = stamp
         wanted = oscore.credentials(self.directory)
@@ -81,6 +105,7 @@ class SensorCredentials:
         if len(self.map) != self.count:
             log.info("coap: OSCORE sensors loaded", extra={"sensors": len(self.map)})
         self.count = len(self.map)
+        self._reload_paths()
 
     def _settings_stamp(self, label: str) -> int:
         try:

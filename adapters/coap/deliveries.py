@@ -17,6 +17,7 @@ RFC 7252 §4.8.2), after which the sensor may reuse the message ID.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -77,7 +78,9 @@ class Deliveries:
     def amend(self, request: Update | str, items: list[Delivery]) -> tuple[Update | str, list[tuple[float, str, str]]]:
         """`request` recording `items` and deleting the expired records; (request, the expired)."""
         horizon = self._clock() - EXCHANGE_LIFETIME_S
-        expired = [entry for entry in self._ages if entry[0] < horizon]  # _ages is in commit order
+        # _ages is in commit order: only its head can have expired (a scan of all of it was 6 % of the
+        # event loop's time at 950 readings/s, py-spy)
+        expired = list(itertools.takewhile(lambda entry: entry[0] < horizon, self._ages))
         added = [_quad(key, digest) for key, digest in items]
         deleted = [_quad(key, digest) for _, key, digest in expired]
         return with_quads(request, added, deleted), expired

@@ -17,6 +17,7 @@ readings wait for their commit.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -73,41 +74,70 @@ class ReadingsResource(Resource):
         unassembled = id(request) in self._unassembled
         self._unassembled.discard(id(request))
         try:
-            await self._store(path, request, unassembled)
+            self.access.check_reading(request, path)
+            if unassembled:
+                raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
+            stored = self.offer(
+                path, request.opt.content_format, request.payload, request.opt.size1, _delivery(request, path)
+            )
+            if stored is not None:
+                try:
+                    await asyncio.shield(stored)  # given up on, it still commits: its sender may retransmit
+                except Exception as error:
+                    raise stored_refusal(error) from None
         except Refused as refused:
-            self.refused[refused.code.dotted] += 1
-            self.counters.add(path or "/", f"{refused.code.dotted} {refused}")
-            options = {"size1": self.max_payload_bytes} if refused.code == Code.REQUEST_ENTITY_TOO_LARGE else {}
-            if refused.code == Code.SERVICE_UNAVAILABLE:
-                options = {"max_age": 1}
-            return refusal(refused.code, str(refused), **options)
+            return self.refuse(path, refused)
         return aiocoap.Message(code=Code.CHANGED)
 
     render_put = render_post
 
-    async def _store(self, path: str, request: aiocoap.Message, unassembled: bool) -> None:
-        self.access.check(request, path)
-        if unassembled or max(len(request.payload), request.opt.size1 or 0) > self.max_payload_bytes:
+    def offer(
+        self, path: str, content_format: int | None, payload: bytes, size1: int | None, item: Delivery | None
+    ) -> asyncio.Future[None] | None:
+        """Queue the readings of an authorised request for their commit: the future is done once
+        they are stored (or fails with what :func:`stored_refusal` turns into a response); None when
+        there is nothing to store (a retransmission of a committed request, an empty pack).
+        Raises Refused for a request refused before any commit. Shared by :meth:`render_post` and
+        the fast path (:mod:`adapters.coap.fastpath`), which call it with the request's own fields."""
+        if max(len(payload), size1 or 0) > self.max_payload_bytes:
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
-        item = _delivery(request, path)
         if item is not None and self.batcher.deliveries.committed(item):
-            return  # committed before a restart, its 2.04 lost: answered again, not stored again
-        readings = payload_readings(
-            self._mapper(), path, request.opt.content_format, request.payload, time.time_ns() // 1000
-        )
+            return None  # committed before a restart, its 2.04 lost: answered again, not stored again
+        readings = payload_readings(self._mapper(), path, content_format, payload, time.time_ns() // 1000)
         if not readings:
-            return  # a pack with no value in it: nothing to store, and nothing wrong
+            return None  # a pack with no value in it: nothing to store, and nothing wrong
         try:
-            await self.batcher.store(readings, item)
+            stored = self.batcher.submit(readings, item)
         except Overloaded as error:
             raise Refused(Code.SERVICE_UNAVAILABLE, str(error)) from None
-        except PayloadError as error:
-            raise Refused(Code.BAD_REQUEST, str(error)) from None
-        except Exception as error:
-            raise Refused(
-                Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {type(error).__name__}"
-            ) from None
-        self.readings += len(readings)
+        count = len(readings)
+        stored.add_done_callback(lambda done: self._count(done, count))
+        return stored
+
+    def _count(self, done: asyncio.Future[None], count: int) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.readings += count
+
+    def refuse(self, path: str, refused: Refused) -> aiocoap.Message:
+        """The response to a refused request, counted per code and per resource."""
+        self.refused[refused.code.dotted] += 1
+        self.counters.add(path or "/", f"{refused.code.dotted} {refused}")
+        options: dict[str, int] = {}
+        if refused.code == Code.REQUEST_ENTITY_TOO_LARGE:
+            options = {"size1": self.max_payload_bytes}
+        elif refused.code == Code.SERVICE_UNAVAILABLE:
+            options = {"max_age": 1}
+        return refusal(refused.code, str(refused), **options)
+
+
+def stored_refusal(error: BaseException) -> Refused:
+    """What a commit's failure tells the sender: 4.00 for a reading that cannot be written, else
+    5.03 (too many waiting, or the store failed: it may retry)."""
+    if isinstance(error, Overloaded):
+        return Refused(Code.SERVICE_UNAVAILABLE, str(error))
+    if isinstance(error, PayloadError):
+        return Refused(Code.BAD_REQUEST, str(error))
+    return Refused(Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {type(error).__name__}")
 
 
 def payload_readings(

@@ -43,6 +43,13 @@ class GatewaySite(Site):
         except KeyError:
             return self.readings, request
 
+    def reads(self, path: str) -> bool:
+        """Whether a request to `path` ("s/boiler/temperature") goes to the readings, as
+        :meth:`_find_child_and_pathstripped_message` routes it (for :mod:`adapters.coap.fastpath`)."""
+        if not path or (self.queries is not None and (path == "q" or path.startswith("q/"))):
+            return False
+        return not self._subsites and tuple(path.split("/")) not in self._resources
+
     def get_resources_as_linkheader(self) -> LinkFormat:
         links = super().get_resources_as_linkheader()
         if self.queries is not None:

@@ -193,8 +193,13 @@ class MqttAdapter:
 
     def health(self) -> dict[str, Any]:
         """Healthy while connected to the MQTT broker (readings wait in the broker's session otherwise)."""
-        connected = bool(self.connection.metrics().get("connected"))
-        return {"ok": connected, "connected": connected}
+        numbers = self.connection.metrics()
+        connected = bool(numbers.get("connected"))
+        report: dict[str, Any] = {"ok": connected, "connected": connected}
+        report["broker"] = f"{self.settings.host}:{self.settings.port}"
+        if not connected and numbers.get("last_error"):
+            report["last_error"] = numbers["last_error"]
+        return report
 
     def metrics(self) -> dict[str, Any]:
         return {

@@ -134,7 +134,7 @@ class Engine:
             apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
             notifications, timings = self.spus.process(delta, apply, steps)
             timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
-            self.stats.record_update(timings, notifications)
+            self.stats.record_update(timings, notifications, time.perf_counter() - started)
             return UpdateResult(delta.added, delta.removed, notifications, timings)
         finally:
             clock.unpin()

@@ -120,6 +120,7 @@ class SpuManager:
         subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking)
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
+        self.stats.record_subscriptions(len(self.subscriptions))
         if spu.is_ask:
             subscription.emit((), (), spu.current_boolean(), None)
         else:

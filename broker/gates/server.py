@@ -11,12 +11,14 @@ from aiohttp import web
 from broker.delayed import DelayedUpdates
 from broker.errors import Forbidden
 from broker.gates.dispatch import Dispatcher, Handler, Routes
+from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import METRICS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.websocket import Connection, WebSocketGate
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
+from broker.version import gateway_version
 
 
 @dataclass
@@ -47,6 +49,8 @@ class Gates:
         self.counters: Counter[str] = Counter()
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
+        # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
+        self.health = Health(scheduler)
         self.http = HttpGate(scheduler, self.counters)
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.websocket = WebSocketGate(
@@ -101,11 +105,13 @@ class Gates:
         ).server()
 
     def http_server(self) -> web.Server:
-        """Query, update, scheduled updates, subscribe (so a browser needs one origin) and metrics;
-        call with the event loop running."""
+        """Query, update, scheduled updates, subscribe (so a browser needs one origin), metrics and
+        health; call with the event loop running."""
         routes = Routes()
         self.http.add_routes(routes, self.settings.query_path, self.settings.update_path, self.settings.scheduled_path)
         routes.get(self.settings.subscribe_path, self.websocket.handle)
+        routes.get("/health", self.health.ready)
+        routes.get("/health/live", self.health.live)
         routes.get("/metrics", self.metrics)
         self._add_pages(routes)
         return self._server(routes)
@@ -152,14 +158,22 @@ class Gates:
         return await self.metrics(request)
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
-        """Prometheus text format: engine stages, gate counters, scheduler admission."""
+        """Prometheus text format: uptime and version, engine stages and the reference broker's
+        indicators, gate counters, scheduler admission, and every metric source."""
         engine = self.scheduler.engine
+        stats = engine.stats
         lines = [
+            f'sepa_build_info{{version="{_label(gateway_version())}"}} 1',
+            f"sepa_uptime_seconds {self.health.uptime_s:.3f}",
             f"sepa_updates_total {engine.stats.updates}",
+            f"sepa_update_processing_seconds_min {stats.processing_min_s}",
+            f"sepa_update_processing_seconds_avg {stats.processing_avg_s}",
+            f"sepa_update_processing_seconds_max {stats.processing_max_s}",
             f"sepa_notifications_total {engine.stats.notifications}",
             f"sepa_lutt_hits_total {engine.stats.lutt_hits}",
             f"sepa_subscriptions_ended_total {engine.stats.subscriptions_ended}",
             f"sepa_subscriptions {engine.subscription_count}",
+            f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",

@@ -29,6 +29,7 @@ from broker.api import (
 )
 from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
+from gateway.appliance.health import ClockFloor, add_checks
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
 from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
@@ -50,6 +51,7 @@ class StartupError(Exception):
 class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
+        clock = ClockFloor(config.store.data_dir)  # before the store writes anything (its docstring says why)
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
         self.workers = QueryWorkers(
             self.store,
@@ -148,6 +150,7 @@ class Gateway:
                 self.adapters[name] = adapter = plugin.build(section, context)
                 self.gates.metric_sources[name] = adapter.metrics
         self.gates.metric_sources["retention"] = self.retention.metrics
+        add_checks(self.gates, self.adapters, self.shipper, config.shipper.spool_budget_bytes, clock)
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
@@ -251,7 +254,8 @@ class Gateway:
             self.secure.temporary.cleanup()
 
     def health(self) -> dict[str, dict[str, Any]]:
-        """Each running adapter's own account of its health (gateway.appliance.plugins.Adapter)."""
+        """Each running adapter's own account of its health (gateway.appliance.plugins.Adapter); the
+        whole gateway's, components and readiness, is ``/health`` (gateway.appliance.health)."""
         return {name: adapter.health() for name, adapter in self.adapters.items()}
 
     async def serve(self) -> None:

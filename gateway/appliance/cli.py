@@ -14,8 +14,11 @@ import importlib
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
+from broker.api import gateway_version
+
 COMMAND_MODULES: tuple[str, ...] = (
     "gateway.appliance.commands.run",
+    "gateway.appliance.commands.check_config",
     "gateway.appliance.commands.client",
     "gateway.appliance.commands.clients",
     "gateway.appliance.commands.sensors",
@@ -28,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sepa-gateway",
         description="Semantic IoT edge gateway: a SEPA broker on an embedded Oxigraph store.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {gateway_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

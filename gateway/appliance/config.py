@@ -14,11 +14,24 @@ from typing import Any
 
 from pyoxigraph import NamedNode
 
+from gateway.appliance.config_lines import setting_line, toml_error_line
 from gateway.appliance.plugins import adapter_plugins
 
 
 class ConfigError(Exception):
-    """A configuration problem, said in one line."""
+    """A configuration problem, said in one line; found in a file, ``FILE:LINE: message`` when the
+    line holding the setting is known (gateway.appliance.config_lines)."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+        self.line = line
+
+    def __str__(self) -> str:
+        if self.path is not None and self.line is not None:
+            return f"{self.path}:{self.line}: {self.message}"
+        return self.message
 
 
 @dataclass
@@ -136,6 +149,10 @@ class ShipperConfig:
 @dataclass
 class LoggingConfig:
     level: str = "INFO"  # DEBUG, INFO, WARNING, ERROR; INFO logs only lifecycle events
+    # empty: stderr; else this file, rotated (ignored under systemd, whose journal has stderr)
+    file: str = ""
+    file_max_bytes: int = 10485760  # the file is rotated at this size (FILE.1, FILE.2...)
+    file_backups: int = 5  # old files kept
 
 
 @dataclass
@@ -220,6 +237,8 @@ class Config:
             self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
+        if self.logging.file_max_bytes < 4096 or self.logging.file_backups < 1:
+            raise ConfigError("logging.file_max_bytes must be at least 4096 and logging.file_backups at least 1")
         return self
 
     def _check_security(self) -> None:
@@ -280,11 +299,26 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config().validate()
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from error
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        line = toml_error_line(str(error))
+        if line is None:
+            raise ConfigError(f"{path} is not valid TOML: {error}") from error
+        raise ConfigError(f"not valid TOML: {error}", path=path, line=line) from error
+    try:
+        return _from_data(data)
+    except ConfigError as error:  # said where: the line of the setting it names, when the file holds it
+        error.path, error.line = path, setting_line(text, error.message)
+        raise
+
+
+def _from_data(data: dict[str, Any]) -> Config:
     config = Config()
     own = [f.name for f in fields(Config) if f.name != "adapters"]
     for name, values in data.items():

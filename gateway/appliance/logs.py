@@ -1,9 +1,22 @@
-"""Structured, quiet logging: one `key=value` line per event, extra fields included."""
+"""Structured, quiet logging: one `key=value` line per event, extra fields included.
+
+Where the lines go: stderr, unless a log file is configured (``[logging] file``, ``run --log-file``),
+and then to that file, rotated (:class:`logging.handlers.RotatingFileHandler`: at ``file_max_bytes``
+the file becomes ``FILE.1``, and ``file_backups`` old files are kept), so that a gateway started
+without systemd (a container: systemd/install.sh runs it in the background) cannot fill the disk
+with its log. Under systemd stderr goes to the journal, which rotates by itself and which
+``journalctl -u sepa-gateway`` reads: there the file is ignored. systemd says so in
+``JOURNAL_STREAM`` (``device:inode`` of the stream it connected to stderr); we check that it is
+still our stderr, not only that the variable is set (a shell started from a service inherits it)
+nor that ``INVOCATION_ID`` is (a unit may send stderr elsewhere).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import logging.handlers
+import os
 import sys
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -37,10 +50,33 @@ def _quote(value: object) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def under_journald() -> bool:
+    """Whether stderr is the journal's stream that systemd connected (``JOURNAL_STREAM``)."""
+    stream = os.environ.get("JOURNAL_STREAM", "")
+    device, _, inode = stream.partition(":")
+    if not (device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        status = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):  # no stderr at all
+        return False
+    return (status.st_dev, status.st_ino) == (int(device), int(inode))
+
+
+def setup_logging(level: str, file: str = "", max_bytes: int = 10 << 20, backups: int = 5) -> str:
+    """Log at `level` to stderr, or to `file` rotated at `max_bytes` with `backups` old files kept
+    (not under journald: see the module's docstring); returns where the lines go. Raises OSError
+    when the file cannot be opened."""
+    handler: logging.Handler
+    if file and not under_journald():
+        handler = logging.handlers.RotatingFileHandler(file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        where = file
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        where = "journald" if under_journald() else "stderr"
     handler.setFormatter(KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    return where

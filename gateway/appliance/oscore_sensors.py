@@ -16,6 +16,12 @@ the sensor's as recipient ID, a 16-byte master secret and an 8-byte salt) and ai
 `sequence.json` beside it (sequence numbers, kept across restarts so no nonce is used twice).
 Sender IDs are 6 random bytes (OSCORE IDs are at most 7 bytes with AES-CCM-16-64-128): the sensor's
 ID names its context in every request (the OSCORE `kid`), its name names it in the logs and claims.
+
+What a sensor may post to: its own resources, `s/<sensor>` and below, and the path patterns in
+`paths.json` beside its context (`sepa-gateway sensors allow NAME --coap --path PATTERN...`; `+` is one path
+segment, `#` the rest). Why: a sensor's key lives in a cheap device on the network; one taken from a
+device must not let its holder write every other sensor's readings (a forged boiler temperature is an
+actuator command away from a real valve).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 OSCORE_DIR = "coap-sensors"  # in the data directory, unless [coap] oscore_dir says otherwise
+PATHS_FILE = "paths.json"  # the sensor's extra path patterns, beside its context
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 GATEWAY_ID = "00"  # the gateway's sender ID in every context: contexts differ by their secrets
 
@@ -85,6 +92,66 @@ def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[st
         shutil.rmtree(folder)
     os.rename(making, folder)
     return {"sender-id_hex": sensor_id, "recipient-id_hex": GATEWAY_ID, "secret_hex": secret, "salt_hex": salt}
+
+
+def allow_paths(directory: Path, name: str, patterns: list[str]) -> None:
+    """Let sensor `name` post to `patterns` besides its own resources (none: only its own).
+
+    Written beside the sensor's context and renamed into place: the running gateway reads it
+    within seconds, whole."""
+    folder = directory / name
+    if not NAME.fullmatch(name) or not (folder / "settings.json").is_file():
+        raise CredentialError(f"no CoAP credential {name!r}")
+    for pattern in patterns:
+        problem = pattern_problem(pattern)
+        if problem:
+            raise CredentialError(f"{pattern!r}: {problem}")
+    making = folder / f".{PATHS_FILE}.new"
+    descriptor = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        json.dump(sorted(set(patterns)), out)
+    owner = _owner(directory)
+    if owner is not None and os.geteuid() == 0:
+        os.chown(making, *owner)
+    os.rename(making, folder / PATHS_FILE)
+
+
+def allowed_paths(folder: Path) -> tuple[str, ...]:
+    """The extra path patterns in a sensor's folder (none when absent or unreadable)."""
+    try:
+        patterns = json.loads((folder / PATHS_FILE).read_text())
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(patterns, list):
+        return ()
+    return tuple(p for p in patterns if isinstance(p, str) and not pattern_problem(p))
+
+
+def pattern_problem(pattern: str) -> str:
+    """Why `pattern` is not a path pattern, or "" (segments separated by /, + one, # the rest)."""
+    if not pattern or pattern.startswith("/") or len(pattern) > 512:
+        return "a path pattern is 1-512 characters, without a leading /"
+    segments = pattern.split("/")
+    if "#" in segments[:-1] or any(("#" in s or "+" in s) and s not in ("#", "+") for s in segments):
+        return "+ and # stand for whole segments, and # only last"
+    return ""
+
+
+def may_post(name: str, patterns: tuple[str, ...], path: str) -> bool:
+    """Whether sensor `name` may post a reading to `path` (its own `s/<name>` resources, or a pattern)."""
+    if path == f"s/{name}" or path.startswith(f"s/{name}/"):
+        return True
+    segments = path.split("/")
+    return any(_matches(pattern.split("/"), segments) for pattern in patterns)
+
+
+def _matches(pattern: list[str], segments: list[str]) -> bool:
+    for index, part in enumerate(pattern):
+        if part == "#":
+            return True
+        if index >= len(segments) or (part != "+" and part != segments[index]):
+            return False
+    return len(pattern) == len(segments)
 
 
 def remove_sensor(directory: Path, name: str) -> None:

@@ -54,9 +54,11 @@ class Dashboard:
         self.assets = load_assets() if assets is None else assets
         paths = paths or DashboardPaths()
         graphs = {"latest": GRAPH_LATEST, "observations": GRAPH_OBSERVATIONS, "mappings": GRAPH_MAPPINGS}
-        common = {"graphs": graphs, "stale_periods": STALE_PERIODS, "health": "/health"}
-        plain = {"secure": False, **vars(paths), "rights": None, "token": None, **common}
+        common = {"graphs": graphs, "stale_periods": STALE_PERIODS}
+        # /health is the plain port's only (like /metrics there): the secure config has none
+        plain = {"secure": False, **vars(paths), "rights": None, "token": None, "health": "/health", **common}
         secure = {"secure": True, **{key: SECURE_PATHS[key] for key in plain if key in SECURE_PATHS}, **common}
+        secure["health"] = None
         self.configs = {
             False: asset(json.dumps(plain).encode(), "application/json"),
             True: asset(json.dumps(secure).encode(), "application/json"),

@@ -135,3 +135,15 @@ def test_token_loading(tmp_path: Path) -> None:
     with pytest.raises(TokenError, match="white space") as raised:
         load_tokens(str(tokens), {})
     assert "two words" not in str(raised.value)
+
+
+@pytest.mark.parametrize("command", ["stream", "stats"])
+def test_spark_commands_without_pyspark_say_how_to_get_it(command: str) -> None:
+    """A gateway installed without the cloud extra: one line naming the extra, exit 2, no traceback."""
+    hide = "import sys; sys.modules['pyspark'] = None; from cloud.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", hide, command, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (
+        f"sepa-cloud: {command} needs pyspark and Java 17+: pip install 'sepa-gateway[cloud]' "
+        "(on an installed gateway: SEPA_GATEWAY_CLOUD=1 ./systemd/install.sh)\n"
+    )

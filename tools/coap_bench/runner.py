@@ -93,7 +93,7 @@ SELECT ?sensor ?last WHERE {{ GRAPH <http://w3id.org/sepa-gateway/graph/latest> 
 class CoapBenchOptions:
     readings: int = 20_000
     clients: int = 2  # client processes of the throughput phase
-    in_flight: int = 32  # requests in flight per client process (one client context each)
+    in_flight: int = 128  # requests in flight per client process (one sensor endpoint each)
     sensors: int = 100
     latency_rate: float = 1000.0
     latency_seconds: float = 10.0

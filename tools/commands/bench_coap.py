@@ -34,7 +34,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--readings", type=bounded(100, 1_000_000), default=20_000)
     parser.add_argument("--clients", type=bounded(1, 16), default=2, help="client processes (default 2)")
     parser.add_argument(
-        "--in-flight", type=bounded(1, 256), default=32, help="requests in flight per client process (default 32)"
+        "--in-flight", type=bounded(1, 256), default=128, help="requests in flight per client process (default 128)"
     )
     parser.add_argument("--latency-seconds", type=bounded(1, 600), default=10)
     parser.add_argument("--rate", type=bounded(1, 100_000), default=1000, help="readings/s of the latency phase")

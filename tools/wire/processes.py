@@ -260,6 +260,7 @@ GATEWAY_CONFIG = """\
 # Written by `sepa-gateway bench wire` for one run; deleted afterwards.
 [engine]
 allow_load = {allow_load}  # the loader may LOAD the knowledge base from its own 127.0.0.1 file server
+time_limit_s = 300  # the benches' own checks read every observation (60,000 took >10 s on a loaded machine)
 
 [http]
 host = "{host}"

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-mqtt", action="store_true", help="serve without the MQTT adapter ([mqtt] enabled)")
     parser.add_argument("--coap-port", type=int, help="CoAP UDP port, 0 for any free one (default 5683)")
     parser.add_argument("--no-coap", action="store_true", help="serve without the CoAP adapter ([coap] enabled)")
+    parser.add_argument(
+        "--log-file", metavar="FILE", help="log to FILE, rotated ([logging] file; stderr under systemd's journal)"
+    )
     parser.set_defaults(handler=run)
 
 
@@ -54,11 +57,18 @@ def run(args: argparse.Namespace) -> int:
             config.adapter("coap").port = args.coap_port
         if args.no_coap:
             config.adapter("coap").enabled = False
+        if args.log_file is not None:
+            config.logging.file = args.log_file
         config.validate()
     except ConfigError as error:
         print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)
         return 2
-    setup_logging(config.logging.level)
+    settings = config.logging
+    try:
+        setup_logging(settings.level, settings.file, settings.file_max_bytes, settings.file_backups)
+    except OSError as error:
+        print(f"sepa-gateway: cannot open the log file {settings.file}: {error.strerror or error}", file=sys.stderr)
+        return 2
     try:
         gateway = _build(config)
         asyncio.run(gateway.serve())

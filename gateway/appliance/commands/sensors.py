@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from gateway.appliance import oscore_sensors
 from gateway.appliance.oscore_sensors import OSCORE_DIR
@@ -141,23 +142,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--pid-file", type=Path, default=PID_FILE, help=f"Mosquitto's pid file, for the reload (default {PID_FILE})"
     )
     parser.add_argument("--host", default="", help="the host name sensors use, in the printed example")
-    parser.add_argument("--coap", action="store_true", help="CoAP credentials (OSCORE contexts), not MQTT logins")
-    parser.add_argument(
-        "--coap-dir", type=Path, default=COAP_DIR, help=f"where the CoAP credentials are kept (default {COAP_DIR})"
-    )
+    _coap_options(parser, COAP_DIR, False)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add = actions.add_parser("add", help="create a login and print its password (shown only once)")
+    # the CoAP options after the action too (`sensors add boiler --coap`, as the README writes it):
+    # SUPPRESS keeps the ones given before it
+    after = argparse.ArgumentParser(add_help=False)
+    _coap_options(after, argparse.SUPPRESS, argparse.SUPPRESS)
+    add = actions.add_parser("add", parents=[after], help="create a login and print its password (shown only once)")
     add.add_argument("name")
     add.add_argument("--reset", action="store_true", help="give an existing login a new password")
-    actions.add_parser("list", help="the logins in the password file")
-    remove = actions.add_parser("remove", help="remove a login")
+    actions.add_parser("list", parents=[after], help="the logins in the password file")
+    remove = actions.add_parser("remove", parents=[after], help="remove a login")
     remove.add_argument("name")
+    allow = actions.add_parser(
+        "allow",
+        parents=[after],
+        help="with --coap: the path patterns a sensor may post to besides its own s/NAME/..."
+        " (+ one segment, # the rest; none: its own only)",
+    )
+    allow.add_argument("name")
+    allow.add_argument("--path", action="append", default=[], dest="patterns", metavar="PATTERN")
     parser.set_defaults(handler=run)
+
+
+def _coap_options(parser: argparse.ArgumentParser, directory: Any, coap: Any) -> None:
+    parser.add_argument(
+        "--coap", action="store_true", default=coap, help="CoAP credentials (OSCORE contexts), not MQTT logins"
+    )
+    parser.add_argument(
+        "--coap-dir", type=Path, default=directory, help=f"where the CoAP credentials are kept (default {COAP_DIR})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.coap:
         return _run_coap(args)
+    if args.action == "allow":
+        print("sepa-gateway sensors: allow is for CoAP sensors (--coap)", file=sys.stderr)
+        return 2
     try:
         if args.action == "list":
             for name in logins(args.password_file):
@@ -195,6 +217,11 @@ def _run_coap(args: argparse.Namespace) -> int:
         if args.action == "remove":
             oscore_sensors.remove_sensor(directory, args.name)
             print(f"{args.name}: CoAP credential removed")
+            return 0
+        if args.action == "allow":
+            oscore_sensors.allow_paths(directory, args.name, args.patterns)
+            shown = ", ".join(["s/" + args.name + "/#", *args.patterns])
+            print(f"{args.name} may post to: {shown}")
             return 0
         settings = oscore_sensors.create_sensor(directory, args.name, reset=args.reset)
     except PermissionError as error:

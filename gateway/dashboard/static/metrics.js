@@ -1,8 +1,8 @@
 // Gateway figures from /metrics (Prometheus text; on the HTTPS port /secure/metrics, for a client
 // that may read every graph): subscriptions and SPU statistics, the shipper's backlog and upload
 // health, the adapters, and rates over time (kept in the page, POLL_MS apart, for HISTORY points).
-// /health is shown when the gateway has it; nothing depends on it. It is asked for only when the
-// panel is first opened: a gateway without it answers 404, which the browser logs as an error.
+// /health (the plain port's only: config.health is null on the HTTPS port) is shown when the
+// gateway has it; nothing depends on it. It is asked for only when the panel is first opened.
 
 import { schedule } from "./frames.js";
 
@@ -85,6 +85,7 @@ export class Metrics {
   }
 
   async health() {
+    if (!this.session.config.health) return;
     try {
       const reply = await fetch(this.session.config.health, { headers: this.session.headers() });
       if (reply.ok) this.elements.health.textContent = JSON.stringify(await reply.json(), null, 2);

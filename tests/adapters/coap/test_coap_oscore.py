@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiocoap
 from aiocoap import Code
@@ -143,3 +144,54 @@ def test_an_authenticated_sensor_follows_exposed_subscriptions_but_cannot_create
     assert created.code == Code.FORBIDDEN, created
     local = asyncio.run(post(f"coap://127.0.0.1:{port}/q?name=all", b"SELECT ?s WHERE { ?s ?p ?o }", None))
     assert local.code == Code.CREATED, local
+
+
+def allow(directory: Path, name: str, *patterns: str) -> None:
+    done = subprocess.run(
+        [*CLI, "sensors", "allow", name, "--coap", "--coap-dir", str(directory), *(f"--path={p}" for p in patterns)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_sensor_posts_to_its_own_resources_and_to_the_paths_it_is_allowed_only(start_gateway, tmp_path) -> None:
+    """A key taken from one device must not write another sensor's readings: 4.03, nothing stored,
+    until `sensors --coap allow` grants the path (no restart)."""
+    data = tmp_path / "data"
+    settings = add_sensor(data / "coap-sensors", "boiler")
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    base = f"coap://{host_address()}:{port}"
+    side = sensor_side(tmp_path, "boiler", settings)
+
+    async def scenario() -> tuple[Any, ...]:
+        context = await aiocoap.Context.create_client_context()  # one: aiocoap locks a context directory
+        context.client_credentials.load_from_dict({base + "/*": {"oscore": {"basedir": str(side) + "/"}}})
+
+        async def post(path: str, payload: bytes) -> aiocoap.Message:
+            message = aiocoap.Message(code=Code.POST, uri=base + path, payload=payload)
+            return await asyncio.wait_for(context.request(message).response, 30)
+
+        try:
+            own, other = await post("/s/boiler/temperature", b"61.5"), await post("/s/pump/temperature", b"99")
+            stored_before = observations(gateway)
+            allow(data / "coap-sensors", "boiler", "s/+/temperature")
+            deadline = time.monotonic() + 15
+            granted = await post("/s/pump/temperature", b"42")
+            while granted.code != Code.CHANGED and time.monotonic() < deadline:  # read within its reload interval
+                await asyncio.sleep(0.5)
+                granted = await post("/s/pump/temperature", b"42")
+            return own, other, stored_before, granted, await post("/s/pump/humidity", b"40")
+        finally:
+            await context.shutdown()
+
+    own, other, stored_before, granted, humidity = asyncio.run(scenario())
+    assert own.code == Code.CHANGED, own
+    assert other.code == Code.FORBIDDEN, other
+    assert "boiler" in other.payload.decode()
+    assert stored_before == [(SENSOR + "boiler", 61.5, DEG_C)]
+    assert granted.code == Code.CHANGED, granted
+    assert (SENSOR + "pump", 42.0, DEG_C) in observations(gateway)
+    assert humidity.code == Code.FORBIDDEN, humidity  # the pattern, not more

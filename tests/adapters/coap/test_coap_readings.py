@@ -18,6 +18,7 @@ import cbor2
 import pytest
 from aiocoap import Code
 
+from adapters.coap import datagrams
 from tests.support.coap import DEG_C, SENSOR, host_address, observations
 from tools.coap import libcoap
 from tools.coap.relay import LossyRelay
@@ -150,6 +151,28 @@ def test_a_retransmitted_confirmable_request_is_not_a_second_observation(start_g
             replies.append(sock.recv(1500))
     assert all(reply[:4] == bytes([0x60, 0x44, 0x12, 0x34]) for reply in replies), replies  # ACK 2.04, same MID
     assert observations(gateway) == [(SENSOR + "boiler", 70.5, DEG_C)]
+
+
+def test_plain_readings_take_the_fast_path_and_a_burst_of_one_message_is_one_observation(start_gateway) -> None:
+    """The same confirmable datagram sent three times at once (a sensor retransmitting while its
+    first copy waits for the commit) and then once more: one observation, every answer an ACK 2.04
+    of that message, and the answers came from the fast path, not from aiocoap's message layer."""
+    gateway = start_gateway(coap=True)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    datagram = datagrams.request(0x2345, b"\x07\x08", "s/boiler/temperature", b"72.5")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(10)
+        for _ in range(3):
+            sock.sendto(datagram, ("127.0.0.1", port))
+        first = sock.recv(1500)
+        sock.sendto(datagram, ("127.0.0.1", port))
+        again = sock.recv(1500)
+    assert first == again == bytes([0x62, 0x44, 0x23, 0x45, 0x07, 0x08])  # ACK 2.04, same MID and token
+    assert observations(gateway) == [(SENSOR + "boiler", 72.5, DEG_C)]
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_fast_path_answered"] >= 2
+    assert metrics["sepa_coap_readings"] == 1
+    assert metrics["sepa_coap_requests"] >= 2
 
 
 def test_with_security_a_peer_on_the_network_is_refused_and_this_board_is_not(start_gateway, coap_client) -> None:

@@ -1,6 +1,7 @@
 """The MQTT adapter inside a real `sepa-gateway run`, against a real Mosquitto: readings become
 SOSA/QUDT observations visible over HTTP, mappings are managed with SPARQL, subscriptions actuate,
-bad payloads are counted, and nothing acknowledged is lost across restarts and kill -9."""
+bad payloads are counted (in all and per topic), /health follows the broker connection, and nothing
+acknowledged is lost across restarts and kill -9."""
 
 from __future__ import annotations
 
@@ -120,8 +121,40 @@ def test_bad_payloads_are_counted_and_never_stop_or_half_write(mosquitto: Mosqui
         assert numeric_results(gateway, "zigbee2mqtt/hall") == []
         metrics = gateway.metrics()
         assert metrics["sepa_mqtt_ingest_bad_input"] >= 4 and metrics["sepa_mqtt_ingest_dropped_oversize"] == 1
+        by_topic = {
+            name.split('"')[1]: count
+            for name, count in metrics.items()
+            if name.startswith("sepa_mqtt_ingest_bad_input_by_topic{")
+        }
+        # "warm" and the oversize payload; the broken and the half-bad JSON (the unmapped topic is not
+        # subscribed to, so it never reaches the gateway)
+        assert by_topic == {"gateway/s1/temperature": 2, "zigbee2mqtt/hall": 2}, by_topic
+        assert sum(by_topic.values()) == metrics["sepa_mqtt_ingest_bad_input"]
         after = gateway.select("SELECT (COUNT(*) AS ?n) WHERE { GRAPH ?g { ?s ?p ?o } }")[0]["n"]
         assert int(after) > int(before)
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_health_follows_the_broker_connection(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+
+    def mqtt_health() -> tuple[int, dict[str, object]]:
+        reply = gateway.request("GET", "/health")
+        return reply.status, reply.json()["components"]["mqtt"]
+
+    try:
+        wait_for(lambda: mqtt_health()[0] == 200)
+        status, mqtt = mqtt_health()
+        assert mqtt["status"] == "ok" and mqtt["required"] is True
+        assert "connected=True" in mqtt["detail"] and f"broker=localhost:{mosquitto.port}" in mqtt["detail"]
+        mosquitto.stop()
+        wait_for(lambda: mqtt_health()[0] == 503)
+        status, mqtt = mqtt_health()
+        assert mqtt["status"] == "failing" and "connected=False" in mqtt["detail"]
+        assert gateway.request("GET", "/health/live").status == 200  # not ready, but alive: no restart needed
+        mosquitto.start()
+        wait_for(lambda: mqtt_health()[0] == 200, timeout=30)  # the adapter reconnects (backing off)
     finally:
         assert gateway.stop() == 0
 

@@ -1,0 +1,103 @@
+"""`sepa-gateway check-config FILE`, what the installer runs before it (re)starts the service.
+
+Protects: a bad file is ONE line on stderr, ``FILE:LINE: problem``, with the line of the offending
+setting (a key, a table header, the nth ``[[array]]`` entry, tomllib's own line for broken TOML),
+and exit code 2; the annotated systemd/sepa-gateway.toml passes with exit 0; `sepa-gateway run`
+names the same line; an error that no line of the file holds is still one line naming the file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.appliance.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[4]
+
+HEAD = '[engine]\nmode = "incremental"\n\n[http]\nhost = "127.0.0.1"\n'  # lines 1-5
+CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the message
+    "out-of-range": (HEAD + "port = 80000\n", 6, "http.port must be between 0 and 65535"),
+    "unknown-key": (HEAD + "prot = 8000\n", 6, "unknown setting http.prot"),
+    "wrong-type": (HEAD + 'port = "8000"\n', 6, "http.port must be a int"),
+    "invalid-toml": (HEAD + "port = = 1\n", 6, "not valid TOML"),
+    "unknown-section": (HEAD + "\n[htp]\nport = 1\n", 7, "unknown section [htp]"),
+    "second-of-two": (HEAD + "request_timeout_s = 0.0\n", 6, "http.request_timeout_s must be positive"),
+    "invalid-value": ('[engine]\nallow_load = false\nmode = "fast"\n', 3, "engine.mode"),
+    "array-entry": (
+        '[[security.clients]]\nidentity = "a"\nread = ["*"]\n\n[[security.clients]]\nidentity = "b"\n'
+        'read = ["not an iri"]\n\n[security]\nenabled = true\n',
+        7,
+        "security.clients[1].read",
+    ),
+    "mapping-entry": (
+        '[[mqtt.mappings]]\nid = "a"\ntopic = "t/a"\nextract = "number"\nproperty = "temperature"\n'
+        'sensor = "urn:a"\n\n[[mqtt.mappings]]\nid = "b"\ntopic = "t/b"\n',
+        8,
+        "mqtt.mappings[1] (id 'b')",
+    ),
+    "shipper-url": ('[observations]\nretain_count = 5\n\n[shipper]\nenabled = true\nurl = "x"\n', 6, "shipper.url"),
+    "section-level": (  # no token: the [shipper] table is what to fix
+        '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
+        1,
+        "shipper: no bearer token",
+    ),
+}
+
+
+def check(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli_main(["check-config", str(path)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_file_is_one_line_with_the_offending_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    monkeypatch.delenv("SEPA_GATEWAY_SHIPPER_TOKEN", raising=False)
+    text, line, fragment = CASES[case]
+    path = tmp_path / f"{case}.toml"
+    path.write_text(text)
+    code, out, err = check(path, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"sepa-gateway: bad configuration: {path}:{line}: "), err
+    assert fragment in err
+    assert text.splitlines()[line - 1].strip()  # the line named is one of the file's own, not a blank
+
+
+def test_the_installed_file_passes_and_run_names_the_same_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed = REPO / "systemd" / "sepa-gateway.toml"
+    assert check(installed, capsys) == (0, f"{installed}: ok\n", "")
+    path = tmp_path / "bad.toml"
+    path.write_text(CASES["out-of-range"][0])
+    assert cli_main(["run", "--config", str(path), "--no-mqtt", "--no-coap"]) == 2
+    assert f"{path}:6: http.port must be between" in capsys.readouterr().err
+
+
+def test_what_no_line_holds_still_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.toml"
+    code, _, err = check(missing, capsys)
+    assert (
+        code == 2
+        and err == f"sepa-gateway: bad configuration: {missing}: cannot read {missing}: No such file or directory\n"
+    )
+
+
+def test_check_config_as_the_installer_runs_it(tmp_path: Path, gateway_command: list[str]) -> None:
+    path = tmp_path / "sepa-gateway.toml"
+    path.write_text(CASES["unknown-key"][0])
+    done = subprocess.run([*gateway_command, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == f"sepa-gateway: bad configuration: {path}:6: unknown setting http.prot "
+        + (done.stderr.split("unknown setting http.prot ", 1)[1])
+    )
+    path.write_text(HEAD)
+    done = subprocess.run([*gateway_command, "check-config", str(path)], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{path}: ok\n", "")

@@ -1,0 +1,108 @@
+"""The appliance's components on ``/health`` (gateway/appliance/health.py), in real gateways.
+
+Protects: a wall clock before the data directory's last write (a board without a real-time clock,
+booted at an old time) makes the gateway not ready, naming the clock, while it stays alive; the
+CoAP adapter is a required component, ready while listening; the cloud shipper is listed but not
+required, and fails its check once its backlog passes half of its spool budget (the cloud
+unreachable, real CoAP readings spooled) while the gateway stays ready.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.appliance.health import ClockFloor, newest_write, shipper_health
+from tools.coap import libcoap
+from tools.launcher import RunningGateway, free_port, launch_gateway
+
+
+def health(gateway: RunningGateway) -> tuple[int, dict[str, Any]]:
+    reply = gateway.request("GET", "/health")
+    return reply.status, reply.json()
+
+
+def test_a_clock_before_the_last_write_is_not_ready(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    written = time.time() + 10 * 365 * 86400  # what a board that kept a later time wrote last
+    (data / "last-run").write_bytes(b"")
+    os.utime(data / "last-run", (written, written))
+    gateway = launch_gateway(data_dir=data)
+    try:
+        status, body = health(gateway)
+        assert status == 503 and body["status"] == "not ready"
+        clock = body["components"]["clock"]
+        assert clock["status"] == "failing" and clock["required"] is True
+        assert f"the last write into {data}" in clock["detail"] and "is not set" in clock["detail"]
+        assert body["components"]["store"]["status"] == "ok"
+        assert gateway.request("GET", "/health/live").status == 200
+    finally:
+        assert gateway.stop() == 0
+    gateway = launch_gateway(data_dir=tmp_path / "fresh")  # the same gateway with a sane data directory
+    try:
+        status, body = health(gateway)
+        assert status == 200 and body["components"]["clock"]["status"] == "ok"
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_clock_floor_is_the_newer_of_installation_and_last_write(tmp_path: Path) -> None:
+    installed = ClockFloor("")
+    assert installed.source == "the installation of this code" and installed.floor <= time.time()
+    assert installed.check().ok
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for path, when in (("a/b/deep", 5e9), ("a/b", 1e9), ("a/file", 4e9), ("a", 1e9)):
+        (tmp_path / path).touch()
+        os.utime(tmp_path / path, (when, when))
+    assert newest_write(tmp_path) == 4e9  # a/file, two levels down (a store's files); a/b/deep is deeper
+    assert newest_write(tmp_path, depth=1) == 1e9
+    floor = ClockFloor(str(tmp_path))
+    assert floor.floor == 4e9 and not floor.check().ok
+
+
+def test_shipper_backlog_past_half_its_budget_is_failing_but_not_required() -> None:
+    budget = 8 << 20
+    ok = shipper_health({"backlog_bytes": 1 << 20, "backlog_observations": 10}, budget)
+    assert ok.ok and not ok.required and "nothing uploaded since start" in ok.detail
+    behind = shipper_health({"backlog_bytes": 5 << 20, "last_success_timestamp": time.time() - 60}, budget)
+    assert (
+        not behind.ok and "5 MiB of the 8 MiB spool budget" in behind.detail and "last upload 60 s ago" in behind.detail
+    )
+
+
+def test_coap_is_required_and_the_shipper_is_not(tmp_path: Path) -> None:
+    if libcoap.coap_client() is None:
+        pytest.fail(libcoap.MISSING, pytrace=False)
+    token = tmp_path / "token"
+    token.write_text("health-token\n")
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        "[shipper]\nenabled = true\n"
+        f'url = "https://127.0.0.1:{free_port()}"\ntoken_file = "{token}"\n'  # nobody listens: the backlog grows
+        "segment_max_bytes = 1024\nspool_budget_bytes = 8192\n"
+    )
+    gateway = launch_gateway(config=config, data_dir=tmp_path / "data", mqtt=False, coap=True)
+    try:
+        status, body = health(gateway)
+        assert status == 200, body
+        assert set(body["components"]) == {"store", "clock", "coap", "shipper"}
+        coap = body["components"]["coap"]
+        assert coap["status"] == "ok" and coap["required"] is True and "listening=True" in coap["detail"]
+        shipper = body["components"]["shipper"]
+        assert shipper["status"] == "ok" and shipper["required"] is False
+        for n in range(40):
+            done = libcoap.run(["-m", "post", "-e", f"{20 + n / 10}", f"{gateway.coap_url}/s/boiler/temperature"])
+            assert libcoap.succeeded(done), done
+            status, body = health(gateway)
+            if body["components"]["shipper"]["status"] == "failing":
+                break
+        assert status == 200 and body["status"] == "ready"  # the cloud being away does not stop the gateway
+        shipper = body["components"]["shipper"]
+        assert shipper["status"] == "failing" and "of the 8 KiB spool budget" in shipper["detail"], shipper
+    finally:
+        assert gateway.stop() == 0

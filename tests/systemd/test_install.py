@@ -1,0 +1,244 @@
+"""systemd/install.sh and systemd/uninstall.sh for real, as a new user runs them: the README's first
+command in a root shell without sudo, on a Debian without systemd (a container, like this machine).
+
+How, without changing this machine: the scripts run as root in namespaces of their own (unshare:
+mount, network, PID) where /etc, /opt, /usr/local, /var and /run are overlays whose writes land in
+the test's directory. Everything else is real: the scripts, useradd, pip into /opt/sepa-gateway,
+Mosquitto with the installer's listener and logins, the gateway on its installed ports (the
+namespace's own loopback, so they collide with nothing). Its network has only loopback: pip
+installs from a wheelhouse the test downloads first (PIP_NO_INDEX, PIP_FIND_LINKS).
+
+Protects (issue 18 item 3): as root without sudo the installer runs, and as a user without sudo it
+says in one line how to run it; `sepa-gateway` and `sepa-cloud` are on PATH; the gateway is ready
+(/health 200: store, clock, MQTT logged in to the installed Mosquitto, CoAP); the examples run
+with the installed environment, against the installed gateway; its log is the rotated file; an
+upgrade keeps data and configuration; a bad configuration is reported at once with its line and
+the running gateway is not restarted; uninstall keeps data and configuration (a new install finds
+them), --purge removes them and the service user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ("pyproject.toml", "README.md", "broker", "adapters", "gateway", "cloud", "tools", "ontologies", "examples")
+OVERLAID = ("/etc", "/opt", "/usr/local", "/var", "/run")
+INSTALL_TIMEOUT_S = 900
+# the installed gateway's process, as pgrep -f finds it ([/]: not the shell that runs pgrep)
+GATEWAY = "'[/]opt/sepa-gateway/bin/sepa-gateway run'"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a root shell's PATH on Debian
+
+
+@dataclass
+class Machine:
+    """A root shell in the namespaces: `run` a command there."""
+
+    pid: int  # the namespaces' first process, as this machine sees it
+    env: dict[str, str]
+
+    def run(self, command: str, timeout: float = 120, user: int | None = None) -> subprocess.CompletedProcess[str]:
+        argv = ["nsenter", "-t", str(self.pid), "--mount", "--net", "--pid", "--"]
+        if user is not None:
+            argv += ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"]
+        return subprocess.run(
+            [*argv, "bash", "-c", command], capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+
+    def ok(self, command: str, timeout: float = 120) -> str:
+        done = self.run(command, timeout)
+        assert done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    def health(self) -> tuple[int, dict[str, object]]:
+        out = self.ok("curl -s -w '\\n%{http_code}' http://127.0.0.1:8000/health")
+        body, _, status = out.rpartition("\n")
+        return int(status), json.loads(body)
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every wheel the installer's pip needs, for Debian's own python3 (the one the installer uses)."""
+    source = tmp_path_factory.mktemp("wheelhouse-source")
+    copy_source(source)
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    done = subprocess.run(
+        [
+            "/usr/bin/python3",
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "-d",
+            str(folder),
+            str(source),
+            "setuptools>=68",
+            "wheel",
+            "pip",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def copy_source(target: Path) -> None:
+    """The clone as a new user has it (a copy: pip builds in the tree it is given)."""
+    target.mkdir(exist_ok=True)
+    for name in (*SOURCE, "systemd"):
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, target / name, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
+        else:
+            shutil.copy2(ROOT / name, target / name)
+
+
+@pytest.fixture
+def machine(tmp_path: Path, wheelhouse: Path) -> Iterator[Machine]:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.fail("the install test runs as root with unshare and nsenter (util-linux)", pytrace=False)
+    mounts = []
+    for directory in OVERLAID:
+        name = directory.strip("/").replace("/", "-")
+        upper, work = tmp_path / "overlay" / name / "upper", tmp_path / "overlay" / name / "work"
+        upper.mkdir(parents=True)
+        work.mkdir()
+        mounts.append(f"mount -t overlay overlay -o lowerdir={directory},upperdir={upper},workdir={work} {directory}")
+    script = " && ".join([*mounts, "ip link set lo up", "echo ready", "exec sleep infinity"])
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--net",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n", holder.stderr
+        (first,) = subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True).stdout.split()
+        env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
+        yield Machine(int(first), env)
+    finally:
+        os.kill(int(first), signal.SIGKILL)  # the namespace's first process: every process in it goes
+        holder.wait(30)
+
+
+def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp_path: Path) -> None:
+    clone = tmp_path / "sepa-gateway"
+    copy_source(clone)
+
+    # a user who is not root, where there is no sudo (nobody, with a clone it can read)
+    machine.ok(f"cp -r {clone} /var/tmp/clone && chmod -R a+rX /var/tmp/clone")
+    refused = machine.run("/var/tmp/clone/systemd/install.sh", user=65534)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        "install.sh: run it as root (e.g. su -c '/var/tmp/clone/systemd/install.sh'): there is no sudo here\n"
+    )
+
+    out = machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert " is running: http://localhost:8000/query" in out, out
+    assert "/var/lib/sepa-gateway/sepa-gateway.log" in out
+    assert machine.ok("command -v sepa-gateway sepa-cloud").split() == [
+        "/usr/local/bin/sepa-gateway",
+        "/usr/local/bin/sepa-cloud",
+    ]
+    assert machine.ok("sepa-gateway --version").startswith("sepa-gateway ")
+    spark = machine.run("sepa-cloud stream --help")
+    assert spark.returncode == 2 and "SEPA_GATEWAY_CLOUD=1 ./systemd/install.sh" in spark.stderr
+
+    deadline = time.monotonic() + 30
+    while (status := machine.health())[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status, body = machine.health()
+    assert status == 200, body
+    components = body["components"]
+    assert {name: component["status"] for name, component in components.items()} == {  # type: ignore[union-attr]
+        "store": "ok",
+        "clock": "ok",
+        "mqtt": "ok",
+        "coap": "ok",
+    }
+
+    # the examples, with the installed environment only (not from the clone), against the installed gateway
+    lighting = machine.ok(
+        "cd / && /opt/sepa-gateway/bin/python -m examples.smart_lighting.smart_lighting --delay 300 "
+        "--url http://127.0.0.1:8000 --ws-url ws://127.0.0.1:9000/subscribe"
+    )
+    assert lighting.splitlines()[-1].endswith("OFF only Δt after the last presence")
+    log = machine.ok("cat /var/lib/sepa-gateway/sepa-gateway.log")
+    assert 'msg="sepa-gateway serving"' in log  # the rotated file of `run --log-file`; stderr is apart
+    assert "--log-file /var/lib/sepa-gateway/sepa-gateway.log" in machine.ok("pgrep -af 'sepa-gateway run'")
+    assert machine.ok("cat /var/lib/sepa-gateway/sepa-gateway.stderr") == ""
+
+    # an upgrade keeps the data and the configuration
+    machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
+    machine.ok("sed -i 's/^retain_count = 1000 /retain_count = 77 /' /etc/sepa-gateway/sepa-gateway.toml")
+    machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
+    assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+
+    # a bad configuration: said at once, with its line; the running gateway is left alone
+    pid_before = machine.ok(f"pgrep -f {GATEWAY}")
+    machine.ok("sed -i 's/^port = 8000 /port = 80000 /' /etc/sepa-gateway/sepa-gateway.toml")
+    line = machine.ok("grep -n '^port = 80000' /etc/sepa-gateway/sepa-gateway.toml").split(":")[0]
+    bad = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert bad.returncode == 2
+    assert f"sepa-gateway: bad configuration: /etc/sepa-gateway/sepa-gateway.toml:{line}: http.port" in bad.stderr
+    assert "the service was not restarted" in bad.stderr and "did not answer" not in bad.stderr
+    assert machine.ok(f"pgrep -f {GATEWAY}") == pid_before
+    machine.ok("sed -i 's/^port = 80000 /port = 8000 /' /etc/sepa-gateway/sepa-gateway.toml")
+
+    # a start that fails (another program took the WebSocket port while the gateway was stopped): its
+    # reason, at once
+    machine.ok(f"pkill -f {GATEWAY}; while pgrep -f {GATEWAY}; do sleep 0.1; done")
+    machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
+    machine.ok("sleep 1; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)'")
+    failed = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert (
+        "cannot listen on 127.0.0.1:9000" in failed.stderr and "did not start (above: its last words)" in failed.stderr
+    )
+    machine.ok("kill $(cat /run/squatter)")
+
+    # uninstall keeps data and configuration; a new install finds them
+    out = machine.ok(f"{clone}/systemd/uninstall.sh")
+    assert "kept: /etc/sepa-gateway (configuration), /var/lib/sepa-gateway (data)" in out
+    assert machine.run("command -v sepa-gateway || ls /opt/sepa-gateway").returncode != 0
+    assert machine.run(f"pgrep -f {GATEWAY}").returncode == 1
+    assert machine.run("test -e /etc/mosquitto/conf.d/sepa-gateway.conf").returncode == 1
+    machine.ok("test -f /etc/sepa-gateway/sepa-gateway.toml && test -d /var/lib/sepa-gateway/data && id sepa-gateway")
+    machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+    assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
+
+    # --purge: nothing left of it
+    machine.ok(f"{clone}/systemd/uninstall.sh --purge")
+    for path in (
+        "/opt/sepa-gateway",
+        "/etc/sepa-gateway",
+        "/var/lib/sepa-gateway",
+        "/etc/mosquitto/sepa-gateway.passwd",
+    ):
+        assert machine.run(f"test -e {path}").returncode == 1, path
+    assert machine.run("id sepa-gateway").returncode == 1
