@@ -1,6 +1,6 @@
 """What `pip install .` puts in an environment (pyproject.toml), as systemd/install.sh installs it.
 
-Protects: the wheel holds the examples with their JSAP profiles, and one of them runs from the
+Protects: the wheel holds the examples with their JSAP profiles and the dashboard's files, and one of them runs from the
 unpacked wheel alone, outside the clone (the installed environment is enough); both commands,
 `sepa-gateway` and `sepa-cloud`, are console scripts of the wheel; its version is pyproject's.
 """
@@ -41,6 +41,12 @@ def test_the_wheel_holds_the_examples_and_both_commands(tmp_path: Path) -> None:
         names = set(archive.namelist())
         archive.extractall(site)
     assert {"examples/chat/chat.jsap", "examples/smart_lighting/smart_lighting.jsap"} <= names
+    dashboard = {  # every file the dashboard serves, and uPlot's licence beside it
+        "gateway/dashboard/" + path.relative_to(ROOT / "gateway" / "dashboard").as_posix()
+        for path in (ROOT / "gateway" / "dashboard" / "static").rglob("*")
+        if path.is_file()
+    }
+    assert "gateway/dashboard/static/vendor/uplot/LICENSE" in dashboard and dashboard <= names, dashboard - names
     (entry_points,) = site.glob("sepa_gateway-*.dist-info/entry_points.txt")
     scripts = entry_points.read_text().split("[console_scripts]")[1].split("[")[0]
     assert "sepa-gateway = gateway.appliance.cli:main" in scripts and "sepa-cloud = cloud.cli:main" in scripts
