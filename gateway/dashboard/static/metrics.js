@@ -9,7 +9,8 @@ import { schedule } from "./frames.js";
 const POLL_MS = 2000;
 const HISTORY = 900;
 const GROUPS = [
-  ["Subscriptions and SPUs", /^sepa_(subscriptions|subscriptions_ended_total|notifications_total|updates_total|lutt_hits_total|ws_connections|ws_subscription_clients|ws_subscription_bytes|stage_seconds_total.*)$/],
+  ["Gateway", /^sepa_(build_info.*|uptime_seconds)$/],
+  ["Subscriptions and SPUs", /^sepa_(subscriptions|subscriptions_max|subscriptions_ended_total|notifications_total|updates_total|update_processing_seconds_(min|avg|max)|lutt_hits_total|ws_connections|ws_subscription_clients|ws_subscription_bytes|stage_seconds_total.*)$/],
   ["Scheduler and delayed updates", /^sepa_(scheduler_.*|delayed_pending|delayed_.*_total|query_workers.*)$/],
   ["Shipper", /^sepa_shipper_.*/],
   ["MQTT", /^sepa_mqtt_(readings|mapping_errors|duplicates_skipped|connection_connected|ingest_bad_input|connection_session_takeovers)$/],
