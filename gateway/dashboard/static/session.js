@@ -80,7 +80,8 @@ export class Session {
   query(sparql) {
     return this.call(this.config.query, {
       method: "POST",
-      headers: { "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json" },
+      // SELECT and ASK as SPARQL JSON; CONSTRUCT and DESCRIBE as Turtle (shown as text)
+      headers: { "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json, text/turtle;q=0.9" },
       body: sparql,
     });
   }

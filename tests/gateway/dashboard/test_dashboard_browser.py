@@ -245,6 +245,40 @@ def test_a_mapping_added_in_the_page_maps_the_next_readings(
     assert tile_value(browser, "kiln7", "temperature") == "480"
 
 
+def test_what_a_form_takes_is_written_as_a_literal_never_as_sparql(browser: Any, installed: InstalledGateway) -> None:
+    """A topic filter that tries to close the literal and run its own update stays a string."""
+    canary = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    assert installed.gateway.update(f"INSERT DATA {{ <{canary}> <urn:dash:p> 1 }}").status == 200
+    hostile = 'x" } } ; DROP ALL ; INSERT DATA { GRAPH <urn:g> { <urn:a> <urn:b> "'
+    open_panel(browser, "mappings-panel")
+    form = browser.find_element("id", "mapping-form")
+    form.find_element("name", "id").send_keys("hostile")
+    form.find_element("name", "topic").send_keys(hostile)
+    form.find_element("css selector", "button[type=submit]").click()
+    wait_for(
+        browser,
+        "return [...document.querySelectorAll('#mappings td')].some((td) => td.textContent === arguments[0])",
+        hostile,
+        what="the hostile filter listed as text",
+    )
+    assert installed.gateway.ask(f"ASK {{ <{canary}> <urn:dash:p> 1 }}")  # nothing was dropped
+    rows = installed.gateway.select(
+        'SELECT ?t WHERE { GRAPH ?g { ?m <http://w3id.org/sepa-gateway/ns#mappingId> "hostile" ; '
+        "<http://w3id.org/sepa-gateway/ns#topicFilter> ?t } }"
+    )
+    assert rows == [{"t": hostile}]
+
+
+def test_a_construct_in_the_console_shows_turtle(browser: Any, installed: InstalledGateway) -> None:
+    open_panel(browser, "console-panel")
+    box = browser.find_element("id", "sparql")
+    box.clear()
+    box.send_keys("CONSTRUCT { <urn:dash:c> <urn:dash:p> 7 } WHERE {}")
+    browser.find_element("id", "run-query").click()
+    text = wait_for(browser, "return document.querySelector('#console-result pre')?.textContent", what="Turtle")
+    assert "<urn:dash:c>" in text and "7" in text
+
+
 def test_the_gateway_panel_shows_subscriptions_and_rates(browser: Any) -> None:
     open_panel(browser, "gateway-panel")
     figures = wait_for(
