@@ -9,6 +9,7 @@ of the run (tests/support/artifacts.py).
 
 from __future__ import annotations
 
+import json
 import struct
 import time
 import uuid
@@ -106,6 +107,18 @@ def test_the_page_loads_without_console_errors_within_its_weight_and_first_rende
         time.sleep(1.5)  # the panels' first requests and subscriptions, a metrics poll
         assert console_errors(driver) == []
         print(f"page weight {total} bytes transferred, first contentful paint {paint[0]:.0f} ms")
+
+
+def test_the_token_is_kept_for_the_tab_only_and_neither_it_nor_the_secret_is_logged(
+    browser: Any, installed: InstalledGateway, writer: Credentials
+) -> None:
+    kept = browser.execute_script("return sessionStorage.getItem('sepa-dashboard-token')")
+    assert kept and writer.client_secret not in kept
+    token = json.loads(kept)["value"]
+    assert browser.execute_script("return localStorage.length") == 0
+    assert browser.execute_script("return document.cookie") == ""
+    log = installed.gateway.log()
+    assert writer.client_secret not in log and token not in log
 
 
 def test_a_reading_over_mqtt_shows_in_its_tile_and_chart_within_a_second(browser: Any, sensor: mqtt.Client) -> None:

@@ -13,8 +13,9 @@ import urllib.request
 from gateway.appliance.config import Config
 from gateway.dashboard.assets import load_assets
 from tests.broker.gates.secure_support import ADMIN, secure_config
-from tests.gateway.dashboard.dashboard_support import SL, lamp_state, lamp_update, wait_for
-from tests.support.browser import chromium, console_errors
+from tests.gateway.dashboard.dashboard_support import SL, lamp_state, lamp_update, log_in, wait_for
+from tests.support.browser import chromium, console_errors, trusting
+from tools.dashboard_bench.installed import Credentials
 
 FILES = ("/", "/dashboard/app.js", "/dashboard/style.css", "/dashboard/vendor/uplot/uPlot.iife.min.js")
 
@@ -92,3 +93,21 @@ def test_the_dashboard_can_be_turned_off(in_process_gateway) -> None:
     assert gateway.request("GET", "/").status == 404
     assert gateway.request("GET", "/dashboard/app.js").status == 404
     assert gateway.request("GET", "/metrics").status == 200
+
+
+def test_the_page_renews_its_token_before_it_expires(in_process_gateway, tmp_path) -> None:
+    config = secure_config(ADMIN, data_dir=str(tmp_path / "data"))
+    config.security.token_lifetime_s = 10  # the least allowed; renewed at 80 %: after 8 s
+    gateway = in_process_gateway(config)
+    client, secret = gateway.gateway.secure.authority.registry.register("admin", "now")  # as `clients add --register`
+    with chromium(flags=trusting(gateway.gateway.secure.tls.cert)) as driver:
+        log_in(driver, gateway.https_url, Credentials(client.client_id, secret))
+        first = driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')")
+        time.sleep(11)  # past the first token's life
+        second = driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')")
+        assert second and second != first
+        assert driver.execute_script("return document.getElementById('login').hidden") is True
+        driver.find_element("css selector", "#console-panel > summary").click()
+        driver.find_element("id", "run-query").click()  # a request with the renewed token
+        wait_for(driver, "return document.querySelector('#console-result table') !== null", what="a result")
+        assert console_errors(driver) == []
