@@ -38,12 +38,18 @@ def missing() -> str | None:
 
 @contextlib.contextmanager
 def chromium(
-    width: int = 1280, height: int = 900, flags: tuple[str, ...] = (), nice: int = 0, idle: bool = False
+    width: int = 1280,
+    height: int = 900,
+    flags: tuple[str, ...] = (),
+    nice: int = 0,
+    idle: bool = False,
+    cpus: str = "",
 ) -> Iterator[Any]:
     """A headless Chromium (a selenium WebDriver) with a fresh profile and these extra `flags`;
     quit on the way out. RuntimeError when it is not installed. `nice`: run the browser (and every
     process it starts) at that niceness, so that on a shared machine it yields the cores to what
-    is measured beside it; `idle`: under SCHED_IDLE, so that it runs only on time nothing else wants."""
+    is measured beside it; `idle`: under SCHED_IDLE, so that it runs only on time nothing else wants;
+    `cpus`: only on these CPUs (a `taskset -c` list)."""
     problem = missing()
     if problem:
         raise RuntimeError(problem)
@@ -53,9 +59,13 @@ def chromium(
     with tempfile.TemporaryDirectory(prefix="sepa-chromium-") as profile:
         options = webdriver.ChromeOptions()
         options.binary_location = CHROMIUM
-        if nice or idle:
+        if nice or idle or cpus:
             wrapper = Path(profile) / "chromium-wrapper"
             prefix = "chrt --idle 0" if idle else f"nice -n {int(nice)}"
+            if cpus:
+                if not all(part.isdigit() for part in cpus.replace("-", ",").split(",")):
+                    raise ValueError(f"not a CPU list: {cpus!r}")
+                prefix = f"taskset -c {cpus} {prefix}"
             wrapper.write_text(f'#!/bin/sh\nexec {prefix} "{CHROMIUM}" "$@"\n')
             wrapper.chmod(0o700)
             options.binary_location = str(wrapper)

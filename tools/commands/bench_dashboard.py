@@ -35,6 +35,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run Chromium under SCHED_IDLE (only on CPU time nothing else wants) instead of niced",
     )
+    parser.add_argument("--browser-cpus", default="", help="run Chromium on these CPUs only (taskset -c list, e.g. 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_dashboard)
 
@@ -53,6 +54,7 @@ def run_dashboard(args: argparse.Namespace) -> int:
         on_disk=args.on_disk,
         browser_nice=args.browser_nice,
         browser_idle=args.browser_idle,
+        browser_cpus=args.browser_cpus,
     )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))

@@ -74,6 +74,7 @@ class DashboardBenchOptions:
     height: int = 900
     browser_nice: int = 10
     browser_idle: bool = False
+    browser_cpus: str = ""
 
     @property
     def retain_count(self) -> int:
@@ -99,7 +100,12 @@ def open_page(installed: InstalledGateway, credentials: Credentials, options: Da
     """Chromium with the dashboard logged in, its tiles live and one sensor's chart open."""
     flags = trusting(installed.certificate)
     with chromium(
-        options.width, options.height, flags=flags, nice=options.browser_nice, idle=options.browser_idle
+        options.width,
+        options.height,
+        flags=flags,
+        nice=options.browser_nice,
+        idle=options.browser_idle,
+        cpus=options.browser_cpus,
     ) as driver:
         driver.get(installed.gateway.https_url + "/")
         _until(driver, "return !document.getElementById('login').hidden")
@@ -236,6 +242,7 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
             "on_disk": options.on_disk,
             "browser_nice": options.browser_nice,
             "browser_idle": options.browser_idle,
+            "browser_cpus": options.browser_cpus or None,
             "prune_interval_s": PRUNE_INTERVAL_S,
             "retain_count": options.retain_count,
             "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
