@@ -206,6 +206,7 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
                     browser_cpu = round(tree_cpu_seconds(driver.service.process.pid) - browser_before, 2)
                     frames = [float(value) for value in driver.execute_script("return window.benchFrames")]
                     shown = int(driver.execute_script("return document.querySelectorAll('.tile').length"))
+                time.sleep(2.0)  # Chromium's processes end; their teardown is no part of the next phase
                 say(
                     f"round {number + 1}: with the page, NL p99 {summary(with_page)['p99']} ms, "
                     f"frame p95 {summary(frames)['p95']} ms over {len(frames)} frames, {shown} tiles"
