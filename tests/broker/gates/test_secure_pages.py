@@ -48,6 +48,7 @@ def test_rights_say_what_the_client_may_do_now_and_metrics_are_for_readers_of_ev
 
 def test_an_added_page_is_served_on_the_plain_port_and_sees_which_port() -> None:
     """(tests/gateway/dashboard/test_dashboard_pages.py gets the same page over HTTPS.)"""
+
     async def main() -> None:
         gates = Gates(Scheduler(Engine()))
 
