@@ -98,12 +98,12 @@ export class Chart {
       width: this.container.clientWidth || 320,
       height: 240,
       cursor: { drag: { x: true, y: false } },
-      scales: { x: { time: true } },
+      // one reading has no span of its own: a minute either side of it (uPlot's own default is years)
+      scales: { x: { time: true, range: (plot, min, max) => (min === max ? [min - 60, max + 60] : [min, max]) } },
       series: [{}, ...this.properties.map((property, index) => ({
         label: shortName(property) + (this.unitOf(property) ? ` (${this.unitOf(property)})` : ""),
         stroke: colors[index % colors.length],
-        spanGaps: true,
-        points: { show: false },
+        spanGaps: true, // uPlot shows the points themselves while they are few enough to tell apart
       }))],
       hooks: {
         setSelect: [(plot) => { if (plot.select.width > 0) this.zoomed = true; }],

@@ -352,7 +352,11 @@ def test_screenshots_at_phone_and_desktop_widths(
         publish(sensor, f"gateway/room-{index}/temperature", f"{20 + index}.5")
     assert installed.gateway.update(lamp_update("Lamp1", "ON")).status == 200
     with chromium(width, height, flags=trusting(installed.certificate)) as driver:
+        if name == "phone":  # a headless window is 500 px wide at least: the phone's screen is emulated
+            metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": True}
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
         log_in(driver, installed.gateway.https_url, writer)
+        assert driver.execute_script("return window.innerWidth") == width
         wait_for(driver, "return document.querySelectorAll('.tile').length >= 6", what="the tiles")
         driver.execute_script("document.querySelector('.tile').click()")
         wait_for(driver, "return document.querySelector('#chart canvas') !== null", what="the chart")
