@@ -446,7 +446,8 @@ def test_wrong_operation_parameter_is_400(gateway: RunningGateway, ex: str) -> N
     assert not gateway.ask(f"ASK {{ <{ex}s> ?p ?o }}")
 
 
-@pytest.mark.parametrize("path", ["/nothing-here", "/sparql", "/query/more", "/updates", "/QUERY"])  # "/" is the dashboard
+# not "/": it is the dashboard's
+@pytest.mark.parametrize("path", ["/nothing-here", "/sparql", "/query/more", "/updates", "/QUERY"])
 def test_wrong_path_is_404(gateway: RunningGateway, path: str) -> None:
     assert_error(gateway.request("GET", f"{path}?query=ASK%7B%7D"), 404, "not_found")
     assert_error(gateway.request("POST", path, "ASK {}", {"Content-Type": "application/sparql-query"}), 404)
