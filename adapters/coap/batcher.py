@@ -5,11 +5,11 @@ reading; sensors send one reading a request. While one batch commits, the next g
 MQTT ingestor's batches: a slow commit means larger batches, not a longer queue). Memory is bounded
 by `max_waiting` readings: past it a request is refused at once (5.03 with Max-Age) rather than queued.
 
-Measured (`sepa-gateway bench coap`, 2 client processes with 32 confirmable POSTs in flight, 100
-latest-view subscriptions, the 2-core test machine quiet): 559 readings/s in batches of 10 on
-average (63 at most), 0 lost, 0 duplicated; MQTT in the same run 1,776/s. The gateway spends about
-1.6 ms of CPU a reading, half of it in aiocoap's receive and send paths (py-spy), which is what
-bounds the rate, not the commits.
+Measured (`sepa-gateway bench coap --json`, 2 client processes x 128 confirmable POSTs in flight,
+100 latest-view subscriptions, the 2-core test machine quiet, two runs): 1,334 and 1,325 readings/s
+in batches of ~55 (191 at most), 0 lost, 0 duplicated; MQTT in the same runs 1,543 and 1,404/s.
+The gateway spends ~0.7 ms of CPU a reading. Before the fast path (:mod:`adapters.coap.fastpath`):
+559/s with 2 x 32 in flight, 1.6 ms a reading, half of it in aiocoap's receive and send paths.
 
 One request's readings are all or nothing. A batch the writer refuses as a whole (a reading that
 cannot be written: PayloadError) is retried request by request, so only the bad request fails.

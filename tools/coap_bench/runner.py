@@ -25,18 +25,16 @@
 CPU seconds: the clients' own (``time.process_time`` over their sending), and the gateway's
 (``/proc/<pid>/stat``) over each phase.
 
-Measured (2 cores shared with other work, load average 2.4-7.9; defaults: 20,000 readings, 2 clients
-x 32 in flight, 1,000/s for 10 s; three runs): 531, 477, 487 CoAP readings/s against 1,680, 1,432,
-1,413 MQTT readings/s of the same runs (ratio 0.32-0.34); 0 duplicates, 0 lost. The gateway spent
-1.4-1.5 ms CPU per CoAP reading, the clients 0.55-0.6 ms, so the latency phase's 1,000/s was more
-than the gateway could take: it sent 254-361/s, NL p50 122-148 ms, p99 376-1,167 ms. At 250/s (the
-gateway keeping up): NL p50 16 ms, p99 203 ms. Where the gateway's time goes (py-spy, throughput
-phase): on the event loop, aiocoap's receive path ~32% (decoding, deduplication, token and pipe
-bookkeeping, a task per request named with the request's repr), its sends ~19% (sendmsg; on
-loopback the kernel delivers in the sender's call), the batch commit ~16% (building the quads),
-WebSocket notifications ~9%; beside it the engine thread (store and the 100 subscriptions) at ~0.3
-core. Batches stay small (~6-8 readings, MQTT's ~200-300) because a reading's 2.04 waits for its
-commit, so only the requests in flight can share one.
+Measured, the fast path in (adapters/coap/fastpath.py) and the clients writing their datagrams
+(defaults: 20,000 readings, 2 clients x 128 in flight, 1,000/s for 10 s; the machine quiet, two
+runs): 1,334 and 1,325 CoAP readings/s against 1,543 and 1,404 MQTT readings/s of the same runs
+(ratio 0.86, 0.94); 0 duplicates, 0 lost; the gateway ~0.7 ms CPU a reading, the clients ~0.11 ms.
+Latency phase at 1,000/s (sent at 1,000/s): NL p50 159-168 ms, p99 244-249 ms: the gateway is near
+saturation there. Where its time goes (py-spy --gil, throughput phase): the event loop 62 % of the
+GIL's time (the batch commit 26 %, of which building the observation quads 16 % and the latest
+mirror 6 %; the receive path 18 %; WebSocket notifications 7 %), the update thread 35 % (SPU
+matching and processing 26 %). Before the fast path, with aiocoap on both sides and 2 x 32 in
+flight: 477-531/s, the gateway 1.4-1.5 ms a reading, aiocoap's receive path ~32 % of the loop.
 """
 
 from __future__ import annotations
