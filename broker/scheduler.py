@@ -418,7 +418,7 @@ class Scheduler:
         self._updates.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
         self._queries.shutdown(wait=False, cancel_futures=True)
-        self.engine.spus.close()
+        self.engine.close()
         if self.engine.workers is not None:
             self.engine.workers.close()
 

@@ -13,11 +13,13 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from broker.core.access import GraphAccess
 from broker.core.budget import Budget, OverBudget
 from broker.core.notification import Notification
+from broker.core.pipeline import PipelinedSpuManager
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.spu_manager import SpuManager
@@ -36,10 +38,14 @@ NotificationCallback = Callable[[Notification], None]
 class Engine:
     """One SEPA engine over one store.
 
-    mode: "incremental" (LUTT + incremental/re-evaluating SPUs, the product) or "naive" (every
-    subscription re-evaluated and diffed after every update: the reference broker's algorithm,
-    kept as the benchmark baseline and as a test oracle).
+    mode: "incremental" (LUTT + incremental/re-evaluating SPUs, the product; also called
+    "sequential"), "parallel" (the same, with the BOOSTER in `boosters` worker processes and
+    updates pipelined: :mod:`broker.core.pipeline`) or "naive" (every subscription re-evaluated and
+    diffed after every update: the reference broker's algorithm, kept as the benchmark baseline and
+    as a test oracle).
     """
+
+    MODES = ("incremental", "sequential", "parallel", "naive")
 
     def __init__(
         self,
@@ -51,6 +57,7 @@ class Engine:
         service_timeout_s: float = 10.0,
         workers: QueryWorkers | None = None,
         base_iri: str | None = None,
+        boosters: int = 1,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -61,14 +68,19 @@ class Engine:
 
         `base_iri`: what relative IRIs of every request resolve against, unless the call gives its
         own (:mod:`broker.sparql.base`)."""
-        if mode not in ("incremental", "naive"):
+        if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
-        self.mode = mode
+        self.mode = "incremental" if mode == "sequential" else mode
         self.stats = EngineStats()
         self.queries = QueryProcessor(self.store, service_allow=service_allow, service_timeout_s=service_timeout_s)
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
-        self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"), workers=workers)
+        if mode == "parallel":
+            self.spus: SpuManager = PipelinedSpuManager(
+                self.store, self.queries, self.stats, boosters=boosters, workers=workers
+            )
+        else:
+            self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"), workers=workers)
         self._update_lock = threading.Lock()
         self.workers = workers
         self.base_iri = base_iri
@@ -91,6 +103,40 @@ class Engine:
         trusted: bool = False,
     ) -> UpdateResult:
         """Apply one SPARQL 1.1 Update request atomically and notify the subscriptions it affects.
+
+        :meth:`submit`, waiting for end of processing; its arguments.
+        """
+        return self.submit(
+            sparql,
+            using_graph_uri=using_graph_uri,
+            using_named_graph_uri=using_named_graph_uri,
+            base_iri=base_iri,
+            prefixes=prefixes,
+            mark=mark,
+            budget=budget,
+            access=access,
+            trusted=trusted,
+        ).result()
+
+    def submit(
+        self,
+        sparql: Request,
+        *,
+        using_graph_uri: Sequence[str] = (),
+        using_named_graph_uri: Sequence[str] = (),
+        base_iri: str | None = None,
+        prefixes: dict[str, str] | None = None,
+        mark: ApplyMark | None = None,
+        budget: int | None = None,
+        access: GraphAccess | None = None,
+        trusted: bool = False,
+    ) -> Future[UpdateResult]:
+        """Apply one SPARQL 1.1 Update request atomically; its result once every subscription processed it.
+
+        In sequential mode the future is done when this returns. In parallel mode it may not be:
+        the update is in the store, its subscriptions are processed in the BOOSTER workers, and the
+        next update may be submitted meanwhile (:mod:`broker.core.pipeline`); updates still
+        complete in the order they were submitted.
 
         `sparql` is the request's text, or an in-process producer's :class:`~broker.sparql.syntax.Update`
         (:mod:`broker.sparql.syntax`), which is applied alike without being parsed.
@@ -132,10 +178,15 @@ class Engine:
                 access.check_writes(delta)
             computed = time.perf_counter()
             apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
-            notifications, timings = self.spus.process(delta, apply, steps)
-            timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
-            self.stats.record_update(timings, notifications, time.perf_counter() - started)
-            return UpdateResult(delta.added, delta.removed, notifications, timings)
+            future: Future[UpdateResult] = Future()
+
+            def processed(notifications: int, timings: dict[str, float]) -> None:
+                timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
+                self.stats.record_update(timings, notifications, time.perf_counter() - started)
+                future.set_result(UpdateResult(delta.added, delta.removed, notifications, timings))
+
+            self.spus.submit(delta, apply, steps, processed)
+            return future
         finally:
             clock.unpin()
             self._update_lock.release()
@@ -258,6 +309,10 @@ class Engine:
         """
         with self._update_lock:
             return self.spus.unsubscribe(spuid)
+
+    def close(self) -> None:
+        """Stop the engine's threads and worker processes (parallel mode's after the updates in flight)."""
+        self.spus.close()
 
     @property
     def subscription_count(self) -> int:

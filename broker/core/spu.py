@@ -89,6 +89,20 @@ class IncrementalSpu(SpuBase):
                 self.counts[self.group.project(index, mu)] += 1
                 self.total += 1
 
+    def reload(self, store: RdfStore) -> int:
+        """Evaluate again from scratch and notify the difference (parallel mode, after a BOOSTER
+        worker was lost with solutions of updates in flight)."""
+        before = self.counts
+        was = self.total > 0
+        self.counts, self.total = Counter(), 0
+        self.load(store)
+        if self.is_ask:
+            return self.notify((), (), self.total > 0, was)
+        if self.group.shape.distinct:
+            old, new = {row for row, count in before.items() if count > 0}, set(self.counts)
+            return self.notify(list(new - old), list(old - new), None, None)
+        return self.notify(list((self.counts - before).elements()), list((before - self.counts).elements()), None, None)
+
     def current_rows(self) -> tuple[Row, ...]:
         if self.group.shape.distinct:
             return tuple(row for row, count in self.counts.items() if count > 0)
@@ -144,6 +158,8 @@ class ShapeGroup:
         named_graphs: tuple[NamedNode, ...] | None,
     ) -> None:
         self.key = key
+        self.arguments = (key, shape, variables, default_graphs, named_graphs)  # to make it again elsewhere
+        self.gid = 0  # its number in the BOOSTER workers (parallel mode)
         self.shape = shape
         self.variables = variables
         self.spus: dict[tuple[tuple[object, ...], ...], IncrementalSpu] = {}
@@ -214,6 +230,43 @@ class ShapeGroup:
             return None
         return binding
 
+    def hit_solutions(
+        self, store: RdfStore, ref: tuple[int, int], quad: Quad, params: tuple[object, ...] | None
+    ) -> list[Mu] | None:
+        """Solutions of branch ref[0] that use `quad` at pattern ref[1], or None if the quad cannot
+        be there; with `params` (one SPU's parameter values for the branch), only that SPU's.
+
+        The unit of BOOSTER work: independent per quad, so parallel mode runs it in worker
+        processes (:mod:`broker.workers.booster`) and routes the solutions here."""
+        branch_index, pattern_index = ref
+        branch = self.shape.branches[branch_index]
+        binding = self.match(branch.patterns[pattern_index], quad)
+        if binding is None:
+            return None
+        if params is not None and any(
+            binding.setdefault(name, value) != value for name, value in zip(branch.param_vars, params, strict=True)
+        ):
+            return None
+        return list(self.solutions(store, branch_index, binding, pattern_index))
+
+    def route(
+        self,
+        branch_index: int,
+        spu: IncrementalSpu | None,
+        mus: Iterable[Mu],
+        out: dict[IncrementalSpu, dict[int, set[Mu]]],
+    ) -> None:
+        """File `mus` (solutions of one branch) under `spu`, or under every SPU whose parameters they carry."""
+        if spu is not None:
+            out.setdefault(spu, {}).setdefault(branch_index, set()).update(mus)
+            return
+        branch = self.shape.branches[branch_index]
+        positions = [branch.variables.index(name) for name in branch.param_vars]
+        routes = self.routes[branch_index]
+        for mu in mus:
+            for each in routes.get(tuple(mu[index] for index in positions), ()):
+                out.setdefault(each, {}).setdefault(branch_index, set()).add(mu)
+
     def collect(
         self,
         store: RdfStore,
@@ -222,29 +275,12 @@ class ShapeGroup:
         out: dict[IncrementalSpu, dict[int, set[Mu]]],
     ) -> None:
         """Solutions of branch ref[0] that use a hit quad at pattern ref[1], routed to their SPUs."""
-        branch_index, pattern_index = ref
-        branch = self.shape.branches[branch_index]
-        pattern = branch.patterns[pattern_index]
-        routes = self.routes[branch_index]
-        param_vars = branch.param_vars
+        branch_index = ref[0]
         for quad, spus in hits:
-            binding = self.match(pattern, quad)
-            if binding is None:
-                continue
-            if spus is not None and len(spus) == 1:
-                (spu,) = spus
-                params = spu.params[branch_index]  # type: ignore[attr-defined]
-                if any(
-                    binding.setdefault(name, value) != value for name, value in zip(param_vars, params, strict=True)
-                ):
-                    continue
-                target = out.setdefault(spu, {}).setdefault(branch_index, set())  # type: ignore[arg-type]
-                target.update(self.solutions(store, branch_index, binding, pattern_index))
-                continue
-            positions = [branch.variables.index(name) for name in param_vars]
-            for mu in self.solutions(store, branch_index, binding, pattern_index):
-                for spu in routes.get(tuple(mu[index] for index in positions), ()):
-                    out.setdefault(spu, {}).setdefault(branch_index, set()).add(mu)
+            spu = next(iter(spus)) if spus is not None and len(spus) == 1 else None
+            mus = self.hit_solutions(store, ref, quad, None if spu is None else spu.params[branch_index])  # type: ignore[attr-defined]
+            if mus:
+                self.route(branch_index, spu, mus, out)  # type: ignore[arg-type]
 
 
 # -- re-evaluation ----------------------------------------------------------------------------

@@ -21,9 +21,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from pyoxigraph import DefaultGraph, NamedNode
+from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_GRAPH = DefaultGraph()
+Hits = dict[Any, list[tuple[Quad, set[object] | None]]]  # LUTT reference -> the quads hitting it, with their SPUs
+Matched = tuple[Hits, Hits, set[ReevalSpu]]  # hits of the removed quads, of the added ones, SPUs to re-evaluate
 
 
 class SpuManager:
@@ -405,6 +407,17 @@ class SpuManager:
                     hits.append((feed, added, removed))
         return hits
 
+    def submit(
+        self,
+        delta: Delta,
+        apply: Callable[[Delta], None],
+        budget: Budget | None,
+        done: Callable[[int, dict[str, float]], None],
+    ) -> None:
+        """Apply `delta` and process it; `done(notifications, timings)` once it is processed (here,
+        before this returns; parallel mode, :mod:`broker.core.pipeline`, may call it later)."""
+        done(*self.process(delta, apply, budget))
+
     def process(
         self, delta: Delta, apply: Callable[[Delta], None], budget: Budget | None = None
     ) -> tuple[int, dict[str, float]]:
@@ -420,7 +433,7 @@ class SpuManager:
         return self._process(delta, apply, self.store)
 
     def _process_bounded(
-        self, delta: Delta, apply: Callable[[Delta], None], budget: Budget
+        self, delta: Delta, apply: Callable[[Delta], None], budget: Budget, matched: Matched | None = None
     ) -> tuple[int, dict[str, float]]:
         ox = self.store.ox
         if self.naive or delta.graphs_created or delta.graphs_dropped:
@@ -430,7 +443,16 @@ class SpuManager:
             graph = quad.graph_name
             if not isinstance(graph, DefaultGraph) and not ox.contains_named_graph(graph):
                 raise OverBudget  # undoing the insertion would leave the new graph behind
-        return self._process(delta, apply, BudgetedRdfStore(ox, budget), budget)
+        return self._process(delta, apply, BudgetedRdfStore(ox, budget), budget, matched)
+
+    def _match(self, delta: Delta) -> Matched:
+        """The LUTT's hits for the quads removed and added, and the re-evaluating SPUs among them."""
+        removed_hits = self.lutt.match_all(delta.removed)
+        added_hits = self.lutt.match_all(delta.added)
+        reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
+        if delta.graphs_created or delta.graphs_dropped:
+            reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
+        return removed_hits, added_hits, reeval
 
     def _process(
         self,
@@ -438,7 +460,9 @@ class SpuManager:
         apply: Callable[[Delta], None],
         store: RdfStore | BudgetedRdfStore,
         budget: Budget | None = None,
+        matched: Matched | None = None,
     ) -> tuple[int, dict[str, float]]:
+        """`matched`: the LUTT's hits, when the caller looked them up already (:meth:`_match`)."""
         started = time.perf_counter()
         if self.naive:
             apply(delta)
@@ -453,11 +477,7 @@ class SpuManager:
                 "t_notify_s": 0.0,
                 "lutt_hits": subscribers,
             }
-        removed_hits = self.lutt.match_all(delta.removed)
-        added_hits = self.lutt.match_all(delta.added)
-        reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
-        if delta.graphs_created or delta.graphs_dropped:
-            reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
+        removed_hits, added_hits, reeval = self._match(delta) if matched is None else matched
         if budget is not None:
             if reeval:
                 raise OverBudget  # a re-evaluation is a whole query: not bounded
@@ -489,14 +509,10 @@ class SpuManager:
         reeval_notifications = self._reevaluate(reeval)
         post_done = time.perf_counter()
 
-        notifications = reeval_notifications
-        for spu in touched:
-            notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
-        for feed, added_rows, removed_rows in fed:
-            notifications += feed.apply(added_rows, removed_rows)
+        notifications, hits = self._notify(lost, gained, fed)
+        notifications += reeval_notifications
         finished = time.perf_counter()
-        hits = sum(len(spu.subscribers) for spu in touched) + sum(len(spu.subscribers) for spu in reeval)
-        hits += sum(len(feed.subscribers) for feed, _, _ in fed)
+        hits += sum(len(spu.subscribers) for spu in reeval)
         return notifications, {
             "t_apply_s": applied - pre_done,
             "t_lutt_s": matched - started,
@@ -504,6 +520,22 @@ class SpuManager:
             "t_notify_s": finished - post_done,
             "lutt_hits": hits,
         }
+
+    @staticmethod
+    def _notify(
+        lost: dict[IncrementalSpu, dict[int, set[Mu]]],
+        gained: dict[IncrementalSpu, dict[int, set[Mu]]],
+        fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]],
+    ) -> tuple[int, int]:
+        """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications, LUTT hits)."""
+        notifications = hits = 0
+        for spu in lost.keys() | gained.keys():
+            notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
+            hits += len(spu.subscribers)
+        for feed, added_rows, removed_rows in fed:
+            notifications += feed.apply(added_rows, removed_rows)
+            hits += len(feed.subscribers)
+        return notifications, hits
 
     def _collect(
         self, store: RdfStore | BudgetedRdfStore, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]

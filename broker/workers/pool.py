@@ -160,7 +160,15 @@ def _error(kind: str, name: str, description: str) -> Exception:
 class Worker:
     """One worker process, its end of the socket pair, and the thread that feeds it in order."""
 
-    def __init__(self, name: str, service_allow: tuple[str, ...], checkpoint: Path | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        service_allow: tuple[str, ...],
+        checkpoint: Path | None,
+        module: str = "broker.workers.replica",
+    ) -> None:
+        """`module`: the process's program, a query worker's replica or a BOOSTER worker
+        (:mod:`broker.workers.booster`), which takes the same seed and deltas."""
         self.name = name
         self.checkpoint = checkpoint
         ours, theirs = socket.socketpair()
@@ -168,7 +176,7 @@ class Worker:
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, environment.get("PYTHONPATH")]))
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "broker.workers.replica", str(theirs.fileno()), *service_allow],
+                [sys.executable, "-m", module, str(theirs.fileno()), *service_allow],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

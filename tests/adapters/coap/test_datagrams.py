@@ -16,6 +16,8 @@ from adapters.coap import datagrams
 
 segments = st.lists(st.text(min_size=0, max_size=300), min_size=1, max_size=6)
 tokens = st.binary(min_size=0, max_size=8)
+
+
 def _message(mid: int, token: bytes, code: Code, path: list[str], payload: bytes) -> aiocoap.Message:
     """A message as it comes off the wire (a library sets these itself when it sends)."""
     message = aiocoap.Message(code=code, uri_path=path, payload=payload)

@@ -42,7 +42,7 @@ from broker.workers.pool import QueryWorkers
 from tests.broker.differential.queries import POOL, PoolQuery
 from tests.broker.differential.strategies import Scenario, UpdateRequest, budget, scenarios
 
-MODES = ("incremental", "naive")
+MODES = ("incremental", "naive", "parallel")
 
 # A row normalized to (variable, term) pairs sorted by variable name, so that views built from
 # notifications compare with query results whatever column order each side uses (SELECT *).
@@ -255,12 +255,15 @@ def step(
 def test_notifications_rebuild_query_results(mode: str, scenario: Scenario) -> None:
     """Every pool query subscribed at once; rules (a)-(d) after every random update."""
     engine = Engine(mode=mode)
-    engine.update(scenario.dataset)
-    views = [subscribe(engine, query, query.name)[1] for query in POOL]
-    for view in views:
-        view.check_against(engine)
-    for request in scenario.updates:
-        step(engine, request, views)
+    try:
+        engine.update(scenario.dataset)
+        views = [subscribe(engine, query, query.name)[1] for query in POOL]
+        for view in views:
+            view.check_against(engine)
+        for request in scenario.updates:
+            step(engine, request, views)
+    finally:
+        engine.close()
 
 
 @budget(12)
@@ -301,25 +304,28 @@ def test_subscribe_and_unsubscribe_midway(mode: str, scenario: Scenario, picks: 
     middle = scenario.updates[third : 2 * third]
     after = scenario.updates[2 * third :]
     engine = Engine(mode=mode)
-    engine.update(scenario.dataset)
-    early = [subscribe(engine, query, query.name) for query in picks]
-    for request in before:
-        step(engine, request, [view for _, view in early])
-    late = [subscribe(engine, query, None) for query in picks]
-    spuids = [spuid for spuid, _ in early + late]
-    assert len(set(spuids)) == len(spuids), f"spuids are not distinct: {spuids}"
-    everyone = [view for _, view in early + late]
-    for view in everyone:
-        view.check_against(engine)
-    for request in middle:
-        step(engine, request, everyone)
-    for spuid, _ in early:
-        ended = engine.unsubscribe(spuid)
-        assert ended.spuid == spuid
-        with pytest.raises(NotFound):
-            engine.unsubscribe(spuid)
-    for request in after:
-        step(engine, request, [view for _, view in late], silent=[view for _, view in early])
+    try:
+        engine.update(scenario.dataset)
+        early = [subscribe(engine, query, query.name) for query in picks]
+        for request in before:
+            step(engine, request, [view for _, view in early])
+        late = [subscribe(engine, query, None) for query in picks]
+        spuids = [spuid for spuid, _ in early + late]
+        assert len(set(spuids)) == len(spuids), f"spuids are not distinct: {spuids}"
+        everyone = [view for _, view in early + late]
+        for view in everyone:
+            view.check_against(engine)
+        for request in middle:
+            step(engine, request, everyone)
+        for spuid, _ in early:
+            ended = engine.unsubscribe(spuid)
+            assert ended.spuid == spuid
+            with pytest.raises(NotFound):
+                engine.unsubscribe(spuid)
+        for request in after:
+            step(engine, request, [view for _, view in late], silent=[view for _, view in early])
+    finally:
+        engine.close()
 
 
 def _oracle_query(store: Store, query: PoolQuery) -> tuple[tuple[str, ...], list[tuple[object, ...]]] | bool:

@@ -79,7 +79,7 @@ def test_a_plug_in_owns_a_typed_section_of_the_toml_file(bell: BellPlugin, tmp_p
     path.write_text('[bell]\ngreeting = "dong"\n', encoding="utf-8")
     assert load_config(path).adapter("bell").greeting == "dong"
     for text, message in (
-        ('[bell]\nvolume = 3\n', "unknown setting bell.volume"),
+        ("[bell]\nvolume = 3\n", "unknown setting bell.volume"),
         ("[bell]\ngreeting = 3\n", "bell.greeting must be a str"),
         ('[bell]\ngreeting = ""\n', "bell.greeting cannot be empty"),
     ):

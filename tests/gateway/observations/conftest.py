@@ -53,5 +53,3 @@ class Store:
 def store(request: pytest.FixtureRequest) -> Store:
     """Both ways of deleting the old latest values: constants from the mirror, OPTIONAL patterns."""
     return Store(mirror=request.param)
-
-

@@ -25,6 +25,7 @@ def test_the_trend_sees_a_climb_and_not_a_sawtooth() -> None:
     assert rss_growth(sawtooth)["rss_growth_after_minute_5_percent"] == 16.0
     assert abs(rss_growth(sawtooth)["rss_trend_after_minute_5_percent"]) < 5
     climbing = [250.0 + 2 * minute for minute in range(25)]
-    assert rss_growth(climbing)["rss_trend_after_minute_5_percent"] == rss_growth(climbing)[
-        "rss_growth_after_minute_5_percent"
-    ]
+    assert (
+        rss_growth(climbing)["rss_trend_after_minute_5_percent"]
+        == rss_growth(climbing)["rss_growth_after_minute_5_percent"]
+    )
