@@ -18,12 +18,13 @@ its reply then waits for the journal's sync, on a thread of its own (:meth:`Sche
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from broker.core.budget import OverBudget
@@ -84,6 +85,13 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 def _settle_all(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     for future, result, error in done:
         _settle(future, result, error)
+
+
+def _processed(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], outcome: Future[Any]) -> None:
+    """Settle `future` on `loop` with the outcome of an engine future (parallel mode's updates)."""
+    error = outcome.exception()
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(_settle, future, None if error is not None else outcome.result(), error)
 
 
 def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -273,14 +281,25 @@ class Scheduler:
     def _acknowledge(
         self, loop: asyncio.AbstractEventLoop, done: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
     ) -> None:
-        """Sync the store, then settle `done` on the loop (one wake-up for all of them)."""
+        """Sync the store, then settle `done` on the loop (one wake-up for all of them).
+
+        An update still being processed (parallel mode: its future is not done) is settled when it
+        is, after this sync, so its reply still comes after end of processing and on stable storage."""
         try:
             self.engine.store.sync()
         except OSError as problem:  # the disk failed us: nothing here may be called durable
             log.error("cannot sync the store's journal", extra={"error": str(problem)})
             failure = SepaError(f"the update could not be made durable: {problem}")
             done = [(future, None, failure if error is None else error) for future, _, error in done]
-        loop.call_soon_threadsafe(_settle_all, done)
+        ready = []
+        for future, result, error in done:
+            if isinstance(result, Future):
+                if not result.done():
+                    result.add_done_callback(functools.partial(_processed, loop, future))
+                    continue
+                result = result.result()
+            ready.append((future, result, error))
+        loop.call_soon_threadsafe(_settle_all, ready)
 
     async def _durable(self) -> None:
         """Return once every delta applied so far is on stable storage: the group commit of inline
@@ -351,7 +370,9 @@ class Scheduler:
                     # else (the delayed-update timer, the gates) while it keeps finding nothing queued
                     await asyncio.sleep(0)
                 return result
-        return await self.serialized(self.engine.update, sparql, **options)
+        # submit: in parallel mode the update thread goes on with the next update while this one's
+        # subscriptions are processed; its reply comes once they are (see _acknowledge)
+        return await self.serialized(self.engine.submit, sparql, **options)  # type: ignore[no-any-return]
 
     async def query(self, sparql: str, **options: Any) -> QueryResult:
         return await self._run(self._queries, self.engine.query, sparql, **options)

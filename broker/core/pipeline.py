@@ -3,33 +3,39 @@ worker processes.
 
 In sequential mode the engine's thread does everything for one update before the next: compute
 the delta, match it in the LUTT, find the solutions lost (on the store before) and gained (after),
-fold them into the SPUs and notify. Here the BOOSTER work, finding the solutions, which is index
-lookups in Python and so holds the GIL, runs in BOOSTER workers (:mod:`broker.workers.booster`):
-processes, each with a replica of the store that follows it delta by delta. For an update:
+fold them into the SPUs and notify. The finding, the BOOSTER, is index lookups and joins in Python
+that hold the GIL. Here an update with many hits has its BOOSTER run in worker processes
+(:mod:`broker.workers.booster`), each with a replica of the store that follows it delta by delta:
 
 1. the engine's thread computes the delta and matches it in the LUTT (as in sequential mode);
-2. it applies the delta to the store and hands the hits to the workers, split between them, with
-   the deltas they lack (each evaluates the removed hits on its replica before the delta and the
-   added ones after it); then it is free for update N+1, whose delta is computed meanwhile;
-3. the collector thread takes the workers' solutions of update N in update order, routes them to
-   the SPUs, folds and notifies, then completes update N: its publisher gets the reply now, after
-   end of processing.
+2. it applies the delta to the store and hands the hits to the workers, each (group, pattern)'s
+   quads split between them, with the deltas they lack; each evaluates the removed hits on its
+   replica before the update's delta and the added ones after it. The engine's thread is then free
+   for update N+1, whose delta it computes meanwhile;
+3. the collector thread takes the workers' answers for update N, in update order, routes them to
+   the SPUs, folds them into their counts, notifies, then completes update N: its publisher gets
+   the reply now, after end of processing.
 
-So every subscription sees every update's delta, in order, and computed on the store as it was
-for that update (the replica is exactly one update behind the store when it evaluates the pre
-phase), however far the engine's thread has gone on.
+So every subscription sees every update's delta, in order, computed on the store as it was for
+that update (a replica is exactly one update behind the store when it evaluates the pre phase),
+however far the engine's thread has gone on. The SPUs, their counts, the subscriptions and their
+callbacks all stay in this process; the workers answer only with the solutions some SPU wants (a
+coarse pattern's hits mostly concern nobody: of seed 001 Fig. 7's 200 changed quads an update, the
+four S_ROAD subscriptions want 100 of one update in ten).
 
-What stays on the engine's thread, as in sequential mode, after the updates in flight are processed
-(so that order is kept): an update whose hits are few (below PIPELINE_MIN_QUADS the hand-over costs
-more than the lookups), one that concerns a re-evaluated subscription (the whole query runs on the
-store at that update), one that creates or drops graphs, and one tried under a budget (the
-scheduler's inline updates). Subscribing and unsubscribing wait for the updates in flight too: the
-first result of a subscription must not include an update whose solutions are still to be folded.
+What runs on the engine's thread as in sequential mode, when nothing is in flight: an update with
+fewer than OFFLOAD_MIN_QUADS hit quads (a job costs about as much as ten lookups), one tried under
+a budget (the scheduler's inline updates). When updates are in flight, a small update is handed to
+the pipeline too (it completes in order), an update under a budget is refused (OverBudget: the
+scheduler runs it on its update thread instead), and one that concerns a re-evaluated subscription,
+or creates or drops graphs, waits for them and runs here (the whole query on the store as that
+update leaves it). Subscribing and unsubscribing wait for the updates in flight: a first result
+must not include an update whose solutions are still to be folded.
 
-Costs: each worker holds an in-memory replica of the store (about the store's own size; 40 MB of
-Python besides), and takes every delta (~2-5 us a quad to serialize here once, to parse and apply
-there). A worker that dies (killed, out of memory) is replaced; the SPUs are then evaluated again
-on the store and the difference notified, so no subscription is left wrong.
+Costs: each worker holds an in-memory replica of the store (about the store's own size, plus ~40 MB
+of Python), and takes every delta (serialized here once, parsed and applied there). A worker that
+dies or fails a job is replaced, and every incremental SPU is evaluated again on the store and the
+difference notified, so no subscription is left wrong.
 """
 
 from __future__ import annotations
@@ -49,14 +55,13 @@ from pyoxigraph import Quad
 from broker.core.budget import Budget, OverBudget
 from broker.core.notification import QuadRows
 from broker.core.query_processor import QueryProcessor
-from broker.core.spu import GraphFeedSpu, IncrementalSpu, ReevalSpu, ShapeGroup
+from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, ShapeGroup
 from broker.core.spu_manager import Hits, SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
-from broker.errors import EvaluationCrashed
 from broker.store import RdfStore
-from broker.workers.codec import Decoder, encode_all
+from broker.workers.codec import Answers, Decoder, Item, encode_all
 from broker.workers.pool import Worker, batched
 
 if TYPE_CHECKING:
@@ -68,29 +73,32 @@ log = logging.getLogger(__name__)
 LOG_FLUSH_QUADS = 20_000
 LOG_FLUSH_DELTAS = 256
 REPLY_TIMEOUT_S = 600.0  # a worker that answers nothing in this long is taken for dead
+# updates with fewer incremental hits than this are looked up on the engine's thread when nothing is
+# in flight: a job costs the engine ~0.1-0.2 ms (serializing, two thread wake-ups, the reply), about
+# as much as the lookups of ten quads
+OFFLOAD_MIN_QUADS = 16
+Route = tuple[ShapeGroup, int, list[Any]]  # where a job's answers go: group, branch, per hit its SPU or None
 LogEntry = tuple[list[Quad], list[Quad], list[Any], list[Any]]  # a delta as the store's follower gets it
 
 
 @dataclass
 class InFlight:
-    """One update handed to the workers, until the collector has notified what they found."""
+    """One update handed to the workers, until the collector has folded and notified its solutions."""
 
     done: Callable[[int, dict[str, float]], None]
     fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]]
-    workers: list[Worker]  # those given a job for it, in the order they answer
+    # per worker given a job for it: (worker, how to route the answers for removed quads, for added ones)
+    jobs: list[tuple[Worker, list[Route], list[Route]]]
     timings: dict[str, float] = field(default_factory=dict)
-    hold: bool = False  # completed by the engine's thread (it re-evaluates SPUs after), not the collector
-    notifications: int = 0
 
 
 class PipelinedSpuManager(SpuManager):
-    """The SPU manager of parallel mode: the same LUTT, the incremental SPUs' BOOSTER and counts in
-    `boosters` workers (each shape group lives in one of them).
+    """The SPU manager of parallel mode: the same LUTT, SPUs and counts; the BOOSTER of updates with
+    many hits in `boosters` worker processes, pipelined.
 
-    The engine's side keeps everything else: the LUTT, the subscriptions and their callbacks, the
-    re-evaluated SPUs and the graph feeds. Its incremental SPUs are evaluated here only for a new
-    subscriber's first result. The workers start with the first shape group (a subscription the
-    incremental algorithm takes): without one there is nothing for them to do.
+    The workers start with the first shape group (a subscription the incremental algorithm takes):
+    without one there is nothing for them to do. Thread-safe like its base: the engine serializes
+    calls; the collector thread only folds and notifies what was handed to it, in order.
     """
 
     def __init__(
@@ -114,32 +122,35 @@ class PipelinedSpuManager(SpuManager):
         self._idle = threading.Condition()
         self._collector: threading.Thread | None = None
         self._closed = False
-        self._broken = False  # a worker died or failed: see _recover
-        self._numbers = itertools.count(1)
-        self._sids: dict[IncrementalSpu, int] = {}
-        self._by_sid: dict[int, IncrementalSpu] = {}
+        self._broken = False  # a worker died or failed a job: see _recover
+        self._gids = itertools.count(1)
         self._decoder = Decoder()
+        # started from one thread alive as long as this manager: a worker dies with the thread that
+        # started it (PR_SET_PDEATHSIG), so that it never outlives the engine
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sepa-booster-spawn")
 
     # -- workers ------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        """Start the workers on a snapshot of the store and follow it from there; give them the SPUs."""
-        # started from one thread alive as long as this manager: a worker dies with the thread that
-        # started it (PR_SET_PDEATHSIG), so that it never outlives the engine
-        self.boosters = [
-            self._spawner.submit(Worker, f"sepa-booster-{index + 1}", (), None, "broker.workers.booster").result()
-            for index in range(self.booster_count)
-        ]
-        self.store.follow(self._follow)
-        # the snapshot between two deltas; the log then holds exactly the deltas after it
-        self.store.at_rest(self._seed)
-        for worker in self.boosters:
-            worker.wait_ready()
+        """Start the workers on a snapshot of the store and follow it from there; tell them the SPUs."""
+        try:
+            self.boosters = [
+                self._spawner.submit(Worker, f"sepa-booster-{index + 1}", (), None, "broker.workers.booster").result()
+                for index in range(self.booster_count)
+            ]
+            self.store.follow(self._follow)
+            # the snapshot between two deltas; the log then holds exactly the deltas after it
+            self.store.at_rest(self._seed)
+            for worker in self.boosters:
+                worker.wait_ready()
+        except OSError as error:  # then sequential mode: the engine's thread does it all
+            log.error("parallel mode: cannot start the BOOSTER workers", extra={"reason": str(error)})
+            self._stop_workers()
+            return
         for group in self.groups.values():
-            self._send_group(group)
+            self._tell_group(group, add=True)
             for spu in group.spus.values():
-                self._send_spu(spu)
+                self._tell_spu(spu, 1)
         if self._collector is None:
             self._collector = threading.Thread(target=self._collect_loop, name="sepa-collector", daemon=True)
             self._collector.start()
@@ -168,21 +179,17 @@ class PipelinedSpuManager(SpuManager):
             for worker in self.boosters:
                 worker.outbox.put(message)
 
-    def _worker_of(self, group: ShapeGroup) -> Worker:
-        return self.boosters[group.gid % len(self.boosters)]
+    def _tell(self, message: tuple[Any, ...]) -> None:
+        for worker in self.boosters:
+            worker.outbox.put(message)
 
-    def _send_group(self, group: ShapeGroup) -> None:
+    def _tell_group(self, group: ShapeGroup, *, add: bool) -> None:
         if not group.gid:
-            group.gid = next(self._numbers)
-        self._worker_of(group).outbox.put(("group", group.gid, group.arguments))
+            group.gid = next(self._gids)
+        self._tell(("group", group.gid, group.arguments) if add else ("ungroup", group.gid))
 
-    def _send_spu(self, spu: IncrementalSpu) -> None:
-        sid = self._sids.get(spu)
-        if sid is None:
-            sid = self._sids[spu] = next(self._numbers)
-            self._by_sid[sid] = spu
-        params = tuple(encode_all(branch) for branch in spu.params)
-        self._worker_of(spu.group).outbox.put(("spu", sid, spu.group.gid, params))
+    def _tell_spu(self, spu: IncrementalSpu, change: int) -> None:
+        self._tell(("want", spu.group.gid, tuple(encode_all(branch) for branch in spu.params), change))
 
     def _stop_workers(self) -> None:
         self.store.unfollow(self._follow)
@@ -200,54 +207,28 @@ class PipelinedSpuManager(SpuManager):
     def in_flight(self) -> int:
         return len(self._fifo)
 
-    # -- subscribe / unsubscribe --------------------------------------------------------------
+    # -- subscribe / unsubscribe: the workers learn which groups and parameter values exist ---------
 
     def subscribe(self, sparql: str, callback: Callable, **options: Any) -> Subscription:  # type: ignore[override]
-        self.wait_idle()
+        self.wait_idle()  # the first result must not miss an update whose solutions are not folded yet
         self._recover()
         return super().subscribe(sparql, callback, **options)
 
-    def _incremental(self, *args: Any) -> IncrementalSpu | GraphFeedSpu | None:  # type: ignore[override]
-        """As in sequential mode; a new SPU also goes to its worker, and an SPU that has one already
-        is evaluated again here for the new subscriber's first result (its counts are the worker's)."""
-        groups, spus = len(self.groups), len(self._sids)
-        spu = super()._incremental(*args)
-        if not isinstance(spu, IncrementalSpu):
-            return spu
-        if spu in self._sids:
-            spu.counts, spu.total = Counter(), 0
-            spu.load(self.store)
-            return spu
-        if self._closed:
-            return spu
-        if not self.boosters:
-            try:
-                self._start()  # gives the workers this SPU too
-            except OSError as error:
-                log.error("parallel mode: cannot start the BOOSTER workers", extra={"reason": str(error)})
-                self._stop_workers()
-            return spu
-        self._flush()  # the workers evaluate it on the store as it is now, like this first result
-        if len(self.groups) > groups:
-            self._send_group(spu.group)
-        if len(self._sids) == spus:
-            self._send_spu(spu)
-        return spu
-
     def unsubscribe(self, spuid: str) -> Subscription:
         self.wait_idle()
-        entry = self.subscriptions.get(spuid)
-        subscription = super().unsubscribe(spuid)
-        spu = entry[1] if entry is not None else None
-        if isinstance(spu, IncrementalSpu) and not spu.subscribers and spu in self._sids:
-            sid = self._sids.pop(spu)
-            del self._by_sid[sid]
-            if self.boosters:
-                worker = self._worker_of(spu.group)
-                worker.outbox.put(("unspu", sid))
-                if spu.group.key not in self.groups:
-                    worker.outbox.put(("ungroup", spu.group.gid))
-        return subscription
+        return super().unsubscribe(spuid)
+
+    def _index_group(self, group: ShapeGroup, *, add: bool) -> None:
+        super()._index_group(group, add=add)
+        if self.boosters:
+            self._tell_group(group, add=add)
+        elif add and not self._closed:
+            self._start()  # tells them this group
+
+    def _index_spu(self, spu: IncrementalSpu, *, add: bool) -> None:
+        super()._index_spu(spu, add=add)
+        if self.boosters:
+            self._tell_spu(spu, 1 if add else -1)
 
     # -- processing ---------------------------------------------------------------------------
 
@@ -258,16 +239,16 @@ class PipelinedSpuManager(SpuManager):
         budget: Budget | None,
         done: Callable[[int, dict[str, float]], None],
     ) -> None:
-        """Process `delta`: the incremental SPUs in the workers, `done` called by the collector thread
-        in update order; here what concerns no incremental SPU, when nothing is in flight."""
+        """Process `delta`; `done` is called here, or by the collector thread, in update order."""
         self._recover()
         if not self.boosters:
             done(*self.process(delta, apply, budget))
             return
         matched = self._match(delta)
         removed_hits, added_hits, reeval = matched
-        incremental = any(not isinstance(ref, ReevalSpu) for ref in (*removed_hits, *added_hits))
-        if not incremental and not reeval and not self._fifo:
+        quads = sum(len(quads) for ref, quads in (*removed_hits.items(), *added_hits.items()) if type(ref) is tuple)
+        here = quads < OFFLOAD_MIN_QUADS or reeval or delta.graphs_created or delta.graphs_dropped
+        if here and not self._fifo:
             if budget is not None:
                 done(*self._process_bounded(delta, apply, budget, matched))
             else:
@@ -276,30 +257,36 @@ class PipelinedSpuManager(SpuManager):
                 self._flush()
             return
         if budget is not None:
-            raise OverBudget  # it would wait for the workers: not on an event loop
-        entry = self._dispatch(delta, apply, removed_hits, added_hits, done, hold=bool(reeval))
-        if reeval:  # on the store as this update left it: nothing else runs before they are done
-            self.wait_idle()
-            started = time.perf_counter()
-            entry.notifications += self._reevaluate(reeval)
-            entry.timings["t_booster_s"] = entry.timings.get("t_booster_s", 0.0) + time.perf_counter() - started
-            entry.timings["lutt_hits"] = entry.timings.get("lutt_hits", 0) + sum(len(spu.subscribers) for spu in reeval)
-            done(entry.notifications, entry.timings)
+            raise OverBudget  # it would wait for the workers, or be handed to them: not on an event loop
+        if reeval or delta.graphs_created or delta.graphs_dropped:
+            self.wait_idle()  # a whole query on the store as this update leaves it, nothing in between
+            done(*self._process(delta, apply, self.store, None, matched))
+        else:
+            self._dispatch(delta, apply, removed_hits, added_hits, done)
 
-    def _items(self, hits: Hits, quads: list[Quad]) -> dict[Worker, list[Any]]:
-        """The incremental hits as work items, per worker (the one holding the group)."""
-        index = {quad: position for position, quad in enumerate(quads)}
-        shares: dict[Worker, list[Any]] = {}
+    def _split(self, hits: Hits, quads: list[Quad]) -> list[list[tuple[Item, Route]]]:
+        """`hits` as work items, each (group, branch, pattern)'s quads split evenly between the workers
+        (a quad by its index in `quads`, the delta's list as sent): per worker, (item, route) pairs."""
+        count = len(self.boosters)
+        shares: list[list[tuple[Item, Route]]] = [[] for _ in range(count)]
+        position = {quad: index for index, quad in enumerate(quads)}
         for ref, entries in hits.items():
-            if isinstance(ref, ReevalSpu):
-                continue
+            if type(ref) is not tuple:
+                continue  # a re-evaluating SPU: never here (see submit)
             group, branch, pattern = ref
-            sids = self._sids
-            sent = [
-                (index[quad], sids[next(iter(spus))] if spus is not None and len(spus) == 1 else None)  # type: ignore[call-overload]
-                for quad, spus in entries
-            ]
-            shares.setdefault(self._worker_of(group), []).append((group.gid, branch, pattern, sent))
+            size = -(-len(entries) // count)
+            for index in range(count):
+                part = entries[index * size : (index + 1) * size]
+                if not part:
+                    break
+                sent: list[tuple[int, tuple[Any, ...] | None]] = []
+                targets: list[IncrementalSpu | None] = []
+                for quad, spus in part:
+                    spu = next(iter(spus)) if spus is not None and len(spus) == 1 else None
+                    params = None if spu is None else encode_all(spu.params[branch])  # type: ignore[attr-defined]
+                    sent.append((position[quad], params))
+                    targets.append(spu)  # type: ignore[arg-type]
+                shares[index].append(((group.gid, branch, pattern, sent), (group, branch, targets)))
         return shares
 
     def _dispatch(
@@ -309,38 +296,36 @@ class PipelinedSpuManager(SpuManager):
         removed_hits: Hits,
         added_hits: Hits,
         done: Callable[[int, dict[str, float]], None],
-        *,
-        hold: bool,
-    ) -> InFlight:
+    ) -> None:
         started = time.perf_counter()
         before = self._take_log()
         apply(delta)
         applied = time.perf_counter()
-        own = self._take_log()  # this update's delta, as the follower logged it (workers index into it)
+        own = self._take_log()  # this update's delta as the follower logged it: the workers index into it
         added, removed = (own[0][0], own[0][1]) if own else ([], [])
-        removed_items = self._items(removed_hits, removed)
-        added_items = self._items(added_hits, added)
+        removed_shares = self._split(removed_hits, removed)
+        added_shares = self._split(added_hits, added)
         fed = self._feed_hits(delta) if self.feeds else []
         micros = self.store.clock.micros()
-        busy = [worker for worker in self.boosters if worker in removed_items or worker in added_items]
-        entry = InFlight(done, fed, busy, hold=hold)
+        entry = InFlight(done, fed, [], {"t_apply_s": applied - started})
         prior = batched(before)[1] if before else []
         step = batched(own)[1] if own else [(b"", b"", (), ())]
         messages = []
-        for worker in self.boosters:
-            if worker in busy:
-                job = ("boost", micros, prior, removed_items.get(worker, []), step, added_items.get(worker, []))
-                messages.append((worker, job))
-            else:
+        for worker, removed_share, added_share in zip(self.boosters, removed_shares, added_shares, strict=True):
+            if removed_share or added_share:
+                lost = [item for item, _ in removed_share]
+                gained = [item for item, _ in added_share]
+                messages.append((worker, ("boost", micros, prior, lost, step, gained)))
+                routes = [route for _, route in removed_share], [route for _, route in added_share]
+                entry.jobs.append((worker, *routes))
+            elif prior or own:
                 messages.append((worker, ("apply", prior + step)))
-        entry.timings = {"t_apply_s": applied - started}
         with self._idle:
             self._fifo.append(entry)
             self._idle.notify_all()
         for worker, message in messages:
             worker.outbox.put(message)
         self.counters["pipelined"] += 1
-        return entry
 
     # -- the collector thread -----------------------------------------------------------------
 
@@ -352,46 +337,42 @@ class PipelinedSpuManager(SpuManager):
                 if not self._fifo:
                     return
                 entry = self._fifo[0]
-            started = time.perf_counter()
+            notifications = 0
             try:
-                self._fold(entry)
+                notifications = self._fold(entry)
             except Exception:  # an engine bug: logged; the update was applied and must complete
                 log.exception("parallel mode: notifying an update failed")
-            entry.timings["t_notify_s"] = time.perf_counter() - started
             with self._idle:
                 self._fifo.popleft()
                 self._idle.notify_all()
-            if not entry.hold:
-                try:
-                    entry.done(entry.notifications, entry.timings)
-                except Exception:
-                    log.exception("parallel mode: completing an update failed")
+            try:
+                entry.done(notifications, entry.timings)
+            except Exception:
+                log.exception("parallel mode: completing an update failed")
 
-    def _fold(self, entry: InFlight) -> None:
-        """Notify what the workers found for `entry`, then its graph feeds."""
+    def _fold(self, entry: InFlight) -> int:
+        """Route what the workers found for `entry` to the SPUs, fold and notify, then the graph feeds."""
+        lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
+        gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         booster_s = 0.0
-        terms = self._decoder.terms
-        notifications = hits = 0
-        for worker in entry.workers:
+        for worker, removed_routes, added_routes in entry.jobs:
             reply = self._reply(worker)
-            if reply is None:
-                continue
-            _, notices, seconds = reply
-            booster_s = max(booster_s, seconds)
-            for sid, added, removed, boolean, previous in notices:
-                spu = self._by_sid.get(sid)
-                if spu is None:
-                    continue
-                rows_added = tuple(terms(row) for row in added)
-                rows_removed = tuple(terms(row) for row in removed)
-                notifications += spu.notify(rows_added, rows_removed, boolean, previous)
-                hits += len(spu.subscribers)
-        for feed, added_rows, removed_rows in entry.fed:
-            notifications += feed.apply(added_rows, removed_rows)
-            hits += len(feed.subscribers)
-        entry.notifications += notifications
-        entry.timings["t_booster_s"] = booster_s
-        entry.timings["lutt_hits"] = hits
+            if reply is not None:
+                _, lost_answers, gained_answers, seconds = reply
+                booster_s = max(booster_s, seconds)
+                self._route(removed_routes, lost_answers, lost)
+                self._route(added_routes, gained_answers, gained)
+        started = time.perf_counter()
+        notifications, hits = self._notify(lost, gained, entry.fed)
+        entry.timings.update(t_booster_s=booster_s, t_notify_s=time.perf_counter() - started, lutt_hits=hits)
+        return notifications
+
+    def _route(self, routes: list[Route], answers: Answers, out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
+        terms = self._decoder.terms
+        for (group, branch, targets), per_hit in zip(routes, answers, strict=True):
+            for spu, codes in zip(targets, per_hit, strict=True):
+                if codes:
+                    group.route(branch, spu, [terms(mu) for mu in codes], out)
 
     def _reply(self, worker: Worker) -> tuple[Any, ...] | None:
         """`worker`'s answer to its oldest job; None if it failed or died (logged; see :meth:`_recover`)."""
@@ -414,8 +395,8 @@ class PipelinedSpuManager(SpuManager):
     # -- recovery -----------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """After a worker died or failed a job, the counts of its SPUs are lost or wrong: end every
-        incremental subscription (each told why, as one whose re-evaluation failed), and start the
+        """After a worker died or failed a job, the solutions of some updates never reached the SPUs:
+        evaluate every incremental SPU again on the store, notify the difference, and start the
         workers afresh. On the engine's thread, with nothing in flight."""
         if not self._broken:
             return
@@ -423,11 +404,10 @@ class PipelinedSpuManager(SpuManager):
         self._broken = False
         self._stop_workers()
         self.counters["recovered"] += 1
-        error = EvaluationCrashed("a BOOSTER worker of parallel mode failed; subscribe again")
-        ended = [spu for group in list(self.groups.values()) for spu in list(group.spus.values())]
-        log.warning("parallel mode: subscriptions ended after a worker failure", extra={"spus": len(ended)})
-        for spu in ended:
-            self._end(spu, error)  # type: ignore[arg-type]
+        notifications = sum(spu.reload(self.store) for group in self.groups.values() for spu in group.spus.values())
+        log.warning("parallel mode: SPUs evaluated again after a worker failure", extra={"notified": notifications})
+        if self.groups and not self._closed:
+            self._start()
 
     def close(self) -> None:
         with self._idle:

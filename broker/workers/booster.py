@@ -4,12 +4,13 @@ update's changed quads gain or lose.
 Run as ``python -m broker.workers.booster FD``: FD is its end of a socket pair to the engine
 (:mod:`broker.core.pipeline`). It receives, in order: one snapshot (``seed``, as a query worker's,
 :func:`broker.workers.replica.seeded`), the shape groups of the subscriptions (``group``,
-``ungroup``), the store's deltas (``apply``, :func:`broker.workers.pool.batched`), and jobs
-(``boost``): the deltas before the update, the hits of its removed quads, its own delta, the hits
-of its added quads. A job's removed hits are evaluated on the replica before the update's delta
-and its added hits after (seed 001 §III-C: the pre and post phases), and answered with the
-solutions of each hit, as codes (:mod:`broker.workers.codec`); the engine routes them to the SPUs,
-keeps their counts and notifies. Nothing else lives here: no subscription, no callback, no count.
+``ungroup``) and which parameter values have SPUs (``want``), the store's deltas (``apply``,
+:func:`broker.workers.pool.batched`), and jobs (``boost``): the deltas before the update, the hits
+of its removed quads, its own delta, the hits of its added quads. The removed hits are evaluated on
+the replica before the update's delta and the added ones after it (seed 001 §III-C: the pre and
+post phases); the answer is each hit's solutions that some SPU wants, as codes
+(:mod:`broker.workers.codec`). The engine routes them to its SPUs, folds and notifies: the counts,
+the subscriptions and their callbacks stay there.
 
 Why processes: the BOOSTER is index lookups and joins in Python (:mod:`broker.core.bgp`), which
 hold the GIL; threads would take turns on one core.
@@ -24,23 +25,18 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pyoxigraph import NamedNode, Quad, RdfFormat, parse
 
 from broker.compaction import Compactor
-from broker.core.spu import IncrementalSpu, Mu, ShapeGroup
+from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
-from broker.workers.codec import Code, Decoder, encode_all
+from broker.workers.codec import Answers, Code, Decoder, Item, encode_all
 from broker.workers.replica import PR_SET_PDEATHSIG, seeded
-
-# one job's hits for one (group, branch, pattern): each quad by its index in the update's removed or
-# added quads, with the number of the one SPU it concerns, or None for every SPU of the group
-Item = tuple[int, int, int, list[tuple[int, int | None]]]
-# one notification of one SPU: its number, rows added and removed (as codes), boolean and previous (ASK)
-Notice = tuple[int, list[tuple[Code, ...]], list[tuple[Code, ...]], bool | None, bool | None]
 
 
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:
@@ -54,59 +50,56 @@ def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...]
         )
 
 
-class Notices:
-    """Stands for an SPU's subscribers here: keeps what the SPU notifies, for the engine."""
-
-    def __init__(self, sid: int, outbox: list[Notice]) -> None:
-        self.sid = sid
-        self.outbox = outbox
-
-    def emit(self, added: Any, removed: Any, boolean: bool | None, previous: bool | None) -> None:
-        encoded = [encode_all(row) for row in added], [encode_all(row) for row in removed]
-        self.outbox.append((self.sid, *encoded, boolean, previous))
-
-
 class Booster:
-    """The replica, the shape groups with their SPUs (their counts live here), and one job's work."""
+    """The replica, the shape groups, which parameter values have SPUs, and one job's work."""
 
     def __init__(self, store: RdfStore) -> None:
         self.store = store
         self.groups: dict[int, ShapeGroup] = {}
-        self.spus: dict[int, IncrementalSpu] = {}
+        # per group, per branch: the parameter values some SPU has (how many SPUs), to drop here the
+        # solutions no SPU wants (a coarse pattern's hits mostly concern nobody: seed 001 Fig. 7)
+        self.wanted: dict[int, list[Counter[tuple[object, ...]]]] = {}
         self.decoder = Decoder()
         self.compactor = Compactor(store)
-        self.outbox: list[Notice] = []
 
-    def add_spu(self, sid: int, gid: int, params: tuple[tuple[Code, ...], ...]) -> None:
-        """A new SPU, evaluated on the replica as it is now (the engine sent every delta before)."""
-        group = self.groups[gid]
-        values = tuple(self.decoder.terms(branch) for branch in params)
-        spu = IncrementalSpu(group, values)
-        spu.load(self.store)
-        spu.subscribers.append(Notices(sid, self.outbox))  # type: ignore[arg-type]
-        group.spus[values] = spu
-        for index, branch in enumerate(values):
-            group.routes[index].setdefault(branch, set()).add(spu)
-        self.spus[sid] = spu
+    def add_group(self, gid: int, arguments: tuple[Any, ...]) -> None:
+        group = self.groups[gid] = ShapeGroup(*arguments)
+        self.wanted[gid] = [Counter() for _ in group.shape.branches]
 
-    def drop_spu(self, sid: int) -> None:
-        spu = self.spus.pop(sid)
-        group = spu.group
-        group.spus.pop(spu.params, None)
-        for index, branch in enumerate(spu.params):
-            routed = group.routes[index].get(branch)
-            if routed is not None:
-                routed.discard(spu)
-                if not routed:
-                    del group.routes[index][branch]
+    def drop_group(self, gid: int) -> None:
+        self.groups.pop(gid, None)
+        self.wanted.pop(gid, None)
 
-    def collect(self, items: list[Item], quads: list[Quad], out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
-        for gid, branch, pattern, hits in items:
-            entries = [(quads[index], None if sid is None else {self.spus[sid]}) for index, sid in hits]
-            self.groups[gid].collect(self.store, (branch, pattern), entries, out)  # type: ignore[arg-type]
+    def want(self, gid: int, params: tuple[tuple[Code, ...], ...], change: int) -> None:
+        """An SPU with these parameter values (per branch) came (`change` 1) or went (-1)."""
+        for branch, values in zip(self.wanted[gid], params, strict=True):
+            key = self.decoder.terms(values)
+            branch[key] += change
+            if branch[key] <= 0:
+                del branch[key]
+
+    def solve(self, items: list[Item], quads: list[Quad]) -> Answers:
+        """For each item, for each hit: the solutions some SPU wants, as codes (None: none)."""
+        terms = self.decoder.terms
+        out: Answers = []
+        for gid, branch_index, pattern, hits in items:
+            group = self.groups[gid]
+            branch = group.shape.branches[branch_index]
+            positions = [branch.variables.index(name) for name in branch.param_vars]
+            wanted = self.wanted[gid][branch_index]
+            answers: list[list[tuple[Code, ...]] | None] = []
+            for index, params in hits:
+                mus = group.hit_solutions(
+                    self.store, (branch_index, pattern), quads[index], None if params is None else terms(params)
+                )
+                if mus and params is None:
+                    mus = [mu for mu in mus if tuple(mu[position] for position in positions) in wanted]
+                answers.append([encode_all(mu) for mu in mus] if mus else None)
+            out.append(answers)
+        return out
 
     def boost(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Pre phase, the update's delta, post phase, then fold and notify (seed 001 §III-C)."""
+        """The pre phase, the update's delta, the post phase (seed 001 §III-C)."""
         _, micros, before, removed_items, delta, added_items = message
         apply_steps(self.store, before)
         added_bytes, removed_bytes, _, _ = delta[0]
@@ -114,23 +107,18 @@ class Booster:
         added = list(parse(added_bytes, format=RdfFormat.N_QUADS)) if added_bytes else []
         clock = self.store.clock
         clock.pin(micros)  # FILTERs with NOW() see the instant the engine gave the update
-        lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
-        gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         try:
             started = time.perf_counter()
-            self.collect(removed_items, removed, lost)
+            lost = self.solve(removed_items, removed)
             apply_steps(self.store, delta)
-            self.collect(added_items, added, gained)
-            for spu in lost.keys() | gained.keys():
-                spu.apply(lost.get(spu, {}), gained.get(spu, {}))
+            gained = self.solve(added_items, added)
             seconds = time.perf_counter() - started
         except Exception as error:  # noqa: BLE001 - reported to the engine, which logs it
             return ("failed", f"{type(error).__name__}: {str(error)[:300]}")
         finally:
             clock.unpin()
-            notices, self.outbox[:] = list(self.outbox), []
         self.compactor.maybe_compact()
-        return ("boosted", notices, seconds)
+        return ("boosted", lost, gained, seconds)
 
 
 def serve(connection: Connection) -> None:
@@ -151,17 +139,13 @@ def serve(connection: Connection) -> None:
             booster.compactor.maybe_compact()
         elif kind == "group":
             assert booster is not None
-            _, gid, arguments = message
-            booster.groups[gid] = ShapeGroup(*arguments)
+            booster.add_group(message[1], message[2])
         elif kind == "ungroup":
             assert booster is not None
-            booster.groups.pop(message[1], None)
-        elif kind == "spu":
+            booster.drop_group(message[1])
+        elif kind == "want":
             assert booster is not None
-            booster.add_spu(*message[1:])
-        elif kind == "unspu":
-            assert booster is not None
-            booster.drop_spu(message[1])
+            booster.want(*message[1:])
         elif kind == "seed":
             booster = Booster(seeded(message))
             connection.send(("ready",))

@@ -16,6 +16,10 @@ XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
 CACHE_MAX = 200_000  # terms kept by a decoder; past it the cache starts again (bounded memory)
 
 Code = Any  # str (an IRI), a tuple, or None (unbound)
+# a BOOSTER job's hits for one (group, branch, pattern): each quad by its index in the update's removed
+# or added quads, with the parameter values (codes) of the one SPU it concerns, or None for any SPU
+Item = tuple[int, int, int, list[tuple[int, tuple[Code, ...] | None]]]
+Answers = list[list[list[tuple[Code, ...]] | None]]  # per item, per hit: its solutions (codes), or None
 
 
 def encode(term: object) -> Code:

@@ -72,6 +72,7 @@ class Gateway:
             workers=self.workers,
             base_iri=config.engine.base_iri or f"urn:sepa-gateway:{quote(self.gateway_id, safe='')}/",
             mode=config.engine.mode,
+            boosters=config.engine.workers or max(1, len(os.sched_getaffinity(0)) - 1),
             allow_load=config.engine.allow_load,
             service_allow=config.engine.service_allow,
             service_timeout_s=config.engine.service_timeout_s,

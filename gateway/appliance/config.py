@@ -36,7 +36,10 @@ class ConfigError(Exception):
 
 @dataclass
 class EngineConfig:
-    mode: str = "incremental"  # "incremental" (LUTT + incremental SPUs) or "naive" (re-evaluate everything)
+    # "sequential" (LUTT + incremental SPUs on the engine's thread; also "incremental"), "parallel"
+    # (the same, the BOOSTER in `workers` processes, updates pipelined) or "naive" (re-evaluate everything)
+    mode: str = "sequential"
+    workers: int = 0  # parallel mode's BOOSTER workers; 0: one per core but one (at least one)
     allow_load: bool = False  # allow SPARQL LOAD (fetches URLs from the gateway)
     service_allow: list = field(default_factory=list)  # SERVICE endpoints allowed: exact IRIs, or prefixes ending in *
     service_timeout_s: float = 10.0  # a query's client waits this long for allowed SERVICE calls (then 504)
@@ -174,8 +177,12 @@ class Config:
         return self.adapters[name]
 
     def validate(self) -> Config:
-        if self.engine.mode not in ("incremental", "naive"):
-            raise ConfigError(f"engine.mode must be 'incremental' or 'naive', not {self.engine.mode!r}")
+        if self.engine.mode not in ("sequential", "incremental", "parallel", "naive"):
+            raise ConfigError(
+                f"engine.mode must be 'sequential', 'parallel' or 'naive' (or 'incremental'), not {self.engine.mode!r}"
+            )
+        if not 0 <= self.engine.workers <= 64:
+            raise ConfigError("engine.workers must be between 0 (one per core but one) and 64")
         for name, port in (
             ("http.port", self.http.port),
             ("websocket.port", self.websocket.port),

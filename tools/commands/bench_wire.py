@@ -72,6 +72,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
     wire.add_argument(
         "--timeout", type=bounded(10, 86_400), default=900, help="give up after this many seconds (default 900)"
     )
+    wire.add_argument(
+        "--mode", choices=("sequential", "parallel"), default="sequential", help="the gateway's engine mode"
+    )
+    wire.add_argument(
+        "--workers", type=bounded(0, 64), default=0, help="parallel mode's BOOSTER workers (default: cores - 1)"
+    )
     wire.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     wire.set_defaults(handler=run_wire)
 
@@ -107,6 +113,8 @@ def run_wire(args: argparse.Namespace) -> int:
         timeout_s=float(args.timeout),
         secure=args.secure,
         on_disk=args.on_disk,
+        mode=args.mode,
+        workers=args.workers,
     )
     try:
         with _sigterm_as_interrupt():

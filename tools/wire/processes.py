@@ -261,6 +261,8 @@ GATEWAY_CONFIG = """\
 [engine]
 allow_load = {allow_load}  # the loader may LOAD the knowledge base from its own 127.0.0.1 file server
 time_limit_s = 300  # the benches' own checks read every observation (60,000 took >10 s on a loaded machine)
+mode = "{mode}"
+workers = {workers}
 
 [http]
 host = "{host}"
@@ -295,17 +297,25 @@ def start_gateway(
     mqtt: str = NO_MQTT,
     secure: bool = False,
     on_disk: bool = False,
+    mode: str = "sequential",
+    workers: int = 0,
 ) -> GatewayProcess:
     """Start ``sepa-gateway run`` on free ports and wait until it serves: with an in-memory store, or
     `on_disk` with a data directory in `workdir` (every update then waits for its group's fdatasync).
 
     With `secure`, its secure gates too (HTTPS + WSS, a self-signed certificate in
     ``<workdir>/security``, the client :data:`BENCH_IDENTITY` allowed to read and write everything).
+    `mode` and `workers`: the engine's (``[engine]``: sequential or parallel, BOOSTER workers).
     Retries on fresh ports if the first pick was taken in between (exit code 2, "cannot listen").
     """
     config = workdir / ("gateway-secure.toml" if secure else "gateway.toml")
     text = GATEWAY_CONFIG.format(
-        allow_load=str(allow_load).lower(), host=HOST, max_request_bytes=max_request_bytes, mqtt=mqtt
+        allow_load=str(allow_load).lower(),
+        host=HOST,
+        max_request_bytes=max_request_bytes,
+        mqtt=mqtt,
+        mode=mode,
+        workers=workers,
     )
     security_dir = workdir / "security"
     if secure:

@@ -49,6 +49,8 @@ class WireOptions:
     timeout_s: float = 900.0
     secure: bool = False  # also run the gateway phase over HTTPS + WSS with a registered client and its token
     on_disk: bool = False  # the gateway with a data directory (durable acknowledgements)
+    mode: str = "sequential"  # the gateway's engine mode: "sequential" or "parallel"
+    workers: int = 0  # parallel mode's BOOSTER workers (0: the gateway's default)
 
 
 class Deadline:
@@ -134,6 +136,8 @@ def gateway_phase(
         timeout=deadline.left(60),
         secure=secure,
         on_disk=options.on_disk,
+        mode=options.mode,
+        workers=options.workers,
     )
     credentials: tuple[str, ...] = ()
     update_url, subscribe_url = gateway.update_url, gateway.subscribe_url
