@@ -1,0 +1,226 @@
+"""Parallel mode (:mod:`broker.core.pipeline`): the BOOSTER in worker processes, updates pipelined.
+
+What must hold, and would not without the mode's machinery: updates with many hits really go to
+the workers and several are in flight at once; they complete in submission order, each after its
+notifications; the notifications are those of sequential mode; a subscriber joining while updates
+are in flight starts from the right result; a worker that dies costs no subscription its
+exactness; an update under a budget is never handed to the workers; the workers stop with the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+
+import pytest
+
+from broker.core.budget import OverBudget
+from broker.core.engine import Engine
+from broker.core.notification import Notification
+from broker.core.pipeline import OFFLOAD_MIN_QUADS
+from broker.core.results import UpdateResult
+from broker.scheduler import Scheduler
+
+EX = "http://example.org/"
+ROOMS = 4
+SENSORS = 3 * OFFLOAD_MIN_QUADS  # per room: an update of one room changes more quads than a job's minimum
+
+# the sensors of each room and their values; a subscription per room (one shape group, routed by room)
+ROOM_QUERY = f"SELECT ?sensor ?value WHERE {{ ?sensor <{EX}in> <{EX}room%d> . ?sensor <{EX}value> ?value }}"
+ASK_QUERY = f"ASK {{ ?sensor <{EX}in> <{EX}room%d> . ?sensor <{EX}value> 7 }}"
+OPTIONAL_QUERY = (
+    f"SELECT ?sensor ?value WHERE {{ ?sensor <{EX}in> <{EX}room0> OPTIONAL {{ ?sensor <{EX}value> ?value }} }}"
+)
+
+
+def dataset() -> str:
+    triples = [
+        f"<{EX}s{room}-{index}> <{EX}in> <{EX}room{room}> . <{EX}s{room}-{index}> <{EX}value> 0 ."
+        for room in range(ROOMS)
+        for index in range(SENSORS)
+    ]
+    return "INSERT DATA { " + " ".join(triples) + " }"
+
+
+def set_room(room: int, value: int) -> str:
+    """Every sensor of `room` to `value`: 2 x SENSORS changed quads, all hitting the shape's value pattern."""
+    return (
+        f"DELETE {{ ?sensor <{EX}value> ?old }} INSERT {{ ?sensor <{EX}value> {value} }} "
+        f"WHERE {{ ?sensor <{EX}in> <{EX}room{room}> . ?sensor <{EX}value> ?old }}"
+    )
+
+
+class Inbox:
+    """A subscriber's notifications, and a view rebuilt from them."""
+
+    def __init__(self) -> None:
+        self.notifications: list[Notification] = []
+
+    def __call__(self, notification: Notification) -> None:
+        self.notifications.append(notification)
+
+    def view(self) -> set[tuple[object, ...]]:
+        rows: set[tuple[object, ...]] = set()
+        for notification in self.notifications:
+            rows -= set(notification.removed)
+            rows |= set(notification.added)
+        return rows
+
+    def summary(self) -> list[tuple[int, list[str], list[str], bool | None]]:
+        return [
+            (note.sequence, sorted(map(str, note.added)), sorted(map(str, note.removed)), note.boolean)
+            for note in self.notifications
+        ]
+
+
+@pytest.fixture
+def parallel() -> Iterator[Engine]:
+    engine = Engine(mode="parallel", boosters=2)
+    engine.update(dataset())
+    yield engine
+    engine.close()
+
+
+def subscribe_rooms(engine: Engine) -> list[Inbox]:
+    """A subscription per room and an ASK; their callbacks never wait (an event loop may run them)."""
+    inboxes = []
+    for room in range(ROOMS):
+        inbox = Inbox()
+        engine.subscribe(ROOM_QUERY % room, inbox, alias=f"room{room}", nonblocking=True)
+        inboxes.append(inbox)
+    ask = Inbox()
+    engine.subscribe(ASK_QUERY % 1, ask, alias="ask", nonblocking=True)
+    return [*inboxes, ask]
+
+
+def current(engine: Engine, room: int) -> set[tuple[object, ...]]:
+    return {tuple(row) for row in engine.query(ROOM_QUERY % room).rows}
+
+
+def test_updates_are_pipelined_complete_in_order_and_notify_as_sequential_mode(parallel: Engine) -> None:
+    sequential = Engine(mode="sequential")
+    sequential.update(dataset())
+    inboxes = {"parallel": subscribe_rooms(parallel), "sequential": subscribe_rooms(sequential)}
+    updates = [set_room(step % ROOMS, step + 1) for step in range(12)] + [set_room(1, 7)]
+    completed: list[int] = []
+    seen_at_completion: list[int] = []
+    futures: list[Future[UpdateResult]] = []
+    for index, update in enumerate(updates):
+        future = parallel.submit(update)
+
+        def record(_: object, index: int = index) -> None:
+            completed.append(index)
+            seen_at_completion.append(sum(len(inbox.notifications) for inbox in inboxes["parallel"]))
+
+        future.add_done_callback(record)
+        futures.append(future)
+    peak = parallel.spus.in_flight  # type: ignore[attr-defined]
+    results = [future.result(timeout=30) for future in futures]
+    for update in updates:
+        sequential.update(update)
+    assert parallel.spus.counters["pipelined"] == len(updates)  # type: ignore[attr-defined]
+    assert peak > 1 or completed, "nothing was ever in flight"
+    assert completed == list(range(len(updates)))
+    # each completion came after its own notification: room subscriptions gain one per update
+    assert all(seen >= index + 1 + ROOMS + 1 for index, seen in enumerate(seen_at_completion))
+    assert all(result.notifications >= 1 for result in results)
+    for mine, theirs in zip(inboxes["parallel"], inboxes["sequential"], strict=True):
+        assert mine.summary() == theirs.summary()
+    for room in range(ROOMS):
+        assert inboxes["parallel"][room].view() == current(parallel, room)
+    assert inboxes["parallel"][-1].notifications[-1].boolean is True
+    sequential.close()
+
+
+def test_a_subscriber_joining_while_updates_are_in_flight_starts_from_the_right_result(parallel: Engine) -> None:
+    subscribe_rooms(parallel)
+    futures = [parallel.submit(set_room(0, value)) for value in range(1, 6)]
+    late = Inbox()
+    parallel.subscribe(ROOM_QUERY % 0, late, alias="late")
+    assert late.view() == current(parallel, 0) == {(row[0], row[1]) for row in late.notifications[0].added}
+    for future in futures:
+        future.result(timeout=30)
+    parallel.submit(set_room(0, 42)).result(timeout=30)
+    assert late.view() == current(parallel, 0)
+    assert {str(value) for _, value in late.view()} == {'"42"^^<http://www.w3.org/2001/XMLSchema#integer>'}
+
+
+def test_a_dead_worker_is_replaced_and_no_subscription_is_left_wrong(parallel: Engine) -> None:
+    inboxes = subscribe_rooms(parallel)
+    manager = parallel.spus
+    pids = [worker.process.pid for worker in manager.boosters]  # type: ignore[attr-defined]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    # its answers are lost: the update still completes (nothing hangs), applied to the store
+    result = parallel.submit(set_room(2, 5)).result(timeout=30)
+    assert result.added
+    parallel.submit(set_room(3, 6)).result(timeout=30)  # recovers first: every SPU evaluated again
+    assert manager.counters["died"] >= 1 and manager.counters["recovered"] == 1  # type: ignore[attr-defined]
+    new_pids = [worker.process.pid for worker in manager.boosters]  # type: ignore[attr-defined]
+    assert new_pids and not set(new_pids) & set(pids)
+    parallel.submit(set_room(2, 8)).result(timeout=30)
+    for room in range(ROOMS):
+        assert inboxes[room].view() == current(parallel, room)
+    assert manager.counters["pipelined"] >= 2  # type: ignore[attr-defined]
+
+
+def test_an_update_under_a_budget_is_never_handed_to_the_workers(parallel: Engine) -> None:
+    inboxes = subscribe_rooms(parallel)
+    with pytest.raises(OverBudget):
+        parallel.update(set_room(1, 9), budget=100_000)
+    assert current(parallel, 1) == inboxes[1].view()  # nothing applied, nothing notified
+    sensor = f"<{EX}s1-0> <{EX}value>"
+    small = f"DELETE {{ {sensor} ?v }} INSERT {{ {sensor} 3 }} WHERE {{ {sensor} ?v }}"
+    result = parallel.update(small, budget=100_000)  # few hits, nothing in flight: done here, inline
+    assert result.notifications == 1 and parallel.spus.counters["pipelined"] == 0  # type: ignore[attr-defined]
+    assert inboxes[1].view() == current(parallel, 1)
+
+
+def test_re_evaluated_and_incremental_subscriptions_of_one_update(parallel: Engine) -> None:
+    room = Inbox()
+    optional = Inbox()
+    parallel.subscribe(ROOM_QUERY % 0, room, alias="room")
+    parallel.subscribe(OPTIONAL_QUERY, optional, alias="optional")
+    assert parallel.spus.reeval  # type: ignore[attr-defined]
+    futures = [parallel.submit(set_room(0, value)) for value in (1, 2, 3)]
+    for future in futures:
+        future.result(timeout=30)
+    expected = current(parallel, 0)
+    assert room.view() == expected
+    assert {(row[0], row[1]) for row in optional.view()} == expected
+    assert [note.sequence for note in optional.notifications] == [0, 1, 2, 3]
+
+
+def test_the_workers_stop_with_the_engine() -> None:
+    engine = Engine(mode="parallel", boosters=1)
+    engine.subscribe(ROOM_QUERY % 0, Inbox())
+    processes = [worker.process for worker in engine.spus.boosters]  # type: ignore[attr-defined]
+    assert processes and all(process.poll() is None for process in processes)
+    engine.close()
+    assert all(process.poll() is not None for process in processes)
+
+
+def test_the_scheduler_replies_to_a_pipelined_update_after_its_notifications() -> None:
+    async def scenario() -> tuple[list[int], int]:
+        engine = Engine(mode="parallel", boosters=1)
+        scheduler = Scheduler(engine)
+        try:
+            await scheduler.update(dataset())
+            subscription = await scheduler.subscribe(ROOM_QUERY % 2, alias="room2")
+            await anext(subscription)  # sequence 0
+            results = await asyncio.gather(*(scheduler.update(set_room(2, value)) for value in range(1, 9)))
+            sequences = []
+            while not subscription.queue.empty():
+                sequences.append(subscription.queue.get_nowait().sequence)
+            return sequences, sum(result.notifications for result in results)
+        finally:
+            scheduler.close()
+
+    sequences, notified = asyncio.run(scenario())
+    assert sequences == list(range(1, 9))  # all delivered by the time the last reply came
+    assert notified == 8
