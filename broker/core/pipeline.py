@@ -207,6 +207,12 @@ class PipelinedSpuManager(SpuManager):
     def in_flight(self) -> int:
         return len(self._fifo)
 
+    def metrics(self) -> dict[str, int]:
+        """Workers running, updates in flight, and counters: updates pipelined, jobs failed, workers
+        died, recoveries (every SPU evaluated again)."""
+        counts = {f"{name}_total": self.counters[name] for name in ("pipelined", "failed", "died", "recovered")}
+        return {"workers": len(self.boosters), "in_flight": len(self._fifo), **counts}
+
     # -- subscribe / unsubscribe: the workers learn which groups and parameter values exist ---------
 
     def subscribe(self, sparql: str, callback: Callable, **options: Any) -> Subscription:  # type: ignore[override]

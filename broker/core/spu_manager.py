@@ -83,6 +83,10 @@ class SpuManager:
     def subscription_count(self) -> int:
         return len(self.subscriptions)
 
+    def metrics(self) -> dict[str, int]:
+        """Counters of the processing mode, for /metrics (sequential mode has none)."""
+        return {}
+
     # -- subscribe / unsubscribe --------------------------------------------------------------
 
     def subscribe(

@@ -181,6 +181,8 @@ class Gates:
         lines += delayed_metrics(self.scheduler.delayed)
         quota = self.quota
         lines += [f"sepa_ws_subscription_clients {len(quota.count)}", f"sepa_ws_subscription_bytes {quota.total_bytes}"]
+        lines.append(f'sepa_engine_info{{mode="{engine.mode}"}} 1')
+        lines += [f"sepa_parallel_{name} {value}" for name, value in engine.spus.metrics().items()]
         if engine.workers is not None:
             lines.append(f"sepa_query_workers {engine.workers.count}")
             lines += [f"sepa_query_worker_{name}_total {value}" for name, value in sorted(engine.workers.stats.items())]
