@@ -16,6 +16,7 @@ from tools.commands import (
     bench_dashboard,
     bench_growth,
     bench_mqtt,
+    bench_parallel,
     bench_reeval,
     bench_scheduling,
     bench_shipper,
@@ -77,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_soak.register(kinds)
     bench_growth.register(kinds)
     bench_reeval.register(kinds)
+    bench_parallel.register(kinds)
 
 
 def peak_rss_mb() -> float:

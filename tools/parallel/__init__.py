@@ -1,0 +1,1 @@
+"""``sepa-gateway bench parallel``: the engine's parallel mode measured against its sequential mode."""
