@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import threading
 import time
 from collections import Counter, deque
@@ -50,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyoxigraph import Quad
+from pyoxigraph import Quad, RdfFormat, serialize
 
 from broker.core.budget import Budget, OverBudget
 from broker.core.notification import QuadRows
@@ -78,7 +79,20 @@ REPLY_TIMEOUT_S = 600.0  # a worker that answers nothing in this long is taken f
 # as much as the lookups of ten quads
 OFFLOAD_MIN_QUADS = 16
 Route = tuple[ShapeGroup, int, list[Any]]  # where a job's answers go: group, branch, per hit its SPU or None
+PROTOCOL = pickle.HIGHEST_PROTOCOL
 LogEntry = tuple[list[Quad], list[Quad], list[Any], list[Any]]  # a delta as the store's follower gets it
+
+
+def _step(entry: LogEntry) -> tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]:
+    """One delta as an ``apply`` step (:func:`broker.workers.pool.batched`), its quads in the
+    follower's order (the workers find hit quads by their index in it)."""
+    added, removed, created, dropped = entry
+    return (
+        serialize(added, format=RdfFormat.N_QUADS) if added else b"",
+        serialize(removed, format=RdfFormat.N_QUADS) if removed else b"",
+        tuple(graph.value for graph in created),
+        tuple(graph.value for graph in dropped),
+    )
 
 
 @dataclass
@@ -175,14 +189,21 @@ class PipelinedSpuManager(SpuManager):
     def _flush(self) -> None:
         entries = self._take_log()
         if entries:
-            message = batched(entries)
-            for worker in self.boosters:
-                worker.outbox.put(message)
+            self._tell(batched(entries))
 
     def _tell(self, message: tuple[Any, ...]) -> None:
         for worker in self.boosters:
-            worker.outbox.put(message)
+            self._send(worker, message)
 
+    def _send(self, worker: Worker, message: tuple[Any, ...] | bytes) -> None:
+        """Send from this thread (once a worker is ready its feeding thread is idle): a hand-over to
+        that thread cost the engine a wake-up and a GIL switch per job. Pickled here with plain
+        pickle: Connection.send makes a ForkingPickler per message, a fifth of a small job's cost
+        on the engine's side. A worker that is gone is found out by the collector, or by the next job."""
+        try:
+            worker.connection.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL))
+        except OSError:
+            self._broken = True
     def _tell_group(self, group: ShapeGroup, *, add: bool) -> None:
         if not group.gid:
             group.gid = next(self._gids)
@@ -315,7 +336,7 @@ class PipelinedSpuManager(SpuManager):
         micros = self.store.clock.micros()
         entry = InFlight(done, fed, [], {"t_apply_s": applied - started})
         prior = batched(before)[1] if before else []
-        step = batched(own)[1] if own else [(b"", b"", (), ())]
+        step = [_step(own[0])] if own else [(b"", b"", (), ())]
         messages = []
         for worker, removed_share, added_share in zip(self.boosters, removed_shares, added_shares, strict=True):
             if removed_share or added_share:
@@ -328,9 +349,10 @@ class PipelinedSpuManager(SpuManager):
                 messages.append((worker, ("apply", prior + step)))
         with self._idle:
             self._fifo.append(entry)
-            self._idle.notify_all()
+            if len(self._fifo) == 1:  # else the collector is busy and will find it: no wake-up to pay
+                self._idle.notify_all()
         for worker, message in messages:
-            worker.outbox.put(message)
+            self._send(worker, message)
         self.counters["pipelined"] += 1
 
     # -- the collector thread -----------------------------------------------------------------
