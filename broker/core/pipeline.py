@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import pickle
 import threading
 import time
@@ -146,7 +147,17 @@ class PipelinedSpuManager(SpuManager):
     # -- workers ------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        """Start the workers on a snapshot of the store and follow it from there; tell them the SPUs."""
+        """Start the workers on a snapshot of the store and follow it from there; tell them the SPUs.
+
+        Not on a single core (the process's CPU affinity): a worker could only take turns with the
+        engine's thread for it, and a job costs more than its lookups save. Measured with
+        ``taskset -c 0 sepa-gateway bench parallel --workers 1``: with a worker, Fig. 7 and ROAD took
+        1.56x and 1.73x as long as sequential mode; without, parallel mode is sequential mode."""
+        if len(os.sched_getaffinity(0)) < 2:
+            if not self.counters["single_core"]:
+                log.info("parallel mode on one core: the BOOSTER runs on the engine's thread")
+            self.counters["single_core"] = 1
+            return
         try:
             self.boosters = [
                 self._spawner.submit(Worker, f"sepa-booster-{index + 1}", (), None, "broker.workers.booster").result()
