@@ -99,6 +99,19 @@ def test_wire_benchmark_end_to_end() -> None:
     assert pids and all(_gone(pid) for pid in pids)
 
 
+def test_parallel_mode_gets_every_notification_right() -> None:
+    """The wire benchmark's check in parallel mode: the same stream, the same 0 wrong and 0 missing."""
+    args = _bench("--json", "--updates", "400", "--concurrency", "8", "--mode", "parallel", "--workers", "1")
+    done = subprocess.run([*args, "--no-oxigraph", *SMALL], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["failed_updates"] == 0 and result["updates"] == 400
+    assert result["matched_notifications"] == result["expected_notifications"] == result["notifications"] == 23 + 6
+    assert result["wrong_notifications"] == result["missing_notifications"] == result["unexpected_notifications"] == 0
+    pids = _pids(done.stderr)
+    assert pids and all(_gone(pid) for pid in pids)
+
+
 def test_secure_variant_runs_beside_the_plain_one() -> None:
     """`--secure`: the same stream and subscriptions over HTTPS + WSS with a bearer token (a missing or
     refused token would fail every update: 401), reported beside the plain run."""
