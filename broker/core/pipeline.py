@@ -215,6 +215,7 @@ class PipelinedSpuManager(SpuManager):
             worker.connection.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL))
         except OSError:
             self._broken = True
+
     def _tell_group(self, group: ShapeGroup, *, add: bool) -> None:
         if not group.gid:
             group.gid = next(self._gids)
