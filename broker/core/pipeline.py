@@ -338,7 +338,12 @@ class PipelinedSpuManager(SpuManager):
     ) -> None:
         started = time.perf_counter()
         before = self._take_log()
-        apply(delta)
+        try:
+            apply(delta)
+        except BaseException:  # nothing applied (the store's journal failed...): the deltas still go out
+            with self.store.lock:
+                self._log[:0] = before
+            raise
         applied = time.perf_counter()
         own = self._take_log()  # this update's delta as the follower logged it: the workers index into it
         added, removed = (own[0][0], own[0][1]) if own else ([], [])
