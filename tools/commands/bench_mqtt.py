@@ -26,6 +26,12 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--prune-interval", type=float, default=2.0, help="seconds between prune runs (default 2)")
     parser.add_argument("--on-disk", action="store_true", help="the gateway with a data directory (durable readings)")
+    parser.add_argument(
+        "--mode", choices=("sequential", "parallel"), default="sequential", help="the gateway's engine mode"
+    )
+    parser.add_argument(
+        "--workers", type=bounded(0, 64), default=0, help="parallel mode's BOOSTER workers (default: cores - 1)"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_mqtt)
 
@@ -43,6 +49,8 @@ def run_mqtt(args: argparse.Namespace) -> int:
         retain_count=args.retain_count,
         prune_interval_s=args.prune_interval,
         on_disk=args.on_disk,
+        mode=args.mode,
+        workers=args.workers,
     )
     report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))

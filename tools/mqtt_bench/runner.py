@@ -65,6 +65,8 @@ class MqttBenchOptions:
     retain_count: int | None = None  # observations kept per sensor; None: readings // sensors
     prune_interval_s: float = 2.0
     on_disk: bool = False  # the gateway with a data directory (a reading is acknowledged once synced)
+    mode: str = "sequential"  # the gateway's engine mode: "sequential" or "parallel"
+    workers: int = 0  # parallel mode's BOOSTER workers (0: the gateway's default)
 
     @property
     def retention(self) -> int:
@@ -124,6 +126,8 @@ def start_mqtt_setup(
     prune_interval_s: float,
     sensors: int,
     on_disk: bool,
+    mode: str = "sequential",
+    workers: int = 0,
 ) -> MqttSetup:
     """Start Mosquitto, the gateway (generic profile, retention as given) and the subscriber; return
     once the gateway is connected and every subscription has its first notification."""
@@ -133,7 +137,16 @@ def start_mqtt_setup(
     mqtt = f'[mqtt]\nport = {port}\nclient_id = "{client_id}"\nprofiles = ["generic"]'
     mqtt += f"\n\n[observations]\nretain_count = {retain_count}\nprune_interval_s = {prune_interval_s}"
     mqtt += "\n\n[coap]\nenabled = false  # not measured here; it would bind UDP 5683, which another run may hold"
-    gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=mqtt, on_disk=on_disk)
+    gateway = start_gateway(
+        children,
+        workdir,
+        allow_load=False,
+        max_request_bytes=1 << 20,
+        mqtt=mqtt,
+        on_disk=on_disk,
+        mode=mode,
+        workers=workers,
+    )
     setup = MqttSetup(port, broker, gateway, children.start(
         "subscriber",
         python_module("tools.mqtt_bench.subscriber", "--url", gateway.subscribe_url, "--sensors", str(sensors)),
@@ -152,7 +165,7 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
         workdir = Path(directory)
         setup = start_mqtt_setup(
             children, workdir, "bench-gateway", options.retention, options.prune_interval_s, options.sensors,
-            options.on_disk,
+            options.on_disk, options.mode, options.workers,
         )  # fmt: skip
         port, broker, gateway, subscriber = setup.port, setup.broker, setup.gateway, setup.subscriber
         metrics_url = setup.metrics_url
@@ -213,6 +226,8 @@ def run(options: MqttBenchOptions, log: Log | None = None) -> dict[str, Any]:
             "nl_p99_ms": round(percentile(latencies, 0.99), 3) if latencies else None,
             "readings": total,
             "publishers": options.publishers,
+            "mode": options.mode,
+            "pipelined_updates": metrics.get("sepa_parallel_pipelined_total"),
             "subscriptions": options.sensors,
             "latency_rate": options.latency_rate,
             "latency_readings": count,
