@@ -67,7 +67,10 @@ class Engine:
         calling thread with no limit (tests, tools, the library).
 
         `base_iri`: what relative IRIs of every request resolve against, unless the call gives its
-        own (:mod:`broker.sparql.base`)."""
+        own (:mod:`broker.sparql.base`).
+
+        `boosters`: parallel mode's BOOSTER worker processes (:mod:`broker.core.pipeline`); they start
+        with the first subscription the incremental algorithm takes. Call :meth:`close` when done."""
         if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
