@@ -138,6 +138,8 @@ class PipelinedSpuManager(SpuManager):
         self._collector: threading.Thread | None = None
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
+        # the graphs the replicas hold: those the shape groups read (None: all); see _follow
+        self._graphs: frozenset[object] | None = frozenset()
         self._gids = itertools.count(1)
         self._decoder = Decoder()
         # started from one thread alive as long as this manager: a worker dies with the thread that
@@ -183,11 +185,29 @@ class PipelinedSpuManager(SpuManager):
 
     def _seed(self, store: RdfStore) -> None:
         self._log, self._log_quads = [], 0
+        self._graphs = self._graphs_read()
         for worker in self.boosters:
-            worker.seed(store)
+            worker.seed(store, self._graphs)
+
+    def _graphs_read(self) -> frozenset[object] | None:
+        found: set[object] = set()
+        for group in self.groups.values():
+            graphs = group.graphs_read()
+            if graphs is None:
+                return None
+            found |= graphs
+        return frozenset(found)
 
     def _follow(self, added: list[Quad], removed: list[Quad], created: list[Any], dropped: list[Any]) -> None:
-        """The store's follower (under its lock): keep the delta for the workers."""
+        """The store's follower (under its lock): keep the delta for the workers, only its quads in
+        the graphs some shape group reads. Why: the observations graph is ten of a reading's eleven
+        quads and no incremental subscription of bench mqtt reads it; serialized for the replicas and
+        applied there, it made parallel mode 0.65-0.70x sequential in readings/s. Without it (a
+        throwaway build that dropped that graph by name): 1,510 against 1,510."""
+        graphs = self._graphs
+        if graphs is not None:
+            added = [quad for quad in added if quad.graph_name in graphs]
+            removed = [quad for quad in removed if quad.graph_name in graphs]
         self._log.append((added, removed, created, dropped))
         self._log_quads += len(added) + len(removed)
 
@@ -259,6 +279,13 @@ class PipelinedSpuManager(SpuManager):
 
     def _index_group(self, group: ShapeGroup, *, add: bool) -> None:
         super()._index_group(group, add=add)
+        if self.boosters and add and self._graphs is not None:
+            graphs = group.graphs_read()
+            if graphs is None or not graphs <= self._graphs:  # the replicas lack a graph it reads
+                self._stop_workers()
+                self.counters["reseeded"] += 1
+                self._start()  # on a snapshot with every graph a group reads; tells them this group
+                return
         if self.boosters:
             self._tell_group(group, add=add)
         elif add and not self._closed:

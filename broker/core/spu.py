@@ -182,6 +182,23 @@ class ShapeGroup:
             for branch in shape.branches
         ]
 
+    def graphs_read(self) -> frozenset[object] | None:
+        """The graphs this shape's patterns can read (the default graph as DefaultGraph()), or None
+        when a GRAPH ?g pattern ranges over every named graph."""
+        found: set[object] = set()
+        for branch in self.shape.branches:
+            for pattern in branch.patterns:
+                graph = pattern.graph
+                if isinstance(graph, DefaultGraph):
+                    found.add(self.dataset.default)
+                elif isinstance(graph, Var):
+                    if self.dataset.named is None:
+                        return None
+                    found.update(self.dataset.named)
+                else:
+                    found.add(graph)
+        return frozenset(found)
+
     def project(self, branch: int, mu: Mu) -> Row:
         return tuple(mu[index] if index >= 0 else None for index in self.projections[branch])  # type: ignore[misc]
 

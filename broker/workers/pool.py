@@ -80,7 +80,7 @@ LOG_MAX_DELTAS = 5_000
 SLICE = 20_000  # quads serialized at a time (a seed, a large delta), letting go of the GIL in between
 
 
-def _dump_in_slices(store: RdfStore) -> bytes:
+def _dump_in_slices(store: RdfStore, graphs: frozenset[object] | None = None) -> bytes:
     """The in-memory store as N-Quads, a slice at a time, letting go of the GIL in between.
 
     Why not Store.dump: it holds the GIL throughout: 174 ms for 300,000 quads on the test machine,
@@ -88,11 +88,12 @@ def _dump_in_slices(store: RdfStore) -> bytes:
     in all). Bench mqtt's p99 while a worker is re-seeded did not improve with it (115-201 ms): the
     rest of a re-seed's cost is elsewhere, not found yet. Quads changed while slicing are replayed
     from the worker's place in the log (see QueryWorkers._place)."""
-    quads = store.ox.quads_for_pattern(None, None, None, None)
     parts: list[bytes] = []
-    while chunk := list(itertools.islice(quads, SLICE)):
-        parts.append(serialize(chunk, format=RdfFormat.N_QUADS))
-        time.sleep(0)
+    for graph in [None] if graphs is None else graphs:
+        quads = store.ox.quads_for_pattern(None, None, None, graph)  # type: ignore[arg-type]
+        while chunk := list(itertools.islice(quads, SLICE)):
+            parts.append(serialize(chunk, format=RdfFormat.N_QUADS))
+            time.sleep(0)
     return b"".join(parts)
 
 
@@ -207,14 +208,15 @@ class Worker:
         """Bytes of deltas queued for the process and not sent yet (it is not reading them)."""
         return self.queued_bytes - self.sent_bytes
 
-    def seed(self, store: RdfStore) -> None:
-        """Queue the snapshot, taken now (see QueryWorkers._place)."""
+    def seed(self, store: RdfStore, graphs: frozenset[object] | None = None) -> None:
+        """Queue the snapshot, taken now (see QueryWorkers._place); in memory, of `graphs` only
+        when given (a BOOSTER worker's replica: the graphs its shape groups read)."""
         if self.checkpoint is not None:
             store.ox.backup(str(self.checkpoint))
             self.outbox.put(("seed", "directory", str(self.checkpoint), ()))
         else:
-            graphs = tuple(graph.value for graph in store.ox.named_graphs())
-            self.outbox.put(("seed", "memory", _dump_in_slices(store), graphs))
+            named = tuple(graph.value for graph in store.ox.named_graphs())
+            self.outbox.put(("seed", "memory", _dump_in_slices(store, graphs), named))
         self.seeded = True
 
     def wait_ready(self) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
+from pyoxigraph import DefaultGraph
 
 from broker.core.budget import OverBudget
 from broker.core.engine import Engine
@@ -224,3 +225,35 @@ def test_the_scheduler_replies_to_a_pipelined_update_after_its_notifications() -
     sequences, notified = asyncio.run(scenario())
     assert sequences == list(range(1, 9))  # all delivered by the time the last reply came
     assert notified == 8
+
+
+def test_the_replicas_hold_only_the_graphs_the_groups_read_and_grow_when_a_group_needs_more() -> None:
+    """A graph no group reads is not fed to the workers (bench mqtt's observations graph: 10 of 11
+    quads a reading); a subscription that reads it makes them start again on a wider snapshot."""
+    engine = Engine(mode="parallel", boosters=1)
+    try:
+        engine.update(dataset())
+        other = f"<{EX}elsewhere>"
+        engine.update(
+            f"INSERT DATA {{ GRAPH {other} {{ <{EX}s0-0> <{EX}in> <{EX}room0> . <{EX}s0-0> <{EX}value> 0 }} }}"
+        )
+        room = Inbox()
+        engine.subscribe(ROOM_QUERY % 0, room, alias="room0")
+        manager = engine.spus
+        assert manager._graphs == frozenset({DefaultGraph()})  # type: ignore[attr-defined]  # noqa: SLF001
+        for value in range(1, 4):
+            engine.update(f"INSERT DATA {{ GRAPH {other} {{ <{EX}s0-{value}> <{EX}value> {value} }} }}")
+        assert all(not entry[0] for entry in manager._log)  # type: ignore[attr-defined]  # noqa: SLF001
+        elsewhere = Inbox()
+        query = f"SELECT ?sensor ?value WHERE {{ GRAPH {other} {{ ?sensor <{EX}value> ?value }} }}"
+        engine.subscribe(query, elsewhere, alias="elsewhere")
+        assert manager.counters["reseeded"] == 1  # type: ignore[attr-defined]
+        bulk = " ".join(f"<{EX}s0-{index}> <{EX}value> {index}" + " ." for index in range(10, 40))
+        futures = [engine.submit(f"INSERT DATA {{ GRAPH {other} {{ {bulk} }} }}"), engine.submit(set_room(0, 9))]
+        for future in futures:
+            future.result(timeout=30)
+        assert manager.counters["pipelined"] == 2  # type: ignore[attr-defined]
+        assert room.view() == current(engine, 0)
+        assert elsewhere.view() == {tuple(row) for row in engine.query(query).rows}
+    finally:
+        engine.close()
