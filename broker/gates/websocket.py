@@ -77,8 +77,8 @@ class Connection:
                 self.ready.clear()
                 while self.pending and not self.closing:
                     item = self.pending.popleft()
-                    body = item.to_json() if isinstance(item, Notification) else item
-                    await self.ws.send_str(json.dumps(body))
+                    text = item.to_json_text() if isinstance(item, Notification) else json.dumps(item)
+                    await self.ws.send_str(text)
 
 
 class WebSocketGate:
