@@ -41,6 +41,7 @@ from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
 from broker.sparql.query_patterns import query_patterns
 from broker.sparql.query_shape import NotIncremental, ShapedQuery, shape_query
 from broker.store import RdfStore
+from broker.workers.codec import Decoder
 
 if TYPE_CHECKING:
     from broker.workers.pool import QueryWorkers
@@ -68,6 +69,7 @@ class SpuManager:
         self.workers = workers
         # one thread per worker: the update thread hands out the limited re-evaluations of an update
         self._reevaluators = ThreadPoolExecutor(workers.count, "sepa-reeval") if workers is not None else None
+        self._decoder = Decoder()  # the terms of their results (shared by those threads: a race makes a term twice)
         self.trimmer = Trimmer()
         self.queries = queries
         self.stats = stats
@@ -252,7 +254,9 @@ class SpuManager:
     def _in_worker(self, spu: ReevalSpu) -> tuple[object, ...] | SepaError:
         assert self.workers is not None
         try:
-            return ("ok", *self.workers.run("subscription_rows", spu.sparql, spu.prefixes, spu.arguments))
+            variables, codes, boolean = self.workers.run("subscription_rows", spu.sparql, spu.prefixes, spu.arguments)
+            terms = self._decoder.terms
+            return ("ok", variables, tuple([terms(row) for row in codes]), boolean)
         except (TimeLimitExceeded, EvaluationCrashed) as error:
             return error
         except Exception as error:  # noqa: BLE001 - reported with this subscription

@@ -16,6 +16,7 @@ from broker.core.results import QueryResult
 from broker.core.spu import evaluate_rows
 from broker.core.update_processor import where_solutions
 from broker.gates.negotiation import serialize
+from broker.workers.codec import Code, encode_all
 
 
 def serialized(
@@ -61,10 +62,22 @@ def probe(
     return len(result.rows) if result.kind == "select" else 1
 
 
+def subscription_rows(
+    processor: QueryProcessor, sparql: str, prefixes: dict[str, str] | None, arguments: dict[str, object]
+) -> tuple[tuple[str, ...], list[tuple[Code, ...]], bool | None]:
+    """A re-evaluated subscription's result (:func:`~broker.core.spu.evaluate_rows`), its rows as
+    term codes (:mod:`broker.workers.codec`).
+
+    Why codes: pickled, a pyoxigraph term costs ~2.7 us to dump and ~0.9 us to load; 1,000
+    subscriptions of 1,000 rows re-evaluated by one update are 2 million terms."""
+    variables, rows, boolean = evaluate_rows(processor.store, sparql, prefixes, arguments)
+    return variables, [encode_all(row) for row in rows], boolean
+
+
 JOBS: dict[str, Callable[..., Any]] = {
     "serialized": serialized,
     "materialized": materialized,
     "probe": probe,
     "where_solutions": lambda processor, *args: where_solutions(processor.store, *args),
-    "subscription_rows": lambda processor, *args: evaluate_rows(processor.store, *args),
+    "subscription_rows": subscription_rows,
 }
