@@ -108,12 +108,20 @@ class QueryProcessor:
             raise InvalidRequest(f"query evaluation failed: {str(error)[:300]}") from None
 
     @staticmethod
+    def count(raw: RawResult) -> int:
+        """The number of results of a lazy result, evaluated in full without building its rows."""
+        try:
+            return 1 if isinstance(raw, QueryBoolean) else sum(1 for _ in raw)
+        except (RuntimeError, OSError) as error:
+            raise InvalidRequest(f"query evaluation failed: {str(error)[:300]}") from None
+
+    @staticmethod
     def _materialize(raw: RawResult) -> QueryResult:
         if isinstance(raw, QueryBoolean):
             return QueryResult("ask", boolean=bool(raw))
         if isinstance(raw, QuerySolutions):
             variables = tuple(variable.value for variable in raw.variables)
-            rows = tuple(tuple(solution[index] for index in range(len(variables))) for solution in raw)
+            rows = tuple(map(tuple, raw))  # a solution iterates its values, None where unbound
             return QueryResult("select", variables, rows)
         return QueryResult("graph", triples=tuple(raw))
 

@@ -50,7 +50,7 @@ def probe(
 
     Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
     first where it can be, a query that never ends is refused before it gets there."""
-    result = processor.materialize(
+    return processor.count(
         processor.run(
             sparql,
             default_graph_uri=default_graph_uri,
@@ -59,7 +59,6 @@ def probe(
             subscription=True,
         )
     )
-    return len(result.rows) if result.kind == "select" else 1
 
 
 def subscription_rows(
