@@ -221,16 +221,22 @@ class Scheduler:
         Calls queue in arrival order; one job on the update thread drains the queue, so a burst of
         updates costs one hand-over to the thread, not one each (the GIL makes hand-overs dear).
         """
+        return await self.queue_serial(call, *args, **kwargs)
+
+    def queue_serial(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Queue a serial call now, on the event loop; the future of its result. Serial calls run in
+        the order they were queued (:meth:`serialized` is this, awaited)."""
         self._admit()
         self.in_flight += 1
-        try:
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[Any] = loop.create_future()
-            self._serial.append((functools.partial(call, *args, **kwargs), future))
-            self._kick(loop)
-            return await future
-        finally:
-            self.in_flight -= 1
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        future.add_done_callback(self._landed)  # first: before whoever awaits it resumes
+        self._serial.append((functools.partial(call, *args, **kwargs), future))
+        self._kick(loop)
+        return future
+
+    def _landed(self, _future: asyncio.Future[Any]) -> None:
+        self.in_flight -= 1
 
     def submit_due(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
         """Queue a serial call that is due now, ahead of queued requests; call on the event loop.
@@ -421,13 +427,19 @@ class Scheduler:
         that never ends costs its client an error, not every client the update thread. A `trusted`
         subscriber (code of this process) is not probed, and its re-evaluations are not limited."""
         if not trusted:
-            probed = ("default_graph_uri", "named_graph_uri", "prefixes")
-            await self._run(
-                self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed}
-            )
-        return await self.serialized(  # type: ignore[no-any-return]
-            self.engine.subscribe, sparql, callback, limited=not trusted, **options
-        )
+            await self.probe_subscription(sparql, **options)
+        return await self.queue_subscribe(sparql, callback, trusted=trusted, **options)  # type: ignore[no-any-return]
+
+    async def probe_subscription(self, sparql: str, **options: Any) -> None:
+        """The probe of :meth:`engine_subscribe` alone (`options` as there)."""
+        probed = ("default_graph_uri", "named_graph_uri", "prefixes")
+        await self._run(self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed})
+
+    def queue_subscribe(
+        self, sparql: str, callback: Callable[[Notification], None], *, trusted: bool = False, **options: Any
+    ) -> asyncio.Future[Any]:
+        """The subscribe of :meth:`engine_subscribe` alone, queued now (serial calls keep their order)."""
+        return self.queue_serial(self.engine.subscribe, sparql, callback, limited=not trusted, **options)
 
     async def unsubscribe(self, spuid: str) -> Subscription:
         return await self.serialized(self.engine.unsubscribe, spuid)

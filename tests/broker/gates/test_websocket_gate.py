@@ -320,6 +320,35 @@ def test_many_subscriptions_on_one_socket_each_with_its_own_spuid_and_sequence(g
     run(scenario)
 
 
+def test_messages_of_one_socket_are_handled_side_by_side_and_subscribes_keep_their_order(
+    gateway: RunningGateway,
+) -> None:
+    """A slow subscribe does not hold the socket's next messages (a bad one is answered first), and
+    a burst of subscribes is confirmed in the order sent, each starting at sequence 0."""
+    base = f"{EX}side-by-side/"
+    triples = " ".join(f"<{base}s{i}> <{base}p{i % 7}> {i} ." for i in range(150))
+    # ~3.4 million solutions counted: long enough (probe and evaluation) to be overtaken
+    slow = "SELECT (COUNT(*) AS ?n) WHERE { ?a ?b ?c . ?d ?e ?f . ?g ?h ?i }"
+
+    async def scenario(session: aiohttp.ClientSession) -> None:
+        await post_update(session, gateway, f"INSERT DATA {{ {triples} }}")
+        async with session.ws_connect(gateway.subscribe_url) as ws:
+            await ws.send_json({"subscribe": {"sparql": slow, "alias": "slow"}})
+            await ws.send_json({"subscribe": {"sparql": "SELECT nonsense", "alias": "bad"}})
+            for i in range(5):
+                await ws.send_json(
+                    {"subscribe": {"sparql": f"SELECT ?o WHERE {{ <{base}s{i}> ?p ?o }}", "alias": f"a{i}"}}
+                )
+            first = await receive_json(ws)
+            assert first.get("alias") == "bad" and first["status_code"] == 400, first
+            order = [(await receive_json(ws))["notification"] for _ in range(6)]
+            assert [n["alias"] for n in order] == ["slow", "a0", "a1", "a2", "a3", "a4"]
+            assert all(n["sequence"] == 0 for n in order)
+            assert order[1]["addedResults"]["results"]["bindings"] == [{"o": integer(0)}]
+
+    run(scenario)
+
+
 def test_ask_subscription_notifies_when_the_boolean_changes(gateway: RunningGateway) -> None:
     base = f"{EX}ask/"
     s, p = f"<{base}s>", f"<{base}p>"
