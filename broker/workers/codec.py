@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, Triple
+from pyoxigraph import (
+    BlankNode,
+    DefaultGraph,
+    Literal,
+    NamedNode,
+    Quad,
+    QueryResultsFormat,
+    Triple,
+    parse_query_results,
+)
 
 XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
 CACHE_MAX = 200_000  # terms kept by a decoder; past it the cache starts again (bounded memory)
@@ -95,3 +104,9 @@ class Decoder:
         if kind == "<<":
             return Triple(self.term(code[1]), self.term(code[2]), self.term(code[3]))
         raise ValueError(f"not a term code: {code!r}")
+
+
+def rows_from_tsv(text: bytes) -> tuple[tuple[Any, ...], ...]:
+    """The rows of a SPARQL TSV result (pyoxigraph's writer and reader: exact terms), in the
+    header's variable order, None where unbound."""
+    return tuple(map(tuple, parse_query_results(text, format=QueryResultsFormat.TSV)))
