@@ -32,6 +32,7 @@ from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.core.pending import PendingUpdates
 from broker.core.results import QueryResult, UpdateResult
+from broker.core.spu import Probed
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Request
 from broker.delayed import DelayedUpdates
@@ -427,13 +428,16 @@ class Scheduler:
         that never ends costs its client an error, not every client the update thread. A `trusted`
         subscriber (code of this process) is not probed, and its re-evaluations are not limited."""
         if not trusted:
-            await self.probe_subscription(sparql, **options)
+            options["probed"] = await self.probe_subscription(sparql, **options)
         return await self.queue_subscribe(sparql, callback, trusted=trusted, **options)  # type: ignore[no-any-return]
 
-    async def probe_subscription(self, sparql: str, **options: Any) -> None:
-        """The probe of :meth:`engine_subscribe` alone (`options` as there)."""
+    async def probe_subscription(self, sparql: str, **options: Any) -> Probed | None:
+        """The probe of :meth:`engine_subscribe` alone (`options` as there); pass what it returns
+        to :meth:`queue_subscribe` as `probed`."""
         probed = ("default_graph_uri", "named_graph_uri", "prefixes")
-        await self._run(self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed})
+        return await self._run(  # type: ignore[no-any-return]
+            self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed}
+        )
 
     def queue_subscribe(
         self, sparql: str, callback: Callable[[Notification], None], *, trusted: bool = False, **options: Any

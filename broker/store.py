@@ -131,6 +131,7 @@ class RdfStore:
         self._sync_lock = threading.Lock()  # one fdatasync at a time; taken after `lock`, never before
         self._journal_bytes = 0
         self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
+        self.changes = 0  # calls of apply so far: while it holds, the store holds the same quads
         if path is not None:
             journal = path / JOURNAL
             self._recover(journal)
@@ -183,6 +184,7 @@ class RdfStore:
         With a `mark`, its callback runs once the change is in the store (see the module docstring).
         """
         with self.lock:
+            self.changes += 1
             journal, followers = self._journal, self._followers
             if journal is None and not followers:
                 self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)

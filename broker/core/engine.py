@@ -22,6 +22,7 @@ from broker.core.notification import Notification
 from broker.core.pipeline import PipelinedSpuManager
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult, UpdateResult
+from broker.core.spu import Probed
 from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from broker.workers.pool import QueryWorkers
 
 NotificationCallback = Callable[[Notification], None]
+# a probe's result kept for the subscribe when its SPARQL TSV takes at most this (a larger one is
+# evaluated again by the subscribe: a few MB cross the socket pair for nothing if it is incremental)
+PROBE_KEEP_BYTES = 1 << 20
 
 
 class Engine:
@@ -254,19 +258,26 @@ class Engine:
         default_graph_uri: Sequence[str] = (),
         named_graph_uri: Sequence[str] = (),
         prefixes: dict[str, str] | None = None,
-    ) -> None:
+    ) -> Probed | None:
         """Evaluate a subscription's query once under the time limit, before :meth:`subscribe`.
 
         Why: subscribe evaluates on the update thread, which nothing can interrupt; a query that
-        would never end is refused here (TimeLimitExceeded) instead. Without workers, nothing."""
-        if self.workers is not None:
-            self.workers.run(
-                "probe",
-                with_base(sparql, self.base_iri),
-                default_graph_uri=tuple(default_graph_uri),
-                named_graph_uri=tuple(named_graph_uri),
-                prefixes=prefixes,
-            )
+        would never end is refused here (TimeLimitExceeded) instead. Without workers, nothing.
+
+        Returns the result the probe found (up to PROBE_KEEP_BYTES of TSV) if the store did not
+        change while it ran: :meth:`subscribe` takes it when the store still has not (`probed`)."""
+        if self.workers is None:
+            return None
+        changes = self.store.changes
+        text = self.workers.run(
+            "probe",
+            with_base(sparql, self.base_iri),
+            default_graph_uri=tuple(default_graph_uri),
+            named_graph_uri=tuple(named_graph_uri),
+            prefixes=prefixes,
+            keep_bytes=PROBE_KEEP_BYTES,
+        )
+        return Probed(changes, text) if text is not None and self.store.changes == changes else None
 
     def subscribe(
         self,
@@ -279,6 +290,7 @@ class Engine:
         prefixes: dict[str, str] | None = None,
         nonblocking: bool = False,
         limited: bool = False,
+        probed: Probed | None = None,
     ) -> Subscription:
         """Subscribe to a SELECT or ASK query.
 
@@ -303,6 +315,7 @@ class Engine:
                 prefixes=prefixes,
                 nonblocking=nonblocking,
                 limited=limited,
+                probed=probed,
             )
 
     def unsubscribe(self, spuid: str) -> Subscription:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyoxigraph import DefaultGraph, NamedNode, QueryBoolean, QuerySolutions, QueryTriples, Variable
+from pyoxigraph import DefaultGraph, NamedNode, QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, Variable
 
 from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI
 from broker.core.results import QueryResult
@@ -112,6 +112,14 @@ class QueryProcessor:
         """The number of results of a lazy result, evaluated in full without building its rows."""
         try:
             return 1 if isinstance(raw, QueryBoolean) else sum(1 for _ in raw)
+        except (RuntimeError, OSError) as error:
+            raise InvalidRequest(f"query evaluation failed: {str(error)[:300]}") from None
+
+    @staticmethod
+    def tsv(raw: QuerySolutions) -> bytes:
+        """A lazy SELECT result evaluated in full and written as SPARQL TSV (by pyoxigraph)."""
+        try:
+            return raw.serialize(format=QueryResultsFormat.TSV)  # type: ignore[no-any-return]
         except (RuntimeError, OSError) as error:
             raise InvalidRequest(f"query evaluation failed: {str(error)[:300]}") from None
 

@@ -17,6 +17,7 @@ import logging
 import sys
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
@@ -28,6 +29,7 @@ from broker.sparql.query_shape import Shape
 from broker.sparql.syntax import Digest
 from broker.sparql.terms import Row
 from broker.store import RdfStore
+from broker.workers.codec import results_from_tsv
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +341,15 @@ class RowTable:
         self._let_go = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A subscription's result as its probe found it (SPARQL TSV), and the store's
+    :attr:`~broker.store.RdfStore.changes` it was found at: still the count, still the result."""
+
+    changes: int
+    text: bytes
+
+
 class ReevalSpu(SpuBase):
     """Re-runs its query and diffs the multiset of rows (exact for any SELECT or ASK)."""
 
@@ -372,8 +383,13 @@ class ReevalSpu(SpuBase):
         self.variables = variables
         return rows, boolean
 
-    def load(self, store: RdfStore) -> None:
-        rows, self.boolean = self.evaluate(store)
+    def load(self, store: RdfStore, probed: Probed | None = None) -> None:
+        """Evaluate the query, or take the probe's result when the store is as the probe saw it
+        (1,000 rows: reading the TSV costs this thread 0.85 ms, evaluating 2 ms)."""
+        if probed is not None and probed.changes == store.changes:
+            self.variables, rows, self.boolean = (*results_from_tsv(probed.text), None)
+        else:
+            rows, self.boolean = self.evaluate(store)
         self.rows = self.table.shared(rows)
         self.members = _members(self.rows)
 

@@ -30,7 +30,7 @@ from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
-from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, ReevalSpu, RowTable, ShapeGroup, SpuBase
+from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, Probed, ReevalSpu, RowTable, ShapeGroup, SpuBase
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
@@ -101,9 +101,11 @@ class SpuManager:
         prefixes: dict[str, str] | None,
         nonblocking: bool = False,
         limited: bool = False,
+        probed: Probed | None = None,
     ) -> Subscription:
         """`limited`: a network client's subscription (its later re-evaluations run under the time
-        limit, see :meth:`_reevaluate`)."""
+        limit, see :meth:`_reevaluate`). `probed`: the result its probe found, taken if the store
+        did not change since (a re-evaluated SPU's first result)."""
         # validates syntax and the dataset, and tells SELECT from ASK and others
         probe = self.queries.run(
             sparql,
@@ -122,7 +124,7 @@ class SpuManager:
         if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
         if spu is None:
-            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes)
+            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed)
             spu.limited = spu.limited or limited
         subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking)
         spu.subscribers.append(subscription)
@@ -207,13 +209,14 @@ class SpuManager:
         default_graph_uri: tuple[str, ...],
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
+        probed: Probed | None = None,
     ) -> ReevalSpu:
         key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())))
         spu = self.reeval.get(key)
         if spu is None:
             arguments = dataset_arguments(default_graph_uri, named_graph_uri)
             spu = ReevalSpu(key, sparql, arguments, prefixes, self.rows)
-            spu.load(self.store)
+            spu.load(self.store, probed)
             self.reeval[key] = spu
             if not self.naive:
                 spu.lutt_keys = self._reeval_keys(sparql, default_graph_uri, named_graph_uri, prefixes)

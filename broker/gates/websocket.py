@@ -356,7 +356,7 @@ class WebSocketGate:
             "nonblocking": True,
         }
         try:
-            await self.scheduler.probe_subscription(sparql, **options)
+            options["probed"] = await self.scheduler.probe_subscription(sparql, **options)
             if previous is not None:
                 await asyncio.shield(previous)
             queued = self.scheduler.queue_subscribe(sparql, from_engine, **options)

@@ -110,3 +110,9 @@ def rows_from_tsv(text: bytes) -> tuple[tuple[Any, ...], ...]:
     """The rows of a SPARQL TSV result (pyoxigraph's writer and reader: exact terms), in the
     header's variable order, None where unbound."""
     return tuple(map(tuple, parse_query_results(text, format=QueryResultsFormat.TSV)))
+
+
+def results_from_tsv(text: bytes) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]:
+    """The variables and rows of a SPARQL TSV result (see :func:`rows_from_tsv`)."""
+    results = parse_query_results(text, format=QueryResultsFormat.TSV)
+    return tuple(variable.value for variable in results.variables), tuple(map(tuple, results))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pyoxigraph import QueryBoolean, QueryResultsFormat
+from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions
 
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
@@ -45,20 +45,27 @@ def probe(
     default_graph_uri: Sequence[str] = (),
     named_graph_uri: Sequence[str] = (),
     prefixes: dict[str, str] | None = None,
-) -> int:
-    """Evaluate a subscription's query once, in full: the number of its results.
+    keep_bytes: int = 0,
+) -> bytes | None:
+    """Evaluate a subscription's query once, in full; its result as SPARQL TSV when it is a SELECT
+    with variables whose TSV takes at most `keep_bytes`, else None.
 
     Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
-    first where it can be, a query that never ends is refused before it gets there."""
-    return processor.count(
-        processor.run(
-            sparql,
-            default_graph_uri=default_graph_uri,
-            named_graph_uri=named_graph_uri,
-            prefixes=prefixes,
-            subscription=True,
-        )
+    first where it can be, a query that never ends is refused before it gets there. The result
+    kept spares the update thread that evaluation when the store did not change in between
+    (:meth:`broker.core.engine.Engine.probe`)."""
+    raw = processor.run(
+        sparql,
+        default_graph_uri=default_graph_uri,
+        named_graph_uri=named_graph_uri,
+        prefixes=prefixes,
+        subscription=True,
     )
+    if keep_bytes and isinstance(raw, QuerySolutions) and raw.variables:
+        text = processor.tsv(raw)
+        return text if len(text) <= keep_bytes else None
+    processor.count(raw)
+    return None
 
 
 def subscription_rows(
