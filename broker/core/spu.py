@@ -29,7 +29,7 @@ from broker.sparql.query_shape import Shape
 from broker.sparql.syntax import Digest
 from broker.sparql.terms import Row
 from broker.store import RdfStore
-from broker.workers.codec import results_from_tsv
+from broker.workers.codec import results_from_tsv, rows_from_tsv
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,8 @@ class ReevalSpu(SpuBase):
         self.lutt_keys: list[object] = []
         # a network client subscribed it: re-evaluated in a query worker, under the time limit
         self.limited = False
+        # the result as SPARQL TSV when it came so (a probe, a query worker): see replace_text
+        self.text: bytes | None = None
 
     def evaluate(self, store: RdfStore) -> tuple[tuple[Row, ...], bool | None]:
         variables, rows, boolean = evaluate_rows(store, self.sparql, self.prefixes, self.arguments)
@@ -388,6 +390,7 @@ class ReevalSpu(SpuBase):
         (1,000 rows: reading the TSV costs this thread 0.85 ms, evaluating 2 ms)."""
         if probed is not None and probed.changes == store.changes:
             self.variables, rows, self.boolean = (*results_from_tsv(probed.text), None)
+            self.text = probed.text
         else:
             rows, self.boolean = self.evaluate(store)
         self.rows = self.table.shared(rows)
@@ -396,7 +399,7 @@ class ReevalSpu(SpuBase):
     def release(self) -> None:
         """The SPU ends: its rows go back to the table."""
         self.table.let_go(len(self.rows))
-        self.rows, self.members = (), set()
+        self.rows, self.members, self.text = (), set(), None
 
     def current_rows(self) -> tuple[Row, ...]:
         return self.rows
@@ -407,8 +410,52 @@ class ReevalSpu(SpuBase):
     def refresh(self, store: RdfStore) -> int:
         return self.replace(*self.evaluate(store))
 
+    def replace_text(self, text: bytes) -> int:
+        """:meth:`replace` for a SELECT result written as SPARQL TSV (a re-evaluation in a query
+        worker): when the previous result came so too, only the lines that differ are read.
+
+        Why: a row is one line, the same row the same line (pyoxigraph writes a term one way), so
+        the difference of two results is the difference of their lines, found by bytes in C. For
+        1,000 rows: splitting and counting both texts ~0.15 ms; reading all the rows back 0.85 ms,
+        sharing them in the RowTable and taking set differences about as much again."""
+        previous = self.text
+        if previous == text:
+            return 0
+        old = previous.split(b"\n") if previous is not None else [b""]
+        new = text.split(b"\n")
+        # rows read whole: no previous text, another header, a row more than once, or a row whose
+        # line is empty (one variable, unbound) or unterminated
+        before, after = set(old[1:-1]), set(new[1:-1])
+        if (
+            old[0] != new[0]
+            or old[-1] != b""
+            or new[-1] != b""
+            or b"" in after
+            or b"" in before
+            or len(after) != len(new) - 2
+            or isinstance(self.members, Counter)
+        ):
+            count = self.replace(rows_from_tsv(text), None)
+            self.text = text
+            return count
+        self.text = text
+        gone, came = before - after, after - before
+        if not (gone or came):
+            return 0  # the same rows in another order
+        head = new[0] + b"\n"
+        removed = rows_from_tsv(head + b"".join(line + b"\n" for line in gone)) if gone else ()
+        added = self.table.shared(rows_from_tsv(head + b"".join(line + b"\n" for line in came))) if came else ()
+        members = self.members
+        assert isinstance(members, set)
+        members.difference_update(removed)
+        members.update(added)
+        self.table.let_go(len(removed))
+        self.rows = tuple(members)
+        return self.notify(list(added), list(removed), None, None)
+
     def replace(self, rows: tuple[Row, ...], boolean: bool | None) -> int:
         """Take `rows` (or `boolean`) as the new result and notify the difference."""
+        self.text = None
         if self.is_ask:
             previous, self.boolean = self.boolean, boolean
             return self.notify((), (), boolean, previous)

@@ -41,7 +41,6 @@ from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
 from broker.sparql.query_patterns import query_patterns
 from broker.sparql.query_shape import NotIncremental, ShapedQuery, shape_query
 from broker.store import RdfStore
-from broker.workers.codec import rows_from_tsv
 
 if TYPE_CHECKING:
     from broker.workers.pool import QueryWorkers
@@ -272,8 +271,9 @@ class SpuManager:
         _, _variables, text, boolean = outcome
         # read here rather than on the thread that waited for it: that thread would take the GIL from
         # this one for each result (`bench reeval --rows 1000`, the matching update: 6.0-7.1 -> 3.7-4.7 s)
-        rows = rows_from_tsv(text) if isinstance(text, bytes) else tuple(text)
-        return self._notified(spu, spu.replace, rows, boolean)
+        if isinstance(text, bytes):
+            return self._notified(spu, spu.replace_text, text)
+        return self._notified(spu, spu.replace, tuple(text), boolean)
 
     @staticmethod
     def _notified(spu: ReevalSpu, call: Callable[..., int], *args: object) -> int:

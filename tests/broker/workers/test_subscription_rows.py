@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pyoxigraph import Literal, NamedNode, Quad, Store
 
 from broker.core.query_processor import QueryProcessor
-from broker.core.spu import evaluate_rows
+from broker.core.spu import ReevalSpu, evaluate_rows
 from broker.store import RdfStore
 from broker.workers.codec import rows_from_tsv
 from broker.workers.jobs import subscription_rows
@@ -58,3 +58,39 @@ def test_ask_and_results_without_variables() -> None:
     assert sorted(variables) == ["o", "p", "s"] and rows_from_tsv(text) == ()
     assert text.decode().split() == [f"?{name}" for name in variables]  # the header, in the same order
     assert subscription_rows(processor, "SELECT * WHERE { }", None, {}) == ((), [()], None)
+
+
+POOL = ["<urn:1>", "<urn:2>", '"x"', "7", '"y"@en', "UNDEF"]
+ROWS_OF_POOL = st.lists(st.tuples(st.sampled_from(POOL), st.sampled_from(POOL)), max_size=6)
+RESULTS = st.lists(ROWS_OF_POOL, min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(RESULTS, st.booleans())
+def test_a_re_evaluation_read_as_tsv_lines_notifies_exactly_the_difference(results, one_variable) -> None:
+    """ReevalSpu.replace_text: the notifications rebuild every result, whatever repeats, order,
+    unbound values or empty lines the results have."""
+    store = RdfStore(Store())
+    width = 1 if one_variable else 2
+    variables = " ".join(f"?v{i}" for i in range(width))
+
+    def text_of(rows: list[tuple[str, str]]) -> bytes:
+        values = " ".join("(" + " ".join(row[:width]) + ")" for row in rows)
+        sparql = f"SELECT {variables} WHERE {{ VALUES ({variables}) {{ {values} }} }}"
+        return subscription_rows(QueryProcessor(store), sparql, None, {})[1]
+
+    spu = ReevalSpu(("k",), "SELECT", {}, None)
+    spu.variables = tuple(f"v{i}" for i in range(width))
+    held: Counter = Counter()
+
+    def rebuild(added, removed, _boolean, _previous) -> None:
+        held.subtract(Counter(removed))
+        held.update(Counter(added))
+
+    spu.notify = lambda added, removed, boolean, previous: rebuild(added, removed, boolean, previous) or 1  # type: ignore[method-assign]
+    for rows in results:
+        text = text_of(rows)
+        spu.replace_text(text)
+        expected = Counter(rows_from_tsv(text))
+        assert +held == expected
+        assert Counter(spu.rows) == expected
