@@ -100,30 +100,35 @@ def bindings_json_text(variables: tuple[str, ...], rows: Iterable[Row]) -> str:
     lookup, and the working set refills them at once; full, they hold ~10 MB.
     """
     texts = _row_texts
-    keys: list[str] | None = None
     written = []
     for row in rows:
         text = texts.get((variables, row))
         if text is None:
-            if keys is None:
-                keys = [json.dumps(var) + ": " for var in variables]
-            terms = _texts.get
-            text = (
-                "{"
-                + ", ".join(
-                    [
-                        key + (terms(term) or term_json_text(term))
-                        for key, term in zip(keys, row, strict=True)
-                        if term is not None
-                    ]
-                )
-                + "}"
-            )
-            if len(texts) >= TEXT_CACHE_SIZE:
-                texts.clear()
-            texts[(variables, row)] = text
+            text = row_json_text(variables, row)
         written.append(text)
     return "[" + ", ".join(written) + "]"
+
+
+def row_json_text(variables: tuple[str, ...], row: Row) -> str:
+    """One binding of :func:`bindings_json_text`, written and cached."""
+    text = _row_texts.get((variables, row))
+    if text is None:
+        terms = _texts.get
+        text = (
+            "{"
+            + ", ".join(
+                [
+                    json.dumps(var) + ": " + (terms(term) or term_json_text(term))
+                    for var, term in zip(variables, row, strict=True)
+                    if term is not None
+                ]
+            )
+            + "}"
+        )
+        if len(_row_texts) >= TEXT_CACHE_SIZE:
+            _row_texts.clear()
+        _row_texts[(variables, row)] = text
+    return text
 
 
 def term_to_sparql(term: Term | DefaultGraph) -> str:

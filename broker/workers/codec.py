@@ -112,7 +112,7 @@ def rows_from_tsv(text: bytes) -> tuple[tuple[Any, ...], ...]:
     return tuple(map(tuple, parse_query_results(text, format=QueryResultsFormat.TSV)))
 
 
-def results_from_tsv(text: bytes) -> tuple[tuple[str, ...], tuple[tuple[Any, ...], ...]]:
-    """The variables and rows of a SPARQL TSV result (see :func:`rows_from_tsv`)."""
-    results = parse_query_results(text, format=QueryResultsFormat.TSV)
-    return tuple(variable.value for variable in results.variables), tuple(map(tuple, results))
+def tsv_variables(header: bytes) -> tuple[str, ...]:
+    """The variables of a SPARQL TSV header line."""
+    results = parse_query_results(header + b"\n", format=QueryResultsFormat.TSV)
+    return tuple(variable.value for variable in results.variables)

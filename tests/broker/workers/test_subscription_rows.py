@@ -93,4 +93,4 @@ def test_a_re_evaluation_read_as_tsv_lines_notifies_exactly_the_difference(resul
         spu.replace_text(text)
         expected = Counter(rows_from_tsv(text))
         assert +held == expected
-        assert Counter(spu.rows) == expected
+        assert Counter(spu.current_rows()) == expected
