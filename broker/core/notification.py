@@ -103,7 +103,7 @@ class QuadRows(Sequence[Row]):
         return f"QuadRows({self.rows()!r})"
 
 
-_line_texts: dict[tuple[bytes, bytes], str] = {}
+_line_texts: dict[bytes, dict[bytes, str]] = {}  # by header line: by row line, its SPARQL JSON
 
 
 class TsvRows(Sequence[Row]):
@@ -131,18 +131,22 @@ class TsvRows(Sequence[Row]):
         return self._rows
 
     def json_text(self, variables: tuple[str, ...]) -> str:
-        """``bindings_json_text(variables, self)``, from the texts of lines written before."""
-        texts, head = _line_texts, self.head
-        written = [texts.get((head, line)) for line in self.lines]
-        if None in written:
-            missing = [line for line, text in zip(self.lines, written, strict=True) if text is None]
-            rows = rows_from_tsv(head + b"\n" + b"".join(line + b"\n" for line in missing))
-            if len(texts) + len(missing) > TEXT_CACHE_SIZE:
-                texts.clear()
-            for line, row in zip(missing, rows, strict=True):
-                texts[(head, line)] = row_json_text(variables, row)
-            written = [texts[(head, line)] for line in self.lines]
-        return "[" + ", ".join(written) + "]"  # type: ignore[arg-type]
+        """``bindings_json_text(variables, self)``, from the texts of lines written before (one
+        dict per header: a lookup per line in C; 1,000 lines: ~0.05 ms)."""
+        texts = _line_texts.get(self.head)
+        if texts is None or len(texts) >= TEXT_CACHE_SIZE:
+            if len(_line_texts) >= 64:
+                _line_texts.clear()
+            texts = _line_texts[self.head] = {}
+        try:
+            return "[" + ", ".join(map(texts.__getitem__, self.lines)) + "]"
+        except KeyError:
+            pass
+        missing = [line for line in self.lines if line not in texts]
+        rows = rows_from_tsv(self.head + b"\n" + b"".join(line + b"\n" for line in missing))
+        for line, row in zip(missing, rows, strict=True):
+            texts[line] = row_json_text(variables, row)
+        return "[" + ", ".join(map(texts.__getitem__, self.lines)) + "]"
 
     def __bool__(self) -> bool:
         return bool(self.lines)
