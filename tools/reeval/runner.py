@@ -6,12 +6,18 @@ each text its own SPU, and each result has one row per sensor. Reported: the tim
 subscription had its first notification, the gateway's RSS before, after subscribing, after one
 update that matches them all (and its reply time: every subscription is re-evaluated before the
 reply), and 3 s after all were ended (memory given back).
+
+Beside it, a bystander: another client with one subscription of its own (on other data) that
+updates, queries and waits for its own notification every BYSTANDER_PERIOD_S, first alone
+(`bystander_quiet`), then while the attacker sends `storms` matching updates back to back
+(`bystander_storm`): what the attack costs everybody else (issue 16's bar: p99 under 50 ms).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
 import urllib.request
@@ -23,15 +29,81 @@ from typing import Any
 import aiohttp
 
 from tools.wire.processes import Children, rss_mb, start_gateway
+from tools.wire.report import percentile
 
 Log = Callable[[str], None]
 SETTLE_S = 3.0  # after the last unsubscribe: the trimmer runs 1 s after a burst
+BYSTANDER_PERIOD_S = 0.05
+QUIET_S = 2.0  # the bystander alone, before the storm
 
 
 @dataclass(frozen=True)
 class ReevalOptions:
     subscriptions: int = 1000
     rows: int = 200  # sensors: the rows of each result
+    storms: int = 5  # matching updates sent back to back while the bystander measures
+
+
+class Bystander:
+    """Another client: an update of its own data, the notification of it on its own WebSocket,
+    and a query, every BYSTANDER_PERIOD_S; each one's latency in milliseconds, apart for the quiet
+    phase and the storm. It runs in a process of its own, so that the attacker's client (which
+    reads every notification of the storm) does not delay its measurements."""
+
+    def __init__(self, ws_url: str, update_url: str) -> None:
+        self.ws_url = ws_url
+        self.update_url = update_url
+        self.query_url = update_url.rsplit("/", 1)[0] + "/query"
+        self.samples: dict[str, dict[str, list[float]]] = {
+            phase: {"update": [], "notification": [], "query": []} for phase in ("quiet", "storm")
+        }
+
+    async def run(self, ready: Any, storming: Any, stop: Any) -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(self.ws_url) as ws:
+            sparql = "SELECT ?v WHERE { <urn:b:x> <urn:b:v> ?v }"
+            await ws.send_str(json.dumps({"subscribe": {"sparql": sparql, "alias": "bystander"}}))
+            await ws.receive(timeout=600)  # its notification 0
+            ready.set()
+            count = 0
+            # at least one round in the storm phase, even when the storm was shorter than a round
+            while not (stop.is_set() and self.samples["storm"]["query"]):
+                samples = self.samples["storm" if storming.is_set() else "quiet"]
+                count += 1
+                value = f"-{count}"
+                started = time.perf_counter()
+                async with session.post(
+                    self.update_url,
+                    data=f"INSERT DATA {{ <urn:b:x> <urn:b:v> {value} }}",
+                    headers={"Content-Type": "application/sparql-update"},
+                ) as reply:
+                    await reply.read()
+                samples["update"].append((time.perf_counter() - started) * 1000)
+                while True:  # its own notification (sent before the reply: it may be read already)
+                    message = json.loads((await ws.receive(timeout=600)).data)
+                    added = message.get("notification", {}).get("addedResults", {}).get("results", {})
+                    if any(row["v"]["value"] == value for row in added.get("bindings", [])):
+                        break
+                samples["notification"].append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                async with session.post(
+                    self.query_url,
+                    data="ASK { <urn:b:x> <urn:b:v> 0 }",
+                    headers={"Content-Type": "application/sparql-query", "Accept": "application/sparql-results+json"},
+                ) as reply:
+                    await reply.read()
+                samples["query"].append((time.perf_counter() - started) * 1000)
+                await asyncio.sleep(BYSTANDER_PERIOD_S)
+
+    def report(self) -> dict[str, Any]:
+        """Per phase: p50 and p99 of each kind, and how many rounds."""
+        out: dict[str, Any] = {}
+        for phase, kinds in self.samples.items():
+            figures: dict[str, Any] = {"rounds": len(kinds["query"])}
+            for kind, values in kinds.items():
+                figures[f"{kind}_p50_ms"] = round(percentile(values, 50) or 0.0, 1)
+                figures[f"{kind}_p99_ms"] = round(percentile(values, 99) or 0.0, 1)
+            out[phase] = figures
+        return out
 
 
 def _update(url: str, sparql: str) -> float:
@@ -40,6 +112,13 @@ def _update(url: str, sparql: str) -> float:
     with urllib.request.urlopen(request, timeout=600) as response:
         response.read()
     return (time.perf_counter() - started) * 1000
+
+
+def bystander_main(ws_url: str, update_url: str, ready: Any, storming: Any, stop: Any, results: Any) -> None:
+    """The bystander process: measure until `stop`, then put its report on `results`."""
+    bystander = Bystander(ws_url, update_url)
+    asyncio.run(bystander.run(ready, storming, stop))
+    results.put(bystander.report())
 
 
 async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) -> dict[str, Any]:
@@ -67,9 +146,24 @@ async def _measure(url: str, update_url: str, pid: int, options: ReevalOptions) 
                 await ws.receive()
 
         draining = asyncio.create_task(drain())
-        report["matching_update_ms"] = round(
-            await asyncio.to_thread(_update, update_url, "INSERT DATA { <urn:s:0> <urn:t:value> -1 }"), 1
+        context = multiprocessing.get_context("spawn")
+        ready, storming, stop, results = context.Event(), context.Event(), context.Event(), context.Queue()
+        bystander = context.Process(
+            target=bystander_main, args=(url, update_url, ready, storming, stop, results), daemon=True
         )
+        bystander.start()
+        await asyncio.to_thread(ready.wait, 60)
+        await asyncio.sleep(QUIET_S)
+        storming.set()
+        replies: list[float] = []
+        for k in range(1, options.storms + 1):
+            sparql = f"INSERT DATA {{ <urn:s:0> <urn:t:value> -{k} }}"
+            replies.append(await asyncio.to_thread(_update, update_url, sparql))
+        stop.set()
+        report["bystander"] = await asyncio.to_thread(results.get, True, 600)
+        bystander.join(10)
+        report["matching_update_ms"] = round(replies[0], 1)
+        report["matching_updates_ms"] = [round(reply, 1) for reply in replies]
         report["rss_after_update_mb"] = rss_mb(pid)
         draining.cancel()
         await asyncio.gather(draining, return_exceptions=True)
