@@ -49,7 +49,10 @@ def test_the_line_cache_is_bounded(monkeypatch) -> None:
     body = lines[1:-1]
     for start in range(len(body)):
         rows = TsvRows(lines[0], body[start : start + 2])
-        assert json.loads(rows.json_text(("s", "o"))) == json.loads(
-            Notification("x", None, 0, ("s", "o"), rows.rows()).to_json_text()
-        )["notification"]["addedResults"]["results"]["bindings"]
+        assert (
+            json.loads(rows.json_text(("s", "o")))
+            == json.loads(Notification("x", None, 0, ("s", "o"), rows.rows()).to_json_text())["notification"][
+                "addedResults"
+            ]["results"]["bindings"]
+        )
         assert len(notification_module._line_texts[lines[0]]) <= 4 + 2
