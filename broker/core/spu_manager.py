@@ -124,15 +124,24 @@ class SpuManager:
     # -- subscribe / unsubscribe --------------------------------------------------------------
 
     def subscribe(self, sparql: str, callback: Callable, **options: Any) -> Subscription:
-        """Subscribe (:meth:`_subscribe`), once no re-evaluation is left to apply: a new
-        subscriber's first notification must be its SPU's result as of the last update."""
-        self.wait_settled()
+        """Subscribe (:meth:`_subscribe`), under the state lock, without waiting for the
+        re-evaluations queued (see :meth:`submit`).
+
+        Why not wait: the update thread would be held until they are applied (seconds, for
+        1,000 subscriptions of one client), the very stall pipelining removes, and one update
+        followed by one subscribe would be enough to cause it. Nothing needs it: a re-evaluated
+        SPU created now evaluates the store as it is, and no queued job concerns it; joining one
+        with jobs queued, notification 0 is its result as the collector last applied it, and the
+        queued outcomes then notify the new subscriber too, each the difference from the one
+        before (a re-evaluation replaces the whole result: nothing can be counted twice, unlike
+        the solutions parallel mode folds). A client whose update was acknowledged gets a
+        notification 0 that includes it: the reply came after its re-evaluations were applied."""
         with self._state:
             return self._subscribe(sparql, callback, **options)
 
     def unsubscribe(self, spuid: str) -> Subscription:
-        """End a subscription (:meth:`_unsubscribe`), once no re-evaluation is left to apply."""
-        self.wait_settled()
+        """End a subscription (:meth:`_unsubscribe`), under the state lock. An SPU it frees may
+        have re-evaluations queued: the collector skips them (see :meth:`_apply_reevaluations`)."""
         with self._state:
             return self._unsubscribe(spuid)
 
@@ -362,6 +371,7 @@ class SpuManager:
 
     def close(self) -> None:
         """Stop the threads, once the re-evaluations queued are applied (their updates completed)."""
+        self.wait_settled()
         with self._settled:
             self._stopping = True
             self._settled.notify_all()
@@ -667,9 +677,10 @@ class SpuManager:
         """Wait for each of `entry`'s jobs in turn and apply its outcome; the notifications sent.
 
         A job whose worker was lost (killed for the time limit of a job ahead of it, or dead) is run
-        again now, in a query worker: its notification then covers this update and those since
-        (on this fault path only: the SPUs of later updates' jobs are re-evaluated again, on the
-        store as each left it, and notify nothing more if nothing changed since)."""
+        again now, in a query worker: its notification then covers this update and those since. A
+        fault path only, and still a difference from the previous notification: with several
+        re-evaluation workers, a later update's job that another worker ran on the store as that
+        update left it may then step the result back, and the next ones forward again."""
         notifications = 0
         waited = applied = 0.0
         for spu, job in entry.jobs:

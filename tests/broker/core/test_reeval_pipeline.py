@@ -111,17 +111,26 @@ def test_every_update_reaches_each_subscription_in_order(engine: Engine) -> None
     assert not engine.spus.reevaluations_queued
 
 
-def test_a_new_subscriber_waits_for_the_queued_re_evaluations(engine: Engine) -> None:
-    """Notification 0 is the SPU's result as of the last update, not one a queued re-evaluation
-    will move on: subscribe waits until none is queued."""
-    first = View(engine, SLOW_VIEW)
-    future = engine.submit(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
-    assert not future.done()
-    second = View(engine, SLOW_VIEW)  # shares the SPU
-    assert future.done() and first.sequences == [0, 1] and second.sequences == [0]
-    assert first.rows == second.rows
+def test_a_subscriber_joining_while_re_evaluations_are_queued_gets_them_next(engine: Engine) -> None:
+    """Subscribe does not wait for the queued re-evaluations (it would hold the update thread):
+    notification 0 is the shared SPU's result as last applied, and the queued update's delta
+    follows as notification 1, to both subscribers; an unsubscribe meanwhile frees its SPU and the
+    queued job of it is skipped."""
+    View(engine, SLOW_VIEW)
+    first = View(engine, QUICK_VIEW)
+    leaving: list[Notification] = []
+    gone = engine.subscribe(QUICK_VIEW + " LIMIT 10", leaving.append, limited=True)
+    slow = engine.submit(f"INSERT DATA {{ <{EX}x99> <{EX}slow> 99 }}")  # a slow job, the SLOW_VIEW's alone
+    behind = engine.submit(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")  # the quick views' jobs: behind it
+    second = View(engine, QUICK_VIEW)  # shares the SPU
+    engine.unsubscribe(gone.spuid)
+    assert not slow.done() and not behind.done()
+    assert second.sequences == [0] and not second.rows  # the SPU's result before the queued update
+    assert behind.result(timeout=30).notifications == 3  # the slow view, both quick subscribers
+    assert first.sequences == [0, 1] and second.sequences == [0, 1] and first.rows == second.rows
+    assert [n.sequence for n in leaving] == [0]
     engine.update(f"INSERT DATA {{ <{EX}b> <{EX}p> 2 }}")
-    assert first.sequences == [0, 1, 2] and second.sequences == [0, 1]
+    assert first.sequences == [0, 1, 2] and second.sequences == [0, 1, 2]
     second.check(engine)
 
 
