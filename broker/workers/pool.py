@@ -9,7 +9,9 @@ the gateway (:class:`~broker.errors.EvaluationCrashed`).
 
 What runs here: SPARQL Protocol queries, the in-process API's queries, the first evaluation of every
 subscription (before the update thread evaluates it for real) and the WHERE clauses of updates
-that are not a plain BGP (those run on the engine's own evaluator, which counts its steps).
+that are not a plain BGP (those run on the engine's own evaluator, which counts its steps). A pool
+of its own, the re-evaluation worker, takes the re-evaluations of network clients' subscriptions,
+queued many at once by :meth:`QueryWorkers.dispatch` (broker.core.spu_manager, SpuManager.submit).
 
 A replica starts from a snapshot of the store taken after its place in the log (see `_place`):
 in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
