@@ -697,6 +697,7 @@ class SpuManager:
                         notifications += self._outcome(spu, outcome)
             waited += got - started
             applied += time.perf_counter() - got
+            time.sleep(0)  # the GIL to the update thread and the event loop between two outcomes
         timings = entry.timings
         timings["t_booster_s"] = timings.get("t_booster_s", 0.0) + waited
         timings["t_notify_s"] = timings.get("t_notify_s", 0.0) + applied
