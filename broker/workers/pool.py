@@ -453,30 +453,28 @@ class QueryWorkers:
         futures: list[Future[Any]] = [Future() for _ in calls]
         if not calls:
             return futures
-        taken: list[Worker] = []  # idle workers, fresh and alive
-        while True:
-            try:
-                worker = self._idle.get_nowait()
-            except queue.Empty:
-                break
-            if worker.process.poll() is not None:
-                self.stats["died_idle"] += 1
-                self._replace(worker)
-            elif worker.position < self._log_start:
-                self.stats["stale"] += 1
-                self._replace(worker)
-            else:
-                taken.append(worker)
-        with self._lock:
+        unfit: list[Worker] = []  # idle workers that died or lack deltas: replaced
+        with self._lock:  # a reading thread gives its worker back under the lock too
+            taken: list[Worker] = []  # idle workers, fresh and alive
+            while True:
+                try:
+                    worker = self._idle.get_nowait()
+                except queue.Empty:
+                    break
+                if worker.process.poll() is not None:
+                    self.stats["died_idle"] += 1
+                    unfit.append(worker)
+                elif worker.position < self._log_start:
+                    self.stats["stale"] += 1
+                    unfit.append(worker)
+                else:
+                    taken.append(worker)
             for worker in self._streaming:
                 if worker.position < self._log_start and not worker.retiring:
                     worker.retiring = True  # its queued jobs still see their store; no more jobs
                     self.stats["stale"] += 1
             streaming = [each for each in self._streaming if not each.retiring]
-            workers = sorted(streaming, key=lambda each: each.queued) + [
-                each for each in taken if each.position >= self._log_start
-            ]
-            workers = workers[: len(calls)]
+            workers = (sorted(streaming, key=lambda each: each.queued) + taken)[: len(calls)]
             micros = self.store.clock.micros()
             for offset, worker in enumerate(workers):
                 self._catch_up(worker)
@@ -492,12 +490,11 @@ class QueryWorkers:
                     worker.retiring = False
                     self._streaming.add(worker)
                     threading.Thread(target=self._read, args=(worker,), name=f"{worker.name}-read", daemon=True).start()
-        for worker in taken:
-            if worker not in workers:
-                if worker.position < self._log_start:
-                    self._replace(worker)
-                else:
+            for worker in taken:
+                if worker not in workers:
                     self._idle.put(worker)
+        for worker in unfit:
+            self._replace(worker)
         if not workers:
             self.stats["lost"] += len(futures)
             for future in futures:
@@ -517,6 +514,8 @@ class QueryWorkers:
                     drained = worker.queued == 0
                     if drained:
                         self._streaming.discard(worker)
+                        if not worker.retiring:
+                            self._idle.put(worker)  # under the lock: dispatch sees it streaming or idle
                 if reply[0] == "ok":
                     future.set_result(reply[1])
                 else:
@@ -525,8 +524,6 @@ class QueryWorkers:
                     continue
                 if worker.retiring:
                     self._replace(worker)
-                else:
-                    self._idle.put(worker)
                 return
             with self._lock:
                 self._streaming.discard(worker)  # no more jobs for it: those queued are lost
