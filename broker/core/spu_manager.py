@@ -521,7 +521,10 @@ class SpuManager:
         Why: 1,000 OPTIONAL subscriptions of 200 rows on one WebSocket held the update thread
         1.5-3 s per matching update (waiting for the query workers), and every other client's
         update, subscribe and MQTT commit with it. A worker of its own so that those 1,000 jobs
-        queue there, not ahead of other clients' queries in the query workers."""
+        queue there, not ahead of other clients' queries in the query workers. Measured (shared
+        2-core machine, ten such updates in a row, another client updating every 20 ms over HTTP):
+        that client's p99 18-41 ms, max 36-65 ms, instead of p50 1.2-1.3 s; the update thread
+        spends 17-30 ms queueing the 1,000 jobs."""
         if self.reevaluators is None or self.naive or budget is not None:
             done(*self.process(delta, apply, budget))
             return
