@@ -31,8 +31,11 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
-        return stat.read().split(") ")[1][0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+            return stat.read().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped in between
+        return False
 
 
 @pytest.fixture(scope="module")
