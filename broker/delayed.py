@@ -312,7 +312,8 @@ class DelayedUpdates:
                     if self.access_of is None:
                         raise Forbidden("a secure client's delayed update needs the secure gates to run")
                     access = self.access_of(entry.owner)
-                engine.update(
+                # submitted, not waited for: its re-evaluations may still be queued (SpuManager.submit)
+                engine.submit(
                     entry.sparql,
                     access=access,
                     using_graph_uri=entry.using_graph_uri,

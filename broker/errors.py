@@ -85,3 +85,11 @@ class EvaluationCrashed(SepaError):
 
     error = "evaluation_crashed"
     status_code = 500
+
+
+class WorkerLost(SepaError):
+    """A job queued behind another on a worker that was killed or died before it ran (see
+    :meth:`broker.workers.pool.QueryWorkers.dispatch`): not this job's fault; it may be tried again."""
+
+    error = "worker_lost"
+    status_code = 503

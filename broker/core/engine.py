@@ -62,6 +62,7 @@ class Engine:
         workers: QueryWorkers | None = None,
         base_iri: str | None = None,
         boosters: int = 1,
+        reevaluators: QueryWorkers | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -74,7 +75,13 @@ class Engine:
         own (:mod:`broker.sparql.base`).
 
         `boosters`: parallel mode's BOOSTER worker processes (:mod:`broker.core.pipeline`); they start
-        with the first subscription the incremental algorithm takes. Call :meth:`close` when done."""
+        with the first subscription the incremental algorithm takes. Call :meth:`close` when done.
+
+        `reevaluators` (started, over this store; a pool of its own, one process will do): in
+        sequential mode, the re-evaluations of a network client's subscriptions are pipelined
+        there, off the update thread (:meth:`SpuManager.submit
+        <broker.core.spu_manager.SpuManager.submit>`); :meth:`close` closes it. Without, they run
+        in `workers` while the update waits for them."""
         if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
@@ -87,7 +94,15 @@ class Engine:
                 self.store, self.queries, self.stats, boosters=boosters, workers=workers
             )
         else:
-            self.spus = SpuManager(self.store, self.queries, self.stats, naive=(mode == "naive"), workers=workers)
+            self.spus = SpuManager(
+                self.store,
+                self.queries,
+                self.stats,
+                naive=(mode == "naive"),
+                workers=workers,
+                reevaluators=reevaluators if mode != "naive" else None,
+            )
+        self.reevaluators = reevaluators
         self._update_lock = threading.Lock()
         self.workers = workers
         self.base_iri = base_iri
@@ -140,10 +155,12 @@ class Engine:
     ) -> Future[UpdateResult]:
         """Apply one SPARQL 1.1 Update request atomically; its result once every subscription processed it.
 
-        In sequential mode the future is done when this returns. In parallel mode it may not be:
-        the update is in the store, its subscriptions are processed in the BOOSTER workers, and the
-        next update may be submitted meanwhile (:mod:`broker.core.pipeline`); updates still
-        complete in the order they were submitted.
+        In sequential mode the future is done when this returns, unless the update re-evaluates a
+        network client's subscriptions with a re-evaluation worker (`reevaluators`): then it is
+        done once they are, and an update submitted later may complete first. In parallel mode it
+        may not be: the update is in the store, its subscriptions are processed in the BOOSTER
+        workers, and the next update may be submitted meanwhile (:mod:`broker.core.pipeline`);
+        updates still complete in the order they were submitted.
 
         `sparql` is the request's text, or an in-process producer's :class:`~broker.sparql.syntax.Update`
         (:mod:`broker.sparql.syntax`), which is applied alike without being parsed.
@@ -327,8 +344,11 @@ class Engine:
             return self.spus.unsubscribe(spuid)
 
     def close(self) -> None:
-        """Stop the engine's threads and worker processes (parallel mode's after the updates in flight)."""
+        """Stop the engine's threads and worker processes (after the updates in flight), the
+        re-evaluation worker too."""
         self.spus.close()
+        if self.reevaluators is not None:
+            self.reevaluators.close()
 
     @property
     def subscription_count(self) -> int:

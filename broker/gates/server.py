@@ -186,6 +186,11 @@ class Gates:
         if engine.workers is not None:
             lines.append(f"sepa_query_workers {engine.workers.count}")
             lines += [f"sepa_query_worker_{name}_total {value}" for name, value in sorted(engine.workers.stats.items())]
+        if engine.reevaluators is not None:
+            reevaluators = engine.reevaluators
+            lines.append(f"sepa_reeval_workers {reevaluators.count}")
+            lines.append(f"sepa_reeval_updates_queued {engine.spus.reevaluations_queued}")
+            lines += [f"sepa_reeval_worker_{name}_total {value}" for name, value in sorted(reevaluators.stats.items())]
         for source, numbers in self.metric_sources.items():
             for key, value in numbers().items():
                 if isinstance(value, bool | int | float):

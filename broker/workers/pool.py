@@ -9,7 +9,9 @@ the gateway (:class:`~broker.errors.EvaluationCrashed`).
 
 What runs here: SPARQL Protocol queries, the in-process API's queries, the first evaluation of every
 subscription (before the update thread evaluates it for real) and the WHERE clauses of updates
-that are not a plain BGP (those run on the engine's own evaluator, which counts its steps).
+that are not a plain BGP (those run on the engine's own evaluator, which counts its steps). A pool
+of its own, the re-evaluation worker, takes the re-evaluations of network clients' subscriptions,
+queued many at once by :meth:`QueryWorkers.dispatch` (broker.core.spu_manager, SpuManager.submit).
 
 A replica starts from a snapshot of the store taken after its place in the log (see `_place`):
 in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
@@ -52,7 +54,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,7 @@ from typing import Any
 from pyoxigraph import NamedNode, Quad, RdfFormat, serialize
 
 import broker
-from broker.errors import EvaluationCrashed, InvalidRequest, SepaError, TimeLimitExceeded
+from broker.errors import EvaluationCrashed, InvalidRequest, SepaError, TimeLimitExceeded, WorkerLost
 from broker.store import RdfStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a job's positional and keyword arguments (dispatch)
 FEED_INTERVAL_S = 0.2  # how often the feeding thread sends the workers the deltas they lack
 # on disk (no feed): past this many quads or deltas the log is dropped, and a worker that lacks
 # them is replaced when next picked, from a new checkpoint (milliseconds)
@@ -191,6 +195,11 @@ class Worker:
         self.seeded = False  # its snapshot is queued: deltas may follow
         self.queued_bytes = 0  # of deltas put in its outbox (by the pool, under its lock)
         self.sent_bytes = 0  # of deltas sent to the process (by its feeding thread)
+        # dispatched jobs (QueryWorkers.dispatch) whose replies its reading thread awaits, in order;
+        # `queued` counts them (under the pool's lock): the worker is streaming while it is not 0
+        self.replies: queue.SimpleQueue[tuple[Future[Any], float]] = queue.SimpleQueue()
+        self.queued = 0
+        self.retiring = False  # it lacks deltas the log no longer has: replaced once its jobs are done
         self._writer = threading.Thread(target=self._write, name=f"{name}-feed", daemon=True)
         self._writer.start()
 
@@ -238,6 +247,18 @@ class Worker:
             shutil.rmtree(self.checkpoint, ignore_errors=True)
 
 
+def _reply(worker: Worker, limit: float) -> tuple[Any, ...] | None:
+    """`worker`'s reply to its oldest job: None past `limit` from the job's start, ("crashed",) if
+    the worker is gone. The limit counts from the start of the evaluation, not from the catch-up."""
+    try:
+        started = worker.connection.poll(READY_TIMEOUT_S) and worker.connection.recv() == ("started",)
+        if started and worker.connection.poll(limit):
+            return worker.connection.recv()  # type: ignore[no-any-return]
+    except (EOFError, OSError):
+        return ("crashed",)
+    return None
+
+
 class QueryWorkers:
     """A fixed number of workers; :meth:`run` runs one job on an idle one under a time limit.
 
@@ -257,6 +278,7 @@ class QueryWorkers:
         self.stats: Counter[str] = Counter()
         self._idle: queue.Queue[Worker] = queue.Queue()
         self._workers: set[Worker] = set()
+        self._streaming: set[Worker] = set()  # workers taking dispatched jobs (see dispatch)
         self._lock = threading.Lock()
         self._closed = False
         self._generation = 0
@@ -394,25 +416,126 @@ class QueryWorkers:
             self.stats["stale"] += 1  # on disk, it lacks deltas the log dropped: a checkpoint is cheaper
             self._replace(worker)
         self.stats["jobs"] += 1
-        reply: tuple[Any, ...] | None = None
-        try:
-            # the time limit counts from the start of the evaluation, not from the catch-up before it
-            started = worker.connection.poll(READY_TIMEOUT_S) and worker.connection.recv() == ("started",)
-            if started and worker.connection.poll(limit):
-                reply = worker.connection.recv()
-        except (EOFError, OSError):
-            reply = ("crashed",)
+        reply = _reply(worker, limit)
         if reply is not None and reply[0] in ("ok", "sepa", "syntax"):
             self._idle.put(worker)
             if reply[0] == "ok":
                 return reply[1]
             raise _error(*reply)
         self._replace(worker)
+        raise self._failure(reply, limit)
+
+    def _failure(self, reply: tuple[Any, ...] | None, limit: float) -> SepaError:
+        """The error of a job whose worker ran past `limit` (`reply` None) or died (counted)."""
         if reply is None:
             self.stats["timeouts"] += 1
-            raise TimeLimitExceeded(f"the evaluation ran past its limit of {limit:g} s and was stopped")
+            return TimeLimitExceeded(f"the evaluation ran past its limit of {limit:g} s and was stopped")
         self.stats["crashes"] += 1
-        raise EvaluationCrashed("the evaluation of this request crashed its worker process, which was replaced")
+        return EvaluationCrashed("the evaluation of this request crashed its worker process, which was replaced")
+
+    def dispatch(self, job: str, calls: Sequence[Call], *, time_limit_s: float | None = None) -> list[Future[Any]]:
+        """Queue `job` once per call, spread over the workers, without waiting; a future each.
+
+        Each job sees the store exactly as it is now, however late it runs: the deltas a worker
+        lacks are queued before its jobs, and the deltas to come after them, and a worker reads its
+        socket in order. So the update thread can queue an update's re-evaluations right after
+        applying it and go on with the next update (broker.core.spu_manager, SpuManager.submit).
+
+        A worker given jobs is taken from the idle ones and keeps taking jobs until all it was given
+        are answered; a reading thread of its own settles their futures in order, each job under
+        its time limit from its start. Past it (or if the worker dies) the worker is killed and
+        replaced, that job fails with :class:`TimeLimitExceeded` (:class:`EvaluationCrashed`) and
+        the jobs queued behind it with :class:`WorkerLost`. With no worker to give them to (all
+        being replaced, or busy with :meth:`run`), every future fails with WorkerLost at once.
+
+        Meant for a pool of its own: it takes every idle worker, and :meth:`run` waits for one."""
+        limit = self.time_limit_s if time_limit_s is None else time_limit_s
+        futures: list[Future[Any]] = [Future() for _ in calls]
+        if not calls:
+            return futures
+        unfit: list[Worker] = []  # idle workers that died or lack deltas: replaced
+        with self._lock:  # a reading thread gives its worker back under the lock too
+            taken: list[Worker] = []  # idle workers, fresh and alive
+            while True:
+                try:
+                    worker = self._idle.get_nowait()
+                except queue.Empty:
+                    break
+                if worker.process.poll() is not None:
+                    self.stats["died_idle"] += 1
+                    unfit.append(worker)
+                elif worker.position < self._log_start:
+                    self.stats["stale"] += 1
+                    unfit.append(worker)
+                else:
+                    taken.append(worker)
+            for worker in self._streaming:
+                if worker.position < self._log_start and not worker.retiring:
+                    worker.retiring = True  # its queued jobs still see their store; no more jobs
+                    self.stats["stale"] += 1
+            streaming = [each for each in self._streaming if not each.retiring]
+            workers = (sorted(streaming, key=lambda each: each.queued) + taken)[: len(calls)]
+            micros = self.store.clock.micros()
+            for offset, worker in enumerate(workers):
+                self._catch_up(worker)
+                # one message for its share (1,000 messages cost the update thread ~20 ms: pickled
+                # and sent by the feeding thread, which takes the GIL from it each time)
+                share = calls[offset :: len(workers)]
+                worker.outbox.put(("jobs", job, share, micros))
+                worker.queued += len(share)
+                for future in futures[offset :: len(workers)]:
+                    worker.replies.put((future, limit))
+            for worker in workers:
+                if worker not in self._streaming:  # taken now: it streams until its jobs are answered
+                    worker.retiring = False
+                    self._streaming.add(worker)
+                    threading.Thread(target=self._read, args=(worker,), name=f"{worker.name}-read", daemon=True).start()
+            for worker in taken:
+                if worker not in workers:
+                    self._idle.put(worker)
+        for worker in unfit:
+            self._replace(worker)
+        if not workers:
+            self.stats["lost"] += len(futures)
+            for future in futures:
+                future.set_exception(WorkerLost("no re-evaluation worker was available"))
+        self.stats["jobs"] += len(calls)
+        return futures
+
+    def _read(self, worker: Worker) -> None:
+        """A streaming worker's reading thread: settle its dispatched jobs' futures in order; once
+        none is left, give the worker back (or replace it, if it lacks deltas) and end."""
+        while True:
+            future, limit = worker.replies.get()
+            reply = _reply(worker, limit)
+            if reply is not None and reply[0] in ("ok", "sepa", "syntax"):
+                with self._lock:
+                    worker.queued -= 1
+                    drained = worker.queued == 0
+                    if drained:
+                        self._streaming.discard(worker)
+                        if not worker.retiring:
+                            self._idle.put(worker)  # under the lock: dispatch sees it streaming or idle
+                if reply[0] == "ok":
+                    future.set_result(reply[1])
+                else:
+                    future.set_exception(_error(*reply))
+                if not drained:
+                    continue
+                if worker.retiring:
+                    self._replace(worker)
+                return
+            with self._lock:
+                self._streaming.discard(worker)  # no more jobs for it: those queued are lost
+                behind = worker.queued - 1
+                worker.queued = 0
+            self._replace(worker)
+            future.set_exception(self._failure(reply, limit))
+            self.stats["lost"] += behind
+            for _ in range(behind):
+                lost, _ = worker.replies.get()
+                lost.set_exception(WorkerLost("the worker this job was queued on was stopped before it ran"))
+            return
 
     def _replace(self, worker: Worker) -> None:
         """Kill `worker` now; start its successor in the background."""

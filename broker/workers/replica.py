@@ -91,6 +91,12 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
             assert processor is not None
             connection.send(("started",))  # the deltas before it are applied: its time limit starts now
             connection.send(reply_for(processor, message))
+        elif kind == "jobs":  # QueryWorkers.dispatch: one message for many, answered one by one
+            assert processor is not None
+            _, name, calls, micros = message
+            for args, kwargs in calls:
+                connection.send(("started",))
+                connection.send(reply_for(processor, ("job", name, args, kwargs, micros)))
         elif kind == "seed":
             processor = QueryProcessor(seeded(message), service_allow=service_allow)
             compactor = Compactor(processor.store)

@@ -64,6 +64,22 @@ class Gateway:
         except OSError as error:
             self.workers.close()
             raise StartupError(f"cannot start the query workers: {error}") from error
+        # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
+        # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit)
+        self.reevaluators: QueryWorkers | None = None
+        if config.engine.reeval_workers and config.engine.mode in ("sequential", "incremental"):
+            self.reevaluators = QueryWorkers(
+                self.store,
+                count=config.engine.reeval_workers,
+                time_limit_s=config.engine.time_limit_s,
+                service_allow=tuple(config.engine.service_allow),
+            )
+            try:
+                self.reevaluators.start()
+            except OSError as error:
+                self.reevaluators.close()
+                self.workers.close()
+                raise StartupError(f"cannot start the re-evaluation workers: {error}") from error
         self.compactor = Compactor(self.store)
         self.compactor.start()
         self.gateway_id = config.observations.gateway_id or socket.gethostname()
@@ -76,6 +92,7 @@ class Gateway:
             allow_load=config.engine.allow_load,
             service_allow=config.engine.service_allow,
             service_timeout_s=config.engine.service_timeout_s,
+            reevaluators=self.reevaluators,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

@@ -47,6 +47,10 @@ class EngineConfig:
     # replica of the store (a copy in memory; a checkpoint on disk), stopped past time_limit_s (503)
     query_workers: int = 2
     time_limit_s: float = 10.0
+    # sequential mode: network clients' re-evaluated subscriptions (OPTIONAL...) are re-evaluated in
+    # this many worker processes of their own, pipelined off the update thread (each a replica of the
+    # store too); 0: in the query workers, the update thread waiting for them
+    reeval_workers: int = 1
     # relative IRIs of every request resolve against this, whatever gate, scheme, host or port the
     # request came by; "" is urn:sepa-gateway:<observations.gateway_id>/ (stable across restarts)
     base_iri: str = ""
@@ -223,6 +227,8 @@ class Config:
             raise ConfigError("engine.time_limit_s must be positive")
         if not 1 <= self.engine.query_workers <= 64:
             raise ConfigError("engine.query_workers must be between 1 and 64")
+        if not 0 <= self.engine.reeval_workers <= 64:
+            raise ConfigError("engine.reeval_workers must be between 0 and 64")
         for name, path in (
             ("http.query_path", self.http.query_path),
             ("http.update_path", self.http.update_path),

@@ -25,6 +25,7 @@ oracle itself against plain pyoxigraph (with the SPARQL 1.1 Protocol dataset rul
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -266,22 +267,64 @@ def test_notifications_rebuild_query_results(mode: str, scenario: Scenario) -> N
         engine.close()
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["waited", "pipelined"])
 @budget(12)
 @given(scenario=scenarios(max_updates=6))
-def test_notifications_of_network_subscriptions_rebuild_query_results(scenario: Scenario) -> None:
+def test_notifications_of_network_subscriptions_rebuild_query_results(pipelined: bool, scenario: Scenario) -> None:
     """A network client's subscriptions (`limited`): their re-evaluations run in the query
-    workers, on replicas; the rules hold all the same."""
+    workers, on replicas (pipelined: in a re-evaluation worker, off the update thread); the rules
+    hold all the same."""
     store = RdfStore.memory()
     workers = QueryWorkers(store, count=2, time_limit_s=60.0)
     workers.start()
+    reevaluators = QueryWorkers(store, count=1, time_limit_s=60.0) if pipelined else None
+    if reevaluators is not None:
+        reevaluators.start()
+    engine = Engine(store, workers=workers, reevaluators=reevaluators)
     try:
-        engine = Engine(store, workers=workers)
         engine.update(scenario.dataset)
         views = [subscribe(engine, query, query.name, limited=True)[1] for query in POOL]
         assert engine.spus.reeval and all(spu.limited for spu in engine.spus.reeval.values())
         for request in scenario.updates:
             step(engine, request, views)
     finally:
+        engine.close()
+        workers.close()
+
+
+@budget(12)
+@given(scenario=scenarios(max_updates=6))
+def test_network_subscriptions_rebuild_query_results_with_updates_back_to_back(scenario: Scenario) -> None:
+    """Pipelined re-evaluations with every update submitted before any completes: each
+    subscription still gets its notifications 1, 2, 3... (rule (b), checked as they are applied)
+    and the views end equal to the query's answer."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=2, time_limit_s=60.0)
+    reevaluators = QueryWorkers(store, count=1, time_limit_s=60.0)
+    workers.start()
+    reevaluators.start()
+    engine = Engine(store, workers=workers, reevaluators=reevaluators)
+    try:
+        engine.update(scenario.dataset)
+        views = [subscribe(engine, query, query.name, limited=True)[1] for query in POOL]
+        futures = []
+        for request in scenario.updates:
+            note(f"update: {request}")
+            with contextlib.suppress(SepaError):
+                futures.append(
+                    engine.submit(
+                        request.sparql,
+                        using_graph_uri=request.using_graph_uri,
+                        using_named_graph_uri=request.using_named_graph_uri,
+                    )
+                )
+        for future in futures:
+            future.result(timeout=60)
+        for view in views:
+            view.drain()
+            view.check_against(engine)
+    finally:
+        engine.close()
         workers.close()
 
 

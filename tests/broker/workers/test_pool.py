@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.core.engine import Engine
-from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded
+from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import RdfStore
 from broker.workers.pool import QueryWorkers, batched
 
@@ -30,8 +31,11 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
-        return stat.read().split(") ")[1][0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
+            return stat.read().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped in between
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +303,95 @@ def test_a_large_delta_is_serialized_a_slice_at_a_time(monkeypatch) -> None:
     quads = [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(str(n))) for n in range(10)]
     _kind, [(added, removed, _created, _dropped)] = batched([(quads, [], [], [])])
     assert set(parse(added, format=RdfFormat.N_QUADS)) == set(quads) and removed == b""
+
+
+# ~0.5-1 s on the test machine: 40^4 rows counted (the SLOW quads only)
+SLOW = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} <{EX}slow> ?o{i} ." for i in range(4)) + " }"
+
+
+def _count(future: Future) -> int:
+    return len(future.result(timeout=30).rows)
+
+
+def test_dispatched_jobs_see_the_store_as_it_was_when_queued() -> None:
+    """Jobs queued behind a slow one run after later updates, yet each sees the store as it was
+    when it was queued; the replies come back in order; the worker goes back to idle after."""
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=30.0)
+    pool.start()
+    try:
+        engine = Engine(store)
+        engine.update("INSERT DATA { " + " ".join(f"<{EX}x{n}> <{EX}slow> {n} ." for n in range(40)) + " }")
+        count = f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}"
+        futures = pool.dispatch("materialized", [((SLOW,), {})])
+        for value in range(5):
+            futures += pool.dispatch("materialized", [((count,), {}), ((count,), {})])
+            engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> {value} }}")
+        assert not futures[-1].done()  # still behind the slow job: the updates did not wait for it
+        assert futures[0].result(timeout=30).rows[0][0].value == str(40**4)
+        assert [_count(future) for future in futures[1:]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+        deadline = time.monotonic() + 5
+        while pool._idle.qsize() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool._idle.qsize() == 1 and not pool._streaming
+        assert pool.run("materialized", count).rows and pool.stats["replaced"] == 0
+    finally:
+        pool.close()
+
+
+def test_a_dispatched_job_past_its_limit_fails_and_those_behind_it_are_lost() -> None:
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=1.0)
+    pool.start()
+    try:
+        engine = Engine(store)
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")
+        ask = ((f"ASK {{ <{EX}a> <{EX}p> 1 }}",), {})
+        pid = next(iter(pool._workers)).process.pid
+        started = time.monotonic()
+        first, endless, *behind = pool.dispatch("materialized", [ask, ((ENDLESS,), {}), ask, ask])
+        assert first.result(timeout=10).boolean is True
+        with pytest.raises(TimeLimitExceeded):
+            endless.result(timeout=10)
+        assert time.monotonic() - started < pool.time_limit_s + 1
+        for future in behind:
+            with pytest.raises(WorkerLost):
+                future.result(timeout=1)
+        assert pool.stats["timeouts"] == 1 and pool.stats["lost"] == 2
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(pid)
+        deadline = time.monotonic() + 30  # the successor
+        while pool.stats["replaced"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 11 }}")
+        (again,) = pool.dispatch("materialized", [((f"ASK {{ <{EX}a> <{EX}p> 11 }}",), {})])
+        assert again.result(timeout=10).boolean is True
+    finally:
+        pool.close()
+
+
+def test_a_worker_that_dies_fails_its_running_dispatched_job_as_crashed() -> None:
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=30.0)
+    pool.start()
+    try:
+        engine = Engine(store)
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")
+        victim = next(iter(pool._workers)).process.pid
+        endless, behind = pool.dispatch("materialized", [((ENDLESS,), {}), ((ENDLESS,), {})])
+        time.sleep(0.3)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(EvaluationCrashed):
+            endless.result(timeout=10)
+        with pytest.raises(WorkerLost):
+            behind.result(timeout=1)
+        # no worker until its successor is up: a job given meanwhile is lost at once
+        deadline = time.monotonic() + 30
+        while pool.stats["replaced"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (after,) = pool.dispatch("materialized", [((f"ASK {{ <{EX}a> <{EX}p> 10 }}",), {})])
+        assert after.result(timeout=10).boolean is True
+    finally:
+        pool.close()

@@ -26,6 +26,7 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
     "unknown-section": (HEAD + "\n[htp]\nport = 1\n", 7, "unknown section [htp]"),
     "second-of-two": (HEAD + "request_timeout_s = 0.0\n", 6, "http.request_timeout_s must be positive"),
     "invalid-value": ('[engine]\nallow_load = false\nmode = "fast"\n', 3, "engine.mode"),
+    "reeval-workers": ("[engine]\nallow_load = false\nreeval_workers = -1\n", 3, "engine.reeval_workers"),
     "array-entry": (
         '[[security.clients]]\nidentity = "a"\nread = ["*"]\n\n[[security.clients]]\nidentity = "b"\n'
         'read = ["not an iri"]\n\n[security]\nenabled = true\n',
