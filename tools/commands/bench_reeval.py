@@ -21,7 +21,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--subscriptions", type=bounded(1, 20_000), default=1000)
     parser.add_argument("--rows", type=bounded(1, 100_000), default=200)
     parser.add_argument(
-        "--storms", type=bounded(1, 1000), default=5, help="matching updates sent while a bystander client measures"
+        "--storms", type=bounded(1, 1000), default=20, help="matching updates sent while a bystander client measures"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
