@@ -32,8 +32,9 @@ store counts what it removed (:attr:`RdfStore.garbage`) and :meth:`RdfStore.comp
 in-memory store from its live quads (then swaps it in) or has RocksDB compact (Store.optimize,
 which lets go of the GIL); :mod:`broker.compaction` decides when.
 
-Layout of a data directory: `store/` (Oxigraph/RocksDB), `apply.journal` and `replicas/` (the
-workers' checkpoints, hard links to the store's files).
+Layout of a data directory: `store/` (Oxigraph/RocksDB), `apply.journal`, `replicas/` (the query
+workers' checkpoints, hard links to the store's files) and `replicas-reeval/` (the re-evaluation
+worker's).
 """
 
 from __future__ import annotations

@@ -15,7 +15,41 @@ from broker.sparql.terms import TEXT_CACHE_SIZE, Row, bindings_json_text, row_js
 from broker.workers.codec import rows_from_tsv
 
 
-class QuadRows(Sequence[Row]):
+class LazyRows(Sequence[Row]):
+    """Rows built only when read (:meth:`rows`, cached by the subclass); a sequence like a tuple
+    of them, and equal to one."""
+
+    __slots__ = ()
+
+    def rows(self) -> tuple[Row, ...]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows())
+
+    @overload
+    def __getitem__(self, index: int) -> Row: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Row, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Row | tuple[Row, ...]:
+        return self.rows()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyRows):
+            return self.rows() == other.rows()
+        if isinstance(other, tuple):
+            return self.rows() == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so unhashable like a list
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.rows()!r})"
+
+
+class QuadRows(LazyRows):
     """A graph feed's rows (broker.core.spu.GraphFeedSpu): one per quad of `graph` among `source`,
     the quad's terms in `order` (0 subject, 1 predicate, 2 object) — built only when read.
 
@@ -78,35 +112,11 @@ class QuadRows(Sequence[Row]):
     def __len__(self) -> int:
         return len(self.rows())
 
-    def __iter__(self) -> Iterator[Row]:
-        return iter(self.rows())
-
-    @overload
-    def __getitem__(self, index: int) -> Row: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Row, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Row | tuple[Row, ...]:
-        return self.rows()[index]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, QuadRows):
-            return self.rows() == other.rows()
-        if isinstance(other, tuple):
-            return self.rows() == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so unhashable like a list
-
-    def __repr__(self) -> str:
-        return f"QuadRows({self.rows()!r})"
-
 
 _line_texts: dict[bytes, dict[bytes, str]] = {}  # by header line: by row line, its SPARQL JSON
 
 
-class TsvRows(Sequence[Row]):
+class TsvRows(LazyRows):
     """A re-evaluated subscription's rows as lines of SPARQL TSV (`head`, the header line, and one
     line per row, no empty line), read into terms only when read.
 
@@ -153,30 +163,6 @@ class TsvRows(Sequence[Row]):
 
     def __len__(self) -> int:
         return len(self.lines)
-
-    def __iter__(self) -> Iterator[Row]:
-        return iter(self.rows())
-
-    @overload
-    def __getitem__(self, index: int) -> Row: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[Row, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> Row | tuple[Row, ...]:
-        return self.rows()[index]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, TsvRows | QuadRows):
-            return self.rows() == other.rows()
-        if isinstance(other, tuple):
-            return self.rows() == other
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # equal to a tuple, so unhashable like a list
-
-    def __repr__(self) -> str:
-        return f"TsvRows({self.rows()!r})"
 
 
 def _bindings_text(variables: tuple[str, ...], rows: Sequence[Row]) -> str:

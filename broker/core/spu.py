@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
 from broker.core.bgp import Dataset, evaluate_bgp, pattern_skeleton
-from broker.core.notification import QuadRows, TsvRows
+from broker.core.notification import LazyRows, QuadRows, TsvRows
 from broker.core.subscription import Subscription
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
@@ -58,8 +58,8 @@ class SpuBase:
                 return 0
         elif not added and not removed:
             return 0
-        added_rows = added if isinstance(added, tuple | QuadRows | TsvRows) else tuple(added)
-        removed_rows = removed if isinstance(removed, tuple | QuadRows | TsvRows) else tuple(removed)
+        added_rows = added if isinstance(added, tuple | LazyRows) else tuple(added)
+        removed_rows = removed if isinstance(removed, tuple | LazyRows) else tuple(removed)
         for subscriber in list(self.subscribers):
             try:
                 subscriber.emit(added_rows, removed_rows, boolean, previous)

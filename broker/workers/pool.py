@@ -267,8 +267,17 @@ class QueryWorkers:
     """
 
     def __init__(
-        self, store: RdfStore, *, count: int = 2, time_limit_s: float = 10.0, service_allow: tuple[str, ...] = ()
+        self,
+        store: RdfStore,
+        *,
+        count: int = 2,
+        time_limit_s: float = 10.0,
+        service_allow: tuple[str, ...] = (),
+        name: str = "worker",
     ) -> None:
+        """`name`: the pool's, in its processes' and threads' names and, on disk, its checkpoints'
+        directory (``replicas`` for the query workers, ``replicas-<name>`` for another pool: two
+        pools over one store must not share it, each empties it when it starts)."""
         if count < 1:
             raise ValueError("at least one query worker")
         self.store = store
@@ -282,16 +291,18 @@ class QueryWorkers:
         self._lock = threading.Lock()
         self._closed = False
         self._generation = 0
-        self._checkpoints = store.path / "replicas" if store.path is not None else None
+        self.name = name
+        folder = "replicas" if name == "worker" else f"replicas-{name}"
+        self._checkpoints = store.path / folder if store.path is not None else None
         # every worker is started from this one thread, alive as long as the pool: a worker dies
         # with the thread that started it (PR_SET_PDEATHSIG), so that it never outlives the gateway
-        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sepa-worker-spawn")
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"sepa-{name}-spawn")
         # the deltas since the oldest position of a live worker; _log[0] is delta number _log_start
         self._log: list[Delta] = []
         self._log_start = 0
         self._log_quads = 0  # on disk: quads in the log
         self._stopping = threading.Event()
-        self._feeder = threading.Thread(target=self._feed, name="sepa-worker-feed", daemon=True)
+        self._feeder = threading.Thread(target=self._feed, name=f"sepa-{name}-feed", daemon=True)
 
     def start(self) -> None:
         """Start every worker and wait until each holds its replica."""
@@ -370,7 +381,7 @@ class QueryWorkers:
             if self._closed:
                 raise OSError("the query workers are closed")
             self._generation += 1
-            name = f"sepa-worker-{self._generation}"
+            name = f"sepa-{self.name}-{self._generation}"
             checkpoint = self._checkpoints / str(self._generation) if self._checkpoints is not None else None
             worker = Worker(name, self.service_allow, checkpoint)
         self.store.at_rest(functools.partial(self._place, worker))

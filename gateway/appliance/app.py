@@ -53,33 +53,16 @@ class Gateway:
         self.config = config
         clock = ClockFloor(config.store.data_dir)  # before the store writes anything (its docstring says why)
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
-        self.workers = QueryWorkers(
-            self.store,
-            count=config.engine.query_workers,
-            time_limit_s=config.engine.time_limit_s,
-            service_allow=tuple(config.engine.service_allow),
-        )
-        try:
-            self.workers.start()
-        except OSError as error:
-            self.workers.close()
-            raise StartupError(f"cannot start the query workers: {error}") from error
+        self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
         # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
         # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit)
         self.reevaluators: QueryWorkers | None = None
         if config.engine.reeval_workers and config.engine.mode in ("sequential", "incremental"):
-            self.reevaluators = QueryWorkers(
-                self.store,
-                count=config.engine.reeval_workers,
-                time_limit_s=config.engine.time_limit_s,
-                service_allow=tuple(config.engine.service_allow),
-            )
             try:
-                self.reevaluators.start()
-            except OSError as error:
-                self.reevaluators.close()
+                self.reevaluators = _started_pool(self.store, config, config.engine.reeval_workers, "reeval")
+            except StartupError:
                 self.workers.close()
-                raise StartupError(f"cannot start the re-evaluation workers: {error}") from error
+                raise
         self.compactor = Compactor(self.store)
         self.compactor.start()
         self.gateway_id = config.observations.gateway_id or socket.gethostname()
@@ -298,6 +281,25 @@ class Gateway:
 # operator's patience less. Queries are stopped with their workers; what can still hold the stop is
 # an update whose subscriptions take long to process. The store's journal makes a forced exit safe.
 STOP_DEADLINE_S = 9.0
+
+
+def _started_pool(store: RdfStore, config: Config, count: int, name: str) -> QueryWorkers:
+    """`count` worker processes over `store`, started (each holds its replica), under the
+    configured time limit and SERVICE allow-list; `name`: see QueryWorkers ("worker": the query
+    workers, "reeval": the re-evaluation workers)."""
+    pool = QueryWorkers(
+        store,
+        count=count,
+        time_limit_s=config.engine.time_limit_s,
+        service_allow=tuple(config.engine.service_allow),
+        name=name,
+    )
+    try:
+        pool.start()
+    except OSError as error:
+        pool.close()
+        raise StartupError(f"cannot start the {name} pool: {error}") from error
+    return pool
 
 
 def _force_exit() -> None:

@@ -179,6 +179,29 @@ def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None
     assert not (tmp_path / "replicas").exists()
 
 
+def test_two_pools_over_one_store_on_disk_keep_their_checkpoints_apart(tmp_path: Path) -> None:
+    """The query workers and the re-evaluation worker: each pool empties its checkpoints' directory
+    when it starts, so a shared one lost the first pool's replicas (its next query crashed)."""
+    store = RdfStore.open(tmp_path)
+    store.ox.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
+    queries = QueryWorkers(store, count=1, time_limit_s=5.0)
+    queries.start()
+    reevaluators = QueryWorkers(store, count=1, time_limit_s=5.0, name="reeval")
+    reevaluators.start()
+    try:
+        engine = Engine(store, workers=queries, reevaluators=reevaluators)
+        engine.update(f"INSERT DATA {{ <{EX}b> <{EX}p> 2 }}")
+        assert _rows(engine, f"SELECT ?s WHERE {{ ?s <{EX}p> ?o }}") == {(f"<{EX}a>",), (f"<{EX}b>",)}
+        [job] = reevaluators.dispatch("subscription_rows", [((f"SELECT ?s WHERE {{ ?s <{EX}p> 2 }}", None, {}), {})])
+        assert job.result(30)[1].count(b"\n") == 2  # the header and <b>
+        assert len(list((tmp_path / "replicas").iterdir())) == 1
+        assert len(list((tmp_path / "replicas-reeval").iterdir())) == 1
+    finally:
+        engine.close()
+        queries.close()
+        store.close()
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     changes=st.lists(
