@@ -676,6 +676,9 @@ class SpuManager:
                 entry.done(entry.notifications + notifications, entry.timings)
             except Exception:
                 log.exception("completing an update failed")
+            # its jobs hold every result text of the update: not kept while waiting for the next
+            # (bench reeval --rows 1000: RSS after every subscription ended 108 MB instead of 90)
+            del entry
 
     def _apply_reevaluations(self, entry: Reevaluations) -> int:
         """Wait for each of `entry`'s jobs in turn and apply its outcome; the notifications sent.
