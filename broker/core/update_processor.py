@@ -319,8 +319,10 @@ class UpdateProcessor:
         budget: Budget | None = None,
         capture: bool = False,
         readable: frozenset[NamedNode | DefaultGraph] | None = None,
+        quads_only: bool = False,
     ):
-        """The WHERE solutions; with `capture`, BGP solutions also hold their matched quads (see evaluate_bgp).
+        """The WHERE solutions; with `capture`, BGP solutions also hold their matched quads, and with
+        `quads_only` maybe nothing else (see evaluate_bgp).
 
         With `readable`, the WHERE dataset keeps only readable graphs (an unreadable one is empty)."""
         if operation.using or operation.using_named:
@@ -345,14 +347,33 @@ class UpdateProcessor:
                 else BudgetedStore(self.store.ox, budget or Budget(WHERE_STEPS))
             )
             try:
-                solutions = evaluate_bgp(
-                    ox,  # type: ignore[arg-type]
-                    operation.where_bgp,
-                    operation.where_pins,  # type: ignore[arg-type]
-                    dataset,
-                    operation.where_skeleton,
-                    capture=capture,
-                )
+                if operation.where_values is None:
+                    solutions = evaluate_bgp(
+                        ox,  # type: ignore[arg-type]
+                        operation.where_bgp,
+                        operation.where_pins,  # type: ignore[arg-type]
+                        dataset,
+                        operation.where_skeleton,
+                        capture=capture,
+                        quads_only=quads_only,
+                    )
+                else:  # the join with VALUES: the BGP from each value in turn
+                    name, values = operation.where_values
+                    pins = dict(operation.where_pins)
+                    solutions = [
+                        solution
+                        for value in values
+                        if pins.get(name, value) == value
+                        for solution in evaluate_bgp(
+                            ox,  # type: ignore[arg-type]
+                            operation.where_bgp,
+                            {**pins, name: value},
+                            dataset,
+                            operation.where_skeleton,
+                            capture=capture,
+                            quads_only=quads_only,
+                        )
+                    ]
                 for block in operation.where_optionals:  # left joins, in order
                     solutions = [
                         extended
@@ -396,7 +417,11 @@ class UpdateProcessor:
         in_store: set[Quad] = set()  # quads the WHERE clause matched: in the store, no need to ask
         to_insert: set[Quad] = set()
         matched = _matched_deletes(operation, using, named)
-        solutions = self._solutions(operation, sparql, using, named, budget, capture=bool(matched), readable=readable)
+        # every solution is only read for the quads its DELETE template matched: no terms wanted
+        quads_only = bool(matched) and None not in matched and not operation.insert and not operation.where_optionals  # type: ignore[operator]
+        solutions = self._solutions(
+            operation, sparql, using, named, budget, capture=bool(matched), readable=readable, quads_only=quads_only
+        )
         if solutions:  # ground template quads are the same for every solution: added once, in bulk
             to_delete.update(_in_graph(operation.delete_ground, operation.with_graph))
             to_insert.update(_in_graph(operation.insert_ground, operation.with_graph))

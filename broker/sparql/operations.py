@@ -41,6 +41,11 @@ class ModifyOp:
     # OPTIONAL { triple patterns } blocks after `where_bgp`, applied in order (left joins): the
     # "replace a value that may not be there yet" update of SEPA applications
     where_optionals: tuple[tuple[QuadPattern, ...], ...] = ()
+    # VALUES ?v { <iri> ... } joined with `where_bgp`: (v, the IRIs). The retention agent deletes a
+    # list of observations so (gateway.observations.pruning.delete_update), as producers delete a
+    # list of subjects: each is looked up in the indexes and its matched quads removed as found,
+    # instead of reading every solution of the query engine back into Python
+    where_values: tuple[str, tuple[NamedNode, ...]] | None = None
     # Derived from the fields above once, here: a cached request's operation is run many times.
     # where_skeleton: pattern_skeleton(where_bgp). delete_matches: per `delete` pattern, the index of
     # an identical `where_bgp` pattern or None; None when there is none at all.

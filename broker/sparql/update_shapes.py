@@ -119,6 +119,9 @@ def instantiate(plan: ParsedUpdate, originals: list[str], constants: Constants) 
                     where_bgp=_patterns(operation.where_bgp, constants),
                     where_optionals=tuple(_patterns(block, constants) for block in operation.where_optionals),
                     where_pins=tuple((name, term(value)) for name, value in operation.where_pins),
+                    where_values=None
+                    if operation.where_values is None
+                    else (operation.where_values[0], tuple(term(value) for value in operation.where_values[1])),
                     with_graph=term(operation.with_graph),
                     using=tuple(term(g) for g in operation.using),
                     using_named=tuple(term(g) for g in operation.using_named),

@@ -202,6 +202,10 @@ FILTERS = (
 )
 
 
+# VALUES rows: IRIs (index lookups in the engine), and terms only the query engine takes
+VALUES_TERMS = ("ex:s1", "ex:s2", "ex:o", "ex:g1", "ex:p", "<http://example.org/s1>", '"a"', "1", "UNDEF")
+
+
 def _one_in(n: int) -> st.SearchStrategy[bool]:
     """True with probability 1/n (a readable knob for how often an optional part appears)."""
     return st.integers(0, n - 1).map(lambda i: i == n - 1)  # not i == 0: Hypothesis favours 0
@@ -236,7 +240,13 @@ def _where(draw: st.DrawFn) -> _Where:
         body = f"GRAPH {scope} {{ {body} }}"
         matched = f"GRAPH {scope} {{ {matched} }}"
     if draw(_one_in(4)):
-        body += f" FILTER({draw(st.sampled_from(FILTERS))})"
+        condition = f"FILTER({draw(st.sampled_from(FILTERS))})"
+        body = f"{condition} {body}" if draw(st.booleans()) else f"{body} {condition}"
+    if draw(_one_in(4)):  # inline data, before or after the patterns (a join either way)
+        variable = draw(st.sampled_from(("?s", "?s", "?o", "?g", "?p", "?z")))
+        rows = draw(st.lists(st.sampled_from(VALUES_TERMS), max_size=4))
+        values = f"VALUES {variable} {{ {' '.join(rows)} }}"
+        body = f"{values} {body}" if draw(st.booleans()) else f"{body} {values}"
     for _ in range(draw(st.sampled_from((0, 0, 1, 2)))):  # left joins: values that may be missing
         optional = (
             draw(st.sampled_from(("?s", "?o", "?y")))
