@@ -253,7 +253,8 @@ class RdfStore:
 
     def unfollow(self, follower: Follower) -> None:
         with self.lock:
-            self._followers = [each for each in self._followers if each is not follower]
+            # ==, not is: a bound method is a new object at each access (pool.close never unfollowed)
+            self._followers = [each for each in self._followers if each != follower]
 
     def at_rest(self, call: Callable[[RdfStore], T]) -> T:
         """`call(self)` while no delta is being applied (a snapshot between two deltas)."""

@@ -188,7 +188,7 @@ class Gates:
             lines += [f"sepa_query_worker_{name}_total {value}" for name, value in sorted(engine.workers.stats.items())]
         if engine.reevaluators is not None:
             reevaluators = engine.reevaluators
-            lines.append(f"sepa_reeval_workers {reevaluators.count}")
+            lines.append(f"sepa_reeval_workers {reevaluators.running}")  # on demand: 0 at rest
             lines.append(f"sepa_reeval_updates_queued {engine.spus.reevaluations_queued}")
             lines += [f"sepa_reeval_worker_{name}_total {value}" for name, value in sorted(reevaluators.stats.items())]
         for source, numbers in self.metric_sources.items():

@@ -55,11 +55,14 @@ class Gateway:
         self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
         self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
         # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
-        # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit)
+        # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit); started
+        # by the first network subscription that is re-evaluated, stopped a minute after the last
         self.reevaluators: QueryWorkers | None = None
         if config.engine.reeval_workers and config.engine.mode in ("sequential", "incremental"):
             try:
-                self.reevaluators = _started_pool(self.store, config, config.engine.reeval_workers, "reeval")
+                self.reevaluators = _started_pool(
+                    self.store, config, config.engine.reeval_workers, "reeval", on_demand=True
+                )
             except StartupError:
                 self.workers.close()
                 raise
@@ -283,16 +286,17 @@ class Gateway:
 STOP_DEADLINE_S = 9.0
 
 
-def _started_pool(store: RdfStore, config: Config, count: int, name: str) -> QueryWorkers:
-    """`count` worker processes over `store`, started (each holds its replica), under the
-    configured time limit and SERVICE allow-list; `name`: see QueryWorkers ("worker": the query
-    workers, "reeval": the re-evaluation workers)."""
+def _started_pool(store: RdfStore, config: Config, count: int, name: str, *, on_demand: bool = False) -> QueryWorkers:
+    """`count` worker processes over `store`, started (each holds its replica; `on_demand`: none
+    until woken), under the configured time limit and SERVICE allow-list; `name`: see QueryWorkers
+    ("worker": the query workers, "reeval": the re-evaluation workers)."""
     pool = QueryWorkers(
         store,
         count=count,
         time_limit_s=config.engine.time_limit_s,
         service_allow=tuple(config.engine.service_allow),
         name=name,
+        on_demand=on_demand,
     )
     try:
         pool.start()

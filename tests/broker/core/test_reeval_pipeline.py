@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 
 import pytest
@@ -52,7 +52,7 @@ class View:
         self.sequences: list[int] = []
         self.added: list[set[tuple[str, ...]]] = []
         self.events: list[str] = []
-        engine.subscribe(sparql, self, limited=True)
+        self.subscription = engine.subscribe(sparql, self, limited=True)
 
     def __call__(self, notification: Notification) -> None:
         assert notification.sequence == len(self.sequences), (notification.sequence, self.sequences)
@@ -189,3 +189,44 @@ def test_an_inline_update_is_refused_while_the_collector_holds_the_state(engine:
         release.set()
         holder.join()
     assert engine.update(f"INSERT DATA {{ <{EX}b> <{EX}r> 2 }}", budget=1_000).added
+
+
+def test_an_on_demand_worker_serves_network_subscriptions_only_while_there_are_some() -> None:
+    """The appliance's pool starts no process until a network client's subscription is
+    re-evaluated; until its worker is ready the query workers re-evaluate (the update waits); then
+    the worker does; a moment after the last such subscription ends its process is gone, and the
+    next subscription starts it again. Every notification is the right one throughout."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=1, time_limit_s=30.0)
+    reevaluators = QueryWorkers(store, count=1, time_limit_s=30.0, name="reeval", on_demand=True)
+    workers.start()
+    reevaluators.start()
+    engine = Engine(store, workers=workers, reevaluators=reevaluators)
+    engine.spus.rest_after_s = 0.3
+    try:
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 0 }}")
+        engine.subscribe(QUICK_VIEW, lambda _: None)  # in process: not limited, no worker wanted
+        assert reevaluators.running == 0
+        for round_ in range(2):
+            view = View(engine, QUICK_VIEW + " LIMIT 100")
+            engine.update(f"INSERT DATA {{ <{EX}b{round_}> <{EX}p> 1 }}")  # worker not ready yet, or is
+            _until(lambda: reevaluators.ready)
+            jobs = reevaluators.stats["jobs"]
+            assert engine.submit(f"INSERT DATA {{ <{EX}c{round_}> <{EX}p> 2 }}").result(timeout=30).notifications == 2
+            assert reevaluators.stats["jobs"] == jobs + 1  # pipelined, in the worker
+            assert view.sequences == [0, 1, 2]
+            view.check(engine)
+            engine.unsubscribe(view.subscription.spuid)
+            _until(lambda: reevaluators.stats["rested"] == round_ + 1)  # noqa: B023 - waited for here
+            assert reevaluators.running == 0
+        assert engine.subscription_count == 1
+    finally:
+        engine.close()
+        workers.close()
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -37,6 +37,8 @@ def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
                 await ws.send_json({"subscribe": {"sparql": _view(i), "alias": f"v{i}"}})
             for _ in range(subscriptions):
                 assert json.loads((await ws.receive(timeout=60)).data)["notification"]["sequence"] == 0
+            # started by the first of them (until then the query workers re-evaluate, as with 0)
+            await asyncio.to_thread(gateway.wait_for_metric, "sepa_reeval_workers", lambda n: n >= 1, 30)
             latencies: list[float] = []
             stop = threading.Event()
 

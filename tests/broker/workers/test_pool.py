@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -416,5 +416,46 @@ def test_a_worker_that_dies_fails_its_running_dispatched_job_as_crashed() -> Non
             time.sleep(0.05)
         (after,) = pool.dispatch("materialized", [((f"ASK {{ <{EX}a> <{EX}p> 10 }}",), {})])
         assert after.result(timeout=10).boolean is True
+    finally:
+        pool.close()
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_an_on_demand_pool_starts_its_workers_when_woken_and_stops_them_at_rest(on_disk: bool, tmp_path: Path) -> None:
+    """No process until woken; woken, a worker with the store as it is then and every delta after;
+    at rest, no process and no delta kept; woken again, a fresh replica with what changed meanwhile."""
+    store = RdfStore.open(str(tmp_path / "store")) if on_disk else RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=30.0, name="reeval", on_demand=True)
+    pool.start()
+    engine = Engine(store)
+    values = f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}"
+    try:
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
+        assert pool.running == 0 and not pool.ready
+        with pytest.raises(WorkerLost):  # no worker to queue it on
+            pool.dispatch("materialized", [((values,), {})])[0].result(timeout=1)
+        pool.wake()
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 2 }}")  # before or after its snapshot: either way
+        _until(lambda: pool.ready)
+        pids = [worker.process.pid for worker in pool._workers]
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 3 }}")
+        [job] = pool.dispatch("materialized", [((values,), {})])
+        assert _count(job) == 3 and pool.running == 1
+        pool.rest()
+        assert pool.running == 0 and not pool.ready and not pool._log
+        assert not any(_alive(pid) for pid in pids)
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 4 }}")
+        assert not pool._log  # not following the store at rest
+        pool.wake()
+        _until(lambda: pool.ready)
+        [job] = pool.dispatch("materialized", [((values,), {})])
+        assert _count(job) == 4 and pool.stats["woken"] == 2 and pool.stats["rested"] == 1
     finally:
         pool.close()
