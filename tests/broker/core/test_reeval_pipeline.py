@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 
 import pytest
@@ -16,6 +16,7 @@ from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.store import RdfStore
 from broker.workers.pool import QueryWorkers
+from tests.polling import wait_until
 
 EX = "http://example.org/"
 SLOW_QUADS = 48  # 48^4 rows counted: ~1 s on the test machine
@@ -210,23 +211,16 @@ def test_an_on_demand_worker_serves_network_subscriptions_only_while_there_are_s
         for round_ in range(2):
             view = View(engine, QUICK_VIEW + " LIMIT 100")
             engine.update(f"INSERT DATA {{ <{EX}b{round_}> <{EX}p> 1 }}")  # worker not ready yet, or is
-            _until(lambda: reevaluators.ready)
+            wait_until(lambda: reevaluators.ready)
             jobs = reevaluators.stats["jobs"]
             assert engine.submit(f"INSERT DATA {{ <{EX}c{round_}> <{EX}p> 2 }}").result(timeout=30).notifications == 2
             assert reevaluators.stats["jobs"] == jobs + 1  # pipelined, in the worker
             assert view.sequences == [0, 1, 2]
             view.check(engine)
             engine.unsubscribe(view.subscription.spuid)
-            _until(lambda: reevaluators.stats["rested"] == round_ + 1)  # noqa: B023 - waited for here
+            wait_until(lambda: reevaluators.stats["rested"] == round_ + 1)  # noqa: B023 - waited for here
             assert reevaluators.running == 0
         assert engine.subscription_count == 1
     finally:
         engine.close()
         workers.close()
-
-
-def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)

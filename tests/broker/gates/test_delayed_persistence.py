@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from tests.polling import wait_until
 from tools.launcher import RunningGateway, launch_gateway
 
 EX = "http://example.org/"
@@ -35,13 +36,6 @@ def pending(gateway: RunningGateway) -> list[dict]:
 
 def at(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
-
-
-def wait_until(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def test_pending_updates_survive_a_restart_and_overdue_ones_run_at_start_up_in_due_order(tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 import aiohttp
 
 from gateway.appliance.config import Config
+from tests.polling import wait_until
 from tools.launcher import InProcessGateway
 
 EX = "http://example.org/"
@@ -35,13 +35,6 @@ def due_micros(reply_json: dict) -> int:
     return (due - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_a_delayed_update_is_acknowledged_listed_and_runs_at_its_due_time_not_before(in_process_gateway) -> None:
     gateway = in_process_gateway(Config())
     reply = gateway.update(stamp("a"), params={"delay": "400"})
@@ -53,7 +46,7 @@ def test_a_delayed_update_is_acknowledged_listed_and_runs_at_its_due_time_not_be
     listed = gateway.request("GET", "/scheduled").json()["scheduled"]
     assert [entry["id"] for entry in listed] == [scheduled["id"]]
     assert listed[0]["update"] == stamp("a") and listed[0]["due"] == scheduled["due"]
-    wait_for(lambda: ran_at(gateway, "a") != [])
+    wait_until(lambda: ran_at(gateway, "a") != [])
     (when,) = ran_at(gateway, "a")
     assert when >= due  # the engine clock of the update itself is not before its due time
     assert gateway.request("GET", "/scheduled").json() == {"scheduled": []}
@@ -71,7 +64,7 @@ def test_delay_as_iso_duration_in_a_form_body_and_at_as_rfc3339(in_process_gatew
     soon = datetime.now(UTC) + timedelta(milliseconds=300)
     reply_soon = gateway.update(stamp("soon"), params={"at": soon.isoformat()})
     assert reply_soon.status == 202
-    wait_for(lambda: ran_at(gateway, "form") and ran_at(gateway, "past") and ran_at(gateway, "soon"))
+    wait_until(lambda: ran_at(gateway, "form") and ran_at(gateway, "past") and ran_at(gateway, "soon"))
     assert ran_at(gateway, "soon")[0] >= due_micros(reply_soon.json())
     assert ran_at(gateway, "form")[0] >= due_micros(reply.json())
 
@@ -110,7 +103,7 @@ def test_a_cancelled_update_never_runs_and_unknown_ids_are_404(in_process_gatewa
     again = gateway.request("DELETE", f"/scheduled/{drop['id']}")
     assert again.status == 404 and again.json()["error"] == "not_found"
     assert gateway.request("DELETE", "/scheduled/no-such-id").status == 404
-    wait_for(lambda: ran_at(gateway, "keep") != [])
+    wait_until(lambda: ran_at(gateway, "keep") != [])
     time.sleep(0.2)
     assert ran_at(gateway, "drop") == []
     assert gateway.request("DELETE", f"/scheduled/{keep['id']}").status == 404  # already ran
@@ -126,7 +119,7 @@ def test_updates_due_together_run_in_due_order_then_scheduling_order(in_process_
     assert gateway.update(set_value.format(ex=EX, n=3), params={"at": later}).status == 202
     for n in (1, 2):
         assert gateway.update(set_value.format(ex=EX, n=n), params={"at": at}).status == 202
-    wait_for(lambda: gateway.request("GET", "/scheduled").json() == {"scheduled": []})
+    wait_until(lambda: gateway.request("GET", "/scheduled").json() == {"scheduled": []})
     assert gateway.select(f"SELECT ?v WHERE {{ <{EX}x> <{EX}v> ?v }}") == [{"v": "3"}]
 
 

@@ -6,7 +6,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -19,6 +19,7 @@ from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import RdfStore
 from broker.workers.pool import QueryWorkers, batched
+from tests.polling import wait_until
 
 EX = "http://example.org/"
 # a cartesian product of 15 patterns: never ends on any store of a few quads
@@ -420,13 +421,6 @@ def test_a_worker_that_dies_fails_its_running_dispatched_job_as_crashed() -> Non
         pool.close()
 
 
-def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_an_on_demand_pool_starts_its_workers_when_woken_and_stops_them_at_rest(on_disk: bool, tmp_path: Path) -> None:
     """No process until woken; woken, a worker with the store as it is then and every delta after;
@@ -443,7 +437,7 @@ def test_an_on_demand_pool_starts_its_workers_when_woken_and_stops_them_at_rest(
             pool.dispatch("materialized", [((values,), {})])[0].result(timeout=1)
         pool.wake()
         engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 2 }}")  # before or after its snapshot: either way
-        _until(lambda: pool.ready)
+        wait_until(lambda: pool.ready)
         pids = [worker.process.pid for worker in pool._workers]
         engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 3 }}")
         [job] = pool.dispatch("materialized", [((values,), {})])
@@ -454,7 +448,7 @@ def test_an_on_demand_pool_starts_its_workers_when_woken_and_stops_them_at_rest(
         engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 4 }}")
         assert not pool._log  # not following the store at rest
         pool.wake()
-        _until(lambda: pool.ready)
+        wait_until(lambda: pool.ready)
         [job] = pool.dispatch("materialized", [((values,), {})])
         assert _count(job) == 4 and pool.stats["woken"] == 2 and pool.stats["rested"] == 1
     finally:

@@ -29,6 +29,7 @@ import pytest
 
 from gateway.appliance.cli import main as cli_main
 from gateway.appliance.config import Config, load_config
+from tests.polling import wait_until
 
 if TYPE_CHECKING:
     from tools.launcher import RunningGateway
@@ -92,13 +93,6 @@ class UpdateInFlight:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the update client never finished"
         return self.reply
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 # -- serving ---------------------------------------------------------------------------------
