@@ -418,7 +418,9 @@ class UpdateProcessor:
         to_insert: set[Quad] = set()
         matched = _matched_deletes(operation, using, named)
         # every solution is only read for the quads its DELETE template matched: no terms wanted
-        quads_only = bool(matched) and None not in matched and not operation.insert and not operation.where_optionals  # type: ignore[operator]
+        quads_only = (
+            matched is not None and None not in matched and not operation.insert and not operation.where_optionals
+        )
         solutions = self._solutions(
             operation, sparql, using, named, budget, capture=bool(matched), readable=readable, quads_only=quads_only
         )

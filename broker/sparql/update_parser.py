@@ -13,7 +13,7 @@ the reference behaviour and words every syntax error.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -453,7 +453,7 @@ class _Parser:
         name, iri_tokens = values
         return patterns, tuple(pins), blocks, (name, self.iris_of(iri_tokens))
 
-    def _block_patterns(self, tokens: list[Token], skipped: list[tuple[int, int]] = ()) -> tuple[QuadPattern, ...]:  # type: ignore[assignment]
+    def _block_patterns(self, tokens: list[Token], skipped: Sequence[tuple[int, int]] = ()) -> tuple[QuadPattern, ...]:
         """The quad patterns of a `{ ... }` group of triples (and GRAPH blocks); the `skipped` spans
         of the text (FILTER pins, VALUES, read apart) are blanked, offsets kept."""
         text = self.text
