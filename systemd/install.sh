@@ -87,8 +87,11 @@ if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --passw
     chown root:sepa-gateway "$etc/mqtt-password"
     chmod 0640 "$etc/mqtt-password"
 fi
-chown mosquitto:mosquitto "$passwords"
-chmod 0600 "$passwords"
+# the ACL beside it (each sensor login publishes its own device's topics only): written again from
+# the logins at every install, so that an upgrade from before it gets one and keeps the grants
+"$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload acl >/dev/null
+chown mosquitto:mosquitto "$passwords" /etc/mosquitto/sepa-gateway.acl
+chmod 0600 "$passwords" /etc/mosquitto/sepa-gateway.acl
 if [ -d /run/systemd/system ]; then
     systemctl enable mosquitto >/dev/null 2>&1 || true
     systemctl restart mosquitto

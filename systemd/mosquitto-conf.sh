@@ -4,16 +4,18 @@
 # tests start a real Mosquitto on exactly the text the installer writes.
 #   mosquitto-conf.sh PASSWORD_FILE LISTENER [TLS_LISTENER TLS_CERT TLS_KEY]
 # LISTENER is "1883" (every interface) or "PORT ADDRESS"; the three TLS arguments turn on the TLS
-# listener. No argument may contain "|".
+# listener. No argument may contain "|". The ACL file is the password file's name with .acl for
+# .passwd (gateway/appliance/mqtt_acl.py acl_file: `sepa-gateway sensors` writes it).
 set -eu
 if [ "$#" -ne 2 ] && [ "$#" -ne 5 ]; then
     echo "usage: $0 PASSWORD_FILE LISTENER [TLS_LISTENER TLS_CERT TLS_KEY]" >&2
     exit 2
 fi
 template="$(dirname "$0")/mosquitto-sepa-gateway.conf"
+acl="${1%.passwd}.acl"
 if [ "$#" -eq 5 ]; then
     sed -e "s|^#TLS ||" -e "s|@TLS_PORT@|$3|" -e "s|@TLS_CERT@|$4|" -e "s|@TLS_KEY@|$5|" \
-        -e "s|@PASSWORD_FILE@|$1|" -e "s|@PORT@|$2|" "$template"
+        -e "s|@PASSWORD_FILE@|$1|" -e "s|@ACL_FILE@|$acl|" -e "s|@PORT@|$2|" "$template"
 else
-    sed -e "s|@PASSWORD_FILE@|$1|" -e "s|@PORT@|$2|" "$template"
+    sed -e "s|@PASSWORD_FILE@|$1|" -e "s|@ACL_FILE@|$acl|" -e "s|@PORT@|$2|" "$template"
 fi

@@ -48,10 +48,10 @@ fi
 
 if "$purge"; then
     rm -rf "$etc" "$state"
-    rm -f /etc/mosquitto/sepa-gateway.passwd /etc/mosquitto/certs/sepa-gateway.pem /etc/mosquitto/certs/sepa-gateway.key
+    rm -f /etc/mosquitto/sepa-gateway.passwd /etc/mosquitto/sepa-gateway.acl /etc/mosquitto/certs/sepa-gateway.pem /etc/mosquitto/certs/sepa-gateway.key
     ! id -u sepa-gateway >/dev/null 2>&1 || userdel sepa-gateway
     echo "sepa-gateway removed, with its configuration, data, logins and user (--purge)"
 else
     echo "sepa-gateway removed; kept: $etc (configuration), $state (data), /etc/mosquitto/sepa-gateway.passwd" \
-        "(sensors' logins) and the sepa-gateway user. ./systemd/install.sh brings it back; --purge removes them"
+        "and .acl (sensors' logins and topics) and the sepa-gateway user. ./systemd/install.sh brings it back; --purge removes them"
 fi

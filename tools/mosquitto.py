@@ -16,6 +16,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from gateway.appliance import mqtt_acl
+from gateway.appliance.commands.sensors import logins
 from tools.launcher import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
@@ -71,6 +73,8 @@ class Mosquitto:
         if installed is not None:
             tls = (f"{self.tls_port} 127.0.0.1", *installed_tls) if installed_tls is not None else None
             head = installed_config(installed, f"{self.port} 127.0.0.1", tls)  # type: ignore[arg-type]
+            if not mqtt_acl.acl_file(installed).exists():  # as the installer leaves it: the logins' ACL
+                mqtt_acl.write_acl(installed, logins(installed))
         self.config.write_text(
             head + f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
             "persistence true\n"

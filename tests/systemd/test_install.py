@@ -191,12 +191,18 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     assert "--log-file /var/lib/sepa-gateway/sepa-gateway.log" in machine.ok("pgrep -af 'sepa-gateway run'")
     assert machine.ok("cat /var/lib/sepa-gateway/sepa-gateway.stderr") == ""
 
+    # Mosquitto's ACL beside its password file, the sensors' grants in it
+    assert "acl_file /etc/mosquitto/sepa-gateway.acl" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")
+    assert machine.ok("stat -c '%U %a' /etc/mosquitto/sepa-gateway.acl").strip() == "mosquitto 600"
+    machine.ok("sepa-gateway sensors add boiler && sepa-gateway sensors allow boiler --topic 'plant/boiler/#'")
+
     # an upgrade keeps the data and the configuration
     machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
     machine.ok("sed -i 's/^retain_count = 1000 /retain_count = 77 /' /etc/sepa-gateway/sepa-gateway.toml")
     machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+    assert "user boiler\ntopic write plant/boiler/#" in machine.ok("cat /etc/mosquitto/sepa-gateway.acl")
 
     # a bad configuration: said at once, with its line; the running gateway is left alone
     pid_before = machine.ok(f"pgrep -f {GATEWAY}")

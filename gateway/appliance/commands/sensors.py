@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gateway.appliance import oscore_sensors
+from gateway.appliance import mqtt_acl, oscore_sensors
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 
 PASSWORD_FILE = Path("/etc/mosquitto/sepa-gateway.passwd")
@@ -68,6 +68,7 @@ def create_login(password_file: Path, name: str, *, reset: bool = False) -> str:
         hashed = entry.read_text().strip()
     kept = [line for line in _lines(password_file) if line.split(":", 1)[0] != name]
     _write(password_file, [*kept, hashed])
+    mqtt_acl.write_acl(password_file, logins(password_file))
     return password
 
 
@@ -76,6 +77,7 @@ def remove_login(password_file: Path, name: str) -> None:
     if len(kept) == len(_lines(password_file)):
         raise LoginError(f"no login {name!r}")
     _write(password_file, kept)
+    mqtt_acl.write_acl(password_file, logins(password_file))  # its grants go with it
 
 
 def _lines(password_file: Path) -> list[str]:
@@ -95,7 +97,7 @@ def _write(password_file: Path, lines: list[str]) -> None:
 
 
 def reload_mosquitto(pid_file: Path = PID_FILE) -> str:
-    """Ask the running Mosquitto to read its password file again; says what was done (never raises:
+    """Ask the running Mosquitto to read its password and ACL files again; says what was done (never raises:
     the login is made either way, and the operator is told how to apply it).
 
     SIGHUP to the pid in Mosquitto's pid file first: it is what ``systemctl reload mosquitto`` does
@@ -109,11 +111,11 @@ def reload_mosquitto(pid_file: Path = PID_FILE) -> str:
             os.kill(pid, signal.SIGHUP)
         except OSError as error:
             return f"could not signal mosquitto (pid {pid}): {error.strerror}; restart it to apply the change"
-        return f"mosquitto (pid {pid}) told to reload its password file (SIGHUP)"
+        return f"mosquitto (pid {pid}) told to reload its password and ACL files (SIGHUP)"
     if Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
         done = subprocess.run(["systemctl", "reload", "mosquitto"], capture_output=True, text=True, timeout=30)
         if done.returncode == 0:
-            return "mosquitto reloaded its password file (systemctl reload mosquitto)"
+            return "mosquitto reloaded its password and ACL files (systemctl reload mosquitto)"
         return f"could not reload mosquitto ({done.stderr.strip()}): restart it to apply the change"
     return f"no running mosquitto named in {pid_file}: the change applies when mosquitto next starts"
 
@@ -157,11 +159,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     allow = actions.add_parser(
         "allow",
         parents=[after],
-        help="with --coap: the path patterns a sensor may post to besides its own s/NAME/..."
-        " (+ one segment, # the rest; none: its own only)",
+        help="the topics a login may publish (--topic) and subscribe to (--commands) besides its own device's;"
+        " with --coap, the paths it may post to besides its own s/NAME/... (--path); + one level, # the rest;"
+        " the grants replace the earlier ones, none: its own only",
     )
     allow.add_argument("name")
     allow.add_argument("--path", action="append", default=[], dest="patterns", metavar="PATTERN")
+    allow.add_argument("--topic", action="append", default=[], dest="topics", metavar="PATTERN")
+    allow.add_argument("--commands", action="append", default=[], metavar="PATTERN")
+    actions.add_parser(
+        "acl",
+        parents=[after],
+        help="write Mosquitto's ACL file again from the logins, and print it (the installer runs it)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -175,17 +185,27 @@ def _coap_options(parser: argparse.ArgumentParser, directory: Any, coap: Any) ->
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.coap and args.action == "acl":
+        print("sepa-gateway sensors: acl is Mosquitto's (MQTT logins), not for --coap", file=sys.stderr)
+        return 2
     if args.coap:
         return _run_coap(args)
-    if args.action == "allow":
-        print("sepa-gateway sensors: allow is for CoAP sensors (--coap)", file=sys.stderr)
+    if args.action == "allow" and args.patterns:
+        print("sepa-gateway sensors: --path is for CoAP sensors (--coap); MQTT logins take --topic", file=sys.stderr)
         return 2
     try:
         if args.action == "list":
             for name in logins(args.password_file):
                 print(name)
             return 0
-        if args.action == "remove":
+        if args.action == "acl":
+            print(mqtt_acl.write_acl(args.password_file, logins(args.password_file)).read_text(), end="")
+        elif args.action == "allow":
+            mqtt_acl.allow(args.password_file, logins(args.password_file), args.name, args.topics, args.commands)
+            print(f"{args.name} may publish to: {', '.join([*mqtt_acl.own_topics(args.name), *args.topics])}")
+            if args.commands:
+                print(f"{args.name} may also subscribe to: {', '.join(args.commands)}")
+        elif args.action == "remove":
             remove_login(args.password_file, args.name)
             print(f"{args.name}: login removed")
         else:
@@ -195,12 +215,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"password: {password}")
             topic = f"gateway/{args.name}/temperature"
             print(f"test it:  mosquitto_pub -h {host} -u {args.name} -P '{password}' -t {topic} -m 21.5")
+            if args.name != mqtt_acl.GATEWAY_LOGIN:
+                own = ", ".join(mqtt_acl.own_topics(args.name))
+                print(f"topics:   {own} (others: sepa-gateway sensors allow {args.name} --topic ...)")
         if not args.no_reload:
             print(reload_mosquitto(args.pid_file), file=sys.stderr)
     except PermissionError as error:
         print(f"sepa-gateway sensors: {error.filename}: permission denied (run it with sudo)", file=sys.stderr)
         return 1
-    except (LoginError, OSError, subprocess.SubprocessError) as error:
+    except (LoginError, mqtt_acl.TopicError, OSError, subprocess.SubprocessError) as error:
         print(f"sepa-gateway sensors: {error}", file=sys.stderr)
         return 1
     return 0

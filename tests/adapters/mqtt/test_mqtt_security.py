@@ -16,6 +16,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from gateway.appliance import mqtt_acl
 from tools.launcher import launch_gateway
 from tools.mosquitto import Mosquitto, missing_tools
 
@@ -71,7 +72,7 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
     passwords = installed_broker.passwords
     added = sensors(passwords, "add", "boiler", broker=installed_broker)
     assert added.returncode == 0, added.stderr
-    assert f"(pid {installed_broker.process.pid}) told to reload its password file" in added.stderr
+    assert f"(pid {installed_broker.process.pid}) told to reload its password and ACL files" in added.stderr
     (sensor,) = re.findall(r"^password: (\S+)$", added.stdout, re.MULTILINE)
     (line,) = [line for line in added.stdout.splitlines() if line.startswith("test it:")]
     printed = shlex.split(line.removeprefix("test it:"))
@@ -227,3 +228,100 @@ def test_a_client_taking_the_gateways_session_is_counted_logged_once_and_backed_
             intruder.stopped.set()
             intruder.thread.join(5)
         assert gateway.stop() == 0
+
+
+class Listener:
+    """A logged-in paho client subscribed to `#` at QoS 1, keeping the topics it is sent, in order."""
+
+    def __init__(self, port: int, username: str, password: str) -> None:
+        self.topics: list[str] = []
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client.username_pw_set(username, password)
+        self.client.on_connect = lambda client, *_: client.subscribe("#", qos=1)
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
+        self.client.on_message = lambda _client, _data, message: self.topics.append(message.topic)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        assert self.subscribed.wait(10)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def publish_as(broker: Mosquitto, username: str, password: str, topic: str) -> None:
+    command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-q", "1", "-V", "mqttv311"]
+    done = subprocess.run([*command, "-u", username, "-P", password, "-t", topic, "-m", "1"], capture_output=True)
+    assert done.returncode == 0, done.stderr  # a denied publish is acknowledged all the same (MQTT 3.1.1)
+
+
+def test_a_sensor_login_publishes_and_reads_only_its_own_devices_topics(installed_broker) -> None:
+    """The installer's ACL: one sensor's password cannot forge another's readings, command an actuator
+    or read the plant's traffic; `sensors allow` grants the topics of a mapping of your own and takes
+    them back. Without the acl_file line every forged topic below reaches the gateway's login."""
+    passwords = installed_broker.passwords
+    gateway_password = login(passwords, "sepa-gateway", broker=installed_broker)
+    boiler = login(passwords, "boiler", broker=installed_broker)
+    login(passwords, "pump", broker=installed_broker)
+    gateway = Listener(installed_broker.port, "sepa-gateway", gateway_password)
+    try:
+        wait_for(
+            lambda: (
+                publish_as(installed_broker, "boiler", boiler, "gateway/boiler/probe"),
+                "gateway/boiler/probe" in gateway.topics,
+            )[1]
+        )
+        gateway.topics.clear()
+        forged = ["gateway/pump/temperature", "cmnd/lamp/POWER", "homie/5/pump/x/y/set", "plant/boiler/t", "$SYS/x"]
+        for topic in [*forged, "homie/5/boiler/heating/temperature", "gateway/boiler/temperature"]:
+            publish_as(installed_broker, "boiler", boiler, topic)
+        wait_for(lambda: "gateway/boiler/temperature" in gateway.topics)
+        assert gateway.topics == ["homie/5/boiler/heating/temperature", "gateway/boiler/temperature"]
+
+        spy = Listener(installed_broker.port, "boiler", boiler)
+        try:
+            for topic in ("gateway/pump/temperature", "cmnd/lamp/POWER", "cmnd/boiler/POWER"):
+                publish_as(installed_broker, "sepa-gateway", gateway_password, topic)
+            wait_for(lambda: "cmnd/boiler/POWER" in spy.topics)
+            assert spy.topics == ["cmnd/boiler/POWER"]
+        finally:
+            spy.close()
+
+        assert (
+            sensors(passwords, "allow", "boiler", "--topic", "plant/boiler/#", broker=installed_broker).returncode == 0
+        )
+        wait_for(
+            lambda: (
+                publish_as(installed_broker, "boiler", boiler, "plant/boiler/t"),
+                "plant/boiler/t" in gateway.topics,
+            )[1]
+        )
+        assert sensors(passwords, "acl", broker=installed_broker).returncode == 0  # the installer's rewrite keeps it
+        assert "topic write plant/boiler/#" in mqtt_acl.acl_file(passwords).read_text()
+        assert sensors(passwords, "allow", "boiler", broker=installed_broker).returncode == 0  # none: taken back
+        gateway.topics.clear()
+        publish_as(installed_broker, "boiler", boiler, "plant/boiler/t")
+        publish_as(installed_broker, "boiler", boiler, "gateway/boiler/temperature")
+        wait_for(lambda: "gateway/boiler/temperature" in gateway.topics)
+        assert gateway.topics == ["gateway/boiler/temperature"]
+    finally:
+        gateway.close()
+
+
+def test_a_grant_cannot_write_a_line_of_its_own_into_the_acl(installed_broker) -> None:
+    """Patterns are checked before they reach Mosquitto's file: a newline would have added
+    `topic readwrite #` for the login; `%` would be a substitution; a removed login's grants go."""
+    passwords = installed_broker.passwords
+    login(passwords, "boiler")
+    before = mqtt_acl.acl_file(passwords).read_text()
+    for pattern in ("x\nuser boiler\ntopic readwrite #", "a b", "a/%c/#", "a/b#", "#/a", "$SYS/#", ""):
+        done = sensors(passwords, "allow", "boiler", "--topic", pattern)
+        assert done.returncode == 1 and "topic pattern" in done.stderr, (pattern, done.stderr)
+    assert mqtt_acl.acl_file(passwords).read_text() == before
+    assert sensors(passwords, "allow", "nobody", "--topic", "a/#").returncode == 1
+    assert sensors(passwords, "allow", "sepa-gateway", "--topic", "a/#").returncode == 1
+    assert sensors(passwords, "allow", "boiler", "--topic", "plant/+/t", "--commands", "plant/set").returncode == 0
+    assert "user boiler\ntopic read plant/set\ntopic write plant/+/t" in mqtt_acl.acl_file(passwords).read_text()
+    assert sensors(passwords, "remove", "boiler").returncode == 0
+    assert "boiler" not in mqtt_acl.acl_file(passwords).read_text()
