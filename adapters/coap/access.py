@@ -77,4 +77,9 @@ class Access:
 
     def check(self, request: aiocoap.Message, path: str) -> None:
         if self.secure and not authenticated(request) and not loopback(request):
-            raise Refused(Code.UNAUTHORIZED, f"/{path}: requests from the network must be authenticated"[:200])
+            raise unauthenticated(path)
+
+
+def unauthenticated(path: str) -> Refused:
+    """The 4.01 of a request from the network without OSCORE, when security is on."""
+    return Refused(Code.UNAUTHORIZED, f"/{path}: requests from the network must be authenticated"[:200])

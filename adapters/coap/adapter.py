@@ -48,6 +48,7 @@ class CoapAdapter:
         secure: bool = False,
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
+        network_requests_max: int = 20_000,
         oscore_dir: Path | None = None,
         peer_client: SepaClient | None = None,
         subscriptions: Sequence[tuple[str, str]] = (),
@@ -77,7 +78,7 @@ class CoapAdapter:
             peer_client=peer_client,
         )
         self.site = GatewaySite(self.readings, self.queries)
-        self.fast = FastPath(self.readings, self.site, secure=secure)
+        self.fast = FastPath(self.readings, self.site, secure=secure, network_requests_max=network_requests_max)
         self.observer = Observer(
             client,
             lambda: self.mapper,

@@ -23,6 +23,8 @@ class CoapConfig:
     port: int = 5683
     max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
     batch_max: int = 500  # readings committed by one update at most
+    # requests from the network aiocoap reads in any 247 s (it keeps ~2 KB of each that long); past it dropped
+    network_requests_max: int = 20_000
     mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
     # sensors' OSCORE credentials (`sepa-gateway sensors add NAME --coap`); empty: <store.data_dir>/coap-sensors
     oscore_dir: str = ""
@@ -48,6 +50,8 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError("coap.max_payload_bytes must be between 1 and 16 MiB")
     if not 1 <= config.batch_max <= 10_000:
         raise ConfigError("coap.batch_max must be between 1 and 10000")
+    if not 1 <= config.network_requests_max <= 10_000_000:
+        raise ConfigError("coap.network_requests_max must be between 1 and 10000000")
     if not 0 <= config.max_created_subscriptions <= 10_000:
         raise ConfigError("coap.max_created_subscriptions must be between 0 and 10000")
     if not 1 <= config.max_subscription_bytes <= 1 << 20:
@@ -99,6 +103,7 @@ class CoapPlugin:
             secure=context.secure,
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
+            network_requests_max=section.network_requests_max,
             oscore_dir=Path(oscore_dir) if oscore_dir else None,
             peer_client=context.peer_client,
             subscriptions=configured_queries(section.subscriptions),
