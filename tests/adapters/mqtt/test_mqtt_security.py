@@ -325,3 +325,14 @@ def test_a_grant_cannot_write_a_line_of_its_own_into_the_acl(installed_broker) -
     assert "user boiler\ntopic read plant/set\ntopic write plant/+/t" in mqtt_acl.acl_file(passwords).read_text()
     assert sensors(passwords, "remove", "boiler").returncode == 0
     assert "boiler" not in mqtt_acl.acl_file(passwords).read_text()
+
+
+def test_a_login_cannot_send_the_broker_a_huge_packet(installed_broker) -> None:
+    """max_packet_size in the installer's configuration: Mosquitto's default takes 256 MB packets,
+    which it would hold in memory and queue for the gateway's session."""
+    boiler = login(installed_broker.passwords, "boiler", broker=installed_broker)
+    command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(installed_broker.port), "-q", "1", "-u", "boiler"]
+    command += ["-P", boiler, "-t", "gateway/boiler/temperature", "-s"]
+    big = subprocess.run(command, input=b"1" * (1 << 20), capture_output=True, timeout=30)
+    assert big.returncode != 0
+    assert subprocess.run(command, input=b"21.5", capture_output=True, timeout=30).returncode == 0
