@@ -21,7 +21,9 @@ the gateway without bound while it lasted (measured: 300,000 CON GETs from 64 po
 unanswered and counted (`sepa_coap_network_requests_shed_total`); the same flood with the default
 20,000: RSS 86 -> 130 MB and flat from the 30th second, 144,810 shed. This board's own requests are
 never rationed. With `[security]` on, a plain reading from a network peer is refused 4.01 here, the
-answer aiocoap's path gives, at a fraction of its CPU and with no record to keep.
+answer aiocoap's path gives, at a fraction of its CPU and with no record to keep; these refusals
+take from the same budget, since a spoofed source would otherwise make the gateway an amplifier
+(the 4.01 with its diagnostic is about twice the size of the request).
 
 Duplicates: a retransmission whose original is still waiting for its commit is dropped (its answer is
 on the way); one that comes after is recognised by the delivery record and answered 2.04 without
@@ -160,6 +162,9 @@ class FastPath:
             return self._slow(slow, local, data, ancdata, flags, address)
         if self.secure and not local:
             # not OSCORE (parse takes no other option): what aiocoap's path would answer, without its record
+            if not self.network.take():  # a 4.01 is twice the size of the request: no free amplifier
+                self.network_shed += 1
+                return None
             refusal = self.resource.refuse(request.path, unauthenticated(request.path))
             return self._send(interface, address, _pktinfo(ancdata), request, refusal)
         key = (address, request.mid)
