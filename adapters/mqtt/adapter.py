@@ -92,6 +92,7 @@ class MqttAdapter:
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
         self.readings = 0
+        self.retained_skipped = 0
         self.observations_committed = 0
         self.mapping_errors = 0
         self._mappings: ClientSubscription | None = None
@@ -134,6 +135,14 @@ class MqttAdapter:
 
         A message that cannot be read is counted and skipped (acknowledged: no retry can fix it);
         if the store refuses the update the error propagates and the batch is retried.
+
+        A retained value the broker sends because the gateway subscribed (the RETAIN flag is set
+        only then, MQTT 3.1.1 §3.3.1.3, MQTT 5 §3.3.1.3 without Retain As Published) is not stored:
+        it was measured at an unknown earlier time, and stored at each start it gave a sensor
+        dead for a week a fresh reading, so its tile never went stale. It still feeds the mappings
+        (Homie's retained `$unit` attributes) and is counted (`sepa_mqtt_retained_skipped`).
+        Readings published while the gateway was away reach its persistent session without the
+        flag, and are stored.
         """
         readings: list[Reading] = []
         delivered: list[Message] = []
@@ -141,12 +150,16 @@ class MqttAdapter:
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
             try:
-                readings += self.mapper.readings(message.topic, message.payload, message.arrival_us)
+                found = self.mapper.readings(message.topic, message.payload, message.arrival_us)
             except UnmappedTopic as error:
                 self.counters.add(message.topic, str(error))
             except PayloadError as error:
                 self.counters.add(message.topic, str(error))
             else:
+                if message.retain and found:
+                    self.retained_skipped += 1
+                    continue
+                readings += found
                 delivered.append(message)
         if not readings:
             return
@@ -204,6 +217,7 @@ class MqttAdapter:
     def metrics(self) -> dict[str, Any]:
         return {
             "readings": self.readings,
+            "retained_skipped": self.retained_skipped,
             "duplicates_skipped": self.deliveries.duplicates,
             "mapping_errors": self.mapping_errors,
             **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items()},

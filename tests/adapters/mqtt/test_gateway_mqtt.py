@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, paho_publish
 
@@ -203,6 +205,36 @@ def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
         wait_for(lambda: len(numeric_results(restarted, "gateway/boiler/temperature")) == 20)
         values = sorted(float(row["v"]) for row in numeric_results(restarted, "gateway/boiler/temperature"))
         assert values == [float(40 + k) for k in range(20)]
+    finally:
+        assert restarted.stop() == 0
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_retained_value_is_not_a_new_reading_at_each_start(
+    mosquitto: Mosquitto, tmp_path: Path, protocol: str
+) -> None:
+    """A dead sensor's retained value, resent by the broker at every subscribe, never looks fresh;
+    a live reading (published retained or not) is stored once; Homie's retained $unit still applies."""
+    config = config_file(tmp_path, mosquitto, f'protocol = "{protocol}"\n')
+    data = tmp_path / "data"
+    mosquitto.pub("gateway/boiler/temperature", "50", extra=("-r",))  # measured before the gateway ever ran
+    mosquitto.pub("homie/5/pump/water/temperature/$unit", "°F", extra=("-r",))
+    gateway = launch_gateway(config=config, data_dir=data)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_retained_skipped") == 1.0)
+        mosquitto.pub("homie/5/pump/water/temperature", "140", extra=("-r",))
+        mosquitto.pub("gateway/boiler/temperature", "51", extra=("-r",))
+        wait_for(lambda: numeric_results(gateway, "gateway/boiler/temperature"))
+        assert [float(row["v"]) for row in numeric_results(gateway, "gateway/boiler/temperature")] == [51.0]
+        (pump,) = numeric_results(gateway, "homie/5/pump/water/temperature")
+        assert pump["unit"] == "http://qudt.org/vocab/unit/DEG_F"
+    finally:
+        assert gateway.stop() == 0
+    restarted = launch_gateway(config=config, data_dir=data)  # subscribes again: both values are resent
+    try:
+        wait_for(lambda: restarted.metrics().get("sepa_mqtt_retained_skipped") == 2.0)
+        assert len(numeric_results(restarted, "gateway/boiler/temperature")) == 1
+        assert len(numeric_results(restarted, "homie/5/pump/water/temperature")) == 1
     finally:
         assert restarted.stop() == 0
 
