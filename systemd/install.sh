@@ -79,7 +79,18 @@ if [ -n "${SEPA_GATEWAY_MQTT_TLS_CERT:-}" ] && [ -n "${SEPA_GATEWAY_MQTT_TLS_KEY
 elif grep -q '^listener 8883' /etc/mosquitto/conf.d/sepa-gateway.conf 2>/dev/null; then
     tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")  # turned on by an earlier run: an upgrade keeps it
 fi
-"$src/systemd/mosquitto-conf.sh" "$passwords" 1883 "${tls[@]}" >/etc/mosquitto/conf.d/sepa-gateway.conf
+# Mosquitto's open files: 65536 instead of Debian's 1024 (without systemd, at most the hard limit
+# this shell has); each LAN listener may take half of them less 1024, the rest is the gateway's
+mosquitto_files=65536
+if [ ! -d /run/systemd/system ] && [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt "$mosquitto_files" ]; then
+    mosquitto_files=$(ulimit -Hn)
+fi
+LAN_CONNECTIONS=$(( (mosquitto_files - 1024) / 2 )) \
+    "$src/systemd/mosquitto-conf.sh" "$passwords" 1883 "1884 127.0.0.1" "${tls[@]}" >/etc/mosquitto/conf.d/sepa-gateway.conf
+if awk '/^\[mqtt\]/{m=1; next} /^\[/{m=0} m && /^host = "localhost"/{f=1} END{exit !f}' "$etc/sepa-gateway.toml"; then
+    # from before the gateway's own listener: it logs in on 1884, which hosts on the LAN cannot fill
+    sed -i '/^\[mqtt\]/,/^\[/ s/^port = 1883\( \|$\)/port = 1884\1/' "$etc/sepa-gateway.toml"
+fi
 [ -f "$passwords" ] || install -m 0600 -o mosquitto -g mosquitto /dev/null "$passwords"
 if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list | grep -qx sepa-gateway; then
     login=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload add sepa-gateway --reset)
@@ -93,13 +104,17 @@ fi
 chown mosquitto:mosquitto "$passwords" /etc/mosquitto/sepa-gateway.acl
 chmod 0600 "$passwords" /etc/mosquitto/sepa-gateway.acl
 if [ -d /run/systemd/system ]; then
+    install -d -m 0755 /etc/systemd/system/mosquitto.service.d
+    printf '# Written by sepa-gateway install.sh\n[Service]\nLimitNOFILE=%s\n' "$mosquitto_files" \
+        >/etc/systemd/system/mosquitto.service.d/sepa-gateway.conf
+    systemctl daemon-reload
     systemctl enable mosquitto >/dev/null 2>&1 || true
     systemctl restart mosquitto
 else
     # no systemd (a container): (re)start it in the background, with the directories systemd would make
     pkill -f "mosquitto -d -c /etc/mosquitto/mosquitto.conf" 2>/dev/null && sleep 1 || true
     install -d -o mosquitto -g mosquitto /run/mosquitto /var/log/mosquitto /var/lib/mosquitto
-    mosquitto -d -c /etc/mosquitto/mosquitto.conf
+    (ulimit -n "$mosquitto_files"; mosquitto -d -c /etc/mosquitto/mosquitto.conf)
 fi
 
 

@@ -39,6 +39,8 @@ rm -rf "$prefix"
 if [ -f /etc/mosquitto/conf.d/sepa-gateway.conf ]; then
     rm -f /etc/mosquitto/conf.d/sepa-gateway.conf
     if [ -d /run/systemd/system ]; then
+        rm -f /etc/systemd/system/mosquitto.service.d/sepa-gateway.conf
+        systemctl daemon-reload
         systemctl try-restart mosquitto || true
     elif pkill -f "mosquitto -d -c /etc/mosquitto/mosquitto.conf"; then
         sleep 1

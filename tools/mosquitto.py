@@ -37,11 +37,20 @@ def missing_tools() -> str | None:
 INSTALLED_CONF = Path(__file__).resolve().parents[1] / "systemd" / "mosquitto-conf.sh"
 
 
-def installed_config(password_file: Path, listener: str, tls: tuple[str, Path, Path] | None = None) -> str:
+def installed_config(
+    password_file: Path,
+    listener: str,
+    local_listener: str,
+    tls: tuple[str, Path, Path] | None = None,
+    lan_connections: int | None = None,
+) -> str:
     """The Mosquitto configuration install.sh writes, rendered by the script it uses; with `tls`
     (listener, certificate, key), its optional TLS listener turned on as the installer does."""
-    arguments = [str(password_file), listener, *(str(part) for part in tls or ())]
-    return subprocess.run([str(INSTALLED_CONF), *arguments], capture_output=True, text=True, check=True).stdout
+    arguments = [str(password_file), listener, local_listener, *(str(part) for part in tls or ())]
+    environment = {**os.environ, **({"LAN_CONNECTIONS": str(lan_connections)} if lan_connections else {})}
+    return subprocess.run(
+        [str(INSTALLED_CONF), *arguments], capture_output=True, text=True, check=True, env=environment
+    ).stdout
 
 
 class Mosquitto:
@@ -59,6 +68,7 @@ class Mosquitto:
         extra: str = "",
         installed: Path | None = None,
         installed_tls: tuple[Path, Path] | None = None,
+        lan_max_connections: int | None = None,
     ) -> None:
         """`installed`: a password file, to run the listener exactly as systemd/install.sh writes it
         (systemd/mosquitto-sepa-gateway.conf, on a free port of 127.0.0.1) instead of an anonymous one."""
@@ -70,9 +80,12 @@ class Mosquitto:
         (directory / "data").mkdir(exist_ok=True)
         head = f"listener {self.port} 127.0.0.1\n{listener or 'allow_anonymous true'}\n"
         self.tls_port = free_port() if installed_tls is not None else None
+        self.local_port = free_port() if installed is not None else None  # the gateway's own listener
         if installed is not None:
             tls = (f"{self.tls_port} 127.0.0.1", *installed_tls) if installed_tls is not None else None
-            head = installed_config(installed, f"{self.port} 127.0.0.1", tls)  # type: ignore[arg-type]
+            local = f"{self.local_port} 127.0.0.1"
+            # lan_max_connections: a test filling the LAN listener without 32,000 sockets
+            head = installed_config(installed, f"{self.port} 127.0.0.1", local, tls, lan_max_connections)  # type: ignore[arg-type]
             if not mqtt_acl.acl_file(installed).exists():  # as the installer leaves it: the logins' ACL
                 mqtt_acl.write_acl(installed, logins(installed))
         self.config.write_text(

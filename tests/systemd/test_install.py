@@ -195,6 +195,16 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     assert "acl_file /etc/mosquitto/sepa-gateway.acl" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")
     assert machine.ok("stat -c '%U %a' /etc/mosquitto/sepa-gateway.acl").strip() == "mosquitto 600"
     machine.ok("sepa-gateway sensors add boiler && sepa-gateway sensors allow boiler --topic 'plant/boiler/#'")
+    # its open files raised for idle LAN connections; the gateway on its own listener (1884)
+    limits = machine.ok("grep 'Max open files' /proc/$(pgrep -x mosquitto)/limits").split()
+    hard = int(machine.ok("ulimit -Hn"))  # this container's; a Debian without systemd has 1,048,576 or more
+    assert int(limits[3]) >= min(65536, hard), limits  # the soft limit, 1024 before
+    lan = (min(65536, hard) - 1024) // 2
+    assert f"\nmax_connections {lan}\n" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")
+    assert "listener 1884 127.0.0.1" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")
+    # as an installation from before that listener: the upgrade below moves the gateway to it
+    machine.ok("sed -i '/^\\[mqtt\\]/,/^\\[/ s/^port = 1884 .*/port = 1883/' /etc/sepa-gateway/sepa-gateway.toml")
+    assert "\nport = 1883\n" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
 
     # an upgrade keeps the data and the configuration
     machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
@@ -203,6 +213,11 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
     assert "user boiler\ntopic write plant/boiler/#" in machine.ok("cat /etc/mosquitto/sepa-gateway.acl")
+    assert "\nport = 1884\n" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
+    deadline = time.monotonic() + 30
+    while machine.health()[1]["components"]["mqtt"]["status"] != "ok" and time.monotonic() < deadline:  # type: ignore[index]
+        time.sleep(0.5)
+    assert machine.health()[1]["components"]["mqtt"]["status"] == "ok"  # type: ignore[index]
 
     # a bad configuration: said at once, with its line; the running gateway is left alone
     pid_before = machine.ok(f"pgrep -f {GATEWAY}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -336,3 +337,37 @@ def test_a_login_cannot_send_the_broker_a_huge_packet(installed_broker) -> None:
     big = subprocess.run(command, input=b"1" * (1 << 20), capture_output=True, timeout=30)
     assert big.returncode != 0
     assert subprocess.run(command, input=b"21.5", capture_output=True, timeout=30).returncode == 0
+
+
+def test_idle_connections_from_the_lan_cannot_keep_the_gateway_out(tmp_path: Path) -> None:
+    """Mosquitto keeps a connection that never sends CONNECT open for good: with Debian's 1024 open
+    files, 1,100 of them from one host locked every sensor and the gateway out (measured). The
+    installer's configuration caps each LAN listener (32,256; 40 here, so that a test can fill it)
+    and gives the gateway a listener of its own on this board, which stays open."""
+    problem = missing_tools()
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    passwords = tmp_path / "passwd"
+    passwords.touch(mode=0o600)
+    gateway_password = login(passwords, "sepa-gateway")
+    boiler = login(passwords, "boiler")
+    broker = Mosquitto(tmp_path, installed=passwords, lan_max_connections=40)
+    broker.start()
+    idle = []
+    try:
+
+        def publish_on(port: int, user: str, password: str) -> int:
+            command = ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(port), "-q", "1", "-u", user, "-P", password]
+            return subprocess.run(
+                [*command, "-t", f"gateway/{user}/t", "-m", "1"], capture_output=True, timeout=20
+            ).returncode
+
+        assert publish_on(broker.port, "boiler", boiler) == 0
+        idle = [socket.create_connection(("127.0.0.1", broker.port), timeout=5) for _ in range(60)]
+        time.sleep(0.5)
+        assert publish_on(broker.port, "boiler", boiler) != 0  # the LAN listener is full
+        assert publish_on(broker.local_port, "sepa-gateway", gateway_password) == 0  # the gateway's is not
+    finally:
+        for connection in idle:
+            connection.close()
+        broker.stop()
