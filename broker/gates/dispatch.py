@@ -44,6 +44,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
+from broker.gates.connections import ConnectionLimit
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, json_error
 from broker.gates.slow import GuardedHandler, GuardedServer
 
@@ -138,8 +139,10 @@ class Dispatcher:
         cors_origins: Sequence[str] = (),
         idle_timeout_s: float = 60.0,
         request_timeout_s: float = 20.0,
+        limit: ConnectionLimit | None = None,
     ) -> None:
         self.routes = routes
+        self.limit = limit  # connections held open, shared by every gate (broker.gates.connections)
         self.counters = counters
         self.max_request_bytes = max_request_bytes
         # a kept-alive connection with no request for this long is closed (aiohttp's default, an hour,
@@ -169,6 +172,7 @@ class Dispatcher:
             keepalive_timeout=self.idle_timeout_s,
             head_timeout_s=self.request_timeout_s,
             on_timeout=self._timed_out,
+            limit=self.limit,
         )
 
     def _timed_out(self) -> None:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from broker.delayed import DelayedUpdates
 from broker.errors import Forbidden
+from broker.gates.connections import ConnectionLimit
 from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.health import Health
 from broker.gates.http import HttpGate
@@ -34,6 +35,8 @@ class GateSettings:
     cors_origins: tuple[str, ...] = ()
     idle_timeout_s: float = 60.0
     request_timeout_s: float = 20.0
+    max_connections: int = 0  # open on every gate together; 0: half the open-file limit (broker.gates.connections)
+    max_connections_per_address: int = 256  # from one address off this board
     subscription_limits: QuotaLimits = field(default_factory=QuotaLimits)
 
 
@@ -47,6 +50,11 @@ class Gates:
         self.settings = settings or GateSettings()
         self.scheduler = scheduler
         self.counters: Counter[str] = Counter()
+        self.connections = ConnectionLimit(
+            self.counters,
+            total=self.settings.max_connections,
+            per_address=self.settings.max_connections_per_address,
+        )
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
@@ -102,6 +110,7 @@ class Gates:
             cors_origins=self.settings.cors_origins,
             idle_timeout_s=self.settings.idle_timeout_s,
             request_timeout_s=self.settings.request_timeout_s,
+            limit=self.connections,
         ).server()
 
     def http_server(self) -> web.Server:
@@ -175,6 +184,7 @@ class Gates:
             f"sepa_subscriptions {engine.subscription_count}",
             f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
+            f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
         ]

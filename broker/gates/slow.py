@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from broker.errors import SepaError
+from broker.gates.connections import ConnectionLimit
 
 T = TypeVar("T")
 _SERVER_OPTIONS = ("request_factory", "handler_cancellation", "loop")  # web.Server's own, not the handler's
@@ -34,10 +35,21 @@ class GuardedHandler(web.RequestHandler):
     head_timeout_s = 20.0
     on_timeout: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, limit: ConnectionLimit | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._guard: asyncio.TimerHandle | None = None
         self._handling = False
+        self._limit = limit
+        self._admitted: Any = None  # the transport counted by the limit, until its connection is lost
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._limit is None:
+            return
+        if self._limit.admit(transport):
+            self._admitted = transport
+        else:
+            transport.abort()  # at once: its descriptor is what the limit keeps
 
     def data_received(self, data: bytes) -> None:
         if self._guard is None and not self._handling:  # the first byte of a request
@@ -63,20 +75,31 @@ class GuardedHandler(web.RequestHandler):
         if self._guard is not None:
             self._guard.cancel()
             self._guard = None
+        if self._admitted is not None and self._limit is not None:
+            self._limit.release(self._admitted)
+            self._admitted = None
         super().connection_lost(exc)
 
 
 class GuardedServer(web.Server):
     """``web.Server`` whose connections get a :class:`GuardedHandler`."""
 
-    def __init__(self, *args: Any, head_timeout_s: float, on_timeout: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        head_timeout_s: float,
+        on_timeout: Callable[[], None],
+        limit: ConnectionLimit | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.head_timeout_s = head_timeout_s
         self.on_timeout = on_timeout
+        self.limit = limit
         self.handler_options = {key: value for key, value in kwargs.items() if key not in _SERVER_OPTIONS}
 
     def __call__(self) -> GuardedHandler:
-        handler = GuardedHandler(self, loop=asyncio.get_running_loop(), **self.handler_options)
+        handler = GuardedHandler(self, loop=asyncio.get_running_loop(), limit=self.limit, **self.handler_options)
         handler.head_timeout_s = self.head_timeout_s
         handler.on_timeout = self.on_timeout
         return handler

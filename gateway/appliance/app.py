@@ -117,6 +117,8 @@ class Gateway:
                 cors_origins=tuple(config.http.cors_origins),
                 idle_timeout_s=config.http.idle_timeout_s,
                 request_timeout_s=config.http.request_timeout_s,
+                max_connections=config.http.max_connections,
+                max_connections_per_address=config.http.max_connections_per_address,
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )

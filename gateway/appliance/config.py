@@ -72,6 +72,8 @@ class HttpConfig:
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     idle_timeout_s: float = 60.0  # a kept-alive connection without a request for this long is closed
     request_timeout_s: float = 20.0  # a request's head, and its body, must arrive within this (then 408)
+    max_connections: int = 0  # open on all the gates together (past it closed at once); 0: half the open-file limit
+    max_connections_per_address: int = 256  # from one address off this board
     dashboard: bool = True  # the web dashboard at / on this port and, when secure, the HTTPS port (docs/dashboard.md)
 
 
@@ -214,6 +216,11 @@ class Config:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
         if self.http.idle_timeout_s <= 0 or self.http.request_timeout_s <= 0:
             raise ConfigError("http.idle_timeout_s and http.request_timeout_s must be positive")
+        if (
+            not 0 <= self.http.max_connections <= 1_000_000
+            or not 1 <= self.http.max_connections_per_address <= 1_000_000
+        ):
+            raise ConfigError("http.max_connections must be 0-1000000 and http.max_connections_per_address 1-1000000")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
         if self.engine.service_timeout_s <= 0:

@@ -1,0 +1,84 @@
+"""How many connections the gates hold open: at most `total` together, and `per_address` from one
+address off this board.
+
+Why: every connection holds a descriptor, and the process's descriptors are also the store's
+(RocksDB opens files as it compacts), the journal's, the query workers' pipes and the adapters'
+sockets. Measured with the gateway limited to 1024 descriptors (the unit allows 8192): 1,100 idle
+TCP connections from one host, each kept until `idle_timeout_s`, took all of them; new clients
+timed out, and asyncio logged a traceback for every failed accept. Here a connection past a limit
+is closed as soon as it is accepted (its descriptor back at once), counted
+(`sepa_connections_refused_total`), and logged once a minute at most. `total` defaults to half the
+open-file limit, leaving the other half to everything else; loopback clients (this board's tools,
+the adapters) are held to `total` only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import resource
+import time
+from collections import Counter
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 60.0
+
+
+def default_total() -> int:
+    """Half the process's soft open-file limit (at least 64)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) // 2)
+
+
+def _host(transport: Any) -> str | None:
+    """The peer's address, or None for this board (loopback, a Unix socket)."""
+    peer = transport.get_extra_info("peername")
+    if not isinstance(peer, tuple) or not peer:
+        return None
+    try:
+        address = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
+    except ValueError:
+        return str(peer[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return None if address.is_loopback else str(address)
+
+
+class ConnectionLimit:
+    """Admission of the gates' connections (see the module docstring)."""
+
+    def __init__(self, counters: Counter[str], *, total: int = 0, per_address: int = 256) -> None:
+        self.counters = counters
+        self.total = total or default_total()
+        self.per_address = per_address
+        self.open = 0
+        self.by_address: Counter[str] = Counter()
+        self._logged_at = float("-inf")
+
+    def admit(self, transport: Any) -> bool:
+        """Whether the connection of `transport` may stay (then it is counted until `release`)."""
+        host = _host(transport)
+        if self.open >= self.total or (host is not None and self.by_address[host] >= self.per_address):
+            self.counters["connections_refused"] += 1
+            now = time.monotonic()
+            if now - self._logged_at >= LOG_EVERY_S:
+                self._logged_at = now
+                log.warning(
+                    "connections refused",
+                    extra={"open": self.open, "total": self.total, "per_address": self.per_address, "peer": host},
+                )
+            return False
+        self.open += 1
+        if host is not None:
+            self.by_address[host] += 1
+        return True
+
+    def release(self, transport: Any) -> None:
+        self.open -= 1
+        host = _host(transport)
+        if host is not None:
+            self.by_address[host] -= 1
+            if self.by_address[host] <= 0:
+                del self.by_address[host]
