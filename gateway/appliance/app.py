@@ -30,6 +30,7 @@ from broker.api import (
 from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
 from gateway.appliance.health import ClockFloor, add_checks
+from gateway.appliance.listen import TimedTlsSite
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
 from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
@@ -185,7 +186,11 @@ class Gateway:
             await runner.setup()
             self.runners.append(runner)
             try:
-                await web.TCPSite(runner, address, port, reuse_address=True, ssl_context=context).start()
+                limit_s = self.config.http.request_timeout_s  # the TLS handshake's too
+                listening = TimedTlsSite(
+                    runner, address, port, reuse_address=True, ssl_context=context, handshake_timeout_s=limit_s
+                )
+                await listening.start()
             except OSError as error:
                 await self.stop()
                 raise StartupError(f"cannot listen on {address}:{port}: {error.strerror or error}") from error

@@ -314,6 +314,7 @@ INSTALLED_CHOICES = {
     "http.host": "127.0.0.1",
     "mqtt.username": "sepa-gateway",
     "mqtt.password_file": "/etc/sepa-gateway/mqtt-password",
+    "mqtt.port": 1884,  # Mosquitto's listener for this board only (systemd/mosquitto-sepa-gateway.conf)
 }
 
 
