@@ -60,22 +60,28 @@ class InstalledGateway:
 
 
 def sensors_command(broker: Mosquitto, password_file: Path, *args: str) -> str:
-    """`sepa-gateway sensors add NAME` on the broker's password file; the printed password."""
+    """`sepa-gateway sensors ...` on the broker's password file; what it printed."""
     command = [*gateway_argv(), "sensors", "--password-file", str(password_file), "--pid-file", str(broker.pid_file)]
     done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise RuntimeError(f"sensors {' '.join(args)}: {done.stderr}")
-    (password,) = re.findall(r"^password: (\S+)$", done.stdout, re.MULTILINE)
+    return done.stdout
+
+
+def new_login(broker: Mosquitto, password_file: Path, name: str) -> str:
+    """`sepa-gateway sensors add NAME`; the password it printed."""
+    (password,) = re.findall(r"^password: (\S+)$", sensors_command(broker, password_file, "add", name), re.MULTILINE)
     return password
 
 
 def installed_toml(
     mqtt_port: int, password_file: Path, security_dir: Path, retention: tuple[int, float] | None = None
 ) -> str:
-    """systemd/sepa-gateway.toml with the Mosquitto port, the gateway's password file and the
-    security directory of this run (the installed default is <data dir>/security; set, so that a
-    gateway without a data directory keeps its certificate where the browser is told to trust it);
-    and, for a benchmark, the retention (observations kept per sensor, seconds between prunes)."""
+    """systemd/sepa-gateway.toml with the Mosquitto port (its listener for the gateway), the
+    gateway's password file and the security directory of this run (the installed default is
+    <data dir>/security; set, so that a gateway without a data directory keeps its certificate
+    where the browser is told to trust it); and, for a benchmark, the retention (observations kept
+    per sensor, seconds between prunes)."""
     text = INSTALLED_TOML.read_text(encoding="utf-8")
     text = re.sub(r'(?m)^dir = ""', f'dir = "{security_dir}"', text, count=1)
     if retention is not None:
@@ -83,7 +89,7 @@ def installed_toml(
         text = re.sub(r"(?m)^prune_interval_s = [0-9.]+", f"prune_interval_s = {retention[1]}", text, count=1)
     head, mqtt_section = text.split("\n[mqtt]\n", 1)
     section, rest = mqtt_section.split("\n[", 1)
-    section = re.sub(r"(?m)^port = 1883\b", f"port = {mqtt_port}", section)
+    section = re.sub(r"(?m)^port = 1884\b", f"port = {mqtt_port}", section)  # the gateway's own listener
     section = re.sub(r'(?m)^password_file = "[^"]*"', f'password_file = "{password_file}"', section)
     return f"{head}\n[mqtt]\n{section}\n[{rest}"
 
@@ -104,13 +110,16 @@ def installed_gateway(
     broker.start()
     try:
         gateway_password = directory / "mqtt-password"
-        gateway_password.write_text(sensors_command(broker, passwords, "add", "sepa-gateway") + "\n")
+        gateway_password.write_text(new_login(broker, passwords, "sepa-gateway") + "\n")
         gateway_password.chmod(0o600)
-        sensor_password = sensors_command(broker, passwords, "add", SENSOR)
+        sensor_password = new_login(broker, passwords, SENSOR)
+        # one login publishing for many devices, as a bridge would: granted their topics
+        sensors_command(broker, passwords, "allow", SENSOR, "--topic", "gateway/#", "--topic", "plant/#")
         config = directory / "sepa-gateway.toml"
         data_dir = directory / "data"
         security_dir = data_dir / "security"
-        toml = installed_toml(broker.port, gateway_password, security_dir, retention)
+        assert broker.local_port is not None
+        toml = installed_toml(broker.local_port, gateway_password, security_dir, retention)
         config.write_text(toml, encoding="utf-8")
         gateway = launch_gateway(config=config, data_dir=data_dir if on_disk else None, coap=coap)
         try:
