@@ -319,16 +319,23 @@ class WebSocketGate:
         except SepaError as error:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
             return
-        spuid = None
-        try:
-            spuid = await self._subscribe(connection, sparql, alias, graphs, previous, mine)
-        finally:
-            if spuid is None:
-                self.quota.give_back(client, size)
-        if spuid is not None:
+        registered: list[str] = []
+
+        def register(spuid: str) -> None:
+            """The subscription is this connection's: from its confirmation on, an unsubscribe finds it."""
+            if registered:
+                return  # once: after an unsubscribe that forgot it, never again
+            registered.append(spuid)
+            connection.subscriptions[spuid] = alias
             connection.held[spuid] = (client, size)
             if principal is not None:
                 connection.owners[spuid] = principal
+
+        try:
+            await self._subscribe(connection, sparql, alias, graphs, register, previous, mine)
+        finally:
+            if not registered:
+                self.quota.give_back(client, size)
 
     async def _subscribe(
         self,
@@ -336,16 +343,27 @@ class WebSocketGate:
         sparql: str,
         alias: str | None,
         graphs: dict[str, list[str]],
+        register: Callable[[str], None],
         previous: asyncio.Future[None] | None = None,
         mine: asyncio.Future[None] | None = None,
-    ) -> str | None:
-        """Subscribe for `connection`: the spuid, or None when an error frame was sent instead. The
-        probe runs at once; the subscribe is queued once `previous` is done (then `mine` is)."""
+    ) -> None:
+        """Subscribe for `connection`, or send an error frame. The probe runs at once; the subscribe
+        is queued once `previous` is done (then `mine` is).
+
+        `register(spuid)` runs on the loop just before the confirmation is queued for the socket,
+        not when this coroutine resumes: a client that unsubscribes as soon as it reads the
+        confirmation was told "not_found" now and then under load, and its subscription lived on
+        until the socket closed (seen in a CI run with the machine loaded)."""
         to_loop = loop_handoff(asyncio.get_running_loop())
+        confirmed = False
 
         def from_engine(notification: Notification) -> None:
+            nonlocal confirmed
             if notification.ended is not None:
                 to_loop(self._ended, connection, notification)
+            elif not confirmed:  # the engine's thread, in order: the first one is the confirmation
+                confirmed = True
+                to_loop(self._confirm, connection, notification, register)
             else:
                 to_loop(connection.push, notification)
 
@@ -365,21 +383,26 @@ class WebSocketGate:
             subscription = await queued
         except SepaError as error:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
-            return None
+            return
         except RecursionError:
             self.reply_error(connection, "invalid_request", "the query nests too deep for this gateway", 400, alias)
-            return None
+            return
         except Exception as error:  # an error frame for this subscribe alone: the socket lives
             self.counters["ws_subscribe_failures"] += 1
             log.error("websocket: a subscribe failed", extra={"error": repr(error)[:300]})
             self.reply_error(connection, "internal_error", f"the subscription failed: {str(error)[:200]}", 500, alias)
-            return None
+            return
         self.counters["ws_subscribes"] += 1
         if connection.closing:  # the client left while we subscribed
+            self.forget(connection, subscription.spuid)
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
-            return None
-        connection.subscriptions[subscription.spuid] = alias
-        return subscription.spuid
+            return
+        register(subscription.spuid)  # without a confirmation from the engine (none is lost: a no-op)
+
+    def _confirm(self, connection: Connection, notification: Notification, register: Callable[[str], None]) -> None:
+        if not connection.closing:
+            register(notification.spuid)
+        connection.push(notification)
 
     async def unsubscribe(
         self, connection: Connection, body: dict[str, Any], principal: Principal | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import aiohttp
 
@@ -53,3 +54,40 @@ def test_one_client_holds_at_most_its_quota_across_sockets(start_gateway) -> Non
     asyncio.run(main())
     metrics = gateway.metrics()
     assert metrics['sepa_errors_total{error="ws_too_many_subscriptions",status="429"}'] == 2
+
+
+def test_an_unsubscribe_sent_on_the_confirmation_finds_its_subscription(start_gateway) -> None:
+    """The update thread settles the calls it ran back to back together (group commit), so a
+    subscribe's confirmation reaches the socket while the update queued after it still runs. The
+    gate recorded the subscription as the connection's only when the subscribe was settled: an
+    unsubscribe sent on reading the confirmation got not_found (seen in a loaded CI run), and the
+    subscription lived on with its quota. Here: a large update U1 holds the update thread, the
+    subscribe queues behind it, a second large update U2 behind the subscribe."""
+    gateway: RunningGateway = start_gateway(toml="[http]\nmax_request_bytes = 16777216\n")
+    big = [" ".join(f"<urn:b{k}-{n}> <urn:big> {n} ." for n in range(60_000)) for k in (1, 2)]
+
+    def post(body: str) -> None:
+        request = urllib.request.Request(gateway.update_url, data=f"INSERT DATA {{ {body} }}".encode(), method="POST")
+        request.add_header("Content-Type", "application/sparql-update")
+        urllib.request.urlopen(request, timeout=60).read()
+
+    async def main() -> dict:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as session:
+            ws = await session.ws_connect(f"{gateway.ws_url}/subscribe")
+            first = loop.run_in_executor(None, post, big[0])
+            await asyncio.sleep(0.3)  # U1 runs
+            await ws.send_json({"subscribe": {"sparql": "SELECT * WHERE { ?s <urn:q> ?o }", "alias": "q"}})
+            await asyncio.sleep(0.3)  # the subscribe waits behind U1
+            second = loop.run_in_executor(None, post, big[1])
+            confirmation = await _frame(ws)
+            await ws.send_json({"unsubscribe": {"spuid": confirmation["notification"]["spuid"]}})
+            reply = await _frame(ws)
+            await first
+            await second
+            await ws.close()
+            return reply
+
+    reply = asyncio.run(main())
+    assert "unsubscribed" in reply, reply
+    assert gateway.metrics()["sepa_subscriptions"] == 0
