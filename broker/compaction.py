@@ -63,7 +63,7 @@ class Compactor:
         if not self.due():
             return False
         if self.store.path is None:
-            live = len(self.store.ox)  # ~60 ns a quad in memory, against ~1-3 us to copy one
+            live = self.store.live_quads()  # ~60 ns a quad, without the GIL; ~5 us to copy one
             if self.store.garbage < live:
                 self.threshold = live  # not yet as many dead quads as live ones
                 return False
