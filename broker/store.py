@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -60,19 +60,10 @@ JOURNAL = "apply.journal"
 CHECKPOINT_BYTES = 16 << 20
 T = TypeVar("T")
 Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
-# A delta an in-memory compaction holds until it replays it: its quads as N-Quads bytes, which the
-# cyclic collector does not track (pyoxigraph's Quads it does: held as objects, the deltas of a
-# compaction at 1,000 readings/s were ~190,000 of them, and a generation-1 collection walking them
-# held the GIL ~550 ms; serializing costs ~0.3 us a quad, parsing ~1.3, blank node labels kept)
-_HeldDelta = tuple[bytes, bytes, list[NamedNode], list[NamedNode]]
 _MAGIC = b"SEPA-DELTA"
-# An in-memory compaction copies the live quads a slice at a time and then sleeps, so that it runs
-# for at most COPY_SHARE of its time and holds the GIL for one slice (~5 ms) at once: the event
-# loop and the update thread go on at nearly full speed meanwhile. Measured (`sepa-gateway bench
-# coap`, 280,000 live quads, 1,000 readings/s): copying 2,000 quads at a time with only a
-# `sleep(0)` in between took 1.5-4 s of contended GIL, and the readings' NL rose to 100-460 ms.
-COPY_SLICE = 1_000
-COPY_SHARE = 0.5
+# live quads copied at a time by an in-memory compaction, letting go of the GIL in between (20,000
+# at a time held it up to 61 ms with 200,000 dead quads among 100,000 live ones)
+COPY_SLICE = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,11 +290,8 @@ class RdfStore:
             self.garbage = 0
             self.ox.optimize()
             return None
-        deltas: list[_HeldDelta] = []
-
-        def follower(added: list[Quad], removed: list[Quad], created: list[NamedNode], gone: list[NamedNode]) -> None:
-            deltas.append((_nquads(added), _nquads(removed), created, gone))
-
+        deltas: list[tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]] = []
+        follower: Follower = lambda *delta: deltas.append(delta)  # noqa: E731
         with self.lock:
             live = self.ox.quads_for_pattern(None, None, None, None)  # a snapshot, between two deltas
             graphs = list(self.ox.named_graphs())
@@ -311,26 +299,29 @@ class RdfStore:
             self.garbage = 0
         fresh, copied = RdfStore(Store()), 0
         try:
-            while chunk := _paced(_copy_slice, live, fresh.ox):
-                copied += chunk
+            while chunk := list(itertools.islice(live, COPY_SLICE)):
+                fresh.ox.extend(chunk)
+                copied += len(chunk)
+                time.sleep(0)
             for graph in graphs:
                 fresh.ox.add_graph(graph)
             replayed = 0
             while len(deltas) - replayed > 100:  # most of them without holding up the update path
-                # unpaced: paced steps replayed no faster than deltas came (the GIL, taken back
-                # after each sleep, costs up to a switch interval) and the compaction never ended
-                replayed += _replay(fresh, deltas, replayed, len(deltas))
+                for delta in deltas[replayed : len(deltas)]:
+                    fresh._apply(*delta)
+                    replayed += 1
             with self.lock:
-                _replay(fresh, deltas, replayed, len(deltas))
-                old, self.ox = self.ox, fresh.ox
+                for delta in deltas[replayed:]:
+                    fresh._apply(*delta)
+                self.ox = fresh.ox
         finally:
             self.unfollow(follower)
-        del old, live  # freed here, outside the lock: ~0.35 us a quad version, holding the GIL
         return copied
 
     def live_quads(self) -> int:
         """How many quads the store holds, counted by a query, which pyoxigraph evaluates without
-        the GIL (`len(store)` held it ~40 ms for 280,000 quads)."""
+        the GIL (`len(store)` held it 38-41 ms for 280,000 quads: every thread of the gateway
+        stopped for it whenever a compaction was due)."""
         query = "SELECT (COUNT(*) AS ?n) WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } }"
         return int(next(iter(self.ox.query(query)))["n"].value)
 
@@ -354,33 +345,3 @@ class RdfStore:
                     self._journal.close()
                     self._journal = None
         self.flush()
-
-
-def _copy_slice(live: Iterator[Quad], into: Store) -> int:
-    chunk = list(itertools.islice(live, COPY_SLICE))
-    into.extend(chunk)
-    return len(chunk)
-
-
-def _replay(into: RdfStore, deltas: list[_HeldDelta], start: int, end: int) -> int:
-    """Replay deltas[start:end] into `into`; how many."""
-    for added, removed, created, dropped in deltas[start:end]:
-        into._apply(_quads(added), _quads(removed), created, dropped)
-    return end - start
-
-
-def _nquads(quads: list[Quad]) -> bytes:
-    return serialize(quads, format=RdfFormat.N_QUADS) if quads else b""
-
-
-def _quads(nquads: bytes) -> list[Quad]:
-    return list(parse(nquads, format=RdfFormat.N_QUADS)) if nquads else []
-
-
-def _paced(step: Callable[..., int], *arguments: Any) -> int:
-    """`step(*arguments)`, then a sleep so that steps take COPY_SHARE of the time at most; its result."""
-    started = time.perf_counter()
-    done = step(*arguments)
-    if done:
-        time.sleep((time.perf_counter() - started) * (1 - COPY_SHARE) / COPY_SHARE)
-    return done

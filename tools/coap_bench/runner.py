@@ -25,16 +25,24 @@
 CPU seconds: the clients' own (``time.process_time`` over their sending), and the gateway's
 (``/proc/<pid>/stat``) over each phase.
 
-Measured, the fast path in (adapters/coap/fastpath.py) and the clients writing their datagrams
-(defaults: 20,000 readings, 2 clients x 128 in flight, 1,000/s for 10 s; the machine quiet, two
-runs): 1,334 and 1,325 CoAP readings/s against 1,543 and 1,404 MQTT readings/s of the same runs
-(ratio 0.86, 0.94); 0 duplicates, 0 lost; the gateway ~0.7 ms CPU a reading, the clients ~0.11 ms.
-Latency phase at 1,000/s (sent at 1,000/s): NL p50 159-168 ms, p99 244-249 ms: the gateway is near
-saturation there. Where its time goes (py-spy --gil, throughput phase): the event loop 62 % of the
-GIL's time (the batch commit 26 %, of which building the observation quads 16 % and the latest
-mirror 6 %; the receive path 18 %; WebSocket notifications 7 %), the update thread 35 % (SPU
-matching and processing 26 %). Before the fast path, with aiocoap on both sides and 2 x 32 in
-flight: 477-531/s, the gateway 1.4-1.5 ms a reading, aiocoap's receive path ~32 % of the loop.
+Measured on the 2-core test machine, nothing else running, 2026-11-26 (defaults: 20,000 readings,
+2 clients x 128 in flight, 1,000/s for 10 s): 3,342 CoAP readings/s, NL p50 2.0 ms, p99 40 ms,
+against 4,040 MQTT readings/s (p99 40 ms) in the same run; 0 duplicates, 0 lost; with --loss 0.1,
+20,000 of 20,000 stored once (395/s: the clients' retransmission timers). The gateway spends
+~0.25 ms of CPU a reading in throughput, ~0.9 ms in the latency phase (batches of ~3 at 1,000/s:
+the per-update cost dominates). Earlier days of the same machine gave 1,325-1,600/s with code
+that gives 3,450-3,570/s today: it is shared, so compare builds alternated in one session.
+
+The 10 s latency phase rarely holds an in-memory compaction of the store (at 1,000/s one is due
+every ~20 s with the phase's 280,000 live quads). `--latency-seconds 60` or 90 does, and its NL
+p99 is 110-200 ms (max 390-910 ms): the compaction's copy holds the GIL 1.5-4 s in ~6 ms bites,
+freeing the old store ~200 ms at once (pyoxigraph frees under the GIL), and the deltas it holds
+meanwhile make a collector pass of up to ~550 ms. A copy paced to half the time, with its deltas
+held as N-Quads bytes, brought that p99 to 42-66 ms, but made `bench soak` worse (RSS 242 -> 547
+MB in 5 minutes against 231 -> 297, its p50 up to 113 ms): not adopted.
+
+Where the time went before the fast path, with aiocoap on both sides and 2 x 32 in flight:
+477-531/s, the gateway 1.4-1.5 ms a reading, aiocoap's receive path ~32 % of the loop.
 """
 
 from __future__ import annotations
