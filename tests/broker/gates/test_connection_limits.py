@@ -69,15 +69,16 @@ def test_one_host_holds_at_most_its_share_and_this_board_still_gets_in(start_gat
 
 def test_idle_connections_leave_the_process_its_descriptors(start_gateway, tmp_path) -> None:
     """The gateway held to 400 descriptors (an on-disk store holds ~150 of them), 500 idle
-    connections from this board: past
-    max_connections each is closed at once, the descriptors stay below the limit, nothing is
-    logged per connection, and once they go the gateway takes updates as before."""
-    gateway = start_gateway(toml="[http]\nmax_connections = 100\n", data_dir=tmp_path / "data")
+    connections from this board: past max_connections each is closed at once, the descriptors
+    stay below the limit, nothing is logged per connection, and once they go the gateway takes
+    updates as before. 50, not 100: a burst also holds up to the listen backlog (128) for a moment
+    (broker/gates/connections.py), and 150 + 100 + 128 + the rest reached 400 in a CI run."""
+    gateway = start_gateway(toml="[http]\nmax_connections = 50\n", data_dir=tmp_path / "data")
     pid = gateway.process.pid
     subprocess.run(["prlimit", f"--pid={pid}", "--nofile=400:400"], check=True)
     idle = open_idle("127.0.0.1", gateway.http_port, 500)
     try:
-        assert still_open(idle) <= 100
+        assert still_open(idle) <= 50
         assert len(os.listdir(f"/proc/{pid}/fd")) < 400
     finally:
         for connection in idle:
