@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +22,9 @@ def _quad(value: int, graph: int) -> Quad:
 
 
 _changes = st.lists(
-    st.tuples(st.booleans(), st.lists(st.integers(0, 40), max_size=8), st.integers(0, 2)), min_size=1, max_size=60
+    st.tuples(st.sampled_from(["add", "remove", "drop"]), st.lists(st.integers(0, 40), max_size=8), st.integers(0, 2)),
+    min_size=1,
+    max_size=60,
 )
 
 
@@ -34,29 +35,46 @@ def test_a_compaction_under_concurrent_updates_keeps_exactly_the_live_quads(
 ) -> None:
     """The update path keeps applying deltas while an in-memory compaction copies and swaps: the
     store ends with exactly what the deltas left (blank node labels and empty named graphs too)."""
-    monkeypatch.setattr(store_module, "COPY_SLICE", 3)  # many slices: deltas land between them
-    store, expected = RdfStore.memory(), set()
+    store, expected, graphs = RdfStore.memory(), set(), set()
+    removed = [0]
 
     def apply(changes) -> None:
-        for add, values, graph in changes:
+        for kind, values, graph in changes:
             quads = {_quad(value, graph) for value in values}
-            if add:
+            if kind == "add":
                 store.apply(quads - expected, [])
                 expected.update(quads)
-            else:
+                if quads and graph:
+                    graphs.add(GRAPHS[graph])
+            elif kind == "remove" or not graph:
                 store.apply([], quads & expected)
+                removed[0] += len(quads & expected)
                 expected.difference_update(quads)
+            else:  # a DROP GRAPH: its quads removed, then the graph
+                dropped = {quad for quad in expected if quad.graph_name == GRAPHS[graph]}
+                store.apply([], dropped, [], [GRAPHS[graph]])
+                removed[0] += len(dropped)
+                expected.difference_update(dropped)
+                graphs.discard(GRAPHS[graph])
 
     apply(before)
     if empty_graph:
         store.apply([], [], [NamedNode(f"{EX}empty")])
-    compaction = threading.Thread(target=store.compact)
-    compaction.start()
-    apply(during)
-    compaction.join()
+    half = len(during) // 2
+
+    def copy_live(source, target) -> int:  # deltas land before the snapshot and during the copy
+        apply(during[:half])
+        copied = real_copy_live(source, target)
+        apply(during[half:])
+        return copied
+
+    real_copy_live = store_module.copy_live
+    monkeypatch.setattr(store_module, "copy_live", copy_live)
+    removed[0] = 0
+    store.compact()
     assert store.quads() == expected
-    assert (NamedNode(f"{EX}empty") in set(store.ox.named_graphs())) == empty_graph
-    assert store.garbage <= sum(len(values) for add, values, _ in during if not add)
+    assert set(store.ox.named_graphs()) == graphs | ({NamedNode(f"{EX}empty")} if empty_graph else set())
+    assert store.garbage <= removed[0]  # what was removed before the compaction is gone
 
 
 def test_the_compactor_compacts_when_enough_is_dead_and_counts_it(tmp_path: Path) -> None:

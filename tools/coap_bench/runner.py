@@ -34,12 +34,15 @@ the per-update cost dominates). Earlier days of the same machine gave 1,325-1,60
 that gives 3,450-3,570/s today: it is shared, so compare builds alternated in one session.
 
 The 10 s latency phase rarely holds an in-memory compaction of the store (at 1,000/s one is due
-every ~20 s with the phase's 280,000 live quads). `--latency-seconds 60` or 90 does, and its NL
-p99 is 110-200 ms (max 390-910 ms): the compaction's copy holds the GIL 1.5-4 s in ~6 ms bites,
-freeing the old store ~200 ms at once (pyoxigraph frees under the GIL), and the deltas it holds
-meanwhile make a collector pass of up to ~550 ms. A copy paced to half the time, with its deltas
-held as N-Quads bytes, brought that p99 to 42-66 ms, but made `bench soak` worse (RSS 242 -> 547
-MB in 5 minutes against 231 -> 297, its p50 up to 113 ms): not adopted.
+every ~20 s with the phase's 280,000 live quads). `--latency-seconds 60` or 90 does. Its NL p99
+was 110-273 ms (max 390-960 ms) while the compaction copied the store as Python objects (the GIL
+held 1.5-4 s in ~6 ms bites); since the copy goes through pyoxigraph's dump and load, which let
+go of the GIL (broker.store.copy_live), it is 111-187 ms (2026-11-27, four runs alternated with
+two of the older copy: 188 and 273 ms). What is left is freeing the old store: 150-340 ms with
+the GIL held at once (pyoxigraph frees under it, ~0.35 us a quad version), one stall per
+compaction, timed by a thread ticking every millisecond in the gateway. A copy paced to half the
+time, with its deltas held as N-Quads bytes, made `bench soak` worse (RSS 242 -> 547 MB in 5
+minutes against 231 -> 297): not adopted.
 
 Where the time went before the fast path, with aiocoap on both sides and 2 x 32 in flight:
 477-531/s, the gateway 1.4-1.5 ms a reading, aiocoap's receive path ~32 % of the loop.
