@@ -7,6 +7,8 @@ receives exactly the messages the previous one had not acknowledged.
 from __future__ import annotations
 
 import asyncio
+import gc
+import types
 import uuid
 
 import pytest
@@ -233,5 +235,29 @@ def test_publish_waits_for_the_puback(mosquitto: Mosquitto) -> None:
                 await gw.connection.publish("cmnd/lamp1/POWER", "ON")
             assert gw.connection.stats.published == 1
             await until(lambda: gw.store.payloads() == ["ON"], what="the command echoed back")
+
+    asyncio.run(scenario())
+
+
+def test_a_message_leaves_no_cyclic_garbage_behind(mosquitto: Mosquitto) -> None:
+    """paho looks every message up in its per-topic callback matcher, whose lookup builds a closure
+    that refers to itself: cyclic garbage at the message rate, which only collector passes (holding
+    the GIL) free. The connection takes every message in on_message and leaves the matcher out."""
+
+    async def scenario() -> None:
+        async with Gateway(settings(mosquitto)) as gw:
+            gc.collect()
+            gc.disable()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                await asyncio.to_thread(mosquitto.pub, "t/a", *[str(i) for i in range(300)])
+                await until(lambda: len(gw.store.messages) == 300, what="300 messages committed")
+                gc.collect()
+                from_paho = [o for o in gc.garbage if isinstance(o, types.FunctionType) and "paho" in o.__module__]
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+                gc.enable()
+            assert from_paho == []
 
     asyncio.run(scenario())
