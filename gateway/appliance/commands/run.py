@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from gateway.appliance.allocator import limit_malloc_arenas
 from gateway.appliance.app import Gateway, StartupError
 from gateway.appliance.config import ConfigError, load_config
 from gateway.appliance.logs import setup_logging
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    limit_malloc_arenas()  # before any thread: see gateway.appliance.allocator
     try:
         config = load_config(args.config)
         if args.data_dir is not None:
