@@ -10,9 +10,10 @@ is closed as soon as it is accepted (its descriptor back at once), counted
 (`sepa_connections_refused_total`), and logged once a minute at most. `total` defaults to half the
 open-file limit, leaving the other half to everything else; loopback clients (this board's tools,
 the adapters) are held to `total` only. A burst holds more for a moment: asyncio accepts up to the
-listen backlog (aiohttp's 128) in one go before the first of them is seen here, so an explicit
-`total` must leave that much room too (a CI run with 400 descriptors, ~150 of them the on-disk
-store's, and `total` 100 hit "Too many open files" under 500 connections at once).
+listen backlog (aiohttp's 128) in one pass of its loop before the first of them is seen here, and
+a refused one's descriptor is closed two passes later (abort schedules the close), so up to three
+backlogs can be open at once: an explicit `total` must leave that much room (CI runs with 400
+descriptors and `total` 50 or 100 hit "Too many open files" under 500 connections at once).
 """
 
 from __future__ import annotations
