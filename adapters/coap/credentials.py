@@ -132,4 +132,7 @@ class SensorCredentials:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(RELOAD_INTERVAL_S)
-            self.reload()
+            try:
+                self.reload()
+            except Exception:  # noqa: BLE001 - a damaged directory must not end the watch for good
+                log.exception("coap: cannot reload the sensor credentials; trying again")

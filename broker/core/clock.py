@@ -19,12 +19,11 @@ from datetime import UTC, datetime
 
 from pyoxigraph import Literal, NamedNode
 
-from broker.sparql.canonical import canonical
-
 FUNCTIONS_NS = "http://w3id.org/sepa-gateway/fn#"
 NOW = NamedNode(FUNCTIONS_NS + "now")
 NOW_MICROS = NamedNode(FUNCTIONS_NS + "nowMicros")
 XSD = "http://www.w3.org/2001/XMLSchema#"
+_DATETIME = NamedNode(XSD + "dateTime")
 
 
 def rfc3339(micros: int) -> str:
@@ -34,8 +33,16 @@ def rfc3339(micros: int) -> str:
 
 
 def micros_to_datetime(micros: int) -> Literal:
-    """An xsd:dateTime literal (UTC) in the store's canonical form."""
-    return canonical(Literal(rfc3339(micros), datatype=NamedNode(XSD + "dateTime")))  # type: ignore[return-value]
+    """An xsd:dateTime literal (UTC) in the store's canonical form: RFC 3339 without the trailing
+    zeros of the fraction (and without a fraction of zero), as pyoxigraph writes it back.
+
+    Spelled out rather than asked of the store (:func:`broker.sparql.canonical.canonical`): every
+    instant is new, so each asked for a scratch store (~7 us) and added an entry that was never
+    used again to that function's cache, ~6,000 a minute under `bench soak` until its 65,536
+    entries (~25 MB) were full. tests/broker/core/test_clock.py checks this form against the store."""
+    head, _, fraction = rfc3339(micros)[:-1].partition(".")
+    fraction = fraction.rstrip("0")
+    return Literal(f"{head}.{fraction}Z" if fraction else f"{head}Z", datatype=_DATETIME)
 
 
 class EngineClock:

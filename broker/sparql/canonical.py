@@ -15,12 +15,16 @@ objects that every full collection walked: measured in the MQTT bench, 100-190 m
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from pyoxigraph import Literal, NamedNode, Quad, Store
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
 XSD_STRING = XSD + "string"
+XSD_INTEGER = XSD + "integer"
+# 18 digits at most: every such number fits the store's 64-bit integers
+_CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,17}")
 
 _SUBJECT = NamedNode("urn:x-sepa:canonical")
 
@@ -39,9 +43,16 @@ def _round_trip(value: str, datatype: str) -> tuple[str, str] | None:
 
 
 def canonical(term: object) -> object:
-    """The term as the store would give it back (only XSD-typed literals ever change)."""
+    """The term as the store would give it back (only XSD-typed literals ever change).
+
+    An xsd:integer already in canonical form (no sign but a minus, no leading zero, within the
+    store's 64 bits) is given back as it is without asking the store: counters and sequence numbers
+    in updates are new each time, and each filled a cache entry never used again (~350 bytes; 600
+    a minute from `bench soak`'s updates alone)."""
     if type(term) is Literal:
         datatype = term.datatype.value
+        if datatype == XSD_INTEGER and _CANONICAL_INTEGER.fullmatch(term.value):
+            return term
         if datatype.startswith(XSD) and datatype != XSD_STRING:
             changed = _round_trip(term.value, datatype)
             if changed is not None:

@@ -11,6 +11,11 @@ is queued: readings queued meanwhile go first, and wait behind at most one small
 Nothing is kept between runs: every run derives its work from the store (sequence numbers in
 the latest nodes, result times), so a restart, a failed run or a race with the adapters leaves
 nothing behind for good; the next run finds it again.
+
+A failed run, whatever the error, is logged, counted (`failures` on /metrics) and followed by the
+next one on time. Retention is what bounds the store: when an unexpected error (a SystemError
+raised inside a query's row conversion, seen once in `bench soak`) ended the task, nothing was
+pruned again, and the gateway's RSS went from 300 MB to 1 GB in two minutes at 1,000 readings/s.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Retention:
         self.runs = 0
         self.finds = 0
         self.deletes = 0
+        self.failures = 0  # runs ended by an error (the next one runs on time all the same)
         self.chunk = DELETE_CHUNK  # observations per delete update (see CATCH_UP_CHUNK)
         self._late_at = 0.0  # when the run under way is late (the next one is due)
         self._task: asyncio.Task[None] | None = None
@@ -94,6 +100,7 @@ class Retention:
             "pruned_quads": self.pruned,
             "finds": self.finds,
             "deletes": self.deletes,
+            "failures": self.failures,
             "delete_chunk": self.chunk,
         }
 
@@ -143,4 +150,8 @@ class Retention:
             try:
                 await self.prune()
             except SepaClientError as error:
+                self.failures += 1
                 log.warning("retention: pruning failed", extra={"error": error.error_description})
+            except Exception:  # noqa: BLE001 - the store's bound must outlive any one failure
+                self.failures += 1
+                log.exception("retention: pruning failed")

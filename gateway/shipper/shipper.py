@@ -190,6 +190,8 @@ class Shipper:
                     self._sealed.set()
             except OSError as error:
                 log.error("shipper: cannot seal a segment: %s", error)
+            except Exception:  # noqa: BLE001 - sealing must outlive any one failure, or nothing ships
+                log.exception("shipper: sealing failed")
 
     # -- uploading --------------------------------------------------------------------------------
 

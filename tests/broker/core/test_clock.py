@@ -6,10 +6,14 @@ import time
 from datetime import datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyoxigraph import Literal, NamedNode
 
-from broker.core.clock import FUNCTIONS_NS
+from broker.core.clock import FUNCTIONS_NS, micros_to_datetime, rfc3339
 from broker.core.engine import Engine
 from broker.errors import SepaError
+from broker.sparql.canonical import canonical
 
 NOW = f"<{FUNCTIONS_NS}now>"
 MICROS = f"<{FUNCTIONS_NS}nowMicros>"
@@ -63,3 +67,18 @@ def test_a_failed_or_refused_update_leaves_the_clock_unpinned() -> None:
         first = engine.store.clock.micros()
         time.sleep(0.002)
         assert engine.store.clock.micros() > first
+
+
+WHOLE_SECONDS = st.integers(0, 253_402_300_799).map(lambda seconds: seconds * 1_000_000)
+FEW_DIGITS = st.tuples(st.integers(0, 253_402_300_799), st.sampled_from([0, 1, 10, 100_000, 120_000, 123_450])).map(
+    lambda pair: pair[0] * 1_000_000 + pair[1]
+)
+
+
+@settings(max_examples=2000)
+@given(st.integers(0, 253_402_300_799_999_999) | WHOLE_SECONDS | FEW_DIGITS)
+def test_the_clocks_datetime_is_the_form_the_store_gives_back(micros: int) -> None:
+    """micros_to_datetime writes the canonical form itself (no store round trip per instant):
+    it must be what the store makes of the plain RFC 3339 text, trailing zeros and all."""
+    asked = canonical(Literal(rfc3339(micros), datatype=NamedNode("http://www.w3.org/2001/XMLSchema#dateTime")))
+    assert micros_to_datetime(micros) == asked

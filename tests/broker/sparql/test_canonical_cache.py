@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import gc
 
-from pyoxigraph import Literal, NamedNode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyoxigraph import Literal, NamedNode, Quad, Store
 
 from broker.sparql.canonical import XSD, canonical
 
@@ -35,3 +37,18 @@ def test_the_cache_adds_no_tracked_objects() -> None:
         canonical(Literal(f"0{i}", datatype=NamedNode(XSD + "integer")))
     gc.collect()
     assert len(gc.get_objects()) - before < 1000  # was ~3 tracked objects per distinct literal: 30,000
+
+
+INTEGER_TEXTS = st.integers(-(10**20), 10**20).map(str) | st.from_regex(r"[+-]?0*[0-9]{1,20}", fullmatch=True)
+
+
+@settings(max_examples=1000)
+@given(INTEGER_TEXTS)
+def test_integers_are_given_back_as_the_store_gives_them(text: str) -> None:
+    """The xsd:integer shortcut (no store round trip for a canonical one) agrees with the store,
+    for canonical and non-canonical texts alike (signs, leading zeros, beyond 64 bits)."""
+    literal = Literal(text, datatype=NamedNode(XSD + "integer"))
+    scratch = Store()
+    scratch.add(Quad(NamedNode("urn:s"), NamedNode("urn:p"), literal))
+    (stored,) = scratch.quads_for_pattern(None, None, None, None)
+    assert canonical(literal) == stored.object
