@@ -90,8 +90,8 @@ class SensorCredentials:
         if stamp == self._stamp and self._stamp is not None:
             self._reload_paths()
             return
-        self._stamp = stamp
         wanted = oscore.credentials(self.directory)
+        self._stamp = stamp  # only now: a reload that failed is tried again at the next tick
         for label in [label for label in self.map if label not in wanted or self._changed(label)]:
             self._release(label)
         for label, entry in wanted.items():
