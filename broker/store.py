@@ -232,6 +232,23 @@ class RdfStore:
         """Some delta applied so far is not known to be on stable storage yet."""
         return self._synced < self._written
 
+    @property
+    def journal_path(self) -> Path | None:
+        """The journal's file (None in memory), for a syncer of its own (:mod:`broker.journal_sync`)."""
+        return None if self.path is None else self.path / JOURNAL
+
+    @property
+    def written(self) -> int:
+        """Journal records written to the kernel so far: a mark for :meth:`synced_to`."""
+        return self._written
+
+    def synced_to(self, mark: int) -> None:
+        """Record that the first `mark` journal records are on stable storage (someone else synced
+        the file). Without the sync lock, so that the event loop never waits for a sync running on
+        another thread: racing with :meth:`sync`, the lower of two marks may win, which only makes
+        a later sync happen that was not needed, never an unsynced record count as synced."""
+        self._synced = max(self._synced, mark)
+
     def sync(self) -> None:
         """Make every delta applied so far durable (no-op in memory, or when nothing is new).
 

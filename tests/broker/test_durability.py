@@ -30,14 +30,37 @@ _CALL = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\((\d+)<([^>]*)>)(.
 def _traced(gateway: RunningGateway, trace: Path) -> subprocess.Popen[bytes]:
     if shutil.which("strace") is None:
         pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
-    threads = os.listdir(f"/proc/{gateway.process.pid}/task")
     argv = ["strace", "-f", "-y", "-s", "200", "-o", str(trace)]
     argv += ["-e", "trace=write,pwrite64,fdatasync,fsync,sendto,sendmsg,writev"]
-    for thread in threads:
+    for thread in _threads(gateway.process.pid):
         argv += ["-p", thread]
     tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached
     return tracer
+
+
+def _threads(pid: int) -> list[str]:
+    """Every thread of `pid` and of the processes it started (the journal's sync helper among
+    them, should it be running already: strace -f follows only what starts once attached)."""
+    threads = os.listdir(f"/proc/{pid}/task")
+    children = [child for thread in threads for child in _children(pid, thread)]
+    return threads + [thread for child in children for thread in _threads(child)]
+
+
+def _children(pid: int, thread: str) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{thread}/children").read_text().split()]
+    except OSError:  # the thread or process has just ended
+        return []
+
+
+def _sync_helper(pid: int) -> int:
+    """The pid of the gateway's journal sync helper (broker.journal_sync)."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        for child in _children(pid, thread):
+            if b"fdatasync" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+    raise AssertionError("the gateway runs no journal sync helper")
 
 
 _RECORD = re.compile(r'write\(\d+<[^>]*apply\.journal>, "SEPA-DELTA 0 (\d+) ')
@@ -97,6 +120,9 @@ def test_updates_are_acknowledged_only_once_their_journal_is_synced(start_gatewa
     records = len(_RECORD.findall(text))
     syncs = len(re.findall(r"fdatasync\(\d+<[^>]*apply\.journal>", text))
     assert records >= SIZES and 1 <= syncs <= records, (records, syncs)
+    # the inline updates' syncs are the helper's, not a thread's of the gateway
+    helper = _sync_helper(gateway.process.pid)
+    assert any(line.startswith(f"{helper} ") and "fdatasync(" in line for line in text.splitlines())
     assert len(_REPLY.findall(text)) == SIZES
     assert unsynced_acknowledgements(text) == []
     # the checker can fail: the same trace with the journal's syncs taken out
@@ -121,3 +147,26 @@ def _insert(gateway: RunningGateway, size: int) -> int:
     """INSERT DATA of `size` quads, each of N-Quads length LINE."""
     quads = " ".join(f'<urn:x:{size:02d}{index:02d}> <urn:p> "{index:04d}" .' for index in range(size))
     return gateway.update(f"INSERT DATA {{ {quads} }}").status
+
+
+def test_once_the_sync_helper_is_gone_updates_are_still_acknowledged_only_when_synced(
+    start_gateway, tmp_path: Path
+) -> None:
+    gateway = start_gateway(data_dir=tmp_path / "data")
+    assert _insert(gateway, 1) == 200  # starts the helper
+    helper = _sync_helper(gateway.process.pid)
+    os.kill(helper, signal.SIGKILL)
+    trace = tmp_path / "trace.txt"
+    tracer = _traced(gateway, trace)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            replies = list(pool.map(lambda size: _insert(gateway, size), range(2, SIZES + 1)))
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(10)
+    assert replies == [200] * (SIZES - 1)
+    text = trace.read_text(errors="replace")
+    assert len(_REPLY.findall(text)) == SIZES - 1
+    assert re.search(r"fdatasync\(\d+<[^>]*apply\.journal>", text)
+    assert unsynced_acknowledgements(text) == []
+    assert gateway.query("ASK { <urn:x:6059> <urn:p> ?o }").json()["boolean"] is True
