@@ -21,7 +21,7 @@ the kernel before its mark was sent. An fdatasync makes the file's data durable 
 descriptor of it wrote them, so the helper opens the journal itself, read-only.
 
 Why a string of code and not a module: it starts with ``python -I -S`` (nothing imported, no
-site packages) in ~10 ms and ~5 MB. It ignores SIGINT and SIGTERM (a Ctrl-C or a service stop
+site packages) in 10-20 ms and holds ~9 MB. It ignores SIGINT and SIGTERM (a Ctrl-C or a service stop
 signals the whole process group, and the gateway may still need a sync while it stops) and ends
 when its stdin closes: when the gateway closes it, or dies, even by kill -9. If the helper ends
 (killed, or an fdatasync failed), the waiting updates get :class:`HelperGone` and the scheduler
@@ -63,7 +63,7 @@ class JournalSyncer:
     """One helper process syncing one journal for one event loop (use it on that loop only)."""
 
     def __init__(self, journal: Path, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the helper. Popen on the loop: a vfork and exec, ~2 ms, once per gateway."""
+        """Start the helper. Popen on the loop: a vfork and exec, 0.4-5 ms (measured beside 300 MB of RSS), once."""
         self._loop = loop
         self._process = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _HELPER, str(journal)],
