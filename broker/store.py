@@ -42,12 +42,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from pyoxigraph import DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
+from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
 from broker.core.clock import EngineClock
 
@@ -56,9 +56,13 @@ log = logging.getLogger(__name__)
 JOURNAL = "apply.journal"
 # journal size past which the store is flushed and the journal emptied (bounds the replay at start)
 CHECKPOINT_BYTES = 16 << 20
+# quads of a delta written to RocksDB in one transaction at most: pyoxigraph holds a transaction's
+# writes in memory (200,000 removals as one update: RSS +94 MB, 2.2 s; quad by quad 2.5 s)
+ONE_WRITE_QUADS = 20_000
 T = TypeVar("T")
 Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
 _MAGIC = b"SEPA-DELTA"
+_DATA_OBJECTS = (NamedNode, Literal)
 
 
 def copy_live(source: Store, target: Store) -> int:
@@ -77,6 +81,84 @@ def copy_live(source: Store, target: Store) -> int:
         target.extend(parse(b"\n".join(line for line in lines if b"_:" in line), format=RdfFormat.N_QUADS))
         data = b"\n".join(line for line in lines if b"_:" not in line)
     target.load(data, format=RdfFormat.N_QUADS, lenient=True)
+    return count
+
+
+def _delta_update(
+    added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
+) -> str | None:
+    """A delta as one SPARQL update, in :meth:`RdfStore._apply`'s order; None when a term of it
+    cannot be written in one (a blank node, which DELETE DATA refuses and INSERT DATA renames, or a
+    triple term)."""
+    if not all(type(graph) is NamedNode for graph in (*created, *dropped)):
+        return None
+    deleted, inserted = _data(removed), _data(added)
+    if deleted is None or inserted is None:
+        return None
+    operations = [f"DELETE DATA {{\n{deleted}\n}}"] if deleted else []
+    operations += [f"DROP SILENT GRAPH {graph}" for graph in dropped]
+    operations += [f"INSERT DATA {{\n{inserted}\n}}"] if inserted else []
+    operations += [f"CREATE SILENT GRAPH {graph}" for graph in created]
+    return " ;\n".join(operations) or None
+
+
+def _data(quads: list[Quad]) -> str | None:
+    """The body of an INSERT DATA or DELETE DATA holding `quads`; None if one cannot be written there."""
+    lines = []
+    for quad in quads:
+        subject, object_, graph = quad.subject, quad.object, quad.graph_name
+        if type(subject) is not NamedNode or type(object_) not in _DATA_OBJECTS:
+            return None
+        if type(graph) is NamedNode:
+            lines.append(f"GRAPH {graph} {{ {subject} {quad.predicate} {object_} }}")
+        elif type(graph) is DefaultGraph:
+            lines.append(f"{subject} {quad.predicate} {object_} .")
+        else:
+            return None
+    return "\n".join(lines)
+
+
+def _pieces(
+    added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
+) -> Iterator[tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]]:
+    """The delta, or its parts of at most ONE_WRITE_QUADS quads each, in the order they apply in."""
+    if len(added) + len(removed) <= ONE_WRITE_QUADS:
+        yield added, removed, created, dropped
+        return
+    for start in range(0, len(removed), ONE_WRITE_QUADS):
+        yield [], removed[start : start + ONE_WRITE_QUADS], [], []
+    yield [], [], [], dropped
+    for start in range(0, len(added), ONE_WRITE_QUADS):
+        yield added[start : start + ONE_WRITE_QUADS], [], [], []
+    yield [], [], created, []
+
+
+def _updated(ox: Store, update: str) -> bool:
+    """Run a delta's update; False, having written nothing, if a literal of it does not parse back."""
+    try:
+        ox.update(update)
+    except SyntaxError:
+        return False
+    return True
+
+
+def _apply_quads(
+    ox: Store,
+    added: Iterable[Quad],
+    removed: Iterable[Quad],
+    created: Iterable[NamedNode],
+    dropped: Iterable[NamedNode],
+) -> int:
+    """Apply a delta quad by quad (each removal a transaction of its own); the number removed."""
+    count = 0
+    for quad in removed:
+        ox.remove(quad)
+        count += 1
+    for graph in dropped:
+        ox.remove_graph(graph)
+    ox.extend(added)
+    for graph in created:
+        ox.add_graph(graph)
     return count
 
 
@@ -299,17 +381,24 @@ class RdfStore:
         graphs_created: Iterable[NamedNode],
         graphs_dropped: Iterable[NamedNode],
     ) -> int:
-        """Apply one delta; the number of quads it removed."""
-        remove, count = self.ox.remove, 0
-        for quad in removed:
-            remove(quad)
-            count += 1
-        for graph in graphs_dropped:
-            self.ox.remove_graph(graph)
-        self.ox.extend(added)
-        for graph in graphs_created:
-            self.ox.add_graph(graph)
-        return count
+        """Apply one delta; the number of quads it removed.
+
+        On disk, as one SPARQL update: pyoxigraph runs an update in one RocksDB transaction, so the
+        delta reaches RocksDB's own log in one write, and a power cut leaves it whole or absent
+        there too (the journal restores it if it was acknowledged). Applied quad by quad, an
+        unacknowledged delta whose journal record was lost with the page cache could come back half
+        applied: each `remove` is a transaction of its own, and the kernel writes RocksDB's log and
+        the journal back in no set order. A delta larger than ONE_WRITE_QUADS goes in pieces of that
+        size (a transaction holds its writes in memory), and what no update can carry (blank nodes,
+        triple terms) quad by quad: those two are whole after a kill, not after a power cut."""
+        if self.path is None:
+            return _apply_quads(self.ox, added, removed, graphs_created, graphs_dropped)
+        removed = list(removed)
+        for piece in _pieces(list(added), removed, list(graphs_created), list(graphs_dropped)):
+            update = _delta_update(*piece)
+            if update is None or not _updated(self.ox, update):
+                _apply_quads(self.ox, *piece)
+        return len(removed)
 
     def compact(self) -> int | None:
         """Drop the dead versions pyoxigraph keeps (see the module docstring). Updates go on
