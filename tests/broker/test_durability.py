@@ -1,5 +1,6 @@
 """Acknowledged means durable: an update is answered only once its journal record is on stable
-storage, a delayed update only once its row is.
+storage, a delayed update only once its row is, a CoAP reading's 2.04 only once its record is (MQTT
+readings take the same path: the ingestor acknowledges a batch once its commit has returned).
 
 The harness traces the gateway's system calls (strace attached to every thread) and checks, in
 the order the kernel saw them, that when a reply acknowledging an update starts to be sent, every
@@ -22,15 +23,17 @@ from pathlib import Path
 
 import pytest
 
+from tools.coap import libcoap
 from tools.launcher import RunningGateway
 
 _CALL = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\((\d+)<([^>]*)>)(.*)$")
 
 
-def _traced(gateway: RunningGateway, trace: Path) -> subprocess.Popen[bytes]:
+def _traced(gateway: RunningGateway, trace: Path, *, strings: int = 200) -> subprocess.Popen[bytes]:
+    """strace on every thread of the gateway, showing the first `strings` bytes of each write."""
     if shutil.which("strace") is None:
         pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
-    argv = ["strace", "-f", "-y", "-s", "200", "-o", str(trace)]
+    argv = ["strace", "-f", "-y", "-s", str(strings), "-o", str(trace)]
     argv += ["-e", "trace=write,pwrite64,fdatasync,fsync,sendto,sendmsg,writev"]
     for thread in _threads(gateway.process.pid):
         argv += ["-p", thread]
@@ -170,3 +173,66 @@ def test_once_the_sync_helper_is_gone_updates_are_still_acknowledged_only_when_s
     assert re.search(r"fdatasync\(\d+<[^>]*apply\.journal>", text)
     assert unsynced_acknowledgements(text) == []
     assert gateway.query("ASK { <urn:x:6059> <urn:p> ?o }").json()["boolean"] is True
+
+
+# a CoAP 2.04 Changed acknowledgement: version 1, type ACK, a token of 0-8 bytes (0x60-0x68), code 0x44
+_COAP_CHANGED = re.compile(r'send(?:to|msg)\(\d+<socket:\[\d+\]>, .*?"[`a-h]D')
+
+
+def acknowledged_before_synced(trace: str, values: list[str]) -> list[str]:
+    """The readings (by the text of their value) whose 2.04 went out before a sync of the journal
+    started after their record was written had completed. Readings are sent one at a time, so the
+    first 2.04 after a reading's record is its own."""
+    lines = trace.splitlines()
+    late = []
+    for value in values:
+        start = next(
+            i for i, line in enumerate(lines) if "apply.journal>" in line and "write(" in line and value in line
+        )
+        written = start
+        if "<unfinished" in lines[start]:
+            thread = lines[start].split(" ", 1)[0]
+            written = next(i for i in range(start, len(lines)) if lines[i].startswith(f"{thread} <... write resumed>"))
+        reply = next(i for i in range(written, len(lines)) if _COAP_CHANGED.search(lines[i]))
+        if not any(_synced_between(lines, i, reply) for i in range(written + 1, reply) if _sync_starts(lines[i])):
+            late.append(value)
+    return late
+
+
+def _sync_starts(line: str) -> bool:
+    return "sync(" in line and "apply.journal>" in line
+
+
+def _synced_between(lines: list[str], start: int, before: int) -> bool:
+    """Whether the journal sync starting at `start` completed (= 0) before line `before`."""
+    if "<unfinished" not in lines[start]:
+        return lines[start].rstrip().endswith("= 0")
+    thread = lines[start].split(" ", 1)[0]
+    return any(
+        lines[i].startswith(f"{thread} <... ") and "sync resumed>" in lines[i] and lines[i].rstrip().endswith("= 0")
+        for i in range(start + 1, before)
+    )
+
+
+def test_coap_readings_are_acknowledged_only_once_their_journal_is_synced(start_gateway, tmp_path: Path) -> None:
+    """A reading takes the update thread's path (a batch, synced once it ran), not the inline one:
+    each 2.04 from libcoap's coap-client must follow a completed sync begun after its record."""
+    if libcoap.coap_client() is None:
+        pytest.fail(libcoap.MISSING, pytrace=False)
+    gateway = start_gateway(data_dir=tmp_path / "data", coap=True)
+    values = [f"{6000 + index}.25" for index in range(8)]
+    trace = tmp_path / "trace.txt"
+    tracer = _traced(gateway, trace, strings=1 << 16)  # the whole record: the value is far into it
+    try:
+        for value in values:
+            done = libcoap.run(["-m", "post", "-t", "0", "-e", value, f"{gateway.coap_url}/s/boiler/temperature"])
+            assert libcoap.succeeded(done), done
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(10)
+    text = trace.read_text(errors="replace")
+    assert len([line for line in text.splitlines() if _COAP_CHANGED.search(line)]) == len(values)
+    assert acknowledged_before_synced(text, values) == []
+    # the checker can fail: the same trace with the journal's syncs taken out
+    unsynced = "\n".join(line for line in text.splitlines() if "sync" not in line)
+    assert acknowledged_before_synced(unsynced, values) == values
