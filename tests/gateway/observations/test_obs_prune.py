@@ -247,13 +247,53 @@ def test_a_run_that_falls_behind_deletes_in_larger_chunks_and_goes_back_when_in_
     assert sizes == [110, 220, 440, 440] and chunks == [40, 20]
 
 
+def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
+    store: Store, read: Read, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic runs pace their deletes (PACED_SHARE of the interval), so a run is no burst on
+    the update thread; without the pacing the 11 deletes below go back to back (~50 ms in all)."""
+    for value in range(60):
+        store.write(read("gateway/a/temperature", str(value)) + read("gateway/b/temperature", str(value)))
+    monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
+    interval = 1.0
+
+    async def run() -> list[float]:
+        sepa = SepaClient(InProcessTransport(store.engine))
+        retention = Retention(sepa, ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=interval))
+        try:
+            started = time.monotonic()
+            retention.start()
+            while retention.runs == 0:
+                await asyncio.sleep(0.01)
+            await retention.stop()
+            return [at - started for at in times]
+        finally:
+            await sepa.close()
+            sepa.transport.scheduler.close()  # type: ignore[attr-defined]
+
+    sizes: list[int] = []
+    times: list[float] = []
+    with update_costs(sizes=sizes, times=times):
+        offsets = asyncio.run(run())
+    assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
+    assert sizes == [110] * 11
+    # the run starts one interval after start(); its deletes end about half an interval later
+    assert offsets[0] >= interval and offsets[-1] - offsets[0] >= 0.35 * interval, offsets
+    assert offsets[-1] <= interval * (1 + retention_module.PACED_SHARE) + 0.25, offsets
+
+
 @contextmanager
-def update_costs(costs: list[float] | None = None, sizes: list[int] | None = None) -> Iterator[None]:
-    """Record each update's CPU time on its own thread, and the quads it removed: Engine.submit, which
-    Engine.update and the scheduler's update thread both call (sequential mode: processed within)."""
+def update_costs(
+    costs: list[float] | None = None, sizes: list[int] | None = None, times: list[float] | None = None
+) -> Iterator[None]:
+    """Record each update's CPU time on its own thread, the quads it removed and when it began
+    (time.monotonic): Engine.submit, which Engine.update and the scheduler's update thread both
+    call (sequential mode: processed within)."""
     original = Engine.submit
 
     def measured(self: Engine, sparql: str, **options: Any) -> Any:
+        if times is not None:
+            times.append(time.monotonic())
         started = time.thread_time()
         future = original(self, sparql, **options)
         if costs is not None:
