@@ -27,6 +27,13 @@ sending nothing unasked and replacing a worker that lagged past 200,000 quads by
 from 21 to 73-201 ms, every spike a re-seed; a tick's worth of deltas costs the gateway
 milliseconds, in proportion to what changed rather than to the store.
 
+Why a short tick: a tick's serializing and pickling hold the GIL, and with the gateway near one
+core busy (1,000 CoAP readings/s, ~800 KB of N-Quads every 0.2 s) the readings queued behind that
+burst took ~80 ms to drain: in `bench coap`, most readings sent within 60 ms of a tick's start
+were notified late (past 25 ms), and ticks of 1 s made the p99 100-175 ms. Every 0.05 s the bursts
+are a quarter the size: NL p99 18-39 ms against 42-52 ms (4 runs each, alternated, 2026-11-27);
+niceness or SCHED_IDLE for the workers changed nothing, so the cost is the gateway's.
+
 On disk there is no feed: a replica on disk writes every delta to its own RocksDB files again
 (pyoxigraph: ~11-14 us a quad), and fed, two of them took the cores from the update thread (a
 query after 100,000 readings waited past a minute for its worker to catch up). The log is kept up
@@ -74,7 +81,7 @@ _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 Delta = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]
 Call = tuple[tuple[Any, ...], dict[str, Any]]  # a job's positional and keyword arguments (dispatch)
-FEED_INTERVAL_S = 0.2  # how often the feeding thread sends the workers the deltas they lack
+FEED_INTERVAL_S = 0.05  # how often the feeding thread sends the workers the deltas they lack
 # on disk (no feed): past this many quads or deltas the log is dropped, and a worker that lacks
 # them is replaced when next picked, from a new checkpoint (milliseconds)
 # a worker whose fed deltas wait unsent past this many bytes stops being fed (see QueryWorkers._feed)
