@@ -25,8 +25,12 @@
 CPU seconds: the clients' own (``time.process_time`` over their sending), and the gateway's
 (``/proc/<pid>/stat``) over each phase.
 
-Measured on the 2-core test machine, nothing else running, 2026-11-26 (defaults: 20,000 readings,
-2 clients x 128 in flight, 1,000/s for 10 s): 3,342 CoAP readings/s, NL p50 2.0 ms, p99 40 ms,
+Measured on the 2-core test machine, nothing else running, 2026-11-27, four runs of the defaults
+(20,000 readings, 2 clients x 128 in flight, 1,000/s for 10 s): 2,449-3,373 CoAP readings/s (two
+runs past 3,000), NL p50 2.1-6.8 ms, p99 20-41 ms, against 3,525-3,917 MQTT readings/s (p99 38-46
+ms) in the same runs; 0 duplicates, 0 lost. The p99 was 33-61 ms before the query workers were fed
+every 0.05 s instead of 0.2 s (broker/workers/pool.py says why) and 42-52 ms before retention
+paced its deletes. 2026-11-26: 3,342 CoAP readings/s, NL p50 2.0 ms, p99 40 ms,
 against 4,040 MQTT readings/s (p99 40 ms) in the same run; 0 duplicates, 0 lost; with --loss 0.1,
 20,000 of 20,000 stored once (395/s: the clients' retransmission timers). The gateway spends
 ~0.25 ms of CPU a reading in throughput, ~0.9 ms in the latency phase (batches of ~3 at 1,000/s:
