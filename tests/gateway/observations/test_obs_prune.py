@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -266,14 +267,14 @@ def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
             while retention.runs == 0:
                 await asyncio.sleep(0.01)
             await retention.stop()
-            return [at - started for at in times]
+            return [began - started for began, _ in spans]
         finally:
             await sepa.close()
             sepa.transport.scheduler.close()  # type: ignore[attr-defined]
 
     sizes: list[int] = []
-    times: list[float] = []
-    with update_costs(sizes=sizes, times=times):
+    spans: list[tuple[float, float]] = []
+    with update_costs(sizes=sizes, spans=spans):
         offsets = asyncio.run(run())
     assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
     assert sizes == [110] * 11
@@ -282,20 +283,54 @@ def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
     assert offsets[-1] <= interval * (1 + retention_module.PACED_SHARE) + 0.25, offsets
 
 
+def test_a_periodic_run_leaves_the_update_path_at_least_as_long_as_each_delete_took(
+    store: Store, read: Read, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many candidates follow (a find returns FIND_LIMIT at most, so a run cannot know), a
+    paced run waits after each delete at least as long as that delete took: here with nothing left
+    of the half interval to spread over (PACED_SHARE 0), and finds of 20 that each come back full."""
+    for value in range(60):
+        store.write(read("gateway/a/temperature", str(value)) + read("gateway/b/temperature", str(value)))
+    monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
+    monkeypatch.setattr(retention_module, "FIND_LIMIT", 20)
+    monkeypatch.setattr(retention_module, "PACED_SHARE", 0.0)
+
+    async def run() -> None:
+        sepa = SepaClient(InProcessTransport(store.engine))
+        retention = Retention(sepa, ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=30.0))
+        try:
+            await retention.prune(paced=True)
+        finally:
+            await sepa.close()
+            sepa.transport.scheduler.close()  # type: ignore[attr-defined]
+
+    sizes: list[int] = []
+    spans: list[tuple[float, float]] = []
+    with update_costs(sizes=sizes, spans=spans):
+        asyncio.run(run())
+    assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
+    assert sizes == [110] * 11
+    gaps = [(later[0] - earlier[1], earlier[1] - earlier[0]) for earlier, later in itertools.pairwise(spans)]
+    assert all(gap >= took for gap, took in gaps), gaps
+
+
 @contextmanager
 def update_costs(
-    costs: list[float] | None = None, sizes: list[int] | None = None, times: list[float] | None = None
+    costs: list[float] | None = None,
+    sizes: list[int] | None = None,
+    spans: list[tuple[float, float]] | None = None,
 ) -> Iterator[None]:
-    """Record each update's CPU time on its own thread, the quads it removed and when it began
-    (time.monotonic): Engine.submit, which Engine.update and the scheduler's update thread both
-    call (sequential mode: processed within)."""
+    """Record each update's CPU time on its own thread, the quads it removed and when it began and
+    ended (time.monotonic): Engine.submit, which Engine.update and the scheduler's update thread
+    both call (sequential mode: processed within)."""
     original = Engine.submit
 
     def measured(self: Engine, sparql: str, **options: Any) -> Any:
-        if times is not None:
-            times.append(time.monotonic())
+        began = time.monotonic()
         started = time.thread_time()
         future = original(self, sparql, **options)
+        if spans is not None:
+            spans.append((began, time.monotonic()))
         if costs is not None:
             costs.append(time.thread_time() - started)
         if sizes is not None:
