@@ -15,7 +15,7 @@ import asyncio
 import gc
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -248,26 +248,19 @@ def test_a_run_that_falls_behind_deletes_in_larger_chunks_and_goes_back_when_in_
     assert sizes == [110, 220, 440, 440] and chunks == [40, 20]
 
 
-def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
-    store: Store, read: Read, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The periodic runs pace their deletes (PACED_SHARE of the interval), so a run is no burst on
-    the update thread; without the pacing the 11 deletes below go back to back (~50 ms in all)."""
+def paced_deletes(
+    store: Store, read: Read, interval: float, act: Callable[[Retention], Awaitable[None]]
+) -> list[tuple[float, float]]:
+    """60 readings of two sensors, 5 kept, deletes of 10 observations: when each of the 11 deletes
+    `act` makes began and ended (time.monotonic), once they left exactly the newest 5 of each."""
     for value in range(60):
         store.write(read("gateway/a/temperature", str(value)) + read("gateway/b/temperature", str(value)))
-    monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
-    interval = 1.0
 
-    async def run() -> list[float]:
+    async def run() -> None:
         sepa = SepaClient(InProcessTransport(store.engine))
-        retention = Retention(sepa, ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=interval))
+        config = ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=interval)
         try:
-            started = time.monotonic()
-            retention.start()
-            while retention.runs == 0:
-                await asyncio.sleep(0.01)
-            await retention.stop()
-            return [began - started for began, _ in spans]
+            await act(Retention(sepa, config))
         finally:
             await sepa.close()
             sepa.transport.scheduler.close()  # type: ignore[attr-defined]
@@ -275,9 +268,29 @@ def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
     sizes: list[int] = []
     spans: list[tuple[float, float]] = []
     with update_costs(sizes=sizes, spans=spans):
-        offsets = asyncio.run(run())
+        asyncio.run(run())
     assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
     assert sizes == [110] * 11
+    return spans
+
+
+def test_a_periodic_run_spreads_its_deletes_over_half_the_interval(
+    store: Store, read: Read, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic runs pace their deletes (PACED_SHARE of the interval), so a run is no burst on
+    the update thread; without the pacing the 11 deletes below go back to back (~50 ms in all)."""
+    monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
+    interval = 1.0
+    started: list[float] = []
+
+    async def periodic(retention: Retention) -> None:
+        started.append(time.monotonic())
+        retention.start()
+        while retention.runs == 0:
+            await asyncio.sleep(0.01)
+        await retention.stop()
+
+    offsets = [began - started[0] for began, _ in paced_deletes(store, read, interval, periodic)]
     # the run starts one interval after start(); its deletes end about half an interval later
     assert offsets[0] >= interval and offsets[-1] - offsets[0] >= 0.35 * interval, offsets
     assert offsets[-1] <= interval * (1 + retention_module.PACED_SHARE) + 0.25, offsets
@@ -289,27 +302,14 @@ def test_a_periodic_run_leaves_the_update_path_at_least_as_long_as_each_delete_t
     """However many candidates follow (a find returns FIND_LIMIT at most, so a run cannot know), a
     paced run waits after each delete at least as long as that delete took: here with nothing left
     of the half interval to spread over (PACED_SHARE 0), and finds of 20 that each come back full."""
-    for value in range(60):
-        store.write(read("gateway/a/temperature", str(value)) + read("gateway/b/temperature", str(value)))
     monkeypatch.setattr(retention_module, "DELETE_CHUNK", 10)
     monkeypatch.setattr(retention_module, "FIND_LIMIT", 20)
     monkeypatch.setattr(retention_module, "PACED_SHARE", 0.0)
 
-    async def run() -> None:
-        sepa = SepaClient(InProcessTransport(store.engine))
-        retention = Retention(sepa, ObservationsConfig(retain_count=5, retain_age_s=DAY, prune_interval_s=30.0))
-        try:
-            await retention.prune(paced=True)
-        finally:
-            await sepa.close()
-            sepa.transport.scheduler.close()  # type: ignore[attr-defined]
+    async def paced(retention: Retention) -> None:
+        await retention.prune(paced=True)
 
-    sizes: list[int] = []
-    spans: list[tuple[float, float]] = []
-    with update_costs(sizes=sizes, spans=spans):
-        asyncio.run(run())
-    assert observations(store) == {"a": [55.0, 56.0, 57.0, 58.0, 59.0], "b": [55.0, 56.0, 57.0, 58.0, 59.0]}
-    assert sizes == [110] * 11
+    spans = paced_deletes(store, read, 30.0, paced)
     gaps = [(later[0] - earlier[1], earlier[1] - earlier[0]) for earlier, later in itertools.pairwise(spans)]
     assert all(gap >= took for gap, took in gaps), gaps
 
