@@ -36,6 +36,7 @@ from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
 from broker.workers.codec import Answers, Code, Decoder, Item, encode_all
+from broker.workers.cpus import use_every_cpu
 from broker.workers.replica import PR_SET_PDEATHSIG, seeded
 
 
@@ -156,6 +157,7 @@ def main() -> None:
     with contextlib.suppress(OSError, AttributeError):  # die with the engine, even when it is killed
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the gateway to handle
+    use_every_cpu()
     sock = socket.socket(fileno=int(sys.argv[1]))
     connection = Connection(sock.detach())
     threading.stack_size(WORKER_STACK_BYTES)  # FILTERs evaluate as deep as in the engine's threads

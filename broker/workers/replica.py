@@ -29,6 +29,7 @@ from broker.core.query_processor import QueryProcessor
 from broker.errors import SepaError
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
+from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
 
 PR_SET_PDEATHSIG = 1
@@ -107,6 +108,7 @@ def main() -> None:
     with contextlib.suppress(OSError, AttributeError):  # die with the broker, even when it is killed
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is for the broker to handle
+    use_every_cpu()
     # below the broker: a replica catching up on 200,000 quads took both cores of the test machine
     # from ingestion (bench mqtt's p99 15 -> 190 ms); the broker's own threads come first
     os.nice(NICENESS)

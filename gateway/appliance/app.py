@@ -29,6 +29,7 @@ from broker.api import (
 )
 from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
+from gateway.appliance.cores import pin_threads
 from gateway.appliance.health import ClockFloor, add_checks
 from gateway.appliance.listen import TimedTlsSite
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
@@ -276,7 +277,12 @@ class Gateway:
             loop.add_signal_handler(signum, self.stopped.set)
         urls = await self.start()
         store = self.config.store.data_dir or "memory"
-        log.info("sepa-gateway serving", extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode})
+        # the process is ours (not an embedding one): its threads on one core, see gateway.appliance.cores
+        core = pin_threads() if self.config.engine.one_core else None
+        log.info(
+            "sepa-gateway serving",
+            extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode, "core": core},
+        )
         await self.stopped.wait()
         log.info("sepa-gateway stopping: finishing in-flight updates")
         deadline = threading.Timer(STOP_DEADLINE_S, _force_exit)
