@@ -54,8 +54,9 @@ class EngineConfig:
     # relative IRIs of every request resolve against this, whatever gate, scheme, host or port the
     # request came by; "" is urn:sepa-gateway:<observations.gateway_id>/ (stable across restarts)
     base_iri: str = ""
-    # `sepa-gateway run` keeps the gateway's threads on one core (they share the GIL: hand-offs on
-    # one core are cheaper) and its worker processes on every core; no effect on a one-core board
+    # `sepa-gateway run` with an in-memory store keeps the gateway's threads on one core (they share
+    # the GIL: hand-offs on one core are cheaper) and its worker processes on every core; no effect
+    # on disk (RocksDB's writes run beside the loop) or on a one-core board
     one_core: bool = True
 
 

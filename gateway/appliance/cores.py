@@ -4,15 +4,23 @@ Why: the gateway's threads take turns holding the GIL (the event loop, the updat
 workers' feeders), so the process uses about one core whatever it is given, and each turn handed
 to a thread on another core costs a cross-core wake-up and cold caches. Kept on one core, a hand-off
 is a switch on the same core. Measured with `sepa-gateway bench coap` on the 2-core test machine
-(2026-11-27, alternated, the whole process pinned): 2,997-3,829 readings/s against 2,644-3,122
-(12 against 8 runs), the gateway's CPU 5-10 % lower, NL p50 lower; NL p99 17-53 ms against 18-32.
-`bench wire --no-oxigraph`: 4,159-4,200 updates/s against 3,904-4,092 (3 pairs).
+(2026-11-27, alternated): 2,842-3,730 readings/s against 2,718-3,504 (5 pairs, median 1.06x), the
+gateway's CPU in the latency phase 8.3-8.9 s against 8.9-9.2, NL p50 1.4-2.9 ms against 2.5-4.6,
+p99 13-38 ms against 20-48; an earlier scratch build pinning every task of the process: 2,997-3,829
+against 2,644-3,122 (12 and 8 runs). `bench wire --no-oxigraph --updates 20000`: 1.04-1.08x (3
+pairs), 0 wrong, 0 missing.
+
+Not on disk: there the update thread's RocksDB writes run without the GIL, beside the event loop
+on the other core; pinned, `bench mqtt --on-disk` (2 pairs) kept its readings/s (1,710-2,017
+against 1,705-1,773) but its NL p50 rose to 133-141 ms from 102-106 and its p99 to 378-527 from
+294-449. In memory, `bench mqtt` (2 pairs): 4,261-4,517 readings/s against 3,531-3,642, NL p99
+21-22 ms against 33.
 
 What is pinned: the threads Python started (threading.enumerate), once the gateway serves; threads
 started later inherit it. Native threads (RocksDB's background work) are not, and a process
 inherits the affinity of the thread that starts it, so the worker processes set theirs back
-(broker.workers.cpus). Only `sepa-gateway run` pins (an embedding process keeps its cores);
-`[engine] one_core = false` turns it off; on a board with one core there is nothing to do.
+(broker.workers.cpus). Only `sepa-gateway run` pins (an embedding process keeps its cores), only
+in memory; `[engine] one_core = false` turns it off; on a board with one core there is nothing to do.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 What it protects: the served gateway keeps its threads on one core of a multi-core machine (the
 GIL's hand-offs stay on one core; the module says what it measured), `[engine] one_core = false`
-keeps every core, and a worker process started after the pinning, by a pinned thread, still runs
+and a store on disk keep every core, and a worker process started after the pinning, by a pinned thread, still runs
 on every core instead of inheriting the engine's.
 """
 
@@ -84,7 +84,12 @@ def test_the_served_gateway_keeps_its_threads_on_one_core_and_its_workers_on_eve
     assert {worker: cpus(worker) for worker in after} == {worker: ALLOWED for worker in after}
 
 
-def test_one_core_false_keeps_every_core(start_gateway: Callable[..., RunningGateway]) -> None:
-    gateway = start_gateway(toml="[engine]\none_core = false\n")
-    pid = gateway.process.pid
-    assert all(cpus(pid, tid) == ALLOWED for tid in python_threads(pid))
+def test_one_core_false_or_a_store_on_disk_keeps_every_core(
+    start_gateway: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    for gateway in (
+        start_gateway(toml="[engine]\none_core = false\n"),
+        start_gateway(toml="[engine]\none_core = true\n", data_dir=tmp_path / "data"),
+    ):
+        pid = gateway.process.pid
+        assert {tid: cpus(pid, tid) for tid in python_threads(pid)} == dict.fromkeys(python_threads(pid), ALLOWED)
