@@ -277,9 +277,10 @@ class Gateway:
             loop.add_signal_handler(signum, self.stopped.set)
         urls = await self.start()
         store = self.config.store.data_dir or "memory"
-        # the process is ours (not an embedding one): its threads on one core, in memory (see
-        # gateway.appliance.cores for why not on disk)
-        core = pin_threads() if self.config.engine.one_core and not self.config.store.data_dir else None
+        # the process is ours (not an embedding one): its threads on one core, in memory and in
+        # sequential mode (see gateway.appliance.cores for why not otherwise)
+        one_core = self.config.engine.one_core and self.engine.mode != "parallel"
+        core = pin_threads() if one_core and not self.config.store.data_dir else None
         log.info(
             "sepa-gateway serving",
             extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode, "core": core},

@@ -56,7 +56,7 @@ class EngineConfig:
     base_iri: str = ""
     # `sepa-gateway run` with an in-memory store keeps the gateway's threads on one core (they share
     # the GIL: hand-offs on one core are cheaper) and its worker processes on every core; no effect
-    # on disk (RocksDB's writes run beside the loop) or on a one-core board
+    # on disk (RocksDB's writes run beside the loop), in parallel mode or on a one-core board
     one_core: bool = True
 
 

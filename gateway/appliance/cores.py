@@ -16,11 +16,16 @@ against 1,705-1,773) but its NL p50 rose to 133-141 ms from 102-106 and its p99 
 294-449. In memory, `bench mqtt` (2 pairs): 4,261-4,517 readings/s against 3,531-3,642, NL p99
 21-22 ms against 33.
 
+Not in parallel mode either: there the engine pipelines an update's scheduling with the previous
+one's processing on threads of its own (broker/core/pipeline.py), and on one core the two never
+overlapped (tests/broker/gates/test_parallel_mode.py counts the pipelined updates: 0 pinned).
+
 What is pinned: the threads Python started (threading.enumerate), once the gateway serves; threads
 started later inherit it. Native threads (RocksDB's background work) are not, and a process
 inherits the affinity of the thread that starts it, so the worker processes set theirs back
 (broker.workers.cpus). Only `sepa-gateway run` pins (an embedding process keeps its cores), only
-in memory; `[engine] one_core = false` turns it off; on a board with one core there is nothing to do.
+in memory and in sequential mode; `[engine] one_core = false` turns it off; on a board with one
+core there is nothing to do.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """gateway.appliance.cores and broker.workers.cpus against a real `sepa-gateway run`.
 
 What it protects: the served gateway keeps its threads on one core of a multi-core machine (the
-GIL's hand-offs stay on one core; the module says what it measured), `[engine] one_core = false`
-and a store on disk keep every core, and a worker process started after the pinning, by a pinned thread, still runs
-on every core instead of inheriting the engine's.
+GIL's hand-offs stay on one core; the module says what it measured), `[engine] one_core = false`,
+a store on disk and parallel mode keep every core, and a worker process started after the
+pinning, by a pinned thread, still runs on every core instead of inheriting the engine's.
 """
 
 from __future__ import annotations
@@ -84,12 +84,13 @@ def test_the_served_gateway_keeps_its_threads_on_one_core_and_its_workers_on_eve
     assert {worker: cpus(worker) for worker in after} == {worker: ALLOWED for worker in after}
 
 
-def test_one_core_false_or_a_store_on_disk_keeps_every_core(
+def test_one_core_false_a_store_on_disk_or_parallel_mode_keeps_every_core(
     start_gateway: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
     for gateway in (
         start_gateway(toml="[engine]\none_core = false\n"),
         start_gateway(toml="[engine]\none_core = true\n", data_dir=tmp_path / "data"),
+        start_gateway(toml='[engine]\none_core = true\nmode = "parallel"\nworkers = 1\n'),
     ):
         pid = gateway.process.pid
         assert {tid: cpus(pid, tid) for tid in python_threads(pid)} == dict.fromkeys(python_threads(pid), ALLOWED)
