@@ -30,7 +30,9 @@ Measured on the 2-core test machine, nothing else running, 2026-11-27, four runs
 runs past 3,000), NL p50 2.1-6.8 ms, p99 20-41 ms, against 3,525-3,917 MQTT readings/s (p99 38-46
 ms) in the same runs; 0 duplicates, 0 lost. The p99 was 33-61 ms before the query workers were fed
 every 0.05 s instead of 0.2 s (broker/workers/pool.py says why) and 42-52 ms before retention
-paced its deletes. 2026-11-26: 3,342 CoAP readings/s, NL p50 2.0 ms, p99 40 ms,
+paced its deletes. With the gateway's threads on one core (gateway/appliance/cores.py), three
+runs the same day: 3,311-3,589 readings/s, NL p50 1.4-1.9 ms, p99 13-50 ms, 0 duplicates, 0 lost
+(MQTT 3,937-4,348/s). 2026-11-26: 3,342 CoAP readings/s, NL p50 2.0 ms, p99 40 ms,
 against 4,040 MQTT readings/s (p99 40 ms) in the same run; 0 duplicates, 0 lost; with --loss 0.1,
 20,000 of 20,000 stored once (395/s: the clients' retransmission timers). The gateway spends
 ~0.25 ms of CPU a reading in throughput, ~0.9 ms in the latency phase (batches of ~3 at 1,000/s:
