@@ -55,7 +55,8 @@ from broker.gates.health import ComponentHealth
 from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
-from broker.scheduler import Scheduler, TooManyRequests, loop_handoff
+from broker.handoff import loop_handoff
+from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
 from broker.security.clients import ClientRegistry, RegistryError, configured_client, secret_digest
 from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files

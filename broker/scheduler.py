@@ -18,7 +18,6 @@ its reply then waits for the journal's sync, done by a helper process (:meth:`Sc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import threading
@@ -37,6 +36,7 @@ from broker.core.subscription import Subscription
 from broker.core.update_processor import Request
 from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
+from broker.handoff import loop_handoff
 from broker.journal_sync import HelperGone, JournalSyncer
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,7 @@ def _settle_all(done: list[tuple[asyncio.Future[Any], Any, BaseException | None]
 def _processed(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], outcome: Future[Any]) -> None:
     """Settle `future` on `loop` with the outcome of an engine future (parallel mode's updates)."""
     error = outcome.exception()
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        loop.call_soon_threadsafe(_settle, future, None if error is not None else outcome.result(), error)
+    loop_handoff(loop)(_settle, future, None if error is not None else outcome.result(), error)
 
 
 def _clean_errors(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -119,31 +118,6 @@ def _cut(error: BaseException) -> BaseException:
         chained.__traceback__ = None
         chained = chained.__cause__ or chained.__context__
     return error
-
-
-def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
-    """The one hand-off of engine callbacks to an event loop, used by the gates and the in-process
-    transport alike: ``loop.call_soon_threadsafe`` from the update thread, ``loop.call_soon`` on the
-    loop's own thread (the inline updates, see :meth:`Scheduler.update`).
-
-    Why: both queue the callback on the loop's one FIFO, so the order of notifications is kept, but
-    the thread-safe one also wakes the loop through its self-pipe, a write and a read system call
-    per notification, for a loop that is already awake. Make it on the loop's thread. A callback
-    for a loop that is already closed is dropped (nobody is listening any more): raised into the
-    engine's thread, it would fail somebody else's update.
-    """
-    owner = threading.get_ident()
-
-    def call_soon(callback: Callable[..., object], *args: object) -> None:
-        try:
-            if threading.get_ident() == owner:
-                loop.call_soon(callback, *args)
-            else:
-                loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed
-            pass
-
-    return call_soon
 
 
 # pyoxigraph recurses per nesting level and per group element; what broker.sparql.limits lets through
@@ -309,7 +283,7 @@ class Scheduler:
                     continue
                 result = result.result()
             ready.append((future, result, error))
-        loop.call_soon_threadsafe(_settle_all, ready)
+        loop_handoff(loop)(_settle_all, ready)  # after the notifications handed over before it
 
     async def _durable(self) -> None:
         """Return once every delta applied so far is on stable storage: the group commit of inline

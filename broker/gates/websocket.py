@@ -23,7 +23,8 @@ from broker.core.notification import Notification
 from broker.errors import NotFound, SepaError
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
-from broker.scheduler import Scheduler, loop_handoff
+from broker.handoff import loop_handoff
+from broker.scheduler import Scheduler
 from broker.security.authority import Principal
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,8 @@ import asyncio
 import threading
 
 from broker.core.engine import Engine
-from broker.scheduler import Scheduler, TooManyRequests, loop_handoff
+from broker.handoff import loop_handoff
+from broker.scheduler import Scheduler, TooManyRequests
 
 EX = "http://example.org/"
 
