@@ -6,7 +6,6 @@ import asyncio
 import threading
 
 from broker.core.engine import Engine
-from broker.handoff import loop_handoff
 from broker.scheduler import Scheduler, TooManyRequests
 
 EX = "http://example.org/"
@@ -115,32 +114,3 @@ def test_a_client_updating_in_a_loop_does_not_starve_the_delayed_update_timer() 
     (row,) = scheduler.engine.query("SELECT ?t WHERE { <urn:ex:timer> <urn:ex:ranAt> ?t }").rows
     assert int(row[0].value) < end - 500_000, "the delayed update waited for the producer to stop"
     assert updates > 100
-
-
-def test_the_loop_handoff_keeps_call_order_across_threads_and_runs_on_the_loop() -> None:
-    """Engine callbacks reach the loop in call order whether they come from the update thread
-    (call_soon_threadsafe) or from an inline update on the loop's own thread (call_soon)."""
-
-    async def main() -> tuple[list[int], set[int], int]:
-        loop = asyncio.get_running_loop()
-        to_loop = loop_handoff(loop)
-        seen: list[int] = []
-        threads: set[int] = set()
-
-        def record(value: int) -> None:
-            seen.append(value)
-            threads.add(threading.get_ident())
-
-        to_loop(record, 1)
-        worker = threading.Thread(target=lambda: [to_loop(record, value) for value in (2, 3)])
-        worker.start()
-        worker.join()
-        to_loop(record, 4)
-        assert seen == []  # queued, not called in place
-        for _ in range(10):
-            await asyncio.sleep(0)
-        return seen, threads, threading.get_ident()
-
-    seen, threads, loop_thread = asyncio.run(main())
-    assert seen == [1, 2, 3, 4]
-    assert threads == {loop_thread}

@@ -1,0 +1,110 @@
+"""broker.handoff: engine callbacks reach their loop in call order, one wake-up per burst."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from broker.handoff import loop_handoff
+
+
+def test_the_loop_handoff_keeps_call_order_across_threads_and_runs_on_the_loop() -> None:
+    """Engine callbacks reach the loop in call order whether they come from the update thread or
+    from an inline update on the loop's own thread."""
+
+    async def main() -> tuple[list[int], set[int], int]:
+        loop = asyncio.get_running_loop()
+        to_loop = loop_handoff(loop)
+        seen: list[int] = []
+        threads: set[int] = set()
+
+        def record(value: int) -> None:
+            seen.append(value)
+            threads.add(threading.get_ident())
+
+        to_loop(record, 1)
+        worker = threading.Thread(target=lambda: [to_loop(record, value) for value in (2, 3)])
+        worker.start()
+        worker.join()
+        to_loop(record, 4)
+        assert seen == []  # queued, not called in place
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return seen, threads, threading.get_ident()
+
+    seen, threads, loop_thread = asyncio.run(main())
+    assert seen == [1, 2, 3, 4]
+    assert threads == {loop_thread}
+
+
+def test_a_burst_from_another_thread_wakes_the_loop_once_and_keeps_its_order() -> None:
+    """The update thread hands over one callback per notification: only the first of a burst may
+    write to the loop's self-pipe (each write gave the GIL away), the rest join its drain."""
+
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        threadsafe = loop.call_soon_threadsafe
+
+        def counting(callback: Any, *args: Any) -> Any:
+            nonlocal wakes
+            wakes += 1
+            return threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        to_loop = loop_handoff(loop)
+        seen: list[int] = []
+        worker = threading.Thread(target=lambda: [to_loop(seen.append, value) for value in range(500)])
+        worker.start()
+        worker.join()  # the loop is held here, as it is when a busy update thread hands over
+        for _ in range(100):
+            await asyncio.sleep(0)
+        return seen, wakes
+
+    seen, wakes = asyncio.run(main())
+    assert seen == list(range(500))
+    assert wakes == 1
+
+
+def test_a_failing_callback_is_reported_and_the_rest_still_run() -> None:
+    async def main() -> tuple[list[int], list[dict[str, Any]]]:
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: reported.append(context))
+        to_loop = loop_handoff(loop)
+        seen: list[int] = []
+
+        def fail() -> None:
+            raise ValueError("a sink's bug")
+
+        worker = threading.Thread(target=lambda: [to_loop(seen.append, 1), to_loop(fail), to_loop(seen.append, 2)])
+        worker.start()
+        worker.join()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        return seen, reported
+
+    seen, reported = asyncio.run(main())
+    assert seen == [1, 2]
+    assert [type(context["exception"]) for context in reported] == [ValueError]
+
+
+def test_callbacks_for_a_closed_loop_are_dropped_without_raising_into_the_caller() -> None:
+    loop = asyncio.new_event_loop()
+    to_loop = loop_handoff(loop)
+    loop.close()
+    outcome: list[BaseException | None] = []
+
+    def engine_thread() -> None:
+        try:
+            to_loop(print, "never")
+            to_loop(print, "never")
+            outcome.append(None)
+        except BaseException as error:
+            outcome.append(error)
+
+    worker = threading.Thread(target=engine_thread)
+    worker.start()
+    worker.join()
+    assert outcome == [None]
