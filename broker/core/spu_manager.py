@@ -15,8 +15,8 @@ mode will split across worker processes.
 
 With a re-evaluation worker (`reevaluators`, ``[engine] reeval_workers``), the re-evaluations of a
 network client's subscriptions are pipelined off the update thread: see :meth:`SpuManager.submit`.
-An on-demand pool is woken by the first re-evaluation of such a subscription and put to rest once
-REST_AFTER_S passed without one (:meth:`SpuManager._demand`).
+An on-demand pool is woken by the first such subscription and put to rest REST_AFTER_S after the
+last one ends (:meth:`SpuManager._demand`).
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ class SpuManager:
         self._stopping = False
         self.rest_after_s = REST_AFTER_S
         self._rest_timer: threading.Timer | None = None
-        self._last_reevaluation = 0.0  # time.monotonic() of the last limited re-evaluation
         # one thread per worker: the update thread hands out the limited re-evaluations of an update
         self._reevaluators = ThreadPoolExecutor(workers.count, "sepa-reeval") if workers is not None else None
         self.trimmer = Trimmer()
@@ -197,6 +196,8 @@ class SpuManager:
         if spu is None:
             spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed)
             spu.limited = spu.limited or limited
+            if limited:
+                self._demand()
         subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking)
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
@@ -312,8 +313,6 @@ class SpuManager:
         instead, each job with its SPU appended to `later`, and not waited for."""
         here = [spu for spu in spus if not (spu.limited and self.workers is not None)]
         there = [spu for spu in spus if spu.limited and self.workers is not None]
-        if there:
-            self._demand(reevaluating=True)
         if later is not None and self.reevaluators is not None:
             here = [spu for spu in spus if not spu.limited]
             there = [spu for spu in spus if spu.limited]
@@ -380,45 +379,30 @@ class SpuManager:
             except Exception:
                 log.exception("notification callback failed", extra={"spuid": subscription.spuid})
 
-    def _demand(self, *, reevaluating: bool = False) -> None:
-        """An on-demand re-evaluation pool (hold _state): woken by a re-evaluation of a network
-        client's subscription (`reevaluating`), put to rest once `rest_after_s` passed without one
-        and nothing is queued in it. Until it is ready, re-evaluations take the query workers, the
-        update thread waiting for them (:meth:`submit`).
-
-        Why not woken by the subscription itself: a worker follows every delta of the store. The
-        dashboard's two mapping lists are re-evaluated subscriptions that change only when a
-        mapping does; woken by them, the worker replayed every observation for nothing: in `bench
-        dashboard` (1,000 MQTT readings/s) the gateway's processes spent 2.6-3.5 CPU-s more per
-        20 s with the page open, against -0.1-0.5 with the worker left out (3 runs each). The cost
-        moved to the first re-evaluation after a rest: it runs as without the worker."""
+    def _demand(self) -> None:
+        """An on-demand re-evaluation pool (hold _state): woken while a network client's
+        subscription is re-evaluated; put to rest `rest_after_s` after the last one ended, once
+        nothing is queued in it. Until it is ready, re-evaluations take the query workers, the
+        update thread waiting for them (:meth:`submit`)."""
         pool = self.reevaluators
         if pool is None or not pool.on_demand:
             return
-        if reevaluating:
-            self._last_reevaluation = time.monotonic()
+        if any(spu.limited for spu in self.reeval.values()):
             pool.wake()
-        self._arm_rest(self.rest_after_s)
-
-    def _arm_rest(self, delay: float) -> None:
-        if self._rest_timer is None and not self._stopping:
-            self._rest_timer = threading.Timer(delay, self._rest_if_unwanted)
+        elif self._rest_timer is None and not self._stopping:
+            self._rest_timer = threading.Timer(self.rest_after_s, self._rest_if_unwanted)
             self._rest_timer.daemon = True
             self._rest_timer.start()
 
     def _rest_if_unwanted(self) -> None:
         with self._state:
             self._rest_timer = None
-            assert self.reevaluators is not None
-            if self.reevaluators.starting:  # idle counts from when it can take jobs
-                self._last_reevaluation = time.monotonic()
-            idle = time.monotonic() - self._last_reevaluation
-            if idle < self.rest_after_s:
-                self._arm_rest(self.rest_after_s - idle)
+            if any(spu.limited for spu in self.reeval.values()):
                 return
             if self._queued:
-                self._arm_rest(self.rest_after_s)  # its last jobs are still being applied: later
+                self._demand()  # its last jobs are still being applied: later
                 return
+            assert self.reevaluators is not None
             self.reevaluators.rest()
 
     def close(self) -> None:
@@ -454,6 +438,8 @@ class SpuManager:
             spu.release()
             for lutt_key in spu.lutt_keys:
                 self.lutt.remove(lutt_key, spu, None)  # type: ignore[arg-type]
+            if spu.limited:
+                self._demand()
         elif isinstance(spu, IncrementalSpu):
             group = spu.group
             self._index_spu(spu, add=False)

@@ -353,12 +353,6 @@ class QueryWorkers:
             return self._awake and (self._idle.qsize() > 0 or bool(self._streaming))
 
     @property
-    def starting(self) -> bool:
-        """Woken, and no worker holds its replica yet."""
-        with self._lock:
-            return self._awake and not self._closed and self._idle.qsize() == 0 and not self._streaming
-
-    @property
     def running(self) -> int:
         """Workers that hold their replica now (idle, or taking dispatched jobs)."""
         return self._idle.qsize() + len(self._streaming)

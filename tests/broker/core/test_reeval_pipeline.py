@@ -194,23 +194,22 @@ def test_an_inline_update_is_refused_while_the_collector_holds_the_state(engine:
 
 def test_an_on_demand_worker_serves_network_subscriptions_only_while_there_are_some() -> None:
     """The appliance's pool starts no process until a network client's subscription is
-    re-evaluated (not when it subscribes); until its worker is ready the query workers re-evaluate
-    (the update waits); then the worker does; a moment after the last re-evaluation its process is
-    gone, and the next re-evaluation starts it again. Every notification is the right one throughout."""
+    re-evaluated; until its worker is ready the query workers re-evaluate (the update waits); then
+    the worker does; a moment after the last such subscription ends its process is gone, and the
+    next subscription starts it again. Every notification is the right one throughout."""
     store = RdfStore.memory()
     workers = QueryWorkers(store, count=1, time_limit_s=30.0)
     reevaluators = QueryWorkers(store, count=1, time_limit_s=30.0, name="reeval", on_demand=True)
     workers.start()
     reevaluators.start()
     engine = Engine(store, workers=workers, reevaluators=reevaluators)
-    engine.spus.rest_after_s = 2.0  # idle counts from when the worker is ready, not from the wake
+    engine.spus.rest_after_s = 0.3
     try:
         engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 0 }}")
         engine.subscribe(QUICK_VIEW, lambda _: None)  # in process: not limited, no worker wanted
         assert reevaluators.running == 0
         for round_ in range(2):
             view = View(engine, QUICK_VIEW + " LIMIT 100")
-            assert reevaluators.stats["woken"] == round_  # a subscription alone wakes nothing
             engine.update(f"INSERT DATA {{ <{EX}b{round_}> <{EX}p> 1 }}")  # worker not ready yet, or is
             wait_until(lambda: reevaluators.ready)
             jobs = reevaluators.stats["jobs"]
