@@ -109,6 +109,17 @@ def test_the_page_loads_without_console_errors_within_its_weight_and_first_rende
         print(f"page weight {total} bytes transferred, first contentful paint {paint[0]:.0f} ms")
 
 
+def test_the_page_keeps_no_re_evaluation_worker_busy(browser: Any, installed: InstalledGateway) -> None:
+    """Every subscription the page makes by itself (tiles, mapping lists, actuators) is one the
+    engine keeps incrementally. A re-evaluated one (OPTIONAL...) would wake the gateway's
+    re-evaluation worker, a process replaying every delta of the store while the page is open."""
+    open_panel(browser, "mappings-panel")
+    wait_for(browser, "return document.querySelector('#mappings table') !== null", what="the mappings list")
+    wait_for(browser, "return document.querySelector('#coap-observations table') !== null", what="the CoAP list")
+    assert installed.gateway.metric("sepa_subscriptions") >= 4
+    assert installed.gateway.metric("sepa_reeval_worker_woken_total") == 0
+
+
 def test_the_token_is_kept_for_the_tab_only_and_neither_it_nor_the_secret_is_logged(
     browser: Any, installed: InstalledGateway, writer: Credentials
 ) -> None:
@@ -254,6 +265,16 @@ def test_a_mapping_added_in_the_page_maps_the_next_readings(
         "return [...document.querySelectorAll('#mappings td')].some((td) => td.textContent === 'plant/{kiln}/heat')",
         what="the new mapping in the list",
     )
+    # one row for the mapping, its optional fields (other branches of the subscription's UNION) in it
+    cells = wait_for(
+        browser,
+        "const row = [...document.querySelectorAll('#mappings tr')].find((tr) => "
+        "[...tr.cells].some((td) => td.textContent === 'plant/{kiln}/heat'));"
+        "const cells = [...row.cells].map((td) => td.textContent);"
+        "return cells.includes('degC') && cells.includes('temperature') ? cells : null",
+        what="the mapping's unit and property in its row",
+    )
+    assert cells == ["kilns", "plant/{kiln}/heat", "number", "urn:example:kiln/{kiln}", "temperature", "degC"]
     publish(sensor, "plant/kiln7/heat", "480")
     wait_for(browser, "return [...document.querySelectorAll('.tile .sensor')].some((s) => s.textContent === 'kiln7')")
     assert tile_value(browser, "kiln7", "temperature") == "480"
