@@ -32,7 +32,8 @@ function live(subscriptions, sparql, container, columns, required) {
     const head = table.createTHead().insertRow();
     for (const [, title] of columns) head.append(Object.assign(document.createElement("th"), { textContent: title }));
     const body = table.createTBody();
-    for (const node of listed.sort((a, b) => rowKey(a, vars).localeCompare(rowKey(b, vars)))) {
+    const shown = vars.filter((name) => name !== "node"); // ordered by what the table shows
+    for (const node of listed.sort((a, b) => rowKey(a, shown).localeCompare(rowKey(b, shown)))) {
       const line = body.insertRow();
       for (const [name] of columns) line.insertCell().textContent = node[name] ? node[name].value : "";
     }
