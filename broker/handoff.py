@@ -42,12 +42,16 @@ class LoopHandoff:
 
     def call_soon(self, callback: Callback, *args: Any) -> None:
         """Run ``callback(*args)`` on the loop, after every callback handed over before it."""
+        loop = self._loop()
         with self._lock:
+            if self._drain_queued and (loop is None or loop.is_closed()):
+                # closed with a drain pending: it will never run, keep nothing for it
+                self._queued.clear()
+                self._drain_queued = False
             self._queued.append((callback, args))
             if self._drain_queued:
                 return
             self._drain_queued = True
-        loop = self._loop()
         try:
             if loop is None:
                 raise RuntimeError("the loop is gone")

@@ -108,3 +108,19 @@ def test_callbacks_for_a_closed_loop_are_dropped_without_raising_into_the_caller
     worker.start()
     worker.join()
     assert outcome == [None]
+
+
+def test_a_loop_closed_with_its_drain_pending_keeps_nothing_for_it() -> None:
+    """A loop stopped and closed before it ran the drain: later callbacks (an engine thread still
+    notifying a subscription of that loop) are dropped, not kept for a drain that never comes."""
+    loop = asyncio.new_event_loop()
+    to_loop = loop_handoff(loop)
+    worker = threading.Thread(target=lambda: to_loop(print, "never"))
+    worker.start()
+    worker.join()  # a drain is queued on the loop, which never runs it
+    loop.close()
+    handoff = to_loop.__self__  # type: ignore[attr-defined]
+    worker = threading.Thread(target=lambda: [to_loop(print, "never") for _ in range(1000)])
+    worker.start()
+    worker.join()
+    assert handoff._queued == []
