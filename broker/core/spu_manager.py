@@ -38,6 +38,7 @@ from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
 from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, Probed, ReevalSpu, RowTable, ShapeGroup, SpuBase
+from broker.core.spu_table import spu_table
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
@@ -129,6 +130,11 @@ class SpuManager:
         """Counters of the processing mode, for /metrics (sequential mode has none)."""
         return {}
 
+    def table(self, limit: int) -> dict[str, Any]:
+        """The SPUs with the most subscribers, for an operator (:func:`broker.core.spu_table.spu_table`);
+        callable from any thread, without the state lock."""
+        return spu_table(list(self.subscriptions.values()), limit)
+
     # -- subscribe / unsubscribe --------------------------------------------------------------
 
     def subscribe(self, sparql: str, callback: Callable, **options: Any) -> Subscription:
@@ -198,7 +204,7 @@ class SpuManager:
             spu.limited = spu.limited or limited
             if limited:
                 self._demand()
-        subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking)
+        subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking, sparql=sparql)
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
         self.stats.record_subscriptions(len(self.subscriptions))

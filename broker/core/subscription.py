@@ -26,6 +26,7 @@ class Subscription:
     spuid: str = field(default_factory=lambda: f"sepa://subscription/{uuid.uuid4()}")
     next_sequence: int = 0
     nonblocking: bool = False  # the callback never waits: it may be called on an event loop thread
+    sparql: str = ""  # the query as the client sent it (the SPU table shows it: broker.core.spu_table)
 
     def emit(
         self,

@@ -45,6 +45,7 @@ REGISTER_PATH = "/oauth/register"
 TOKEN_PATH = "/oauth/token"
 RIGHTS_PATH = "/secure/rights"
 METRICS_PATH = "/secure/metrics"
+SPUS_PATH = "/secure/spus"
 # what a client of the HTTPS port finds where (a page served on that port builds its URLs from it)
 SECURE_PATHS = {
     "query": QUERY_PATH,
@@ -53,6 +54,7 @@ SECURE_PATHS = {
     "subscribe": SUBSCRIBE_PATH,
     "rights": RIGHTS_PATH,
     "metrics": METRICS_PATH,
+    "spus": SPUS_PATH,
     "register": REGISTER_PATH,
     "token": TOKEN_PATH,
 }

@@ -6,20 +6,24 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from broker.delayed import DelayedUpdates
-from broker.errors import Forbidden
+from broker.errors import Forbidden, InvalidRequest
 from broker.gates.connections import ConnectionLimit
 from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
-from broker.gates.secure import METRICS_PATH, SUBSCRIBE_PATH, SecureGate
+from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.websocket import Connection, WebSocketGate
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
 from broker.version import gateway_version
+
+SPUS_PLAIN_PATH = "/spus"
+SPUS_DEFAULT_LIMIT = 100
+SPUS_MAX_LIMIT = 1000
 
 
 @dataclass
@@ -122,6 +126,7 @@ class Gates:
         routes.get("/health", self.health.ready)
         routes.get("/health/live", self.health.live)
         routes.get("/metrics", self.metrics)
+        routes.get(SPUS_PLAIN_PATH, self.spus)
         self._add_pages(routes)
         return self._server(routes)
 
@@ -131,6 +136,7 @@ class Gates:
         routes = Routes()
         self.secure.add_routes(routes)
         routes.get(METRICS_PATH, self.secure_metrics)
+        routes.get(SPUS_PATH, self.secure_spus)
         self._add_pages(routes)
         return self._server(routes)
 
@@ -165,6 +171,23 @@ class Gates:
         if self.secure.principal(request).access.read is not None:
             raise Forbidden("only a client that may read every graph may read the metrics")
         return await self.metrics(request)
+
+    async def secure_spus(self, request: web.BaseRequest) -> web.Response:
+        """/spus on the HTTPS port, for the clients that may read the metrics: the table names every
+        client's subscription queries."""
+        assert self.secure is not None
+        if self.secure.principal(request).access.read is not None:
+            raise Forbidden("only a client that may read every graph may read the SPU table")
+        return await self.spus(request)
+
+    async def spus(self, request: web.BaseRequest) -> web.Response:
+        """The SPU table (broker.core.spu_table) as JSON: `?limit=N` rows at most (1..1000, 100 by
+        default), the SPUs with the most subscriptions first."""
+        raw = request.query.get("limit", str(SPUS_DEFAULT_LIMIT))
+        if not raw.isdigit() or not 1 <= int(raw) <= SPUS_MAX_LIMIT:
+            raise InvalidRequest(f"limit must be an integer 1..{SPUS_MAX_LIMIT}")
+        table = self.scheduler.engine.spus.table(int(raw))
+        return web.json_response(table, headers={hdrs.CACHE_CONTROL: "no-store"})
 
     async def metrics(self, request: web.BaseRequest) -> web.Response:
         """Prometheus text format: uptime and version, engine stages and the reference broker's

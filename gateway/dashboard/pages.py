@@ -45,6 +45,7 @@ class DashboardPaths:
     scheduled: str = "/scheduled"
     subscribe: str = "/subscribe"
     metrics: str = "/metrics"
+    spus: str = "/spus"
 
 
 class Dashboard:

@@ -66,6 +66,7 @@ async function start(session) {
   });
   new Metrics(session, {
     stats: $("stats"), chart: $("metrics-chart"), error: $("metrics-error"), health: $("health"), panel: $("gateway-panel"),
+    spus: $("spus"), spusSummary: $("spus-summary"),
   }, rights);
 }
 

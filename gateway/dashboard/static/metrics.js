@@ -1,6 +1,8 @@
 // Gateway figures from /metrics (Prometheus text; on the HTTPS port /secure/metrics, for a client
 // that may read every graph): subscriptions and SPU statistics, the shipper's backlog and upload
 // health, the adapters, and rates over time (kept in the page, POLL_MS apart, for HISTORY points).
+// While the panel is open, each poll also asks for the SPU table (/spus, /secure/spus on the HTTPS
+// port, same right): the SPUS_SHOWN SPUs with the most subscriptions, their queries and figures.
 // /health (the plain port's only: config.health is null on the HTTPS port) is shown when the
 // gateway has it; nothing depends on it. It is asked for only when the panel is first opened.
 
@@ -8,6 +10,9 @@ import { schedule } from "./frames.js";
 
 const POLL_MS = 2000;
 const HISTORY = 900;
+const SPUS_SHOWN = 50;
+const SPU_COLUMNS = [["kind", "Kind"], ["subscriptions", "Subscriptions"], ["notifications", "Notifications"],
+  ["solutions", "Solutions"], ["query", "Query"]];
 const GROUPS = [
   ["Gateway", /^sepa_(build_info.*|uptime_seconds)$/],
   ["Subscriptions and SPUs", /^sepa_(subscriptions|subscriptions_max|subscriptions_ended_total|notifications_total|updates_total|update_processing_seconds_(min|avg|max)|lutt_hits_total|ws_connections|ws_subscription_clients|ws_subscription_bytes|stage_seconds_total.*)$/],
@@ -35,6 +40,7 @@ export class Metrics {
     this.session = session;
     this.elements = elements;
     this.samples = new Map();
+    this.spus = null;
     this.previous = null;
     this.series = [[], ...RATES.map(() => [])];
     this.plot = null;
@@ -53,6 +59,7 @@ export class Metrics {
       schedule(this.render);
     };
     panel.addEventListener("toggle", once);
+    panel.addEventListener("toggle", () => this.refreshSpus());
     new ResizeObserver(() => {
       const width = elements.chart.clientWidth;
       if (this.plot && width && this.plot.width !== width) this.plot.setSize({ width, height: 200 });
@@ -83,6 +90,40 @@ export class Metrics {
     this.previous = [now, samples];
     this.samples = samples;
     schedule(this.render);
+    await this.refreshSpus();
+  }
+
+  async refreshSpus() {
+    if (!this.elements.panel.open || !this.session.config.spus) return;
+    try {
+      this.spus = await this.session.call(`${this.session.config.spus}?limit=${SPUS_SHOWN}`);
+    } catch (error) {
+      this.elements.error.textContent = `SPUs: ${error.message}`;
+      return;
+    }
+    schedule(this.render);
+  }
+
+  drawSpus() {
+    const table = this.spus;
+    if (!table) return;
+    const shown = table.shown;
+    this.elements.spusSummary.textContent = `${table.spus} SPUs, ${table.subscriptions} subscriptions`
+      + (shown.length < table.spus ? ` (the ${shown.length} with the most subscriptions shown)` : "");
+    const head = document.createElement("tr");
+    for (const [, title] of SPU_COLUMNS) head.append(Object.assign(document.createElement("th"), { textContent: title }));
+    const rows = shown.map((spu) => {
+      const row = document.createElement("tr");
+      for (const [key] of SPU_COLUMNS) {
+        const value = spu[key];
+        const cell = document.createElement("td");
+        cell.textContent = value === null ? "" : key === "query" ? value.replace(/\s+/g, " ") : String(value);
+        if (key === "query") cell.title = value;
+        row.append(cell);
+      }
+      return row;
+    });
+    this.elements.spus.replaceChildren(head, ...rows);
   }
 
   async health() {
@@ -111,6 +152,7 @@ export class Metrics {
       groups.push(group);
     }
     this.elements.stats.replaceChildren(...groups);
+    this.drawSpus();
     if (!window.uPlot || this.series[0].length < 2 || !this.elements.panel.open) return;
     if (!this.plot) {
       const colors = ["#2a7ab0", "#c0392b", "#27ae60", "#8e44ad"];

@@ -140,6 +140,24 @@ def test_metrics_show_version_uptime_and_the_reference_brokers_indicators(
     assert after["sepa_subscriptions_max"] >= first["sepa_subscriptions"] + 3
 
 
+def test_the_spu_table_on_the_plain_port_counts_what_the_subscriptions_were_sent(
+    in_process_gateway: Callable[..., InProcessGateway],
+) -> None:
+    gateway = in_process_gateway()
+    engine = gateway.gateway.engine
+    query = f"SELECT ?o WHERE {{ <{EX}t> <{EX}p> ?o }}"
+    for _ in range(3):
+        engine.subscribe(query, lambda _: None)
+    for n in range(4):
+        assert gateway.update(f"INSERT DATA {{ <{EX}t> <{EX}p> {n} }}").status == 200
+    reply = gateway.request("GET", "/spus?limit=1000")
+    assert reply.status == 200 and reply.headers["Cache-Control"] == "no-store"
+    rows = [row for row in reply.json()["shown"] if row["query"] == query]
+    expected = {"kind": "incremental", "query": query, "subscriptions": 3, "notifications": 3 * 5, "solutions": 4}
+    assert rows == [{**expected, "ask": False}]
+    assert gateway.request("GET", "/spus?limit=-1").status == 400
+
+
 def test_not_on_the_secure_gates(in_process_gateway: Callable[..., InProcessGateway]) -> None:
     """Like /metrics, /health is the plain port's (127.0.0.1 on the installed appliance): the secure
     port, the one on the network, answers neither without a token."""

@@ -1,6 +1,7 @@
 """What a page on the HTTPS port may ask besides SPARQL: its client's current rights
-(/secure/rights) and, for a client that reads every graph, the metrics (/secure/metrics); and the
-pages the appliance adds (Gates.add_page) are served on both ports."""
+(/secure/rights) and, for a client that reads every graph, the metrics (/secure/metrics) and the
+SPU table (/secure/spus); and the pages the appliance adds (Gates.add_page) are served on both
+ports."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import aiohttp
 from aiohttp import web
 
 from broker.api import Engine, Gates, Scheduler
-from tests.broker.gates.secure_support import ADMIN, SecureClient, secure_config
+from tests.broker.gates.secure_support import ADMIN, SecureClient, receive, secure_config
 from tests.broker.gates.test_secure_gates import run_secure
 
 VIEWER = {"identity": "viewer", "read": ["http://example.org/g"], "write": []}
@@ -42,6 +43,33 @@ def test_rights_say_what_the_client_may_do_now_and_metrics_are_for_readers_of_ev
         assert status == 200 and "sepa_updates_total" in text
         assert (await get(client, "/secure/metrics", viewer))[0] == 403
         assert (await get(client, "/secure/metrics", None))[0] == 401
+
+    run_secure(gateway, test)
+
+
+def test_the_spu_table_names_every_clients_subscriptions_so_only_readers_of_everything_get_it(
+    in_process_gateway, tmp_path
+) -> None:
+    gateway = in_process_gateway(secure_config(ADMIN, VIEWER, data_dir=str(tmp_path / "data")))
+    query = "SELECT ?s WHERE { GRAPH <http://example.org/g> { ?s ?p ?o } }"
+
+    async def test(client: SecureClient) -> None:
+        admin, viewer = [await client.login(name) for name in ("admin", "viewer")]
+        ws = await client.socket()
+        for _ in range(2):  # two subscriptions of one query: one SPU
+            await ws.send_json({"subscribe": {"sparql": query, "authorization": f"Bearer {viewer}"}})
+            assert "notification" in await receive(ws)
+        status, table = await get(client, "/secure/spus", admin)
+        assert status == 200 and (table["spus"], table["subscriptions"]) == (1, 2)
+        # re-evaluated: a client that may not read every graph is evaluated over its own graphs
+        expected = {"kind": "re-evaluated", "query": query, "subscriptions": 2, "notifications": 2, "solutions": 0}
+        assert table["shown"] == [{**expected, "ask": False}]
+        assert (await get(client, "/secure/spus?limit=0", admin))[0] == 400
+        assert (await get(client, "/secure/spus?limit=x", admin))[0] == 400
+        assert (await get(client, "/secure/spus?limit=1001", admin))[0] == 400
+        assert (await get(client, "/secure/spus", viewer))[0] == 403  # even its own: the table is everyone's
+        assert (await get(client, "/secure/spus", None))[0] == 401
+        await ws.close()
 
     run_secure(gateway, test)
 

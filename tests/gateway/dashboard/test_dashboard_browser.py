@@ -10,6 +10,7 @@ of the run (tests/support/artifacts.py).
 from __future__ import annotations
 
 import json
+import re
 import struct
 import time
 import uuid
@@ -324,6 +325,32 @@ def test_the_gateway_panel_shows_subscriptions_and_rates(browser: Any) -> None:
     )
     assert "ws_connections" in figures and "updates_total" in figures
     wait_for(browser, "return document.querySelector('#metrics-chart canvas') !== null", what="the rates chart")
+    assert browser.find_element("id", "metrics-error").text == ""
+
+
+SPU_ROW = """
+const rows = [...document.querySelectorAll('#spus tr')].map((r) => [...r.cells].map((c) => c.textContent));
+return rows.find((cells) => cells[4] && cells[4].includes(arguments[0]) && cells[2] === arguments[1]) || null;
+"""
+
+
+def test_the_gateway_panel_lists_the_spus_with_their_queries_and_figures(
+    browser: Any, installed: InstalledGateway
+) -> None:
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    open_panel(browser, "console-panel")
+    box = browser.find_element("id", "sparql")
+    box.clear()
+    box.send_keys(f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}")
+    browser.find_element("id", "run-subscribe").click()
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+    assert installed.gateway.update(f"INSERT DATA {{ <{subject}> <urn:dash:spu> 1 }}").status == 200
+    open_panel(browser, "gateway-panel")
+    # notification 0, then the insertion's; one solution held; refreshed with the metrics polls
+    row = wait_for(browser, SPU_ROW, subject, "2", what="the console subscription's SPU")
+    assert row == ["incremental", "1", "2", "1", f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}"]
+    summary = browser.find_element("id", "spus-summary").text
+    assert re.fullmatch(r"\d+ SPUs, \d+ subscriptions", summary), summary
     assert browser.find_element("id", "metrics-error").text == ""
 
 

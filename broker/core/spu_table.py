@@ -1,0 +1,71 @@
+"""The SPUs as an operator sees them: one row per SPU, for the gates' `/spus` (and the dashboard).
+
+The reference broker shows its SPUs in its JMX console; this is the same view over HTTP: what
+each SPU computes (its query, as its first subscriber sent it), how it is processed (incremental,
+graph feed or re-evaluated), how many subscriptions share it, how many notifications they were
+sent, and how many solutions it holds now.
+
+Read without the engine's state lock, from the event loop: the table is a snapshot taken by
+`list()` of the registry (one C call under the GIL, so never torn by the update thread), and each
+figure is one attribute read, or a sum over an SPU's counts (C code, which no other thread can
+interrupt). A row may be one update behind another; none is ever half of one.
+Nothing here walks a result: a graph feed's size would be a scan of its graph, so it is not given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from broker.core.spu import GraphFeedSpu, IncrementalSpu, ReevalSpu, SpuBase
+from broker.core.subscription import Subscription
+
+QUERY_CHARS = 2000  # a query longer than this is cut (a page shows the start; the client has the rest)
+
+
+def _kind(spu: SpuBase) -> str:
+    if isinstance(spu, IncrementalSpu):
+        return "incremental"
+    if isinstance(spu, GraphFeedSpu):
+        return "graph feed"
+    return "re-evaluated"
+
+
+def _solutions(spu: SpuBase) -> int | None:
+    """How many solutions the SPU holds now (an ASK: 1 when true), None when it would take a scan."""
+    if isinstance(spu, IncrementalSpu):
+        if spu.is_ask:
+            return int(spu.total > 0)
+        counts = spu.counts  # solutions per row (rows at 0 are deleted); `total` is kept for ASK only
+        return len(counts) if spu.group.shape.distinct else sum(counts.values())
+    if isinstance(spu, ReevalSpu):
+        if spu.is_ask:
+            return int(bool(spu.boolean))
+        text = spu.text
+        return max(0, text.count(b"\n") - 1) if text is not None else len(spu.rows)
+    return None
+
+
+def spu_table(entries: Iterable[tuple[Subscription, SpuBase]], limit: int) -> dict[str, Any]:
+    """`{"spus": N, "subscriptions": M, "shown": [...]}`: the `limit` SPUs with the most
+    subscribers (then the most notifications) of the `(subscription, SPU)` pairs given."""
+    by_spu: dict[int, tuple[SpuBase, list[Subscription]]] = {}
+    count = 0
+    for subscription, spu in entries:
+        count += 1
+        by_spu.setdefault(id(spu), (spu, []))[1].append(subscription)
+    rows = []
+    for spu, subscriptions in by_spu.values():
+        query = subscriptions[0].sparql
+        rows.append(
+            {
+                "kind": _kind(spu),
+                "query": query if len(query) <= QUERY_CHARS else query[:QUERY_CHARS] + "…",
+                "subscriptions": len(subscriptions),
+                "notifications": sum(subscription.next_sequence for subscription in subscriptions),
+                "solutions": _solutions(spu),
+                "ask": spu.is_ask,
+            }
+        )
+    rows.sort(key=lambda row: (-row["subscriptions"], -row["notifications"], row["query"]))
+    return {"spus": len(rows), "subscriptions": count, "shown": rows[: max(0, limit)]}
