@@ -14,11 +14,13 @@ says in one line how to run it; `sepa-gateway` and `sepa-cloud` are on PATH; the
 with the installed environment, against the installed gateway; its log is the rotated file; an
 upgrade keeps data and configuration; a bad configuration is reported at once with its line and
 the running gateway is not restarted; uninstall keeps data and configuration (a new install finds
-them), --purge removes them and the service user.
+them), --purge removes them and the service user. And as a user who may use sudo (Debian's sudo
+package installed in the namespace only), the installer asks sudo for root and installs the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -37,6 +39,7 @@ OVERLAID = ("/etc", "/opt", "/usr/local", "/var", "/run")
 INSTALL_TIMEOUT_S = 900
 # the installed gateway's process, as pgrep -f finds it ([/]: not the shell that runs pgrep)
 GATEWAY = "'[/]opt/sepa-gateway/bin/sepa-gateway run'"
+ALL_OK = {"store": "ok", "clock": "ok", "mqtt": "ok", "coap": "ok"}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a root shell's PATH on Debian
 
 
@@ -104,12 +107,13 @@ def copy_source(target: Path) -> None:
             shutil.copy2(ROOT / name, target / name)
 
 
-@pytest.fixture
-def machine(tmp_path: Path, wheelhouse: Path) -> Iterator[Machine]:
+@contextlib.contextmanager
+def namespace(tmp_path: Path, wheelhouse: Path, overlaid: tuple[str, ...] = OVERLAID) -> Iterator[Machine]:
+    """A root shell in namespaces of its own, `overlaid` directories' writes landing in `tmp_path`."""
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
         pytest.fail("the install test runs as root with unshare and nsenter (util-linux)", pytrace=False)
     mounts = []
-    for directory in OVERLAID:
+    for directory in overlaid:
         name = directory.strip("/").replace("/", "-")
         upper, work = tmp_path / "overlay" / name / "upper", tmp_path / "overlay" / name / "work"
         upper.mkdir(parents=True)
@@ -144,6 +148,40 @@ def machine(tmp_path: Path, wheelhouse: Path) -> Iterator[Machine]:
         holder.wait(30)
 
 
+@pytest.fixture
+def machine(tmp_path: Path, wheelhouse: Path) -> Iterator[Machine]:
+    with namespace(tmp_path, wheelhouse) as machine:
+        yield machine
+
+
+@pytest.fixture(scope="module")
+def sudo_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Debian's sudo, to install inside a namespace only: this machine keeps none, since the test
+    of a root shell without sudo needs a machine without it."""
+    folder = tmp_path_factory.mktemp("sudo")
+
+    def download() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["apt-get", "download", "sudo"], cwd=folder, capture_output=True, text=True, timeout=300)
+
+    done = download()
+    if done.returncode != 0:  # no package lists (a machine that had all the test packages already)
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=600)
+        done = download()
+    assert done.returncode == 0, done.stderr
+    (package,) = folder.glob("sudo_*.deb")
+    return package
+
+
+def ready_components(machine: Machine) -> dict[str, str]:
+    """Each component's status on the installed gateway's /health once it says ready (200), within 30 s."""
+    deadline = time.monotonic() + 30
+    while (status := machine.health())[0] != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status, body = machine.health()
+    assert status == 200, body
+    return {name: component["status"] for name, component in body["components"].items()}  # type: ignore[union-attr]
+
+
 def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp_path: Path) -> None:
     clone = tmp_path / "sepa-gateway"
     copy_source(clone)
@@ -167,18 +205,7 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     spark = machine.run("sepa-cloud stream --help")
     assert spark.returncode == 2 and "SEPA_GATEWAY_CLOUD=1 ./systemd/install.sh" in spark.stderr
 
-    deadline = time.monotonic() + 30
-    while (status := machine.health())[0] != 200 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    status, body = machine.health()
-    assert status == 200, body
-    components = body["components"]
-    assert {name: component["status"] for name, component in components.items()} == {  # type: ignore[union-attr]
-        "store": "ok",
-        "clock": "ok",
-        "mqtt": "ok",
-        "coap": "ok",
-    }
+    assert ready_components(machine) == ALL_OK
 
     # the examples, with the installed environment only (not from the clone), against the installed gateway
     lighting = machine.ok(
@@ -263,3 +290,28 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     ):
         assert machine.run(f"test -e {path}").returncode == 1, path
     assert machine.run("id sepa-gateway").returncode == 1
+
+
+def test_install_as_a_user_who_may_use_sudo(tmp_path: Path, wheelhouse: Path, sudo_package: Path) -> None:
+    """The README's first command as a sudo user: the installer asks sudo for root and installs as
+    root would (the namespace gets Debian's sudo package, /usr overlaid for it)."""
+    clone = tmp_path / "sepa-gateway"
+    copy_source(clone)
+    with namespace(tmp_path, wheelhouse, (*OVERLAID, "/usr")) as machine:
+        machine.ok(f"dpkg -i {sudo_package}")
+        machine.ok("useradd -M -d /var/tmp/alice -s /bin/bash alice && install -d -o alice /var/tmp/alice")
+        # sudo starts root from a clean environment; it keeps pip's settings (the wheelhouse: no network here)
+        sudoers = 'Defaults env_keep += \\"PIP_NO_INDEX PIP_FIND_LINKS\\"\\nalice ALL=(ALL:ALL) NOPASSWD: ALL\\n'
+        machine.ok(f"printf '{sudoers}' > /etc/sudoers.d/alice && chmod 440 /etc/sudoers.d/alice && visudo -c")
+        machine.ok(f"cp -r {clone} /var/tmp/clone && chown -R alice /var/tmp/clone")
+        alice = int(machine.ok("id -u alice"))
+        done = machine.run("cd /var/tmp/clone && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S, user=alice)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert " is running: http://localhost:8000/query" in done.stdout, done.stdout
+        assert machine.ok("command -v sepa-gateway") == "/usr/local/bin/sepa-gateway\n"
+        assert machine.ok("stat -c '%U' /opt/sepa-gateway /etc/sepa-gateway/sepa-gateway.toml").split() == [
+            "root",
+            "root",
+        ]
+        assert machine.ok(f"pgrep -u sepa-gateway -f {GATEWAY}")  # the service runs as its own user
+        assert ready_components(machine) == ALL_OK
