@@ -308,6 +308,7 @@ class Engine:
         nonblocking: bool = False,
         limited: bool = False,
         probed: Probed | None = None,
+        owner: str | None = None,
     ) -> Subscription:
         """Subscribe to a SELECT or ASK query.
 
@@ -321,6 +322,8 @@ class Engine:
         `limited` (a network client's): if it is re-evaluated, each re-evaluation runs in a query
         worker under the time limit; past it the subscription ends, and `callback` gets a last
         notification whose `ended` says why.
+
+        `owner`: who subscribed (a network client's identity or address), for the SPU table.
         """
         with self._update_lock:
             return self.spus.subscribe(
@@ -333,6 +336,7 @@ class Engine:
                 nonblocking=nonblocking,
                 limited=limited,
                 probed=probed,
+                owner=owner,
             )
 
     def unsubscribe(self, spuid: str) -> Subscription:

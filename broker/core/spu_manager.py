@@ -178,6 +178,7 @@ class SpuManager:
         nonblocking: bool = False,
         limited: bool = False,
         probed: Probed | None = None,
+        owner: str | None = None,
     ) -> Subscription:
         """`limited`: a network client's subscription (its later re-evaluations run under the time
         limit, see :meth:`_reevaluate`). `probed`: the result its probe found, taken if the store
@@ -204,7 +205,9 @@ class SpuManager:
             spu.limited = spu.limited or limited
             if limited:
                 self._demand()
-        subscription = Subscription(alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking, sparql=sparql)
+        subscription = Subscription(
+            alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking, sparql=sparql, owner=owner
+        )
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
         self.stats.record_subscriptions(len(self.subscriptions))

@@ -3,7 +3,8 @@
 The reference broker shows its SPUs in its JMX console; this is the same view over HTTP: what
 each SPU computes (its query, as its first subscriber sent it), how it is processed (incremental,
 graph feed or re-evaluated), how many subscriptions share it, how many notifications they were
-sent, and how many solutions it holds now.
+sent, who holds them (a client's identity on the secure gates, its address on the plain ones), and
+how many solutions it holds now.
 
 Read without the engine's state lock, from the event loop: the table is a snapshot taken by
 `list()` of the registry (one C call under the GIL, so never torn by the update thread), and each
@@ -14,6 +15,7 @@ Nothing here walks a result: a graph feed's size would be a scan of its graph, s
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +23,8 @@ from broker.core.spu import GraphFeedSpu, IncrementalSpu, ReevalSpu, SpuBase
 from broker.core.subscription import Subscription
 
 QUERY_CHARS = 2000  # a query longer than this is cut (a page shows the start; the client has the rest)
+OWNERS_SHOWN = 5  # the subscribers named per SPU (an SPU shared by a crowd says how many more)
+IN_PROCESS = "in process"  # the gateway's own subscribers (adapters, the shipper, CoAP /q resources)
 
 
 def _kind(spu: SpuBase) -> str:
@@ -46,6 +50,14 @@ def _solutions(spu: SpuBase) -> int | None:
     return None
 
 
+def _owners(subscriptions: list[Subscription]) -> list[str]:
+    """Who holds the SPU's subscriptions, most subscriptions first, at most OWNERS_SHOWN names."""
+    counts = Counter(subscription.owner or IN_PROCESS for subscription in subscriptions)
+    names = [name for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    more = len(names) - OWNERS_SHOWN
+    return names[:OWNERS_SHOWN] + ([f"and {more} more"] if more > 0 else [])
+
+
 def spu_table(entries: Iterable[tuple[Subscription, SpuBase]], limit: int) -> dict[str, Any]:
     """`{"spus": N, "subscriptions": M, "shown": [...]}`: the `limit` SPUs with the most
     subscribers (then the most notifications) of the `(subscription, SPU)` pairs given."""
@@ -62,6 +74,7 @@ def spu_table(entries: Iterable[tuple[Subscription, SpuBase]], limit: int) -> di
                 "kind": _kind(spu),
                 "query": query if len(query) <= QUERY_CHARS else query[:QUERY_CHARS] + "…",
                 "subscriptions": len(subscriptions),
+                "owners": _owners(subscriptions),
                 "notifications": sum(subscription.next_sequence for subscription in subscriptions),
                 "solutions": _solutions(spu),
                 "ask": spu.is_ask,

@@ -27,6 +27,7 @@ class Subscription:
     next_sequence: int = 0
     nonblocking: bool = False  # the callback never waits: it may be called on an event loop thread
     sparql: str = ""  # the query as the client sent it (the SPU table shows it: broker.core.spu_table)
+    owner: str | None = None  # who subscribed: a network client's identity or address; None in process
 
     def emit(
         self,

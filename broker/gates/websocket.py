@@ -333,7 +333,7 @@ class WebSocketGate:
                 connection.owners[spuid] = principal
 
         try:
-            await self._subscribe(connection, sparql, alias, graphs, register, previous, mine)
+            await self._subscribe(connection, sparql, alias, graphs, register, previous, mine, owner=client)
         finally:
             if not registered:
                 self.quota.give_back(client, size)
@@ -347,9 +347,11 @@ class WebSocketGate:
         register: Callable[[str], None],
         previous: asyncio.Future[None] | None = None,
         mine: asyncio.Future[None] | None = None,
+        owner: str | None = None,
     ) -> None:
         """Subscribe for `connection`, or send an error frame. The probe runs at once; the subscribe
-        is queued once `previous` is done (then `mine` is).
+        is queued once `previous` is done (then `mine` is). `owner`: who subscribes (the SPU table
+        shows it).
 
         `register(spuid)` runs on the loop just before the confirmation is queued for the socket,
         not when this coroutine resumes: a client that unsubscribes as soon as it reads the
@@ -373,6 +375,7 @@ class WebSocketGate:
             "default_graph_uri": graphs["default-graph-uri"],
             "named_graph_uri": graphs["named-graph-uri"],
             "nonblocking": True,
+            "owner": owner,
         }
         try:
             options["probed"] = await self.scheduler.probe_subscription(sparql, **options)

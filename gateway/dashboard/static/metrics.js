@@ -12,7 +12,7 @@ const POLL_MS = 2000;
 const HISTORY = 900;
 const SPUS_SHOWN = 50;
 const SPU_COLUMNS = [["kind", "Kind"], ["subscriptions", "Subscriptions"], ["notifications", "Notifications"],
-  ["solutions", "Solutions"], ["query", "Query"]];
+  ["solutions", "Solutions"], ["owners", "Held by"], ["query", "Query"]];
 const GROUPS = [
   ["Gateway", /^sepa_(build_info.*|uptime_seconds)$/],
   ["Subscriptions and SPUs", /^sepa_(subscriptions|subscriptions_max|subscriptions_ended_total|notifications_total|updates_total|update_processing_seconds_(min|avg|max)|lutt_hits_total|ws_connections|ws_subscription_clients|ws_subscription_bytes|stage_seconds_total.*)$/],
@@ -117,7 +117,8 @@ export class Metrics {
       for (const [key] of SPU_COLUMNS) {
         const value = spu[key];
         const cell = document.createElement("td");
-        cell.textContent = value === null ? "" : key === "query" ? value.replace(/\s+/g, " ") : String(value);
+        const text = Array.isArray(value) ? value.join(", ") : value === null ? "" : String(value);
+        cell.textContent = key === "query" ? text.replace(/\s+/g, " ") : text;
         if (key === "query") cell.title = value;
         row.append(cell);
       }

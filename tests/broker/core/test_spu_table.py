@@ -72,6 +72,15 @@ def test_the_table_is_limited_and_follows_unsubscriptions(engine: Engine) -> Non
     assert table["shown"][0]["solutions"] == 0
 
 
+def test_the_owners_are_named_most_subscriptions_first_a_crowd_counted(engine: Engine) -> None:
+    for owner in ("b", "a", "b", None, "c", "d", "e", "f"):
+        engine.subscribe(INCREMENTAL, lambda _n: None, owner=owner)
+    (row,) = engine.spus.table(10)["shown"]
+    assert row["owners"] == ["b", "a", "c", "d", "e", "and 2 more"]  # f and the gateway's own ("in process")
+    engine.subscribe(DISTINCT, lambda _n: None)
+    assert _by_query(engine.spus.table(10))[DISTINCT]["owners"] == ["in process"]
+
+
 def test_a_long_query_is_cut(engine: Engine) -> None:
     query = INCREMENTAL + " #" + "x" * 5000
     engine.subscribe(query, lambda _n: None)

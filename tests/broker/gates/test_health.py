@@ -154,7 +154,7 @@ def test_the_spu_table_on_the_plain_port_counts_what_the_subscriptions_were_sent
     assert reply.status == 200 and reply.headers["Cache-Control"] == "no-store"
     rows = [row for row in reply.json()["shown"] if row["query"] == query]
     expected = {"kind": "incremental", "query": query, "subscriptions": 3, "notifications": 3 * 5, "solutions": 4}
-    assert rows == [{**expected, "ask": False}]
+    assert rows == [{**expected, "owners": ["in process"], "ask": False}]
     assert gateway.request("GET", "/spus?limit=-1").status == 400
 
 

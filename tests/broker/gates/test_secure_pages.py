@@ -63,7 +63,7 @@ def test_the_spu_table_names_every_clients_subscriptions_so_only_readers_of_ever
         assert status == 200 and (table["spus"], table["subscriptions"]) == (1, 2)
         # re-evaluated: a client that may not read every graph is evaluated over its own graphs
         expected = {"kind": "re-evaluated", "query": query, "subscriptions": 2, "notifications": 2, "solutions": 0}
-        assert table["shown"] == [{**expected, "ask": False}]
+        assert table["shown"] == [{**expected, "owners": ["viewer"], "ask": False}]  # the token's identity
         assert (await get(client, "/secure/spus?limit=0", admin))[0] == 400
         assert (await get(client, "/secure/spus?limit=x", admin))[0] == 400
         assert (await get(client, "/secure/spus?limit=1001", admin))[0] == 400

@@ -330,7 +330,7 @@ def test_the_gateway_panel_shows_subscriptions_and_rates(browser: Any) -> None:
 
 SPU_ROW = """
 const rows = [...document.querySelectorAll('#spus tr')].map((r) => [...r.cells].map((c) => c.textContent));
-return rows.find((cells) => cells[4] && cells[4].includes(arguments[0]) && cells[2] === arguments[1]) || null;
+return rows.find((cells) => cells[5] && cells[5].includes(arguments[0]) && cells[2] === arguments[1]) || null;
 """
 
 
@@ -346,9 +346,9 @@ def test_the_gateway_panel_lists_the_spus_with_their_queries_and_figures(
     wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
     assert installed.gateway.update(f"INSERT DATA {{ <{subject}> <urn:dash:spu> 1 }}").status == 200
     open_panel(browser, "gateway-panel")
-    # notification 0, then the insertion's; one solution held; refreshed with the metrics polls
+    # notification 0, then the insertion's; one solution held; held by the page's client; refreshed with the polls
     row = wait_for(browser, SPU_ROW, subject, "2", what="the console subscription's SPU")
-    assert row == ["incremental", "1", "2", "1", f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}"]
+    assert row == ["incremental", "1", "2", "1", "dashboard", f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}"]
     summary = browser.find_element("id", "spus-summary").text
     assert re.fullmatch(r"\d+ SPUs, \d+ subscriptions", summary), summary
     assert browser.find_element("id", "metrics-error").text == ""
