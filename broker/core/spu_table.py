@@ -16,7 +16,8 @@ Nothing here walks a result: a graph feed's size would be a scan of its graph, s
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from broker.core.spu import GraphFeedSpu, IncrementalSpu, ReevalSpu, SpuBase
@@ -50,35 +51,46 @@ def _solutions(spu: SpuBase) -> int | None:
     return None
 
 
+_NEXT_SEQUENCE = attrgetter("next_sequence")
+_OWNER = attrgetter("owner")
+
+
 def _owners(subscriptions: list[Subscription]) -> list[str]:
     """Who holds the SPU's subscriptions, most subscriptions first, at most OWNERS_SHOWN names."""
-    counts = Counter(subscription.owner or IN_PROCESS for subscription in subscriptions)
+    counts = Counter(map(_OWNER, subscriptions))
+    if None in counts:
+        counts[IN_PROCESS] += counts.pop(None)
     names = [name for name, _ in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
     more = len(names) - OWNERS_SHOWN
     return names[:OWNERS_SHOWN] + ([f"and {more} more"] if more > 0 else [])
 
 
-def spu_table(entries: Iterable[tuple[Subscription, SpuBase]], limit: int) -> dict[str, Any]:
+def spu_table(registry: Collection[tuple[Subscription, SpuBase]], limit: int) -> dict[str, Any]:
     """`{"spus": N, "subscriptions": M, "shown": [...]}`: the `limit` SPUs with the most
-    subscribers (then the most notifications) of the `(subscription, SPU)` pairs given."""
-    by_spu: dict[int, tuple[SpuBase, list[Subscription]]] = {}
-    count = 0
-    for subscription, spu in entries:
-        count += 1
-        by_spu.setdefault(id(spu), (spu, []))[1].append(subscription)
-    rows = []
-    for spu, subscriptions in by_spu.values():
-        query = subscriptions[0].sparql
-        rows.append(
-            {
-                "kind": _kind(spu),
-                "query": query if len(query) <= QUERY_CHARS else query[:QUERY_CHARS] + "…",
-                "subscriptions": len(subscriptions),
-                "owners": _owners(subscriptions),
-                "notifications": sum(subscription.next_sequence for subscription in subscriptions),
-                "solutions": _solutions(spu),
-                "ask": spu.is_ask,
-            }
-        )
-    rows.sort(key=lambda row: (-row["subscriptions"], -row["notifications"], row["query"]))
-    return {"spus": len(rows), "subscriptions": count, "shown": rows[: max(0, limit)]}
+    subscribers (then the most notifications) of a snapshot of the `(subscription, SPU)` registry.
+
+    Per SPU, not per subscription, in C where it can be (the set of SPUs, the sums), and the rest
+    for the rows shown only: with 10,000 subscriptions of 2,000 SPUs, a table of 50 holds the
+    event loop 4.1-4.5 ms (min-median of 30), against 11.9-13.6 ms walking every subscription in
+    Python. A gateway with 100,000 subscriptions would stall its loop ~45 ms a poll: the page
+    asks only while its gateway panel is open."""
+    ranked = []
+    for spu in set(map(itemgetter(1), registry)):
+        subscriptions = list(spu.subscribers)
+        if subscriptions:  # else it ended between the snapshot and now
+            notifications = sum(map(_NEXT_SEQUENCE, subscriptions))
+            ranked.append((-len(subscriptions), -notifications, subscriptions[0].sparql, id(spu), spu, subscriptions))
+    ranked.sort(key=itemgetter(0, 1, 2, 3))
+    rows = [
+        {
+            "kind": _kind(spu),
+            "query": query if len(query) <= QUERY_CHARS else query[:QUERY_CHARS] + "…",
+            "subscriptions": -count,
+            "owners": _owners(subscriptions),
+            "notifications": -notifications,
+            "solutions": _solutions(spu),
+            "ask": spu.is_ask,
+        }
+        for count, notifications, query, _, spu, subscriptions in ranked[: max(0, limit)]
+    ]
+    return {"spus": len(ranked), "subscriptions": len(registry), "shown": rows}
