@@ -16,6 +16,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import cbor2
+
+from adapters.coap import datagrams
 from adapters.coap.adapter import CoapAdapter
 from broker.api import Engine, Scheduler
 from gateway.client import InProcessTransport, SepaClient
@@ -23,8 +26,9 @@ from gateway.observations.writer import ObservationWriter
 
 CON, NON = 0, 1
 GET, POST = 0x01, 0x02
-URI_PATH, URI_QUERY, SIZE1 = 11, 15, 60
-CHANGED, METHOD_NOT_ALLOWED = 0x44, 0x85
+URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1 = 11, 12, 15, 60
+SENML_CBOR = 112
+CHANGED, BAD_REQUEST, METHOD_NOT_ALLOWED = 0x44, 0x80, 0x85
 
 
 def _option(delta: int, value: bytes) -> bytes:
@@ -118,5 +122,30 @@ def test_a_request_refused_for_its_method_leaves_nothing_that_refuses_a_later_re
             assert codes == {CHANGED: 300}
             assert adapter.readings.readings == 300
             assert not adapter.readings._unassembled  # nothing kept of answered requests
+
+    asyncio.run(scenario())
+
+
+def test_a_senml_cbor_number_too_long_to_write_is_a_bad_request_on_both_paths() -> None:
+    """A CBOR bignum (tag 2) of 2,000 bytes is a valid CBOR integer that Python cannot write as JSON
+    text (over 4,300 digits: ValueError). It used to escape the adapter: the fast path raised
+    into aiocoap's socket reader (no answer at all, the sensor retransmitting into the same error)
+    and aiocoap's path answered 5.00; it is bad input, 4.00 with a diagnostic, counted."""
+    bomb = cbor2.dumps([{0: "temperature", 1: "Cel", 2: 10**5000}])
+    assert len(bomb) < 4096  # one datagram
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            fast = datagrams.request(1, b"fast", "s/dev", bomb, SENML_CBOR)
+            slow = datagram(POST, 2, "s/dev", bomb, [(CONTENT_FORMAT, bytes((SENML_CBOR,)))], NON)
+            for request in (fast, slow):
+                answer = await peer.ask(request)
+                assert answer[1] == BAD_REQUEST, answer
+                assert b"\xff" in answer  # a diagnostic payload
+            metrics = adapter.metrics()
+            assert metrics["bad_input_by_resource"] == {"s/dev": 2}
+            assert metrics["readings"] == 0
+            ok = await peer.ask(datagrams.request(3, b"next", "s/boiler/temperature", b"20"))
+            assert ok[1] == CHANGED
 
     asyncio.run(scenario())
