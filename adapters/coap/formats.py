@@ -73,4 +73,7 @@ def senml_json(payload: bytes) -> bytes:
                 raise PayloadError(f"SenML record {position}: {name} is not a SenML value")
             fields[name] = value
         converted.append(fields)
-    return json.dumps(converted).encode()
+    try:
+        return json.dumps(converted).encode()
+    except ValueError:  # a bignum (tag 2) past Python's 4,300 digits of integer text: not a reading
+        raise PayloadError("a number in the pack is too long to be a reading") from None

@@ -68,11 +68,21 @@ class ReadingsResource(Resource):
             return False
         return True
 
+    async def render(self, request: aiocoap.Message) -> aiocoap.Message:
+        """Render any method, then forget whether the request was left unassembled.
+
+        Why here and not in render_post: aiocoap refuses the other methods (4.05) without a
+        render_post, and an id() kept past its request is soon another request's, which would then
+        be refused 4.13 (a GET with a large Size1 did that to later readings, and grew the set)."""
+        try:
+            return await super().render(request)
+        finally:
+            self._unassembled.discard(id(request))
+
     async def render_post(self, request: aiocoap.Message) -> aiocoap.Message:
         path = "/".join(request.opt.uri_path)
         self.requests += 1
         unassembled = id(request) in self._unassembled
-        self._unassembled.discard(id(request))
         try:
             self.access.check_reading(request, path)
             if unassembled:
