@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
@@ -51,6 +51,9 @@ class Delta:
     graphs_dropped: frozenset[NamedNode] = frozenset()
     # an Update's digest of its quads in digest.graph, all of them added (broker.sparql.syntax)
     digest: Digest | None = None
+    # with compute(targets=True): every graph the request writes to by name or by template, whether
+    # or not that changes anything there (see GraphAccess.check_writes)
+    targets: frozenset[NamedNode | DefaultGraph] = frozenset()
 
     @property
     def empty(self) -> bool:
@@ -176,6 +179,7 @@ class UpdateProcessor:
         # time limit can stop them: broker.workers); None evaluates them here
         self.where_evaluator: WhereEvaluator | None = None
         self.trusted = False  # set by Engine.update for each request
+        self._targets: set[NamedNode | DefaultGraph] | None = None  # collected during compute(targets=True)
 
     def compute(
         self,
@@ -187,8 +191,12 @@ class UpdateProcessor:
         prefixes: dict[str, str] | None = None,
         budget: Budget | None = None,
         readable: frozenset[NamedNode | DefaultGraph] | None = None,
+        targets: bool = False,
     ) -> Delta:
         """The net delta of `sparql`; the store is unchanged when this returns or raises.
+
+        `targets`: also collect the graphs the request writes to whatever the store holds
+        (``Delta.targets``), for a client that may write only some graphs.
 
         `readable`: the only graphs the request's WHERE clauses and ADD/COPY/MOVE sources may read
         (None: all); see :mod:`broker.core.access`.
@@ -205,6 +213,24 @@ class UpdateProcessor:
         )
         if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
             raise OverBudget
+        self._targets = set() if targets else None
+        try:
+            delta = self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
+        finally:
+            collected, self._targets = self._targets, None
+        if collected:
+            delta = replace(delta, targets=frozenset(collected))
+        return delta
+
+    def _compute(
+        self,
+        operations: list,
+        sparql: Request,
+        protocol_using: list[NamedNode],
+        protocol_named: list[NamedNode],
+        budget: Budget | None,
+        readable: frozenset[NamedNode | DefaultGraph] | None,
+    ) -> Delta:
         if len(operations) == 1:
             operation = operations[0]
             if isinstance(sparql, Update) and sparql.digest is not None and isinstance(operation, ModifyOp):
@@ -304,8 +330,13 @@ class UpdateProcessor:
             return self._load(operation) + (set(), set())
         raise TypeError(operation)
 
+    def _target(self, graphs: Iterable[NamedNode | DefaultGraph]) -> None:
+        if self._targets is not None:
+            self._targets.update(graphs)
+
     def _data(self, operation: DataOp) -> tuple[set[Quad], set[Quad]]:
         ox = self.store.ox
+        self._target(quad.graph_name for quad in operation.quads)
         if operation.insert:
             return {quad for quad in fresh_blank_nodes(operation.quads) if quad not in ox}, set()
         return set(), {quad for quad in operation.quads if quad in ox}
@@ -441,6 +472,7 @@ class UpdateProcessor:
                 quad = _instantiate(pattern, solution, template_graph, fresh)
                 if quad is not None:
                     to_insert.add(quad)
+        self._target(quad.graph_name for quads in (to_delete, to_insert) for quad in quads)
         removed = {quad for quad in to_delete if quad in ox}
         removed |= in_store
         if watched is None:
@@ -472,6 +504,12 @@ class UpdateProcessor:
     def _graph_op(self, operation: GraphOp):  # type: ignore[no-untyped-def]
         store = self.store
         verb = operation.verb
+        named = [
+            DEFAULT_GRAPH if graph == "DEFAULT" else graph
+            for graph in (operation.target, operation.source if verb == "MOVE" else None)
+            if isinstance(graph, NamedNode) or graph == "DEFAULT"
+        ]
+        self._target(named)  # NAMED and ALL: the graphs that exist, checked on the delta
         if verb == "CREATE":
             if store.graph_exists(operation.target):  # type: ignore[arg-type]
                 if operation.silent:
@@ -528,6 +566,7 @@ class UpdateProcessor:
             if rdf_format is None:
                 raise ValueError("unknown RDF format")
             graph = operation.into if operation.into is not None else DEFAULT_GRAPH
+            self._target([graph])
             quads = [
                 Quad(q.subject, q.predicate, canonical(q.object), graph)
                 for q in parse(data, format=rdf_format, base_iri=operation.source.value, without_named_graphs=True)

@@ -288,6 +288,49 @@ def test_writes_outside_the_writable_graphs_are_refused_whole(secure_gateway) ->
     run_secure(secure_gateway, test)
 
 
+def test_a_refused_write_does_not_tell_what_an_unreadable_graph_holds(secure_gateway) -> None:
+    """A write into a graph the client may not write is refused whether or not it would change
+    anything. Before, only the net effect was checked: DELETE DATA of a quad the secret graph did
+    not hold (nothing to remove) was 200 and of one it held was 403, so a client with write rights
+    on its own graph only could read the secret graph one guess at a time (a 4-digit code in at
+    most 10,000 requests), and DROP SILENT told which graphs exist."""
+
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        writer = await client.login("writer")
+        await client.update(admin, SEED)
+        before = await client.rows(admin, EVERYTHING)
+        for guess in (1233, 1234):  # 1234 is in the secret graph
+            quad = f"GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> {guess} }}"
+            for update in (
+                f"DELETE DATA {{ {quad} }}",
+                f"INSERT DATA {{ {quad} }}",
+                f"DELETE {{ GRAPH ?g {{ <{EX}safe> <{EX}code> {guess} }} }} WHERE {{ BIND(<{SECRET}> AS ?g) }}",
+                f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} }} ; DELETE DATA {{ {quad} }}",
+            ):
+                status, reply = await client.update(writer, update)
+                assert (status, reply.get("error")) == (403, "forbidden"), (guess, update, reply)
+        for graph in (SECRET, f"{EX}graph/none"):
+            for update in (
+                f"DROP SILENT GRAPH <{graph}>",
+                f"CREATE SILENT GRAPH <{graph}>",
+                f"CLEAR SILENT GRAPH <{graph}>",
+            ):
+                status, reply = await client.update(writer, update)
+                assert (status, reply.get("error")) == (403, "forbidden"), (update, reply)
+        for update in (f"MOVE SILENT <{PUBLIC}> TO <{SECRET}>", f"ADD SILENT <{PUBLIC}> TO DEFAULT"):
+            status, reply = await client.update(writer, update)
+            assert (status, reply.get("error")) == (403, "forbidden"), (update, reply)
+        assert await client.rows(admin, EVERYTHING) == before
+        # its own graph: writes that change nothing are still answered
+        status, reply = await client.update(writer, f"DELETE DATA {{ GRAPH <{PUBLIC}> {{ <{EX}x> <{EX}y> 0 }} }}")
+        assert (status, reply["removed"]) == (200, 0), reply
+        status, reply = await client.update(writer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> 10 }} }}")
+        assert (status, reply["added"]) == (200, 0), reply
+
+    run_secure(secure_gateway, test)
+
+
 def test_delayed_updates_belong_to_their_client_and_run_with_its_rights(secure_gateway) -> None:
     async def test(client: SecureClient) -> None:
         admin = await client.login("admin")
