@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyoxigraph import DefaultGraph, NamedNode
+from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.errors import Forbidden
 from broker.sparql.datasets import dataset_clauses
@@ -80,6 +80,14 @@ class GraphAccess:
         readable_named = tuple(sorted(iri for iri in self.read if iri != DEFAULT_GRAPH_IRI))
         default = (DEFAULT_GRAPH_IRI,) if DEFAULT_GRAPH_IRI in self.read else ()
         return default, readable_named or (NO_GRAPH_IRI,)
+
+    def readable_quads(self, quads: frozenset[Quad]) -> frozenset[Quad]:
+        """The quads of `quads` in graphs this client may read (all of them for unrestricted readers)."""
+        if self.read is None:
+            return quads
+        readable = self.readable_terms()
+        assert readable is not None
+        return frozenset(quad for quad in quads if quad.graph_name in readable)
 
     def check_writes(self, delta: object) -> None:
         """Raise Forbidden unless every quad and graph the delta touches, and every graph the request

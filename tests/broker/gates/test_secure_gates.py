@@ -28,6 +28,7 @@ PUBLIC = f"{EX}graph/public"
 SECRET = f"{EX}graph/secret"
 VIEWER = {"identity": "viewer", "read": [PUBLIC], "write": []}
 WRITER = {"identity": "writer", "read": [PUBLIC], "write": [PUBLIC]}
+COMMANDER = {"identity": "commander", "read": [PUBLIC], "write": [SECRET]}  # writes a graph it may not read
 SEED = (
     f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> 10 }} "
     f"GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> 1234 }} <{EX}root> <{EX}is> <{EX}default> }}"
@@ -51,7 +52,7 @@ def run_secure(gateway: InProcessGateway, test: Callable[[SecureClient], Awaitab
 
 @pytest.fixture
 def secure_gateway(in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path) -> InProcessGateway:
-    return in_process_gateway(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data")))
+    return in_process_gateway(secure_config(ADMIN, VIEWER, WRITER, COMMANDER, data_dir=str(tmp_path / "data")))
 
 
 def test_register_then_token_in_both_reply_forms_then_secure_update_and_query(secure_gateway) -> None:
@@ -327,6 +328,52 @@ def test_a_refused_write_does_not_tell_what_an_unreadable_graph_holds(secure_gat
         assert (status, reply["removed"]) == (200, 0), reply
         status, reply = await client.update(writer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> 10 }} }}")
         assert (status, reply["added"]) == (200, 0), reply
+
+    run_secure(secure_gateway, test)
+
+
+def test_the_reply_to_an_update_shows_nothing_of_a_graph_the_client_may_write_but_not_read(secure_gateway) -> None:
+    """The counts and the quads of an update's reply cover the graphs its client may read only.
+    Before, a client that may write a graph but not read it (one that sends commands) read it
+    through its replies: INSERT DATA of a quad said "added": 0 when the graph held it already (no
+    change made, so nothing to undo), and DROP GRAPH with Prefer: return=representation listed
+    every quad the graph held, which the client could insert back; and "notifications" counted
+    other clients' subscriptions woken by the change, so it told the same."""
+
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        commander = await client.login("commander")
+        await client.update(admin, SEED)
+        ws = await client.socket()  # another client's subscription: what the notifications count counts
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "authorization": f"Bearer {admin}"}})
+        assert (await receive(ws))["notification"]["sequence"] == 0
+        replies = []
+        for guess in (1233, 1234):  # 1234 is in the secret graph
+            status, reply = await client.update(
+                commander, f"INSERT DATA {{ GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> {guess} }} }}"
+            )
+            assert status == 200, reply
+            replies.append(reply)
+        assert replies[0] == replies[1] == {"added": 0, "removed": 0, "notifications": 0}
+        headers = {
+            "Authorization": f"Bearer {commander}",
+            "Content-Type": "application/sparql-update",
+            "Prefer": "return=representation",
+        }
+        async with client.session.post(
+            f"{client.https_url}/secure/update", data=f"DROP GRAPH <{SECRET}>", headers=headers, ssl=client.ssl
+        ) as response:
+            assert response.status == 200
+            reply = await response.json()
+        assert (reply["removed"], reply["quads"]["removed"]) == (0, ""), reply
+        assert "1234" not in json.dumps(reply)
+        # what it may read is shown as before
+        status, reply = await client.update(admin, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}new> <{EX}p> 1 }} }}")
+        assert reply["added"] == 1
+        writer = await client.login("writer")
+        status, reply = await client.update(writer, f"DELETE DATA {{ GRAPH <{PUBLIC}> {{ <{EX}new> <{EX}p> 1 }} }}")
+        assert reply["removed"] == 1
+        await ws.close()
 
     run_secure(secure_gateway, test)
 
