@@ -89,20 +89,16 @@ class GraphAccess:
         assert readable is not None
         return frozenset(quad for quad in quads if quad.graph_name in readable)
 
-    def check_writes(self, delta: object) -> None:
-        """Raise Forbidden unless every quad and graph the delta touches, and every graph the request
-        writes to (``Delta.targets``, computed with ``targets=True``), is writable.
+    def writable_terms(self) -> frozenset[GraphTerm] | None:
+        return None if self.write is None else frozenset(graph_term(iri) for iri in self.write)
 
-        Why the targets: checked on the net effect alone, a write that changes nothing passed and
-        one that changes something was refused, so ``DELETE DATA`` (or ``INSERT DATA``, ``DROP
-        SILENT``) into a graph the client may neither write nor read told whether a quad (a graph)
-        was there: an oracle for any value of any graph, one guess a request."""
+    def check_writes(self, delta: object) -> None:
+        """Raise Forbidden unless every quad and graph the delta touches is writable (the graphs a
+        request writes to whatever the store holds are checked while it is computed:
+        ``UpdateProcessor.compute(writable=...)``)."""
         if self.write is None:
             return
         writable = frozenset(graph_term(iri) for iri in self.write)
-        for graph in delta.targets:  # type: ignore[attr-defined]
-            if graph not in writable:
-                raise Forbidden(f"this client may not write to the graph {_shown(graph)}")
         for quads in (delta.added, delta.removed):  # type: ignore[attr-defined]
             for quad in quads:
                 if quad.graph_name not in writable:

@@ -197,7 +197,7 @@ class Engine:
                 prefixes=prefixes,
                 budget=steps,
                 readable=None if access is None else access.readable_terms(),
-                targets=access is not None and access.write is not None,
+                writable=None if access is None else access.writable_terms(),
             )
             if access is not None:
                 access.check_writes(delta)

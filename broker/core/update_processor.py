@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
@@ -51,9 +51,6 @@ class Delta:
     graphs_dropped: frozenset[NamedNode] = frozenset()
     # an Update's digest of its quads in digest.graph, all of them added (broker.sparql.syntax)
     digest: Digest | None = None
-    # with compute(targets=True): every graph the request writes to by name or by template, whether
-    # or not that changes anything there (see GraphAccess.check_writes)
-    targets: frozenset[NamedNode | DefaultGraph] = frozenset()
 
     @property
     def empty(self) -> bool:
@@ -179,7 +176,7 @@ class UpdateProcessor:
         # time limit can stop them: broker.workers); None evaluates them here
         self.where_evaluator: WhereEvaluator | None = None
         self.trusted = False  # set by Engine.update for each request
-        self._targets: set[NamedNode | DefaultGraph] | None = None  # collected during compute(targets=True)
+        self._writable: frozenset[NamedNode | DefaultGraph] | None = None  # of the request being computed
 
     def compute(
         self,
@@ -191,12 +188,16 @@ class UpdateProcessor:
         prefixes: dict[str, str] | None = None,
         budget: Budget | None = None,
         readable: frozenset[NamedNode | DefaultGraph] | None = None,
-        targets: bool = False,
+        writable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> Delta:
         """The net delta of `sparql`; the store is unchanged when this returns or raises.
 
-        `targets`: also collect the graphs the request writes to whatever the store holds
-        (``Delta.targets``), for a client that may write only some graphs.
+        `writable`: the only graphs the request may write to (None: all). A write to another one
+        raises Forbidden as soon as it is seen, whether or not it would change anything and before
+        anything tells what the store holds (a quad, or a graph, that is there or not): checked on
+        the net delta alone, DELETE DATA of a quad a secret graph did not hold was 200 and of one
+        it held 403, and CREATE GRAPH of an existing graph was 400, an oracle for any graph.
+        ``GraphAccess.check_writes`` checks the delta as well.
 
         `readable`: the only graphs the request's WHERE clauses and ADD/COPY/MOVE sources may read
         (None: all); see :mod:`broker.core.access`.
@@ -213,14 +214,11 @@ class UpdateProcessor:
         )
         if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
             raise OverBudget
-        self._targets = set() if targets else None
+        self._writable = writable
         try:
-            delta = self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
+            return self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
         finally:
-            collected, self._targets = self._targets, None
-        if collected:
-            delta = replace(delta, targets=frozenset(collected))
-        return delta
+            self._writable = None
 
     def _compute(
         self,
@@ -331,8 +329,14 @@ class UpdateProcessor:
         raise TypeError(operation)
 
     def _target(self, graphs: Iterable[NamedNode | DefaultGraph]) -> None:
-        if self._targets is not None:
-            self._targets.update(graphs)
+        """Refuse a write to a graph outside `writable` (see :meth:`compute`)."""
+        writable = self._writable
+        if writable is None:
+            return
+        for graph in graphs:
+            if graph not in writable:
+                shown = "DEFAULT" if isinstance(graph, DefaultGraph) else str(graph)
+                raise Forbidden(f"this client may not write to the graph {shown}")
 
     def _data(self, operation: DataOp) -> tuple[set[Quad], set[Quad]]:
         ox = self.store.ox
@@ -554,6 +558,7 @@ class UpdateProcessor:
 
     def _load(self, operation: LoadOp) -> tuple[set[Quad], set[Quad]]:
         """Fetch and parse the document (`check` refused LOAD already unless the operator allowed it)."""
+        self._target([operation.into if operation.into is not None else DEFAULT_GRAPH])  # before the fetch
         try:
             with urllib.request.urlopen(operation.source.value, timeout=30) as response:  # noqa: S310 - operator opt-in
                 data = response.read(LOAD_LIMIT_BYTES + 1)
@@ -566,7 +571,6 @@ class UpdateProcessor:
             if rdf_format is None:
                 raise ValueError("unknown RDF format")
             graph = operation.into if operation.into is not None else DEFAULT_GRAPH
-            self._target([graph])
             quads = [
                 Quad(q.subject, q.predicate, canonical(q.object), graph)
                 for q in parse(data, format=rdf_format, base_iri=operation.source.value, without_named_graphs=True)

@@ -294,7 +294,8 @@ def test_a_refused_write_does_not_tell_what_an_unreadable_graph_holds(secure_gat
     anything. Before, only the net effect was checked: DELETE DATA of a quad the secret graph did
     not hold (nothing to remove) was 200 and of one it held was 403, so a client with write rights
     on its own graph only could read the secret graph one guess at a time (a 4-digit code in at
-    most 10,000 requests), and DROP SILENT told which graphs exist."""
+    most 10,000 requests), and DROP SILENT told which graphs exist, as did the errors of CREATE
+    GRAPH ("already exists") and DROP GRAPH ("does not exist"), given before the write was checked."""
 
     async def test(client: SecureClient) -> None:
         admin = await client.login("admin")
@@ -316,6 +317,9 @@ def test_a_refused_write_does_not_tell_what_an_unreadable_graph_holds(secure_gat
                 f"DROP SILENT GRAPH <{graph}>",
                 f"CREATE SILENT GRAPH <{graph}>",
                 f"CLEAR SILENT GRAPH <{graph}>",
+                f"DROP GRAPH <{graph}>",  # not silent: "does not exist" told which graphs do
+                f"CREATE GRAPH <{graph}>",  # "already exists"
+                f"CLEAR GRAPH <{graph}>",
             ):
                 status, reply = await client.update(writer, update)
                 assert (status, reply.get("error")) == (403, "forbidden"), (update, reply)
