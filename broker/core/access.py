@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyoxigraph import DefaultGraph, NamedNode
+from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.errors import Forbidden
 from broker.sparql.datasets import dataset_clauses
@@ -81,8 +81,21 @@ class GraphAccess:
         default = (DEFAULT_GRAPH_IRI,) if DEFAULT_GRAPH_IRI in self.read else ()
         return default, readable_named or (NO_GRAPH_IRI,)
 
+    def readable_quads(self, quads: frozenset[Quad]) -> frozenset[Quad]:
+        """The quads of `quads` in graphs this client may read (all of them for unrestricted readers)."""
+        if self.read is None:
+            return quads
+        readable = self.readable_terms()
+        assert readable is not None
+        return frozenset(quad for quad in quads if quad.graph_name in readable)
+
+    def writable_terms(self) -> frozenset[GraphTerm] | None:
+        return None if self.write is None else frozenset(graph_term(iri) for iri in self.write)
+
     def check_writes(self, delta: object) -> None:
-        """Raise Forbidden unless every quad and graph the delta touches is writable."""
+        """Raise Forbidden unless every quad and graph the delta touches is writable (the graphs a
+        request writes to whatever the store holds are checked while it is computed:
+        ``UpdateProcessor.compute(writable=...)``)."""
         if self.write is None:
             return
         writable = frozenset(graph_term(iri) for iri in self.write)

@@ -197,6 +197,7 @@ class Engine:
                 prefixes=prefixes,
                 budget=steps,
                 readable=None if access is None else access.readable_terms(),
+                writable=None if access is None else access.writable_terms(),
             )
             if access is not None:
                 access.check_writes(delta)

@@ -176,6 +176,7 @@ class UpdateProcessor:
         # time limit can stop them: broker.workers); None evaluates them here
         self.where_evaluator: WhereEvaluator | None = None
         self.trusted = False  # set by Engine.update for each request
+        self._writable: frozenset[NamedNode | DefaultGraph] | None = None  # of the request being computed
 
     def compute(
         self,
@@ -187,8 +188,16 @@ class UpdateProcessor:
         prefixes: dict[str, str] | None = None,
         budget: Budget | None = None,
         readable: frozenset[NamedNode | DefaultGraph] | None = None,
+        writable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> Delta:
         """The net delta of `sparql`; the store is unchanged when this returns or raises.
+
+        `writable`: the only graphs the request may write to (None: all). A write to another one
+        raises Forbidden as soon as it is seen, whether or not it would change anything and before
+        anything tells what the store holds (a quad, or a graph, that is there or not): checked on
+        the net delta alone, DELETE DATA of a quad a secret graph did not hold was 200 and of one
+        it held 403, and CREATE GRAPH of an existing graph was 400, an oracle for any graph.
+        ``GraphAccess.check_writes`` checks the delta as well.
 
         `readable`: the only graphs the request's WHERE clauses and ADD/COPY/MOVE sources may read
         (None: all); see :mod:`broker.core.access`.
@@ -205,6 +214,21 @@ class UpdateProcessor:
         )
         if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
             raise OverBudget
+        self._writable = writable
+        try:
+            return self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
+        finally:
+            self._writable = None
+
+    def _compute(
+        self,
+        operations: list,
+        sparql: Request,
+        protocol_using: list[NamedNode],
+        protocol_named: list[NamedNode],
+        budget: Budget | None,
+        readable: frozenset[NamedNode | DefaultGraph] | None,
+    ) -> Delta:
         if len(operations) == 1:
             operation = operations[0]
             if isinstance(sparql, Update) and sparql.digest is not None and isinstance(operation, ModifyOp):
@@ -304,8 +328,19 @@ class UpdateProcessor:
             return self._load(operation) + (set(), set())
         raise TypeError(operation)
 
+    def _target(self, graphs: Iterable[NamedNode | DefaultGraph]) -> None:
+        """Refuse a write to a graph outside `writable` (see :meth:`compute`)."""
+        writable = self._writable
+        if writable is None:
+            return
+        for graph in graphs:
+            if graph not in writable:
+                shown = "DEFAULT" if isinstance(graph, DefaultGraph) else str(graph)
+                raise Forbidden(f"this client may not write to the graph {shown}")
+
     def _data(self, operation: DataOp) -> tuple[set[Quad], set[Quad]]:
         ox = self.store.ox
+        self._target(quad.graph_name for quad in operation.quads)
         if operation.insert:
             return {quad for quad in fresh_blank_nodes(operation.quads) if quad not in ox}, set()
         return set(), {quad for quad in operation.quads if quad in ox}
@@ -441,6 +476,7 @@ class UpdateProcessor:
                 quad = _instantiate(pattern, solution, template_graph, fresh)
                 if quad is not None:
                     to_insert.add(quad)
+        self._target(quad.graph_name for quads in (to_delete, to_insert) for quad in quads)
         removed = {quad for quad in to_delete if quad in ox}
         removed |= in_store
         if watched is None:
@@ -472,6 +508,12 @@ class UpdateProcessor:
     def _graph_op(self, operation: GraphOp):  # type: ignore[no-untyped-def]
         store = self.store
         verb = operation.verb
+        named = [
+            DEFAULT_GRAPH if graph == "DEFAULT" else graph
+            for graph in (operation.target, operation.source if verb == "MOVE" else None)
+            if isinstance(graph, NamedNode) or graph == "DEFAULT"
+        ]
+        self._target(named)  # NAMED and ALL: the graphs that exist, checked on the delta
         if verb == "CREATE":
             if store.graph_exists(operation.target):  # type: ignore[arg-type]
                 if operation.silent:
@@ -516,6 +558,7 @@ class UpdateProcessor:
 
     def _load(self, operation: LoadOp) -> tuple[set[Quad], set[Quad]]:
         """Fetch and parse the document (`check` refused LOAD already unless the operator allowed it)."""
+        self._target([operation.into if operation.into is not None else DEFAULT_GRAPH])  # before the fetch
         try:
             with urllib.request.urlopen(operation.source.value, timeout=30) as response:  # noqa: S310 - operator opt-in
                 data = response.read(LOAD_LIMIT_BYTES + 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from dataclasses import replace
 from urllib.parse import parse_qsl
 
 from aiohttp import hdrs, web
@@ -165,7 +166,7 @@ class HttpGate:
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
             result = await self.scheduler.update(sparql, yield_to_loop=False, access=access)
-            return _update_reply(result, request)
+            return _update_reply(_shown_to(result, access), request)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
@@ -183,7 +184,7 @@ class HttpGate:
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
         result = await self.scheduler.update(sparql, yield_to_loop=False, access=access, **options)  # type: ignore[arg-type]
-        return _update_reply(result, request)
+        return _update_reply(_shown_to(result, access), request)
 
     async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
         """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own)."""
@@ -224,6 +225,19 @@ def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, obj
         if entry.using_named_graph_uri:
             shown["using-named-graph-uri"] = list(entry.using_named_graph_uri)
     return shown
+
+
+def _shown_to(result: UpdateResult, access: GraphAccess | None) -> UpdateResult:
+    """What the reply may say of `result`: the quads added and removed in graphs the client may read.
+
+    Why: a client may write a graph it may not read (one that sends commands); counted whole, the
+    reply said whether the graph held a quad already ("added": 0 to an INSERT DATA that changed
+    nothing), and with return=representation a DROP listed all of it. The notifications count is
+    0: it counts other clients' subscriptions over any graph, so it told the same."""
+    if access is None or access.read is None:
+        return result
+    added, removed = access.readable_quads(result.added), access.readable_quads(result.removed)
+    return replace(result, added=added, removed=removed, notifications=0)
 
 
 def _update_reply(result: UpdateResult, request: web.BaseRequest) -> web.Response:

@@ -6,6 +6,14 @@ many descriptors and handler objects forever. aiohttp has no header timeout, so 
 handler here arms a timer at the first byte of a request and the dispatcher disarms it when the
 head is complete (the handler runs); past it the client gets ``408 Request Timeout`` and the
 connection is closed. Bodies are read under the same limit by the handlers (:func:`read_within`).
+
+WebSocket messages too: once a connection is upgraded, each incoming data message must arrive
+whole within the same limit of its first byte, else the connection is aborted. Why: aiohttp keeps
+a message's fragments (or a frame's payload) until it ends, up to its size limit, and any data
+(a pong, one more byte) keeps a heartbeat happy; a client that opened a message and never ended it
+held 4 MiB per socket for as long as it liked (256 sockets from one address, a gigabyte), with no
+token on the secure port, where the upgrade is not authenticated. aiohttp shows nothing of a
+message in progress, so :class:`MessageWatch` follows the frame headers of the incoming bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +37,65 @@ class RequestTimeout(SepaError):
     status_code = 408
 
 
+_DATA_OPCODES = frozenset((0x0, 0x1, 0x2))  # continuation, text, binary (RFC 6455 5.2)
+
+
+class MessageWatch:
+    """Where the incoming bytes of a WebSocket stand: whether a data message is in progress.
+
+    Only frame headers are read (RFC 6455 5.2): the payload is counted, never copied. Control
+    frames (ping, pong, close) may come between the fragments of a message and change nothing."""
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._payload_left = 0  # bytes of the current frame's payload still to come
+        self._ends_message = False  # the current frame is the last of a data message
+        self.in_message = False
+        self.completed = 0  # data messages that ended so far
+
+    def feed(self, data: bytes) -> None:
+        position, size = 0, len(data)
+        while position < size:
+            if self._payload_left:
+                step = min(self._payload_left, size - position)
+                self._payload_left -= step
+                position += step
+                if not self._payload_left:
+                    self._frame_ended()
+                continue
+            self._header.append(data[position])
+            position += 1
+            if len(self._header) >= 2 and len(self._header) == self._header_size():
+                self._frame_started()
+
+    def _header_size(self) -> int:
+        length = self._header[1] & 0x7F
+        extended = 2 if length == 126 else 8 if length == 127 else 0
+        return 2 + extended + (4 if self._header[1] & 0x80 else 0)
+
+    def _frame_started(self) -> None:
+        header = self._header
+        length = header[1] & 0x7F
+        if length == 126:
+            length = int.from_bytes(header[2:4], "big")
+        elif length == 127:
+            length = int.from_bytes(header[2:10], "big")
+        data = header[0] & 0x0F in _DATA_OPCODES
+        if data:
+            self.in_message = True
+        self._ends_message = data and bool(header[0] & 0x80)
+        self._header.clear()
+        self._payload_left = length
+        if not length:
+            self._frame_ended()
+
+    def _frame_ended(self) -> None:
+        if self._ends_message:
+            self.in_message = False
+            self.completed += 1
+            self._ends_message = False
+
+
 class GuardedHandler(web.RequestHandler):
     """aiohttp's request handler, with a timer on the arrival of each request's head."""
 
@@ -41,6 +108,8 @@ class GuardedHandler(web.RequestHandler):
         self._handling = False
         self._limit = limit
         self._admitted: Any = None  # the transport counted by the limit, until its connection is lost
+        self._ws_messages: MessageWatch | None = None  # once upgraded to a WebSocket
+        self._message_guard: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -52,9 +121,42 @@ class GuardedHandler(web.RequestHandler):
             transport.abort()  # at once: its descriptor is what the limit keeps
 
     def data_received(self, data: bytes) -> None:
-        if self._guard is None and not self._handling:  # the first byte of a request
+        if self._ws_messages is not None:
+            self._watch(data)
+        elif self._guard is None and not self._handling:  # the first byte of a request
             self._guard = asyncio.get_running_loop().call_later(self.head_timeout_s, self._too_slow)
         super().data_received(data)
+
+    def set_parser(self, parser: Any, data_received_cb: Callable[[], None] | None = None) -> None:
+        """aiohttp sets the WebSocket reader here once a connection is upgraded, and hands it what
+        arrived since the handshake: from then on the messages are watched, those bytes first."""
+        self._ws_messages = MessageWatch()
+        if self._message_tail:
+            self._watch(self._message_tail)
+        super().set_parser(parser, data_received_cb)
+
+    def _watch(self, data: bytes) -> None:
+        assert self._ws_messages is not None
+        completed = self._ws_messages.completed
+        self._ws_messages.feed(data)
+        if not self._ws_messages.in_message:
+            if self._message_guard is not None:
+                self._message_guard.cancel()
+                self._message_guard = None
+        elif self._message_guard is None or self._ws_messages.completed != completed:  # a new message began
+            if self._message_guard is not None:
+                self._message_guard.cancel()
+            self._message_guard = asyncio.get_running_loop().call_later(self.head_timeout_s, self._message_too_slow)
+
+    def _message_too_slow(self) -> None:
+        self._message_guard = None
+        if self.transport is None:
+            return
+        if self._reading_paused:  # the gateway stopped reading this socket (its backlog): not the client's delay
+            self._message_guard = asyncio.get_running_loop().call_later(self.head_timeout_s, self._message_too_slow)
+            return
+        self.on_timeout()
+        self.transport.abort()  # mid-message: no close frame could be read by the client's reader anyway
 
     def handling(self, busy: bool) -> None:
         """Called by the dispatcher: a head arrived whole (True), or its reply is done (False)."""
@@ -72,9 +174,10 @@ class GuardedHandler(web.RequestHandler):
         self.transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._guard is not None:
-            self._guard.cancel()
-            self._guard = None
+        for guard in (self._guard, self._message_guard):
+            if guard is not None:
+                guard.cancel()
+        self._guard = self._message_guard = None
         if self._admitted is not None and self._limit is not None:
             self._limit.release(self._admitted)
             self._admitted = None

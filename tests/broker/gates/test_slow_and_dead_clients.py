@@ -265,3 +265,63 @@ def test_a_killed_client_process_is_dropped_at_once(gateway: RunningGateway) -> 
             client.wait()
         if client.stdout is not None:
             client.stdout.close()
+
+
+def frame(opcode: int, payload: bytes, *, fin: bool = True) -> bytes:
+    """One masked client frame (mask zero: the payload goes as it is)."""
+    size = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    if size < 126:
+        head += bytes([0x80 | size])
+    else:
+        head += bytes([0x80 | 127]) + size.to_bytes(8, "big")
+    return head + b"\0\0\0\0" + payload
+
+
+def closed_by_gateway(client: RawWebSocket, timeout: float) -> bool:
+    """Whether the gateway ends the connection within `timeout` (pings and frames read meanwhile)."""
+    client.sock.settimeout(timeout)
+    try:
+        while client.sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        pass
+    return True
+
+
+def test_a_message_that_never_ends_is_cut_off_within_the_request_timeout(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A WebSocket message must arrive whole within [http] request_timeout_s of its first byte, as
+    an HTTP request must. Before, a client (no token needed on the secure port: the upgrade is not
+    authenticated) could open a message and never finish it, fragment after fragment or a frame
+    trickling in, and aiohttp kept up to 4 MiB per connection for as long as the socket lived:
+    40 such sockets held 150 MB of the gateway, 256 from one address a gigabyte. A message split in
+    fragments that arrives in time, pings, and a client that only waits are untouched."""
+    gateway = start_gateway(toml="[http]\nrequest_timeout_s = 1.0\n[websocket]\nheartbeat_s = 300.0\n")
+    never_ending = RawWebSocket(gateway.ws_port)
+    never_ending.sock.sendall(frame(0x1, b"x" * 256 * 1024, fin=False) + frame(0x0, b"x" * 256 * 1024, fin=False))
+    trickling = RawWebSocket(gateway.ws_port)
+    trickling.sock.sendall(frame(0x1, b"x" * 256 * 1024)[: 128 * 1024])
+    waiting = RawWebSocket(gateway.ws_port)
+    fragmented = RawWebSocket(gateway.ws_port)
+    message = json.dumps({"subscribe": {"sparql": QUERY, "alias": "in pieces"}}).encode("utf-8")
+    fragmented.sock.sendall(frame(0x1, message[:10], fin=False) + frame(0x9, b"ping"))
+    time.sleep(0.5)
+    fragmented.sock.sendall(frame(0x0, message[10:20], fin=False))
+    time.sleep(0.3)
+    fragmented.sock.sendall(frame(0x0, message[20:]))
+    assert fragmented.receive_json()["notification"]["alias"] == "in pieces"
+    try:
+        assert closed_by_gateway(never_ending, timeout=5.0)
+        assert closed_by_gateway(trickling, timeout=5.0)
+        assert not closed_by_gateway(waiting, timeout=0.5)
+        waiting.send_frame(0x9, b"still here")
+        waiting.send_json({"subscribe": {"sparql": QUERY, "alias": "later"}})
+        assert waiting.receive_json()["notification"]["alias"] == "later"
+        gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 2)
+    finally:
+        for client in (never_ending, trickling, waiting, fragmented):
+            client.close()
