@@ -80,9 +80,10 @@ class Authority:
         """The 201 reply to a token request with ``Authorization: Basic``, in both forms clients use."""
         client_id, secret = _basic(authorization)
         client = self.registry.by_client_id(client_id)
-        expected = client.secret_sha256 if client is not None and client.secret_sha256 else _NO_SECRET
-        matches = hmac.compare_digest(secret_digest(secret), expected)
-        if client is None or not matches or client.revoked:
+        stored = client.secret_sha256 if client is not None else None
+        matches = hmac.compare_digest(secret_digest(secret), stored or _NO_SECRET)
+        # `stored` required: _NO_SECRET's text is in the source, so it must never be a secret itself
+        if client is None or not stored or not matches or client.revoked:
             raise UnauthorizedClient("wrong client credentials")
         token, expires_in = self.tokens.issue(client_id)
         reply = {"access_token": token, "token_type": "bearer", "expires_in": expires_in}

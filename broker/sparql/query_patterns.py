@@ -19,6 +19,7 @@ exactly as the original does, with the same structure.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -53,6 +54,14 @@ class LoosePattern:
 
 EVERYTHING = (LoosePattern(ANY, None, None, None),)
 SLOT = "urn:sepa-gateway:slot:"
+# a longer text is not parsed: it may be woken by anything (EVERYTHING, re-evaluated on every update).
+# Why: rdflib takes ~35 us a byte (a subscription of 1 MiB, the WebSocket message limit, ~40 s of
+# the GIL), and its cache would keep every abstract text it read
+MAX_CHARS = 64 * 1024
+# one parse at a time: pyparsing's parser state is shared, and parses on two threads (probes of
+# subscriptions in the query threads) failed now and then, each failure a subscription woken by
+# every update
+_PARSING = threading.Lock()
 _ABSOLUTE = re.compile(r"<[A-Za-z][A-Za-z0-9+.\-]*:[^<>\"{}|^`\\\x00-\x20]*>")
 
 
@@ -191,9 +200,10 @@ def _filled(term: object, iris: tuple[NamedNode, ...]) -> object:
 def cached_patterns(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[LoosePattern, ...]:
     """The patterns of `text` as rdflib reads it, cached (query_patterns calls it with abstract texts)."""
     try:
-        parsed = parseQuery(text)
-        written = _exists_count(parsed)  # before translation, which works on the parse tree
-        query = translateQuery(parsed, initNs=dict(prefixes))
+        with _PARSING:
+            parsed = parseQuery(text)
+            written = _exists_count(parsed)  # before translation, which works on the parse tree
+            query = translateQuery(parsed, initNs=dict(prefixes))
     except Exception:  # noqa: BLE001 - anything rdflib cannot read: match everything
         return EVERYTHING
     if _exists_count(query.algebra) < written:
@@ -207,7 +217,9 @@ def cached_patterns(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[L
 
 
 def query_patterns(text: str, prefixes: dict[str, str] | None = None) -> tuple[LoosePattern, ...]:
-    """Conservative triple patterns of `text` (at least one)."""
+    """Conservative triple patterns of `text` (at least one); past MAX_CHARS, match everything."""
+    if len(text) > MAX_CHARS:
+        return EVERYTHING
     abstract, iris = _abstracted(text)
     patterns = cached_patterns(abstract, tuple(sorted((prefixes or {}).items())))
     if not iris:

@@ -494,6 +494,25 @@ def test_a_corrupt_registry_file_keeps_the_last_good_one(secure_gateway, tmp_pat
     run_secure(secure_gateway, test)
 
 
+def test_a_registration_without_a_secret_hash_gives_no_token(secure_gateway, tmp_path: Path) -> None:
+    """A registry entry with a client_id but no secret hash (a file edited by hand or by another
+    tool) admits no secret. Before, an unknown or hashless client's secret was compared with the
+    digest of a fixed text that is in the source code (so that timing does not tell known ids
+    from unknown ones), and that text was then a valid secret for such an entry."""
+
+    async def test(client: SecureClient) -> None:
+        await client.login("admin")
+        path = tmp_path / "data" / "security" / "clients.json"
+        document = json.loads(path.read_text())
+        document["clients"]["viewer"] = {"read": [], "write": [], "client_id": "known-id", "secret_sha256": None}
+        path.write_text(json.dumps(document))
+        for secret in ("no client has this secret", ""):
+            status, reply = await client.token_reply(Credentials("known-id", secret).basic())
+            assert (status, reply.get("error")) == (401, "unauthorized_client"), reply
+
+    run_secure(secure_gateway, test)
+
+
 def _gateway_argv() -> list[str]:
     from tools.launcher import gateway_argv
 

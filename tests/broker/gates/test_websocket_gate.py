@@ -726,3 +726,34 @@ def test_compressed_messages_cost_the_gateway_no_more_than_their_size(gateway: R
     finally:
         client.close()
     gateway.wait_for_metric("sepa_ws_connections", lambda value: value == 0)
+
+
+@pytest.mark.parametrize("values", [8_000, 40_000])
+def test_a_large_subscription_does_not_hold_the_updates(gateway: RunningGateway, values: int) -> None:
+    """What a re-evaluated subscription may be woken by is read with rdflib's SPARQL parser, ~35 us
+    a byte: 8,000 VALUES (43 KB) take ~1.5 s, 40,000 (220 KB) ~7 s, 1 MiB (the message limit)
+    about 40 s. It ran on the update thread, where every update waited for it (an update sent beside a
+    subscription of 20,000 VALUES took 12 s). Now it runs where the probe runs, and a text past
+    query_patterns.MAX_CHARS is not parsed at all (it may be woken by anything)."""
+    numbers = " ".join(str(number) for number in range(values))
+    sparql = f"SELECT (COUNT(*) AS ?n) WHERE {{ ?s <{EX}big> ?o {{ VALUES ?x {{ {numbers} }} }} }}"
+
+    async def test(session: aiohttp.ClientSession) -> None:
+        ws = await session.ws_connect(gateway.ws_url + "/subscribe")
+        await ws.send_json({"subscribe": {"sparql": sparql, "alias": "large"}})
+        reply = asyncio.ensure_future(ws.receive_json(timeout=60))
+        waited = 0.0
+        while not reply.done():  # updates all along, until the subscription is confirmed
+            before = time.monotonic()
+            await post_update(session, gateway, f"INSERT DATA {{ <{EX}other> <{EX}p> {values} }}")
+            waited = max(waited, time.monotonic() - before)
+            await asyncio.sleep(0.05)
+        assert (await reply)["notification"]["alias"] == "large"
+        assert waited < 1.0, f"an update waited {waited:.1f} s behind a subscribe"
+        await ws.close()
+
+    async def main() -> None:
+        async with aiohttp.ClientSession() as session:
+            await test(session)
+
+    asyncio.run(main())
