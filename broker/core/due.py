@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from broker.errors import InvalidRequest
 
 MAX_DELAY_US = 10 * 366 * 86_400 * 1_000_000  # ten years: anything longer is a mistake, not a plan
+MAX_DELAY_DIGITS = 15  # milliseconds: ten years have 12 digits
 _DURATION = re.compile(
     r"P(?!$)(?:(?P<weeks>\d+(?:[.,]\d+)?)W)?(?:(?P<days>\d+(?:[.,]\d+)?)D)?"
     r"(?:T(?=\d)(?:(?P<hours>\d+(?:[.,]\d+)?)H)?(?:(?P<minutes>\d+(?:[.,]\d+)?)M)?(?:(?P<seconds>\d+(?:[.,]\d+)?)S)?)?",
@@ -26,7 +27,9 @@ _UNIT_US = {"weeks": 604_800_000_000, "days": 86_400_000_000, "hours": 3_600_000
 def parse_delay(text: str) -> int:
     """A `delay` parameter in microseconds."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # str.isdigit alone takes "²", which int() refuses
+        if len(text) > MAX_DELAY_DIGITS:  # and int() refuses more than 4,300 digits
+            raise InvalidRequest("delay is longer than ten years")
         delay_us = int(text) * 1000
     else:
         match = _DURATION.fullmatch(text)
@@ -39,6 +42,8 @@ def parse_delay(text: str) -> int:
         for unit, value in match.groupdict().items():
             if value is not None:
                 amount = float(value.replace(",", "."))
+                if amount > MAX_DELAY_US:  # 400 nines are a float's infinity, which round() refuses
+                    raise InvalidRequest("delay is longer than ten years")
                 delay_us += round(amount * (1_000_000 if unit == "seconds" else _UNIT_US[unit]))
     if delay_us > MAX_DELAY_US:
         raise InvalidRequest("delay is longer than ten years")

@@ -184,7 +184,7 @@ class Gates:
         """The SPU table (broker.core.spu_table) as JSON: `?limit=N` rows at most (1..1000, 100 by
         default), the SPUs with the most subscriptions first."""
         raw = request.query.get("limit", str(SPUS_DEFAULT_LIMIT))
-        if not raw.isdigit() or not 1 <= int(raw) <= SPUS_MAX_LIMIT:
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 4) or not 1 <= int(raw) <= SPUS_MAX_LIMIT:
             raise InvalidRequest(f"limit must be an integer 1..{SPUS_MAX_LIMIT}")
         table = self.scheduler.engine.spus.table(int(raw))
         return web.json_response(table, headers={hdrs.CACHE_CONTROL: "no-store"})

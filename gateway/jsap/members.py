@@ -75,7 +75,7 @@ def choice_member(value: Any, path: str, choices: tuple[str, ...], upper: bool =
 
 
 def port_member(value: Any, path: str) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
         raise JsapError(path, f"expected a port number 1..65535, got {value!r}")

@@ -76,6 +76,9 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"delay": "soon"}),
         (stamp("x"), {"delay": "-5"}),
         (stamp("x"), {"delay": "P1Y"}),  # years have no fixed length
+        (stamp("x"), {"delay": "\u00b2"}),  # a digit to str.isdigit, not to int()
+        (stamp("x"), {"delay": "9" * 5000}),  # past int()'s 4,300 digits
+        (stamp("x"), {"delay": "PT" + "9" * 400 + "S"}),  # a float's infinity
         (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
         (stamp("x"), {"at": "tomorrow"}),
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),

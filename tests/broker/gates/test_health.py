@@ -155,7 +155,8 @@ def test_the_spu_table_on_the_plain_port_counts_what_the_subscriptions_were_sent
     rows = [row for row in reply.json()["shown"] if row["query"] == query]
     expected = {"kind": "incremental", "query": query, "subscriptions": 3, "notifications": 3 * 5, "solutions": 4}
     assert rows == [{**expected, "owners": ["in process"], "ask": False}]
-    assert gateway.request("GET", "/spus?limit=-1").status == 400
+    for limit in ("-1", "0", "1001", "x", "%C2%B2", "9" * 5000):  # "²" is a digit to str.isdigit, not to int()
+        assert gateway.request("GET", f"/spus?limit={limit}").status == 400, limit
 
 
 def test_not_on_the_secure_gates(in_process_gateway: Callable[..., InProcessGateway]) -> None:

@@ -246,6 +246,8 @@ MALFORMED = [
     ({"updates": []}, "updates", "expected an object, got array"),
     ({"host": "http://gw:8000"}, "host", "expected a host name"),
     ({"sparql11protocol": {"port": "eighty"}}, "sparql11protocol.port", "expected a port number"),
+    ({"sparql11protocol": {"port": "\u00b2"}}, "sparql11protocol.port", "expected a port number"),  # not int()'s
+    ({"sparql11protocol": {"port": "9" * 5000}}, "sparql11protocol.port", "expected a port number"),
     ({"sparql11protocol": {"protocol": "ftp"}}, "sparql11protocol.protocol", "expected one of http, https, got 'ftp'"),
     (
         {"sparql11protocol": {"update": {"method": "GET"}}},
