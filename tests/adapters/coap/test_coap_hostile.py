@@ -23,12 +23,13 @@ from adapters.coap.adapter import CoapAdapter
 from broker.api import Engine, Scheduler
 from gateway.client import InProcessTransport, SepaClient
 from gateway.observations.writer import ObservationWriter
+from tests.support.coap import host_address
 
 CON, NON = 0, 1
 GET, POST = 0x01, 0x02
 URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1 = 11, 12, 15, 60
 SENML_CBOR = 112
-CHANGED, BAD_REQUEST, METHOD_NOT_ALLOWED = 0x44, 0x80, 0x85
+CHANGED, CONTENT, BAD_REQUEST, UNAUTHORIZED, METHOD_NOT_ALLOWED = 0x44, 0x45, 0x80, 0x81, 0x85
 
 
 def _option(delta: int, value: bytes) -> bytes:
@@ -147,5 +148,30 @@ def test_a_senml_cbor_number_too_long_to_write_is_a_bad_request_on_both_paths() 
             assert metrics["readings"] == 0
             ok = await peer.ask(datagrams.request(3, b"next", "s/boiler/temperature", b"20"))
             assert ok[1] == CHANGED
+
+    asyncio.run(scenario())
+
+
+def test_with_security_an_unauthenticated_peer_cannot_list_the_subscriptions_through_well_known_core() -> None:
+    """GET /q (the subscriptions' names) is 4.01 for a network peer without OSCORE; GET
+    /.well-known/core listed the same names to it, and made a 25-byte request from a spoofable
+    source a 1,100-byte answer (RFC 7252 §11.3). It is refused as /q is; this board still lists."""
+    names = [f"lamps-of-the-second-floor-{number:02d}" for number in range(20)]
+    subscriptions = [(name, "SELECT ?s WHERE { ?s ?p ?o }") for name in names]
+
+    async def scenario() -> None:
+        async with running_adapter(secure=True, host="0.0.0.0", subscriptions=subscriptions) as (adapter, local):
+            lan = Peer(adapter.bound_port, host_address())
+            try:
+                for mid, path in enumerate(("q", ".well-known/core")):
+                    request = datagram(GET, mid, path)
+                    answer = await lan.ask(request)
+                    assert answer[1] == UNAUTHORIZED, (path, answer)
+                    assert len(answer) < 100, (path, len(answer))  # not an amplifier
+                    assert not any(name.encode() in answer for name in names)
+            finally:
+                lan.close()
+            listed = await local.ask(datagram(GET, 10, ".well-known/core"))
+            assert listed[1] == CONTENT and names[0].encode() in listed
 
     asyncio.run(scenario())
