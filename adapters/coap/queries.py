@@ -140,6 +140,9 @@ def queued_messages(context: aiocoap.Context | None, remote: Any) -> int:
     """
     if context is None:
         return 0
+    # An OSCORE request's remote wraps the UDP address the protected messages go to, which is
+    # what aiocoap queues them under: unwrapped, else an OSCORE observer would never be held back.
+    remote = getattr(remote, "underlying_address", None) or remote
     held = 0
     for interface in context.request_interfaces:
         backlogs = getattr(getattr(interface, "token_interface", None), "_backlogs", None)

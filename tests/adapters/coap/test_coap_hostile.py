@@ -9,18 +9,23 @@ it is answered.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import struct
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import aiocoap
 import cbor2
+import pytest
 
-from adapters.coap import datagrams
+from adapters.coap import datagrams, queries
 from adapters.coap.adapter import CoapAdapter
 from broker.api import Engine, Scheduler
+from gateway.appliance import oscore_sensors
 from gateway.client import InProcessTransport, SepaClient
 from gateway.observations.writer import ObservationWriter
 from tests.support.coap import host_address
@@ -173,5 +178,89 @@ def test_with_security_an_unauthenticated_peer_cannot_list_the_subscriptions_thr
                 lan.close()
             listed = await local.ask(datagram(GET, 10, ".well-known/core"))
             assert listed[1] == CONTENT and names[0].encode() in listed
+
+    asyncio.run(scenario())
+
+
+class AckEater(asyncio.DatagramProtocol):
+    """A relay between one client and the adapter that drops the client's empty ACKs: a peer that
+    receives its notifications but whose acknowledgements never arrive (a lossy uplink, a buggy stack)."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.server = server
+        self.client: tuple[str, int] | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.upstream: asyncio.DatagramTransport | None = None
+        self.eaten = 0
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", 0))
+        relay = self
+
+        class Down(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, _addr: tuple[str, int]) -> None:
+                if relay.client is not None and relay.transport is not None:
+                    relay.transport.sendto(data, relay.client)
+
+        self.upstream, _ = await loop.create_datagram_endpoint(Down, local_addr=("127.0.0.1", 0))
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.client = addr
+        if len(data) >= 4 and (data[0] >> 4) & 3 == 2 and data[1] == 0:  # an empty ACK
+            self.eaten += 1
+            return
+        assert self.upstream is not None
+        self.upstream.sendto(data, self.server)
+
+    def close(self) -> None:
+        for transport in (self.transport, self.upstream):
+            if transport is not None:
+                transport.close()
+
+
+@pytest.mark.parametrize("oscore", [False, True])
+def test_an_observer_that_does_not_acknowledge_is_held_to_the_window(tmp_path: Path, oscore: bool) -> None:
+    """An observer of /q/NAME gets at most WINDOW messages queued in aiocoap; past that its
+    notifications wait in the adapter (bounded: MAX_PENDING, then the complete result). The window
+    was read from aiocoap's queue under the request's remote, which for an OSCORE request is the
+    OSCORE address, never a key of that queue: an authenticated observer had no window, and aiocoap
+    queued every notification for it, without bound while it acknowledged slower than they came."""
+    directory = tmp_path / "coap-sensors"
+    settings = oscore_sensors.create_sensor(directory, "lamp")
+    sensor_side = tmp_path / "sensor-side"
+    sensor_side.mkdir()
+    (sensor_side / "settings.json").write_text(json.dumps(settings))
+    lights = "urn:example:lights"
+    query = f"SELECT ?lamp WHERE {{ GRAPH <{lights}> {{ ?lamp <urn:example:on> true }} }}"
+
+    async def scenario() -> None:
+        async with running_adapter(oscore_dir=directory, subscriptions=[("lamps", query)]) as (adapter, _):
+            relay = AckEater(("127.0.0.1", adapter.bound_port))
+            base = f"coap://127.0.0.1:{await relay.start()}"
+            context = await aiocoap.Context.create_client_context()
+            try:
+                if oscore:
+                    credentials = {base + "/*": {"oscore": {"basedir": f"{sensor_side}/"}}}
+                    context.client_credentials.load_from_dict(credentials)
+                request = context.request(aiocoap.Message(code=aiocoap.GET, uri=base + "/q/lamps", observe=0))
+                first = await asyncio.wait_for(request.response, 10)
+                assert first.code == aiocoap.CONTENT, first
+                (observer,) = adapter.queries.observers
+                for number in range(60):
+                    await adapter.client.update(
+                        f"INSERT DATA {{ GRAPH <{lights}> {{ <urn:example:lamp/{number}> <urn:example:on> true }} }}"
+                    )
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.5)
+                assert relay.eaten >= 1  # the client acknowledged, and nothing of it arrived
+                # the first response, the notification in flight, WINDOW queued; the rest wait here
+                assert observer.messages <= queries.WINDOW + 2, observer.messages
+                assert observer.outbox
+                request.observation.cancel()
+            finally:
+                await context.shutdown()
+                relay.close()
 
     asyncio.run(scenario())
