@@ -264,3 +264,23 @@ def test_an_observer_that_does_not_acknowledge_is_held_to_the_window(tmp_path: P
                 relay.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reading_for_an_unknown_property_is_a_bad_request_on_both_paths() -> None:
+    """`s/{sensor}/{property}` takes any path of three segments, and a property name it does not
+    know (a typo: `s/boiler/temprature`) raised PayloadError from the mapping's match, before the
+    code that turns it into a refusal: no answer on the fast path (the error escaped into aiocoap's
+    socket reader, a traceback for each retransmission), 5.00 on aiocoap's, counted nowhere."""
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            fast = datagrams.request(1, b"fast", "s/boiler/temprature", b"20")
+            slow = datagram(POST, 2, "s/boiler/temprature", b"20", mtype=NON)
+            for request in (fast, slow):
+                answer = await peer.ask(request)
+                assert answer[1] == BAD_REQUEST, answer
+                assert b"temprature" in answer  # the diagnostic names it
+            assert adapter.metrics()["bad_input_by_resource"] == {"s/boiler/temprature": 2}
+            assert adapter.readings.readings == 0
+
+    asyncio.run(scenario())
