@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import struct
@@ -316,3 +317,26 @@ def test_many_peers_getting_a_large_result_share_one_copy_of_it() -> None:
                     peer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Uri-Path (or any text option) that is not UTF-8 made aiocoap's decoder raise
+    UnicodeDecodeError out of its socket reader: each datagram an ERROR with a 2.5 KB traceback
+    ("Exception in callback"), a log an attacker on the LAN fills at will. It is a message format
+    error (RFC 7252 §3): silently ignored, counted."""
+    bad = struct.pack("!BBH", 0x44, POST, 1) + b"tok1" + _option(URI_PATH, b"s") + _option(0, b"\xff\xfe")
+    bad += _option(0, b"temperature") + b"\xff20"
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            loop = asyncio.get_running_loop()
+            for _ in range(3):
+                await loop.sock_sendto(peer.sock, bad, ("127.0.0.1", adapter.bound_port))
+            assert (await peer.ask(datagrams.request(2, b"next", "s/boiler/temperature", b"20")))[1] == CHANGED
+            assert adapter.metrics()["malformed_dropped"] == 3
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
