@@ -102,6 +102,7 @@ class FastPath:
         self.answered = 0
         self.retransmissions_dropped = 0
         self.network_shed = 0
+        self.malformed = 0  # datagrams aiocoap could not decode
         self._pending: set[tuple[Any, int]] = set()
         self._peers: dict[Any, tuple[bool, str]] = {}
         self._sockets: dict[int, socket.socket] = {}  # by id() of the interface reading it
@@ -229,7 +230,13 @@ class FastPath:
     def _slow(self, slow: Callable[[bytes, Ancillary, int, Any], None], local: bool, *datagram: Any) -> None:
         """Hand the datagram to aiocoap, within the network budget (see the module docstring)."""
         if local or self.network.take():
-            slow(*datagram)
+            try:
+                slow(*datagram)
+            except UnicodeDecodeError:
+                # A text option (Uri-Path, Uri-Query...) that is not UTF-8: aiocoap's decoder raises
+                # this out of its socket reader, an ERROR with a traceback per datagram, a log any peer
+                # could fill. A message format error, ignored (RFC 7252 §4.2), and counted.
+                self.malformed += 1
         else:
             self.network_shed += 1
 
@@ -248,6 +255,7 @@ class FastPath:
             "fast_path_answered": self.answered,
             "fast_path_retransmissions_dropped": self.retransmissions_dropped,
             "network_requests_shed_total": self.network_shed,
+            "malformed_dropped": self.malformed,
         }
 
 

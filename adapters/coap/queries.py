@@ -140,6 +140,9 @@ def queued_messages(context: aiocoap.Context | None, remote: Any) -> int:
     """
     if context is None:
         return 0
+    # An OSCORE request's remote wraps the UDP address the protected messages go to, which is
+    # what aiocoap queues them under: unwrapped, else an OSCORE observer would never be held back.
+    remote = getattr(remote, "underlying_address", None) or remote
     held = 0
     for interface in context.request_interfaces:
         backlogs = getattr(getattr(interface, "token_interface", None), "_backlogs", None)
@@ -157,10 +160,23 @@ class NamedQuery:
         self.configured = configured
         self.subscription: ClientSubscription | None = None
         self.observers: set[Observer] = set()
+        self._payloads: dict[int, tuple[int, bytes]] = {}  # content format -> (sequence, its result)
 
     def notified(self, notification: Notification) -> None:
         for observer in list(self.observers):
             observer.offer(notification)
+
+    def payload(self, current: Notification, content_format: int) -> bytes:
+        """The result document of `current` in `content_format`, encoded once per sequence.
+
+        Why: aiocoap keeps a block-wise response whole, for each peer, until its last block may
+        have been asked (93-186 s); encoded per GET, every peer's copy was its own (300 GETs of a
+        257 KB result kept 77 MB). One bytes object per sequence is shared by all of them."""
+        cached = self._payloads.get(content_format)
+        if cached is None or cached[0] != current.sequence:
+            cached = (current.sequence, results.results_payload(current, content_format))
+            self._payloads[content_format] = cached
+        return cached[1]
 
     def complete(self) -> Notification:
         """The current result as one notification at the subscription's current sequence."""
@@ -398,7 +414,7 @@ class QueriesResource(Resource):
         query, content_format = self._readable(request)
         current = query.complete()
         return aiocoap.Message(
-            payload=results.results_payload(current, content_format),
+            payload=query.payload(current, content_format),
             content_format=content_format,
             etag=current.sequence.to_bytes(8, "big"),
         )

@@ -165,7 +165,10 @@ def payload_readings(
             Code.UNSUPPORTED_CONTENT_FORMAT,
             f"content format {int(content_format)} not read here (0, 50, 110 or 112)",
         )
-    found = mapper.match(path)
+    try:
+        found = mapper.match(path)
+    except PayloadError as error:  # a mapping takes the path but cannot resolve it: `s/boiler/temprature`
+        raise Refused(Code.BAD_REQUEST, str(error)) from None
     if found is None:
         raise Refused(Code.NOT_FOUND, f"no mapping takes /{path}"[:200])
     senml = found[0].mapping.extract == "senml"

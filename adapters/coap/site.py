@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import aiocoap
 from aiocoap.resource import Site, WKCResource
 from aiocoap.util.linkformat import LinkFormat
 
+from adapters.coap.access import Access
+from adapters.coap.errors import Refused
 from adapters.coap.queries import QueriesResource
 from adapters.coap.readings import ReadingsResource
+
+
+class WellKnownCore(WKCResource):
+    """`/.well-known/core` for those the access rule lets in, a 4.01 for the others.
+
+    Why: it lists the subscriptions (`/q/NAME`), which GET /q refuses to a network peer without
+    OSCORE when security is on; and its answer (a link per subscription, aiocoap's impl-info) is
+    tens of times the request: from a spoofed source, an amplifier (RFC 7252 §11.3)."""
+
+    def __init__(
+        self,
+        links: Callable[[], LinkFormat],
+        access: Access,
+        refuse: Callable[[str, Refused], aiocoap.Message],
+    ) -> None:
+        super().__init__(links)
+        self.access = access
+        self.refuse = refuse  # the readings' refusal: counted per code and resource
+
+    async def render_get(self, request: aiocoap.Message) -> aiocoap.Message:
+        try:
+            self.access.check(request, ".well-known/core")
+        except Refused as refused:
+            return self.refuse(".well-known/core", refused)
+        return await super().render_get(request)
 
 
 class GatewaySite(Site):
@@ -26,7 +54,10 @@ class GatewaySite(Site):
         super().__init__()
         self.readings = readings
         self.queries = queries
-        self.add_resource([".well-known", "core"], WKCResource(self.get_resources_as_linkheader))
+        self.add_resource(
+            [".well-known", "core"],
+            WellKnownCore(self.get_resources_as_linkheader, readings.access, readings.refuse),
+        )
 
     def _find_child_and_pathstripped_message(self, request: aiocoap.Message) -> tuple[Any, aiocoap.Message]:
         path = request.opt.uri_path

@@ -9,26 +9,34 @@ it is answered.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import socket
 import struct
+import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import aiocoap
 import cbor2
+import pytest
 
-from adapters.coap import datagrams
+from adapters.coap import datagrams, queries
 from adapters.coap.adapter import CoapAdapter
 from broker.api import Engine, Scheduler
+from gateway.appliance import oscore_sensors
 from gateway.client import InProcessTransport, SepaClient
 from gateway.observations.writer import ObservationWriter
+from tests.support.coap import host_address
 
 CON, NON = 0, 1
 GET, POST = 0x01, 0x02
 URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1 = 11, 12, 15, 60
 SENML_CBOR = 112
-CHANGED, BAD_REQUEST, METHOD_NOT_ALLOWED = 0x44, 0x80, 0x85
+CHANGED, CONTENT, BAD_REQUEST, UNAUTHORIZED, METHOD_NOT_ALLOWED = 0x44, 0x45, 0x80, 0x81, 0x85
 
 
 def _option(delta: int, value: bytes) -> bytes:
@@ -149,3 +157,186 @@ def test_a_senml_cbor_number_too_long_to_write_is_a_bad_request_on_both_paths() 
             assert ok[1] == CHANGED
 
     asyncio.run(scenario())
+
+
+def test_with_security_an_unauthenticated_peer_cannot_list_the_subscriptions_through_well_known_core() -> None:
+    """GET /q (the subscriptions' names) is 4.01 for a network peer without OSCORE; GET
+    /.well-known/core listed the same names to it, and made a 25-byte request from a spoofable
+    source a 1,100-byte answer (RFC 7252 §11.3). It is refused as /q is; this board still lists."""
+    names = [f"lamps-of-the-second-floor-{number:02d}" for number in range(20)]
+    subscriptions = [(name, "SELECT ?s WHERE { ?s ?p ?o }") for name in names]
+
+    async def scenario() -> None:
+        async with running_adapter(secure=True, host="0.0.0.0", subscriptions=subscriptions) as (adapter, local):
+            lan = Peer(adapter.bound_port, host_address())
+            try:
+                for mid, path in enumerate(("q", ".well-known/core")):
+                    request = datagram(GET, mid, path)
+                    answer = await lan.ask(request)
+                    assert answer[1] == UNAUTHORIZED, (path, answer)
+                    assert len(answer) < 100, (path, len(answer))  # not an amplifier
+                    assert not any(name.encode() in answer for name in names)
+            finally:
+                lan.close()
+            listed = await local.ask(datagram(GET, 10, ".well-known/core"))
+            assert listed[1] == CONTENT and names[0].encode() in listed
+
+    asyncio.run(scenario())
+
+
+class AckEater(asyncio.DatagramProtocol):
+    """A relay between one client and the adapter that drops the client's empty ACKs: a peer that
+    receives its notifications but whose acknowledgements never arrive (a lossy uplink, a buggy stack)."""
+
+    def __init__(self, server: tuple[str, int]) -> None:
+        self.server = server
+        self.client: tuple[str, int] | None = None
+        self.transport: asyncio.DatagramTransport | None = None
+        self.upstream: asyncio.DatagramTransport | None = None
+        self.eaten = 0
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.transport, _ = await loop.create_datagram_endpoint(lambda: self, local_addr=("127.0.0.1", 0))
+        relay = self
+
+        class Down(asyncio.DatagramProtocol):
+            def datagram_received(self, data: bytes, _addr: tuple[str, int]) -> None:
+                if relay.client is not None and relay.transport is not None:
+                    relay.transport.sendto(data, relay.client)
+
+        self.upstream, _ = await loop.create_datagram_endpoint(Down, local_addr=("127.0.0.1", 0))
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.client = addr
+        if len(data) >= 4 and (data[0] >> 4) & 3 == 2 and data[1] == 0:  # an empty ACK
+            self.eaten += 1
+            return
+        assert self.upstream is not None
+        self.upstream.sendto(data, self.server)
+
+    def close(self) -> None:
+        for transport in (self.transport, self.upstream):
+            if transport is not None:
+                transport.close()
+
+
+@pytest.mark.parametrize("oscore", [False, True])
+def test_an_observer_that_does_not_acknowledge_is_held_to_the_window(tmp_path: Path, oscore: bool) -> None:
+    """An observer of /q/NAME gets at most WINDOW messages queued in aiocoap; past that its
+    notifications wait in the adapter (bounded: MAX_PENDING, then the complete result). The window
+    was read from aiocoap's queue under the request's remote, which for an OSCORE request is the
+    OSCORE address, never a key of that queue: an authenticated observer had no window, and aiocoap
+    queued every notification for it, without bound while it acknowledged slower than they came."""
+    directory = tmp_path / "coap-sensors"
+    settings = oscore_sensors.create_sensor(directory, "lamp")
+    sensor_side = tmp_path / "sensor-side"
+    sensor_side.mkdir()
+    (sensor_side / "settings.json").write_text(json.dumps(settings))
+    lights = "urn:example:lights"
+    query = f"SELECT ?lamp WHERE {{ GRAPH <{lights}> {{ ?lamp <urn:example:on> true }} }}"
+
+    async def scenario() -> None:
+        async with running_adapter(oscore_dir=directory, subscriptions=[("lamps", query)]) as (adapter, _):
+            relay = AckEater(("127.0.0.1", adapter.bound_port))
+            base = f"coap://127.0.0.1:{await relay.start()}"
+            context = await aiocoap.Context.create_client_context()
+            try:
+                if oscore:
+                    credentials = {base + "/*": {"oscore": {"basedir": f"{sensor_side}/"}}}
+                    context.client_credentials.load_from_dict(credentials)
+                request = context.request(aiocoap.Message(code=aiocoap.GET, uri=base + "/q/lamps", observe=0))
+                first = await asyncio.wait_for(request.response, 10)
+                assert first.code == aiocoap.CONTENT, first
+                (observer,) = adapter.queries.observers
+                for number in range(60):
+                    await adapter.client.update(
+                        f"INSERT DATA {{ GRAPH <{lights}> {{ <urn:example:lamp/{number}> <urn:example:on> true }} }}"
+                    )
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.5)
+                assert relay.eaten >= 1  # the client acknowledged, and nothing of it arrived
+                # the first response, the notification in flight, WINDOW queued; the rest wait here
+                assert observer.messages <= queries.WINDOW + 2, observer.messages
+                assert observer.outbox
+                request.observation.cancel()
+            finally:
+                await context.shutdown()
+                relay.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reading_for_an_unknown_property_is_a_bad_request_on_both_paths() -> None:
+    """`s/{sensor}/{property}` takes any path of three segments, and a property name it does not
+    know (a typo: `s/boiler/temprature`) raised PayloadError from the mapping's match, before the
+    code that turns it into a refusal: no answer on the fast path (the error escaped into aiocoap's
+    socket reader, a traceback for each retransmission), 5.00 on aiocoap's, counted nowhere."""
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            fast = datagrams.request(1, b"fast", "s/boiler/temprature", b"20")
+            slow = datagram(POST, 2, "s/boiler/temprature", b"20", mtype=NON)
+            for request in (fast, slow):
+                answer = await peer.ask(request)
+                assert answer[1] == BAD_REQUEST, answer
+                assert b"temprature" in answer  # the diagnostic names it
+            assert adapter.metrics()["bad_input_by_resource"] == {"s/boiler/temprature": 2}
+            assert adapter.readings.readings == 0
+
+    asyncio.run(scenario())
+
+
+def test_many_peers_getting_a_large_result_share_one_copy_of_it() -> None:
+    """A GET of /q/NAME whose result is larger than a block is answered block-wise, and aiocoap
+    keeps the whole response for every peer (address and port) for 93-186 s, for its next blocks.
+    Each GET encoded the result anew: 300 ten-byte GETs from 300 ports kept 300 copies of a 257 KB
+    result (77 MB; 20,000 within the network budget, from spoofed sources too in a gateway without
+    security, would be 5 GB). The result of one sequence is now encoded once and shared."""
+    rows = " ".join(f'<urn:example:sensor/{number:06d}> <urn:p> "{"x" * 150}" .' for number in range(1500))
+    query = "SELECT ?s ?o WHERE { GRAPH <urn:g> { ?s <urn:p> ?o } }"
+
+    async def scenario() -> None:
+        async with running_adapter(subscriptions=[("big", query)]) as (adapter, _):
+            await adapter.client.update(f"INSERT DATA {{ GRAPH <urn:g> {{ {rows} }} }}")
+            peers = [Peer(adapter.bound_port) for _ in range(300)]
+            try:
+                first = await peers[0].ask(datagram(GET, 0, "q/big"))  # warm: the result encoded once
+                assert first[1] == CONTENT
+                tracemalloc.start()
+                try:
+                    for number, peer in enumerate(peers[1:], 1):
+                        assert (await peer.ask(datagram(GET, number, "q/big")))[1] == CONTENT
+                    grown, _ = tracemalloc.get_traced_memory()
+                finally:
+                    tracemalloc.stop()
+                assert grown < 20 << 20, f"{grown >> 20} MB kept for 299 GETs of one result"
+            finally:
+                for peer in peers:
+                    peer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Uri-Path (or any text option) that is not UTF-8 made aiocoap's decoder raise
+    UnicodeDecodeError out of its socket reader: each datagram an ERROR with a 2.5 KB traceback
+    ("Exception in callback"), a log an attacker on the LAN fills at will. It is a message format
+    error (RFC 7252 §3): silently ignored, counted."""
+    bad = struct.pack("!BBH", 0x44, POST, 1) + b"tok1" + _option(URI_PATH, b"s") + _option(0, b"\xff\xfe")
+    bad += _option(0, b"temperature") + b"\xff20"
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            loop = asyncio.get_running_loop()
+            for _ in range(3):
+                await loop.sock_sendto(peer.sock, bad, ("127.0.0.1", adapter.bound_port))
+            assert (await peer.ask(datagrams.request(2, b"next", "s/boiler/temperature", b"20")))[1] == CHANGED
+            assert adapter.metrics()["malformed_dropped"] == 3
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
