@@ -29,6 +29,7 @@ What it offers, in the order a newcomer meets it (docs/architecture.md walks the
 
 from __future__ import annotations
 
+from broker.compaction import THREAD_NAME as COMPACTOR_THREAD
 from broker.compaction import Compactor
 from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
 from broker.core.budget import OverBudget
@@ -119,6 +120,7 @@ __all__ = [
     "EvaluationCrashed",
     "QueryWorkers",
     "Compactor",
+    "COMPACTOR_THREAD",
     "QuotaLimits",
     "TooManySubscriptions",
     "Unauthorized",

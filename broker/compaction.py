@@ -33,6 +33,7 @@ from broker.store import RdfStore
 
 log = logging.getLogger(__name__)
 
+THREAD_NAME = "sepa-compactor"  # gateway.appliance.cores leaves it on every core (its work holds no GIL)
 MIN_GARBAGE = 1_000
 MIN_GARBAGE_DISK = 5_000
 DUTY = 0.02  # on disk: share of the time spent compacting at most
@@ -83,7 +84,7 @@ class Compactor:
         return True
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="sepa-compactor", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

@@ -21,9 +21,17 @@ one's processing on threads of its own (broker/core/pipeline.py), and on one cor
 overlapped (tests/broker/gates/test_parallel_mode.py counts the pipelined updates: 0 pinned).
 
 What is pinned: the threads Python started (threading.enumerate), once the gateway serves; threads
-started later inherit it. Native threads (RocksDB's background work) are not, and a process
-inherits the affinity of the thread that starts it, so the worker processes set theirs back
-(broker.workers.cpus). Only `sepa-gateway run` pins (an embedding process keeps its cores), only
+started later inherit it. Not the store's compactor (broker.compaction): its work is pyoxigraph
+dumping and loading the store without the GIL (~1 s of CPU for 280,000 quads), so pinned beside
+the GIL-bound threads it took their core for that time instead of using the idle one, with the
+readings queueing meanwhile. Measured with `sepa-gateway bench dashboard` (1,000 readings/s with
+retention at its steady state: ~110,000 live quads, ~16,000 removed a second, so a compaction is
+due every ~7 s; 5 pairs alternated, 2026-11-27): NL p99 with the page open 141, 111, 176, 137,
+167 ms against 236, 242, 179, 199, 150 pinned (medians 141 and 199), without it 133, 100, 122,
+85, 113 against 87, 136, 130, 137, 120; the gateway's CPU the same. `bench mqtt` and `bench coap`
+end before their first compaction. Native threads (RocksDB's background work) are not pinned, and
+a process inherits the affinity of the thread that starts it, so the worker processes set theirs
+back (broker.workers.cpus). Only `sepa-gateway run` pins (an embedding process keeps its cores), only
 in memory and in sequential mode; `[engine] one_core = false` turns it off; on a board with one
 core there is nothing to do.
 """
@@ -33,6 +41,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+
+from broker.api import COMPACTOR_THREAD
 
 
 def pin_threads() -> int | None:
@@ -45,7 +55,7 @@ def pin_threads() -> int | None:
         return None
     core = allowed[-1]
     for thread in threading.enumerate():
-        if thread.native_id is not None:
+        if thread.native_id is not None and thread.name != COMPACTOR_THREAD:
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 os.sched_setaffinity(thread.native_id, {core})
     return core

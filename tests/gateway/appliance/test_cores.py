@@ -1,8 +1,8 @@
 """gateway.appliance.cores and broker.workers.cpus against a real `sepa-gateway run`.
 
 What it protects: the served gateway keeps its threads on one core of a multi-core machine (the
-GIL's hand-offs stay on one core; the module says what it measured), `[engine] one_core = false`,
-a store on disk and parallel mode keep every core, and a worker process started after the
+GIL's hand-offs stay on one core; the module says what it measured) but its store's compactor;
+`[engine] one_core = false`, a store on disk and parallel mode keep every core, and a worker process started after the
 pinning, by a pinned thread, still runs on every core instead of inheriting the engine's.
 """
 
@@ -65,7 +65,10 @@ def test_the_served_gateway_keeps_its_threads_on_one_core_and_its_workers_on_eve
     pid = gateway.process.pid
     threads = python_threads(pid)
     assert len(threads) > 3
-    assert {tid: cpus(pid, tid) for tid in threads} == {tid: [ALLOWED[-1]] for tid in threads}
+    # all but the store's compactor, whose work holds no GIL: that one may use an idle core (Python
+    # 3.11 does not name threads for the system, so it is told apart by its CPUs alone)
+    placed = sorted(cpus(pid, tid) for tid in threads)
+    assert placed == sorted([ALLOWED] + [[ALLOWED[-1]]] * (len(threads) - 1))
     assert any(f'core="{ALLOWED[-1]}"' in line or f"core={ALLOWED[-1]}" in line for line in gateway.stderr_lines)
     # a worker killed is replaced by a thread of the gateway, pinned: the new one uses every core
     before = replicas(pid)
