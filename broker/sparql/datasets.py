@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from urllib.parse import urljoin
 
 from broker.errors import SparqlSyntaxError
-from broker.sparql.tokens import Token, tokenize
+from broker.sparql.prologue import Prologue
+from broker.sparql.tokens import tokenize
 
 _FROM = re.compile(r"\bFROM\b", re.IGNORECASE)
-_LOCAL_ESCAPE = re.compile(r"\\(.)")
 # queries up to this size are cached (a dashboard asks the same ones again and again); larger ones
 # are read each time, so that the cache cannot hold 256 bodies of a megabyte
 CACHED_CHARS = 8192
@@ -49,22 +48,19 @@ def _read(
         tokens = tokenize(sparql)
     except SparqlSyntaxError:
         return (), ()
-    declared = dict(prefixes)
-    base = base_iri
+    prologue = Prologue(dict(prefixes), base_iri)
     default: list[str] = []
     named: list[str] = []
     for index, (kind, text, _) in enumerate(tokens):
         word = text.upper() if kind == "NAME" else ""
         following = tokens[index + 1 : index + 3]
-        if word == "PREFIX" and len(following) == 2 and following[0].kind == "PNAME":
-            declared[following[0].text[:-1]] = _resolve(following[1].text[1:-1], base)
-        elif word == "BASE" and following and following[0].kind == "IRI":
-            base = _resolve(following[0].text[1:-1], base)
-        elif word == "FROM" and following:
+        if prologue.follow(word, following):
+            continue
+        if word == "FROM" and following:
             into = default
             if following[0].is_keyword("NAMED"):
                 into, following = named, following[1:]
-            iri = _iri(following[0], declared, base) if following else None
+            iri = prologue.iri(following[0]) if following else None
             if iri is None:
                 return (), ()  # not a dataset clause pyoxigraph will take: it refuses the query
             into.append(iri)
@@ -72,18 +68,3 @@ def _read(
 
 
 _cached = lru_cache(maxsize=256)(_read)
-
-
-def _iri(token: Token, declared: dict[str, str], base: str | None) -> str | None:
-    kind, text, _ = token
-    if kind == "IRI":
-        return _resolve(text[1:-1], base)
-    if kind == "PNAME":
-        prefix, _, local = text.partition(":")
-        if prefix in declared:
-            return declared[prefix] + _LOCAL_ESCAPE.sub(r"\1", local)
-    return None
-
-
-def _resolve(iri: str, base: str | None) -> str:
-    return urljoin(base, iri) if base else iri

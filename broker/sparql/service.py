@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from urllib.parse import urljoin
 
 from broker.errors import InvalidRequest, SparqlSyntaxError
+from broker.sparql.prologue import Prologue
 from broker.sparql.tokens import tokenize
 
 _SERVICE = re.compile("service", re.IGNORECASE)
@@ -35,18 +35,15 @@ def service_endpoints(
         tokens = tokenize(sparql)
     except SparqlSyntaxError:
         return []  # not SPARQL: the parser refuses it before anything is fetched
-    declared = dict(prefixes or {})
-    base = base_iri
+    prologue = Prologue(prefixes, base_iri)
     endpoints: list[str | None] = []
     index = 0
     while index < len(tokens):
         kind, text, _ = tokens[index]
         word = text.upper() if kind == "NAME" else ""
         following = tokens[index + 1 : index + 3]
-        if word == "PREFIX" and len(following) == 2 and following[0].kind == "PNAME":
-            declared[following[0].text[:-1]] = _resolve(following[1].text[1:-1], base)
-        elif word == "BASE" and following and following[0].kind == "IRI":
-            base = _resolve(following[0].text[1:-1], base)
+        if prologue.follow(word, following):
+            pass
         elif word == "SERVICE":
             target = index + 1
             if target < len(tokens) and tokens[target].kind == "NAME" and tokens[target].text.upper() == "SILENT":
@@ -54,19 +51,13 @@ def service_endpoints(
             endpoint = tokens[target] if target < len(tokens) else None
             if endpoint is None:
                 pass
-            elif endpoint.kind == "IRI":
-                endpoints.append(_resolve(endpoint.text[1:-1], base))
-            elif endpoint.kind == "PNAME":
-                prefix, _, local = endpoint.text.partition(":")
-                endpoints.append(declared[prefix] + local if prefix in declared else endpoint.text)
+            elif endpoint.kind in ("IRI", "PNAME"):
+                iri = prologue.iri(endpoint, unescape=False)
+                endpoints.append(iri if iri is not None else endpoint.text)  # an undeclared prefix: as written
             else:
                 endpoints.append(None)
         index += 1
     return endpoints
-
-
-def _resolve(iri: str, base: str | None) -> str:
-    return urljoin(base, iri) if base else iri
 
 
 def check_services(
