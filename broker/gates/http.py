@@ -126,8 +126,9 @@ class HttpGate:
             options = {"accept": accept, "default_graph_uri": default_graphs, "named_graph_uri": named_graphs}
             if workers is None:
                 return serialized(self.engine.queries, sparql, base_iri=base_iri, **options)
-            # a SERVICE call is stopped with its client's wait, not later
-            limit = min(workers.time_limit_s, self.engine.queries.service_timeout_s) if calls_service else None
+            # a SERVICE call is stopped soon after its client's wait, not later; the grace lets the
+            # client's wait end first, so that it hears 504 and not the worker's 503 (they raced)
+            limit = min(workers.time_limit_s, self.engine.queries.service_timeout_s + 0.5) if calls_service else None
             return workers.run("serialized", sparql, base_iri=base_iri, time_limit_s=limit, **options)  # type: ignore[no-any-return]
 
         if not calls_service:
