@@ -49,6 +49,7 @@ class CoapAdapter:
         max_payload_bytes: int = 65_536,
         batch_max: int = 500,
         network_requests_max: int = 20_000,
+        reserve_per_sensor: int = 1_000,
         oscore_dir: Path | None = None,
         peer_client: SepaClient | None = None,
         subscriptions: Sequence[tuple[str, str]] = (),
@@ -78,7 +79,14 @@ class CoapAdapter:
             peer_client=peer_client,
         )
         self.site = GatewaySite(self.readings, self.queries)
-        self.fast = FastPath(self.readings, self.site, secure=secure, network_requests_max=network_requests_max)
+        self.fast = FastPath(
+            self.readings,
+            self.site,
+            secure=secure,
+            network_requests_max=network_requests_max,
+            reserve_per_sensor=reserve_per_sensor,
+            sensor_kids=(lambda: self.oscore.kids) if self.oscore is not None else frozenset,
+        )
         self.observer = Observer(
             client,
             lambda: self.mapper,

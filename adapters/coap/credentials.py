@@ -30,6 +30,7 @@ class SensorCredentials:
         self.directory = directory
         self.map = CredentialsMap()
         self.count = 0
+        self.kids: frozenset[bytes] = frozenset()  # what the sensors' requests carry: their contexts' recipient ids
         self._stamp: int | None = None
         self._loaded: dict[str, int] = {}  # label -> settings.json's mtime when loaded
         self.paths: dict[str, tuple[str, ...]] = {}  # sensor -> its extra path patterns (paths.json)
@@ -105,6 +106,8 @@ class SensorCredentials:
         if len(self.map) != self.count:
             log.info("coap: OSCORE sensors loaded", extra={"sensors": len(self.map)})
         self.count = len(self.map)
+        ids = (getattr(context, "recipient_id", None) for context in self.map.values())
+        self.kids = frozenset(kid for kid in ids if isinstance(kid, bytes))
         self._reload_paths()
 
     def _settings_stamp(self, label: str) -> int:

@@ -18,7 +18,7 @@ VERSION = 1
 CON, NON, ACK, RST = 0, 1, 2, 3
 POST, PUT = 0x02, 0x03
 CHANGED = 0x44  # 2.04
-URI_HOST, URI_PORT, URI_PATH, CONTENT_FORMAT = 3, 7, 11, 12
+URI_HOST, URI_PORT, OSCORE, URI_PATH, CONTENT_FORMAT = 3, 7, 9, 11, 12
 PAYLOAD_MARKER = 0xFF
 MAX_TOKEN = 8
 
@@ -79,6 +79,52 @@ def _parse(data: bytes) -> PlainRequest | None:
         elif number not in (URI_HOST, URI_PORT):  # the gateway's own name and port: it serves one origin
             return None
     return PlainRequest(int.from_bytes(data[2:4], "big"), token, "/".join(segments), content_format, data[position:end])
+
+
+def oscore_kid(data: bytes) -> bytes | None:
+    """The kid of the OSCORE option of the request in `data` (RFC 8613 §6.1), or None (no option,
+    no kid, or not a well-formed request). Not verified: anyone can write any kid; the fast path
+    reads it only to decide whose share of the network budget a request takes."""
+    try:
+        return _oscore_kid(data)
+    except IndexError:
+        return None
+
+
+def _oscore_kid(data: bytes) -> bytes | None:
+    tkl = data[0] & 0x0F
+    if tkl > MAX_TOKEN:
+        return None
+    position, number, end = 4 + tkl, 0, len(data)
+    while position < end:
+        byte = data[position]
+        if byte == PAYLOAD_MARKER:
+            return None
+        delta, position = _extended(byte >> 4, data, position + 1)
+        length, position = _extended(byte & 0x0F, data, position)
+        if delta < 0 or length < 0:
+            return None
+        number += delta
+        if number > OSCORE:
+            return None  # options come in order: there is none
+        if number == OSCORE:
+            return _kid(data[position : position + length])
+        position += length
+    return None
+
+
+def _kid(value: bytes) -> bytes | None:
+    """The kid in an OSCORE option's value: flags (n: Partial IV length, k: kid, h: kid context),
+    the Partial IV, the kid context with its length byte, then the kid to the end."""
+    if not value:
+        return None
+    flags = value[0]
+    if not flags & 0x08:
+        return None
+    position = 1 + (flags & 0x07)
+    if flags & 0x10:
+        position += 1 + value[position]
+    return value[position:] if position <= len(value) else None
 
 
 def _extended(nibble: int, data: bytes, position: int) -> tuple[int, int]:

@@ -25,6 +25,16 @@ answer aiocoap's path gives, at a fraction of its CPU and with no record to keep
 take from the same budget, since a spoofed source would otherwise make the gateway an amplifier
 (the 4.01 with its diagnostic is about twice the size of the request).
 
+The budget is shared, so junk from anyone could spend it and keep the OSCORE sensors out (a
+budget of 40, 60 junk GETs: the sensor's POST timed out; at the default 20,000 about 81
+datagrams/s keep every sensor out). A request whose OSCORE kid is a known sensor's therefore takes
+first from that sensor's own reserve (`reserve_per_sensor` in any 247 s), and from the shared
+budget only past it. The kid is read unverified (:func:`adapters.coap.datagrams.oscore_kid`):
+a forger who copies a sensor's kid spends that sensor's reserve, no other's, and aiocoap's OSCORE
+check still refuses what it sends. Memory: each reserve may add its count of aiocoap records
+(~2 KB each), so the sensors' reserves bound the gateway at `network_requests_max` plus
+`reserve_per_sensor` for every sensor, 2 MB each with the default 1,000.
+
 Duplicates: a retransmission whose original is still waiting for its commit is dropped (its answer is
 on the way); one that comes after is recognised by the delivery record and answered 2.04 without
 being stored again (:mod:`adapters.coap.deliveries`, which also covers a restart). A given datagram
@@ -43,7 +53,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any
 
@@ -93,12 +103,23 @@ class FastPath:
     """Answers plain confirmable readings (see the module docstring)."""
 
     def __init__(
-        self, resource: ReadingsResource, site: GatewaySite, *, secure: bool, network_requests_max: int = 20_000
+        self,
+        resource: ReadingsResource,
+        site: GatewaySite,
+        *,
+        secure: bool,
+        network_requests_max: int = 20_000,
+        reserve_per_sensor: int = 1_000,
+        sensor_kids: Callable[[], Collection[bytes]] = frozenset,
     ) -> None:
         self.resource = resource
         self.site = site
         self.secure = secure
         self.network = NetworkBudget(network_requests_max)
+        self.reserve_per_sensor = reserve_per_sensor
+        self.sensor_kids = sensor_kids  # the OSCORE kids of the sensors known now
+        self._reserves: dict[bytes, NetworkBudget] = {}
+        self.reserved = 0  # network requests that took from a sensor's reserve
         self.answered = 0
         self.retransmissions_dropped = 0
         self.network_shed = 0
@@ -229,7 +250,7 @@ class FastPath:
 
     def _slow(self, slow: Callable[[bytes, Ancillary, int, Any], None], local: bool, *datagram: Any) -> None:
         """Hand the datagram to aiocoap, within the network budget (see the module docstring)."""
-        if local or self.network.take():
+        if local or self._take_budget(datagram[0]):
             try:
                 slow(*datagram)
             except UnicodeDecodeError:
@@ -239,6 +260,23 @@ class FastPath:
                 self.malformed += 1
         else:
             self.network_shed += 1
+
+    def _take_budget(self, data: bytes) -> bool:
+        """Whether a datagram from the network may reach aiocoap: from its sensor's reserve when it
+        names a known sensor's kid, else (or past the reserve) from the shared budget."""
+        kid = datagrams.oscore_kid(data) if self.reserve_per_sensor else None
+        if kid is not None:
+            known = self.sensor_kids()
+            if kid in known:
+                reserve = self._reserves.get(kid)
+                if reserve is None:
+                    if len(self._reserves) >= len(known):  # sensors were removed: forget theirs
+                        self._reserves = {kid: self._reserves[kid] for kid in known if kid in self._reserves}
+                    reserve = self._reserves[kid] = NetworkBudget(self.reserve_per_sensor)
+                if reserve.take():
+                    self.reserved += 1
+                    return True
+        return self.network.take()
 
     def _peer(self, interface: MessageInterfaceUDP6, address: Any) -> tuple[bool, str]:
         """(on this board, its host and port as aiocoap writes them), kept per address."""
@@ -255,6 +293,7 @@ class FastPath:
             "fast_path_answered": self.answered,
             "fast_path_retransmissions_dropped": self.retransmissions_dropped,
             "network_requests_shed_total": self.network_shed,
+            "network_requests_reserved_total": self.reserved,
             "malformed_dropped": self.malformed,
         }
 

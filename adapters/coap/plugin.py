@@ -25,6 +25,8 @@ class CoapConfig:
     batch_max: int = 500  # readings committed by one update at most
     # requests from the network aiocoap reads in any 247 s (it keeps ~2 KB of each that long); past it dropped
     network_requests_max: int = 20_000
+    # ...of which each OSCORE sensor has this many of its own first, so that junk cannot keep it out
+    network_reserve_per_sensor: int = 1_000
     mappings: list = field(default_factory=list)  # [[coap.mappings]]: resource path -> observation (as MQTT topics)
     # sensors' OSCORE credentials (`sepa-gateway sensors add NAME --coap`); empty: <store.data_dir>/coap-sensors
     oscore_dir: str = ""
@@ -52,6 +54,8 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError("coap.batch_max must be between 1 and 10000")
     if not 1 <= config.network_requests_max <= 10_000_000:
         raise ConfigError("coap.network_requests_max must be between 1 and 10000000")
+    if not 0 <= config.network_reserve_per_sensor <= 100_000:
+        raise ConfigError("coap.network_reserve_per_sensor must be between 0 and 100000")
     if not 0 <= config.max_created_subscriptions <= 10_000:
         raise ConfigError("coap.max_created_subscriptions must be between 0 and 10000")
     if not 1 <= config.max_subscription_bytes <= 1 << 20:
@@ -104,6 +108,7 @@ class CoapPlugin:
             max_payload_bytes=section.max_payload_bytes,
             batch_max=section.batch_max,
             network_requests_max=section.network_requests_max,
+            reserve_per_sensor=section.network_reserve_per_sensor,
             oscore_dir=Path(oscore_dir) if oscore_dir else None,
             peer_client=context.peer_client,
             subscriptions=configured_queries(section.subscriptions),

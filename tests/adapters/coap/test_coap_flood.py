@@ -8,13 +8,16 @@ Real UDP from this machine's network address, the gateway as the installed servi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import struct
 import time
 
-from tests.support.coap import host_address, observations
+from aiocoap import Code
+
+from tests.support.coap import DEG_C, SENSOR, add_sensor, host_address, observations, post, sensor_side
 
 GET, POST = 0x01, 0x02
 
@@ -78,3 +81,41 @@ def test_requests_from_the_network_are_rationed_and_unauthenticated_readings_ref
     local_reading = answers("127.0.0.1", port, [datagram(POST, 6000, "s/boiler/temperature", b"63.5")])
     assert [answer[1] for answer in local_reading] == [0x44]  # 2.04
     assert len(observations(gateway)) == 1
+
+
+def test_junk_from_the_network_cannot_keep_an_oscore_sensor_out(start_gateway, tmp_path):
+    """The shared budget spent by junk (before: the sensor's POST timed out), the sensor's own
+    reserve still lets it in; a forger who copies its kid spends that reserve only."""
+    data = tmp_path / "data"
+    settings = add_sensor(data / "coap-sensors", "boiler")
+    gateway = start_gateway(
+        "--secure",
+        "--host",
+        "0.0.0.0",
+        toml="[coap]\nnetwork_requests_max = 40\nnetwork_reserve_per_sensor = 3\n",
+        data_dir=data,
+        coap=True,
+    )
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    lan = host_address()
+    assert len(answers(lan, port, [datagram(GET, mid, ".well-known/core") for mid in range(60)])) == 40
+
+    uri = f"coap://{lan}:{port}/s/boiler/temperature"
+    sensor = sensor_side(tmp_path, "boiler", settings)
+    assert asyncio.run(post(uri, b"64.5", sensor)).code == Code.CHANGED
+    assert observations(gateway) == [(SENSOR + "boiler", 64.5, DEG_C)]
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_network_requests_reserved_total"] == 1, metrics
+    assert metrics["sepa_coap_network_requests_shed_total"] == 20, metrics
+
+    # a forger with the sensor's kid (sent in clear): its junk takes the reserve left (2), no more
+    kid = bytes.fromhex(settings["sender-id_hex"])
+    option = bytes([0x09, 0x01]) + kid  # OSCORE: Partial IV of 1 byte, kid
+    forged = [
+        struct.pack("!BBH", 0x40, POST, 7000 + mid) + bytes([0x90 | len(option)]) + option + b"\xff" + b"x" * 16
+        for mid in range(10)
+    ]
+    answers(lan, port, forged, wait_s=1.0)
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_network_requests_reserved_total"] == 3, metrics
+    assert metrics["sepa_coap_network_requests_shed_total"] == 28, metrics

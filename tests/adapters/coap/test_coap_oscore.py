@@ -7,9 +7,7 @@ directory), aiocoap's client speaking OSCORE to the gateway's network address ov
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,35 +15,7 @@ from typing import Any
 import aiocoap
 from aiocoap import Code
 
-from tests.support.coap import DEG_C, SENSOR, host_address, observations
-
-CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
-
-
-def add_sensor(directory: Path, name: str) -> dict[str, str]:
-    done = subprocess.run(
-        [*CLI, "sensors", "--coap", "--coap-dir", str(directory), "add", name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    text = done.stdout
-    return json.loads(text[text.index("{") : text.index("}") + 1])
-
-
-async def post(uri: str, payload: bytes, context_dir: Path | None) -> aiocoap.Message:
-    context = await aiocoap.Context.create_client_context()
-    try:
-        if context_dir is not None:
-            context.client_credentials.load_from_dict(
-                {uri.rsplit("/s/", 1)[0] + "/*": {"oscore": {"basedir": str(context_dir) + "/"}}}
-            )
-        return await asyncio.wait_for(
-            context.request(aiocoap.Message(code=Code.POST, uri=uri, payload=payload)).response, 30
-        )
-    finally:
-        await context.shutdown()
+from tests.support.coap import CLI, DEG_C, SENSOR, add_sensor, host_address, observations, post, sensor_side
 
 
 async def accepted_within(uri: str, payload: bytes, context_dir: Path, seconds: float) -> bool:
@@ -68,13 +38,6 @@ async def accepted_within(uri: str, payload: bytes, context_dir: Path, seconds: 
         return False
     finally:
         await context.shutdown()
-
-
-def sensor_side(tmp_path: Path, name: str, settings: dict[str, str]) -> Path:
-    folder = tmp_path / "sensor-side" / name
-    folder.mkdir(parents=True)
-    (folder / "settings.json").write_text(json.dumps(settings))
-    return folder
 
 
 def test_a_sensor_with_its_oscore_context_is_taken_from_the_network_and_others_are_not(start_gateway, tmp_path) -> None:

@@ -91,3 +91,34 @@ def test_the_request_and_the_ack_written_here_are_what_aiocoap_reads(mid, token,
     assert int(sent.opt.content_format) == 112
     ack = aiocoap.Message.decode(datagrams.ack(mid, token))
     assert (ack.mtype, ack.code, ack.mid, ack.token, ack.payload) == (aiocoap.ACK, Code.CHANGED, mid, token, b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mid=st.integers(0, 0xFFFF),
+    token=tokens,
+    path=segments,
+    kid=st.one_of(st.none(), st.binary(max_size=12)),
+    piv=st.binary(max_size=5),
+    kid_context=st.one_of(st.none(), st.binary(max_size=20)),
+    observe=st.booleans(),
+)
+def test_the_oscore_kid_reads_as_aiocoap_writes_it(mid, token, path, kid, piv, kid_context, observe):
+    from aiocoap.oscore import COSE_KID, COSE_KID_CONTEXT, COSE_PIV, CanProtect
+
+    unprotected = {COSE_PIV: piv}
+    if kid is not None:
+        unprotected[COSE_KID] = kid
+    if kid_context is not None:
+        unprotected[COSE_KID_CONTEXT] = kid_context
+    option, _ = CanProtect._compress({}, unprotected, b"")
+    message = _message(mid, token, Code.POST, path, b"ciphertext")
+    message.opt.oscore = option
+    if observe:
+        message.opt.observe = 0  # an option before OSCORE's number
+    assert datagrams.oscore_kid(message.encode()) == kid
+
+
+@given(data=st.binary(max_size=80))
+def test_any_datagram_gives_a_kid_or_none_and_no_error(data):
+    assert datagrams.oscore_kid(data) is None or isinstance(datagrams.oscore_kid(data), bytes)
