@@ -16,6 +16,10 @@ upgrade keeps data and configuration; a bad configuration is reported at once wi
 the running gateway is not restarted; uninstall keeps data and configuration (a new install finds
 them), --purge removes them and the service user. And as a user who may use sudo (Debian's sudo
 package installed in the namespace only), the installer asks sudo for root and installs the same.
+And on a machine that systemd runs (this machine's systemd booted as the namespaces' first
+process): the unit enabled and started, the gateway ready under the unit's hardening as its own
+user, its log in the journal, started again by systemd when killed, a failed start reported from
+the journal, uninstall taking the unit and Mosquitto's drop-in away.
 """
 
 from __future__ import annotations
@@ -64,8 +68,12 @@ class Machine:
         return done.stdout
 
     def health(self) -> tuple[int, dict[str, object]]:
-        out = self.ok("curl -s -w '\\n%{http_code}' http://127.0.0.1:8000/health")
-        body, _, status = out.rpartition("\n")
+        """/health's status and body; (0, {}) while nothing listens (a restart)."""
+        done = self.run("curl -s -w '\\n%{http_code}' http://127.0.0.1:8000/health")
+        if done.returncode == 7:
+            return 0, {}
+        assert done.returncode == 0, done.stderr
+        body, _, status = done.stdout.rpartition("\n")
         return int(status), json.loads(body)
 
 
@@ -107,9 +115,44 @@ def copy_source(target: Path) -> None:
             shutil.copy2(ROOT / name, target / name)
 
 
+# Booted, systemd as the namespaces' first process: the host's /tmp behind a tmpfs (systemd-tmpfiles
+# empties /tmp at boot: it emptied this machine's once), the test's own folders bound back into it;
+# /sys and /proc/sys read-only (no udev, no sysctl of the host's kernel); no console getty; none of
+# this machine's enabled services but the ones the installer enables itself.
+MASKED = (
+    "console-getty.service",
+    "getty@tty1.service",
+    "serial-getty@console.service",
+    "getty.target",
+    "systemd-udevd.service",
+    "systemd-udev-trigger.service",
+    "systemd-tmpfiles-clean.timer",
+)
+
+
+def _boot_script(tmp_path: Path, wheelhouse: Path) -> list[str]:
+    """What readies the namespaces for systemd, after the overlays."""
+    kept = Path(os.path.commonpath([tmp_path, wheelhouse]))
+    steps = ["mount --bind /tmp /mnt", "mount -t tmpfs tmpfs /tmp"]
+    if kept.is_relative_to("/tmp"):
+        steps += [f"mkdir -p {kept}", f"mount --bind /mnt/{kept.relative_to('/tmp')} {kept}"]
+    steps += [
+        "umount -l /mnt",
+        "mount -o remount,bind,ro /sys",
+        "mount --bind /proc/sys /proc/sys",
+        "mount -o remount,bind,ro /proc/sys",
+        "rm -f /etc/systemd/system/*.wants/*",
+        *(f"ln -sf /dev/null /etc/systemd/system/{unit}" for unit in MASKED),
+    ]
+    return steps
+
+
 @contextlib.contextmanager
-def namespace(tmp_path: Path, wheelhouse: Path, overlaid: tuple[str, ...] = OVERLAID) -> Iterator[Machine]:
-    """A root shell in namespaces of its own, `overlaid` directories' writes landing in `tmp_path`."""
+def namespace(
+    tmp_path: Path, wheelhouse: Path, overlaid: tuple[str, ...] = OVERLAID, *, boot: bool = False
+) -> Iterator[Machine]:
+    """A root shell in namespaces of its own, `overlaid` directories' writes landing in `tmp_path`;
+    with `boot`, systemd runs them (PID 1 there), as on a Debian machine that booted."""
     if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nsenter") is None:
         pytest.fail("the install test runs as root with unshare and nsenter (util-linux)", pytrace=False)
     mounts = []
@@ -119,7 +162,12 @@ def namespace(tmp_path: Path, wheelhouse: Path, overlaid: tuple[str, ...] = OVER
         upper.mkdir(parents=True)
         work.mkdir()
         mounts.append(f"mount -t overlay overlay -o lowerdir={directory},upperdir={upper},workdir={work} {directory}")
-    script = " && ".join([*mounts, "ip link set lo up", "echo ready", "exec sleep infinity"])
+    if boot:
+        log = tmp_path / "systemd.log"
+        first = f"exec env container=sepa-gateway-test /lib/systemd/systemd --system >{log} 2>&1"
+        script = " && ".join([*mounts, *_boot_script(tmp_path, wheelhouse), "ip link set lo up", "echo ready", first])
+    else:
+        script = " && ".join([*mounts, "ip link set lo up", "echo ready", "exec sleep infinity"])
     holder = subprocess.Popen(
         [
             "unshare",
@@ -142,7 +190,13 @@ def namespace(tmp_path: Path, wheelhouse: Path, overlaid: tuple[str, ...] = OVER
         assert holder.stdout is not None and holder.stdout.readline() == "ready\n", holder.stderr
         (first,) = subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True).stdout.split()
         env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheelhouse)}
-        yield Machine(int(first), env)
+        machine = Machine(int(first), env)
+        if boot:
+            deadline = time.monotonic() + 60
+            while (state := machine.run("systemctl is-system-running").stdout.strip()) not in ("running", "degraded"):
+                assert time.monotonic() < deadline, f"systemd did not boot: {state}"
+                time.sleep(0.5)
+        yield machine
     finally:
         os.kill(int(first), signal.SIGKILL)  # the namespace's first process: every process in it goes
         holder.wait(30)
@@ -315,3 +369,52 @@ def test_install_as_a_user_who_may_use_sudo(tmp_path: Path, wheelhouse: Path, su
         ]
         assert machine.ok(f"pgrep -u sepa-gateway -f {GATEWAY}")  # the service runs as its own user
         assert ready_components(machine) == ALL_OK
+
+
+def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path) -> None:
+    """The README's first command where systemd runs the machine (Debian, Raspberry Pi OS): the
+    installer's systemd branches, the unit's hardening with the gateway under it, journald."""
+    clone = tmp_path / "sepa-gateway"
+    copy_source(clone)
+    with namespace(tmp_path, wheelhouse, boot=True) as machine:
+        out = machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+        assert " is running: http://localhost:8000/query" in out, out
+        assert "logs: systemctl status sepa-gateway; journalctl -u sepa-gateway" in out
+        assert machine.ok("systemctl is-enabled sepa-gateway mosquitto").split() == ["enabled", "enabled"]
+        assert "LimitNOFILE=" in machine.ok("cat /etc/systemd/system/mosquitto.service.d/sepa-gateway.conf")
+        assert ready_components(machine) == ALL_OK
+        main = machine.ok("systemctl show -p MainPID --value sepa-gateway").strip()
+        assert machine.ok(f"ps -o user= -p {main}").strip() == "sepa-gateway"
+        # the log in the journal, no file beside the data
+        journal = machine.ok("journalctl -u sepa-gateway --no-pager -o cat")
+        assert 'msg="sepa-gateway serving"' in journal, journal
+        assert machine.run("test -e /var/lib/sepa-gateway/sepa-gateway.log").returncode == 1
+
+        # killed, systemd starts it again (Restart=on-failure), with its data
+        machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
+        machine.ok(f"kill -9 {main}")
+        deadline = time.monotonic() + 30
+        while machine.ok("systemctl show -p MainPID --value sepa-gateway").strip() in ("0", main):
+            assert time.monotonic() < deadline, "systemd did not restart the gateway"
+            time.sleep(0.5)
+        assert ready_components(machine) == ALL_OK
+        assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+
+        # a start that fails: its reason from the journal, at once
+        machine.ok("systemctl stop sepa-gateway")
+        machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
+        machine.ok("sleep 1; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)'")
+        failed = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert "cannot listen on 127.0.0.1:9000" in failed.stderr, failed.stderr
+        assert "did not start (above: its last words)" in failed.stderr
+        machine.ok("kill $(cat /run/squatter)")
+
+        # an upgrade keeps the data; uninstall takes the service and Mosquitto's drop-in away
+        machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+        assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+        machine.ok(f"{clone}/systemd/uninstall.sh")
+        assert machine.run("systemctl cat sepa-gateway").returncode != 0
+        assert machine.run(f"pgrep -f {GATEWAY}").returncode == 1
+        assert machine.run("test -e /etc/systemd/system/mosquitto.service.d/sepa-gateway.conf").returncode == 1
+        assert machine.ok("systemctl is-active mosquitto").strip() == "active"
