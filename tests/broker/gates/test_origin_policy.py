@@ -16,6 +16,8 @@ import pytest
 
 from broker.gates.dispatch import HOSTS_CACHED, Dispatcher, Routes
 from gateway.appliance.config import Config
+from tests.broker.gates.secure_support import SecureClient, secure_config
+from tests.broker.gates.test_secure_gates import run_secure
 from tools.launcher import InProcessGateway, RunningGateway
 
 DASHBOARD = "http://dashboard.example:8080"
@@ -250,3 +252,20 @@ def test_allowed_hosts_from_the_toml_file(start_gateway) -> None:
     assert len(logged) == 2, logged  # one a minute at most on each port
     assert "host=n0.attacker.example" in logged[0] and "path=/query refused=1" in logged[0], logged
     assert "host=attacker.example path=/subscribe refused=1" in logged[1], logged
+
+
+def test_the_secure_gates_leave_the_name_to_tls(in_process_gateway, tmp_path) -> None:
+    """The decision (docs/security.md, "DNS rebinding"): on the HTTPS port a browser sends nothing
+    for attacker.example, whose name the gateway's certificate does not carry, so the gates there
+    do not check Host, and names of an operator's certificate need no listing."""
+    gateway = in_process_gateway(secure_config(data_dir=str(tmp_path / "data")))
+
+    async def test(client: SecureClient) -> None:
+        headers = {"Host": f"gw.plant.example:{urlsplit(client.https_url).port}"}
+        async with client.session.get(client.https_url + "/", headers=headers, ssl=client.ssl) as reply:
+            assert reply.status == 200  # the dashboard, a public page
+        async with client.session.get(client.https_url + "/secure/metrics", headers=headers, ssl=client.ssl) as reply:
+            assert reply.status == 401  # data needs a token, whatever the name
+
+    run_secure(gateway, test)
+    assert get(gateway.http_port, "/", f"gw.plant.example:{gateway.http_port}")[0] == 421
