@@ -24,7 +24,17 @@ And what a browser must not be able to do to a gateway on its user's network (th
   are refused with 403 before any handler runs: a cross-origin form post or ``fetch`` executes
   nothing, and a foreign page cannot subscribe. Clients that send no ``Origin`` (curl, SEPA
   clients, the adapters) are not affected. The common case, a request without ``Origin``, costs
-  one header lookup.
+  one header lookup;
+- on the plain gates, a request whose ``Host`` names a DNS name that is not ours is refused with
+  421 ``misdirected_request`` before anything else (``Expect`` included) runs. Why: a page at
+  ``attacker.example`` whose name the attacker rebinds to 127.0.0.1 is same-origin with itself,
+  so its ``fetch('/query?query=...')`` carries no ``Origin`` and the browser lets it read the
+  reply; only the ``Host`` it sends (``attacker.example:8000``) gives it away. Ours: IP literals,
+  ``localhost``, this machine's name and ``<name>.local``, and ``[http] allowed_hosts``. A request
+  without ``Host`` (HTTP/1.0) is served. The decision is cached per ``Host`` value (bounded), so
+  the common case costs one header lookup and one dict lookup. The secure gates do not check:
+  TLS does it for them, a browser sends nothing to ``https://attacker.example:8443`` once the
+  gateway's certificate does not name ``attacker.example`` (docs/security.md, "Browsers").
 
 A gate is one :class:`Routes` table served by one :class:`Dispatcher`; a secure gate builds its
 own table (with its checks in the handlers) and its own dispatcher over the same handlers.
@@ -36,6 +46,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -54,6 +65,11 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 # what a `{name}` segment of an aiohttp route matches
 _NOT_IN_SEGMENT = frozenset("/{}")
+
+# Host values whose decision (ours or not) a dispatcher keeps; past it the cache starts again, so a
+# client sending ever new names costs memory no more than this, and a decision a few microseconds
+HOSTS_CACHED = 256
+MISDIRECTED_LOG_EVERY_S = 60.0  # a refused Host is logged once a minute at most per gate (with the count)
 
 
 def last_segment(request: web.BaseRequest) -> str:
@@ -140,6 +156,8 @@ class Dispatcher:
         idle_timeout_s: float = 60.0,
         request_timeout_s: float = 20.0,
         limit: ConnectionLimit | None = None,
+        allowed_hosts: Sequence[str] = (),
+        refuse_foreign_hosts: bool = True,
     ) -> None:
         self.routes = routes
         self.limit = limit  # connections held open, shared by every gate (broker.gates.connections)
@@ -150,6 +168,13 @@ class Dispatcher:
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s  # a request's head and body arrive within this (broker.gates.slow)
         self.cors_origins = frozenset(origin.rstrip("/") for origin in cors_origins)
+        # names that are ours besides IP literals, localhost and this machine's ([http] allowed_hosts);
+        # they count for the Host check and for the same-origin check of the origin policy
+        self.allowed_hosts = frozenset(_bare_name(name) for name in allowed_hosts)
+        self.refuse_foreign_hosts = refuse_foreign_hosts  # False on the secure gates (TLS checks the name)
+        self._hosts: dict[str, bool] = {}  # Host header value -> ours (at most HOSTS_CACHED)
+        self._misdirected_logged_at = float("-inf")
+        self._misdirected_unlogged = 0
 
     def server(self) -> web.Server:
         """A low-level aiohttp server for this gate (call with the event loop running)."""
@@ -189,6 +214,10 @@ class Dispatcher:
         return await self._dispatch(request)
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self.refuse_foreign_hosts:
+            host = request.headers.get(hdrs.HOST)
+            if host and not self._hosts.get(host, False) and not self.ours(host):
+                return self._misdirected(request, host)
         if request.headers.get(hdrs.EXPECT):
             await _expect(request)  # before the JSON errors: an unknown expectation is aiohttp's plain 417
         origin = request.headers.get(hdrs.ORIGIN)
@@ -233,6 +262,7 @@ class Dispatcher:
         if (
             origin is not None
             and _same_origin(origin, request.host)
+            and self.ours(request.host)
             and request.headers.get("Sec-Fetch-Site") != "cross-site"
         ):
             return None
@@ -240,26 +270,69 @@ class Dispatcher:
         log.info("cross-origin request refused", extra={"origin": (origin or "")[:200], "path": request.path[:200]})
         return json_error("forbidden", "cross-origin requests are refused (see [http] cors_origins)", 403)
 
+    def ours(self, host: str) -> bool:
+        """Whether `host` (a Host header: name or IP literal, and port) names this gateway: an IP
+        address, localhost, this machine's name or ``<name>.local``, or a name of ``allowed_hosts``.
+        Why not any name: a DNS-rebinding page is served under a name of the attacker's."""
+        known = self._hosts.get(host)
+        if known is None:
+            name = _bare_name(_host_name(host))
+            known = name in self.allowed_hosts or _our_name(name)
+            if len(self._hosts) >= HOSTS_CACHED:
+                self._hosts.clear()
+            self._hosts[host] = known
+        return known
+
+    def _misdirected(self, request: web.BaseRequest, host: str) -> web.Response:
+        """421 for a request sent under a DNS name that is not ours (a DNS-rebinding page's, or a
+        name the operator did not list); logged once a minute at most, with the count since."""
+        self.counters["misdirected_request:421"] += 1
+        self._misdirected_unlogged += 1
+        now = time.monotonic()
+        if now - self._misdirected_logged_at >= MISDIRECTED_LOG_EVERY_S:
+            self._misdirected_logged_at = now
+            log.info(
+                "request for a host name that is not ours refused (see [http] allowed_hosts)",
+                extra={"host": host[:200], "path": request.path[:200], "refused": self._misdirected_unlogged},
+            )
+            self._misdirected_unlogged = 0
+        return json_error(
+            "misdirected_request",
+            "this gateway does not serve the host name the request names; "
+            "an operator can list it in [http] allowed_hosts",
+            421,
+        )
+
 
 def _cors(origin: str) -> dict[str, str]:
     return {"Access-Control-Allow-Origin": origin, **CORS_HEADERS}
 
 
 def _same_origin(origin: str, host: str) -> bool:
-    """Whether `origin` (scheme://host[:port]) names the host and port the request was sent to, and
-    that host is one of ours: an IP address, localhost or this machine's name. Why the last part: a
-    page of a DNS-rebinding attacker is same-origin with its own name, pointed at our address."""
+    """Whether `origin` (scheme://host[:port]) names the host and port the request was sent to.
+    That the host is ours is the dispatcher's question (``Dispatcher.ours``): a page of a
+    DNS-rebinding attacker is same-origin with its own name, pointed at our address."""
     scheme, separator, authority = origin.partition("://")
     if not separator:
         return False
     default = {"http": "80", "ws": "80", "https": "443", "wss": "443"}.get(scheme.lower())
-    host = host.lower()
-    return _with_port(authority.lower(), default) == _with_port(host, default) and _our_name(host)
+    return _with_port(authority.lower(), default) == _with_port(host.lower(), default)
 
 
-def _our_name(host: str) -> bool:
+def _host_name(host: str) -> str:
+    """The name or address of a Host header, without its port nor an IPv6 literal's brackets."""
     name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    name = name.strip("[]")
+    return name.strip("[]")
+
+
+def _bare_name(name: str) -> str:
+    """A host name as compared: lower case, without the trailing dot of a fully qualified one."""
+    return name.lower().removesuffix(".")
+
+
+def _our_name(name: str) -> bool:
+    """Whether `name` (bare: :func:`_host_name`, :func:`_bare_name`) is an IP address, localhost,
+    this machine's name or ``<its name>.local`` (mDNS)."""
     try:
         ipaddress.ip_address(name)
         return True

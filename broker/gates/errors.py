@@ -17,6 +17,7 @@ HTTP_ERRORS = {
     406: "not_acceptable",
     413: "request_too_large",
     415: "unsupported_media_type",
+    421: "misdirected_request",
     429: "too_many_requests",
 }
 

@@ -37,6 +37,9 @@ class GateSettings:
     queue_limit: int = 10_000
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
+    # DNS names of this gateway besides localhost and the machine's name: a plain gate refuses (421) a
+    # request whose Host names any other (DNS rebinding; broker.gates.dispatch)
+    allowed_hosts: tuple[str, ...] = ()
     idle_timeout_s: float = 60.0
     request_timeout_s: float = 20.0
     max_connections: int = 0  # open on every gate together; 0: half the open-file limit (broker.gates.connections)
@@ -106,7 +109,10 @@ class Gates:
         for path, handler in self.pages.items():
             routes.get(path, handler)
 
-    def _server(self, routes: Routes) -> web.Server:
+    def _server(self, routes: Routes, *, secure: bool = False) -> web.Server:
+        """The server of one gate; a plain one refuses requests for host names not ours, a secure
+        one leaves that to TLS (a browser sends nothing once the certificate does not name the host
+        it asked for), so names of the operator's certificate need no listing."""
         return Dispatcher(
             routes,
             self.counters,
@@ -115,6 +121,8 @@ class Gates:
             idle_timeout_s=self.settings.idle_timeout_s,
             request_timeout_s=self.settings.request_timeout_s,
             limit=self.connections,
+            allowed_hosts=self.settings.allowed_hosts,
+            refuse_foreign_hosts=not secure,
         ).server()
 
     def http_server(self) -> web.Server:
@@ -138,14 +146,14 @@ class Gates:
         routes.get(METRICS_PATH, self.secure_metrics)
         routes.get(SPUS_PATH, self.secure_spus)
         self._add_pages(routes)
-        return self._server(routes)
+        return self._server(routes, secure=True)
 
     def wss_server(self) -> web.Server:
         """The secure WebSocket port: secure subscribe only."""
         assert self.secure is not None
         routes = Routes()
         routes.get(SUBSCRIBE_PATH, self.secure.websocket.handle)
-        return self._server(routes)
+        return self._server(routes, secure=True)
 
     @property
     def websocket_connections(self) -> list[Connection]:

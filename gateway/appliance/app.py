@@ -117,6 +117,7 @@ class Gateway:
                     total_bytes=config.websocket.max_subscription_bytes,
                 ),
                 cors_origins=tuple(config.http.cors_origins),
+                allowed_hosts=tuple(config.http.allowed_hosts),
                 idle_timeout_s=config.http.idle_timeout_s,
                 request_timeout_s=config.http.request_timeout_s,
                 max_connections=config.http.max_connections,

@@ -7,6 +7,7 @@ the defaults here. A bad file is a :class:`ConfigError` with a one-line message.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -16,6 +17,12 @@ from pyoxigraph import NamedNode
 
 from gateway.appliance.config_lines import setting_line, toml_error_line
 from gateway.appliance.plugins import adapter_plugins
+
+# a DNS name as [http] allowed_hosts takes it: labels of letters, digits, '-' and '_' (container names),
+# no scheme, port, path nor wildcard; a trailing dot (fully qualified) is allowed
+_HOST_NAME = re.compile(
+    r"(?=.{1,253}\.?$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?"
+)
 
 
 class ConfigError(Exception):
@@ -74,6 +81,9 @@ class HttpConfig:
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
+    # DNS names the plain gates answer to besides IP addresses, localhost and this machine's name (and
+    # <name>.local); a request whose Host names another gets 421 (DNS rebinding: docs/security.md)
+    allowed_hosts: list = field(default_factory=list)
     idle_timeout_s: float = 60.0  # a kept-alive connection without a request for this long is closed
     request_timeout_s: float = 20.0  # a request's head, and its body, must arrive within this (then 408)
     max_connections: int = 0  # open on all the gates together (past it closed at once); 0: half the open-file limit
@@ -218,6 +228,12 @@ class Config:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        for position, name in enumerate(self.http.allowed_hosts):
+            if not isinstance(name, str) or not _HOST_NAME.fullmatch(name.lower()):
+                raise ConfigError(
+                    f"http.allowed_hosts[{position}] must be a host name without scheme or port "
+                    f'(e.g. "gateway.plant.example"), not {name!r}'
+                )
         if self.http.idle_timeout_s <= 0 or self.http.request_timeout_s <= 0:
             raise ConfigError("http.idle_timeout_s and http.request_timeout_s must be positive")
         if (

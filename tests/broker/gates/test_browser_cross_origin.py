@@ -4,6 +4,10 @@ The attacker's page (served here from another port) submits a hidden form to /up
 `fetch` POSTs (a form body, a SPARQL body) and opens a WebSocket to subscribe. Against a gateway
 that lists the page's origin in `cors_origins`, the same page does change the store: so the page
 really sends what it should, and the refusal is the origin policy's doing.
+
+And DNS rebinding: a page of attacker.example whose name comes to resolve to the gateway reads
+/query same-origin; the plain gates refuse it by its Host (421). Without that check the page gets
+200 and the whole store (seen while writing the test).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from aiohttp import web
 
 from gateway.appliance.config import Config
 from tests.support.browser import chromium
-from tools.launcher import InProcessGateway
+from tools.launcher import InProcessGateway, free_port
 
 EX = "http://example.org/browser/"
 
@@ -137,3 +141,54 @@ def test_the_same_page_from_a_listed_origin_does_write(in_process_gateway) -> No
         assert written(gateway) == {"form", "fetch-form"}  # text/plain is not a SPARQL media type: 415
     finally:
         site.close()
+
+
+# -- DNS rebinding ----------------------------------------------------------------------------
+
+REBINDING_PAGE = """<!doctype html>
+<html><head><title>attacker.example</title></head><body>
+<script>
+// called once attacker.example resolves to the gateway: same origin, so no Origin header, no CORS
+window.steal = (done) => fetch("/query?query=" + encodeURIComponent("SELECT * WHERE { ?s ?p ?o }"))
+  .then((reply) => reply.text().then((text) => done(reply.status + " " + text)))
+  .catch((error) => done("failed " + error));
+</script></body></html>
+"""
+
+
+def test_a_page_rebound_to_the_gateway_reads_nothing(start_gateway) -> None:
+    """The attack as a browser sees it: the page of attacker.example:P is loaded from the attacker's
+    server, then attacker.example:P is the gateway (here the name always resolves to 127.0.0.1,
+    and the server behind port P changes, which is the same to the browser), and the page's
+    script reads /query same-origin."""
+    port = free_port()
+
+    async def attackers_page(request: web.Request) -> web.Response:
+        return web.Response(text=REBINDING_PAGE, content_type="text/html")
+
+    page = web.Application()
+    page.router.add_get("/", attackers_page)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner = web.AppRunner(page)
+
+    async def serve() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    with chromium(flags=("--host-resolver-rules=MAP attacker.example 127.0.0.1",)) as browser:
+        try:
+            browser.get(f"http://attacker.example:{port}/")
+            assert browser.title == "attacker.example"
+        finally:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+        gateway = start_gateway(http_port=port)  # "rebound": attacker.example:P is now the gateway
+        assert gateway.update(f"INSERT DATA {{ <{EX}secret> <{EX}p> 'the store' }}").status == 200
+        stolen = browser.execute_async_script("window.steal(arguments[arguments.length - 1])")
+    assert stolen.startswith("421 ") and "misdirected_request" in stolen, stolen
+    assert "secret" not in stolen
+    assert gateway.metric('sepa_errors_total{error="misdirected_request",status="421"}') >= 1

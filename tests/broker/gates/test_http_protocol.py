@@ -614,17 +614,17 @@ def _raw_exchange(port: int, data: bytes, *, shut_write: bool = False, read: boo
 def test_garbage_connections_do_not_disturb_the_server(gateway: RunningGateway, ex: str) -> None:
     port = gateway.http_port
     half_update = (
-        b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Type: application/sparql-update\r\nContent-Length: 200\r\n\r\n"
-        + f"INSERT DATA {{ <{ex}half> <{ex}p> 1 }} ; INSERT DA".encode()
+        b"POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
+        b"Content-Length: 200\r\n\r\n" + f"INSERT DATA {{ <{ex}half> <{ex}p> 1 }} ; INSERT DA".encode()
     )
     _raw_exchange(port, half_update, read=False)  # body cut short, connection closed
     _raw_exchange(port, half_update, shut_write=True)  # body cut short, then half-closed
-    _raw_exchange(port, b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Ty", read=False)  # headers cut short
+    _raw_exchange(port, b"POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty", read=False)  # headers cut short
     for junk in (
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(range(256)),  # a TLS hello
         b"GARBAGE\x00\xff\r\n\r\n",
-        b"GET /query?query=ASK%7B%7D HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
-        b"POST /query HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nASK {}\r\n",
+        b"GET /query?query=ASK%7B%7D HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: -1\r\n\r\n",
+        b"POST /query HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nASK {}\r\n",
     ):
         answer = _raw_exchange(port, junk)
         assert answer == b"" or re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:200]
@@ -639,10 +639,10 @@ def test_pipelined_requests_on_one_connection(gateway: RunningGateway, ex: str) 
     update = f"INSERT DATA {{ <{ex}s> <{ex}p> 7 }}".encode()
     query = quote(f"ASK {{ <{ex}s> <{ex}p> 7 }}")
     data = (
-        b"POST /update HTTP/1.1\r\nHost: x\r\nContent-Type: application/sparql-update\r\n"
+        b"POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
         + f"Content-Length: {len(update)}\r\n\r\n".encode()
         + update
-        + f"GET /query?query={query} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        + f"GET /query?query={query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
     )
     answer = _raw_exchange(gateway.http_port, data)
     assert answer.count(b"HTTP/1.1 200 OK") == 2, answer

@@ -25,6 +25,11 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
     "invalid-toml": (HEAD + "port = = 1\n", 6, "not valid TOML"),
     "unknown-section": (HEAD + "\n[htp]\nport = 1\n", 7, "unknown section [htp]"),
     "second-of-two": (HEAD + "request_timeout_s = 0.0\n", 6, "http.request_timeout_s must be positive"),
+    "allowed-hosts": (
+        HEAD + 'port = 8000\nallowed_hosts = ["gw.plant.example", "http://gw.plant.example:8000"]\n',
+        7,
+        "http.allowed_hosts[1] must be a host name without scheme or port",
+    ),
     "invalid-value": ('[engine]\nallow_load = false\nmode = "fast"\n', 3, "engine.mode"),
     "reeval-workers": ("[engine]\nallow_load = false\nreeval_workers = -1\n", 3, "engine.reeval_workers"),
     "array-entry": (

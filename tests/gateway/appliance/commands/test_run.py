@@ -121,7 +121,7 @@ def test_run_logs_the_urls_it_serves(start_gateway: Callable[..., RunningGateway
         assert port is not None
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
             connection.sendall(
-                b"GET /subscribe HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"GET /subscribe HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
             )
             assert connection.recv(4096).startswith(b"HTTP/1.1 101 "), url
