@@ -1,0 +1,104 @@
+"""Hostile and buggy MQTT input against a real `sepa-gateway run` and a real Mosquitto: a
+mapping written into the mappings graph, or a message, that no update can carry costs that
+message only; the other sensors' readings, in the same batch or after it, are stored."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tools.launcher import RunningGateway, launch_gateway
+from tools.mosquitto import Mosquitto
+
+PREFIXES = (
+    "PREFIX sosa: <http://www.w3.org/ns/sosa/> PREFIX qudt: <http://qudt.org/schema/qudt/> "
+    "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
+)
+MAPPINGS = "<http://w3id.org/sepa-gateway/graph/mappings>"
+
+
+def config_file(tmp_path: Path, broker: Mosquitto, extra: str = "") -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nport = {broker.port}\nclient_id = "gw-{broker.port}"\n{extra}')
+    return path
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def values(gateway: RunningGateway, topic: str) -> list[float]:
+    rows = gateway.select(
+        PREFIXES + "SELECT ?v WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> { "
+        f'?obs gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r . ?r qudt:numericValue ?v }} }}'
+    )
+    return sorted(float(row["v"]) for row in rows)
+
+
+def bad_by_topic(gateway: RunningGateway) -> dict[str, float]:
+    return {
+        name.split('"')[1]: count
+        for name, count in gateway.metrics().items()
+        if name.startswith("sepa_mqtt_ingest_bad_input_by_topic{")
+    }
+
+
+def publish(port: int, messages: Sequence[tuple[str, bytes]]) -> None:
+    """QoS 1 messages on one connection, back to back, each acknowledged by the broker."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{uuid.uuid4().hex[:8]}")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for info in [client.publish(topic, payload, qos=1) for topic, payload in messages]:
+            info.wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_a_reading_no_update_can_carry_costs_its_message_not_the_batch_nor_the_ingestion(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A mapping from the graph whose sensor template is `{sensor}:x`: valid for the sample the
+    compiler fills (`x:x`), but `1abc:x` (a topic level starting with a digit) is no IRI. The
+    writer refused the whole batch (PayloadError), the ingestor took that for a store failure and
+    retried the same batch every 5 s for ever: no reading of any sensor was stored again."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 300\n"))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        added = gateway.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ "
+            '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+            'gw:topicFilter "evil/{sensor}" ; gw:extract "number" ; '
+            'gw:sensorTemplate "{sensor}:x" ; gw:propertyTemplate "temperature" } }'
+        )
+        assert added.status == 200, added.body
+        time.sleep(0.3)  # the adapter subscribes to the new topic
+        # one batch (batch_wait_ms): good readings around the bad one
+        publish(
+            mosquitto.port,
+            [
+                ("gateway/s1/temperature", b"19.5"),
+                ("evil/1abc", b"20"),
+                ("evil/abc", b"21"),
+                ("gateway/s2/temperature", b"22"),
+            ],
+        )
+        wait_for(lambda: values(gateway, "gateway/s2/temperature"))
+        assert values(gateway, "gateway/s1/temperature") == [19.5]
+        assert values(gateway, "evil/abc") == [21]
+        assert values(gateway, "evil/1abc") == []
+        assert bad_by_topic(gateway) == {"evil/1abc": 1}
+        publish(mosquitto.port, [("gateway/s1/temperature", b"23")])  # ingestion goes on
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5, 23])
+        assert gateway.metrics().get("sepa_mqtt_ingest_commit_failures", 0) == 0
+    finally:
+        assert gateway.stop() == 0
