@@ -205,8 +205,9 @@ class MqttAdapter:
             return  # sequence 0, during start: start() rebuilds once subscribed
         self._rebuild()
         filters = self.mapper.subscriptions()
-        added = [f for f in filters if f not in self._filters]
-        removed = [f for f in self._filters if f not in filters]
+        before, after = set(self._filters), set(filters)  # lists: quadratic, 5.1 s for 20,000 mappings
+        added = [f for f in filters if f not in before]
+        removed = [f for f in self._filters if f not in after]
         self._filters = filters
         loop = asyncio.get_running_loop()
         if added:
