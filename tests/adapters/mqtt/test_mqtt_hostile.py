@@ -156,3 +156,31 @@ def test_ten_thousand_mappings_in_the_graph_do_not_freeze_the_gateway_at_each_ch
         assert gateway.metrics().get("sepa_mqtt_mapping_errors", 0) == 0
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_mapping_with_many_values_per_attribute_costs_its_size_not_their_product(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """One mapping node with 3 values for each of its 10 optional attributes (a 1.5 KB update).
+    The mappings query joined one OPTIONAL per attribute, so the subscription's result was their
+    product: 59,049 rows, the update took 1.8 s; 4 values each would be 1,048,576 rows, 5 nearly
+    10 million. Now one row per triple: the mapping is refused (counted), the others work."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        attributes = (
+            "sensorTemplate propertyTemplate featureTemplate unit jsonPath pattern trueWords falseWords timePath order"
+        )
+        triples = "".join(f'; gw:{name} "v{j}" ' for name in attributes.split() for j in range(3))
+        started = time.monotonic()
+        added = gateway.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ <urn:example:mapping:wide> a gw:TopicMapping ; "
+            f'gw:mappingId "wide" ; gw:topicFilter "wide/{{sensor}}" ; gw:extract "number" {triples} . }} }}'
+        )
+        assert added.status == 200, added.body
+        assert time.monotonic() - started < 1.0
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_mapping_errors", 0) >= 1)
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+    finally:
+        assert gateway.stop() == 0
