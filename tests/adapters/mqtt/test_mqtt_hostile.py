@@ -184,3 +184,36 @@ def test_a_mapping_with_many_values_per_attribute_costs_its_size_not_their_produ
         wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
     finally:
         assert gateway.stop() == 0
+
+
+def resident_mb(gateway: RunningGateway) -> float:
+    for line in Path(f"/proc/{gateway.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_long_topics_are_dropped_not_remembered(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """1,000 Homie `$unit` messages on distinct 60 KB topics (one sensor login may publish under
+    homie/5/<login>/#): the mapper learned each topic's unit and cached each topic, and the
+    gateway grew by 172 MB in 2 s (65,536 units allowed: ~11 GB). Now a topic over 256 bytes is
+    counted and dropped, like an oversize payload."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        before = resident_mb(gateway)
+        node = "n" * 60_000
+        for first in range(0, 1_000, 100):
+            publish(
+                mosquitto.port,
+                [(f"homie/5/dev/{node}{i}/temperature/$unit", "°C".encode()) for i in range(first, first + 100)],
+            )
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= 1_000, timeout=30)
+        grown = resident_mb(gateway) - before
+        assert grown < 50, f"the gateway grew by {grown:.0f} MB"
+        assert gateway.metrics()["sepa_mqtt_ingest_dropped_long_topic"] == 1_000
+        assert bad_by_topic(gateway) == {f"homie/5/dev/{'n' * 52}...": 1_000}
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])  # the others go on
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+    finally:
+        assert gateway.stop() == 0
