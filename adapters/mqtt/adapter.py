@@ -98,6 +98,7 @@ class MqttAdapter:
         self._mappings: ClientSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._filters: list[str] = []
+        self._unusable: set[str] = set()  # the unusable mappings' errors logged at the last rebuild
 
     async def start(self) -> None:
         """Publish the config's mappings, follow the mappings graph, connect and ingest (in the background)."""
@@ -219,9 +220,13 @@ class MqttAdapter:
         rows = self._mappings.view.bindings() if self._mappings is not None else []
         errors: list[MappingError] = []
         stored = mappings_from_rdf(rows, errors)
+        # Logged when it appears, not at every rebuild: every change of the mappings graph rebuilds, and
+        # 200 unusable mappings left there were 200 warnings per change of any other mapping.
+        reported, self._unusable = self._unusable, {str(error) for error in errors}
         for error in errors:
             self.mapping_errors += 1
-            log.warning("mqtt: a mapping in the store is unusable", extra={"error": str(error)})
+            if str(error) not in reported:
+                log.warning("mqtt: a mapping in the store is unusable", extra={"error": str(error)})
         try:
             self.mapper = self.mapper.rebuild([*stored, *self.profiles])
         except MappingError as error:

@@ -217,3 +217,30 @@ def test_long_topics_are_dropped_not_remembered(mosquitto: Mosquitto, tmp_path: 
         wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
     finally:
         assert gateway.stop() == 0
+
+
+def test_unusable_mappings_in_the_graph_are_logged_once_not_at_every_change(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """200 mappings no adapter can use, written into the mappings graph, then five changes of
+    other mappings: each change rebuilt the Mapper and logged every unusable mapping again, 1,200
+    warnings (200 per change, whatever changed). Now each is logged when it appears."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        broken = "".join(
+            f'<urn:example:broken:{i}> a gw:TopicMapping ; gw:mappingId "b{i}" ; gw:topicFilter "b/{i}" ; '
+            'gw:extract "no-such-extractor" .\n'
+            for i in range(200)
+        )
+        assert gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {broken} }} }}").status == 200
+        for i in range(5):
+            added = gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {mapping_triples(i, 1)} }} }}")
+            assert added.status == 200, added.body
+        time.sleep(0.5)
+        publish(mosquitto.port, [("site4/boiler", b"61.5")])  # the last change is in effect
+        wait_for(lambda: values(gateway, "site4/boiler") == [61.5])
+        warnings = gateway.log().count("a mapping in the store is unusable")
+        assert warnings == 200, warnings
+    finally:
+        assert gateway.stop() == 0
