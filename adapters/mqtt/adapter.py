@@ -91,6 +91,10 @@ class MqttAdapter:
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
+        # Messages of the batch being committed that one of its updates stored: when the writer refuses
+        # a batch it is stored in halves, and a store failure after the first half makes the ingestor
+        # retry the whole batch; the half already stored must not be stored twice.
+        self._stored: set[Message] = set()
         self.readings = 0
         self.retained_skipped = 0
         self.observations_committed = 0
@@ -147,6 +151,8 @@ class MqttAdapter:
         """
         mapped: list[tuple[Message, list[Reading]]] = []
         for message in batch:
+            if message in self._stored:
+                continue  # stored by an update of this batch before a later one of it failed (the batch is retried)
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
             try:
@@ -161,6 +167,7 @@ class MqttAdapter:
                     continue
                 mapped.append((message, found))
         await self._store(mapped)
+        self._stored.clear()
 
     async def _store(self, mapped: list[tuple[Message, list[Reading]]]) -> None:
         """Store the readings of `mapped` messages as one update, or, if the writer refuses it, each half.
@@ -196,6 +203,7 @@ class MqttAdapter:
             await self._store(carrying[half:])
             return
         self.deliveries.settle(*amended[0])
+        self._stored.update(delivered)
         self.readings += len(readings)
         self.observations_committed += len(readings)
 

@@ -4,17 +4,24 @@ message only; the other sensors' readings, in the same batch or after it, are st
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from adapters.mqtt.adapter import MqttAdapter
+from adapters.mqtt.settings import MqttSettings
+from broker.api import Engine, Scheduler
+from gateway.client import InProcessTransport, SepaClient
+from gateway.observations.writer import ObservationWriter
 from tools.launcher import RunningGateway, launch_gateway
-from tools.mosquitto import Mosquitto
+from tools.mosquitto import Mosquitto, until
 
 PREFIXES = (
     "PREFIX sosa: <http://www.w3.org/ns/sosa/> PREFIX qudt: <http://qudt.org/schema/qudt/> "
@@ -244,3 +251,62 @@ def test_unusable_mappings_in_the_graph_are_logged_once_not_at_every_change(
         assert warnings == 200, warnings
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_store_failure_while_a_refused_batch_is_stored_in_halves_stores_nothing_twice(
+    mosquitto: Mosquitto,
+) -> None:
+    """The writer refuses a batch with one unwritable reading, so it is stored in halves; the
+    store then fails once (a fault injected into the writer: the broker's own failures cannot be
+    caused on demand) after the first half was stored. The ingestor retries the whole batch: the
+    first half was stored again (its observation got a second gw:sequenceNumber)."""
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        writer = ObservationWriter(client, "gw")
+        settings = MqttSettings(
+            host="127.0.0.1", port=mosquitto.port, client_id="gw-halves", reconnect_min_s=0.05, batch_wait_ms=300
+        )
+        adapter = MqttAdapter(client, settings, writer=writer)
+        commit, calls = writer.commit, 0
+
+        async def failing_once(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 5:  # the batch, its first half, [s1], [evil/1abc]: then the second half
+                raise RuntimeError("the store failed")
+            return await commit(*args, **kwargs)
+
+        writer.commit = failing_once  # type: ignore[method-assign]
+        await client.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ "
+            '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+            'gw:topicFilter "evil/{sensor}" ; gw:extract "number" ; '
+            'gw:sensorTemplate "{sensor}:x" ; gw:propertyTemplate "temperature" } }'
+        )
+        await adapter.start()
+        try:
+            await asyncio.wait_for(adapter.connection.wait_connected(), 10)
+            await asyncio.sleep(0.3)  # subscribed
+            messages = [
+                ("gateway/s1/temperature", b"19.5"),
+                ("evil/1abc", b"20"),
+                ("evil/abc", b"21"),
+                ("gateway/s2/temperature", b"22"),
+            ]
+            await asyncio.to_thread(publish, mosquitto.port, messages)
+            await until(lambda: adapter.ingestor.stats.acked >= 4, what="the batch acknowledged")
+            result = await client.query(
+                PREFIXES + "SELECT ?topic ?sequence WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> "
+                "{ ?obs gw:hasMqttTopic ?topic ; gw:sequenceNumber ?sequence } }"
+            )
+            stored = sorted((row[0].value, row[1].value) for row in result.rows)
+            assert stored == [("evil/abc", "1"), ("gateway/s1/temperature", "1"), ("gateway/s2/temperature", "1")]
+            assert adapter.ingestor.stats.commit_failures == 1
+        finally:
+            await adapter.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
