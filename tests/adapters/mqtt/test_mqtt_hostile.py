@@ -310,3 +310,22 @@ def test_a_store_failure_while_a_refused_batch_is_stored_in_halves_stores_nothin
             scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_a_time_key_too_large_for_a_double_is_ignored_like_any_unreadable_time(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A usual time key (`last_seen`, `ts`...) that cannot be read is ignored: the reading is
+    stored with the gateway's time (`"last_seen": "yesterday"` is). A JSON integer of 400 digits
+    raised OverflowError instead of PayloadError, and the whole message was refused."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        huge = b"9" * 400
+        publish(mosquitto.port, [("zigbee2mqtt/hall", b'{"temperature": 21.5, "last_seen": ' + huge + b"}")])
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])  # processed after it
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+        assert values(gateway, "zigbee2mqtt/hall") == [21.5]
+        assert bad_by_topic(gateway) == {}
+    finally:
+        assert gateway.stop() == 0
