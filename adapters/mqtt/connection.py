@@ -194,15 +194,18 @@ class MqttConnection:
 
     async def subscribe(self, filters: Iterable[str]) -> None:
         """Add filters (mappings added at run time); sent now if connected, else at the next connect."""
-        new = [check_filter(f) for f in dict.fromkeys(filters) if f not in self._filters]
+        known = set(self._filters)  # not the list: 2,500 filters added to 10,000 were 25 million comparisons
+        new = [check_filter(f) for f in dict.fromkeys(filters) if f not in known]
         self._filters.extend(new)
         if new and self._client is not None and self._client.is_connected():
             self._send_subscribe(new)
 
     async def unsubscribe(self, filters: Iterable[str]) -> None:
         """Remove filters (mappings removed at run time), from the broker's session too."""
-        gone = [f for f in dict.fromkeys(filters) if f in self._filters]
-        self._filters = [f for f in self._filters if f not in gone]
+        known = set(self._filters)
+        gone = [f for f in dict.fromkeys(filters) if f in known]
+        removed = set(gone)
+        self._filters = [f for f in self._filters if f not in removed]
         if gone and self._client is not None and self._client.is_connected():
             self._client.unsubscribe(gone)
 

@@ -29,6 +29,13 @@ Commit = Callable[[list[Message]], Awaitable[None]]
 COMMIT_RETRY_MIN_S = 0.1
 COMMIT_RETRY_MAX_S = 5.0
 FAILURE_LOG_INTERVAL_S = 30.0
+# Longer topics are counted and dropped like oversize payloads. MQTT allows 65,535 bytes, and the mapper
+# keeps what it learns per topic (its topic cache, 16,384 topics; Homie units, 65,536): 1,000 `$unit`
+# messages on 60 KB topics grew the gateway by 172 MB in 2 s, ~11 GB at the units' bound, from one sensor
+# login (its ACL grants homie/5/<login>/#). No convention comes near 256 bytes (AWS IoT allows no more; the
+# ACL's topic patterns are 256 characters at most).
+MAX_TOPIC_BYTES = 256
+_SHOWN_TOPIC = 64  # a long topic is counted under its first characters, not kept whole
 
 
 @dataclass
@@ -40,6 +47,7 @@ class IngestStats:
     acked: int = 0
     commit_failures: int = 0
     dropped_oversize: int = 0
+    dropped_long_topic: int = 0
     largest_batch: int = 0
     commit_seconds: float = 0.0
 
@@ -124,17 +132,26 @@ class Ingestor:
     async def _commit_with_retry(self, batch: list[Message]) -> bool:
         """Commit the batch's acceptable messages, retrying with backoff; False if stopped before it committed.
 
-        Oversize payloads never reach commit: no retry could ever make them acceptable, so they are counted and
-        acknowledged with the batch (dropped), keeping acknowledgements in arrival order as MQTT requires.
+        Oversize payloads and topics over MAX_TOPIC_BYTES never reach commit: no retry could ever make them
+        acceptable, so they are counted and acknowledged with the batch (dropped), keeping acknowledgements in
+        arrival order as MQTT requires.
         """
         limit = self.settings.max_payload_bytes
-        accepted = [message for message in batch if len(message.payload) <= limit]
+        accepted: list[Message] = []
         for message in batch:
             if len(message.payload) > limit:
                 self.stats.dropped_oversize += 1
                 self.counters.add(
                     message.topic, f"payload of {len(message.payload)} bytes exceeds max_payload_bytes ({limit})"
                 )
+            elif len(message.topic) > MAX_TOPIC_BYTES // 4 and len(message.topic.encode()) > MAX_TOPIC_BYTES:
+                self.stats.dropped_long_topic += 1
+                self.counters.add(
+                    message.topic[:_SHOWN_TOPIC] + "...",
+                    f"topic of {len(message.topic.encode())} bytes exceeds {MAX_TOPIC_BYTES}",
+                )
+            else:
+                accepted.append(message)
         if not accepted:
             return True
         delay = COMMIT_RETRY_MIN_S

@@ -2,6 +2,10 @@
 
 The observation IRI is the deduplication key downstream (issue 7): the same reading seen twice
 (an MQTT redelivery of a timestamped payload) gets the same IRI, two different readings never do.
+A timestamped reading's value is part of its key: a sensor whose clock stands still (or ticks in
+whole seconds) sends different values under one timestamp, and keyed by the time alone the second
+one was written onto the first observation (one observation, two numeric values, measured with two
+Zigbee2MQTT messages sharing `last_seen`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ def _digest(text: str) -> str:
 
 
 def time_key(reading: Reading) -> str:
-    """The source timestamp (Unix µs) when the payload had one, else the adapter's receive key."""
-    return str(reading.source_time_us) if reading.source_time_us is not None else reading.key
+    """The source timestamp (Unix µs) and the value when the payload had a timestamp, else the
+    adapter's receive key (unique per message)."""
+    if reading.source_time_us is None:
+        return reading.key
+    return f"{reading.source_time_us}|{type(reading.value).__name__}:{reading.value!r}"
 
 
 def observation_iri(gateway_id: str, reading: Reading) -> str:

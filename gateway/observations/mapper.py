@@ -7,6 +7,7 @@ topic in a bounded dict: the per-message cost is a dict lookup plus the extracto
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from gateway.observations.compiler import compile_mapping
@@ -34,8 +35,9 @@ class Mapper:
     ) -> None:
         ordered = sorted(enumerate(mappings), key=lambda item: (item[1].order, item[0]))
         self.mappings: list[Mapping] = [mapping for _, mapping in ordered]
-        ids = [mapping.id for mapping in self.mappings]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        # Counted in one pass: `ids.count` for each id was quadratic, 5.6 s for 20,000 mappings
+        # written into the mappings graph, on the event loop at every change of that graph.
+        duplicates = sorted(i for i, n in Counter(mapping.id for mapping in self.mappings).items() if n > 1)
         if duplicates:
             raise MappingError(f"mapping id(s) used twice: {', '.join(duplicates)}")
         compiled: list[Compiled] = []

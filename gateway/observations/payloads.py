@@ -181,7 +181,10 @@ def timestamp_us(value: Any) -> int:
     if isinstance(value, bool):
         raise PayloadError("a timestamp cannot be a boolean")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # a JSON integer of 309 digits or more: a PayloadError like any bad time
+            raise PayloadError("timestamp out of range") from None
         return unix_us(seconds / 1000 if abs(seconds) > 1e11 else seconds)
     if isinstance(value, str):
         text = value.strip()

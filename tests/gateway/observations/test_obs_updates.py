@@ -138,8 +138,11 @@ def test_observation_iris_are_stable() -> None:
     assert observation_iri("gw", reading) != observation_iri("gw2", reading)
     redelivered = Reading("urn:s:1", GW + "temperature", "urn:f:1", 2.0, None, "t", 1_700_000_000_000_000, "t|10|0")
     assert observation_iri("gw", timed) == observation_iri("gw", redelivered)  # the source time is the key
-    digest = hashlib.sha256(f"gw|urn:s:1|{GW}temperature|1700000000000000".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"gw|urn:s:1|{GW}temperature|1700000000000000|float:2.0".encode()).hexdigest()[:24]
     assert observation_iri("gw", timed) == "urn:sepa-gateway:obs:" + digest
+    # another value under the same source time (a clock that stands still) is another observation
+    frozen = Reading("urn:s:1", GW + "temperature", "urn:f:1", 2.5, None, "t", 1_700_000_000_000_000, "t|11|0")
+    assert observation_iri("gw", frozen) != observation_iri("gw", timed)
 
 
 def test_redelivered_timestamped_reading_changes_nothing(store: Store, mapper: Mapper) -> None:
@@ -153,6 +156,16 @@ def test_redelivered_timestamped_reading_changes_nothing(store: Store, mapper: M
     assert store.values(f"SELECT ?t WHERE {{ GRAPH {OBS} {{ ?o gw:sourceTime ?t }} }}") == [
         {"t": "2026-11-22T10:00:00Z"}
     ]
+
+
+def test_two_values_under_one_source_time_are_two_observations(store: Store, mapper: Mapper) -> None:
+    """A clock that stands still: before, the second value was written onto the first observation."""
+    for index, value in enumerate((18.5, 19.5)):
+        payload = b'{"Time": "2026-11-22T10:00:00Z", "SI7021": {"Temperature": %.1f}}' % value
+        store.write(mapper.readings("tele/t/SENSOR", payload, index))
+    rows = store.values(f"SELECT ?o ?v WHERE {{ GRAPH {OBS} {{ ?o sosa:hasResult ?r . ?r qudt:numericValue ?v }} }}")
+    assert len(rows) == 2 and len({row["o"] for row in rows}) == 2, rows
+    assert sorted(float(row["v"]) for row in rows) == [18.5, 19.5]
 
 
 def test_many_distinct_sensors_in_one_batch_without_mirror() -> None:

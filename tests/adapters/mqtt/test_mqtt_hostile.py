@@ -1,0 +1,331 @@
+"""Hostile and buggy MQTT input against a real `sepa-gateway run` and a real Mosquitto: a
+mapping written into the mappings graph, or a message, that no update can carry costs that
+message only; the other sensors' readings, in the same batch or after it, are stored."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from adapters.mqtt.adapter import MqttAdapter
+from adapters.mqtt.settings import MqttSettings
+from broker.api import Engine, Scheduler
+from gateway.client import InProcessTransport, SepaClient
+from gateway.observations.writer import ObservationWriter
+from tools.launcher import RunningGateway, launch_gateway
+from tools.mosquitto import Mosquitto, until
+
+PREFIXES = (
+    "PREFIX sosa: <http://www.w3.org/ns/sosa/> PREFIX qudt: <http://qudt.org/schema/qudt/> "
+    "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
+)
+MAPPINGS = "<http://w3id.org/sepa-gateway/graph/mappings>"
+
+
+def config_file(tmp_path: Path, broker: Mosquitto, extra: str = "") -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nport = {broker.port}\nclient_id = "gw-{broker.port}"\n{extra}')
+    return path
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def values(gateway: RunningGateway, topic: str) -> list[float]:
+    rows = gateway.select(
+        PREFIXES + "SELECT ?v WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> { "
+        f'?obs gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r . ?r qudt:numericValue ?v }} }}'
+    )
+    return sorted(float(row["v"]) for row in rows)
+
+
+def bad_by_topic(gateway: RunningGateway) -> dict[str, float]:
+    return {
+        name.split('"')[1]: count
+        for name, count in gateway.metrics().items()
+        if name.startswith("sepa_mqtt_ingest_bad_input_by_topic{")
+    }
+
+
+def publish(port: int, messages: Sequence[tuple[str, bytes]]) -> None:
+    """QoS 1 messages on one connection, back to back, each acknowledged by the broker."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{uuid.uuid4().hex[:8]}")
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for info in [client.publish(topic, payload, qos=1) for topic, payload in messages]:
+            info.wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_a_reading_no_update_can_carry_costs_its_message_not_the_batch_nor_the_ingestion(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A mapping from the graph whose sensor template is `{sensor}:x`: valid for the sample the
+    compiler fills (`x:x`), but `1abc:x` (a topic level starting with a digit) is no IRI. The
+    writer refused the whole batch (PayloadError), the ingestor took that for a store failure and
+    retried the same batch every 5 s for ever: no reading of any sensor was stored again."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 300\n"))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        added = gateway.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ "
+            '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+            'gw:topicFilter "evil/{sensor}" ; gw:extract "number" ; '
+            'gw:sensorTemplate "{sensor}:x" ; gw:propertyTemplate "temperature" } }'
+        )
+        assert added.status == 200, added.body
+        time.sleep(0.3)  # the adapter subscribes to the new topic
+        # one batch (batch_wait_ms): good readings around the bad one
+        publish(
+            mosquitto.port,
+            [
+                ("gateway/s1/temperature", b"19.5"),
+                ("evil/1abc", b"20"),
+                ("evil/abc", b"21"),
+                ("gateway/s2/temperature", b"22"),
+            ],
+        )
+        wait_for(lambda: values(gateway, "gateway/s2/temperature"))
+        assert values(gateway, "gateway/s1/temperature") == [19.5]
+        assert values(gateway, "evil/abc") == [21]
+        assert values(gateway, "evil/1abc") == []
+        assert bad_by_topic(gateway) == {"evil/1abc": 1}
+        publish(mosquitto.port, [("gateway/s1/temperature", b"23")])  # ingestion goes on
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5, 23])
+        assert gateway.metrics().get("sepa_mqtt_ingest_commit_failures", 0) == 0
+    finally:
+        assert gateway.stop() == 0
+
+
+def mapping_triples(first: int, count: int) -> str:
+    return "".join(
+        f'<urn:example:mapping:{i}> a gw:TopicMapping ; gw:mappingId "m{i}" ; gw:topicFilter "site{i}/{{sensor}}" ; '
+        'gw:extract "number" ; gw:sensorTemplate "urn:example:{sensor}" ; gw:propertyTemplate "temperature" .\n'
+        for i in range(first, first + count)
+    )
+
+
+def test_ten_thousand_mappings_in_the_graph_do_not_freeze_the_gateway_at_each_change(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Every change of the mappings graph rebuilds the adapter's Mapper on the event loop. With
+    10,000 mappings written there (four updates within the 1 MB request limit), one more mapping
+    held every HTTP request 3.5 s (duplicate ids and the changed MQTT filters found by quadratic
+    list scans, every mapping compiled twice); now ~0.2 s."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        for first in range(0, 10_000, 2_500):
+            added = gateway.update(
+                PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {mapping_triples(first, 2_500)} }} }}"
+            )
+            assert added.status == 200, added.body
+        slowest = 0.0
+        stop = threading.Event()
+
+        def probe() -> None:
+            nonlocal slowest
+            while not stop.is_set():
+                started = time.monotonic()
+                assert gateway.ask("ASK { }")
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.01)
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            time.sleep(0.3)
+            added = gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {mapping_triples(10_000, 1)} }} }}")
+            assert added.status == 200, added.body
+            time.sleep(1.0)  # the rebuild, had the update returned before it
+        finally:
+            stop.set()
+            prober.join()
+        assert slowest < 1.0, f"an HTTP request waited {slowest:.2f} s"
+        time.sleep(0.3)  # the adapter subscribes to the new topic
+        publish(mosquitto.port, [("site10000/boiler", b"61.5")])  # the new mapping works
+        wait_for(lambda: values(gateway, "site10000/boiler") == [61.5])
+        assert gateway.metrics().get("sepa_mqtt_mapping_errors", 0) == 0
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_mapping_with_many_values_per_attribute_costs_its_size_not_their_product(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """One mapping node with 3 values for each of its 10 optional attributes (a 1.5 KB update).
+    The mappings query joined one OPTIONAL per attribute, so the subscription's result was their
+    product: 59,049 rows, the update took 1.8 s; 4 values each would be 1,048,576 rows, 5 nearly
+    10 million. Now one row per triple: the mapping is refused (counted), the others work."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        attributes = (
+            "sensorTemplate propertyTemplate featureTemplate unit jsonPath pattern trueWords falseWords timePath order"
+        )
+        triples = "".join(f'; gw:{name} "v{j}" ' for name in attributes.split() for j in range(3))
+        started = time.monotonic()
+        added = gateway.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ <urn:example:mapping:wide> a gw:TopicMapping ; "
+            f'gw:mappingId "wide" ; gw:topicFilter "wide/{{sensor}}" ; gw:extract "number" {triples} . }} }}'
+        )
+        assert added.status == 200, added.body
+        assert time.monotonic() - started < 1.0
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_mapping_errors", 0) >= 1)
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+    finally:
+        assert gateway.stop() == 0
+
+
+def resident_mb(gateway: RunningGateway) -> float:
+    for line in Path(f"/proc/{gateway.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_long_topics_are_dropped_not_remembered(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """1,000 Homie `$unit` messages on distinct 60 KB topics (one sensor login may publish under
+    homie/5/<login>/#): the mapper learned each topic's unit and cached each topic, and the
+    gateway grew by 172 MB in 2 s (65,536 units allowed: ~11 GB). Now a topic over 256 bytes is
+    counted and dropped, like an oversize payload."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        before = resident_mb(gateway)
+        node = "n" * 60_000
+        for first in range(0, 1_000, 100):
+            publish(
+                mosquitto.port,
+                [(f"homie/5/dev/{node}{i}/temperature/$unit", "°C".encode()) for i in range(first, first + 100)],
+            )
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= 1_000, timeout=30)
+        grown = resident_mb(gateway) - before
+        assert grown < 50, f"the gateway grew by {grown:.0f} MB"
+        assert gateway.metrics()["sepa_mqtt_ingest_dropped_long_topic"] == 1_000
+        assert bad_by_topic(gateway) == {f"homie/5/dev/{'n' * 52}...": 1_000}
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])  # the others go on
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_unusable_mappings_in_the_graph_are_logged_once_not_at_every_change(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """200 mappings no adapter can use, written into the mappings graph, then five changes of
+    other mappings: each change rebuilt the Mapper and logged every unusable mapping again, 1,200
+    warnings (200 per change, whatever changed). Now each is logged when it appears."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        broken = "".join(
+            f'<urn:example:broken:{i}> a gw:TopicMapping ; gw:mappingId "b{i}" ; gw:topicFilter "b/{i}" ; '
+            'gw:extract "no-such-extractor" .\n'
+            for i in range(200)
+        )
+        assert gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {broken} }} }}").status == 200
+        for i in range(5):
+            added = gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {mapping_triples(i, 1)} }} }}")
+            assert added.status == 200, added.body
+        time.sleep(0.5)
+        publish(mosquitto.port, [("site4/boiler", b"61.5")])  # the last change is in effect
+        wait_for(lambda: values(gateway, "site4/boiler") == [61.5])
+        warnings = gateway.log().count("a mapping in the store is unusable")
+        assert warnings == 200, warnings
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_store_failure_while_a_refused_batch_is_stored_in_halves_stores_nothing_twice(
+    mosquitto: Mosquitto,
+) -> None:
+    """The writer refuses a batch with one unwritable reading, so it is stored in halves; the
+    store then fails once (a fault injected into the writer: the broker's own failures cannot be
+    caused on demand) after the first half was stored. The ingestor retries the whole batch: the
+    first half was stored again (its observation got a second gw:sequenceNumber)."""
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        writer = ObservationWriter(client, "gw")
+        settings = MqttSettings(
+            host="127.0.0.1", port=mosquitto.port, client_id="gw-halves", reconnect_min_s=0.05, batch_wait_ms=300
+        )
+        adapter = MqttAdapter(client, settings, writer=writer)
+        commit, calls = writer.commit, 0
+
+        async def failing_once(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 5:  # the batch, its first half, [s1], [evil/1abc]: then the second half
+                raise RuntimeError("the store failed")
+            return await commit(*args, **kwargs)
+
+        writer.commit = failing_once  # type: ignore[method-assign]
+        await client.update(
+            PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ "
+            '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+            'gw:topicFilter "evil/{sensor}" ; gw:extract "number" ; '
+            'gw:sensorTemplate "{sensor}:x" ; gw:propertyTemplate "temperature" } }'
+        )
+        await adapter.start()
+        try:
+            await asyncio.wait_for(adapter.connection.wait_connected(), 10)
+            await asyncio.sleep(0.3)  # subscribed
+            messages = [
+                ("gateway/s1/temperature", b"19.5"),
+                ("evil/1abc", b"20"),
+                ("evil/abc", b"21"),
+                ("gateway/s2/temperature", b"22"),
+            ]
+            await asyncio.to_thread(publish, mosquitto.port, messages)
+            await until(lambda: adapter.ingestor.stats.acked >= 4, what="the batch acknowledged")
+            result = await client.query(
+                PREFIXES + "SELECT ?topic ?sequence WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> "
+                "{ ?obs gw:hasMqttTopic ?topic ; gw:sequenceNumber ?sequence } }"
+            )
+            stored = sorted((row[0].value, row[1].value) for row in result.rows)
+            assert stored == [("evil/abc", "1"), ("gateway/s1/temperature", "1"), ("gateway/s2/temperature", "1")]
+            assert adapter.ingestor.stats.commit_failures == 1
+        finally:
+            await adapter.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_time_key_too_large_for_a_double_is_ignored_like_any_unreadable_time(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A usual time key (`last_seen`, `ts`...) that cannot be read is ignored: the reading is
+    stored with the gateway's time (`"last_seen": "yesterday"` is). A JSON integer of 400 digits
+    raised OverflowError instead of PayloadError, and the whole message was refused."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        huge = b"9" * 400
+        publish(mosquitto.port, [("zigbee2mqtt/hall", b'{"temperature": 21.5, "last_seen": ' + huge + b"}")])
+        publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])  # processed after it
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [19.5])
+        assert values(gateway, "zigbee2mqtt/hall") == [21.5]
+        assert bad_by_topic(gateway) == {}
+    finally:
+        assert gateway.stop() == 0
