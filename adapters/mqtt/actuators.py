@@ -14,6 +14,13 @@ IRI's last segment (after the last `/`, `#` or `:`; gateway/actuation.py, shared
 that would change the topic's structure (`/`, `+`, `#`, empty) is refused for that row (counted and
 logged), never published. Only changes are published: the rows present when the gateway starts
 (sequence 0) are not, unless `initial = true` (then the current state is re-sent at every start).
+
+A command is a state to reach, so the newest command for a topic wins: each topic has at most one
+publish waiting for the broker's PUBACK and one command after it, which a newer command replaces
+(counted: `superseded`). Why: while the broker is away a publish waits for it, and before this
+every store change queued one more (2,000 changes with the broker down: 2,000 pending publishes,
+all sent in a burst of stale commands on reconnect); now a lamp toggled 2,000 times gets its
+oldest waiting command and then its latest.
 """
 
 from __future__ import annotations
@@ -45,9 +52,12 @@ class Actuator:
     initial: bool = False
     published: int = 0
     refused: int = 0
+    superseded: int = 0  # commands replaced by a newer one for the same topic before they were sent
     _subscription: ClientSubscription | None = field(default=None, repr=False)
     _connection: MqttConnection | None = field(default=None, repr=False)
     _pending: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _in_flight: set[str] = field(default_factory=set, repr=False)  # topics with a publish waiting for its PUBACK
+    _next: dict[str, str] = field(default_factory=dict, repr=False)  # topic -> payload after the one in flight
 
     @classmethod
     def from_config(cls, entry: Any, position: int) -> Actuator:
@@ -96,17 +106,32 @@ class Actuator:
                 self.refused += 1
                 log.warning("mqtt actuator: a row cannot be published", extra={"actuator": self.id})
                 continue
-            task = asyncio.get_running_loop().create_task(self._publish(*rendered))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._command(*rendered)
 
-    async def _publish(self, topic: str, payload: str) -> None:
+    def _command(self, topic: str, payload: str) -> None:
+        """Publish `payload` to `topic` now, or after the publish in flight there (the newest wins)."""
+        if topic in self._in_flight:
+            if topic in self._next:
+                self.superseded += 1
+            self._next[topic] = payload
+            return
+        self._in_flight.add(topic)
+        task = asyncio.get_running_loop().create_task(self._publish(topic, payload))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _publish(self, topic: str, payload: str | None) -> None:
         assert self._connection is not None
         try:
-            await self._connection.publish(topic, payload.encode("utf-8"), qos=self.qos, retain=self.retain)
-            self.published += 1
-        except Exception as error:  # the broker is away: the command is lost, say so
-            log.warning("mqtt actuator: publish failed", extra={"actuator": self.id, "error": str(error)})
+            while payload is not None:
+                try:
+                    await self._connection.publish(topic, payload.encode("utf-8"), qos=self.qos, retain=self.retain)
+                    self.published += 1
+                except Exception as error:  # the broker is away: the command is lost, say so
+                    log.warning("mqtt actuator: publish failed", extra={"actuator": self.id, "error": str(error)})
+                payload = self._next.pop(topic, None)
+        finally:
+            self._in_flight.discard(topic)
 
 
 def _topic_level(value: str) -> bool:

@@ -257,6 +257,9 @@ class MqttAdapter:
             "retained_skipped": self.retained_skipped,
             "duplicates_skipped": self.deliveries.duplicates,
             "mapping_errors": self.mapping_errors,
+            "actuator_published": sum(actuator.published for actuator in self.actuators),
+            "actuator_refused": sum(actuator.refused for actuator in self.actuators),
+            "actuator_superseded": sum(actuator.superseded for actuator in self.actuators),
             **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items()},
             **{f"connection_{key}": value for key, value in self.connection.metrics().items()},
         }

@@ -373,3 +373,60 @@ def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tm
         assert duplicated == []
     finally:
         assert restarted.stop() == 0
+
+
+def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Each lamp toggled 20 times while Mosquitto is down: once it is back, the lamp gets the command
+    that was waiting and then its latest, not 20 stale ones in a burst (as before)."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    received: list[str] = []
+
+    def listener() -> mqtt.Client:  # a persistent session (the broker keeps what comes while it is away)
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="actuator-listener", clean_session=False)
+        client.on_message = lambda _c, _u, message: received.append(f"{message.topic} {message.payload.decode()}")
+        client.connect("127.0.0.1", mosquitto.port)
+        client.loop_start()
+        client.subscribe("cmnd/#", qos=1)
+        return client
+
+    actuator = (
+        '[[mqtt.actuators]]\nid = "lamp-power"\ntopic = "cmnd/{lamp}/POWER"\npayload = "{power}"\n'
+        "query = '''SELECT ?lamp ?power WHERE { ?lamp <urn:example:on> ?on "
+        'BIND(IF(?on, "ON", "OFF") AS ?power) }\'\'\'\n'
+    )
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, actuator))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        client = listener()
+        time.sleep(0.5)
+        client.disconnect()
+        client.loop_stop()
+        mosquitto.stop()
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 0.0)
+        for index in range(20):
+            for lamp in ("lamp1", "lamp2"):
+                on = "true" if index % 2 == 0 else "false"
+                update = (
+                    f"DELETE WHERE {{ <urn:example:{lamp}> <urn:example:on> ?on }} ; "
+                    f"INSERT DATA {{ <urn:example:{lamp}> <urn:example:on> {on} }}"
+                )
+                assert gateway.update(update).status == 200
+        assert gateway.metrics().get("sepa_mqtt_actuator_superseded") == 2 * 18
+        mosquitto.start()
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0, timeout=30)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_actuator_published") == 4, timeout=15)
+        client = listener()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        client.disconnect()
+        client.loop_stop()
+        for lamp in ("lamp1", "lamp2"):
+            assert [line for line in received if line.startswith(f"cmnd/{lamp}/")] == [
+                f"cmnd/{lamp}/POWER ON",
+                f"cmnd/{lamp}/POWER OFF",
+            ], received
+    finally:
+        assert gateway.stop() == 0
