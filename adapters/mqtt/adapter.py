@@ -102,6 +102,7 @@ class MqttAdapter:
         self._mappings: ClientSubscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._filters: list[str] = []
+        self._topic_changes: set[asyncio.Task[None]] = set()  # MQTT subscribes and unsubscribes under way
         self._unusable: set[str] = set()  # the unusable mappings' errors logged at the last rebuild
 
     async def start(self) -> None:
@@ -219,10 +220,15 @@ class MqttAdapter:
         removed = [f for f in self._filters if f not in after]
         self._filters = filters
         loop = asyncio.get_running_loop()
+        changes = []
         if added:
-            loop.create_task(self.connection.subscribe(added))
+            changes.append(self.connection.subscribe(added))
         if removed:
-            loop.create_task(self.connection.unsubscribe(removed))
+            changes.append(self.connection.unsubscribe(removed))
+        for change in changes:
+            task = loop.create_task(change)  # held: the loop keeps only a weak reference to a task
+            self._topic_changes.add(task)
+            task.add_done_callback(self._topic_changes.discard)
 
     def _rebuild(self) -> None:
         rows = self._mappings.view.bindings() if self._mappings is not None else []
