@@ -45,7 +45,10 @@ class Uploader:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         try:
             async with self._session.put(self.base + batch_id, data=body, headers=self._headers) as response:
-                text = (await response.text())[:300]
+                # Why not response.text(): it decodes strictly, in the charset the reply names, and its
+                # UnicodeDecodeError (or LookupError) is no network error: it ended the upload worker,
+                # so one 503 with a body not in UTF-8 stopped the shipper until the gateway restarted
+                text = (await response.read())[:300].decode("utf-8", "replace")
                 if response.status in (200, 201):
                     return response.status == 200
                 retry = response.status in RETRYABLE or response.status >= 500

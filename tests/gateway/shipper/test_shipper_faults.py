@@ -1,0 +1,116 @@
+"""The cloud shipper against a landing endpoint that misbehaves: it must lose nothing, keep retrying
+and show what happened, whatever the reply.
+
+Real parts: a Gateway (in process, on its HTTP port) with the shipper on, and the real landing
+endpoint (cloud.landing) on a free port over plain HTTP (`allow_http`). The misbehaviour is a
+middleware put in front of the endpoint's handlers and switched on and off by the test: what a
+broken proxy, a captive portal or a hostile host on the way would answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from cloud.settings import LandingSettings
+from gateway.appliance.config import Config
+from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
+from tests.cloud.cloud_support import TOKEN, LandingServer
+from tests.polling import wait_until
+from tools.launcher import InProcessGateway
+
+Reply = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Fault:
+    """While `reply` is set, every PUT is answered by it (its body read first) instead of the endpoint."""
+
+    reply: Reply | None = None
+    seen: int = 0
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Reply) -> web.StreamResponse:
+        reply = self.reply
+        if reply is None or request.method != "PUT":
+            return await handler(request)
+        self.seen += 1
+        await request.read()
+        return await reply(request)
+
+
+@dataclass
+class Cloud:
+    server: LandingServer
+    fault: Fault
+
+    @property
+    def landed(self) -> int:
+        """Observations the endpoint stored."""
+        assert self.server.landing is not None
+        return self.server.landing.metrics.records_stored
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[Cloud]:
+    fault = Fault()
+    settings = LandingSettings(landing_dir=tmp_path / "landing", tokens=(TOKEN,), host="127.0.0.1", port=0)
+    with LandingServer(settings, [fault.middleware]) as server:
+        yield Cloud(server, fault)
+
+
+def shipping_gateway(start: Callable[[Config], InProcessGateway], directory: Path, cloud: Cloud) -> InProcessGateway:
+    """A gateway shipping to `cloud`: small segments sealed at once, quick retries."""
+    token = directory / "token"
+    token.write_text(TOKEN + "\n")
+    config = Config()
+    shipper = config.shipper
+    shipper.enabled, shipper.allow_http = True, True
+    shipper.url = f"http://127.0.0.1:{cloud.server.port}"
+    shipper.token_file, shipper.spool_dir = str(token), str(directory / "spool")
+    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = 1024, 1 << 20, 0.1
+    shipper.upload_timeout_s, shipper.backoff_initial_s, shipper.backoff_max_s = 2.0, 0.05, 0.2
+    return start(config)
+
+
+def observe(gateway: InProcessGateway, first: int, count: int) -> None:
+    """Observations `first`.. of one sensor, as the observation layer writes them (sequence = number)."""
+    triples = []
+    for number in range(first, first + count):
+        node = f"<urn:sepa-gateway:obs:test{number}>"
+        triples.append(
+            f"{node} a <{SOSA}Observation> ; <{SOSA}madeBySensor> <urn:example:sensor> ; "
+            f"<{SOSA}observedProperty> <{GW}temperature> ; <{SOSA}hasFeatureOfInterest> <urn:example:room> ; "
+            f'<{SOSA}resultTime> "2026-11-27T21:00:00.{number:06d}Z"^^<{XSD}dateTime> ; '
+            f'<{GW}sequenceNumber> {number} ; <{GW}hasMqttTopic> "home/sensor" ; '
+            f"<{SOSA}hasResult> <urn:sepa-gateway:obs:test{number}/result> .\n"
+            f'<urn:sepa-gateway:obs:test{number}/result> <{QUDT}numericValue> "{number}.5"^^<{XSD}double> .'
+        )
+    reply = gateway.update(f"INSERT DATA {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ {' '.join(triples)} }} }}")
+    assert reply.status == 200, reply.body
+
+
+def shipper_metrics(gateway: InProcessGateway) -> dict[str, float]:
+    prefix = "sepa_shipper_"
+    return {name[len(prefix) :]: value for name, value in gateway.metrics().items() if name.startswith(prefix)}
+
+
+def test_an_error_reply_that_is_not_utf8_does_not_stop_the_uploads(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    async def garbage(_request: web.Request) -> web.Response:
+        return web.Response(status=503, body=b"\xff\xfe\xfa down \xc3", content_type="text/plain")
+
+    cloud.fault.reply = garbage
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 6)  # each upload worker had such a reply, more than once
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_http_503"] >= 6
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
