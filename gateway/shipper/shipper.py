@@ -220,7 +220,7 @@ class Shipper:
             await self._run_io(spool.confirmed, segment)
             return
         try:
-            duplicate = await self.uploader.put(batch, body)
+            duplicate = await self.uploader.put(batch, body, segment.records)
         except UploadError as error:
             self.failures += 1
             self.failures_by_reason[error.reason] = self.failures_by_reason.get(error.reason, 0) + 1

@@ -3,13 +3,16 @@
 The contract (cloud/ implements the other side): ``PUT <url>/v1/batches/<batch id>`` with
 ``Authorization: Bearer <token>``, ``Content-Type: application/x-ndjson``, ``Content-Encoding:
 gzip`` and the segment's bytes. 201 = stored, 200 = the cloud already had it (a retry after a lost
-reply): both confirm. Which failures are worth retrying decides what the shipper does next:
-network errors, timeouts, 408, 429, 5xx and 401/403 (a token the operator will fix) are retried;
-other 4xx (a malformed or conflicting batch) never succeed and set the segment aside.
+reply): both confirm, with the endpoint's reply ``{"batch": id, "records": n, "duplicate": ...}``
+naming this batch (any other reply is retried as ``bad_reply``). Which failures are worth retrying
+decides what the shipper does next: network errors, timeouts, 408, 429, 5xx and 401/403 (a token
+the operator will fix) are retried; other 4xx (a malformed or conflicting batch) never succeed and
+set the segment aside.
 """
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import aiohttp
@@ -38,8 +41,8 @@ class Uploader:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
-    async def put(self, batch_id: str, body: bytes) -> bool:
-        """Upload one batch; True if the cloud already had it. Raises UploadError."""
+    async def put(self, batch_id: str, body: bytes, records: int) -> bool:
+        """Upload one batch of `records` observations; True if the cloud already had it. Raises UploadError."""
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=4)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
@@ -50,6 +53,7 @@ class Uploader:
                 # so one 503 with a body not in UTF-8 stopped the shipper until the gateway restarted
                 text = (await response.read())[:300].decode("utf-8", "replace")
                 if response.status in (200, 201):
+                    _check_confirmation(text, batch_id, records, duplicate=response.status == 200)
                     return response.status == 200
                 retry = response.status in RETRYABLE or response.status >= 500
                 raise UploadError(f"http_{response.status}", text, retry=retry)
@@ -60,3 +64,20 @@ class Uploader:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _check_confirmation(text: str, batch_id: str, records: int, *, duplicate: bool) -> None:
+    """Raise a retryable UploadError unless `text` is the landing endpoint's confirmation of this batch.
+
+    Why: the segment is deleted once confirmed, so a 2xx alone must not count. A captive portal or
+    a proxy answering 200 to anything took every segment for stored: 30 observations were deleted
+    from the spool, counted as uploaded, and never landed."""
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        reply = None
+    expected = {"batch": batch_id, "records": records, "duplicate": duplicate}
+    if not isinstance(reply, dict) or any(reply.get(key) != value for key, value in expected.items()):
+        raise UploadError(
+            "bad_reply", f"a success status without the confirmation of batch {batch_id}: {text[:100]!r}", retry=True
+        )

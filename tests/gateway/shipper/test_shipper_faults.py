@@ -114,3 +114,29 @@ def test_an_error_reply_that_is_not_utf8_does_not_stop_the_uploads(
     metrics = shipper_metrics(gateway)
     assert metrics["upload_failures_http_503"] >= 6
     wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+
+
+def portal(_request: web.Request) -> web.Response:
+    return web.Response(status=200, text="<html><body>Welcome! Accept the terms to go on.</body></html>")
+
+
+def other_batch(_request: web.Request) -> web.Response:
+    return web.json_response({"batch": "another-batch", "records": 30, "duplicate": False}, status=201)
+
+
+@pytest.mark.parametrize("answer", [portal, other_batch], ids=["captive-portal-200", "201-for-another-batch"])
+def test_a_success_status_without_the_contract_reply_is_not_taken_for_stored(
+    in_process_gateway, tmp_path: Path, cloud: Cloud, answer: Callable[[web.Request], web.Response]
+) -> None:
+    async def reply(request: web.Request) -> web.Response:
+        return answer(request)
+
+    cloud.fault.reply = reply
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 3)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_bad_reply"] >= 3
+    assert metrics["uploaded_observations"] == 30
