@@ -18,6 +18,7 @@ import ssl
 import aiohttp
 
 RETRYABLE = frozenset({401, 403, 408, 425, 429})
+REPLY_LIMIT = 64 << 10  # bytes of a reply read: the endpoint's replies are a few hundred bytes
 
 
 class UploadError(Exception):
@@ -51,7 +52,7 @@ class Uploader:
                 # Why not response.text(): it decodes strictly, in the charset the reply names, and its
                 # UnicodeDecodeError (or LookupError) is no network error: it ended the upload worker,
                 # so one 503 with a body not in UTF-8 stopped the shipper until the gateway restarted
-                text = (await response.read())[:300].decode("utf-8", "replace")
+                text = (await _start_of(response, REPLY_LIMIT))[:300].decode("utf-8", "replace")
                 if response.status in (200, 201):
                     _check_confirmation(text, batch_id, records, duplicate=response.status == 200)
                     return response.status == 200
@@ -64,6 +65,20 @@ class Uploader:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _start_of(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most `limit` bytes of the reply's body (the connection is closed if more is left).
+
+    Why: read whole, a reply is held in memory however big it is; a 503 whose body was 256 MiB
+    took the gateway's peak RSS up by 527 MiB, at every retry."""
+    data = bytearray()
+    while len(data) < limit:
+        chunk = await response.content.read(limit - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
 
 
 def _check_confirmation(text: str, batch_id: str, records: int, *, duplicate: bool) -> None:

@@ -140,3 +140,32 @@ def test_a_success_status_without_the_contract_reply_is_not_taken_for_stored(
     metrics = shipper_metrics(gateway)
     assert metrics["upload_failures_bad_reply"] >= 3
     assert metrics["uploaded_observations"] == 30
+
+
+def test_a_reply_body_without_end_is_not_read_whole(in_process_gateway, tmp_path: Path, cloud: Cloud) -> None:
+    """A 503 whose body is 256 MiB: the shipper reads the start of it only, and retries."""
+    offered = 256 << 20
+    sent: list[int] = []
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=503, headers={"Content-Length": str(offered)})
+        await response.prepare(request)
+        chunk, written = b"x" * (1 << 20), 0
+        try:
+            while written < offered:
+                await response.write(chunk)
+                written += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            sent.append(written)
+        return response
+
+    cloud.fault.reply = flood
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: len(sent) >= 2, timeout=30)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    assert max(sent) <= 32 << 20, f"the shipper read {max(sent) >> 20} MiB of a reply"
+    assert shipper_metrics(gateway)["upload_failures_http_503"] >= 2
