@@ -5,9 +5,9 @@ The contract (cloud/ implements the other side): ``PUT <url>/v1/batches/<batch i
 gzip`` and the segment's bytes. 201 = stored, 200 = the cloud already had it (a retry after a lost
 reply): both confirm, with the endpoint's reply ``{"batch": id, "records": n, "duplicate": ...}``
 naming this batch (any other reply is retried as ``bad_reply``). Which failures are worth retrying
-decides what the shipper does next: network errors, timeouts, 408, 429, 5xx and 401/403 (a token
-the operator will fix) are retried; other 4xx (a malformed or conflicting batch) never succeed and
-set the segment aside.
+decides what the shipper does next: network errors, timeouts, 408, 429, 5xx, 3xx (redirects are
+not followed) and 401/403 (a token or a URL the operator will fix) are retried; other 4xx (a
+malformed or conflicting batch) never succeed and set the segment aside.
 """
 
 from __future__ import annotations
@@ -48,7 +48,12 @@ class Uploader:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False, limit=4)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         try:
-            async with self._session.put(self.base + batch_id, data=body, headers=self._headers) as response:
+            # Why not follow redirects: the batch would be sent, and taken for stored, wherever the
+            # reply points (a 307 to another host got the observations and its 201 deleted them from
+            # the spool; aiohttp drops only the token). The endpoint never redirects: a 3xx is a
+            # proxy or a URL the operator will fix, so it is retried, never followed nor set aside.
+            url = self.base + batch_id
+            async with self._session.put(url, data=body, headers=self._headers, allow_redirects=False) as response:
                 # Why not response.text(): it decodes strictly, in the charset the reply names, and its
                 # UnicodeDecodeError (or LookupError) is no network error: it ended the upload worker,
                 # so one 503 with a body not in UTF-8 stopped the shipper until the gateway restarted
@@ -56,7 +61,7 @@ class Uploader:
                 if response.status in (200, 201):
                     _check_confirmation(text, batch_id, records, duplicate=response.status == 200)
                     return response.status == 200
-                retry = response.status in RETRYABLE or response.status >= 500
+                retry = response.status in RETRYABLE or response.status >= 500 or 300 <= response.status < 400
                 raise UploadError(f"http_{response.status}", text, retry=retry)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise UploadError("network", str(error) or type(error).__name__, retry=True) from None

@@ -9,6 +9,7 @@ broken proxy, a captive portal or a hostile host on the way would answer.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,3 +170,32 @@ def test_a_reply_body_without_end_is_not_read_whole(in_process_gateway, tmp_path
     wait_until(lambda: cloud.landed == 30)
     assert max(sent) <= 32 << 20, f"the shipper read {max(sent) >> 20} MiB of a reply"
     assert shipper_metrics(gateway)["upload_failures_http_503"] >= 2
+
+
+def test_a_redirect_is_not_followed(in_process_gateway, tmp_path: Path, cloud: Cloud) -> None:
+    """307 to another host, which answers as the endpoint would: the observations must not go there
+    (a redirect cannot make another host the cloud), and nothing is set aside for good."""
+    received: list[int] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        body = await request.read()
+        received.append(len(body))
+        records = gzip.decompress(body).count(b"\n")
+        reply = {"batch": request.match_info["batch_id"], "records": records, "duplicate": False}
+        return web.json_response(reply, status=201)
+
+    settings = LandingSettings(landing_dir=tmp_path / "elsewhere", tokens=("another",), host="127.0.0.1", port=0)
+    with LandingServer(settings, [Fault(elsewhere).middleware]) as other:
+
+        async def redirect(request: web.Request) -> web.Response:
+            return web.Response(status=307, headers={"Location": f"http://127.0.0.1:{other.port}{request.path}"})
+
+        cloud.fault.reply = redirect
+        gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+        observe(gateway, 1, 30)
+        wait_until(lambda: cloud.fault.seen >= 3)
+        cloud.fault.reply = None
+        wait_until(lambda: cloud.landed == 30)
+    assert received == []
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_http_307"] >= 3 and metrics["rejected_segments"] == 0
