@@ -275,5 +275,7 @@ class Shipper:
                 backlog_bytes=spool.backlog_bytes,
                 dropped_observations=spool.dropped_observations,
                 dropped_segments=spool.dropped_segments,
+                damaged_observations=spool.damaged_records,
+                damaged_segments=spool.damaged_segments,
             )
         return numbers

@@ -5,7 +5,8 @@ Layout of the spool directory:
 * ``spool.json`` — the spool's random id (batch ids embed it, so a spool made afresh never reuses
   the id of a batch the cloud already has);
 * ``open-<n>.jsonl`` — the segment being filled: JSON lines, written through to the OS at each
-  append (a kill -9 loses nothing; a torn last line is cut at start-up);
+  append (a kill -9 loses nothing; a torn last line is cut at start-up, and lines a power cut left
+  unreadable are skipped and counted);
 * ``seg-<n>-<records>.jsonl.gz`` — sealed segments (gzip, mtime 0: the same bytes at every upload
   attempt), deleted only once the cloud confirmed them;
 * ``cursor.json`` — per (sensor, property), the highest observation sequence number ever spooled,
@@ -33,6 +34,7 @@ import os
 import re
 import secrets
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,16 +73,25 @@ def _write_atomically(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _max_keys(lines: list[bytes], into: dict[str, int]) -> int:
-    """Fold the records' sequence numbers into `into`; returns how many records there were."""
-    count = 0
+def _max_keys(lines: list[bytes], into: dict[str, int]) -> list[bytes]:
+    """Fold the records' sequence numbers into `into`; returns the lines that are records.
+
+    Why not trust every line: a power cut can leave more than a torn last line (a block of zeros
+    that never reached the disk; after a short write on a full disk, later appends follow a torn
+    line). One such line made start-up raise, and with it the gateway's start."""
+    whole: list[bytes] = []
     for line in lines:
-        record = json.loads(line)
-        key = f"{record['sensor']} {record['property']}"
-        if record["sequence"] > into.get(key, 0):
-            into[key] = record["sequence"]
-        count += 1
-    return count
+        try:
+            record = json.loads(line)
+            key, sequence = f"{record['sensor']} {record['property']}", record["sequence"]
+            if not isinstance(sequence, int):
+                raise TypeError("sequence")
+        except (ValueError, KeyError, TypeError):
+            continue
+        if sequence > into.get(key, 0):
+            into[key] = sequence
+        whole.append(line)
+    return whole
 
 
 class Spool:
@@ -104,6 +115,8 @@ class Spool:
         self._open_count = 0
         self.dropped_observations = 0
         self.dropped_segments = 0
+        self.damaged_records = 0  # lines of open segments found unreadable at start-up, skipped
+        self.damaged_segments = 0  # sealed segments past the cursor found unreadable at start-up, kept as is
         self.spooled = 0
         # kept as numbers so that metrics read on the event loop never iterate the deque this thread changes
         self._sealed_records = 0
@@ -148,13 +161,25 @@ class Spool:
         self.next_number = max([self.through, *numbers], default=0) + 1
         for segment in self.sealed:
             if segment.number > self.through:  # sealed, but the crash came before the cursor was written
-                _max_keys(gzip.decompress(segment.path.read_bytes()).splitlines(), self.cursor)
+                try:
+                    _max_keys(gzip.decompress(segment.path.read_bytes()).splitlines(), self.cursor)
+                except (OSError, EOFError, zlib.error) as error:  # uploaded as it is: the cloud refuses it (400)
+                    self.damaged_segments += 1
+                    log.warning(
+                        "shipper: a sealed segment is damaged", extra={"segment": segment.number, "error": str(error)}
+                    )
         for number, path in sorted(opened):
             data = path.read_bytes()
             whole = data[: data.rfind(b"\n") + 1]  # a line without its newline was torn by the crash
-            self._open_number, self._open_lines = number, whole.splitlines(keepends=True)
-            self._open_bytes = len(whole)
-            _max_keys(self._open_lines, self._open_keys)
+            lines = whole.splitlines(keepends=True)
+            self._open_number, self._open_lines = number, _max_keys(lines, self._open_keys)
+            self._open_bytes = sum(len(line) for line in self._open_lines)
+            if len(self._open_lines) < len(lines):
+                self.damaged_records += len(lines) - len(self._open_lines)
+                log.warning(
+                    "shipper: damaged records skipped in the open segment",
+                    extra={"segment": number, "records": len(lines) - len(self._open_lines)},
+                )
             self._seal_open(path)
         if any(segment.number > self.through for segment in self.sealed):
             self.through = self.sealed[-1].number

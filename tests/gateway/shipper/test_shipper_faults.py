@@ -20,7 +20,9 @@ from aiohttp import web
 from cloud.settings import LandingSettings
 from gateway.appliance.config import Config
 from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
-from tests.cloud.cloud_support import TOKEN, LandingServer
+from gateway.shipper.records import json_line
+from gateway.shipper.spool import Spool
+from tests.cloud.cloud_support import TOKEN, LandingServer, record
 from tests.polling import wait_until
 from tools.launcher import InProcessGateway
 
@@ -199,3 +201,20 @@ def test_a_redirect_is_not_followed(in_process_gateway, tmp_path: Path, cloud: C
     assert received == []
     metrics = shipper_metrics(gateway)
     assert metrics["upload_failures_http_307"] >= 3 and metrics["rejected_segments"] == 0
+
+
+def test_a_gateway_starts_on_a_spool_damaged_by_a_power_cut_and_ships_the_rest(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """A block of zeros in the middle of the open segment (a write that never reached the disk):
+    the gateway starts, the damaged record is counted, the others land."""
+    spool = Spool.open(tmp_path / "spool", segment_max_bytes=1 << 20, budget_bytes=1 << 20)
+    spool.append([json_line(record(number)) for number in range(5)], {})
+    spool.close()
+    (opened,) = (tmp_path / "spool").glob("open-*.jsonl")
+    lines = opened.read_bytes().splitlines(keepends=True)
+    opened.write_bytes(b"".join(lines[:2]) + b"\0" * (len(lines[2]) - 1) + b"\n" + b"".join(lines[3:]))
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    wait_until(lambda: cloud.landed == 4)
+    metrics = shipper_metrics(gateway)
+    assert metrics["damaged_observations"] == 1 and metrics["backlog_observations"] == 0
