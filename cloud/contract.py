@@ -127,6 +127,8 @@ def check_line(number: int, line: bytes) -> None:
         raise _bad(number, f"not UTF-8 ({error.reason} at byte {error.start})") from error
     except ValueError as error:
         raise _bad(number, f"not JSON: {error}") from error
+    except RecursionError as error:  # the json module recurses per bracket: 100,000 of them were a 500 and a traceback
+        raise _bad(number, "not JSON: nested too deep") from error
     if not isinstance(record, dict):
         raise _bad(number, f"expected a JSON object, got {_json_type(record)}")
     unknown = sorted(set(record) - set(FIELDS))

@@ -133,6 +133,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("unknown-key", batch([record(1, extra=1)]), "line 1: unknown field 'extra'"),
     ("duplicate-key", _gz(b'{"id": "urn:a", "id": "urn:b"}\n'), "line 1: not JSON: duplicate key 'id'"),
     ("empty-batch", _gz(b""), "the batch holds no records"),
+    ("deep-nesting", _gz(b'{"id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"), "line 1: not JSON: nested too deep"),
 ]
 
 
