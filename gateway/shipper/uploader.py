@@ -5,9 +5,10 @@ The contract (cloud/ implements the other side): ``PUT <url>/v1/batches/<batch i
 gzip`` and the segment's bytes. 201 = stored, 200 = the cloud already had it (a retry after a lost
 reply): both confirm, with the endpoint's reply ``{"batch": id, "records": n, "duplicate": ...}``
 naming this batch (any other reply is retried as ``bad_reply``). Which failures are worth retrying
-decides what the shipper does next: network errors, timeouts, 408, 429, 5xx, 3xx (redirects are
-not followed) and 401/403 (a token or a URL the operator will fix) are retried; other 4xx (a
-malformed or conflicting batch) never succeed and set the segment aside.
+decides what the shipper does next: 400, 409 and 413 (a malformed, conflicting or oversized batch)
+never succeed and set the segment aside; everything else is retried: network errors, timeouts,
+408, 429, 5xx, 3xx (redirects are not followed), 401/403 and 404/405 (a token, a URL or a proxy the
+operator will fix).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import ssl
 
 import aiohttp
 
-RETRYABLE = frozenset({401, 403, 408, 425, 429})
+# The statuses by which the endpoint says a batch can never be stored (malformed, conflicting, too
+# large). Why these only, every other status retried: a 404 or 405 (a path or a proxy not routing
+# yet) set every segment aside for good, never resent, until the operator fixed the URL.
+FINAL = frozenset({400, 409, 413})
 REPLY_LIMIT = 64 << 10  # bytes of a reply read: the endpoint's replies are a few hundred bytes
 
 
@@ -61,8 +65,7 @@ class Uploader:
                 if response.status in (200, 201):
                     _check_confirmation(text, batch_id, records, duplicate=response.status == 200)
                     return response.status == 200
-                retry = response.status in RETRYABLE or response.status >= 500 or 300 <= response.status < 400
-                raise UploadError(f"http_{response.status}", text, retry=retry)
+                raise UploadError(f"http_{response.status}", text, retry=response.status not in FINAL)
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise UploadError("network", str(error) or type(error).__name__, retry=True) from None
 

@@ -218,3 +218,23 @@ def test_a_gateway_starts_on_a_spool_damaged_by_a_power_cut_and_ships_the_rest(
     wait_until(lambda: cloud.landed == 4)
     metrics = shipper_metrics(gateway)
     assert metrics["damaged_observations"] == 1 and metrics["backlog_observations"] == 0
+
+
+@pytest.mark.parametrize("status", [404, 405, 421, 502])
+def test_a_status_the_endpoint_never_gives_a_batch_does_not_set_it_aside(
+    in_process_gateway, tmp_path: Path, cloud: Cloud, status: int
+) -> None:
+    """Only 400, 409 and 413 say the batch itself can never be stored (README). A 404 or 405 is a
+    path or a proxy not routing yet, which the operator fixes: the batch must go once fixed."""
+
+    async def not_routed(_request: web.Request) -> web.Response:
+        return web.Response(status=status, text="no route")
+
+    cloud.fault.reply = not_routed
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 3)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics[f"upload_failures_http_{status}"] >= 3 and metrics["rejected_segments"] == 0
