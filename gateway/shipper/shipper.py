@@ -275,6 +275,8 @@ class Shipper:
                 backlog_bytes=spool.backlog_bytes,
                 dropped_observations=spool.dropped_observations,
                 dropped_segments=spool.dropped_segments,
+                rejected_bytes=spool.rejected_bytes,
+                rejected_deleted_segments=spool.rejected_deleted,
                 damaged_observations=spool.damaged_records,
                 damaged_segments=spool.damaged_segments,
             )

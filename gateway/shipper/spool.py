@@ -11,7 +11,8 @@ Layout of the spool directory:
   attempt), deleted only once the cloud confirmed them;
 * ``cursor.json`` — per (sensor, property), the highest observation sequence number ever spooled,
   and the last segment it covers. Written (fsync, rename) when a segment is sealed.
-* ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent).
+* ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent; within
+  the budget, deleted first).
 
 Why a cursor of sequence numbers and not of times: the gateway numbers each sensor's observations
 1, 2, 3... in commit order, and the shipper spools them in commit order, so "every observation of
@@ -19,9 +20,10 @@ that key above n" is exactly what was not spooled yet, across restarts and clock
 power loss the unsealed tail may be gone, but so is its part of the cursor: those observations are
 spooled again from the store. Everything here runs on the shipper's single I/O thread.
 
-Budget: when sealed + open segments exceed the budget, the oldest sealed segments are deleted and
-their observations counted as dropped (the newest data is the most useful after a long outage; the
-edge keeps its own history anyway). The policy is documented in systemd/sepa-gateway.toml.
+Budget: when sealed + open + rejected segments exceed the budget, the oldest rejected segments are
+deleted first (never sent anyway; counted), then the oldest sealed segments, their observations
+counted as dropped (the newest data is the most useful after a long outage; the edge keeps its own
+history anyway). The policy is documented in systemd/sepa-gateway.toml.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ class Spool:
         self._open_count = 0
         self.dropped_observations = 0
         self.dropped_segments = 0
+        # segments refused for good, oldest first, kept within the budget too (see _enforce_budget)
+        self.rejected: deque[tuple[Path, int]] = deque()
+        self.rejected_bytes = 0
+        self.rejected_deleted = 0
         self.damaged_records = 0  # lines of open segments found unreadable at start-up, skipped
         self.damaged_segments = 0  # sealed segments past the cursor found unreadable at start-up, kept as is
         self.spooled = 0
@@ -157,6 +163,8 @@ class Spool:
                 opened.append((int(match[1]), path))
         self.sealed = deque(sorted(self.sealed, key=lambda segment: segment.number))
         self._count_sealed()
+        for path in sorted(path for path in (directory / "rejected").iterdir() if _SEALED.match(path.name)):
+            self._keep_rejected(path)
         numbers = [segment.number for segment in self.sealed] + [number for number, _ in opened]
         self.next_number = max([self.through, *numbers], default=0) + 1
         for segment in self.sealed:
@@ -254,6 +262,16 @@ class Spool:
         )
 
     def _enforce_budget(self) -> None:
+        # Why the rejected segments count too, and go first: they are never sent, and an endpoint
+        # refusing every batch (hostile, or speaking another contract) moved the whole stream there,
+        # outside the budget: 166 kB kept aside for a 64 kB budget after 12,000 observations, and
+        # growing until the disk (the store's too) was full.
+        while self.rejected and self.backlog_bytes + self.rejected_bytes > self.budget_bytes:
+            path, size = self.rejected.popleft()
+            self.rejected_bytes -= size
+            path.unlink(missing_ok=True)
+            self.rejected_deleted += 1
+            log.warning("shipper: spool over its budget, oldest rejected segment deleted", extra={"file": path.name})
         while self.sealed and self.backlog_bytes > self.budget_bytes:
             oldest = self.sealed.popleft()
             self._count_sealed()
@@ -291,7 +309,14 @@ class Spool:
         target = self.directory / "rejected" / segment.path.name
         with contextlib.suppress(FileNotFoundError):
             os.replace(segment.path, target)
+            self._keep_rejected(target)
+            self._enforce_budget()
         return target
+
+    def _keep_rejected(self, path: Path) -> None:
+        size = path.stat().st_size
+        self.rejected.append((path, size))
+        self.rejected_bytes += size
 
     def _forget(self, segment: Segment) -> None:
         with contextlib.suppress(ValueError):

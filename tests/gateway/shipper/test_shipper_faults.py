@@ -66,7 +66,9 @@ def cloud(tmp_path: Path) -> Iterator[Cloud]:
         yield Cloud(server, fault)
 
 
-def shipping_gateway(start: Callable[[Config], InProcessGateway], directory: Path, cloud: Cloud) -> InProcessGateway:
+def shipping_gateway(
+    start: Callable[[Config], InProcessGateway], directory: Path, cloud: Cloud, budget: int = 1 << 20
+) -> InProcessGateway:
     """A gateway shipping to `cloud`: small segments sealed at once, quick retries."""
     token = directory / "token"
     token.write_text(TOKEN + "\n")
@@ -75,7 +77,7 @@ def shipping_gateway(start: Callable[[Config], InProcessGateway], directory: Pat
     shipper.enabled, shipper.allow_http = True, True
     shipper.url = f"http://127.0.0.1:{cloud.server.port}"
     shipper.token_file, shipper.spool_dir = str(token), str(directory / "spool")
-    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = 1024, 1 << 20, 0.1
+    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = 1024, budget, 0.1
     shipper.upload_timeout_s, shipper.backoff_initial_s, shipper.backoff_max_s = 2.0, 0.05, 0.2
     return start(config)
 
@@ -238,3 +240,25 @@ def test_a_status_the_endpoint_never_gives_a_batch_does_not_set_it_aside(
     wait_until(lambda: cloud.landed == 30)
     metrics = shipper_metrics(gateway)
     assert metrics[f"upload_failures_http_{status}"] >= 3 and metrics["rejected_segments"] == 0
+
+
+def test_segments_refused_for_good_stay_within_the_spool_budget(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """An endpoint answering 400 to every batch (hostile, or a contract it no longer speaks): the
+    segments kept aside for the operator count against the spool's budget like the others."""
+
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "invalid_request"}, status=400)
+
+    cloud.fault.reply = refuse
+    budget = 64 << 10
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, budget)
+    for first in range(1, 12_001, 1000):
+        observe(gateway, first, 1000)
+    wait_until(lambda: shipper_metrics(gateway)["spooled_observations"] == 12_000, timeout=30)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0, timeout=30)
+    kept = sum(path.stat().st_size for path in (tmp_path / "spool" / "rejected").iterdir())
+    metrics = shipper_metrics(gateway)
+    assert kept <= budget, f"{kept} bytes kept aside, over the budget of {budget}"
+    assert metrics["rejected_segments"] > 0 and metrics["rejected_deleted_segments"] > 0
