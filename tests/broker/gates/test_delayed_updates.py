@@ -81,6 +81,7 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"delay": "PT" + "9" * 400 + "S"}),  # a float's infinity
         (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
         (stamp("x"), {"at": "tomorrow"}),
+        (stamp("x"), {"at": "0001-01-01T00:00:00+23:59"}),  # year 0 in UTC: it was stored, then a 500
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
         (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
     ]
