@@ -9,7 +9,10 @@ broken proxy, a captive portal or a hostile host on the way would answer.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
+import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +70,13 @@ def cloud(tmp_path: Path) -> Iterator[Cloud]:
 
 
 def shipping_gateway(
-    start: Callable[[Config], InProcessGateway], directory: Path, cloud: Cloud, budget: int = 1 << 20
+    start: Callable[[Config], InProcessGateway],
+    directory: Path,
+    cloud: Cloud,
+    budget: int = 1 << 20,
+    *,
+    spool: Path | None = None,
+    segment_bytes: int = 1024,
 ) -> InProcessGateway:
     """A gateway shipping to `cloud`: small segments sealed at once, quick retries."""
     token = directory / "token"
@@ -76,8 +85,8 @@ def shipping_gateway(
     shipper = config.shipper
     shipper.enabled, shipper.allow_http = True, True
     shipper.url = f"http://127.0.0.1:{cloud.server.port}"
-    shipper.token_file, shipper.spool_dir = str(token), str(directory / "spool")
-    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = 1024, budget, 0.1
+    shipper.token_file, shipper.spool_dir = str(token), str(spool or directory / "spool")
+    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = segment_bytes, budget, 0.1
     shipper.upload_timeout_s, shipper.backoff_initial_s, shipper.backoff_max_s = 2.0, 0.05, 0.2
     return start(config)
 
@@ -262,3 +271,40 @@ def test_segments_refused_for_good_stay_within_the_spool_budget(
     metrics = shipper_metrics(gateway)
     assert kept <= budget, f"{kept} bytes kept aside, over the budget of {budget}"
     assert metrics["rejected_segments"] > 0 and metrics["rejected_deleted_segments"] > 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 128 KiB tmpfs (the tests run as root): a spool directory whose disk fills up."""
+    if os.geteuid() != 0:
+        pytest.fail("the full-disk test mounts a tmpfs: it runs as root", pytrace=False)
+    directory = tmp_path / "small"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def test_a_full_spool_disk_loses_no_observation(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """Something else fills the spool's disk (the store, logs) while observations come in. Once there
+    is room again, every observation lands, once: those that could not be spooled are spooled again
+    from the store."""
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk)
+    observe(gateway, 1, 100)
+    wait_until(lambda: cloud.landed == 100)
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as file:
+        while True:
+            file.write(b"\0" * 4096)
+            file.flush()
+    for first in range(101, 401, 100):
+        observe(gateway, first, 100)
+    wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
+    filler.unlink()
+    wait_until(lambda: cloud.landed >= 400, timeout=30)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+    assert cloud.landed == 400  # each once
