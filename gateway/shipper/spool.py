@@ -67,11 +67,15 @@ def _fsync_dir(directory: Path) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not stay full of what could not be written
+        raise
     _fsync_dir(path.parent)
 
 
@@ -233,7 +237,12 @@ class Spool:
             return
         self._open_file.close()  # type: ignore[attr-defined]
         self._open_file = None
-        self._seal_open(self._open_path())
+        try:
+            self._seal_open(self._open_path())
+        except OSError:
+            if self._open_lines:  # not sealed (disk full): the same open segment goes on, sealed once there is room
+                self._open_file = open(self._open_path(), "ab", buffering=0)  # noqa: SIM115 - kept open on purpose
+            raise
 
     def _open_path(self) -> Path:
         return self.directory / f"open-{self._open_number:012d}.jsonl"
@@ -251,10 +260,15 @@ class Spool:
             if sequence > self.cursor.get(key, 0):
                 self.cursor[key] = sequence
         self.through = self._open_number
-        self._write_cursor()
-        path.unlink(missing_ok=True)
+        # Why forgotten before the cursor is written: when that failed (disk full), the lines stayed
+        # and were sealed again into the next segment (100 observations landed twice). A cursor file
+        # behind the sealed segments is what a crash leaves too: start-up reads those segments.
         self._open_lines, self._open_bytes, self._open_keys, self._open_count = [], 0, {}, 0
-        self._enforce_budget()
+        path.unlink(missing_ok=True)
+        try:
+            self._write_cursor()
+        finally:
+            self._enforce_budget()
 
     def _write_cursor(self) -> None:
         _write_atomically(

@@ -308,3 +308,29 @@ def test_a_full_spool_disk_loses_no_observation(
     wait_until(lambda: cloud.landed >= 400, timeout=30)
     wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
     assert cloud.landed == 400  # each once
+
+
+def test_segments_sealed_on_a_full_disk_are_shipped_once(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """The endpoint is down until the spool's own segments fill its disk, and 200 observations come
+    after that: sealing fails midway (the segment written, not the cursor; or not the segment). Once
+    uploads free the disk, every observation lands exactly once."""
+
+    async def down(_request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    cloud.fault.reply = down
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk, segment_bytes=16 << 10)
+    total = 0
+    while not shipper_metrics(gateway)["spool_failures"]:
+        assert total < 20_000, "the spool's disk never filled up"
+        observe(gateway, total + 1, 100)
+        total += 100
+    observe(gateway, total + 1, 200)
+    total += 200
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed >= total, timeout=60)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+    assert cloud.landed == total  # each once
+    assert not list(small_disk.glob(".*.tmp"))  # nothing half written left to fill the disk
