@@ -54,7 +54,11 @@ def parse_at(text: str) -> int:
     """An `at` parameter (RFC 3339 with offset) in Unix microseconds."""
     try:
         instant = datetime.fromisoformat(text.strip())
-    except ValueError:
+        if instant.tzinfo is not None:
+            # Why: an instant before year 1 in UTC (0001-01-01T00:00:00+23:59) has no RFC 3339 form;
+            # it was stored and then the 202 reply failed: a 500, and the update ran all the same
+            instant.astimezone(UTC)
+    except (ValueError, OverflowError):
         instant = None
     if instant is None or instant.tzinfo is None or "T" not in text.upper():
         raise InvalidRequest(

@@ -5,12 +5,14 @@ Layout of the spool directory:
 * ``spool.json`` — the spool's random id (batch ids embed it, so a spool made afresh never reuses
   the id of a batch the cloud already has);
 * ``open-<n>.jsonl`` — the segment being filled: JSON lines, written through to the OS at each
-  append (a kill -9 loses nothing; a torn last line is cut at start-up);
+  append (a kill -9 loses nothing; a torn last line is cut at start-up, and lines a power cut left
+  unreadable are skipped and counted);
 * ``seg-<n>-<records>.jsonl.gz`` — sealed segments (gzip, mtime 0: the same bytes at every upload
   attempt), deleted only once the cloud confirmed them;
 * ``cursor.json`` — per (sensor, property), the highest observation sequence number ever spooled,
   and the last segment it covers. Written (fsync, rename) when a segment is sealed.
-* ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent).
+* ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent; within
+  the budget, deleted first).
 
 Why a cursor of sequence numbers and not of times: the gateway numbers each sensor's observations
 1, 2, 3... in commit order, and the shipper spools them in commit order, so "every observation of
@@ -18,9 +20,10 @@ that key above n" is exactly what was not spooled yet, across restarts and clock
 power loss the unsealed tail may be gone, but so is its part of the cursor: those observations are
 spooled again from the store. Everything here runs on the shipper's single I/O thread.
 
-Budget: when sealed + open segments exceed the budget, the oldest sealed segments are deleted and
-their observations counted as dropped (the newest data is the most useful after a long outage; the
-edge keeps its own history anyway). The policy is documented in systemd/sepa-gateway.toml.
+Budget: when sealed + open + rejected segments exceed the budget, the oldest rejected segments are
+deleted first (never sent anyway; counted), then the oldest sealed segments, their observations
+counted as dropped (the newest data is the most useful after a long outage; the edge keeps its own
+history anyway). The policy is documented in systemd/sepa-gateway.toml.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import os
 import re
 import secrets
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,24 +67,37 @@ def _fsync_dir(directory: Path) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk must not stay full of what could not be written
+        raise
     _fsync_dir(path.parent)
 
 
-def _max_keys(lines: list[bytes], into: dict[str, int]) -> int:
-    """Fold the records' sequence numbers into `into`; returns how many records there were."""
-    count = 0
+def _max_keys(lines: list[bytes], into: dict[str, int]) -> list[bytes]:
+    """Fold the records' sequence numbers into `into`; returns the lines that are records.
+
+    Why not trust every line: a power cut can leave more than a torn last line (a block of zeros
+    that never reached the disk; after a short write on a full disk, later appends follow a torn
+    line). One such line made start-up raise, and with it the gateway's start."""
+    whole: list[bytes] = []
     for line in lines:
-        record = json.loads(line)
-        key = f"{record['sensor']} {record['property']}"
-        if record["sequence"] > into.get(key, 0):
-            into[key] = record["sequence"]
-        count += 1
-    return count
+        try:
+            record = json.loads(line)
+            key, sequence = f"{record['sensor']} {record['property']}", record["sequence"]
+            if not isinstance(sequence, int):
+                raise TypeError("sequence")
+        except (ValueError, KeyError, TypeError):
+            continue
+        if sequence > into.get(key, 0):
+            into[key] = sequence
+        whole.append(line)
+    return whole
 
 
 class Spool:
@@ -104,6 +121,12 @@ class Spool:
         self._open_count = 0
         self.dropped_observations = 0
         self.dropped_segments = 0
+        # segments refused for good, oldest first, kept within the budget too (see _enforce_budget)
+        self.rejected: deque[tuple[Path, int]] = deque()
+        self.rejected_bytes = 0
+        self.rejected_deleted = 0
+        self.damaged_records = 0  # lines of open segments found unreadable at start-up, skipped
+        self.damaged_segments = 0  # sealed segments past the cursor found unreadable at start-up, kept as is
         self.spooled = 0
         # kept as numbers so that metrics read on the event loop never iterate the deque this thread changes
         self._sealed_records = 0
@@ -144,17 +167,31 @@ class Spool:
                 opened.append((int(match[1]), path))
         self.sealed = deque(sorted(self.sealed, key=lambda segment: segment.number))
         self._count_sealed()
+        for path in sorted(path for path in (directory / "rejected").iterdir() if _SEALED.match(path.name)):
+            self._keep_rejected(path)
         numbers = [segment.number for segment in self.sealed] + [number for number, _ in opened]
         self.next_number = max([self.through, *numbers], default=0) + 1
         for segment in self.sealed:
             if segment.number > self.through:  # sealed, but the crash came before the cursor was written
-                _max_keys(gzip.decompress(segment.path.read_bytes()).splitlines(), self.cursor)
+                try:
+                    _max_keys(gzip.decompress(segment.path.read_bytes()).splitlines(), self.cursor)
+                except (OSError, EOFError, zlib.error) as error:  # uploaded as it is: the cloud refuses it (400)
+                    self.damaged_segments += 1
+                    log.warning(
+                        "shipper: a sealed segment is damaged", extra={"segment": segment.number, "error": str(error)}
+                    )
         for number, path in sorted(opened):
             data = path.read_bytes()
             whole = data[: data.rfind(b"\n") + 1]  # a line without its newline was torn by the crash
-            self._open_number, self._open_lines = number, whole.splitlines(keepends=True)
-            self._open_bytes = len(whole)
-            _max_keys(self._open_lines, self._open_keys)
+            lines = whole.splitlines(keepends=True)
+            self._open_number, self._open_lines = number, _max_keys(lines, self._open_keys)
+            self._open_bytes = sum(len(line) for line in self._open_lines)
+            if len(self._open_lines) < len(lines):
+                self.damaged_records += len(lines) - len(self._open_lines)
+                log.warning(
+                    "shipper: damaged records skipped in the open segment",
+                    extra={"segment": number, "records": len(lines) - len(self._open_lines)},
+                )
             self._seal_open(path)
         if any(segment.number > self.through for segment in self.sealed):
             self.through = self.sealed[-1].number
@@ -200,7 +237,12 @@ class Spool:
             return
         self._open_file.close()  # type: ignore[attr-defined]
         self._open_file = None
-        self._seal_open(self._open_path())
+        try:
+            self._seal_open(self._open_path())
+        except OSError:
+            if self._open_lines:  # not sealed (disk full): the same open segment goes on, sealed once there is room
+                self._open_file = open(self._open_path(), "ab", buffering=0)  # noqa: SIM115 - kept open on purpose
+            raise
 
     def _open_path(self) -> Path:
         return self.directory / f"open-{self._open_number:012d}.jsonl"
@@ -218,10 +260,15 @@ class Spool:
             if sequence > self.cursor.get(key, 0):
                 self.cursor[key] = sequence
         self.through = self._open_number
-        self._write_cursor()
-        path.unlink(missing_ok=True)
+        # Why forgotten before the cursor is written: when that failed (disk full), the lines stayed
+        # and were sealed again into the next segment (100 observations landed twice). A cursor file
+        # behind the sealed segments is what a crash leaves too: start-up reads those segments.
         self._open_lines, self._open_bytes, self._open_keys, self._open_count = [], 0, {}, 0
-        self._enforce_budget()
+        path.unlink(missing_ok=True)
+        try:
+            self._write_cursor()
+        finally:
+            self._enforce_budget()
 
     def _write_cursor(self) -> None:
         _write_atomically(
@@ -229,6 +276,16 @@ class Spool:
         )
 
     def _enforce_budget(self) -> None:
+        # Why the rejected segments count too, and go first: they are never sent, and an endpoint
+        # refusing every batch (hostile, or speaking another contract) moved the whole stream there,
+        # outside the budget: 166 kB kept aside for a 64 kB budget after 12,000 observations, and
+        # growing until the disk (the store's too) was full.
+        while self.rejected and self.backlog_bytes + self.rejected_bytes > self.budget_bytes:
+            path, size = self.rejected.popleft()
+            self.rejected_bytes -= size
+            path.unlink(missing_ok=True)
+            self.rejected_deleted += 1
+            log.warning("shipper: spool over its budget, oldest rejected segment deleted", extra={"file": path.name})
         while self.sealed and self.backlog_bytes > self.budget_bytes:
             oldest = self.sealed.popleft()
             self._count_sealed()
@@ -266,7 +323,14 @@ class Spool:
         target = self.directory / "rejected" / segment.path.name
         with contextlib.suppress(FileNotFoundError):
             os.replace(segment.path, target)
+            self._keep_rejected(target)
+            self._enforce_budget()
         return target
+
+    def _keep_rejected(self, path: Path) -> None:
+        size = path.stat().st_size
+        self.rejected.append((path, size))
+        self.rejected_bytes += size
 
     def _forget(self, segment: Segment) -> None:
         with contextlib.suppress(ValueError):

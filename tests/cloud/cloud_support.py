@@ -147,8 +147,9 @@ class LandingServer:
     """The endpoint built with :func:`landing_app` and served on a free port by a thread of this process
     (the in-process use the gateway's end-to-end tests make of it)."""
 
-    def __init__(self, settings: LandingSettings) -> None:
+    def __init__(self, settings: LandingSettings, middlewares: Iterable[Any] = ()) -> None:
         self.settings = settings
+        self.middlewares = list(middlewares)  # inside the endpoint's own: faults a test puts in front of it
         self.port = 0
         self.landing: Landing | None = None
         self._loop = asyncio.new_event_loop()
@@ -176,6 +177,7 @@ class LandingServer:
     async def _serve(self) -> None:
         try:
             app = landing_app(self.settings)
+            app.middlewares.extend(self.middlewares)
             self.landing = app[LANDING]
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()

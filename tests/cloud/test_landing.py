@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import http.client
 import json
 import os
 import ssl
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
+import cloud.contract
 import cloud.storage
 import cloud.tokens
 from cloud.settings import LandingSettings
@@ -133,6 +136,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("unknown-key", batch([record(1, extra=1)]), "line 1: unknown field 'extra'"),
     ("duplicate-key", _gz(b'{"id": "urn:a", "id": "urn:b"}\n'), "line 1: not JSON: duplicate key 'id'"),
     ("empty-batch", _gz(b""), "the batch holds no records"),
+    ("deep-nesting", _gz(b'{"id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"), "line 1: not JSON: nested too deep"),
 ]
 
 
@@ -331,3 +335,22 @@ def test_metrics_count_what_happened(landing: LandingServer) -> None:
     assert metrics['sepa_cloud_batches_rejected_total{reason="conflict"}'] == 1
     assert metrics['sepa_cloud_batches_rejected_total{reason="bad_record"}'] == 1
     assert metrics['sepa_cloud_batches_rejected_total{reason="unauthorized"}'] == 1
+
+
+def test_a_line_spanning_many_inflated_chunks_is_checked_in_linear_time(
+    landing_settings: LandingSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record as long as the inflate limit allows arrives in many inflated chunks. Joining the line
+    so far to each new chunk was quadratic: with the default limits a 1 GiB line (1 MiB of gzip) is
+    1,024 chunks, and a 128 MiB one already took 8.8 s of a thread. Scaled down here: 512-byte chunks,
+    a line of almost 4 MiB (8,000 chunks)."""
+    monkeypatch.setattr(cloud.contract, "_CHUNK", 512)
+    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10)
+    line = json.dumps(record(1, value=None, literal="x" * ((4 << 20) - 1000))).encode() + b"\n"
+    assert len(line) <= settings.max_decompressed_bytes
+    with LandingServer(settings) as landing:
+        started = time.perf_counter()
+        reply = landing.client().put("b1", _gz(line))
+        elapsed = time.perf_counter() - started
+    assert reply.status == 201, reply.body
+    assert elapsed < 2.0, f"{elapsed:.1f} s to check one line"

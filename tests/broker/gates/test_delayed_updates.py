@@ -81,6 +81,7 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"delay": "PT" + "9" * 400 + "S"}),  # a float's infinity
         (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
         (stamp("x"), {"at": "tomorrow"}),
+        (stamp("x"), {"at": "0001-01-01T00:00:00+23:59"}),  # year 0 in UTC: it was stored, then a 500
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
         (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
     ]
@@ -158,3 +159,22 @@ def test_the_pending_table_is_bounded(in_process_gateway) -> None:
     reply = gateway.update(stamp("three"), params={"delay": "60000"})
     assert reply.status == 429 and reply.json()["error"] == "too_many_requests"
     assert len(gateway.request("GET", "/scheduled").json()["scheduled"]) == 2
+
+
+def test_cancelled_updates_do_not_stay_in_memory_until_their_due_time(in_process_gateway) -> None:
+    """Schedule ten years ahead, cancel, again: the limits count pending updates only, so a cancelled
+    one must not be kept either. Before, the timer's heap kept every cancelled update (and its text)
+    until its due time: 400 cycles of a 100 kB update held 400 entries, 40 MB, for up to ten years."""
+    gateway = in_process_gateway(Config())
+    delayed = gateway.gateway.scheduler.delayed
+    padding = "#" + "x" * 100_000 + "\n"
+    for number in range(400):
+        reply = gateway.update(padding + stamp(f"c{number}"), params={"delay": "P3650D"})
+        assert reply.status == 202, reply.body
+        assert gateway.request("DELETE", f"/scheduled/{reply.json()['scheduled']['id']}").status == 200
+    assert gateway.request("GET", "/scheduled").json() == {"scheduled": []}
+    held = gateway.call(asyncio.sleep(0, len(delayed._heap)))
+    assert held <= 64, f"{held} cancelled updates still held by the timer"
+    reply = gateway.update(stamp("after"), params={"delay": "100"})  # the timer still runs what is due
+    assert reply.status == 202
+    wait_until(lambda: ran_at(gateway, "after") != [])

@@ -103,3 +103,31 @@ def test_an_old_open_segment_is_sealed_by_age(tmp_path: Path) -> None:
     spool.append([line("s1", 1)], {"s1 p": 1})
     assert spool.seal_if_older(3600) is False
     assert spool.seal_if_older(0.0) is True and spool.sealed_count == 1
+
+
+def test_damaged_records_of_an_open_segment_are_skipped_and_counted_the_rest_kept(tmp_path: Path) -> None:
+    """A power cut can leave more than a torn last line: a block of zeros where a write never reached
+    the disk, or a short write (disk full) with later appends after it. Start-up must still work."""
+    spool = open_spool(tmp_path)
+    spool.append([line("s1", 1), line("s1", 2)], {"s1 p": 2})
+    spool.close()
+    with open(tmp_path / "open-000000000001.jsonl", "ab") as file:
+        file.write(b"\0" * 300 + b"\n")  # a block that never reached the disk
+        file.write(b'{"id": "urn:o:s1:3", "sens' + line("s1", 4))  # a short write, then an append
+        file.write(b"[1, 2]\n" + line("s2", 1))
+    again = open_spool(tmp_path)
+    (segment,) = again.sealed
+    assert gzip.decompress(again.read(segment)) == line("s1", 1) + line("s1", 2) + line("s2", 1)
+    assert segment.records == 3 and again.damaged_records == 3
+    assert again.cursor == {"s1 p": 2, "s2 p": 1}
+
+
+def test_a_damaged_segment_sealed_after_the_cursor_does_not_stop_start_up(tmp_path: Path) -> None:
+    spool = open_spool(tmp_path)
+    spool.append([line("s1", 1)], {"s1 p": 1})
+    spool.seal()
+    whole = gzip.compress(line("s1", 2) * 50, mtime=0)
+    (tmp_path / "seg-000000000002-50.jsonl.gz").write_bytes(whole[: len(whole) // 2])  # cut by the power cut
+    again = open_spool(tmp_path)
+    assert [segment.number for segment in again.sealed] == [1, 2]  # the cloud judges it (400: set aside)
+    assert again.through == 2 and again.next_number == 3 and again.damaged_segments == 1

@@ -1,0 +1,336 @@
+"""The cloud shipper against a landing endpoint that misbehaves: it must lose nothing, keep retrying
+and show what happened, whatever the reply.
+
+Real parts: a Gateway (in process, on its HTTP port) with the shipper on, and the real landing
+endpoint (cloud.landing) on a free port over plain HTTP (`allow_http`). The misbehaviour is a
+middleware put in front of the endpoint's handlers and switched on and off by the test: what a
+broken proxy, a captive portal or a hostile host on the way would answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from cloud.settings import LandingSettings
+from gateway.appliance.config import Config
+from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
+from gateway.shipper.records import json_line
+from gateway.shipper.spool import Spool
+from tests.cloud.cloud_support import TOKEN, LandingServer, record
+from tests.polling import wait_until
+from tools.launcher import InProcessGateway
+
+Reply = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Fault:
+    """While `reply` is set, every PUT is answered by it (its body read first) instead of the endpoint."""
+
+    reply: Reply | None = None
+    seen: int = 0
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Reply) -> web.StreamResponse:
+        reply = self.reply
+        if reply is None or request.method != "PUT":
+            return await handler(request)
+        self.seen += 1
+        await request.read()
+        return await reply(request)
+
+
+@dataclass
+class Cloud:
+    server: LandingServer
+    fault: Fault
+
+    @property
+    def landed(self) -> int:
+        """Observations the endpoint stored."""
+        assert self.server.landing is not None
+        return self.server.landing.metrics.records_stored
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[Cloud]:
+    fault = Fault()
+    settings = LandingSettings(landing_dir=tmp_path / "landing", tokens=(TOKEN,), host="127.0.0.1", port=0)
+    with LandingServer(settings, [fault.middleware]) as server:
+        yield Cloud(server, fault)
+
+
+def shipping_gateway(
+    start: Callable[[Config], InProcessGateway],
+    directory: Path,
+    cloud: Cloud,
+    budget: int = 1 << 20,
+    *,
+    spool: Path | None = None,
+    segment_bytes: int = 1024,
+) -> InProcessGateway:
+    """A gateway shipping to `cloud`: small segments sealed at once, quick retries."""
+    token = directory / "token"
+    token.write_text(TOKEN + "\n")
+    config = Config()
+    shipper = config.shipper
+    shipper.enabled, shipper.allow_http = True, True
+    shipper.url = f"http://127.0.0.1:{cloud.server.port}"
+    shipper.token_file, shipper.spool_dir = str(token), str(spool or directory / "spool")
+    shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = segment_bytes, budget, 0.1
+    shipper.upload_timeout_s, shipper.backoff_initial_s, shipper.backoff_max_s = 2.0, 0.05, 0.2
+    return start(config)
+
+
+def observe(gateway: InProcessGateway, first: int, count: int) -> None:
+    """Observations `first`.. of one sensor, as the observation layer writes them (sequence = number)."""
+    triples = []
+    for number in range(first, first + count):
+        node = f"<urn:sepa-gateway:obs:test{number}>"
+        triples.append(
+            f"{node} a <{SOSA}Observation> ; <{SOSA}madeBySensor> <urn:example:sensor> ; "
+            f"<{SOSA}observedProperty> <{GW}temperature> ; <{SOSA}hasFeatureOfInterest> <urn:example:room> ; "
+            f'<{SOSA}resultTime> "2026-11-27T21:00:00.{number:06d}Z"^^<{XSD}dateTime> ; '
+            f'<{GW}sequenceNumber> {number} ; <{GW}hasMqttTopic> "home/sensor" ; '
+            f"<{SOSA}hasResult> <urn:sepa-gateway:obs:test{number}/result> .\n"
+            f'<urn:sepa-gateway:obs:test{number}/result> <{QUDT}numericValue> "{number}.5"^^<{XSD}double> .'
+        )
+    reply = gateway.update(f"INSERT DATA {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ {' '.join(triples)} }} }}")
+    assert reply.status == 200, reply.body
+
+
+def shipper_metrics(gateway: InProcessGateway) -> dict[str, float]:
+    prefix = "sepa_shipper_"
+    return {name[len(prefix) :]: value for name, value in gateway.metrics().items() if name.startswith(prefix)}
+
+
+def test_an_error_reply_that_is_not_utf8_does_not_stop_the_uploads(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    async def garbage(_request: web.Request) -> web.Response:
+        return web.Response(status=503, body=b"\xff\xfe\xfa down \xc3", content_type="text/plain")
+
+    cloud.fault.reply = garbage
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 6)  # each upload worker had such a reply, more than once
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_http_503"] >= 6
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+
+
+def portal(_request: web.Request) -> web.Response:
+    return web.Response(status=200, text="<html><body>Welcome! Accept the terms to go on.</body></html>")
+
+
+def other_batch(_request: web.Request) -> web.Response:
+    return web.json_response({"batch": "another-batch", "records": 30, "duplicate": False}, status=201)
+
+
+@pytest.mark.parametrize("answer", [portal, other_batch], ids=["captive-portal-200", "201-for-another-batch"])
+def test_a_success_status_without_the_contract_reply_is_not_taken_for_stored(
+    in_process_gateway, tmp_path: Path, cloud: Cloud, answer: Callable[[web.Request], web.Response]
+) -> None:
+    async def reply(request: web.Request) -> web.Response:
+        return answer(request)
+
+    cloud.fault.reply = reply
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 3)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_bad_reply"] >= 3
+    assert metrics["uploaded_observations"] == 30
+
+
+def test_a_reply_body_without_end_is_not_read_whole(in_process_gateway, tmp_path: Path, cloud: Cloud) -> None:
+    """A 503 whose body is 256 MiB: the shipper reads the start of it only, and retries."""
+    offered = 256 << 20
+    sent: list[int] = []
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=503, headers={"Content-Length": str(offered)})
+        await response.prepare(request)
+        chunk, written = b"x" * (1 << 20), 0
+        try:
+            while written < offered:
+                await response.write(chunk)
+                written += len(chunk)
+        except ConnectionError:
+            pass
+        finally:
+            sent.append(written)
+        return response
+
+    cloud.fault.reply = flood
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: len(sent) >= 2, timeout=30)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    assert max(sent) <= 32 << 20, f"the shipper read {max(sent) >> 20} MiB of a reply"
+    assert shipper_metrics(gateway)["upload_failures_http_503"] >= 2
+
+
+def test_a_redirect_is_not_followed(in_process_gateway, tmp_path: Path, cloud: Cloud) -> None:
+    """307 to another host, which answers as the endpoint would: the observations must not go there
+    (a redirect cannot make another host the cloud), and nothing is set aside for good."""
+    received: list[int] = []
+
+    async def elsewhere(request: web.Request) -> web.Response:
+        body = await request.read()
+        received.append(len(body))
+        records = gzip.decompress(body).count(b"\n")
+        reply = {"batch": request.match_info["batch_id"], "records": records, "duplicate": False}
+        return web.json_response(reply, status=201)
+
+    settings = LandingSettings(landing_dir=tmp_path / "elsewhere", tokens=("another",), host="127.0.0.1", port=0)
+    with LandingServer(settings, [Fault(elsewhere).middleware]) as other:
+
+        async def redirect(request: web.Request) -> web.Response:
+            return web.Response(status=307, headers={"Location": f"http://127.0.0.1:{other.port}{request.path}"})
+
+        cloud.fault.reply = redirect
+        gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+        observe(gateway, 1, 30)
+        wait_until(lambda: cloud.fault.seen >= 3)
+        cloud.fault.reply = None
+        wait_until(lambda: cloud.landed == 30)
+    assert received == []
+    metrics = shipper_metrics(gateway)
+    assert metrics["upload_failures_http_307"] >= 3 and metrics["rejected_segments"] == 0
+
+
+def test_a_gateway_starts_on_a_spool_damaged_by_a_power_cut_and_ships_the_rest(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """A block of zeros in the middle of the open segment (a write that never reached the disk):
+    the gateway starts, the damaged record is counted, the others land."""
+    spool = Spool.open(tmp_path / "spool", segment_max_bytes=1 << 20, budget_bytes=1 << 20)
+    spool.append([json_line(record(number)) for number in range(5)], {})
+    spool.close()
+    (opened,) = (tmp_path / "spool").glob("open-*.jsonl")
+    lines = opened.read_bytes().splitlines(keepends=True)
+    opened.write_bytes(b"".join(lines[:2]) + b"\0" * (len(lines[2]) - 1) + b"\n" + b"".join(lines[3:]))
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    wait_until(lambda: cloud.landed == 4)
+    metrics = shipper_metrics(gateway)
+    assert metrics["damaged_observations"] == 1 and metrics["backlog_observations"] == 0
+
+
+@pytest.mark.parametrize("status", [404, 405, 421, 502])
+def test_a_status_the_endpoint_never_gives_a_batch_does_not_set_it_aside(
+    in_process_gateway, tmp_path: Path, cloud: Cloud, status: int
+) -> None:
+    """Only 400, 409 and 413 say the batch itself can never be stored (README). A 404 or 405 is a
+    path or a proxy not routing yet, which the operator fixes: the batch must go once fixed."""
+
+    async def not_routed(_request: web.Request) -> web.Response:
+        return web.Response(status=status, text="no route")
+
+    cloud.fault.reply = not_routed
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 3)
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed == 30)
+    metrics = shipper_metrics(gateway)
+    assert metrics[f"upload_failures_http_{status}"] >= 3 and metrics["rejected_segments"] == 0
+
+
+def test_segments_refused_for_good_stay_within_the_spool_budget(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """An endpoint answering 400 to every batch (hostile, or a contract it no longer speaks): the
+    segments kept aside for the operator count against the spool's budget like the others."""
+
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "invalid_request"}, status=400)
+
+    cloud.fault.reply = refuse
+    budget = 64 << 10
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, budget)
+    for first in range(1, 12_001, 1000):
+        observe(gateway, first, 1000)
+    wait_until(lambda: shipper_metrics(gateway)["spooled_observations"] == 12_000, timeout=30)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0, timeout=30)
+    kept = sum(path.stat().st_size for path in (tmp_path / "spool" / "rejected").iterdir())
+    metrics = shipper_metrics(gateway)
+    assert kept <= budget, f"{kept} bytes kept aside, over the budget of {budget}"
+    assert metrics["rejected_segments"] > 0 and metrics["rejected_deleted_segments"] > 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 128 KiB tmpfs (the tests run as root): a spool directory whose disk fills up."""
+    if os.geteuid() != 0:
+        pytest.fail("the full-disk test mounts a tmpfs: it runs as root", pytrace=False)
+    directory = tmp_path / "small"
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def test_a_full_spool_disk_loses_no_observation(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """Something else fills the spool's disk (the store, logs) while observations come in. Once there
+    is room again, every observation lands, once: those that could not be spooled are spooled again
+    from the store."""
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk)
+    observe(gateway, 1, 100)
+    wait_until(lambda: cloud.landed == 100)
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as file:
+        while True:
+            file.write(b"\0" * 4096)
+            file.flush()
+    for first in range(101, 401, 100):
+        observe(gateway, first, 100)
+    wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
+    filler.unlink()
+    wait_until(lambda: cloud.landed >= 400, timeout=30)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+    assert cloud.landed == 400  # each once
+
+
+def test_segments_sealed_on_a_full_disk_are_shipped_once(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """The endpoint is down until the spool's own segments fill its disk, and 200 observations come
+    after that: sealing fails midway (the segment written, not the cursor; or not the segment). Once
+    uploads free the disk, every observation lands exactly once."""
+
+    async def down(_request: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    cloud.fault.reply = down
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk, segment_bytes=16 << 10)
+    total = 0
+    while not shipper_metrics(gateway)["spool_failures"]:
+        assert total < 20_000, "the spool's disk never filled up"
+        observe(gateway, total + 1, 100)
+        total += 100
+    observe(gateway, total + 1, 200)
+    total += 200
+    cloud.fault.reply = None
+    wait_until(lambda: cloud.landed >= total, timeout=60)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+    assert cloud.landed == total  # each once
+    assert not list(small_disk.glob(".*.tmp"))  # nothing half written left to fill the disk
