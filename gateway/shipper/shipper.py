@@ -247,6 +247,13 @@ class Shipper:
             self._uploading.add(segment.number)
             try:
                 await self._upload(spool, segment)
+            except Exception as error:  # noqa: BLE001 - see below
+                # A fault of this machine's (a segment that cannot be read, EIO; the spool's records
+                # not written): before, it ended this worker, and with every worker gone nothing was
+                # shipped again until a restart. Counted, retried after the upload backoff.
+                self._count_failure("local")
+                log.error("shipper: a segment could not be read or recorded, retrying: %r", error)
+                await asyncio.sleep(self._retry_delay())
             finally:
                 self._uploading.discard(segment.number)
 
@@ -260,16 +267,14 @@ class Shipper:
         try:
             duplicate = await self.uploader.put(batch, body, segment.records)
         except UploadError as error:
-            self.failures += 1
-            self.failures_by_reason[error.reason] = self.failures_by_reason.get(error.reason, 0) + 1
+            self._count_failure(error.reason)
             if not error.retry:
                 self.rejected_segments += 1
                 kept = await self._run_io(spool.reject, segment)
                 log.error("shipper: the cloud refused a batch for good", extra={"batch": batch, "kept": str(kept)})
                 log.error("shipper: refusal: %s", error)
                 return
-            self._backoff = min(self.settings.backoff_max_s, max(self.settings.backoff_initial_s, self._backoff * 2))
-            delay = random.uniform(self.settings.backoff_initial_s / 2, self._backoff)  # noqa: S311 - jitter
+            delay = self._retry_delay()
             log.warning("shipper: upload failed, retrying in %.1f s: %s", delay, error)
             await asyncio.sleep(delay)
             return
@@ -281,6 +286,15 @@ class Shipper:
         self.duplicate_segments += duplicate
         self.uploaded_observations += segment.records
         self._uploads.append((now, segment.records))
+
+    def _count_failure(self, reason: str) -> None:
+        self.failures += 1
+        self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
+
+    def _retry_delay(self) -> float:
+        """The next wait before a retry: exponential backoff with jitter."""
+        self._backoff = min(self.settings.backoff_max_s, max(self.settings.backoff_initial_s, self._backoff * 2))
+        return random.uniform(self.settings.backoff_initial_s / 2, self._backoff)  # noqa: S311 - jitter
 
     # -- observability ------------------------------------------------------------------------------
 

@@ -334,3 +334,29 @@ def test_segments_sealed_on_a_full_disk_are_shipped_once(
     wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
     assert cloud.landed == total  # each once
     assert not list(small_disk.glob(".*.tmp"))  # nothing half written left to fill the disk
+
+
+def test_a_segment_that_cannot_be_read_does_not_end_the_uploads(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """A sealed segment that reads as an I/O error (a directory where its file was: IsADirectoryError,
+    as EIO would): before, it ended every upload worker that tried it, and nothing was shipped
+    again until a restart; now it is counted and retried, and ships once readable."""
+
+    async def unavailable(_request: web.Request) -> web.Response:
+        return web.Response(status=503, text="down")
+
+    cloud.fault.reply = unavailable
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.fault.seen >= 2)  # sealed (one segment of 30), and refused
+    (damaged,) = (tmp_path / "spool").glob("seg-*.jsonl.gz")
+    content = damaged.read_bytes()
+    damaged.unlink()
+    damaged.mkdir()
+    cloud.fault.reply = None
+    wait_until(lambda: shipper_metrics(gateway).get("upload_failures_local", 0) >= 3)
+    damaged.rmdir()
+    damaged.write_bytes(content)
+    wait_until(lambda: cloud.landed == 30)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
