@@ -100,7 +100,7 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
                 connection.send(reply_for(processor, ("job", name, args, kwargs, micros)))
         elif kind == "seed":
             processor = QueryProcessor(seeded(message), service_allow=service_allow)
-            compactor = Compactor(processor.store)
+            compactor = Compactor(processor.store, live=len(processor.store.ox))  # one thread: 20 ms for 334k
             connection.send(("ready",))
 
 
