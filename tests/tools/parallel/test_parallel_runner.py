@@ -97,6 +97,9 @@ def test_small_run_reports_every_documented_key(small_run: tuple[int, dict[str, 
     assert report["bars"]["wire_parallel_ratio"]["met"] is None
     fig7 = report["fig7"]
     assert report["bars"]["fig7_speedup"]["value"] == fig7["speedup"] > 0
+    for phase in (fig7, report["ROAD"], report["LAMP"]):  # one alternated pair: its speedup is the phase's
+        (pair,) = phase["pair_speedups"]
+        assert abs(pair - phase["speedup"]) <= 0.01
     for mode in ("sequential", "parallel"):
         assert len(fig7[mode]["round_ms"]) == 2 and fig7[mode]["median_ms"] > 0
         assert all(0 <= share <= 1 for share in fig7[mode]["cpu_busy"].values() if share is not None)
