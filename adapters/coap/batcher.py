@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.coap.deliveries import Deliveries, Delivery
-from gateway.observations import PayloadError, Reading
+from gateway.observations import NodeLimit, PayloadError, Reading
 from gateway.observations.vocabulary import HAS_COAP_RESOURCE
 from gateway.observations.writer import ObservationWriter
 
@@ -119,16 +119,27 @@ class Batcher:
 
     async def _commit(self, batch: list[Waiting]) -> None:
         readings = [reading for part, _, _ in batch for reading in part]
-        items = [item for _, _, item in batch if item is not None]
         expired: list[tuple[float, str, str]] = []
+        refused: dict[int, NodeLimit] = {}  # by the reading's identity: which request it came with
 
-        def record(request: Any) -> Any:
-            amended, old = self.deliveries.amend(request, items)
+        def refuse(reading: Reading, error: NodeLimit) -> None:
+            refused[id(reading)] = error
+
+        def items() -> list[Delivery]:
+            """The deliveries stored (a refused request, retransmitted, must be refused again)."""
+            return [
+                item
+                for part, _, item in batch
+                if item is not None and not any(id(reading) in refused for reading in part)
+            ]
+
+        def record(request: Any) -> Any:  # called after the refusals: the writer admits first
+            amended, old = self.deliveries.amend(request, items())
             expired.extend(old)
             return amended
 
         try:
-            await self.writer.commit(readings, source_property=HAS_COAP_RESOURCE, amend=record)
+            await self.writer.commit(readings, source_property=HAS_COAP_RESOURCE, amend=record, refused=refuse)
         except PayloadError as error:
             if len(batch) > 1:
                 for one in batch:
@@ -141,9 +152,14 @@ class Batcher:
             _settle(batch, error)
         else:
             self.stats.batches += 1
-            self.stats.committed += len(readings)
+            self.stats.committed += len(readings) - len(refused)
             self.stats.largest_batch = max(self.stats.largest_batch, len(readings))
-            self.deliveries.settle(items, expired)
+            self.deliveries.settle(items(), expired)
+            if refused:  # a request with a reading past the latest view's bounds hears why (4.00)
+                for waiting in batch:
+                    errors = [refused[id(reading)] for reading in waiting[0] if id(reading) in refused]
+                    _settle([waiting], errors[0] if errors else None)
+                return
             _settle(batch, None)
 
 

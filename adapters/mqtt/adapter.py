@@ -35,6 +35,7 @@ from gateway.observations import (
     Mapper,
     Mapping,
     MappingError,
+    NodeLimit,
     PayloadError,
     Reading,
     UnmappedTopic,
@@ -192,8 +193,14 @@ class MqttAdapter:
             amended.append((recorded, forgotten))
             return request
 
+        refused: list[Reading] = []
+
+        def refuse(reading: Reading, error: NodeLimit) -> None:
+            refused.append(reading)
+            self.counters.add(reading.source, str(error))  # a reading's source is its message's topic
+
         try:
-            await self.writer.commit(readings, amend=record)
+            await self.writer.commit(readings, amend=record, refused=refuse)
         except PayloadError as error:
             carrying = [item for item in mapped if item[1]]
             if len(carrying) == 1:
@@ -203,10 +210,11 @@ class MqttAdapter:
             await self._store(carrying[:half])
             await self._store(carrying[half:])
             return
-        self.deliveries.settle(*amended[0])
+        if amended:  # else every reading was refused: nothing was written, nothing to recognise later
+            self.deliveries.settle(*amended[0])
         self._stored.update(delivered)
-        self.readings += len(readings)
-        self.observations_committed += len(readings)
+        self.readings += len(readings) - len(refused)
+        self.observations_committed += len(readings) - len(refused)
 
     # -- the Topics Manager --------------------------------------------------------------------
 

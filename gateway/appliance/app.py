@@ -147,7 +147,12 @@ class Gateway:
             self.shipper = build_shipper(config, self.client, self.gateway_id)
             self.gates.metric_sources["shipper"] = self.shipper.metrics
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
-        writer = ObservationWriter(self.client, self.gateway_id)
+        writer = ObservationWriter(
+            self.client,
+            self.gateway_id,
+            max_nodes=config.observations.max_sensor_properties,
+            max_nodes_per_sensor=config.observations.max_properties_per_sensor,
+        )
         self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
         context = AdapterContext(
             self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled, self.peer_client

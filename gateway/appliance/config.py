@@ -17,6 +17,7 @@ from pyoxigraph import NamedNode
 
 from gateway.appliance.config_lines import setting_line, toml_error_line
 from gateway.appliance.plugins import adapter_plugins
+from gateway.observations.latest import MAX_ENTRIES as MAX_LATEST_NODES
 
 # a DNS name as [http] allowed_hosts takes it: labels of letters, digits, '-' and '_' (container names),
 # no scheme, port, path nor wildcard; a trailing dot (fully qualified) is allowed
@@ -137,6 +138,10 @@ class ObservationsConfig:
     retain_count: int = 1000  # observations kept per sensor and property (older ones are pruned; the cloud has them)
     retain_age_s: float = 7 * 86400.0  # and none older than this
     prune_interval_s: float = 60.0
+    # latest nodes (one per sensor and property, never pruned: a silent sensor keeps its last value);
+    # past either bound a reading of a new pair is refused and counted (gateway.observations.writer)
+    max_sensor_properties: int = 10_000
+    max_properties_per_sensor: int = 256
 
 
 @dataclass
@@ -273,6 +278,10 @@ class Config:
             raise ConfigError("observations.retain_count must be >= 1 and observations.retain_age_s positive")
         if self.observations.prune_interval_s <= 0:
             raise ConfigError("observations.prune_interval_s must be positive")
+        if not 1 <= self.observations.max_sensor_properties <= MAX_LATEST_NODES:
+            raise ConfigError(f"observations.max_sensor_properties must be 1 to {MAX_LATEST_NODES:,}")
+        if not 1 <= self.observations.max_properties_per_sensor <= self.observations.max_sensor_properties:
+            raise ConfigError("observations.max_properties_per_sensor must be 1 to max_sensor_properties")
         if self.shipper.enabled:
             self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

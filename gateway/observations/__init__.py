@@ -9,7 +9,7 @@ public update syntax tree), `rdf` (the Topics Manager), `ontologies` (loading on
 `vocabulary` (names and IRIs).
 """
 
-from gateway.observations.errors import MappingError, PayloadError, UnmappedTopic
+from gateway.observations.errors import MappingError, NodeLimit, PayloadError, UnmappedTopic
 from gateway.observations.iris import latest_iri, observation_iri
 from gateway.observations.latest import LATEST_QUERY, LatestCache, nodes_query
 from gateway.observations.mapper import Mapper
@@ -29,6 +29,7 @@ __all__ = [
     "Mapper",
     "Mapping",
     "MappingError",
+    "NodeLimit",
     "PayloadError",
     "Reading",
     "UnmappedTopic",

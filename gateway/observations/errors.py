@@ -13,3 +13,8 @@ class PayloadError(ValueError):
 
 class UnmappedTopic(PayloadError):
     """No mapping matches the topic: counted like a bad payload, but worth telling apart in metrics."""
+
+
+class NodeLimit(PayloadError):
+    """A reading of a sensor and property the store has no latest node for, past the bound on such
+    nodes (in all, or of its sensor): the writer stores the batch's other readings without it."""

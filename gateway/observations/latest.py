@@ -19,6 +19,7 @@ then fall back to OPTIONAL patterns, slower but exact, until the next `load`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,8 @@ def nodes_query(iris: Iterable[str]) -> str:
 # Triples of a latest node that never change (its IRI is a hash of sensor and property).
 FIXED_PREDICATES = frozenset({RDF_TYPE, GW + "sensor", GW + "property"})
 SEQUENCE = GW + "sequenceNumber"
+SENSOR = GW + "sensor"
+MAX_ENTRIES = 200_000  # nodes the mirror follows; past it, it stops (and with it the writer's bounds)
 _XSD_INTEGER = NamedNode("http://www.w3.org/2001/XMLSchema#integer")
 _GRAPH = NamedNode(GRAPH_LATEST)
 
@@ -50,10 +53,25 @@ class LatestCache:
     are, and following a delta costs no conversion.
     """
 
-    def __init__(self, *, max_entries: int = 200_000) -> None:
+    def __init__(self, *, max_entries: int = MAX_ENTRIES) -> None:
         self.nodes: dict[str, set[Quad]] = {}
         self.complete = False
         self.max_entries = max_entries
+        # nodes per sensor IRI (by their gw:sensor triple): the writer bounds them (ObservationWriter)
+        self.per_sensor: Counter[str] = Counter()
+
+    def _add(self, quads: set[Quad], quad: Quad) -> None:
+        if quad.predicate.value == SENSOR and quad not in quads:
+            self.per_sensor[quad.object.value] += 1
+        quads.add(quad)
+
+    def _discard(self, quads: set[Quad], quad: Quad) -> None:
+        if quad.predicate.value == SENSOR and quad in quads:
+            sensor = quad.object.value
+            self.per_sensor[sensor] -= 1
+            if self.per_sensor[sensor] <= 0:
+                del self.per_sensor[sensor]
+        quads.discard(quad)
 
     def known(self, iri: str) -> bool:
         """Whether the mirror knows exactly what the store holds for this node (maybe nothing)."""
@@ -79,7 +97,11 @@ class LatestCache:
     def snapshot(self, iris: Iterable[str]) -> LatestCache:
         """The mirror of just these nodes, as it is now, for nodes it knows (later deltas leave it alone)."""
         copy = LatestCache(max_entries=self.max_entries)
-        copy.nodes = {iri: set(self.nodes[iri]) for iri in iris if iri in self.nodes}
+        for iri in iris:
+            if iri in self.nodes and iri not in copy.nodes:
+                quads = copy.nodes[iri] = set()
+                for quad in self.nodes[iri]:
+                    copy._add(quads, quad)
         copy.complete = self.complete
         return copy
 
@@ -91,28 +113,33 @@ class LatestCache:
         """Record the current content of these nodes: the rows of `nodes_query(iris)` (none = absent)."""
         for iri in iris:
             if len(self.nodes) < self.max_entries:
-                self.nodes.setdefault(iri, set()).clear()
+                quads = self.nodes.setdefault(iri, set())
+                for quad in list(quads):
+                    self._discard(quads, quad)
         for row in rows:
             quad = _quad(row)
             quads = self.nodes.get(quad.subject.value) if quad is not None else None
             if quads is not None:
-                quads.add(quad)  # type: ignore[arg-type]
+                self._add(quads, quad)  # type: ignore[arg-type]
 
     def clear(self) -> None:
         """Forget everything: updates use OPTIONAL patterns until the next `load`."""
         self.nodes.clear()
+        self.per_sensor.clear()
         self.complete = False
 
     def load(self, rows: Iterable[dict[str, Any]]) -> None:
         """Replace the mirror with the rows of LATEST_QUERY (terms or SPARQL JSON objects)."""
         self.nodes.clear()
+        self.per_sensor.clear()
         for row in rows:
             quad = _quad(row)
             if quad is not None:
-                self.nodes.setdefault(quad.subject.value, set()).add(quad)
+                self._add(self.nodes.setdefault(quad.subject.value, set()), quad)
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()
+            self.per_sensor.clear()
 
     def apply(self, added: Iterable[Quad], removed: Iterable[Quad]) -> None:
         """Follow one committed update's exact delta (quads outside the latest graph are ignored)."""
@@ -120,7 +147,7 @@ class LatestCache:
             if quad.graph_name == _GRAPH and isinstance(quad.subject, NamedNode):
                 quads = self.nodes.get(quad.subject.value)
                 if quads is not None:
-                    quads.discard(quad)
+                    self._discard(quads, quad)
         for quad in added:
             if quad.graph_name != _GRAPH or not isinstance(quad.subject, NamedNode):
                 continue
@@ -132,7 +159,7 @@ class LatestCache:
                     self.complete = False  # we stop tracking: absence can no longer be assumed
                     continue
                 quads = self.nodes[quad.subject.value] = set()
-            quads.add(quad)
+            self._add(quads, quad)
 
 
 def _quad(row: dict[str, Any]) -> Quad | None:

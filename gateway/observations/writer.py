@@ -6,15 +6,26 @@ each delete the value they wrote last, not the one the other wrote since, when a
 transports to one sensor: two latest values. So the appliance makes one writer and hands it to every
 adapter (``AdapterContext.observations``); its commits are serialized by a lock, each built from the
 mirror as the previous commit left it.
+
+It also bounds the latest view, the one part of the store retention does not prune (a silent
+sensor's last value stays): a reading whose sensor and property have no latest node yet is refused
+when the store holds `max_nodes` of them, or its sensor `max_nodes_per_sensor`. Why: one sensor
+login can name endless properties within its own topics (a SenML pack's record names, a JSON
+payload's keys, Homie nodes), each a latest node for ever; at 1,000 readings/s of new names that is
+~8,000 quads a second the gateway keeps until its memory runs out. Readings of known nodes are never
+refused, so the sensors in place go on whatever a newcomer sends.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from broker.api import Update
 from gateway.client import SepaClient, UpdateSummary
+from gateway.observations.errors import NodeLimit
+from gateway.observations.iris import latest_iri
 from gateway.observations.latest import LATEST_QUERY, LatestCache
 from gateway.observations.quads import observation_quads
 from gateway.observations.reading import Reading
@@ -22,15 +33,28 @@ from gateway.observations.updates import observation_update
 from gateway.observations.vocabulary import HAS_MQTT_TOPIC
 
 Amend = Callable[[Update | str], Update | str]
+Refused = Callable[[Reading, NodeLimit], None]
+MAX_NODES = 10_000  # latest nodes (sensor and property pairs) in all: ~8 quads each, a few MB
+MAX_NODES_PER_SENSOR = 256
 
 
 class ObservationWriter:
     """Builds each batch's update from the latest mirror, sends it, and moves the mirror with its delta."""
 
-    def __init__(self, client: SepaClient, gateway_id: str) -> None:
+    def __init__(
+        self,
+        client: SepaClient,
+        gateway_id: str,
+        *,
+        max_nodes: int = MAX_NODES,
+        max_nodes_per_sensor: int = MAX_NODES_PER_SENSOR,
+    ) -> None:
         self.client = client
         self.gateway_id = gateway_id
         self.cache = LatestCache()
+        self.max_nodes = max_nodes
+        self.max_nodes_per_sensor = max_nodes_per_sensor
+        self.refused = 0  # readings refused by the bounds (see the module docstring)
         self._lock = asyncio.Lock()
 
     async def load(self) -> None:
@@ -40,15 +64,32 @@ class ObservationWriter:
                 await self._reload()
 
     async def commit(
-        self, readings: Sequence[Reading], *, source_property: str = HAS_MQTT_TOPIC, amend: Amend | None = None
-    ) -> UpdateSummary:
+        self,
+        readings: Sequence[Reading],
+        *,
+        source_property: str = HAS_MQTT_TOPIC,
+        amend: Amend | None = None,
+        refused: Refused | None = None,
+    ) -> UpdateSummary | None:
         """Store `readings` as one update; returns once it is applied and every subscription notified.
 
-        `amend` may add to the update (the MQTT adapter records its deliveries in it). Raises
-        PayloadError when a reading cannot be written (nothing is applied), or whatever the broker
-        raised (the outcome is then unknown and the mirror is reloaded before the next commit).
+        `amend` may add to the update (the MQTT adapter records its deliveries in it). Readings past
+        the latest view's bounds are handed to `refused` and the others stored (None: nothing is
+        left to store, and nothing was sent); without `refused`, NodeLimit is raised for them with
+        nothing applied. Raises PayloadError when a reading cannot be written (nothing is applied),
+        or whatever the broker raised (the outcome is then unknown and the mirror is reloaded
+        before the next commit).
         """
         async with self._lock:
+            readings, over = self._admit(readings)
+            if over:
+                self.refused += len(over)
+                if refused is None:
+                    raise over[0][1]
+                for reading, error in over:
+                    refused(reading, error)
+                if not readings:
+                    return None
             request: Update | str = observation_quads(
                 readings, self.gateway_id, self.cache, source_property=source_property
             ) or observation_update(readings, self.gateway_id, self.cache, source_property=source_property)
@@ -64,6 +105,40 @@ class ObservationWriter:
             if not self.cache.complete:
                 await self._reload()
             return summary
+
+    def _admit(self, readings: Sequence[Reading]) -> tuple[list[Reading], list[tuple[Reading, NodeLimit]]]:
+        """The readings within the bounds, and those past them with why. Only a complete mirror
+        knows which nodes are new (it is, but for a moment after a failed commit)."""
+        cache = self.cache
+        if not cache.complete:
+            return list(readings), []
+        nodes = cache.nodes
+        admitted: list[Reading] = []
+        over: list[tuple[Reading, NodeLimit]] = []
+        new: set[str] = set()
+        per_sensor: Counter[str] = Counter()
+        for reading in readings:
+            node = latest_iri(reading.sensor, reading.property)
+            if node in nodes or node in new:
+                admitted.append(reading)
+                continue
+            if len(nodes) + len(new) >= self.max_nodes:
+                error = NodeLimit(
+                    f"new sensor/property refused: the gateway holds its maximum of {self.max_nodes} "
+                    "(observations.max_sensor_properties)"
+                )
+            elif cache.per_sensor[reading.sensor] + per_sensor[reading.sensor] >= self.max_nodes_per_sensor:
+                error = NodeLimit(
+                    f"new property refused: the sensor has its maximum of {self.max_nodes_per_sensor} "
+                    "(observations.max_properties_per_sensor)"
+                )
+            else:
+                new.add(node)
+                per_sensor[reading.sensor] += 1
+                admitted.append(reading)
+                continue
+            over.append((reading, error))
+        return admitted, over
 
     async def _reload(self) -> None:
         result = await self.client.query(LATEST_QUERY)

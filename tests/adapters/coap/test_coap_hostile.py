@@ -29,6 +29,7 @@ from adapters.coap.adapter import CoapAdapter
 from broker.api import Engine, Scheduler
 from gateway.appliance import oscore_sensors
 from gateway.client import InProcessTransport, SepaClient
+from gateway.observations.vocabulary import GRAPH_LATEST, GW
 from gateway.observations.writer import ObservationWriter
 from tests.support.coap import host_address
 
@@ -95,11 +96,14 @@ class Peer:
 
 
 @asynccontextmanager
-async def running_adapter(**options: object) -> AsyncIterator[tuple[CoapAdapter, Peer]]:
+async def running_adapter(
+    writer_options: dict[str, int] | None = None, **options: object
+) -> AsyncIterator[tuple[CoapAdapter, Peer]]:
     """The CoAP adapter on 127.0.0.1 (a port the system picks) over an in-process broker, and a peer."""
     scheduler = Scheduler(Engine())
     client = SepaClient(InProcessTransport(scheduler))
-    adapter = CoapAdapter(client, ObservationWriter(client, "gw"), **{"host": "127.0.0.1", "port": 0, **options})
+    writer = ObservationWriter(client, "gw", **(writer_options or {}))
+    adapter = CoapAdapter(client, writer, **{"host": "127.0.0.1", "port": 0, **options})
     await adapter.start()
     peer = Peer(adapter.bound_port)
     try:
@@ -340,3 +344,38 @@ def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
+
+
+def test_new_sensor_properties_past_the_bounds_are_refused_and_known_ones_go_on() -> None:
+    """A sensor naming endless properties would grow the latest view (never pruned) until memory
+    runs out. Past the writer's bounds (here 2 properties a sensor, 3 in all) a reading of a new
+    pair is answered 4.00 on both paths (the fast path takes plain CON requests; a query sends a
+    request through aiocoap) and counted on its resource; the pairs in place are still stored."""
+
+    async def scenario() -> None:
+        bounds = {"max_nodes": 3, "max_nodes_per_sensor": 2}
+        async with running_adapter(writer_options=bounds) as (adapter, peer):
+            sent = [
+                ("s/boiler/temperature", CHANGED),
+                ("s/boiler/humidity", CHANGED),
+                ("s/boiler/pressure", BAD_REQUEST),  # the boiler's third property
+                ("s/pump/temperature", CHANGED),
+                ("s/fan/temperature", BAD_REQUEST),  # a fourth pair in all
+                ("s/boiler/temperature", CHANGED),  # known pairs go on
+                ("s/pump/temperature", CHANGED),
+            ]
+            for mid, (path, code) in enumerate(sent):
+                answer = await peer.ask(datagram(POST, mid, path, b"20"))
+                assert answer[1] == code, (path, answer)
+            query = [(URI_QUERY, b"x=1")]  # aiocoap's path
+            assert (await peer.ask(datagram(POST, 100, "s/fan/humidity", b"20", query, NON)))[1] == BAD_REQUEST
+            assert (await peer.ask(datagram(POST, 101, "s/pump/temperature", b"21", query, NON)))[1] == CHANGED
+            counts = adapter.readings.counters.counts
+            assert set(counts) == {"s/boiler/pressure", "s/fan/temperature", "s/fan/humidity"}, counts
+            assert adapter.readings.readings == 6
+            result = await adapter.client.query(
+                f"SELECT (COUNT(*) AS ?n) WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest <{GW}sensor> ?sensor }} }}"
+            )
+            assert int(result.rows[0][0].value) == 3
+
+    asyncio.run(scenario())

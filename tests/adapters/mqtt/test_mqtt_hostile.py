@@ -329,3 +329,45 @@ def test_a_time_key_too_large_for_a_double_is_ignored_like_any_unreadable_time(
         assert bad_by_topic(gateway) == {}
     finally:
         assert gateway.stop() == 0
+
+
+def test_new_sensor_properties_past_the_bounds_are_counted_and_dropped_not_the_batch(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """The latest view is never pruned, so a sensor login naming endless properties (a JSON
+    payload's keys, SenML record names, topic levels) grew it until memory ran out. Past the
+    configured bounds a reading of a new sensor/property is counted on its topic and acknowledged;
+    the readings beside it in the batch, and every known pair, are stored. A batch of refused
+    readings only writes nothing."""
+    extra = "batch_wait_ms = 300\n[observations]\nmax_sensor_properties = 4\nmax_properties_per_sensor = 2\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        publish(
+            mosquitto.port,
+            [
+                ("gateway/s1/temperature", b"1"),
+                ("gateway/s1/humidity", b"2"),
+                ("gateway/s1/pressure", b"3"),  # s1's third property
+                ("gateway/s2/temperature", b"4"),
+                ("gateway/s2/humidity", b"5"),
+                ("gateway/s3/temperature", b"6"),  # a fifth pair in all
+            ],
+        )
+        wait_for(lambda: values(gateway, "gateway/s2/humidity"))
+        publish(mosquitto.port, [("gateway/s9/temperature", b"7")])  # a batch with nothing to store
+        wait_for(lambda: "gateway/s9/temperature" in bad_by_topic(gateway))
+        publish(mosquitto.port, [("gateway/s1/temperature", b"8")])
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [1, 8])
+        assert bad_by_topic(gateway) == {
+            "gateway/s1/pressure": 1,
+            "gateway/s3/temperature": 1,
+            "gateway/s9/temperature": 1,
+        }
+        for topic in ("gateway/s1/pressure", "gateway/s3/temperature", "gateway/s9/temperature"):
+            assert values(gateway, topic) == []
+        assert [values(gateway, f"gateway/{topic}") for topic in ("s1/humidity", "s2/temperature")] == [[2], [4]]
+        metrics = gateway.metrics()
+        assert metrics.get("sepa_mqtt_ingest_commit_failures", 0) == 0 and metrics["sepa_mqtt_ingest_acked"] == 8
+    finally:
+        assert gateway.stop() == 0

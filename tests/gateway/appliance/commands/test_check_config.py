@@ -45,6 +45,16 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         "mqtt.mappings[1] (id 'b')",
     ),
     "shipper-url": ('[observations]\nretain_count = 5\n\n[shipper]\nenabled = true\nurl = "x"\n', 6, "shipper.url"),
+    "latest-view-bound": (
+        "[observations]\nretain_count = 5\nmax_sensor_properties = 300000\n",
+        3,
+        "observations.max_sensor_properties must be 1 to 200,000",
+    ),
+    "per-sensor-bound": (
+        "[observations]\nmax_sensor_properties = 10\nmax_properties_per_sensor = 11\n",
+        3,
+        "observations.max_properties_per_sensor",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
