@@ -17,7 +17,9 @@ from typing import Any
 
 from gateway.observations.errors import MappingError, PayloadError
 
-_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+# ASCII digits only: `\d` (and float()) also take other scripts' digits, so "２１" (fullwidth) or
+# "٢١" (Arabic-Indic) read as 21, a value no sensor of ours sends and no reader of the payload sees
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _PATH_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\.")
 DEFAULT_TRUE_WORDS = ("true", "on", "1", "yes", "open", "detected", "occupied")
 DEFAULT_FALSE_WORDS = ("false", "off", "0", "no", "closed", "clear", "unoccupied")

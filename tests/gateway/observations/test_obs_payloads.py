@@ -27,7 +27,10 @@ def test_numbers(text: str, value: float) -> None:
     assert parse_number(text) == value
 
 
-@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-Infinity", "1_000", "0x10", "", "21,5", "1e999", "abc"])
+@pytest.mark.parametrize(
+    "text",
+    ["nan", "NaN", "inf", "-Infinity", "1_000", "0x10", "", "21,5", "1e999", "abc", "２１", "٢١", "2\u0661", "1e٣"],
+)
 def test_not_numbers(text: str) -> None:
     with pytest.raises(PayloadError):
         parse_number(text)
@@ -40,6 +43,13 @@ def test_number_parser_never_crashes(text: str) -> None:
     except PayloadError:
         return
     assert value == value and abs(value) != float("inf")
+    assert text.strip().isascii()  # what a reader of the payload sees is what is stored
+
+
+def test_a_timestamp_in_other_digits_is_refused() -> None:
+    assert timestamp_us("1700000000") == 1_700_000_000_000_000
+    with pytest.raises(PayloadError):
+        timestamp_us("１７００００００００")
 
 
 def test_boolean_words() -> None:
