@@ -69,6 +69,20 @@ def test_delay_as_iso_duration_in_a_form_body_and_at_as_rfc3339(in_process_gatew
     assert ran_at(gateway, "form")[0] >= due_micros(reply.json())
 
 
+def test_at_takes_a_lowercase_t_and_z_as_rfc3339_allows(in_process_gateway) -> None:
+    """RFC 3339 §5.6: 'T' and 'Z' may be lower case; a lowercase `z` was refused with a 400."""
+    gateway = in_process_gateway(Config())
+    future = "2030-01-01t00:00:00.25z"
+    reply = gateway.update(stamp("later"), params={"at": future})
+    assert reply.status == 202, reply.body
+    assert reply.json()["scheduled"]["due"] == "2030-01-01T00:00:00.250000Z"
+    past = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dt%H:%M:%S.%fz")
+    reply_past = gateway.update(stamp("past"), params={"at": past})
+    assert reply_past.status == 202, reply_past.body
+    wait_until(lambda: ran_at(gateway, "past") != [])
+    assert ran_at(gateway, "later") == []
+
+
 def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_process_gateway) -> None:
     gateway = in_process_gateway(Config())
     cases = [
@@ -81,6 +95,9 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"delay": "PT" + "9" * 400 + "S"}),  # a float's infinity
         (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
         (stamp("x"), {"at": "tomorrow"}),
+        (stamp("x"), {"at": "2026-11-22 10:00:00z"}),  # a lowercase z, but no T
+        (stamp("x"), {"at": "2026-11-22T10:00:00zz"}),
+        (stamp("x"), {"at": "2026-11-22T10:00:00+01:00z"}),
         (stamp("x"), {"at": "0001-01-01T00:00:00+23:59"}),  # year 0 in UTC: it was stored, then a 500
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
         (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
