@@ -195,3 +195,36 @@ def test_cancelled_updates_do_not_stay_in_memory_until_their_due_time(in_process
     reply = gateway.update(stamp("after"), params={"delay": "100"})  # the timer still runs what is due
     assert reply.status == 202
     wait_until(lambda: ran_at(gateway, "after") != [])
+
+
+def test_the_list_comes_a_page_at_a_time_and_a_page_goes_on_after_its_last_update_is_gone(
+    in_process_gateway,
+) -> None:
+    """GET /scheduled held every pending update in one reply (up to max_pending_bytes of SPARQL).
+    `limit` and `after` page it; `next` says more follow; a short list is the reply it always was."""
+    gateway = in_process_gateway(Config())
+    replies = [gateway.update(stamp(f"p{n}"), params={"delay": str(60_000 + n)}) for n in range(5)]
+    ids = [reply.json()["scheduled"]["id"] for reply in replies]
+    assert set(gateway.request("GET", "/scheduled").json()) == {"scheduled"}  # no `next`: all of it
+    first = gateway.request("GET", "/scheduled", params={"limit": "2"}).json()
+    assert [entry["id"] for entry in first["scheduled"]] == ids[:2] and "next" in first
+    assert gateway.request("DELETE", f"/scheduled/{ids[1]}").status == 200  # the page's last is gone
+    second = gateway.request("GET", "/scheduled", params={"limit": "2", "after": first["next"]}).json()
+    assert [entry["id"] for entry in second["scheduled"]] == ids[2:4] and "next" in second
+    third = gateway.request("GET", "/scheduled", params={"limit": "2", "after": second["next"]}).json()
+    assert third == {"scheduled": [gateway.request("GET", "/scheduled").json()["scheduled"][-1]]}
+    assert third["scheduled"][0]["id"] == ids[4]
+    for params in ({"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"limit": "9" * 50}, {"after": ids[0]}):
+        reply = gateway.request("GET", "/scheduled", params=params)
+        assert reply.status == 400 and reply.json()["error"] == "invalid_request", params
+
+
+def test_a_long_list_is_a_thousand_updates_a_page_by_default(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    for n in range(1001):
+        assert gateway.update(stamp(f"q{n}"), params={"delay": str(60_000 + n)}).status == 202
+    first = gateway.request("GET", "/scheduled").json()
+    assert len(first["scheduled"]) == 1000
+    rest = gateway.request("GET", "/scheduled", params={"after": first["next"]}).json()
+    assert len(rest["scheduled"]) == 1 and "next" not in rest
+    assert rest["scheduled"][0]["update"] == stamp("q1000")
