@@ -82,7 +82,7 @@ class ConnectionGuard:
     ) -> web.StreamResponse:
         """The head arrived whole: its timer stops while the handler runs, and starts again with the
         first byte of the next request."""
-        watch = self._watches.get(request.protocol)  # type: ignore[call-overload]
+        watch = self._watches.get(request.protocol)
         if watch is None:  # served by another site (no guards)
             return await handler(request)
         watch.handling(True)
