@@ -258,6 +258,10 @@ class DelayedUpdates:
         """Every pending update, in due order."""
         return await self.scheduler.run_query(self.pending.all)
 
+    async def page(self, after: tuple[int, int] | None, limit: int, owner: str | None = None) -> list[PendingUpdate]:
+        """Up to `limit` pending updates in due order after the position `after` (see PendingUpdates.page)."""
+        return await self.scheduler.run_query(lambda: self.pending.page(after, limit, owner))
+
     @property
     def count(self) -> int:
         return self._count

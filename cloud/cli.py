@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloud.server import StartupError, serve
-from cloud.settings import DEFAULT_MAX_BATCH_BYTES, LandingSettings
+from cloud.settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_BATCH_BYTES, LandingSettings
 from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
 from gateway.appliance.logs import setup_logging
 
@@ -43,6 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     landing.add_argument(
         "--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, metavar="N", help="compressed size limit"
+    )
+    landing.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="connections open at once; more are closed at once (default 0: half the open-file limit)",
+    )
+    landing.add_argument(
+        "--head-timeout",
+        type=float,
+        default=DEFAULT_HEAD_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds a request's head may take (default {DEFAULT_HEAD_TIMEOUT_S:g}; then 408)",
+    )
+    landing.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="S",
+        help=f"seconds a batch's body may take (default {DEFAULT_BODY_TIMEOUT_S:g}; then 408)",
     )
     landing.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     for name, help_text in (("stream", "Spark streaming job: landing -> Parquet table"), ("stats", "daily statistics")):
@@ -84,6 +105,9 @@ def landing(args: argparse.Namespace) -> int:
         cert=args.cert,
         key=args.key,
         max_batch_bytes=args.max_batch_bytes,
+        max_connections=args.max_connections,
+        head_timeout_s=args.head_timeout,
+        body_timeout_s=args.body_timeout,
     )
     setup_logging(args.log_level)
     try:

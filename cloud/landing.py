@@ -14,6 +14,8 @@ Contract (the shipper depends on every detail; the record itself is in :mod:`clo
     * ``401 unauthorized`` (with ``WWW-Authenticate: Bearer``): token missing or not accepted.
     * ``409 conflict``: the id is stored with different bytes.
     * ``413 payload_too_large``: body over ``max_batch_bytes`` or inflating past ``inflate_ratio`` times it.
+    * ``408 request_timeout``: the head or the body did not arrive within its time limit
+      (:mod:`cloud.guards`); the connection is closed.
     * ``415 unsupported_media_type``: another Content-Type or Content-Encoding.
     * ``500 server_error``: the landing directory could not be written; nothing is left behind.
 
@@ -27,7 +29,8 @@ Contract (the shipper depends on every detail; the record itself is in :mod:`clo
 Every error is ``{"error": code, "status_code": n, "error_description": text}``, 404 and 405 included.
 
 Why ``auto_decompress`` is off (``handler_args``): aiohttp would otherwise inflate a gzip body itself,
-with no size limit, and the endpoint must store the compressed bytes as they came.
+with no size limit, and the endpoint must store the compressed bytes as they came. Connections are
+capped and slow requests cut (:mod:`cloud.guards`) when served by :class:`cloud.guards.GuardedSite`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from cloud.contract import BATCH_ID, BatchError, check_batch
+from cloud.guards import ConnectionGuard
 from cloud.metrics import LandingMetrics
 from cloud.settings import LandingSettings
 from cloud.storage import LandingDir, Outcome
@@ -53,6 +57,7 @@ _CODES = {
     401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     413: "payload_too_large",
     415: "unsupported_media_type",
@@ -68,6 +73,9 @@ class Landing:
         self.metrics = LandingMetrics()
         self.directory = LandingDir(settings.landing_dir)
         self._bearer = BearerCheck(settings.tokens)
+        self.guard = ConnectionGuard(
+            self.metrics.guards, max_connections=settings.max_connections, head_timeout_s=settings.head_timeout_s
+        )
 
     async def startup(self, _app: web.Application) -> None:
         """Create the landing directory and sweep stale temp files, off the event loop."""
@@ -92,7 +100,14 @@ class Landing:
         limit = self.settings.max_batch_bytes
         if request.content_length is not None and request.content_length > limit:
             return self._reject(413, "too_large", f"the batch is over {limit} bytes")
-        body = await self._read_body(request, limit)
+        try:
+            body = await asyncio.wait_for(self._read_body(request, limit), self.settings.body_timeout_s)
+        except TimeoutError:
+            self.metrics.guards["timeout_body"] += 1
+            log.debug("batch body too slow", extra={"batch": batch_id})
+            response = error_response(408, f"the body did not arrive within {self.settings.body_timeout_s:g} s")
+            response.force_close()  # the rest of the body is not worth waiting for
+            return response
         if body is None:
             return self._reject(413, "too_large", f"the batch is over {limit} bytes")
         try:
@@ -176,7 +191,8 @@ def landing_app(settings: LandingSettings) -> web.Application:
     Raises :class:`cloud.settings.SettingsError` for settings that cannot work."""
     settings.validate()
     landing = Landing(settings)
-    app = web.Application(middlewares=[json_errors], handler_args={"auto_decompress": False})
+    handler_args = {"auto_decompress": False, "keepalive_timeout": settings.idle_timeout_s}
+    app = web.Application(middlewares=[landing.guard.middleware, json_errors], handler_args=handler_args)
     app[LANDING] = landing
     app.on_startup.append(landing.startup)
     app.router.add_put("/v1/batches/{batch_id}", landing.put_batch)

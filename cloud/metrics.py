@@ -21,6 +21,8 @@ class LandingMetrics:
     bytes_stored: int = 0
     bytes_received: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    # cloud.guards: connections_refused, timeout_head, timeout_body
+    guards: Counter[str] = field(default_factory=Counter)
 
     def render(self) -> str:
         """Prometheus text exposition format 0.0.4."""
@@ -34,6 +36,16 @@ class LandingMetrics:
         lines.append("# TYPE sepa_cloud_batches_rejected_total counter")
         for reason, count in sorted(self.rejected.items()):
             lines.append(f'sepa_cloud_batches_rejected_total{{reason="{reason}"}} {count}')
+        _counter(
+            lines,
+            "connections_refused",
+            "Connections closed at once, past max_connections.",
+            self.guards["connections_refused"],
+        )
+        lines.append("# HELP sepa_cloud_requests_timed_out_total Requests cut (408), by the part that was too slow.")
+        lines.append("# TYPE sepa_cloud_requests_timed_out_total counter")
+        for phase in ("head", "body"):
+            lines.append(f'sepa_cloud_requests_timed_out_total{{phase="{phase}"}} {self.guards["timeout_" + phase]}')
         return "\n".join(lines) + "\n"
 
 

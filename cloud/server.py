@@ -13,7 +13,8 @@ import signal
 
 from aiohttp import web
 
-from cloud.landing import landing_app
+from cloud.guards import GuardedSite
+from cloud.landing import LANDING, landing_app
 from cloud.settings import LandingSettings, SettingsError
 
 log = logging.getLogger("cloud.server")
@@ -38,7 +39,7 @@ async def serve(settings: LandingSettings, stop: asyncio.Event | None = None) ->
             await runner.setup()
         except OSError as error:
             raise StartupError(f"cannot prepare the landing directory {settings.landing_dir}: {error}") from error
-        site = web.TCPSite(runner, settings.host, settings.port, ssl_context=ssl_context)
+        site = GuardedSite(runner, settings.host, settings.port, guard=app[LANDING].guard, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as error:

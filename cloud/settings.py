@@ -12,6 +12,11 @@ from pathlib import Path
 
 DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
 DEFAULT_INFLATE_RATIO = 16
+DEFAULT_HEAD_TIMEOUT_S = 20.0
+# Why 60 s: the shipper gives up on an upload after 30 s (upload_timeout_s), so no gateway sends
+# longer; a whole 64 MiB batch would need 9 Mbit/s, a default 1 MiB segment 140 kbit/s.
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_IDLE_TIMEOUT_S = 75.0
 
 
 class SettingsError(ValueError):
@@ -30,6 +35,12 @@ class LandingSettings:
     key: Path | None = None
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     inflate_ratio: int = DEFAULT_INFLATE_RATIO
+    # cloud.guards: connections open at once (0: half the open-file limit), and how long a request's
+    # head, its body and an idle kept-alive connection may take
+    max_connections: int = 0
+    head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
 
     def __repr__(self) -> str:
         return (
@@ -53,6 +64,13 @@ class LandingSettings:
             raise SettingsError("--max-batch-bytes must be at least 1")
         if self.inflate_ratio < 1:
             raise SettingsError("the inflate ratio must be at least 1")
+        if self.max_connections < 0:
+            raise SettingsError("--max-connections must be 0 (half the open-file limit) or more")
+        for name, value in (("head", self.head_timeout_s), ("body", self.body_timeout_s)):
+            if not value > 0:
+                raise SettingsError(f"--{name}-timeout must be more than 0 seconds")
+        if not self.idle_timeout_s > 0:
+            raise SettingsError("the idle timeout must be more than 0 seconds")
         if not 0 <= self.port <= 65535:
             raise SettingsError(f"--port {self.port} is not a TCP port")
 

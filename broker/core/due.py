@@ -2,8 +2,8 @@
 
 `delay` is milliseconds (a non-negative integer) or an ISO 8601 duration (`PT30S`, `PT1.5S`,
 `P1DT2H`, `P2W`); years and months are refused because they have no fixed length. `at` is an
-RFC 3339 instant with its offset (`2026-11-22T18:30:00Z`, `...+01:00`); an instant in the past
-is due at once. Times are Unix microseconds, the engine clock's unit.
+RFC 3339 instant with its offset (`2026-11-22T18:30:00Z`, `...+01:00`; `t` and `z` too, as RFC 3339
+§5.6 allows); an instant in the past is due at once. Times are Unix microseconds, the engine clock's unit.
 """
 
 from __future__ import annotations
@@ -51,9 +51,17 @@ def parse_delay(text: str) -> int:
 
 
 def parse_at(text: str) -> int:
-    """An `at` parameter (RFC 3339 with offset) in Unix microseconds."""
+    """An `at` parameter (RFC 3339 with offset) in Unix microseconds.
+
+    A lowercase `z` is read as `Z`: RFC 3339 §5.6 allows both `T` and `Z` in lower case, and
+    datetime.fromisoformat takes a lowercase `t` but not a lowercase `z`. Only a `z` right after a
+    digit (the seconds or their fraction) is read so: fromisoformat takes `...00xZ`, so `...00zz`
+    read as `...00zZ` would have been taken too."""
+    text = text.strip()
+    if len(text) > 1 and text[-1] == "z" and text[-2].isdigit():
+        text = text[:-1] + "Z"
     try:
-        instant = datetime.fromisoformat(text.strip())
+        instant = datetime.fromisoformat(text)
         if instant.tzinfo is not None:
             # Why: an instant before year 1 in UTC (0001-01-01T00:00:00+23:59) has no RFC 3339 form;
             # it was stored and then the 202 reply failed: a 500, and the update ran all the same

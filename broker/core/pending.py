@@ -162,6 +162,31 @@ class PendingUpdates:
             rows = self._db.execute("SELECT * FROM pending ORDER BY due_us, seq").fetchall()
         return [_pending(row) for row in rows]
 
+    def page(self, after: tuple[int, int] | None, limit: int, owner: str | None = None) -> list[PendingUpdate]:
+        """Up to `limit` pending updates in due order, after the position `after` (due time, seq);
+        with `owner`, only that client's.
+
+        Why a position rather than an id to start after: the last update of a page may run or be
+        cancelled before the next page is asked for; its position still says where the next begins.
+        The owner is matched in SQL, so a page holds at most `limit` rows in memory (GET /scheduled
+        once held every pending update, up to max_pending_bytes of SPARQL, to show a client its own)."""
+        query = "SELECT * FROM pending"
+        conditions: list[str] = []
+        parameters: list[object] = []
+        if after is not None:
+            conditions.append("(due_us, seq) > (?, ?)")
+            parameters += after
+        if owner is not None:
+            conditions.append("json_extract(options, '$.owner') = ?")
+            parameters.append(owner)
+        if conditions:
+            query += " WHERE " + " AND ".join(conditions)
+        query += " ORDER BY due_us, seq LIMIT ?"
+        parameters.append(limit)
+        with self._lock:
+            rows = self._db.execute(query, parameters).fetchall()
+        return [_pending(row) for row in rows]
+
     def __len__(self) -> int:
         with self._lock:
             (count,) = self._db.execute("SELECT COUNT(*) FROM pending").fetchone()

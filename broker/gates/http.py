@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from urllib.parse import parse_qsl
@@ -20,6 +21,7 @@ from broker.core.engine import Engine
 from broker.core.pending import PendingUpdate
 from broker.core.results import UpdateResult
 from broker.delayed import now_micros
+from broker.errors import InvalidRequest
 from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
 from broker.gates.slow import read_within
@@ -32,6 +34,10 @@ UPDATE_TYPE = "application/sparql-update"
 # what web.Response(text=..., content_type="application/json") sends; a CIMultiDict, which the
 # Response copies faster than it builds one from a dict
 UPDATE_REPLY_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8"})
+# GET /scheduled: pending updates in one reply at most (and by default). Why a limit: the list was
+# one reply, bounded only by max_pending_bytes (64 MiB of SPARQL, more as JSON).
+SCHEDULED_MAX_LIMIT = 1000
+_POSITION = re.compile(r"(-?\d{1,20})\.(\d{1,20})")
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:
@@ -188,11 +194,23 @@ class HttpGate:
         return _update_reply(_shown_to(result, access), request)
 
     async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
-        """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own)."""
-        entries = await self.scheduler.delayed.list()
-        if owner is not None:
-            entries = [entry for entry in entries if entry.owner == owner]
-        return _json({"scheduled": [scheduled_json(entry, full=True) for entry in entries]})
+        """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own), a
+        page at a time: `limit` of them (1..SCHEDULED_MAX_LIMIT, that many by default) after the
+        position `after`. When more follow, the reply's `next` is the `after` of the next page; a
+        list that fits one page is the reply it always was."""
+        raw_limit = request.query.get("limit", str(SCHEDULED_MAX_LIMIT))
+        if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 5) or not (
+            1 <= int(raw_limit) <= SCHEDULED_MAX_LIMIT
+        ):
+            raise InvalidRequest(f"limit must be an integer 1..{SCHEDULED_MAX_LIMIT}")
+        limit = int(raw_limit)
+        after = _position(request.query.get("after"))
+        entries = await self.scheduler.delayed.page(after, limit + 1, owner)
+        document: dict[str, object] = {"scheduled": [scheduled_json(entry, full=True) for entry in entries[:limit]]}
+        if len(entries) > limit:
+            last = entries[limit - 1]
+            document["next"] = f"{last.due_us}.{last.seq}"
+        return _json(document)
 
     async def cancel(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
         """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run,
@@ -213,6 +231,16 @@ class HttpGate:
         routes.post(update_path, self.update)
         routes.get(scheduled_path, self.scheduled)
         routes.delete(scheduled_path + "/{id}", self.cancel)
+
+
+def _position(after: str | None) -> tuple[int, int] | None:
+    """The `after` parameter of GET /scheduled: the `next` of an earlier reply (due time and seq)."""
+    if after is None:
+        return None
+    match = _POSITION.fullmatch(after)
+    if match is None:
+        raise InvalidRequest("after must be the 'next' of an earlier reply of this list")
+    return int(match[1]), int(match[2])
 
 
 def scheduled_json(entry: PendingUpdate, *, full: bool = False) -> dict[str, object]:

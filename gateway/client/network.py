@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -458,15 +459,21 @@ class NetworkTransport:
         return _scheduled(_member(body, "scheduled"))
 
     async def scheduled(self) -> list[Scheduled]:
-        """GET the scheduled URL (idempotent: retried like a query)."""
+        """GET the scheduled URL (idempotent: retried like a query), every page of it: the broker
+        sends 1,000 at most per reply, and `next` when more follow (docs/protocol.md)."""
         headers = self._headers(None, "application/json")
-        status, content_type, body = await self._retried(
-            lambda: self._request("GET", self.scheduled_url, None, headers)
-        )
-        if status != 200:
-            raise self._refusal(status, content_type, body)
-        listed = _member(body, "scheduled", list)
-        return [_scheduled(entry) for entry in listed]
+        pending: list[Scheduled] = []
+        params: list[tuple[str, str]] = []
+        while True:
+            request = functools.partial(self._request, "GET", self.scheduled_url, None, headers, params)
+            status, content_type, body = await self._retried(request)
+            if status != 200:
+                raise self._refusal(status, content_type, body)
+            pending += [_scheduled(entry) for entry in _member(body, "scheduled", list)]
+            following = json.loads(body).get("next")
+            if not isinstance(following, str):
+                return pending
+            params = [("after", following)]
 
     async def cancel_scheduled(self, id: str) -> Scheduled:
         """DELETE the scheduled URL's `/{id}`; the broker answers 404 not_found for an unknown id."""

@@ -332,5 +332,6 @@ class Shipper:
                 rejected_deleted_segments=spool.rejected_deleted,
                 damaged_observations=spool.damaged_records,
                 damaged_segments=spool.damaged_segments,
+                damaged_files=spool.damaged_files,
             )
         return numbers

@@ -13,6 +13,8 @@ Layout of the spool directory:
   and the last segment it covers. Written (fsync, rename) when a segment is sealed.
 * ``rejected/`` — segments the cloud refused for good (kept for the operator, never resent; within
   the budget, deleted first).
+* ``spool.json.damaged``, ``cursor.json.damaged`` — those files as start-up found them unreadable,
+  set aside for the operator (see :meth:`Spool._read_state`); the spool then starts under a new id.
 
 Why a cursor of sequence numbers and not of times: the gateway numbers each sensor's observations
 1, 2, 3... in commit order, and the shipper spools them in commit order, so "every observation of
@@ -38,13 +40,18 @@ import secrets
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
 _SEALED = re.compile(r"^seg-(\d{12})-(\d+)\.jsonl\.gz$")
 _OPEN = re.compile(r"^open-(\d{12})\.jsonl$")
+_ID = re.compile(r"[A-Za-z0-9]{1,32}")
+DAMAGED_SUFFIX = ".damaged"
+_State = TypeVar("_State")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +107,24 @@ def _max_keys(lines: list[bytes], into: dict[str, int]) -> list[bytes]:
     return whole
 
 
+def _spool_id(saved: object) -> str:
+    """The id in spool.json; it goes into batch ids, so it must fit their pattern."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("id"), str) or not _ID.fullmatch(saved["id"]):
+        raise ValueError("no spool id")
+    return saved["id"]
+
+
+def _cursor(saved: object) -> tuple[dict[str, int], int]:
+    """The keys and `through` in cursor.json, each a non-negative integer (a bool is not one)."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("keys"), dict):
+        raise ValueError("no cursor keys")
+    through, keys = saved.get("through"), saved["keys"]
+    numbers = [through, *keys.values()]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        raise ValueError("a cursor number is not a non-negative integer")
+    return dict(keys), through  # type: ignore[return-value]
+
+
 class Spool:
     """Open with :meth:`open`; not thread-safe (one I/O thread owns it)."""
 
@@ -127,6 +152,7 @@ class Spool:
         self.rejected_deleted = 0
         self.damaged_records = 0  # lines of open segments found unreadable at start-up, skipped
         self.damaged_segments = 0  # sealed segments past the cursor found unreadable at start-up, kept as is
+        self.damaged_files = 0  # spool.json or cursor.json found unreadable at start-up, set aside
         self.spooled = 0
         # kept as numbers so that metrics read on the event loop never iterate the deque this thread changes
         self._sealed_records = 0
@@ -147,15 +173,21 @@ class Spool:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "rejected").mkdir(exist_ok=True)
         meta = directory / "spool.json"
-        if meta.exists():
-            self.id = json.loads(meta.read_text())["id"]
-        else:
+        saved_id, _ = self._read_state(meta, _spool_id)
+        saved_cursor, cursor_lost = self._read_state(directory / "cursor.json", _cursor)
+        if saved_cursor is not None:
+            self.cursor, self.through = saved_cursor
+        if saved_id is None or cursor_lost:
+            # Why a new id when the cursor is lost: its `through` kept segment numbers from being used
+            # twice. Numbered afresh under the old id, a new segment would reuse the batch id of one the
+            # cloud has (409 for other bytes: set aside for good, its observations lost). A new id also
+            # tells the shipper (the store's marker no longer matches) to ship all the store holds again.
             self.id = secrets.token_hex(4)
             _write_atomically(meta, json.dumps({"id": self.id}).encode())
-        cursor_file = directory / "cursor.json"
-        if cursor_file.exists():
-            saved = json.loads(cursor_file.read_text())
-            self.cursor, self.through = dict(saved["keys"]), int(saved["through"])
+            if saved_id is not None:
+                log.warning("shipper: the cursor was lost; new spool id", extra={"old": saved_id, "new": self.id})
+        else:
+            self.id = saved_id
         for leftover in directory.glob(".*.tmp"):
             leftover.unlink()
         opened: list[tuple[int, Path]] = []
@@ -196,6 +228,29 @@ class Spool:
         if any(segment.number > self.through for segment in self.sealed):
             self.through = self.sealed[-1].number
             self._write_cursor()
+
+    def _read_state(self, path: Path, parse: Callable[[object], _State]) -> tuple[_State | None, bool]:
+        """The state `path` holds, read by `parse`; (None, False) when there is no such file.
+
+        (None, True) when it is damaged (a power cut, a full disk, a hand edit: cut short, zeros, not
+        JSON, wrong types): before, that stopped the gateway's start. The file is set aside as
+        ``<name>.damaged`` for the operator, not deleted, and counted (``damaged_files``)."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None, False
+        try:
+            return parse(json.loads(data)), False
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
+            aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}")
+            os.replace(path, aside)
+            _fsync_dir(path.parent)
+            self.damaged_files += 1
+            log.warning(
+                "shipper: a damaged spool file was set aside",
+                extra={"file": path.name, "kept": aside.name, "error": str(error)[:200]},
+            )
+            return None, True
 
     # -- appending and sealing ----------------------------------------------------------------
 

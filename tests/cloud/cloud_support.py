@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from cloud.guards import GuardedSite
 from cloud.landing import LANDING, Landing, landing_app
 from cloud.settings import LandingSettings
 
@@ -181,7 +182,8 @@ class LandingServer:
             self.landing = app[LANDING]
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", self.settings.port, ssl_context=self.settings.ssl_context())
+            context = self.settings.ssl_context()
+            site = GuardedSite(runner, "127.0.0.1", self.settings.port, guard=self.landing.guard, ssl_context=context)
             await site.start()
             self.port = runner.addresses[0][1]
         except BaseException as error:

@@ -69,6 +69,20 @@ def test_delay_as_iso_duration_in_a_form_body_and_at_as_rfc3339(in_process_gatew
     assert ran_at(gateway, "form")[0] >= due_micros(reply.json())
 
 
+def test_at_takes_a_lowercase_t_and_z_as_rfc3339_allows(in_process_gateway) -> None:
+    """RFC 3339 §5.6: 'T' and 'Z' may be lower case; a lowercase `z` was refused with a 400."""
+    gateway = in_process_gateway(Config())
+    future = "2030-01-01t00:00:00.25z"
+    reply = gateway.update(stamp("later"), params={"at": future})
+    assert reply.status == 202, reply.body
+    assert reply.json()["scheduled"]["due"] == "2030-01-01T00:00:00.250000Z"
+    past = (datetime.now(UTC) - timedelta(seconds=5)).strftime("%Y-%m-%dt%H:%M:%S.%fz")
+    reply_past = gateway.update(stamp("past"), params={"at": past})
+    assert reply_past.status == 202, reply_past.body
+    wait_until(lambda: ran_at(gateway, "past") != [])
+    assert ran_at(gateway, "later") == []
+
+
 def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_process_gateway) -> None:
     gateway = in_process_gateway(Config())
     cases = [
@@ -81,6 +95,9 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"delay": "PT" + "9" * 400 + "S"}),  # a float's infinity
         (stamp("x"), {"at": "2026-11-22T10:00:00"}),  # no offset
         (stamp("x"), {"at": "tomorrow"}),
+        (stamp("x"), {"at": "2026-11-22 10:00:00z"}),  # a lowercase z, but no T
+        (stamp("x"), {"at": "2026-11-22T10:00:00zz"}),
+        (stamp("x"), {"at": "2026-11-22T10:00:00+01:00z"}),
         (stamp("x"), {"at": "0001-01-01T00:00:00+23:59"}),  # year 0 in UTC: it was stored, then a 500
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
         (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
@@ -178,3 +195,36 @@ def test_cancelled_updates_do_not_stay_in_memory_until_their_due_time(in_process
     reply = gateway.update(stamp("after"), params={"delay": "100"})  # the timer still runs what is due
     assert reply.status == 202
     wait_until(lambda: ran_at(gateway, "after") != [])
+
+
+def test_the_list_comes_a_page_at_a_time_and_a_page_goes_on_after_its_last_update_is_gone(
+    in_process_gateway,
+) -> None:
+    """GET /scheduled held every pending update in one reply (up to max_pending_bytes of SPARQL).
+    `limit` and `after` page it; `next` says more follow; a short list is the reply it always was."""
+    gateway = in_process_gateway(Config())
+    replies = [gateway.update(stamp(f"p{n}"), params={"delay": str(60_000 + n)}) for n in range(5)]
+    ids = [reply.json()["scheduled"]["id"] for reply in replies]
+    assert set(gateway.request("GET", "/scheduled").json()) == {"scheduled"}  # no `next`: all of it
+    first = gateway.request("GET", "/scheduled", params={"limit": "2"}).json()
+    assert [entry["id"] for entry in first["scheduled"]] == ids[:2] and "next" in first
+    assert gateway.request("DELETE", f"/scheduled/{ids[1]}").status == 200  # the page's last is gone
+    second = gateway.request("GET", "/scheduled", params={"limit": "2", "after": first["next"]}).json()
+    assert [entry["id"] for entry in second["scheduled"]] == ids[2:4] and "next" in second
+    third = gateway.request("GET", "/scheduled", params={"limit": "2", "after": second["next"]}).json()
+    assert third == {"scheduled": [gateway.request("GET", "/scheduled").json()["scheduled"][-1]]}
+    assert third["scheduled"][0]["id"] == ids[4]
+    for params in ({"limit": "0"}, {"limit": "1001"}, {"limit": "x"}, {"limit": "9" * 50}, {"after": ids[0]}):
+        reply = gateway.request("GET", "/scheduled", params=params)
+        assert reply.status == 400 and reply.json()["error"] == "invalid_request", params
+
+
+def test_a_long_list_is_a_thousand_updates_a_page_by_default(in_process_gateway) -> None:
+    gateway = in_process_gateway(Config())
+    for n in range(1001):
+        assert gateway.update(stamp(f"q{n}"), params={"delay": str(60_000 + n)}).status == 202
+    first = gateway.request("GET", "/scheduled").json()
+    assert len(first["scheduled"]) == 1000
+    rest = gateway.request("GET", "/scheduled", params={"after": first["next"]}).json()
+    assert len(rest["scheduled"]) == 1 and "next" not in rest
+    assert rest["scheduled"][0]["update"] == stamp("q1000")

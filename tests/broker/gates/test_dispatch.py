@@ -212,10 +212,10 @@ def test_handler_faults_become_json_errors_and_are_counted(
 ) -> None:
     gateway = in_process_gateway(Config())
 
-    async def failing() -> list[object]:
+    async def failing(*_args: object) -> list[object]:
         raise fault
 
-    gateway.gateway.scheduler.delayed.list = failing  # type: ignore[method-assign]
+    gateway.gateway.scheduler.delayed.page = failing  # type: ignore[method-assign]
     assert_json_error(gateway.request("GET", "/scheduled"), status, error, description)
     assert gateway.metrics()[f'sepa_errors_total{{error="{error}",status="{status}"}}'] == 1
     logged = [record for record in caplog.records if record.getMessage() == "internal error"]

@@ -454,6 +454,30 @@ def test_delayed_updates_belong_to_their_client_and_run_with_its_rights(secure_g
     run_secure(secure_gateway, test)
 
 
+def test_a_client_pages_through_its_own_delayed_updates_only(secure_gateway) -> None:
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        writer = await client.login("writer")
+        mine = []
+        for n in range(3):
+            ok = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}later> <{EX}p> {n} }} }}"
+            status, reply = await client.update(writer, ok, delay=f"PT{30 + 2 * n}S")
+            assert status == 202
+            mine.append(reply["scheduled"]["id"])
+            await client.update(admin, f"INSERT DATA {{ <{EX}x> <{EX}p> {n} }}", delay=f"PT{31 + 2 * n}S")
+        headers = {"Authorization": f"Bearer {writer}"}
+        url = f"{client.https_url}/secure/scheduled"
+        async with client.session.get(url, params={"limit": "2"}, headers=headers, ssl=client.ssl) as r:
+            first = await r.json()
+        assert [entry["id"] for entry in first["scheduled"]] == mine[:2]
+        params = {"limit": "2", "after": first["next"]}
+        async with client.session.get(url, params=params, headers=headers, ssl=client.ssl) as r:
+            second = await r.json()
+        assert [entry["id"] for entry in second["scheduled"]] == mine[2:] and "next" not in second
+
+    run_secure(secure_gateway, test)
+
+
 def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gateway, tmp_path: Path) -> None:
     async def test(client: SecureClient) -> None:
         viewer = await client.login("viewer")

@@ -269,3 +269,18 @@ def test_network_scheduled_url_and_a_broker_without_delayed_updates() -> None:
             await runner.cleanup()
 
     run(body())
+
+
+def test_scheduled_lists_every_pending_update_past_the_brokers_page(connect: Connect) -> None:
+    """The broker sends 1,000 pending updates a reply at most (`next` when more follow): the
+    network transport reads every page, so `scheduled()` still lists them all."""
+
+    async def body() -> None:
+        async with connect() as client:
+            for n in range(1002):
+                await client.update(insert(n), delay=600_000 + n)
+            pending = await client.scheduled()
+            assert len(pending) == 1002 and len({entry.id for entry in pending}) == 1002
+            assert pending[-1].update == insert(1001)
+
+    run(body())

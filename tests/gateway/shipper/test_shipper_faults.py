@@ -22,6 +22,7 @@ from aiohttp import web
 
 from cloud.settings import LandingSettings
 from gateway.appliance.config import Config
+from gateway.appliance.shipping import build_shipper
 from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
 from gateway.shipper.records import json_line
 from gateway.shipper.spool import Spool
@@ -79,6 +80,13 @@ def shipping_gateway(
     segment_bytes: int = 1024,
 ) -> InProcessGateway:
     """A gateway shipping to `cloud`: small segments sealed at once, quick retries."""
+    return start(shipping_config(directory, cloud, budget, spool=spool, segment_bytes=segment_bytes))
+
+
+def shipping_config(
+    directory: Path, cloud: Cloud, budget: int = 1 << 20, *, spool: Path | None = None, segment_bytes: int = 1024
+) -> Config:
+    """The configuration of :func:`shipping_gateway`."""
     token = directory / "token"
     token.write_text(TOKEN + "\n")
     config = Config()
@@ -88,7 +96,7 @@ def shipping_gateway(
     shipper.token_file, shipper.spool_dir = str(token), str(spool or directory / "spool")
     shipper.segment_max_bytes, shipper.spool_budget_bytes, shipper.segment_max_age_s = segment_bytes, budget, 0.1
     shipper.upload_timeout_s, shipper.backoff_initial_s, shipper.backoff_max_s = 2.0, 0.05, 0.2
-    return start(config)
+    return config
 
 
 def observe(gateway: InProcessGateway, first: int, count: int) -> None:
@@ -229,6 +237,36 @@ def test_a_gateway_starts_on_a_spool_damaged_by_a_power_cut_and_ships_the_rest(
     wait_until(lambda: cloud.landed == 4)
     metrics = shipper_metrics(gateway)
     assert metrics["damaged_observations"] == 1 and metrics["backlog_observations"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "damaged"),
+    [("cursor.json", b'{"through": 3, "keys": {"urn:exa'), ("spool.json", b"\0" * 20), ("spool.json", b'{"id": 1}')],
+)
+def test_a_shipper_starts_on_a_damaged_spool_state_file_and_ships_again_rather_than_skip(
+    in_process_gateway, tmp_path: Path, cloud: Cloud, name: str, damaged: bytes
+) -> None:
+    """The shipper ships 20 observations and stops; `name` is damaged (a power cut) and the shipper
+    starts again over the same store. It sets the file aside, counts it, and ships the store's 20
+    again (under a new spool id: new batch ids, none refused as a conflict) and what comes after."""
+    config = shipping_config(tmp_path, cloud)
+    gateway = in_process_gateway(config)
+    observe(gateway, 1, 20)
+    wait_until(lambda: cloud.landed == 20)
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+    app = gateway.gateway
+    assert app.shipper is not None
+    gateway.call(app.shipper.stop())
+    (tmp_path / "spool" / name).write_bytes(damaged)
+    app.shipper = build_shipper(config, app.client, app.gateway_id)
+    app.gates.metric_sources["shipper"] = app.shipper.metrics
+    gateway.call(app.shipper.start())
+    wait_until(lambda: cloud.landed == 40)  # the store's 20 again: shipped twice rather than skipped
+    observe(gateway, 21, 5)
+    wait_until(lambda: cloud.landed == 45)
+    metrics = shipper_metrics(gateway)
+    assert metrics["damaged_files"] == 1 and metrics["rejected_segments"] == 0
+    assert (tmp_path / "spool" / f"{name}.damaged").read_bytes() == damaged
 
 
 @pytest.mark.parametrize("status", [404, 405, 421, 502])

@@ -6,6 +6,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from gateway.shipper.spool import Spool
 
 
@@ -131,3 +133,52 @@ def test_a_damaged_segment_sealed_after_the_cursor_does_not_stop_start_up(tmp_pa
     again = open_spool(tmp_path)
     assert [segment.number for segment in again.sealed] == [1, 2]  # the cloud judges it (400: set aside)
     assert again.through == 2 and again.next_number == 3 and again.damaged_segments == 1
+
+
+DAMAGE = {
+    "truncated": lambda whole: whole[: len(whole) // 2],
+    "zeros": lambda whole: b"\0" * len(whole),
+    "empty": lambda whole: b"",
+    "not JSON": lambda whole: b"\xff\xfe garbage",
+    "wrong types": lambda whole: json.dumps({"id": 7, "through": "1", "keys": [1]}).encode(),
+    "a bool for a number": lambda whole: json.dumps({"id": ["x"], "through": True, "keys": {"s1 p": 2}}).encode(),
+    "a batch id's separator in the id": lambda whole: json.dumps({"id": "a-b", "through": -1, "keys": {}}).encode(),
+}
+
+
+def shipped_and_damaged(directory: Path, name: str, damage: str) -> tuple[Spool, bytes]:
+    """A spool that sealed two segments (the cloud has the first), then `name` damaged as `damage` says."""
+    spool = open_spool(directory)
+    for n in (1, 2):
+        spool.append([line("s1", n)], {"s1 p": n})
+        spool.seal()
+    spool.confirmed(spool.sealed[0])
+    spool.close()
+    damaged = DAMAGE[damage]((directory / name).read_bytes())
+    (directory / name).write_bytes(damaged)
+    return spool, damaged
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_cursor_is_set_aside_and_the_spool_starts_under_a_new_id(tmp_path: Path, damage: str) -> None:
+    """A lost cursor loses nothing: the new id makes the shipper ship all the store holds again, and
+    new segments cannot reuse the batch id of one the cloud has (segment 1, confirmed and deleted)."""
+    before, damaged = shipped_and_damaged(tmp_path, "cursor.json", damage)
+    again = open_spool(tmp_path)
+    assert (tmp_path / "cursor.json.damaged").read_bytes() == damaged and again.damaged_files == 1
+    assert again.id != before.id and json.loads((tmp_path / "spool.json").read_text()) == {"id": again.id}
+    assert [segment.number for segment in again.sealed] == [2]  # still to upload
+    again.append([line("s1", 1)], {"s1 p": 1})
+    again.seal()
+    assert again.batch_id(again.sealed[-1], "g") not in {before.batch_id(segment, "g") for segment in before.sealed}
+    assert json.loads((tmp_path / "cursor.json").read_text())["through"] == 3
+    assert open_spool(tmp_path).damaged_files == 0  # set aside once, counted once
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_spool_id_is_set_aside_and_a_new_one_made(tmp_path: Path, damage: str) -> None:
+    before, damaged = shipped_and_damaged(tmp_path, "spool.json", damage)
+    again = open_spool(tmp_path)
+    assert (tmp_path / "spool.json.damaged").read_bytes() == damaged and again.damaged_files == 1
+    assert again.id != before.id and json.loads((tmp_path / "spool.json").read_text()) == {"id": again.id}
+    assert again.cursor == {"s1 p": 2} and again.next_number == 3  # the cursor file was whole
