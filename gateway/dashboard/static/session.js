@@ -3,6 +3,7 @@
 // is never shared with other tabs or written to disk like localStorage; the client secret is kept
 // only in memory, to renew the token while the page is open. Neither is ever logged.
 
+const SCHEDULED_PAGE = 200; // rows a page of delayed updates shows: a phone renders them at once
 const TOKEN_KEY = "sepa-dashboard-token";
 
 export class HttpError extends Error {
@@ -94,7 +95,12 @@ export class Session {
     });
   }
 
-  scheduled() { return this.call(this.config.scheduled); }
+  // one page of this client's delayed updates; the reply's `next`, sent back as `after`, is the next page
+  scheduled(after = null) {
+    const query = new URLSearchParams({ limit: String(SCHEDULED_PAGE) });
+    if (after) query.set("after", after);
+    return this.call(`${this.config.scheduled}?${query}`);
+  }
 
   cancel(id) { return this.call(`${this.config.scheduled}/${encodeURIComponent(id)}`, { method: "DELETE" }); }
 

@@ -247,6 +247,42 @@ def test_a_delayed_update_from_the_console_is_listed_and_cancelled(browser: Any,
     assert [item for item in pending if subject in item["update"]] == []
 
 
+SCHEDULE_MANY = """
+const [count, subject, done] = arguments;
+const token = JSON.parse(sessionStorage.getItem('sepa-dashboard-token')).value;
+const send = (index) => fetch('/secure/update?delay=PT1H', {
+  method: 'POST',
+  headers: { Authorization: 'Bearer ' + token, 'Content-Type': 'application/sparql-update' },
+  body: `INSERT DATA { <${subject}> <urn:dash:n> ${index} }`,
+}).then((reply) => reply.status);
+Promise.all(Array.from({ length: count }, (_, index) => send(index))).then(done, (error) => done(String(error)));
+"""
+
+
+def test_a_long_list_of_delayed_updates_comes_a_page_at_a_time(browser: Any, installed: InstalledGateway) -> None:
+    """The list pages through GET /secure/scheduled (200 a page, then a "More" button) instead of
+    showing the broker's first page of 1,000 as if it were all."""
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    browser.set_script_timeout(60)
+    statuses = browser.execute_async_script(SCHEDULE_MANY, 201, subject)
+    assert statuses == [202] * 201, statuses  # accepted, due in an hour
+    try:
+        open_panel(browser, "scheduled-panel")
+        browser.find_element("id", "scheduled-refresh").click()
+        count = "return document.querySelectorAll('#scheduled tbody tr').length"
+        wait_for(browser, f"{count} === 200 && document.querySelector('#scheduled button.more') !== null")
+        browser.execute_script("document.querySelector('#scheduled button.more').click()")
+        wait_for(browser, f"{count} === 201 && document.querySelector('#scheduled button.more') === null")
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('#scheduled tbody tr')].map(r => r.dataset.id)"
+        )
+        assert len(set(shown)) == 201  # every one once
+    finally:
+        for item in installed.gateway.request("GET", "/scheduled").json()["scheduled"]:
+            if subject in item["update"]:
+                installed.gateway.request("DELETE", f"/scheduled/{item['id']}")
+
+
 def test_a_mapping_added_in_the_page_maps_the_next_readings(
     browser: Any, installed: InstalledGateway, sensor: mqtt.Client
 ) -> None:
