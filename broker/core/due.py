@@ -18,7 +18,12 @@ MAX_DELAY_DIGITS = 15  # milliseconds: ten years have 12 digits
 _DURATION = re.compile(
     r"P(?!$)(?:(?P<weeks>\d+(?:[.,]\d+)?)W)?(?:(?P<days>\d+(?:[.,]\d+)?)D)?"
     r"(?:T(?=\d)(?:(?P<hours>\d+(?:[.,]\d+)?)H)?(?:(?P<minutes>\d+(?:[.,]\d+)?)M)?(?:(?P<seconds>\d+(?:[.,]\d+)?)S)?)?",
-    re.IGNORECASE,
+    re.IGNORECASE | re.ASCII,  # "PT３０S" is no duration: \d and float() take every script's digits
+)
+# RFC 3339 §5.6 date-time, ASCII digits: fromisoformat alone also takes ISO 8601's other forms
+# (`20300101T000000Z`, week dates `2030-W01-1T00:00:00Z`, `T00Z`), which no RFC 3339 client sends
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _UNIT_US = {"weeks": 604_800_000_000, "days": 86_400_000_000, "hours": 3_600_000_000, "minutes": 60_000_000}
@@ -53,22 +58,20 @@ def parse_delay(text: str) -> int:
 def parse_at(text: str) -> int:
     """An `at` parameter (RFC 3339 with offset) in Unix microseconds.
 
-    A lowercase `z` is read as `Z`: RFC 3339 §5.6 allows both `T` and `Z` in lower case, and
-    datetime.fromisoformat takes a lowercase `t` but not a lowercase `z`. Only a `z` right after a
-    digit (the seconds or their fraction) is read so: fromisoformat takes `...00xZ`, so `...00zz`
-    read as `...00zZ` would have been taken too."""
+    Checked against RFC 3339's grammar first, then read by fromisoformat, which takes more. A
+    lowercase `z` is read as `Z`: RFC 3339 §5.6 allows both `T` and `Z` in lower case, and
+    fromisoformat takes a lowercase `t` but not a lowercase `z`."""
     text = text.strip()
-    if len(text) > 1 and text[-1] == "z" and text[-2].isdigit():
-        text = text[:-1] + "Z"
-    try:
-        instant = datetime.fromisoformat(text)
-        if instant.tzinfo is not None:
+    instant = None
+    if _RFC3339.fullmatch(text):
+        try:
+            instant = datetime.fromisoformat(text[:-1] + "Z" if text[-1] == "z" else text)
             # Why: an instant before year 1 in UTC (0001-01-01T00:00:00+23:59) has no RFC 3339 form;
             # it was stored and then the 202 reply failed: a 500, and the update ran all the same
             instant.astimezone(UTC)
-    except (ValueError, OverflowError):
-        instant = None
-    if instant is None or instant.tzinfo is None or "T" not in text.upper():
+        except (ValueError, OverflowError):  # a month 13, a leap second (:60), year 0 in UTC
+            instant = None
+    if instant is None:
         raise InvalidRequest(
             f"at must be an RFC 3339 instant with its offset, such as 2026-11-22T18:30:00Z, not {text[:40]!r}"
         )

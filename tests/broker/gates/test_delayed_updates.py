@@ -99,6 +99,11 @@ def test_malformed_requests_are_refused_when_scheduled_and_change_nothing(in_pro
         (stamp("x"), {"at": "2026-11-22T10:00:00zz"}),
         (stamp("x"), {"at": "2026-11-22T10:00:00+01:00z"}),
         (stamp("x"), {"at": "0001-01-01T00:00:00+23:59"}),  # year 0 in UTC: it was stored, then a 500
+        (stamp("x"), {"at": "20301122T100000Z"}),  # ISO 8601's basic form, not RFC 3339
+        (stamp("x"), {"at": "2030-W01-1T10:00:00Z"}),  # a week date
+        (stamp("x"), {"at": "2030-11-22T10Z"}),  # no minutes
+        (stamp("x"), {"at": "２０３０-11-22T10:00:00Z"}),  # fullwidth digits
+        (stamp("x"), {"delay": "PT３０S"}),
         (stamp("x"), {"delay": "100", "at": "2026-11-22T10:00:00Z"}),
         (f"LOAD <{EX}doc>", {"delay": "100"}),  # LOAD is off by default
     ]
