@@ -23,6 +23,7 @@ import logging
 import resource
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ def _host(transport: Any) -> str | None:
     return None if address.is_loopback else str(address)
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """One admitted connection: the peer it is counted under (None: this board)."""
+
+    host: str | None
+
+
 class ConnectionLimit:
     """Admission of the gates' connections (see the module docstring)."""
 
@@ -61,8 +69,8 @@ class ConnectionLimit:
         self.by_address: Counter[str] = Counter()
         self._logged_at = float("-inf")
 
-    def admit(self, transport: Any) -> bool:
-        """Whether the connection of `transport` may stay (then it is counted until `release`)."""
+    def admit(self, transport: Any) -> Admission | None:
+        """The connection of `transport` counted until `release`, or None when it may not stay."""
         host = _host(transport)
         if self.open >= self.total or (host is not None and self.by_address[host] >= self.per_address):
             self.counters["connections_refused"] += 1
@@ -73,15 +81,18 @@ class ConnectionLimit:
                     "connections refused",
                     extra={"open": self.open, "total": self.total, "per_address": self.per_address, "peer": host},
                 )
-            return False
+            return None
         self.open += 1
         if host is not None:
             self.by_address[host] += 1
-        return True
+        return Admission(host)
 
-    def release(self, transport: Any) -> None:
+    def release(self, admission: Admission) -> None:
+        """Why the admission and not the transport: a transport being lost may no longer say its
+        peer (an exception out of connection_lost, seen in a test run), and the address counted at
+        admission would then never be released: its 256th connection refused for ever."""
         self.open -= 1
-        host = _host(transport)
+        host = admission.host
         if host is not None:
             self.by_address[host] -= 1
             if self.by_address[host] <= 0:

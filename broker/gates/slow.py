@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from broker.errors import SepaError
-from broker.gates.connections import ConnectionLimit
+from broker.gates.connections import Admission, ConnectionLimit
 
 T = TypeVar("T")
 _SERVER_OPTIONS = ("request_factory", "handler_cancellation", "loop")  # web.Server's own, not the handler's
@@ -107,7 +107,7 @@ class GuardedHandler(web.RequestHandler):
         self._guard: asyncio.TimerHandle | None = None
         self._handling = False
         self._limit = limit
-        self._admitted: Any = None  # the transport counted by the limit, until its connection is lost
+        self._admitted: Admission | None = None  # counted by the limit until the connection is lost
         self._ws_messages: MessageWatch | None = None  # once upgraded to a WebSocket
         self._message_guard: asyncio.TimerHandle | None = None
 
@@ -115,9 +115,8 @@ class GuardedHandler(web.RequestHandler):
         super().connection_made(transport)
         if self._limit is None:
             return
-        if self._limit.admit(transport):
-            self._admitted = transport
-        else:
+        self._admitted = self._limit.admit(transport)
+        if self._admitted is None:
             transport.abort()  # at once: its descriptor is what the limit keeps
 
     def data_received(self, data: bytes) -> None:
