@@ -45,7 +45,10 @@ def _traced(gateway: RunningGateway, trace: Path, *, strings: int = 200) -> subp
 def _threads(pid: int) -> list[str]:
     """Every thread of `pid` and of the processes it started (the journal's sync helper among
     them, should it be running already: strace -f follows only what starts once attached)."""
-    threads = os.listdir(f"/proc/{pid}/task")
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # a child that has just ended (the sync helper a test killed, not reaped yet)
+        return []
     children = [child for thread in threads for child in _children(pid, thread)]
     return threads + [thread for child in children for thread in _threads(child)]
 
