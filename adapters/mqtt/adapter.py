@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from adapters.mqtt import deliveries
@@ -92,13 +92,14 @@ class MqttAdapter:
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
-        # Messages of the batch being committed that one of its updates stored: when the writer refuses
-        # a batch it is stored in halves, and a store failure after the first half makes the ingestor
-        # retry the whole batch; the half already stored must not be stored twice.
+        # Messages of the batch being committed that one of its updates stored: a batch is stored in
+        # groups of batch_max_readings (and in halves when the writer refuses one), and a store failure
+        # after the first makes the ingestor retry the whole batch; what is stored must not be stored twice.
         self._stored: set[Message] = set()
         self.readings = 0
         self.retained_skipped = 0
         self.observations_committed = 0
+        self.largest_update = 0  # readings of the largest update (see batch_max_readings)
         self.mapping_errors = 0
         self._mappings: ClientSubscription | None = None
         self._task: asyncio.Task[None] | None = None
@@ -168,8 +169,10 @@ class MqttAdapter:
                     self.retained_skipped += 1
                     continue
                 mapped.append((message, found))
-        await self._store(mapped)
+        for group in _groups(mapped, self.settings.batch_max_readings):
+            await self._store(group)
         self._stored.clear()
+        self.deliveries.close_batch()
 
     async def _store(self, mapped: list[tuple[Message, list[Reading]]]) -> None:
         """Store the readings of `mapped` messages as one update, or, if the writer refuses it, each half.
@@ -213,6 +216,7 @@ class MqttAdapter:
         if amended:  # else every reading was refused: nothing was written, nothing to recognise later
             self.deliveries.settle(*amended[0])
         self._stored.update(delivered)
+        self.largest_update = max(self.largest_update, len(readings))
         self.readings += len(readings) - len(refused)
         self.observations_committed += len(readings) - len(refused)
 
@@ -268,6 +272,7 @@ class MqttAdapter:
     def metrics(self) -> dict[str, Any]:
         return {
             "readings": self.readings,
+            "largest_update_readings": self.largest_update,
             "retained_skipped": self.retained_skipped,
             "duplicates_skipped": self.deliveries.duplicates,
             "mapping_errors": self.mapping_errors,
@@ -277,3 +282,27 @@ class MqttAdapter:
             **{f"ingest_{key}": value for key, value in self.ingestor.metrics().items()},
             **{f"connection_{key}": value for key, value in self.connection.metrics().items()},
         }
+
+
+def _groups(
+    mapped: list[tuple[Message, list[Reading]]], max_readings: int
+) -> Iterator[list[tuple[Message, list[Reading]]]]:
+    """`mapped` in order, in groups of at most `max_readings` readings, cut between messages only
+    (a message of more is a group of its own): one update each.
+
+    Why: a batch is up to `batch_max` messages, and a SenML pack of 64 KB is ~3,500 readings, so
+    one sensor login's packs made one update of up to 1.75 million readings (~20 million quads in
+    memory at once). Ten packs were one update of 35,000 readings holding the update thread 12-15 s,
+    every other client's update and notification waiting behind it. A message is never split: its
+    delivery is recorded in the update that stores its readings (adapters.mqtt.deliveries).
+    """
+    group: list[tuple[Message, list[Reading]]] = []
+    count = 0
+    for item in mapped:
+        if group and count + len(item[1]) > max_readings:
+            yield group
+            group, count = [], 0
+        group.append(item)
+        count += len(item[1])
+    if group:
+        yield group

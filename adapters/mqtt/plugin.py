@@ -39,7 +39,8 @@ class MqttConfig:
     tls_key: str = ""
     keepalive: int = 30
     receive_maximum: int = 1000  # readings held unacknowledged (MQTT 5 Receive Maximum)
-    batch_max: int = 500  # readings committed by one update at most
+    batch_max: int = 500  # messages committed by one update at most
+    batch_max_readings: int = 1000  # readings committed by one update at most (a larger SenML pack alone)
     batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
     max_payload_bytes: int = 65536  # larger payloads are counted and dropped
     profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
@@ -104,6 +105,7 @@ def settings(config: MqttConfig, derived_client_id: str = "sepa-gateway") -> Mqt
         keepalive=config.keepalive,
         receive_maximum=config.receive_maximum,
         batch_max=config.batch_max,
+        batch_max_readings=config.batch_max_readings,
         batch_wait_ms=config.batch_wait_ms,
         max_payload_bytes=config.max_payload_bytes,
     )

@@ -52,6 +52,9 @@ class MqttSettings:
     reconnect_max_s: float = 30.0
     receive_maximum: int = 1000
     batch_max: int = 500
+    # readings one update stores at most: a batch is cut at the message that would pass it (a SenML
+    # pack of more is an update of its own; see MqttAdapter.commit)
+    batch_max_readings: int = 1000
     batch_wait_ms: float = 2.0
     max_payload_bytes: int = 65536
 
@@ -94,6 +97,8 @@ class MqttSettings:
                 f"receive_maximum must be batch_max ({self.batch_max})..65535, not {self.receive_maximum} "
                 "(a batch can only fill up to the messages the broker may have unacknowledged)"
             )
+        if not 1 <= self.batch_max_readings <= 100_000:
+            yield f"batch_max_readings must be 1..100000, not {self.batch_max_readings}"
         if not 0 <= self.batch_wait_ms <= 10_000:
             yield f"batch_wait_ms must be 0..10000, not {self.batch_wait_ms}"
         if not 1 <= self.max_payload_bytes <= 268_435_455:

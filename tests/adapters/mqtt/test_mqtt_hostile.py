@@ -5,6 +5,7 @@ message only; the other sensors' readings, in the same batch or after it, are st
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -369,5 +370,39 @@ def test_new_sensor_properties_past_the_bounds_are_counted_and_dropped_not_the_b
         assert [values(gateway, f"gateway/{topic}") for topic in ("s1/humidity", "s2/temperature")] == [[2], [4]]
         metrics = gateway.metrics()
         assert metrics.get("sepa_mqtt_ingest_commit_failures", 0) == 0 and metrics["sepa_mqtt_ingest_acked"] == 8
+    finally:
+        assert gateway.stop() == 0
+
+
+def senml_pack(device: int, records: int) -> tuple[str, bytes]:
+    """One SenML pack of `records` timestamped temperature readings (distinct times: each its own observation)."""
+    pack = [{"bn": f"urn:dev:{device}:", "bt": 1_900_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]
+    pack += [{"n": "temperature", "u": "Cel", "v": 20.0 + k, "t": k} for k in range(1, records)]
+    return f"senml/d{device}", json.dumps(pack).encode()
+
+
+def test_a_batch_of_senml_packs_is_stored_in_updates_of_bounded_size(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """A batch is up to batch_max messages, and a 64 KB SenML pack ~3,500 readings: one sensor
+    login's packs made one update of up to 1.75 million readings (ten packs: 35,000, the update
+    thread held 12-15 s). A batch is now cut between messages at batch_max_readings (a larger pack
+    is an update of its own), every reading is stored, and all of it is acknowledged once."""
+    extra = "batch_wait_ms = 500\nbatch_max_readings = 50\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        messages = [senml_pack(1, 30), senml_pack(2, 30), senml_pack(3, 80)]
+        messages += [(f"gateway/s{k}/temperature", str(k).encode()) for k in range(5)]
+        publish(mosquitto.port, messages)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked") == len(messages))
+        stored = gateway.select(
+            PREFIXES + "SELECT (COUNT(?obs) AS ?n) WHERE { GRAPH <http://w3id.org/sepa-gateway/graph/observations> "
+            "{ ?obs a sosa:Observation } }"
+        )
+        metrics = gateway.metrics()
+        assert int(stored[0]["n"]) == 30 + 30 + 80 + 5
+        assert metrics["sepa_mqtt_ingest_batches"] == 1 and metrics["sepa_mqtt_ingest_largest_batch"] == len(messages)
+        # groups [30], [30], [80] (alone past the bound) and the five single readings
+        assert metrics["sepa_mqtt_largest_update_readings"] == 80
+        assert metrics.get("sepa_mqtt_ingest_commit_failures", 0) == 0
     finally:
         assert gateway.stop() == 0
