@@ -51,6 +51,7 @@ _SEALED = re.compile(r"^seg-(\d{12})-(\d+)\.jsonl\.gz$")
 _OPEN = re.compile(r"^open-(\d{12})\.jsonl$")
 _ID = re.compile(r"[A-Za-z0-9]{1,32}")
 DAMAGED_SUFFIX = ".damaged"
+DAMAGED_KEPT = 10  # copies of one damaged state file set aside at most (`.damaged`, `.damaged.1`...)
 _State = TypeVar("_State")
 
 
@@ -234,7 +235,9 @@ class Spool:
 
         (None, True) when it is damaged (a power cut, a full disk, a hand edit: cut short, zeros, not
         JSON, wrong types): before, that stopped the gateway's start. The file is set aside as
-        ``<name>.damaged`` for the operator, not deleted, and counted (``damaged_files``)."""
+        ``<name>.damaged`` for the operator, not deleted, and counted (``damaged_files``); a later
+        damage of the same file as ``<name>.damaged.1`` and so on (the second overwrote the first,
+        the evidence of what went wrong first), the last of DAMAGED_KEPT names taking any more."""
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -242,7 +245,7 @@ class Spool:
         try:
             return parse(json.loads(data)), False
         except (ValueError, KeyError, TypeError, RecursionError) as error:
-            aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}")
+            aside = _aside(path)
             os.replace(path, aside)
             _fsync_dir(path.parent)
             self.damaged_files += 1
@@ -423,3 +426,10 @@ class Spool:
         if self._open_file is not None:
             self._open_file.close()  # type: ignore[attr-defined]
             self._open_file = None
+
+
+def _aside(path: Path) -> Path:
+    """The first free name to set `path` aside under (see Spool._read_state)."""
+    first = path.with_name(f"{path.name}{DAMAGED_SUFFIX}")
+    names = [first, *(first.with_name(f"{first.name}.{n}") for n in range(1, DAMAGED_KEPT))]
+    return next((name for name in names if not name.exists()), names[-1])

@@ -182,3 +182,13 @@ def test_a_damaged_spool_id_is_set_aside_and_a_new_one_made(tmp_path: Path, dama
     assert (tmp_path / "spool.json.damaged").read_bytes() == damaged and again.damaged_files == 1
     assert again.id != before.id and json.loads((tmp_path / "spool.json").read_text()) == {"id": again.id}
     assert again.cursor == {"s1 p": 2} and again.next_number == 3  # the cursor file was whole
+
+
+def test_a_file_damaged_again_is_set_aside_beside_the_first_copy(tmp_path: Path) -> None:
+    """The first damage is the operator's evidence: a second one no longer overwrites it."""
+    _, first = shipped_and_damaged(tmp_path, "spool.json", "zeros")
+    open_spool(tmp_path).close()
+    (tmp_path / "spool.json").write_bytes(b"{")
+    assert open_spool(tmp_path).damaged_files == 1
+    assert (tmp_path / "spool.json.damaged").read_bytes() == first
+    assert (tmp_path / "spool.json.damaged.1").read_bytes() == b"{"
