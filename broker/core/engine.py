@@ -26,7 +26,7 @@ from broker.core.spu import Probed
 from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
-from broker.core.update_processor import Request, UpdateProcessor
+from broker.core.update_processor import MAX_UPDATE_QUADS, Request, UpdateProcessor
 from broker.sparql.base import with_base
 from broker.sparql.query_patterns import query_patterns
 from broker.store import ApplyMark, RdfStore
@@ -64,6 +64,7 @@ class Engine:
         base_iri: str | None = None,
         boosters: int = 1,
         reevaluators: QueryWorkers | None = None,
+        max_update_quads: int = MAX_UPDATE_QUADS,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -82,7 +83,10 @@ class Engine:
         sequential mode, the re-evaluations of a network client's subscriptions are pipelined
         there, off the update thread (:meth:`SpuManager.submit
         <broker.core.spu_manager.SpuManager.submit>`); :meth:`close` closes it. Without, they run
-        in `workers` while the update waits for them."""
+        in `workers` while the update waits for them.
+
+        `max_update_quads`: the quads a request that is not trusted may change, and the solutions
+        its WHERE clauses may have (:data:`broker.core.update_processor.MAX_UPDATE_QUADS`)."""
         if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
@@ -90,6 +94,7 @@ class Engine:
         self.stats = EngineStats()
         self.queries = QueryProcessor(self.store, service_allow=service_allow, service_timeout_s=service_timeout_s)
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
+        self.updates.max_quads = max_update_quads
         if mode == "parallel":
             self.spus: SpuManager = PipelinedSpuManager(
                 self.store, self.queries, self.stats, boosters=boosters, workers=workers

@@ -81,6 +81,7 @@ class Gateway:
             service_allow=config.engine.service_allow,
             service_timeout_s=config.engine.service_timeout_s,
             reevaluators=self.reevaluators,
+            max_update_quads=config.engine.max_update_quads,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

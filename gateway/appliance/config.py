@@ -55,6 +55,9 @@ class EngineConfig:
     # replica of the store (a copy in memory; a checkpoint on disk), stopped past time_limit_s (503)
     query_workers: int = 2
     time_limit_s: float = 10.0
+    # quads one network client's update request may change at most (and solutions its WHERE clauses
+    # may have); past it: 400, nothing applied. ~1.7 KB of memory a quad while the update runs
+    max_update_quads: int = 100_000
     # sequential mode: network clients' re-evaluated subscriptions (OPTIONAL...) are re-evaluated in
     # this many worker processes of their own, pipelined off the update thread (each a replica of the
     # store too); 0: in the query workers, the update thread waiting for them
@@ -257,6 +260,8 @@ class Config:
                 raise ConfigError(f"engine.base_iri is not an absolute IRI: {error}") from None
         if self.engine.time_limit_s <= 0:
             raise ConfigError("engine.time_limit_s must be positive")
+        if not 1 <= self.engine.max_update_quads <= 10_000_000:
+            raise ConfigError("engine.max_update_quads must be between 1 and 10000000")
         if not 1 <= self.engine.query_workers <= 64:
             raise ConfigError("engine.query_workers must be between 1 and 64")
         if not 0 <= self.engine.reeval_workers <= 64:
