@@ -104,10 +104,11 @@ async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple
 class HttpGate:
     """Handlers of /query and /update over one scheduler."""
 
-    def __init__(self, scheduler: Scheduler, counters: Counter[str]) -> None:
+    def __init__(self, scheduler: Scheduler, counters: Counter[str], *, max_result_bytes: int | None = None) -> None:
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.counters = counters
+        self.max_result_bytes = max_result_bytes  # a query's body at most (broker.gates.negotiation.serialize)
 
     async def query(self, request: web.BaseRequest, access: GraphAccess | None = None) -> web.Response:
         """A query; with `access` (secure gates), evaluated only over the graphs it may read."""
@@ -129,7 +130,12 @@ class HttpGate:
         workers = self.engine.workers
 
         def run() -> tuple[bytes, str]:
-            options = {"accept": accept, "default_graph_uri": default_graphs, "named_graph_uri": named_graphs}
+            options = {
+                "accept": accept,
+                "default_graph_uri": default_graphs,
+                "named_graph_uri": named_graphs,
+                "max_bytes": self.max_result_bytes,
+            }
             if workers is None:
                 return serialized(self.engine.queries, sparql, base_iri=base_iri, **options)
             # a SERVICE call is stopped soon after its client's wait, not later; the grace lets the

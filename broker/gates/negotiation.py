@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, RdfFormat
 
 from broker.errors import InvalidRequest, SepaError
@@ -79,12 +81,42 @@ def evaluation_error(error: Exception) -> InvalidRequest:
     return InvalidRequest(f"query evaluation failed: {str(error)[:300]}")
 
 
-def serialize(result: QuerySolutions | QueryBoolean | QueryTriples, accept: str | None) -> tuple[bytes, str]:
-    """Serialize a pyoxigraph result for the client; returns (body, content type)."""
+def serialize(
+    result: QuerySolutions | QueryBoolean | QueryTriples, accept: str | None, max_bytes: int | None = None
+) -> tuple[bytes, str]:
+    """Serialize a pyoxigraph result for the client; returns (body, content type).
+
+    Past `max_bytes` the serialization stops and InvalidRequest is raised. Why: one short query
+    (a product of a 1,000-triple store with itself) made a 225 MB JSON body in 4 s, the gateway's
+    RSS 710 MB (the body is made in a query worker, sent to the gateway, then to the client): a
+    reader could end a gateway on a 1 GB board."""
     result_format, media_type = choose(result, accept)
+    output = _Bounded(max_bytes)
     try:
-        body = result.serialize(format=result_format)  # type: ignore[arg-type]
+        result.serialize(output, format=result_format)  # type: ignore[arg-type]
+    except _TooLarge:
+        raise InvalidRequest(
+            f"the result is larger than {max_bytes} bytes (the limit of one query: [http] max_result_bytes); "
+            "ask for less, with LIMIT and OFFSET"
+        ) from None
     except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
         raise evaluation_error(error) from None
     charset = "; charset=utf-8" if media_type.startswith("text/") or "json" in media_type else ""
-    return body, media_type + charset
+    return output.getvalue(), media_type + charset
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Bounded(io.BytesIO):
+    """A body that refuses to grow past `limit` bytes (pyoxigraph writes it ~8 KB at a time)."""
+
+    def __init__(self, limit: int | None) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        if self.limit is not None and self.tell() + len(memoryview(data)) > self.limit:
+            raise _TooLarge
+        return super().write(data)

@@ -33,6 +33,7 @@ class GateSettings:
     scheduled_path: str = "/scheduled"
     subscribe_path: str = "/subscribe"
     max_request_bytes: int = 1 << 20
+    max_result_bytes: int = 32 << 20  # a query's response body at most (broker.gates.negotiation.serialize)
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
     max_message_bytes: int = 1 << 20
@@ -66,7 +67,7 @@ class Gates:
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
         self.health = Health(scheduler)
-        self.http = HttpGate(scheduler, self.counters)
+        self.http = HttpGate(scheduler, self.counters, max_result_bytes=self.settings.max_result_bytes)
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.websocket = WebSocketGate(
             scheduler,

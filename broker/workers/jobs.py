@@ -27,10 +27,12 @@ def serialized(
     default_graph_uri: Sequence[str] = (),
     named_graph_uri: Sequence[str] = (),
     base_iri: str | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[bytes, str]:
-    """A SPARQL Protocol query, serialized for the client's Accept header: (body, content type)."""
+    """A SPARQL Protocol query, serialized for the client's Accept header: (body, content type);
+    InvalidRequest past `max_bytes` of body."""
     raw = processor.run(sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri, base_iri=base_iri)
-    return serialize(raw, accept)
+    return serialize(raw, accept, max_bytes)
 
 
 def materialized(processor: QueryProcessor, sparql: str, **options: Any) -> QueryResult:

@@ -108,6 +108,7 @@ class Gateway:
                 scheduled_path=config.http.scheduled_path,
                 subscribe_path=config.websocket.path,
                 max_request_bytes=config.http.max_request_bytes,
+                max_result_bytes=config.http.max_result_bytes,
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
                 max_message_bytes=config.websocket.max_message_bytes,

@@ -84,6 +84,7 @@ class HttpConfig:
     update_path: str = "/update"
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
+    max_result_bytes: int = 32 << 20  # a query whose result is larger gets 400 (~3x this in memory while it runs)
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     # DNS names the plain gates answer to besides IP addresses, localhost and this machine's name (and
     # <name>.local); a request whose Host names another gets 421 (DNS rebinding: docs/security.md)
@@ -221,6 +222,7 @@ class Config:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
         for name, value in (
             ("http.max_request_bytes", self.http.max_request_bytes),
+            ("http.max_result_bytes", self.http.max_result_bytes),
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
             ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),
