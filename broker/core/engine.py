@@ -65,6 +65,7 @@ class Engine:
         boosters: int = 1,
         reevaluators: QueryWorkers | None = None,
         max_update_quads: int = MAX_UPDATE_QUADS,
+        max_subscription_rows: int | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -86,7 +87,10 @@ class Engine:
         in `workers` while the update waits for them.
 
         `max_update_quads`: the quads a request that is not trusted may change, and the solutions
-        its WHERE clauses may have (:data:`broker.core.update_processor.MAX_UPDATE_QUADS`)."""
+        its WHERE clauses may have (:data:`broker.core.update_processor.MAX_UPDATE_QUADS`).
+
+        `max_subscription_rows`: the results a probed subscription may have (:meth:`probe`; None:
+        any number)."""
         if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
@@ -95,6 +99,7 @@ class Engine:
         self.queries = QueryProcessor(self.store, service_allow=service_allow, service_timeout_s=service_timeout_s)
         self.updates = UpdateProcessor(self.store, allow_load=allow_load, service_allow=service_allow)
         self.updates.max_quads = max_update_quads
+        self.max_subscription_rows = max_subscription_rows
         if mode == "parallel":
             self.spus: SpuManager = PipelinedSpuManager(
                 self.store, self.queries, self.stats, boosters=boosters, workers=workers
@@ -286,7 +291,8 @@ class Engine:
         """Evaluate a subscription's query once under the time limit, before :meth:`subscribe`.
 
         Why: subscribe evaluates on the update thread, which nothing can interrupt; a query that
-        would never end is refused here (TimeLimitExceeded) instead. Without workers, nothing.
+        would never end is refused here (TimeLimitExceeded) instead, and one with more than
+        `max_subscription_rows` results (InvalidRequest). Without workers, nothing.
 
         Returns the result the probe found (up to PROBE_KEEP_BYTES of TSV) if the store did not
         change while it ran: :meth:`subscribe` takes it when the store still has not (`probed`).
@@ -305,6 +311,7 @@ class Engine:
             named_graph_uri=tuple(named_graph_uri),
             prefixes=prefixes,
             keep_bytes=PROBE_KEEP_BYTES,
+            max_rows=self.max_subscription_rows,
         )
         return Probed(changes, text) if text is not None and self.store.changes == changes else None
 

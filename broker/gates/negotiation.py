@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
-
 from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, RdfFormat
 
+from broker.core.bounded import BoundedBuffer, TooLarge
 from broker.errors import InvalidRequest, SepaError
 
 RESULT_FORMATS: dict[str, QueryResultsFormat] = {
@@ -91,10 +90,10 @@ def serialize(
     RSS 710 MB (the body is made in a query worker, sent to the gateway, then to the client): a
     reader could end a gateway on a 1 GB board."""
     result_format, media_type = choose(result, accept)
-    output = _Bounded(max_bytes)
+    output = BoundedBuffer(max_bytes)
     try:
         result.serialize(output, format=result_format)  # type: ignore[arg-type]
-    except _TooLarge:
+    except TooLarge:
         raise InvalidRequest(
             f"the result is larger than {max_bytes} bytes (the limit of one query: [http] max_result_bytes); "
             "ask for less, with LIMIT and OFFSET"
@@ -103,20 +102,3 @@ def serialize(
         raise evaluation_error(error) from None
     charset = "; charset=utf-8" if media_type.startswith("text/") or "json" in media_type else ""
     return output.getvalue(), media_type + charset
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _Bounded(io.BytesIO):
-    """A body that refuses to grow past `limit` bytes (pyoxigraph writes it ~8 KB at a time)."""
-
-    def __init__(self, limit: int | None) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
-        if self.limit is not None and self.tell() + len(memoryview(data)) > self.limit:
-            raise _TooLarge
-        return super().write(data)

@@ -82,6 +82,7 @@ class Gateway:
             service_timeout_s=config.engine.service_timeout_s,
             reevaluators=self.reevaluators,
             max_update_quads=config.engine.max_update_quads,
+            max_subscription_rows=config.websocket.max_subscription_rows,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

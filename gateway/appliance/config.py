@@ -109,6 +109,9 @@ class WebSocketConfig:
     max_subscription_bytes_per_client: int = 4194304
     max_subscriptions: int = 20_000
     max_subscription_bytes: int = 67108864
+    # results a network client's subscription may have when it subscribes (it holds them, and its
+    # first notification carries them all: ~1.7 KB of memory a row); past it a 400 error frame
+    max_subscription_rows: int = 100_000
 
 
 @dataclass
@@ -228,6 +231,7 @@ class Config:
             ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),
             ("websocket.max_subscription_bytes_per_client", self.websocket.max_subscription_bytes_per_client),
             ("websocket.max_subscriptions", self.websocket.max_subscriptions),
+            ("websocket.max_subscription_rows", self.websocket.max_subscription_rows),
             ("websocket.max_subscription_bytes", self.websocket.max_subscription_bytes),
             ("scheduler.queue_size", self.scheduler.queue_size),
             ("scheduler.query_threads", self.scheduler.query_threads),
