@@ -26,7 +26,7 @@ from broker.core.spu import Probed
 from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
-from broker.core.update_processor import MAX_UPDATE_QUADS, Request, UpdateProcessor
+from broker.core.update_processor import Request, UpdateProcessor
 from broker.sparql.base import with_base
 from broker.sparql.query_patterns import query_patterns
 from broker.store import ApplyMark, RdfStore
@@ -64,7 +64,7 @@ class Engine:
         base_iri: str | None = None,
         boosters: int = 1,
         reevaluators: QueryWorkers | None = None,
-        max_update_quads: int = MAX_UPDATE_QUADS,
+        max_update_quads: int | None = None,
         max_subscription_rows: int | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
@@ -87,7 +87,8 @@ class Engine:
         in `workers` while the update waits for them.
 
         `max_update_quads`: the quads a request that is not trusted may change, and the solutions
-        its WHERE clauses may have (:data:`broker.core.update_processor.MAX_UPDATE_QUADS`).
+        its WHERE clauses may have (None: any number; the gateway gives
+        :data:`broker.core.update_processor.MAX_UPDATE_QUADS` unless configured otherwise).
 
         `max_subscription_rows`: the results a probed subscription may have (:meth:`probe`; None:
         any number)."""

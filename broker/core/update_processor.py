@@ -197,7 +197,7 @@ class UpdateProcessor:
         # time limit can stop them: broker.workers); None evaluates them here
         self.where_evaluator: WhereEvaluator | None = None
         self.trusted = False  # set by Engine.update for each request
-        self.max_quads = MAX_UPDATE_QUADS  # of a request that is not trusted (see MAX_UPDATE_QUADS)
+        self.max_quads: int | None = None  # of a request that is not trusted (see MAX_UPDATE_QUADS)
         self._writable: frozenset[NamedNode | DefaultGraph] | None = None  # of the request being computed
 
     def compute(
