@@ -103,7 +103,7 @@ class Engine:
         self.max_subscription_rows = max_subscription_rows
         if mode == "parallel":
             self.spus: SpuManager = PipelinedSpuManager(
-                self.store, self.queries, self.stats, boosters=boosters, workers=workers
+                self.store, self.queries, self.stats, boosters=boosters, workers=workers, max_rows=max_subscription_rows
             )
         else:
             self.spus = SpuManager(
@@ -113,6 +113,7 @@ class Engine:
                 naive=(mode == "naive"),
                 workers=workers,
                 reevaluators=reevaluators if mode != "naive" else None,
+                max_rows=max_subscription_rows,
             )
         self.reevaluators = reevaluators
         self._update_lock = threading.Lock()

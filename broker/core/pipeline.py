@@ -124,10 +124,11 @@ class PipelinedSpuManager(SpuManager):
         *,
         boosters: int,
         workers: QueryWorkers | None = None,
+        max_rows: int | None = None,
     ) -> None:
         if boosters < 1:
             raise ValueError("parallel mode needs at least one BOOSTER worker")
-        super().__init__(store, queries, stats, workers=workers)
+        super().__init__(store, queries, stats, workers=workers, max_rows=max_rows)
         self.booster_count = boosters
         self.boosters: list[Worker] = []
         self.counters: Counter[str] = Counter()

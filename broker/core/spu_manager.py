@@ -37,7 +37,17 @@ from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
-from broker.core.spu import GraphFeedSpu, IncrementalSpu, Mu, Probed, ReevalSpu, RowTable, ShapeGroup, SpuBase
+from broker.core.spu import (
+    GraphFeedSpu,
+    IncrementalSpu,
+    Mu,
+    Probed,
+    ReevalSpu,
+    RowTable,
+    ShapeGroup,
+    SpuBase,
+    TooManyRows,
+)
 from broker.core.spu_table import spu_table
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
@@ -89,10 +99,14 @@ class SpuManager:
         naive: bool = False,
         workers: QueryWorkers | None = None,
         reevaluators: QueryWorkers | None = None,
+        max_rows: int | None = None,
     ) -> None:
         """`reevaluators` (started, over this store): the re-evaluation worker, where the
-        re-evaluations of a network client's subscriptions are pipelined (see :meth:`submit`)."""
+        re-evaluations of a network client's subscriptions are pipelined (see :meth:`submit`).
+        `max_rows`: the rows a network client's subscription may hold; an update that would take
+        it past them ends it, its subscribers told why (see :meth:`_end`)."""
         self.store = store
+        self.max_rows = max_rows
         self.workers = workers
         self.reevaluators = reevaluators
         # the SPUs, the LUTT, the subscriptions: held by the update thread while it processes an
@@ -200,6 +214,8 @@ class SpuManager:
         # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
         if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
+            if isinstance(spu, IncrementalSpu) and not limited:
+                spu.group.bounded = False
         if spu is None:
             spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed)
             spu.limited = spu.limited or limited
@@ -325,7 +341,7 @@ class SpuManager:
         if later is not None and self.reevaluators is not None:
             here = [spu for spu in spus if not spu.limited]
             there = [spu for spu in spus if spu.limited]
-            calls = [((spu.sparql, spu.prefixes, spu.arguments), {}) for spu in there]
+            calls = [((spu.sparql, spu.prefixes, spu.arguments), {"max_rows": self.max_rows}) for spu in there]
             later.extend(zip(there, self.reevaluators.dispatch("subscription_rows", calls), strict=True))
             there = []
         notifications = 0
@@ -346,8 +362,11 @@ class SpuManager:
     def _in_worker(self, spu: ReevalSpu) -> Outcome:
         assert self.workers is not None
         try:
-            return ("ok", *self.workers.run("subscription_rows", spu.sparql, spu.prefixes, spu.arguments))
-        except (TimeLimitExceeded, EvaluationCrashed) as error:
+            return (
+                "ok",
+                *self.workers.run("subscription_rows", spu.sparql, spu.prefixes, spu.arguments, max_rows=self.max_rows),
+            )
+        except (TimeLimitExceeded, EvaluationCrashed, InvalidRequest) as error:
             return error
         except Exception as error:  # noqa: BLE001 - reported with this subscription
             return ("failed", str(error)[:300])
@@ -374,7 +393,7 @@ class SpuManager:
             log.exception("re-evaluation failed", extra={"query": spu.sparql})
             return 0
 
-    def _end(self, spu: ReevalSpu, error: SepaError) -> None:
+    def _end(self, spu: SpuBase, error: SepaError) -> None:
         """End every subscription of `spu`, each told why with a last notification."""
         log.warning("subscription ended", extra={"reason": error.description, "subscribers": len(spu.subscribers)})
         for subscription in list(spu.subscribers):
@@ -676,12 +695,17 @@ class SpuManager:
 
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
+        over: set[IncrementalSpu] = set()  # past max_rows: ended, not notified
         self._collect(store, removed_hits, lost)
         pre_done = time.perf_counter()
         apply(delta)
         applied = time.perf_counter()
         try:
-            self._collect(store, added_hits, gained)
+            self._collect(store, added_hits, gained, over)
+            if budget is not None and over:
+                raise OverBudget  # ending subscriptions is the update thread's work
+            for spu in over:
+                lost.pop(spu, None)
             touched = lost.keys() | gained.keys()
             fed = self._feed_hits(delta) if self.feeds else []
             if budget is not None:
@@ -699,7 +723,7 @@ class SpuManager:
         reeval_notifications = self._reevaluate(reeval, later)
         post_done = time.perf_counter()
 
-        notifications, hits = self._notify(lost, gained, fed)
+        notifications, hits = self._notify(lost, gained, fed, over, self.max_rows)
         notifications += reeval_notifications
         finished = time.perf_counter()
         hits += sum(len(spu.subscribers) for spu in reeval)
@@ -767,31 +791,54 @@ class SpuManager:
         timings["t_notify_s"] = timings.get("t_notify_s", 0.0) + applied
         return notifications
 
-    @staticmethod
     def _notify(
+        self,
         lost: dict[IncrementalSpu, dict[int, set[Mu]]],
         gained: dict[IncrementalSpu, dict[int, set[Mu]]],
         fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]],
+        over: set[IncrementalSpu] | None = None,
+        limit: int | None = None,
     ) -> tuple[int, int]:
-        """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications, LUTT hits)."""
+        """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications,
+        LUTT hits). Then the SPUs `over` max_rows, and those of bounded groups the fold took past
+        `limit` rows (not notified), are ended. Parallel mode passes neither: its collector folds
+        outside the state lock, where ending a subscription would race with the update thread."""
         notifications = hits = 0
+        ended = set(over) if over else set()
         for spu in lost.keys() | gained.keys():
-            notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}))
+            try:
+                notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}), limit if spu.group.bounded else None)
+            except TooManyRows:
+                ended.add(spu)
             hits += len(spu.subscribers)
         for feed, added_rows, removed_rows in fed:
             notifications += feed.apply(added_rows, removed_rows)
             hits += len(feed.subscribers)
+        for spu in ended:
+            self._end(spu, self._too_many_rows())
         return notifications, hits
 
+    def _too_many_rows(self) -> InvalidRequest:
+        return InvalidRequest(
+            f"the subscription's result would have more than {self.max_rows} rows "
+            "(the limit of one subscription: [websocket] max_subscription_rows)"
+        )
+
     def _collect(
-        self, store: RdfStore | BudgetedRdfStore, hits: dict, out: dict[IncrementalSpu, dict[int, set[Mu]]]
+        self,
+        store: RdfStore | BudgetedRdfStore,
+        hits: dict,
+        out: dict[IncrementalSpu, dict[int, set[Mu]]],
+        over: set[IncrementalSpu] | None = None,
     ) -> None:
+        """`over`: the solutions gained, bounded by max_rows (see ShapeGroup.collect)."""
         for ref, quads in hits.items():
             if isinstance(ref, ReevalSpu):
                 continue
             group, branch_index, pattern_index = ref
+            limit = self.max_rows if over is not None and group.bounded else None
             try:
-                group.collect(store, (branch_index, pattern_index), quads, out)  # type: ignore[arg-type]
+                group.collect(store, (branch_index, pattern_index), quads, out, limit, over)  # type: ignore[arg-type]
             except OverBudget:
                 raise
             except Exception:
@@ -802,7 +849,7 @@ def _settle(job: Future[Any]) -> Outcome:
     """A dispatched re-evaluation's outcome, as :meth:`SpuManager._in_worker` gives it."""
     try:
         return ("ok", *job.result())
-    except (TimeLimitExceeded, EvaluationCrashed, WorkerLost) as error:
+    except (TimeLimitExceeded, EvaluationCrashed, WorkerLost, InvalidRequest) as error:
         return error
     except Exception as error:  # noqa: BLE001 - reported with this subscription
         return ("failed", str(error)[:300])

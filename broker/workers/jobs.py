@@ -9,6 +9,7 @@ pyoxigraph's SyntaxError where the caller locates it in the request.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 
 from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions
@@ -89,7 +90,11 @@ def _check_rows(rows: int, max_rows: int | None) -> None:
 
 
 def subscription_rows(
-    processor: QueryProcessor, sparql: str, prefixes: dict[str, str] | None, arguments: dict[str, object]
+    processor: QueryProcessor,
+    sparql: str,
+    prefixes: dict[str, str] | None,
+    arguments: dict[str, object],
+    max_rows: int | None = None,
 ) -> tuple[tuple[str, ...], bytes | list[tuple[()]], bool | None]:
     """A re-evaluated subscription's result (as :func:`~broker.core.spu.evaluate_rows`): its
     variables, its rows as SPARQL TSV (:func:`broker.workers.codec.rows_from_tsv` reads them back)
@@ -98,14 +103,19 @@ def subscription_rows(
     Why TSV: written by pyoxigraph, a 1,000-row result costs 1.1 ms with its evaluation, where
     building term tuples and encoding them (codes, then pickle) cost 2.75 ms and pickled terms more;
     the engine reads it back in 0.85 ms. A result without variables has no TSV rows to count: its
-    empty rows travel as they are."""
+    empty rows travel as they are. More than `max_rows` rows: InvalidRequest, and the subscription
+    is ended (the result is made in full here first: the worker's memory, under its time limit)."""
     result = processor.store.query(sparql, prefixes=prefixes, **arguments)  # type: ignore[arg-type]
     if isinstance(result, QueryBoolean):
         return (), [], bool(result)
     variables = tuple(variable.value for variable in result.variables)
     if not variables:
-        return variables, [() for _ in result], None
-    return variables, result.serialize(format=QueryResultsFormat.TSV), None
+        rows = list(islice(result, None if max_rows is None else max_rows + 1))
+        _check_rows(len(rows), max_rows)
+        return variables, [() for _ in rows], None
+    text = result.serialize(format=QueryResultsFormat.TSV)
+    _check_rows(text.count(b"\n") - 1, max_rows)
+    return variables, text, None
 
 
 JOBS: dict[str, Callable[..., Any]] = {

@@ -109,8 +109,9 @@ class WebSocketConfig:
     max_subscription_bytes_per_client: int = 4194304
     max_subscriptions: int = 20_000
     max_subscription_bytes: int = 67108864
-    # results a network client's subscription may have when it subscribes (it holds them, and its
-    # first notification carries them all: ~1.7 KB of memory a row); past it a 400 error frame
+    # results a network client's subscription may have (it holds them, and its first notification
+    # carries them all: ~1.7 KB of memory a row); past it a 400 error frame, when it subscribes or
+    # when an update would take it past them (the subscription then ends)
     max_subscription_rows: int = 100_000
 
 

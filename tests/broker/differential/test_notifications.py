@@ -280,7 +280,8 @@ def test_notifications_of_network_subscriptions_rebuild_query_results(pipelined:
     reevaluators = QueryWorkers(store, count=1, time_limit_s=60.0) if pipelined else None
     if reevaluators is not None:
         reevaluators.start()
-    engine = Engine(store, workers=workers, reevaluators=reevaluators)
+    # the appliance's bound on a network client's subscription (nothing here comes near it)
+    engine = Engine(store, workers=workers, reevaluators=reevaluators, max_subscription_rows=100_000)
     try:
         engine.update(scenario.dataset)
         views = [subscribe(engine, query, query.name, limited=True)[1] for query in POOL]
@@ -303,7 +304,8 @@ def test_network_subscriptions_rebuild_query_results_with_updates_back_to_back(s
     reevaluators = QueryWorkers(store, count=1, time_limit_s=60.0)
     workers.start()
     reevaluators.start()
-    engine = Engine(store, workers=workers, reevaluators=reevaluators)
+    # the appliance's bound on a network client's subscription (nothing here comes near it)
+    engine = Engine(store, workers=workers, reevaluators=reevaluators, max_subscription_rows=100_000)
     try:
         engine.update(scenario.dataset)
         views = [subscribe(engine, query, query.name, limited=True)[1] for query in POOL]
