@@ -139,6 +139,8 @@ class PipelinedSpuManager(SpuManager):
         self._collector: threading.Thread | None = None
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
+        # SPUs the collector found past max_rows (not notified): ended by the engine's thread, see _recover
+        self._past: list[IncrementalSpu] = []
         # the graphs the replicas hold: those the shape groups read (None: all); see _follow
         self._graphs: frozenset[object] | None = frozenset()
         self._gids = itertools.count(1)
@@ -436,7 +438,7 @@ class PipelinedSpuManager(SpuManager):
                 self._route(removed_routes, lost_answers, lost)
                 self._route(added_routes, gained_answers, gained)
         started = time.perf_counter()
-        notifications, hits = self._notify(lost, gained, entry.fed)
+        notifications, hits = self._notify(lost, gained, entry.fed, limit=self.max_rows, past=self._past)
         entry.timings.update(t_booster_s=booster_s, t_notify_s=time.perf_counter() - started, lutt_hits=hits)
         return notifications
 
@@ -470,7 +472,16 @@ class PipelinedSpuManager(SpuManager):
     def _recover(self) -> None:
         """After a worker died or failed a job, the solutions of some updates never reached the SPUs:
         evaluate every incremental SPU again on the store, notify the difference, and start the
-        workers afresh. On the engine's thread, with nothing in flight."""
+        workers afresh. On the engine's thread, with nothing in flight. Also ends the subscriptions
+        the collector found past max_rows: it folds outside the state lock, while this thread reads
+        the LUTT and the groups, so it leaves them here."""
+        if self._past:
+            self.wait_idle()
+            with self._state:
+                past, self._past = set(self._past), []
+                for spu in past:
+                    if spu.subscribers:  # not ended already (an unsubscribe, an earlier update)
+                        self._end(spu, self._too_many_rows())
         if not self._broken:
             return
         self.wait_idle()

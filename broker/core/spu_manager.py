@@ -798,11 +798,12 @@ class SpuManager:
         fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]],
         over: set[IncrementalSpu] | None = None,
         limit: int | None = None,
+        past: list[IncrementalSpu] | None = None,
     ) -> tuple[int, int]:
         """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications,
         LUTT hits). Then the SPUs `over` max_rows, and those of bounded groups the fold took past
-        `limit` rows (not notified), are ended. Parallel mode passes neither: its collector folds
-        outside the state lock, where ending a subscription would race with the update thread."""
+        `limit` rows (not notified), are ended; or, given `past`, put there for the caller to end
+        (parallel mode's collector, see PipelinedSpuManager._recover)."""
         notifications = hits = 0
         ended = set(over) if over else set()
         for spu in lost.keys() | gained.keys():
@@ -814,6 +815,9 @@ class SpuManager:
         for feed, added_rows, removed_rows in fed:
             notifications += feed.apply(added_rows, removed_rows)
             hits += len(feed.subscribers)
+        if past is not None:
+            past.extend(ended)
+            return notifications, hits
         for spu in ended:
             self._end(spu, self._too_many_rows())
         return notifications, hits

@@ -136,6 +136,24 @@ def test_a_pipelined_reevaluation_past_the_limit_ends_its_subscription() -> None
         reevaluators.close()
 
 
+@pytest.mark.parametrize("triples", [5, 20])
+def test_in_parallel_mode_too(triples: int) -> None:
+    """5 triples (10 quads matched: fewer than go to the BOOSTER workers) are processed on the
+    engine's thread: ended at once. 20 go to the workers, and the collector folds the solutions
+    outside the state lock: the subscription is not notified, and is ended by the engine's thread
+    when it next takes a request (here the next update)."""
+    engine = Engine(mode="parallel", boosters=1, max_subscription_rows=20)
+    try:
+        seen = watch(engine, PRODUCT)
+        insert(engine, 0, triples)
+        assert (engine.spus.counters["pipelined"] > 0) == (triples == 20)  # type: ignore[attr-defined]
+        engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 0 }}")
+        assert len(seen) == 2 and seen[-1].ended is not None and not seen[-1].added
+        assert engine.spus.subscription_count == 0
+    finally:
+        engine.close()
+
+
 def test_the_subscriptions_of_this_process_are_not_bounded() -> None:
     """The gateway's own code (in-process, trusted) subscribes what it needs; a network client's
     subscription of the same shape shares its SPUs and is not bounded either."""
