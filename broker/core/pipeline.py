@@ -63,7 +63,7 @@ from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
 from broker.store import RdfStore
-from broker.workers.codec import Answers, Decoder, Item, encode_all
+from broker.workers.codec import OVER, Answers, Decoder, Item, encode_all
 from broker.workers.pool import Worker, batched
 
 if TYPE_CHECKING:
@@ -333,9 +333,10 @@ class PipelinedSpuManager(SpuManager):
         else:
             self._dispatch(delta, apply, removed_hits, added_hits, done)
 
-    def _split(self, hits: Hits, quads: list[Quad]) -> list[list[tuple[Item, Route]]]:
+    def _split(self, hits: Hits, quads: list[Quad], limit: int | None = None) -> list[list[tuple[Item, Route]]]:
         """`hits` as work items, each (group, branch, pattern)'s quads split evenly between the workers
-        (a quad by its index in `quads`, the delta's list as sent): per worker, (item, route) pairs."""
+        (a quad by its index in `quads`, the delta's list as sent): per worker, (item, route) pairs.
+        `limit`: the solutions a hit of a bounded group may have (see ShapeGroup.collect)."""
         count = len(self.boosters)
         shares: list[list[tuple[Item, Route]]] = [[] for _ in range(count)]
         position = {quad: index for index, quad in enumerate(quads)}
@@ -355,7 +356,8 @@ class PipelinedSpuManager(SpuManager):
                     params = None if spu is None else encode_all(spu.params[branch])  # type: ignore[attr-defined]
                     sent.append((position[quad], params))
                     targets.append(spu)  # type: ignore[arg-type]
-                shares[index].append(((group.gid, branch, pattern, sent), (group, branch, targets)))
+                item_limit = limit if group.bounded else None
+                shares[index].append(((group.gid, branch, pattern, sent, item_limit), (group, branch, targets)))
         return shares
 
     def _dispatch(
@@ -378,7 +380,7 @@ class PipelinedSpuManager(SpuManager):
         own = self._take_log()  # this update's delta as the follower logged it: the workers index into it
         added, removed = (own[0][0], own[0][1]) if own else ([], [])
         removed_shares = self._split(removed_hits, removed)
-        added_shares = self._split(added_hits, added)
+        added_shares = self._split(added_hits, added, self.max_rows)
         fed = self._feed_hits(delta) if self.feeds else []
         micros = self.store.clock.micros()
         entry = InFlight(done, fed, [], {"t_apply_s": applied - started})
@@ -429,6 +431,7 @@ class PipelinedSpuManager(SpuManager):
         """Route what the workers found for `entry` to the SPUs, fold and notify, then the graph feeds."""
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
+        over: set[IncrementalSpu] = set()  # past max_rows: not notified, ended (see _recover)
         booster_s = 0.0
         for worker, removed_routes, added_routes in entry.jobs:
             reply = self._reply(worker)
@@ -436,18 +439,32 @@ class PipelinedSpuManager(SpuManager):
                 _, lost_answers, gained_answers, seconds = reply
                 booster_s = max(booster_s, seconds)
                 self._route(removed_routes, lost_answers, lost)
-                self._route(added_routes, gained_answers, gained)
+                self._route(added_routes, gained_answers, gained, over)
+        for spu in over:
+            lost.pop(spu, None)
+            gained.pop(spu, None)
         started = time.perf_counter()
-        notifications, hits = self._notify(lost, gained, entry.fed, limit=self.max_rows, past=self._past)
+        notifications, hits = self._notify(lost, gained, entry.fed, over, self.max_rows, self._past)
         entry.timings.update(t_booster_s=booster_s, t_notify_s=time.perf_counter() - started, lutt_hits=hits)
         return notifications
 
-    def _route(self, routes: list[Route], answers: Answers, out: dict[IncrementalSpu, dict[int, set[Mu]]]) -> None:
+    def _route(
+        self,
+        routes: list[Route],
+        answers: Answers,
+        out: dict[IncrementalSpu, dict[int, set[Mu]]],
+        over: set[IncrementalSpu] | None = None,
+    ) -> None:
+        """`over` (the solutions gained): the SPUs a worker answered OVER for (Booster._bounded; a
+        fold past the limit, its share from several workers, ends them all the same: TooManyRows)."""
         terms = self._decoder.terms
         for (group, branch, targets), per_hit in zip(routes, answers, strict=True):
             for spu, codes in zip(targets, per_hit, strict=True):
-                if codes:
-                    group.route(branch, spu, [terms(mu) for mu in codes], out)
+                if codes == OVER:
+                    assert over is not None
+                    over.update((spu,) if spu is not None else group.spus.values())
+                elif codes and not (over and spu in over):  # not even decoded past the limit
+                    group.route(branch, spu, [terms(mu) for mu in codes], out, over or ())
 
     def _reply(self, worker: Worker) -> tuple[Any, ...] | None:
         """`worker`'s answer to its oldest job; None if it failed or died (logged; see :meth:`_recover`)."""

@@ -352,12 +352,16 @@ class ShapeGroup:
             collected += len(mus)
             if collected > limit:  # each SPU's share is counted only then
                 collected = 0
-                for each in [each for each in out if each.group is self]:
-                    if sum(map(len, out[each].values())) > limit:
-                        over.add(each)
-                        del out[each]
+                self.move_over(out, limit, over)
         for each in over:
             out.pop(each, None)
+
+    def move_over(self, out: dict[IncrementalSpu, dict[int, set[Mu]]], limit: int, over: set[IncrementalSpu]) -> None:
+        """This group's SPUs with more than `limit` solutions in `out`: moved to `over`."""
+        for each in [each for each in out if each.group is self]:
+            if sum(map(len, out[each].values())) > limit:
+                over.add(each)
+                del out[each]
 
 
 # -- re-evaluation ----------------------------------------------------------------------------

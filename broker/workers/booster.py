@@ -35,7 +35,7 @@ from broker.compaction import Compactor
 from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
-from broker.workers.codec import Answers, Code, Decoder, Item, encode_all
+from broker.workers.codec import OVER, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
 from broker.workers.replica import PR_SET_PDEATHSIG, seeded
 
@@ -80,15 +80,20 @@ class Booster:
                 del branch[key]
 
     def solve(self, items: list[Item], quads: list[Quad]) -> Answers:
-        """For each item, for each hit: the solutions some SPU wants, as codes (None: none)."""
+        """For each item, for each hit: the solutions some SPU wants, as codes (None: none; OVER:
+        past the item's limit, see :meth:`_bounded`)."""
         terms = self.decoder.terms
         out: Answers = []
-        for gid, branch_index, pattern, hits in items:
+        for gid, branch_index, pattern, hits, limit in items:
             group = self.groups[gid]
             branch = group.shape.branches[branch_index]
             positions = [branch.variables.index(name) for name in branch.param_vars]
             wanted = self.wanted[gid][branch_index]
-            answers: list[list[tuple[Code, ...]] | None] = []
+            answers: list[list[tuple[Code, ...]] | str | None] = []
+            if limit is not None:
+                self._bounded(group, (branch_index, pattern), hits, quads, positions, wanted, limit, answers)
+                out.append(answers)
+                continue
             for index, params in hits:
                 mus = group.hit_solutions(
                     self.store, (branch_index, pattern), quads[index], None if params is None else terms(params)
@@ -98,6 +103,47 @@ class Booster:
                 answers.append([encode_all(mu) for mu in mus] if mus else None)
             out.append(answers)
         return out
+
+    def _bounded(
+        self,
+        group: ShapeGroup,
+        ref: tuple[int, int],
+        hits: list[tuple[int, tuple[Code, ...] | None]],
+        quads: list[Quad],
+        positions: list[int],
+        wanted: Counter[tuple[object, ...]],
+        limit: int,
+        answers: list[list[tuple[Code, ...]] | str | None],
+    ) -> None:
+        """`solve` for the hits of a bounded group (broker.core.spu.ShapeGroup.collect): the
+        solutions each SPU gains are counted, by its parameter values, and past `limit` its hits
+        are answered OVER and not evaluated any more (the engine ends it); a hit that may concern
+        several SPUs is answered OVER once any of them is past it (the engine ends them all). Why
+        here: the engine learns of the solutions only from this reply, and a product of a graph
+        with itself made one of 980,000 solutions from a 700-triple update, 892 MB once unpickled."""
+        terms = self.decoder.terms
+        gained: Counter[object] = Counter()
+        every = False  # a hit for any SPU went past: all of them are ended
+        for index, params in hits:
+            if every or (params is not None and gained[params] > limit):
+                answers.append(OVER)
+                continue
+            mus = group.hit_solutions(self.store, ref, quads[index], None if params is None else terms(params), limit)
+            if not mus:
+                answers.append(None)
+                continue
+            if params is not None:
+                gained[params] += len(mus)
+                over = gained[params] > limit
+            else:
+                over = len(mus) > limit
+                if not over:
+                    keys = [tuple(mu[position] for position in positions) for mu in mus]
+                    mus = [mu for mu, key in zip(mus, keys, strict=True) if key in wanted]
+                    gained.update(key for key in keys if key in wanted)
+                    over = any(gained[key] > limit for key in set(keys))
+                every = over
+            answers.append(OVER if over else [encode_all(mu) for mu in mus])
 
     def boost(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
         """The pre phase, the update's delta, the post phase (seed 001 §III-C)."""

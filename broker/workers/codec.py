@@ -26,9 +26,12 @@ CACHE_MAX = 200_000  # terms kept by a decoder; past it the cache starts again (
 
 Code = Any  # str (an IRI), a tuple, or None (unbound)
 # a BOOSTER job's hits for one (group, branch, pattern): each quad by its index in the update's removed
-# or added quads, with the parameter values (codes) of the one SPU it concerns, or None for any SPU
-Item = tuple[int, int, int, list[tuple[int, tuple[Code, ...] | None]]]
-Answers = list[list[list[tuple[Code, ...]] | None]]  # per item, per hit: its solutions (codes), or None
+# or added quads, with the parameter values (codes) of the one SPU it concerns, or None for any SPU;
+# and the solutions a hit may have (None: any; see broker.core.spu.ShapeGroup.collect)
+Item = tuple[int, int, int, list[tuple[int, tuple[Code, ...] | None]], int | None]
+# per item, per hit: its solutions (codes), None for none, or OVER for more than the item's limit
+Answers = list[list[list[tuple[Code, ...]] | str | None]]
+OVER = "over"
 
 
 def encode(term: object) -> Code:

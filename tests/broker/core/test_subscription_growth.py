@@ -136,17 +136,24 @@ def test_a_pipelined_reevaluation_past_the_limit_ends_its_subscription() -> None
         reevaluators.close()
 
 
-@pytest.mark.parametrize("triples", [5, 20])
+@pytest.mark.parametrize("triples", [5, 20, 30])
 def test_in_parallel_mode_too(triples: int) -> None:
     """5 triples (10 quads matched: fewer than go to the BOOSTER workers) are processed on the
-    engine's thread: ended at once. 20 go to the workers, and the collector folds the solutions
-    outside the state lock: the subscription is not notified, and is ended by the engine's thread
-    when it next takes a request (here the next update)."""
+    engine's thread: ended at once. 20 and 30 go to the workers (20: each added triple has 20
+    solutions, their sum passes the limit; 30: each has more than the limit, and a worker stops
+    there), and the collector folds the solutions outside the state lock: the subscription is not
+    notified, and is ended by the engine's thread when it next takes a request (the next update)."""
     engine = Engine(mode="parallel", boosters=1, max_subscription_rows=20)
+    sent: list[tuple[object, ...]] = []
+    send = engine.spus._send  # type: ignore[attr-defined]
+    engine.spus._send = lambda worker, message: (sent.append(message), send(worker, message))  # type: ignore[attr-defined]
     try:
         seen = watch(engine, PRODUCT)
         insert(engine, 0, triples)
-        assert (engine.spus.counters["pipelined"] > 0) == (triples == 20)  # type: ignore[attr-defined]
+        assert (engine.spus.counters["pipelined"] > 0) == (triples > 5)  # type: ignore[attr-defined]
+        # the workers are told the limit: they stop there (tests/broker/workers/test_booster_limit.py)
+        limits = {item[4] for message in sent if message[0] == "boost" for item in message[5]}
+        assert limits == ({20} if triples > 5 else set())
         engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 0 }}")
         assert len(seen) == 2 and seen[-1].ended is not None and not seen[-1].added
         assert engine.spus.subscription_count == 0
