@@ -66,6 +66,8 @@ class Engine:
         reevaluators: QueryWorkers | None = None,
         max_update_quads: int | None = None,
         max_subscription_rows: int | None = None,
+        max_held_rows: int | None = None,
+        max_held_rows_per_client: int | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -91,7 +93,8 @@ class Engine:
         :data:`broker.core.update_processor.MAX_UPDATE_QUADS` unless configured otherwise).
 
         `max_subscription_rows`: the results a probed subscription may have (:meth:`probe`; None:
-        any number)."""
+        any number). `max_held_rows`, `max_held_rows_per_client`: the rows network clients'
+        subscriptions may hold together, and each client's (:mod:`broker.core.held`; None: any)."""
         if mode not in self.MODES:
             raise ValueError(f"unknown engine mode {mode!r}")
         self.store = store if store is not None else RdfStore.memory()
@@ -103,7 +106,14 @@ class Engine:
         self.max_subscription_rows = max_subscription_rows
         if mode == "parallel":
             self.spus: SpuManager = PipelinedSpuManager(
-                self.store, self.queries, self.stats, boosters=boosters, workers=workers, max_rows=max_subscription_rows
+                self.store,
+                self.queries,
+                self.stats,
+                boosters=boosters,
+                workers=workers,
+                max_rows=max_subscription_rows,
+                max_held_rows=max_held_rows,
+                max_held_rows_per_client=max_held_rows_per_client,
             )
         else:
             self.spus = SpuManager(
@@ -114,6 +124,8 @@ class Engine:
                 workers=workers,
                 reevaluators=reevaluators if mode != "naive" else None,
                 max_rows=max_subscription_rows,
+                max_held_rows=max_held_rows,
+                max_held_rows_per_client=max_held_rows_per_client,
             )
         self.reevaluators = reevaluators
         self._update_lock = threading.Lock()

@@ -62,6 +62,7 @@ from broker.core.spu_manager import Hits, SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
+from broker.errors import SepaError
 from broker.store import RdfStore
 from broker.workers.codec import OVER, Answers, Decoder, Item, encode_all
 from broker.workers.pool import Worker, batched
@@ -125,10 +126,20 @@ class PipelinedSpuManager(SpuManager):
         boosters: int,
         workers: QueryWorkers | None = None,
         max_rows: int | None = None,
+        max_held_rows: int | None = None,
+        max_held_rows_per_client: int | None = None,
     ) -> None:
         if boosters < 1:
             raise ValueError("parallel mode needs at least one BOOSTER worker")
-        super().__init__(store, queries, stats, workers=workers, max_rows=max_rows)
+        super().__init__(
+            store,
+            queries,
+            stats,
+            workers=workers,
+            max_rows=max_rows,
+            max_held_rows=max_held_rows,
+            max_held_rows_per_client=max_held_rows_per_client,
+        )
         self.booster_count = boosters
         self.boosters: list[Worker] = []
         self.counters: Counter[str] = Counter()
@@ -140,7 +151,7 @@ class PipelinedSpuManager(SpuManager):
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
         # SPUs the collector found past max_rows (not notified): ended by the engine's thread, see _recover
-        self._past: list[IncrementalSpu] = []
+        self._past: list[tuple[IncrementalSpu, SepaError]] = []  # to end, and why (see _recover)
         # the graphs the replicas hold: those the shape groups read (None: all); see _follow
         self._graphs: frozenset[object] | None = frozenset()
         self._gids = itertools.count(1)
@@ -495,17 +506,21 @@ class PipelinedSpuManager(SpuManager):
         if self._past:
             self.wait_idle()
             with self._state:
-                past, self._past = set(self._past), []
-                for spu in past:
+                past, self._past = dict(self._past), []
+                for spu, error in past.items():
                     if spu.subscribers:  # not ended already (an unsubscribe, an earlier update)
-                        self._end(spu, self._too_many_rows())
+                        self._end(spu, error)
         if not self._broken:
             return
         self.wait_idle()
         self._broken = False
         self._stop_workers()
         self.counters["recovered"] += 1
-        notifications = sum(spu.reload(self.store) for group in self.groups.values() for spu in group.spus.values())
+        spus = [spu for group in self.groups.values() for spu in group.spus.values()]
+        notifications = sum(spu.reload(self.store) for spu in spus)
+        for spu in spus:
+            if spu in self.held:
+                self.held.resized(spu, spu.rows_held())
         log.warning("parallel mode: SPUs evaluated again after a worker failure", extra={"notified": notifications})
         if self.groups and not self._closed:
             self._start()

@@ -52,6 +52,10 @@ class SpuBase:
     def current_boolean(self) -> bool | None:
         raise NotImplementedError
 
+    def rows_held(self) -> int:
+        """The rows it holds in memory (what broker.core.held counts)."""
+        return 0
+
     def notify(self, added: Sequence[Row], removed: Sequence[Row], boolean: bool | None, previous: bool | None) -> int:
         """Send one notification to every subscriber; returns how many were sent."""
         if boolean is not None:
@@ -117,6 +121,9 @@ class IncrementalSpu(SpuBase):
 
     def current_boolean(self) -> bool | None:
         return self.total > 0 if self.is_ask else None
+
+    def rows_held(self) -> int:
+        return len(self.counts)
 
     def apply(self, removed: dict[int, set[Mu]], added: dict[int, set[Mu]], limit: int | None = None) -> int:
         """Fold the solutions lost and gained into the counts and notify the difference.
@@ -471,6 +478,9 @@ class ReevalSpu(SpuBase):
 
     def current_boolean(self) -> bool | None:
         return self.boolean
+
+    def rows_held(self) -> int:
+        return self.text.count(b"\n") - 1 if self.text is not None else len(self.rows)
 
     def refresh(self, store: RdfStore) -> int:
         return self.replace(*self.evaluate(store))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
+from broker.core.held import HeldRows, TooManyRowsHeld
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
@@ -100,13 +101,19 @@ class SpuManager:
         workers: QueryWorkers | None = None,
         reevaluators: QueryWorkers | None = None,
         max_rows: int | None = None,
+        max_held_rows: int | None = None,
+        max_held_rows_per_client: int | None = None,
     ) -> None:
         """`reevaluators` (started, over this store): the re-evaluation worker, where the
         re-evaluations of a network client's subscriptions are pipelined (see :meth:`submit`).
         `max_rows`: the rows a network client's subscription may hold; an update that would take
-        it past them ends it, its subscribers told why (see :meth:`_end`)."""
+        it past them ends it, its subscribers told why (see :meth:`_end`). `max_held_rows`,
+        `max_held_rows_per_client`: the rows network clients' subscriptions may hold together, and
+        each client's (:mod:`broker.core.held`)."""
         self.store = store
         self.max_rows = max_rows
+        self.held = HeldRows(max_held_rows, max_held_rows_per_client)
+        self._charged: dict[str, str] = {}  # spuid -> the client its SPU's rows are charged to
         self.workers = workers
         self.reevaluators = reevaluators
         # the SPUs, the LUTT, the subscriptions: held by the update thread while it processes an
@@ -214,8 +221,10 @@ class SpuManager:
         # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
         if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
-            if isinstance(spu, IncrementalSpu) and not limited:
+            if isinstance(spu, IncrementalSpu) and not limited and spu.group.bounded:
                 spu.group.bounded = False
+                for each in spu.group.spus.values():
+                    self.held.forget(each)
         if spu is None:
             spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed)
             spu.limited = spu.limited or limited
@@ -226,6 +235,14 @@ class SpuManager:
         )
         spu.subscribers.append(subscription)
         self.subscriptions[subscription.spuid] = (subscription, spu)
+        if limited and (isinstance(spu, ReevalSpu) or (isinstance(spu, IncrementalSpu) and spu.group.bounded)):
+            client = owner or ""
+            try:
+                self.held.join(spu, client, spu.rows_held())
+            except TooManyRowsHeld:
+                self._unsubscribe(subscription.spuid)
+                raise
+            self._charged[subscription.spuid] = client
         self.stats.record_subscriptions(len(self.subscriptions))
         if spu.is_ask:
             subscription.emit((), (), spu.current_boolean(), None)
@@ -356,8 +373,29 @@ class SpuManager:
                     jobs.append(self._reevaluators.submit(self._in_worker, there[index + ahead]))
                 notifications += self._outcome(spu, outcome)
         for spu in here:
-            notifications += self._notified(spu, spu.refresh, self.store)
+            notifications += self._refresh(spu)
         return notifications
+
+    def _refresh(self, spu: ReevalSpu) -> int:
+        """Re-run `spu` here and notify (or end it, past the rows it may hold)."""
+        try:
+            rows, boolean = spu.evaluate(self.store)
+        except Exception:
+            log.exception("re-evaluation failed", extra={"query": spu.sparql})
+            return 0
+        if not self._fits(spu, len(rows)):
+            return 0
+        return self._notified(spu, spu.replace, rows, boolean)
+
+    def _fits(self, spu: ReevalSpu, rows: int) -> bool:
+        """Whether `spu` may hold `rows` now (:mod:`broker.core.held`); if not, it is ended."""
+        if spu not in self.held:
+            return True
+        room = self.held.headroom(spu)
+        if room is not None and rows - spu.rows_held() > room:
+            self._end(spu, self.held.over_budget_error())
+            return False
+        return True
 
     def _in_worker(self, spu: ReevalSpu) -> Outcome:
         assert self.workers is not None
@@ -379,19 +417,23 @@ class SpuManager:
             log.error("re-evaluation failed", extra={"query": spu.sparql, "reason": outcome[1]})
             return 0
         _, _variables, text, boolean = outcome
+        if not self._fits(spu, text.count(b"\n") - 1 if isinstance(text, bytes) else len(text)):
+            return 0
         # read here rather than on the thread that waited for it: that thread would take the GIL from
         # this one for each result (`bench reeval --rows 1000`, the matching update: 6.0-7.1 -> 3.7-4.7 s)
         if isinstance(text, bytes):
             return self._notified(spu, spu.replace_text, text)
         return self._notified(spu, spu.replace, tuple(text), boolean)
 
-    @staticmethod
-    def _notified(spu: ReevalSpu, call: Callable[..., int], *args: object) -> int:
+    def _notified(self, spu: ReevalSpu, call: Callable[..., int], *args: object) -> int:
         try:
             return call(*args)
         except Exception:
             log.exception("re-evaluation failed", extra={"query": spu.sparql})
             return 0
+        finally:
+            if spu in self.held:
+                self.held.resized(spu, spu.rows_held())
 
     def _end(self, spu: SpuBase, error: SepaError) -> None:
         """End every subscription of `spu`, each told why with a last notification."""
@@ -453,6 +495,9 @@ class SpuManager:
             raise NotFound(f"no subscription {spuid}")
         subscription, spu = entry
         spu.subscribers.remove(subscription)
+        client = self._charged.pop(spuid, None)
+        if client is not None:
+            self.held.leave(spu, client)
         if spu.subscribers:
             return subscription
         self.trimmer.freed()  # the SPU's result goes: give the memory back (broker.core.memory)
@@ -780,7 +825,7 @@ class SpuManager:
             with self._state:
                 if self.reeval.get(spu.key) is spu:  # not ended by an earlier outcome
                     if isinstance(outcome, WorkerLost):  # no query workers: here
-                        notifications += self._notified(spu, spu.refresh, self.store)
+                        notifications += self._refresh(spu)
                     else:
                         notifications += self._outcome(spu, outcome)
             waited += got - started
@@ -798,28 +843,39 @@ class SpuManager:
         fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]],
         over: set[IncrementalSpu] | None = None,
         limit: int | None = None,
-        past: list[IncrementalSpu] | None = None,
+        past: list[tuple[IncrementalSpu, SepaError]] | None = None,
     ) -> tuple[int, int]:
         """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications,
         LUTT hits). Then the SPUs `over` max_rows, and those of bounded groups the fold took past
-        `limit` rows (not notified), are ended; or, given `past`, put there for the caller to end
-        (parallel mode's collector, see PipelinedSpuManager._recover)."""
+        `limit` rows or past the rows they may hold (:mod:`broker.core.held`), are ended, not
+        notified; or, given `past`, put there with why for the caller to end (parallel mode's
+        collector, see PipelinedSpuManager._recover)."""
         notifications = hits = 0
-        ended = set(over) if over else set()
+        ended: dict[IncrementalSpu, SepaError] = dict.fromkeys(over, self._too_many_rows()) if over else {}
+        held = self.held
         for spu in lost.keys() | gained.keys():
+            bound = limit if spu.group.bounded else None
+            by_budget = False
+            if spu in held and (room := held.headroom(spu)) is not None:
+                most = spu.rows_held() + room
+                if bound is None or most < bound:
+                    bound, by_budget = most, True
             try:
-                notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}), limit if spu.group.bounded else None)
+                notifications += spu.apply(lost.get(spu, {}), gained.get(spu, {}), bound)
             except TooManyRows:
-                ended.add(spu)
+                ended[spu] = held.over_budget_error() if by_budget else self._too_many_rows()
+            else:
+                if spu in held:
+                    held.resized(spu, spu.rows_held())
             hits += len(spu.subscribers)
         for feed, added_rows, removed_rows in fed:
             notifications += feed.apply(added_rows, removed_rows)
             hits += len(feed.subscribers)
         if past is not None:
-            past.extend(ended)
+            past.extend(ended.items())
             return notifications, hits
-        for spu in ended:
-            self._end(spu, self._too_many_rows())
+        for spu, error in ended.items():
+            self._end(spu, error)
         return notifications, hits
 
     def _too_many_rows(self) -> InvalidRequest:

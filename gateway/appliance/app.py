@@ -83,6 +83,8 @@ class Gateway:
             reevaluators=self.reevaluators,
             max_update_quads=config.engine.max_update_quads,
             max_subscription_rows=config.websocket.max_subscription_rows,
+            max_held_rows=config.websocket.max_held_rows,
+            max_held_rows_per_client=config.websocket.max_held_rows_per_client,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

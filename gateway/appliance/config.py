@@ -113,6 +113,12 @@ class WebSocketConfig:
     # carries them all: ~1.7 KB of memory a row); past it a 400 error frame, when it subscribes or
     # when an update would take it past them (the subscription then ends)
     max_subscription_rows: int = 100_000
+    # rows all network clients' subscriptions may hold together, and one client's (an SPU's rows
+    # count once; each client is charged the rows of every SPU it subscribes to): ~0.1-0.3 KB of
+    # memory a row held, so the defaults are at most ~150 MB and ~60 MB; past them a 429 error frame,
+    # when it subscribes or when an update would take it past them (the subscription then ends)
+    max_held_rows: int = 500_000
+    max_held_rows_per_client: int = 200_000
 
 
 @dataclass
@@ -233,6 +239,8 @@ class Config:
             ("websocket.max_subscription_bytes_per_client", self.websocket.max_subscription_bytes_per_client),
             ("websocket.max_subscriptions", self.websocket.max_subscriptions),
             ("websocket.max_subscription_rows", self.websocket.max_subscription_rows),
+            ("websocket.max_held_rows", self.websocket.max_held_rows),
+            ("websocket.max_held_rows_per_client", self.websocket.max_held_rows_per_client),
             ("websocket.max_subscription_bytes", self.websocket.max_subscription_bytes),
             ("scheduler.queue_size", self.scheduler.queue_size),
             ("scheduler.query_threads", self.scheduler.query_threads),

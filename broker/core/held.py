@@ -1,0 +1,132 @@
+"""The rows network clients' subscriptions hold, against a budget for the gateway and for each client.
+
+Why: `max_subscription_rows` bounds one subscription and `max_subscriptions_per_client` how many a
+client may hold, but their product (100,000 x 2,000 by default) is no bound a board can keep. An
+SPU holds its result in memory; measured on the test machine (`/tmp/mem.py` pattern: five distinct
+subscriptions of 100,000 rows each, RSS before and after): an incremental SPU costs 0.21-0.28 KB a
+row, a re-evaluated one 0.1-0.2 KB. So one client with 35 subscriptions of 100,000 rows each filled
+a 1 GB board; with this budget it gets a 429 at the subscribe that would pass it, or its
+subscription ends at the update that would.
+
+What is counted is memory: an SPU's rows once, however many subscribe to it, and only while a
+network client (a `limited` subscription) is among them; each such client is charged the SPU's rows
+once too, for the per-client budget. The gateway's own subscriptions (its adapters, the shipper)
+are neither counted nor bounded.
+
+Who calls: :class:`~broker.core.spu_manager.SpuManager`, under its state lock or (parallel mode's
+collector) while the engine's thread waits for it to be idle, so no lock of its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from broker.errors import SepaError
+
+
+class TooManyRowsHeld(SepaError):
+    """A network client's subscription would take the rows held past the gateway's or the client's budget."""
+
+    error = "too_many_rows"
+    status_code = 429
+
+
+class HeldRows:
+    """The rows each counted SPU holds, the total, and each client's share."""
+
+    def __init__(self, total: int | None, per_client: int | None) -> None:
+        """`total`, `per_client`: the budgets ([websocket] max_held_rows and max_held_rows_per_client);
+        None: unbounded (the library, tests)."""
+        self.budget = total
+        self.per_client = per_client
+        self.total = 0
+        self._rows: dict[object, int] = {}  # SPU -> its rows when last counted
+        self._owners: dict[object, Counter[str]] = {}  # SPU -> each client's subscriptions to it
+        self._by_client: Counter[str] = Counter()
+
+    def __contains__(self, spu: object) -> bool:
+        return spu in self._rows
+
+    def client_rows(self, client: str) -> int:
+        return self._by_client[client]
+
+    def headroom(self, spu: object, joining: str | None = None) -> int | None:
+        """The rows `spu` may gain now (None: unbounded); with `joining`, a client about to
+        subscribe to it, that client's room is counted too if it is not charged for `spu` yet."""
+        rooms = []
+        if self.budget is not None and spu in self._rows:
+            rooms.append(self.budget - self.total)
+        if self.per_client is not None:
+            owners = self._owners.get(spu, Counter())
+            clients = set(owners)
+            if joining is not None and joining not in owners:
+                clients.add(joining)
+            rooms.extend(self.per_client - self._by_client[client] for client in clients)
+        return min(rooms) if rooms else None
+
+    def join(self, spu: object, client: str, rows: int) -> None:
+        """`client` subscribes to `spu`, which holds `rows`; raises TooManyRowsHeld, nothing
+        counted, if that takes the total or the client's share past its budget."""
+        new_spu = spu not in self._rows
+        charged = client not in self._owners.get(spu, ())
+        if new_spu and self.budget is not None and self.total + rows > self.budget:
+            raise TooManyRowsHeld(
+                f"the gateway's subscriptions hold {self.total} rows and this one would add {rows}: "
+                f"more than [websocket] max_held_rows ({self.budget}); retry later"
+            )
+        if charged and self.per_client is not None and self._by_client[client] + rows > self.per_client:
+            raise TooManyRowsHeld(
+                f"this client's subscriptions hold {self._by_client[client]} rows and this one would "
+                f"add {rows}: more than [websocket] max_held_rows_per_client ({self.per_client})"
+            )
+        if new_spu:
+            self._rows[spu] = rows
+            self._owners[spu] = Counter()
+            self.total += rows
+        if charged:
+            self._by_client[client] += self._rows[spu]
+        self._owners[spu][client] += 1
+
+    def leave(self, spu: object, client: str) -> None:
+        """One of `client`'s subscriptions to `spu` ended; the SPU is no longer counted once no
+        network client subscribes to it."""
+        owners = self._owners.get(spu)
+        if owners is None or client not in owners:
+            return
+        owners[client] -= 1
+        if owners[client] <= 0:
+            del owners[client]
+            self._charge(client, -self._rows[spu])
+        if not owners:
+            self.total -= self._rows.pop(spu)
+            del self._owners[spu]
+
+    def forget(self, spu: object) -> None:
+        """`spu` is no longer counted (it stopped being bounded, or ended)."""
+        for client in list(self._owners.get(spu, ())):
+            self._charge(client, -self._rows[spu])
+        if spu in self._rows:
+            self.total -= self._rows.pop(spu)
+            del self._owners[spu]
+
+    def resized(self, spu: object, rows: int) -> None:
+        """`spu` now holds `rows`."""
+        before = self._rows.get(spu)
+        if before is None or before == rows:
+            return
+        self._rows[spu] = rows
+        self.total += rows - before
+        for client in self._owners[spu]:
+            self._charge(client, rows - before)
+
+    def _charge(self, client: str, rows: int) -> None:
+        self._by_client[client] += rows
+        if self._by_client[client] <= 0:
+            del self._by_client[client]
+
+    def over_budget_error(self) -> TooManyRowsHeld:
+        """The error a subscription ended for growing past a budget is told."""
+        return TooManyRowsHeld(
+            "an update would have taken the rows held by subscriptions past [websocket] max_held_rows "
+            f"({self.budget}) or max_held_rows_per_client ({self.per_client})"
+        )
