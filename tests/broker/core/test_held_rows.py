@@ -158,6 +158,17 @@ def test_the_gateways_own_subscriptions_are_not_counted() -> None:
     assert network[-1].ended is None and engine.spus.held.total == 0
 
 
+def test_a_network_subscription_the_gateways_own_code_joins_later_is_no_longer_counted() -> None:
+    engine = Engine(max_held_rows=150)
+    insert(engine, 0, 100)
+    network = watch(engine, rows_query(0), "a")
+    assert engine.spus.held.total == 100
+    watch(engine, rows_query(0), None, limited=False)  # its group is no longer bounded
+    assert engine.spus.held.total == 0
+    insert(engine, 100, 100)
+    assert network[-1].ended is None and len(network[-1].added) == 100
+
+
 def test_over_real_sockets_a_subscribe_past_the_budget_gets_a_429_frame_and_the_socket_lives(
     start_gateway: Callable[..., RunningGateway],
 ) -> None:
