@@ -36,6 +36,7 @@ class GateSettings:
     max_result_bytes: int = 32 << 20  # a query's response body at most (broker.gates.negotiation.serialize)
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
+    queue_rows: int | None = 200_000  # rows of the notifications queued for one client (Connection.push)
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
     # DNS names of this gateway besides localhost and the machine's name: a plain gate refuses (421) a
@@ -73,6 +74,7 @@ class Gates:
             scheduler,
             self.counters,
             queue_limit=self.settings.queue_limit,
+            queue_rows=self.settings.queue_rows,
             heartbeat_s=self.settings.heartbeat_s,
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
@@ -85,6 +87,7 @@ class Gates:
                 scheduler,
                 self.counters,
                 queue_limit=self.settings.queue_limit,
+                queue_rows=self.settings.queue_rows,
                 heartbeat_s=self.settings.heartbeat_s,
                 max_message_bytes=self.settings.max_message_bytes,
                 authenticate=authority.authenticate,

@@ -114,6 +114,7 @@ class Gateway:
                 max_result_bytes=config.http.max_result_bytes,
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
+                queue_rows=config.websocket.queue_rows,
                 max_message_bytes=config.websocket.max_message_bytes,
                 subscription_limits=QuotaLimits(
                     per_client=config.websocket.max_subscriptions_per_client,

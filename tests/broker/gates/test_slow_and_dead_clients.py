@@ -151,6 +151,53 @@ def test_a_stalled_subscriber_past_the_queue_limit_is_disconnected_and_logged(
     assert re.search(r"level=warning .*queue full", lines[0]), lines[0]
 
 
+def test_a_stalled_subscriber_past_the_rows_it_may_have_queued_is_disconnected_long_before_the_queue_limit(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Each update adds or removes 1,000 rows of the stalled client's subscription: 3 notifications
+    queued are past `queue_rows` = 2,500, 40 updates far below `queue_limit` (10,000 messages)."""
+    gateway = start_gateway(toml="[websocket]\nqueue_rows = 2500\n")
+    rows = 1000
+    many = f"SELECT ?s ?o WHERE {{ ?s <{EX}copy> ?o }}"
+    client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            data = " ".join(f"<{EX}s{i}> <{EX}p> {i} ." for i in range(rows))
+            await post_update(session, gateway, f"INSERT DATA {{ {data} }}")
+            client.send_json({"subscribe": {"sparql": many, "alias": "stalled"}})
+            assert client.receive_json()["notification"]["sequence"] == 0  # then it never reads again
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            # read as they come: at most 2,000 rows queued at once (an update's two notifications)
+            for alias in ("many-1", "many-2"):
+                await subscribe(ws, {"sparql": many, "alias": alias})
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 4)
+            for _ in range(20):  # ~100 kB a notification: past the kernel buffers
+                await post_update(session, gateway, f"INSERT {{ ?s <{EX}copy> ?o }} WHERE {{ ?s <{EX}p> ?o }}")
+                for _ in range(2):
+                    assert rows_in(await receive_json(ws), "addedResults") == rows
+                await post_update(session, gateway, f"DELETE WHERE {{ ?s <{EX}copy> ?o }}")
+                for _ in range(2):
+                    assert rows_in(await receive_json(ws), "removedResults") == rows
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 3)
+            await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
+
+    try:
+        asyncio.run(scenario())
+        wait_until_released(gateway, client.local_port)
+    finally:
+        client.close()
+    lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
+    assert len(lines) == 1, gateway.log()
+    queued = re.search(r"queued=(\d+) .*queued_rows=(\d+)", lines[0])
+    assert queued is not None and int(queued.group(1)) < 10 and int(queued.group(2)) > 1500, lines[0]
+
+
+def rows_in(frame: dict[str, Any], part: str) -> int:
+    return len(frame["notification"][part]["results"]["bindings"])
+
+
 def wait_until_released(gateway: RunningGateway, client_port: int, timeout: float = 5.0) -> None:
     """The gateway process no longer holds a socket for that client (checked where /proc exists)."""
     deadline = time.monotonic() + timeout
