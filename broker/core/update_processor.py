@@ -527,8 +527,21 @@ class UpdateProcessor:
 
     # -- graph management ---------------------------------------------------------------------
 
-    def _graph_quads(self, graph: NamedNode | DefaultGraph) -> set[Quad]:
-        return set(self.store.ox.quads_for_pattern(None, None, None, graph))
+    def _graph_quads(self, graph: NamedNode | DefaultGraph, taken: int = 0) -> set[Quad]:
+        """The quads of `graph`; UpdateFailed, read no further, once they and the `taken` quads
+        already read are more than the request may change (so COPY, MOVE and ADD are bounded by
+        the quads of both graphs, even where their delta is smaller).
+
+        Why read no further: a graph operation's delta is the whole graph; computed first and
+        refused after, `ADD <g> TO DEFAULT` over a 1,000,000-quad graph held the update thread,
+        and so every client, for 13.5 s, `COPY` 9.9 s, `DROP` 3.8 s (`/tmp/graphop.py` pattern)."""
+        quads = self.store.ox.quads_for_pattern(None, None, None, graph)
+        limit = self._limit
+        if limit is None:
+            return set(quads)
+        read = set(itertools.islice(quads, max(0, limit - taken) + 1))
+        check_size(taken + len(read), limit)
+        return read
 
     def _graphs(self, ref: object) -> list[NamedNode | DefaultGraph]:
         if ref == "DEFAULT":
@@ -563,7 +576,7 @@ class UpdateProcessor:
             removed: set[Quad] = set()
             dropped: set[NamedNode] = set()
             for graph in self._graphs(target):
-                removed |= self._graph_quads(graph)
+                removed |= self._graph_quads(graph, len(removed))
                 if verb == "DROP" and isinstance(graph, NamedNode | BlankNode):
                     dropped.add(graph)  # type: ignore[arg-type]
             return set(), removed, set(), dropped
@@ -578,7 +591,7 @@ class UpdateProcessor:
         removed = set()
         dropped = set()
         if verb in ("COPY", "MOVE"):  # the target is dropped first, as Oxigraph does
-            removed = self._graph_quads(target) - moved  # type: ignore[arg-type]
+            removed = self._graph_quads(target, len(source_quads)) - moved  # type: ignore[arg-type]
             if not moved and isinstance(target, NamedNode) and store.graph_exists(target):
                 dropped.add(target)
         added = {quad for quad in moved if quad not in store.ox}

@@ -11,7 +11,7 @@ gateway's own code (trusted requests) is not bounded.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -80,3 +80,55 @@ def test_the_where_solutions_stop_being_read_past_the_limit() -> None:
     with pytest.raises(UpdateFailed, match="more than 100 solutions"):
         where_solutions(engine.store, query, limit=100)
     assert len(where_solutions(engine.store, query, limit=1600)) == 1600
+
+
+class CountingStore:
+    """The store, counting the quads its quads_for_pattern hands out."""
+
+    def __init__(self, ox: object) -> None:
+        self._ox = ox
+        self.read = 0
+
+    def quads_for_pattern(self, *pattern: object) -> Iterator[object]:
+        for quad in self._ox.quads_for_pattern(*pattern):  # type: ignore[attr-defined]
+            self.read += 1
+            yield quad
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._ox, name)
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [
+        f"DROP GRAPH <{EX}big>",
+        "CLEAR ALL",
+        f"COPY <{EX}big> TO <{EX}other>",
+        f"MOVE <{EX}big> TO <{EX}other>",
+        f"ADD <{EX}big> TO DEFAULT",
+        f"COPY DEFAULT TO <{EX}big>",  # 40 quads to copy, but the target's 1,000 to drop first
+    ],
+)
+def test_a_graph_operation_stops_reading_a_graph_past_the_limit(operation: str) -> None:
+    """A graph operation's delta is a whole graph: ADD of a 1,000,000-quad graph held the update
+    thread 13.5 s before it was refused; now it is refused after reading one quad past the limit."""
+    engine = seeded(100)
+    data = " ".join(f"<{EX}b{i}> <{EX}p> {i} ." for i in range(1000))
+    engine.update(f"INSERT DATA {{ GRAPH <{EX}big> {{ {data} }} }}", trusted=True)
+    before = engine.store.quads()
+    counting = CountingStore(engine.store.ox)
+    engine.store.ox = counting  # type: ignore[assignment]
+    try:
+        with pytest.raises(UpdateFailed, match=r"more than 100 .*max_update_quads"):
+            engine.update(operation)
+    finally:
+        engine.store.ox = counting._ox  # type: ignore[assignment]
+    assert counting.read <= 101 + 40
+    assert engine.store.quads() == before
+
+
+def test_a_graph_operation_within_the_limit_applies() -> None:
+    engine = seeded(100)
+    engine.update(f"COPY DEFAULT TO <{EX}copy>")
+    assert len(engine.update(f"MOVE <{EX}copy> TO <{EX}moved>").added) == 40
+    assert len(engine.update(f"DROP GRAPH <{EX}moved>").removed) == 40
