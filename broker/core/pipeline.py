@@ -150,8 +150,9 @@ class PipelinedSpuManager(SpuManager):
         self._collector: threading.Thread | None = None
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
-        # SPUs the collector found past max_rows (not notified): ended by the engine's thread, see _recover
-        self._past: list[tuple[IncrementalSpu, SepaError]] = []  # to end, and why (see _recover)
+        # SPUs the collector found past max_rows (their subscribers told, not notified since), and why:
+        # ended by the engine's thread, see _recover
+        self._past: dict[IncrementalSpu, SepaError] = {}
         # the graphs the replicas hold: those the shape groups read (None: all); see _follow
         self._graphs: frozenset[object] | None = frozenset()
         self._gids = itertools.count(1)
@@ -506,10 +507,9 @@ class PipelinedSpuManager(SpuManager):
         if self._past:
             self.wait_idle()
             with self._state:
-                past, self._past = dict(self._past), []
+                past, self._past = self._past, {}
                 for spu, error in past.items():
-                    if spu.subscribers:  # not ended already (an unsubscribe, an earlier update)
-                        self._end(spu, error)
+                    self._end(spu, error, told=True)
         if not self._broken:
             return
         self.wait_idle()

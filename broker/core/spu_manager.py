@@ -435,11 +435,18 @@ class SpuManager:
             if spu in self.held:
                 self.held.resized(spu, spu.rows_held())
 
-    def _end(self, spu: SpuBase, error: SepaError) -> None:
-        """End every subscription of `spu`, each told why with a last notification."""
-        log.warning("subscription ended", extra={"reason": error.description, "subscribers": len(spu.subscribers)})
+    def _end(self, spu: SpuBase, error: SepaError, *, told: bool = False) -> None:
+        """End every subscription of `spu`, each told why with a last notification (unless
+        `told` already: :meth:`_tell_ended`)."""
+        if not told:
+            self._tell_ended(spu, error)
         for subscription in list(spu.subscribers):
             self._unsubscribe(subscription.spuid)
+
+    def _tell_ended(self, spu: SpuBase, error: SepaError) -> None:
+        """Send every subscriber of `spu` its last notification, saying why it ends."""
+        log.warning("subscription ended", extra={"reason": error.description, "subscribers": len(spu.subscribers)})
+        for subscription in list(spu.subscribers):
             self.stats.subscriptions_ended += 1
             notification = Notification(
                 subscription.spuid, subscription.alias, subscription.next_sequence, subscription.variables, ended=error
@@ -843,17 +850,20 @@ class SpuManager:
         fed: list[tuple[GraphFeedSpu, QuadRows, QuadRows]],
         over: set[IncrementalSpu] | None = None,
         limit: int | None = None,
-        past: list[tuple[IncrementalSpu, SepaError]] | None = None,
+        past: dict[IncrementalSpu, SepaError] | None = None,
     ) -> tuple[int, int]:
         """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications,
         LUTT hits). Then the SPUs `over` max_rows, and those of bounded groups the fold took past
         `limit` rows or past the rows they may hold (:mod:`broker.core.held`), are ended, not
-        notified; or, given `past`, put there with why for the caller to end (parallel mode's
-        collector, see PipelinedSpuManager._recover)."""
+        notified; or, given `past` (parallel mode's collector), their subscribers are told at once
+        and the SPUs put there, with why, for the engine's thread to end (see
+        PipelinedSpuManager._recover); meanwhile they are neither folded nor notified."""
         notifications = hits = 0
         ended: dict[IncrementalSpu, SepaError] = dict.fromkeys(over, self._too_many_rows()) if over else {}
         held = self.held
         for spu in lost.keys() | gained.keys():
+            if past and spu in past:
+                continue  # its subscribers were told it ended
             bound = limit if spu.group.bounded else None
             by_budget = False
             if spu in held and (room := held.headroom(spu)) is not None:
@@ -872,7 +882,10 @@ class SpuManager:
             notifications += feed.apply(added_rows, removed_rows)
             hits += len(feed.subscribers)
         if past is not None:
-            past.extend(ended.items())
+            for spu, error in ended.items():
+                if spu not in past:
+                    past[spu] = error
+                    self._tell_ended(spu, error)
             return notifications, hits
         for spu, error in ended.items():
             self._end(spu, error)

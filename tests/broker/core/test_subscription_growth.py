@@ -142,7 +142,8 @@ def test_in_parallel_mode_too(triples: int) -> None:
     engine's thread: ended at once. 20 and 30 go to the workers (20: each added triple has 20
     solutions, their sum passes the limit; 30: each has more than the limit, and a worker stops
     there), and the collector folds the solutions outside the state lock: the subscription is not
-    notified, and is ended by the engine's thread when it next takes a request (the next update)."""
+    notified, its subscriber is told at once (the update's reply comes after), and it is ended by
+    the engine's thread when it next takes a request (the next update)."""
     engine = Engine(mode="parallel", boosters=1, max_subscription_rows=20)
     sent: list[tuple[object, ...]] = []
     send = engine.spus._send  # type: ignore[attr-defined]
@@ -154,9 +155,27 @@ def test_in_parallel_mode_too(triples: int) -> None:
         # the workers are told the limit: they stop there (tests/broker/workers/test_booster_limit.py)
         limits = {item[4] for message in sent if message[0] == "boost" for item in message[5]}
         assert limits == ({20} if triples > 5 else set())
-        engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 0 }}")
         assert len(seen) == 2 and seen[-1].ended is not None and not seen[-1].added
+        engine.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 0 }}")
+        assert len(seen) == 2  # not notified again
         assert engine.spus.subscription_count == 0
+    finally:
+        engine.close()
+
+
+def test_in_parallel_mode_a_subscription_told_it_ended_is_not_notified_by_the_updates_in_flight() -> None:
+    """The second update, handed to the workers before the first was folded, removes what the first
+    added: folded into the ended SPU, it would notify its subscriber after the error."""
+    engine = Engine(mode="parallel", boosters=1, max_subscription_rows=20)
+    try:
+        seen = watch(engine, PRODUCT)
+        data = " ".join(f"<{EX}s{i}> <{EX}p> {i} ." for i in range(20))
+        first = engine.submit(f"INSERT DATA {{ GRAPH <{G}> {{ {data} }} }}")
+        second = engine.submit(f"DELETE DATA {{ GRAPH <{G}> {{ {data} }} }}")
+        first.result(30)
+        second.result(30)
+        assert engine.spus.counters["pipelined"] >= 1  # type: ignore[attr-defined]
+        assert len(seen) == 2 and seen[-1].ended is not None
     finally:
         engine.close()
 
