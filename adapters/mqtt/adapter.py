@@ -192,7 +192,7 @@ class MqttAdapter:
         amended: list[tuple[list[Any], list[Any]]] = []
 
         def record(request: Any) -> Any:
-            request, recorded, forgotten = self.deliveries.record(request, delivered)
+            request, recorded, forgotten = self.deliveries.record(request, delivered, self.connection.number)
             amended.append((recorded, forgotten))
             return request
 

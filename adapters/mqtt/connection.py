@@ -232,6 +232,11 @@ class MqttConnection:
         return [self._inbox.popleft() for _ in range(min(limit, len(self._inbox)))]
 
     @property
+    def number(self) -> int:
+        """Numbers the connection up now (odd; even while disconnected): `Message.connection` of what it delivers."""
+        return self._connection
+
+    @property
     def window_full(self) -> bool:
         """True when the broker will send nothing more until something is acknowledged: a batch waiting for
         more messages would only wait for its timer."""
@@ -241,7 +246,8 @@ class MqttConnection:
         """Acknowledge messages to the broker, in order; thread-safe. Returns how many acknowledgements were sent.
 
         A message delivered on an earlier connection is not acknowledged here (its mid may now name another
-        message): the broker redelivers it in the resumed session, and it is committed again (at-least-once).
+        message): the broker redelivers it in the resumed session, where the adapter recognises it as committed
+        (adapters.mqtt.deliveries).
         """
         client = self._client
         sent = 0

@@ -14,14 +14,27 @@ that batch's first update (a batch may take several: see :class:`Deliveries`): b
 acknowledgements were written to the broker's socket long ago, and the broker never redelivers
 an acknowledged message; a packet identifier is reused only after 65,535 others, far more than
 two batches, so an identifier and digest pair names one delivery.
+
+That holds only while the connection the acknowledgements went out on is still up. Records of a
+connection that has ended (the process killed, or the broker gone) are kept until the connection
+after it has delivered a message without DUP: a broker resends a resumed session's unacknowledged
+messages first (MQTT 5 §4.4), so by then every redelivery has come. Deleted two batches after the
+restart instead, the records were gone when the redeliveries spread over more than two batches
+(up to receive_maximum, 1,000, at 500 a batch or fewer): a kill -9 test stored one reading twice in
+3,000.
+
+Batches can follow each other within milliseconds, and an acknowledgement handed to paho reaches
+the broker only once paho's thread has written it: so records also stay HOLD_S after their batch
+was acknowledged (and after the redeliveries of a later connection were over). At 1,000 readings
+a second that is ~2,000 more quads in the deliveries graph.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
-from collections import deque
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from pyoxigraph import Literal, NamedNode, Quad
 
@@ -34,6 +47,7 @@ DIGEST = NamedNode("http://w3id.org/sepa-gateway/ns#deliveryDigest")
 SUBJECT = "urn:sepa-gateway:mqtt-delivery:"
 QUERY = f"SELECT ?d ?digest WHERE {{ GRAPH <{GRAPH.value}> {{ ?d <{DIGEST.value}> ?digest }} }}"
 KEPT_BATCHES = 2
+HOLD_S = 2.0
 
 
 def digest(message: Message) -> str:
@@ -44,6 +58,17 @@ def _quad(mid: int, value: str) -> Quad:
     return Quad(NamedNode(f"{SUBJECT}{mid}"), DIGEST, Literal(value), GRAPH)
 
 
+@dataclass(eq=False, slots=True)
+class _Group:
+    """The records one update wrote: its batch's number, the newest connection its messages came on,
+    and when its batch was acknowledged (None while under way)."""
+
+    batch: int
+    connection: int
+    quads: list[Quad]
+    closed_at: float | None = None
+
+
 class Deliveries:
     """The deliveries recorded in the store, and the quads to add to each update of a batch.
 
@@ -52,18 +77,25 @@ class Deliveries:
     grouped by the batch they belong to (numbered, :meth:`close_batch` ends one), and an update
     deletes the records of batches closed KEPT_BATCHES batches ago or more, never those of the batch
     under way (its messages are not acknowledged yet: deleting their records before, a kill between
-    that update and the acknowledgement stored them twice at the redelivery).
+    that update and the acknowledgement stored them twice at the redelivery). Records of a
+    connection that is no longer the live one wait for the redeliveries (see the module's doc).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, hold_s: float = HOLD_S) -> None:
+        self._clock = clock
+        self._hold_s = hold_s
         self.recorded: dict[int, set[str]] = {}
-        # (batch number, quads) of each update that recorded deliveries, oldest first
-        self._groups: deque[tuple[int, list[Quad]]] = deque()
+        self._groups: list[_Group] = []  # oldest first
         self._batch = 0  # the number of the batch being stored
+        self._resumed = 0  # the newest connection known to have delivered all its redeliveries
+        self._resumed_at = 0.0  # when it was known
+        self._forgetting: list[_Group] = []  # the groups the update being made deletes
+        self._connection = 0  # the newest connection of the messages the update being made records
+        self._batch_seen: dict[tuple[int, str], int] = {}  # (mid, digest) of the batch's messages: connection
         self.duplicates = 0  # redelivered messages recognised as committed
 
     def load(self, rows: Iterable[dict[str, object]]) -> None:
-        """What the store holds (at start): recognised, and deleted with the second batch."""
+        """What the store holds (at start): recognised until the redeliveries are over, then deleted."""
         quads = []
         for row in rows:
             subject, value = str(getattr(row["d"], "value", "")), str(getattr(row["digest"], "value", ""))
@@ -72,27 +104,46 @@ class Deliveries:
                 self.recorded.setdefault(mid, set()).add(value)
                 quads.append(_quad(mid, value))
         if quads:
-            self._groups.append((self._batch - 1, quads))
+            # connection 0: older than any of this process
+            self._groups.append(_Group(self._batch - 1, 0, quads, self._clock()))
 
     def committed(self, message: Message) -> bool:
-        """Whether this redelivered message was committed already (then it is only acknowledged)."""
-        if message.dup and digest(message) in self.recorded.get(message.mid, ()):
+        """Whether this message is a redelivery of one committed already (then it is only acknowledged).
+
+        Called for every message of a batch in arrival order: one without DUP says its connection's
+        redeliveries are over. A batch may hold a message twice: received on a connection that
+        then dropped, and redelivered on the next before the first copy was committed."""
+        if message.qos == 0:
+            return False
+        key = digest(message)
+        twin = self._batch_seen.setdefault((message.mid, key), message.connection)
+        if not message.dup:
+            if message.connection > self._resumed:
+                self._resumed, self._resumed_at = message.connection, self._clock()
+            return False
+        if key in self.recorded.get(message.mid, ()) or twin < message.connection:
             self.duplicates += 1
             return True
         return False
 
-    def record(self, request: Update | str, messages: Sequence[Message]) -> tuple[Update | str, list[Quad], list[Quad]]:
+    def record(
+        self, request: Update | str, messages: Sequence[Message], live: int
+    ) -> tuple[Update | str, list[Quad], list[Quad]]:
         """`request` with these messages' deliveries recorded and the old batches' deleted: (request,
-        quads added, quads deleted). Call :meth:`settle` once it is committed."""
+        quads added, quads deleted). `live` numbers the connection up now (MqttConnection.number).
+        Call :meth:`settle` once it is committed."""
         added = [_quad(message.mid, digest(message)) for message in messages if message.qos > 0]
-        deleted = [quad for _, quads in self._old() for quad in quads]
+        self._connection = max((message.connection for message in messages), default=0)
+        ago = self._clock() - self._hold_s
+        self._forgetting = [group for group in self._groups if self._forgettable(group, live, ago)]
+        deleted = [quad for group in self._forgetting for quad in group.quads]
         return with_quads(request, added, deleted), added, deleted
 
     def settle(self, added: list[Quad], deleted: list[Quad]) -> None:
         """The update :meth:`record` amended was committed: remember its deliveries, forget the deleted ones."""
         if deleted:
-            for _ in self._old():
-                self._groups.popleft()
+            gone = {id(group) for group in self._forgetting}
+            self._groups = [group for group in self._groups if id(group) not in gone]
         for quad in deleted:
             mid = int(quad.subject.value[len(SUBJECT) :])
             values = self.recorded.get(mid)
@@ -102,12 +153,22 @@ class Deliveries:
                     del self.recorded[mid]
         for quad in added:
             self.recorded.setdefault(int(quad.subject.value[len(SUBJECT) :]), set()).add(quad.object.value)
-        self._groups.append((self._batch, added))
+        self._groups.append(_Group(self._batch, self._connection, added))
 
     def close_batch(self) -> None:
         """The batch is stored (its messages are acknowledged next): later updates belong to the next."""
+        now = self._clock()
+        for group in reversed(self._groups):
+            if group.closed_at is not None:
+                break
+            group.closed_at = now
         self._batch += 1
+        self._batch_seen.clear()
 
-    def _old(self) -> list[tuple[int, list[Quad]]]:
-        """The groups of batches closed KEPT_BATCHES batches ago or more (at the front)."""
-        return list(itertools.takewhile(lambda group: group[0] <= self._batch - KEPT_BATCHES, self._groups))
+    def _forgettable(self, group: _Group, live: int, ago: float) -> bool:
+        """Closed KEPT_BATCHES batches and HOLD_S ago or more, and no redelivery can come for it: its
+        connection is still up (its acknowledgements went out on it), or a later one has delivered
+        its redeliveries HOLD_S ago (`ago`: the time HOLD_S ago)."""
+        if group.batch > self._batch - KEPT_BATCHES or group.closed_at is None or group.closed_at > ago:
+            return False
+        return group.connection == live or (group.connection < self._resumed and self._resumed_at <= ago)

@@ -337,6 +337,20 @@ def _publish_lines(broker: Mosquitto, topic: str, values: range) -> subprocess.P
     return publisher
 
 
+def _stored_values(gateway: RunningGateway, topic: str, total: int) -> dict[float, int]:
+    """Observations stored per value of `topic`, once `total` distinct values are there (60 s at most)."""
+    counted = PREFIXES + (
+        "SELECT ?v (COUNT(?obs) AS ?n) WHERE { GRAPH " + OBSERVATIONS + " { "
+        f'?obs gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r . ?r qudt:numericValue ?v }} }} GROUP BY ?v'
+    )
+
+    def counts() -> dict[float, int]:
+        return {float(row["v"]): int(row["n"]) for row in gateway.select(counted)}
+
+    wait_for(lambda: len(counts()) == total, timeout=60)
+    return counts()
+
+
 def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tmp_path: Path) -> None:
     """Issue 16's bar: kill -9 with 1,000 readings in flight, again and again: 0 lost, 0 duplicates.
     Without the deliveries record a redelivered reading became a second observation (168 of 3,000)."""
@@ -356,16 +370,7 @@ def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tm
     restarted = launch_gateway(config=config, data_dir=data)
     try:
         total = cycles * per_cycle
-        counted = PREFIXES + (
-            "SELECT ?v (COUNT(?obs) AS ?n) WHERE { GRAPH " + OBSERVATIONS + " { "
-            f'?obs gw:hasMqttTopic "{topic}" ; sosa:hasResult ?r . ?r qudt:numericValue ?v }} }} GROUP BY ?v'
-        )
-
-        def counts() -> dict[float, int]:
-            return {float(row["v"]): int(row["n"]) for row in restarted.select(counted)}
-
-        wait_for(lambda: len(counts()) == total, timeout=60)
-        found = counts()
+        found = _stored_values(restarted, topic, total)
         assert set(found) == {float(k) for k in range(total)}
         duplicated = sorted(value for value, n in found.items() if n > 1)
         skipped += restarted.metrics().get("sepa_mqtt_duplicates_skipped", 0)
@@ -373,6 +378,51 @@ def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tm
         assert duplicated == []
     finally:
         assert restarted.stop() == 0
+
+
+def _drop_connection(gateway: RunningGateway, broker: Mosquitto) -> None:
+    """Abort the gateway's TCP connection to the broker (`ss -K`: both ends see a reset), as a LAN flap does."""
+    listing = subprocess.run(
+        ["ss", "-tnpH", "state", "established", "dport", "=", f":{broker.port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    mine = [line for line in listing.splitlines() if f"pid={gateway.process.pid}," in line]
+    ports = [line.split()[2].rsplit(":", 1)[1] for line in mine]
+    assert ports, f"no connection of the gateway to the broker in:\n{listing}"
+    for port in ports:
+        subprocess.run(["ss", "-K", "dport", "=", f":{broker.port}", "sport", "=", f":{port}"], capture_output=True)
+
+
+def test_dropped_connections_store_every_reading_exactly_once(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """The connection to the broker aborted three times while 3,000 readings stream in: messages
+    committed after their connection dropped cannot be acknowledged on it, so the broker redelivers
+    them on the next, with messages already received but not yet committed. 0 lost, 0 duplicates."""
+    config = config_file(tmp_path, mosquitto, "\n[observations]\nretain_count = 1000000\n")
+    topic, total = "gateway/flap/temperature", 3000
+    gateway = launch_gateway(config=config)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        publisher = _publish_lines(mosquitto, topic, range(total))
+        for drop in range(3):
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connects") == drop + 1, timeout=30)  # noqa: B023
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > (drop + 1) * 500, timeout=30)  # noqa: B023
+            _drop_connection(gateway, mosquitto)
+        assert publisher.wait(30) == 0
+        found = _stored_values(gateway, topic, total)
+        metrics = gateway.metrics()
+        assert metrics.get("sepa_mqtt_connection_reconnects", 0) >= 3
+        duplicated = sorted(value for value, n in found.items() if n > 1)
+        print(
+            f"3 dropped connections: {len(duplicated)} duplicates, "
+            f"{metrics.get('sepa_mqtt_duplicates_skipped', 0):.0f} redeliveries recognised, "
+            f"{metrics.get('sepa_mqtt_connection_stale_acks', 0):.0f} stale acknowledgements"
+        )
+        assert set(found) == {float(k) for k in range(total)}
+        assert duplicated == []
+    finally:
+        assert gateway.stop() == 0
 
 
 def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitto: Mosquitto, tmp_path: Path) -> None:
