@@ -308,8 +308,9 @@ class Engine:
         would never end is refused here (TimeLimitExceeded) instead, and one with more than
         `max_subscription_rows` results (InvalidRequest). Without workers, nothing.
 
-        Returns the result the probe found (up to PROBE_KEEP_BYTES of TSV) if the store did not
-        change while it ran: :meth:`subscribe` takes it when the store still has not (`probed`).
+        Returns what the probe found: its count of results, which :meth:`subscribe` checks against
+        the rows held budgets before it evaluates anything, and the result (up to PROBE_KEEP_BYTES of
+        TSV) if the store did not change while it ran, which it takes when the store still has not.
 
         It also reads (and caches) what a re-evaluated subscription of `sparql` may be woken by,
         with rdflib's slow parser, here rather than in :meth:`subscribe`: on the update thread a
@@ -318,7 +319,7 @@ class Engine:
         if self.workers is None:
             return None
         changes = self.store.changes
-        text = self.workers.run(
+        rows, text = self.workers.run(
             "probe",
             with_base(sparql, self.base_iri),
             default_graph_uri=tuple(default_graph_uri),
@@ -327,7 +328,7 @@ class Engine:
             keep_bytes=PROBE_KEEP_BYTES,
             max_rows=self.max_subscription_rows,
         )
-        return Probed(changes, text) if text is not None and self.store.changes == changes else None
+        return Probed(changes if self.store.changes == changes else -1, text, rows)
 
     def subscribe(
         self,

@@ -64,11 +64,27 @@ class HeldRows:
             rooms.extend(self.per_client - self._by_client[client] for client in clients)
         return min(rooms) if rooms else None
 
+    def admit(self, client: str, rows: int) -> None:
+        """Raises TooManyRowsHeld if a new SPU of `rows` (its probe's count) subscribed by `client`
+        would take the total or the client's share past its budget: checked before the SPU is
+        evaluated on the update thread (0.7 s for 99,000 rows), which :meth:`join` comes after."""
+        self._check(True, True, client, rows)
+
     def join(self, spu: object, client: str, rows: int) -> None:
         """`client` subscribes to `spu`, which holds `rows`; raises TooManyRowsHeld, nothing
         counted, if that takes the total or the client's share past its budget."""
         new_spu = spu not in self._rows
         charged = client not in self._owners.get(spu, ())
+        self._check(new_spu, charged, client, rows)
+        if new_spu:
+            self._rows[spu] = rows
+            self._owners[spu] = Counter()
+            self.total += rows
+        if charged:
+            self._by_client[client] += self._rows[spu]
+        self._owners[spu][client] += 1
+
+    def _check(self, new_spu: bool, charged: bool, client: str, rows: int) -> None:
         if new_spu and self.budget is not None and self.total + rows > self.budget:
             raise TooManyRowsHeld(
                 f"the gateway's subscriptions hold {self.total} rows and this one would add {rows}: "
@@ -79,13 +95,6 @@ class HeldRows:
                 f"this client's subscriptions hold {self._by_client[client]} rows and this one would "
                 f"add {rows}: more than [websocket] max_held_rows_per_client ({self.per_client})"
             )
-        if new_spu:
-            self._rows[spu] = rows
-            self._owners[spu] = Counter()
-            self.total += rows
-        if charged:
-            self._by_client[client] += self._rows[spu]
-        self._owners[spu][client] += 1
 
     def leave(self, spu: object, client: str) -> None:
         """One of `client`'s subscriptions to `spu` ended; the SPU is no longer counted once no

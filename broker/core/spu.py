@@ -412,11 +412,13 @@ class RowTable:
 
 @dataclass(frozen=True, slots=True)
 class Probed:
-    """A subscription's result as its probe found it (SPARQL TSV), and the store's
-    :attr:`~broker.store.RdfStore.changes` it was found at: still the count, still the result."""
+    """A subscription's result as its probe found it: its count of results, the result (SPARQL TSV)
+    if small, and the store's :attr:`~broker.store.RdfStore.changes` it was found at (-1: the store
+    changed while it ran): still the count, still the result."""
 
     changes: int
-    text: bytes
+    text: bytes | None
+    rows: int = 0
 
 
 class ReevalSpu(SpuBase):
@@ -457,7 +459,12 @@ class ReevalSpu(SpuBase):
     def load(self, store: RdfStore, probed: Probed | None = None) -> None:
         """Evaluate the query, or take the probe's result when the store is as the probe saw it
         (1,000 rows: evaluating costs this thread 2 ms; taking the text, nothing per row)."""
-        if probed is not None and probed.changes == store.changes and _clean(lines := probed.text.split(b"\n")):
+        if (
+            probed is not None
+            and probed.text is not None
+            and probed.changes == store.changes
+            and _clean(lines := probed.text.split(b"\n"))
+        ):
             self.variables = tsv_variables(lines[0])
             self.text, self.boolean = probed.text, None
             return

@@ -21,6 +21,7 @@ last one ends (:meth:`SpuManager._demand`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -217,16 +218,20 @@ class SpuManager:
             raise InvalidRequest("only SELECT and ASK queries can be subscribed (not CONSTRUCT or DESCRIBE)")
         variables = tuple(v.value for v in probe.variables) if kind == "QuerySolutions" else ()
         del probe  # a lazy pyoxigraph result must be dropped on the thread that made it
+        admit: Callable[[], None] | None = None
+        if limited and probed is not None:
+            # a new SPU past the rows held budgets is refused on its probe's count, before it is evaluated
+            admit = functools.partial(self.held.admit, owner or "", probed.rows)
         spu: SpuBase | None = None
         # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
         if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
-            spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes)
+            spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes, admit)
             if isinstance(spu, IncrementalSpu) and not limited and spu.group.bounded:
                 spu.group.bounded = False
                 for each in spu.group.spus.values():
                     self.held.forget(each)
         if spu is None:
-            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed)
+            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed, admit)
             spu.limited = spu.limited or limited
             if limited:
                 self._demand()
@@ -257,7 +262,10 @@ class SpuManager:
         default_graph_uri: tuple[str, ...],
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
+        admit: Callable[[], None] | None = None,
     ) -> IncrementalSpu | GraphFeedSpu | None:
+        """The SPU of `sparql` if it is incremental (made and loaded if new; `admit` first, which may
+        refuse a new one that would be counted in the rows held), else None."""
         try:
             shaped = shape_query(sparql, prefixes)
         except NotIncremental as reason:
@@ -269,6 +277,8 @@ class SpuManager:
                 return feed
         key = (shaped.shape.key(), variables, default_graph_uri, named_graph_uri)
         group = self.groups.get(key)
+        if admit is not None and (group is None or (group.bounded and shaped.params not in group.spus)):
+            admit()
         if group is None:
             group = ShapeGroup(
                 key,
@@ -324,10 +334,13 @@ class SpuManager:
         named_graph_uri: tuple[str, ...],
         prefixes: dict[str, str] | None,
         probed: Probed | None = None,
+        admit: Callable[[], None] | None = None,
     ) -> ReevalSpu:
         key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())))
         spu = self.reeval.get(key)
         if spu is None:
+            if admit is not None:
+                admit()
             arguments = dataset_arguments(default_graph_uri, named_graph_uri)
             spu = ReevalSpu(key, sparql, arguments, prefixes, self.rows)
             spu.load(self.store, probed)

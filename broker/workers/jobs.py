@@ -51,17 +51,19 @@ def probe(
     prefixes: dict[str, str] | None = None,
     keep_bytes: int = 0,
     max_rows: int | None = None,
-) -> bytes | None:
-    """Evaluate a subscription's query once, in full; its result as SPARQL TSV when it is a SELECT
-    with variables whose TSV takes at most `keep_bytes`, else None. InvalidRequest when it has more
-    than `max_rows` results.
+) -> tuple[int, bytes | None]:
+    """Evaluate a subscription's query once, in full: (its results' count, its result as SPARQL TSV
+    when it is a SELECT with variables whose TSV takes at most `keep_bytes`, else None).
+    InvalidRequest when it has more than `max_rows` results.
 
     Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
     first where it can be, a query that never ends is refused before it gets there. The result
     kept spares the update thread that evaluation when the store did not change in between
     (:meth:`broker.core.engine.Engine.probe`). Why `max_rows`: a subscription holds its result for
     as long as it lives and sends it whole first; a 60-byte product of a 700-triple store with
-    itself was a first notification of 125 MB, the gateway's RSS 877 MB."""
+    itself was a first notification of 125 MB, the gateway's RSS 877 MB. The count lets the update
+    thread refuse a subscription past the rows held budgets before evaluating it
+    (:mod:`broker.core.held`)."""
     raw = processor.run(
         sparql,
         default_graph_uri=default_graph_uri,
@@ -74,11 +76,13 @@ def probe(
         text, whole = processor.tsv(raw, max_bytes=keep_bytes)
         if whole:
             _check_rows(text.count(b"\n") - 1, max_rows)
-            return text
+            return text.count(b"\n") - 1, text
         rows = text.count(b"\n")  # less the header, and one solution read that it had not written
     # evaluated in full (that is the probe's point), or until it has more rows than it may
-    _check_rows(rows + processor.count(raw, limit=None if max_rows is None else max(0, max_rows + 1 - rows)), max_rows)
-    return None
+    # one more than the results if the TSV's last write (the whole of a small result) crossed keep_bytes
+    rows += processor.count(raw, limit=None if max_rows is None else max(0, max_rows + 1 - rows))
+    _check_rows(rows, max_rows)
+    return rows, None
 
 
 def _check_rows(rows: int, max_rows: int | None) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from broker.api import Engine, Notification, RdfStore, SepaError
 from broker.core.held import HeldRows, TooManyRowsHeld
+from broker.core.spu import IncrementalSpu, ReevalSpu
 from broker.workers.pool import QueryWorkers
 from tests.polling import wait_until
 from tools.launcher import RunningGateway
@@ -89,6 +90,40 @@ def test_one_client_past_its_share_is_refused_and_another_is_not() -> None:
     assert refused.value.status_code == 429 and "max_held_rows_per_client" in refused.value.description
     watch(engine, rows_query(1), "b")
     assert engine.spus.subscription_count == 2
+
+
+@pytest.mark.parametrize("make", [rows_query, reevaluated_query])
+def test_a_subscribe_past_the_budget_is_refused_on_its_probes_count_before_it_is_evaluated(
+    make: Callable[[int], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluating a new SPU holds the update thread (0.7 s for 99,000 rows) and was done before the
+    budget refused it: a client past its share could keep every update waiting, a 429 at a time."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=1, time_limit_s=30.0)
+    workers.start()
+    try:
+        engine = Engine(store, workers=workers, max_held_rows_per_client=150)
+        insert(engine, 0, 100)
+        loads: list[object] = []
+        for kind in (IncrementalSpu, ReevalSpu):
+            real = kind.load
+            monkeypatch.setattr(kind, "load", lambda spu, *args, real=real: (loads.append(spu), real(spu, *args))[1])
+
+        def subscribe(tag: int, owner: str) -> None:
+            sparql = make(tag)
+            engine.subscribe(sparql, [].append, limited=True, owner=owner, probed=engine.probe(sparql))
+
+        subscribe(0, "a")
+        assert len(loads) == 1
+        with pytest.raises(TooManyRowsHeld, match="max_held_rows_per_client"):
+            subscribe(1, "a")
+        assert len(loads) == 1  # refused on the count: not evaluated
+        subscribe(0, "a")  # the SPU a holds already: taken, a is not charged again
+        subscribe(1, "b")  # another client has its own share
+        assert len(loads) == 2 and engine.spus.subscription_count == 3
+        assert sum(len(group.spus) for group in engine.spus.groups.values()) == len(engine.spus.groups)
+    finally:
+        workers.close()
 
 
 def test_an_update_that_would_grow_a_subscription_past_the_budget_ends_it_and_the_rest_carry_on() -> None:
