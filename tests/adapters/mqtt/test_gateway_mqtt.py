@@ -425,6 +425,26 @@ def test_dropped_connections_store_every_reading_exactly_once(mosquitto: Mosquit
         assert gateway.stop() == 0
 
 
+def test_a_broker_restart_mid_stream_stores_every_reading_once(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Mosquitto restarted (an upgrade, a reboot) while the gateway takes 3,000 queued readings: it
+    resends what its saved session holds unacknowledged. Before the delivery records outlived the
+    dropped connection, 1,501 of the 3,000 were stored twice (2 runs of 2)."""
+    config = config_file(tmp_path, mosquitto, "\n[observations]\nretain_count = 1000000\n")
+    topic, total = "gateway/restart/temperature", 3000
+    gateway = launch_gateway(config=config)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        assert _publish_lines(mosquitto, topic, range(total)).wait(30) == 0
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > 500, timeout=30)
+        mosquitto.restart()
+        found = _stored_values(gateway, topic, total)
+        assert gateway.metrics().get("sepa_mqtt_connection_reconnects", 0) >= 1
+        assert set(found) == {float(k) for k in range(total)}
+        assert sorted(value for value, n in found.items() if n > 1) == []
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitto: Mosquitto, tmp_path: Path) -> None:
     """Each lamp toggled 20 times while Mosquitto is down: once it is back, the lamp gets the command
     that was waiting and then its latest, not 20 stale ones in a burst (as before)."""
