@@ -87,6 +87,16 @@ class EvaluationCrashed(SepaError):
     status_code = 500
 
 
+class StoreFailed(SepaError):
+    """The store on disk could not write (its disk full, or failing). Whether the update is stored is
+    known once the gateway has started again: it stops at the first such error, for its service
+    manager to start it again (reopening is what brings pyoxigraph's RocksDB out of its error
+    state; :attr:`broker.store.RdfStore.failed`)."""
+
+    error = "store_failed"
+    status_code = 503
+
+
 class WorkerLost(SepaError):
     """A job queued behind another on a worker that was killed or died before it ran (see
     :meth:`broker.workers.pool.QueryWorkers.dispatch`): not this job's fault; it may be tried again."""

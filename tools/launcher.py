@@ -13,11 +13,13 @@ The pytest fixtures built on it are in tests/conftest.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import json
 import os
 import queue
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -306,6 +308,10 @@ def wait_until_answering(endpoint: Endpoint, timeout: float = STARTUP_TIMEOUT_S)
         time.sleep(0.02)
 
 
+def _limit_files(size: int) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
 def launch_gateway(
     *args: str,
     config: Path | None = None,
@@ -315,8 +321,12 @@ def launch_gateway(
     mqtt: bool | None = None,
     coap: bool = False,
     coap_port: int = 0,
+    file_size_limit: int | None = None,
 ) -> RunningGateway:
     """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
+
+    `file_size_limit`: the process may write no file past this many bytes (RLIMIT_FSIZE; a write
+    past it fails with EFBIG, Python ignoring SIGXFSZ): a full disk, without root to mount one.
 
     MQTT is off unless asked for (or a config file is given): tests of the MQTT adapter run their
     own Mosquitto (tests/adapters/mqtt), and no other test may depend on a broker at localhost:1883.
@@ -344,6 +354,7 @@ def launch_gateway(
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=None if file_size_limit is None else functools.partial(_limit_files, file_size_limit),
     )
     launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt, "coap": coap}
     gateway = RunningGateway(process=process, launch=launch)

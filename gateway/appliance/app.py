@@ -143,6 +143,7 @@ class Gateway:
         self.runners: list[web.BaseRunner] = []
         self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
         self.stopped = asyncio.Event()
+        self.exit_status = 0  # 1 once the store failed: the service manager starts the gateway again
         # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
         self.client = SepaClient(InProcessTransport(self.scheduler))
         self.retention = Retention(self.client, config.observations)
@@ -287,6 +288,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopped.set)
+        self.store.on_failure = lambda reason: loop.call_soon_threadsafe(self._store_failed, reason)
         urls = await self.start()
         store = self.config.store.data_dir or "memory"
         # the process is ours (not an embedding one): its threads on one core, in memory and in
@@ -305,6 +307,15 @@ class Gateway:
         await self.stop()
         deadline.cancel()
         log.info("sepa-gateway stopped")
+
+    def _store_failed(self, reason: str) -> None:
+        """The store on disk cannot write (broker.store.RdfStore.apply): stop, exit status 1. Only a
+        new process reopens it (systemd's Restart=on-failure starts one 2 s later); until then every
+        update gets 503 `store_failed`, and MQTT readings stay unacknowledged at the broker."""
+        if self.exit_status == 0:
+            log.critical("the store cannot write: stopping, to be started again", extra={"reason": reason})
+            self.exit_status = 1
+            self.stopped.set()
 
 
 # SIGTERM ends the process within 10 s whatever is running: systemd's own stop timeout is 90 s, an

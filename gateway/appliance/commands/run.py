@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
             "exiting without waiting for a blocked query", extra={"threads": gateway.scheduler.queries_running}
         )
         logging.shutdown()
-        os._exit(0)
-    return 0
+        os._exit(gateway.exit_status)
+    return gateway.exit_status  # type: ignore[no-any-return]
 
 
 def _build(config):  # type: ignore[no-untyped-def]
