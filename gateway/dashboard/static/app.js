@@ -58,12 +58,12 @@ async function start(session) {
   new SparqlConsole(session, subscriptions, {
     sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"), delay: $("update-delay"),
     error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),
-  });
+  }, rights);
   new Scheduled(session, $("scheduled-panel"), $("scheduled"), $("scheduled-refresh"));
   new Mappings(session, subscriptions, {
     mappings: $("mappings"), coap: $("coap-observations"), mappingForm: $("mapping-form"),
     coapForm: $("coap-form"), error: $("mappings-error"),
-  });
+  }, rights);
   new Metrics(session, {
     stats: $("stats"), chart: $("metrics-chart"), error: $("metrics-error"), health: $("health"), panel: $("gateway-panel"),
     spus: $("spus"), spusSummary: $("spus-summary"),

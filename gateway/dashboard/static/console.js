@@ -6,19 +6,36 @@ import { schedule } from "./frames.js";
 import { rowKey, termText } from "./terms.js";
 
 const LOG_ROWS = 50;
+// Rows a table draws; the rest are counted, not drawn. Why: a subscription may hold 100,000 rows,
+// and drawing 30,000 of them took the page 13 s, again at every notification.
+export const SHOWN_ROWS = 500;
 
+// A results table of at most SHOWN_ROWS of `rows` ([row, class] pairs, any iterable), and a line
+// saying how many were left out.
 function table(vars, rows, className = "") {
   const element = document.createElement("table");
   element.className = `results ${className}`;
   const head = element.createTHead().insertRow();
   for (const name of vars) head.append(Object.assign(document.createElement("th"), { textContent: `?${name}` }));
   const body = element.createTBody();
+  let count = 0;
   for (const [row, rowClass] of rows) {
+    if (++count > SHOWN_ROWS) continue;
     const line = body.insertRow();
     if (rowClass) line.className = rowClass;
     for (const name of vars) line.insertCell().textContent = termText(row[name]);
   }
-  return element;
+  if (count <= SHOWN_ROWS) return element;
+  const note = Object.assign(document.createElement("p"), {
+    className: "rows-left-out", textContent: `${count} rows: the first ${SHOWN_ROWS} are shown`,
+  });
+  const wrapper = document.createElement("div");
+  wrapper.append(element, note);
+  return wrapper;
+}
+
+function* current(rows) {
+  for (const [row] of rows.values()) yield [row, ""];
 }
 
 class ConsoleSubscription {
@@ -66,7 +83,7 @@ class ConsoleSubscription {
     const parts = [head];
     if (this.error) parts.push(Object.assign(document.createElement("p"), { className: "error", textContent: this.error }));
     parts.push(Object.assign(document.createElement("h4"), { textContent: `Current rows (${this.rows.size})` }));
-    parts.push(table(this.vars, [...this.rows.values()].map(([row]) => [row, ""]), "current"));
+    parts.push(table(this.vars, current(this.rows), "current"));
     parts.push(Object.assign(document.createElement("h4"), { textContent: "Changes, newest first" }));
     parts.push(table(this.vars, this.log, "changes"));
     this.element.replaceChildren(...parts);
@@ -79,10 +96,12 @@ class ConsoleSubscription {
 }
 
 export class SparqlConsole {
-  constructor(session, subscriptions, elements) {
+  // `rights`: a client that may write no graph gets no Update button (the gateway would answer 403)
+  constructor(session, subscriptions, elements, rights) {
     this.session = session;
     this.subscriptions = subscriptions;
     this.elements = elements;
+    elements.update.hidden = elements.delay.hidden = rights.write.length === 0;
     elements.query.addEventListener("click", () => this.run(() => this.query()));
     elements.update.addEventListener("click", () => this.run(() => this.update()));
     elements.subscribe.addEventListener("click", () => this.run(async () => this.subscribe()));

@@ -3,6 +3,7 @@
 // INSERT DATA the adapters take up at once (gateway/observations/rdf.py is the shape).
 
 import { schedule } from "./frames.js";
+import { mayWrite } from "./session.js";
 import { iri, literal, rowKey } from "./terms.js";
 
 const GW = "http://w3id.org/sepa-gateway/ns#";
@@ -49,10 +50,12 @@ function live(subscriptions, sparql, container, columns, required) {
 }
 
 export class Mappings {
-  constructor(session, subscriptions, elements) {
+  // `rights`: the forms are shown only to a client that may write the mappings graph
+  constructor(session, subscriptions, elements, rights) {
     this.session = session;
     this.elements = elements;
     this.graph = session.config.graphs.mappings;
+    elements.mappingForm.hidden = elements.coapForm.hidden = !mayWrite(rights, this.graph);
     const graph = iri(this.graph);
     const mapping = "?node a gw:TopicMapping";
     live(subscriptions, `PREFIX gw: <${GW}> SELECT ?node ?id ?topic ?extract ?sensor ?property ?unit WHERE { GRAPH ${graph} {

@@ -5,10 +5,19 @@ const UNITS = {
   PPM: "ppm", W: "W", KiloW: "kW", KiloW_HR: "kWh", V: "V", A: "A",
 };
 
+// The last segment of an IRI, its %-escapes decoded when they are UTF-8. A legal IRI may hold an
+// escape that is not (urn:s:bad%E0): shown raw, since decodeURIComponent throws on it, and one tile
+// that threw stopped every tile after it from being drawn.
 export function shortName(iri) {
   const text = String(iri || "");
   const cut = Math.max(text.lastIndexOf("/"), text.lastIndexOf("#"), text.lastIndexOf(":"));
-  return cut >= 0 && cut < text.length - 1 ? decodeURIComponent(text.slice(cut + 1)) : text;
+  if (cut < 0 || cut >= text.length - 1) return text;
+  const name = text.slice(cut + 1);
+  try {
+    return decodeURIComponent(name);
+  } catch {
+    return name;
+  }
 }
 
 export function unitSymbol(iri) {

@@ -41,15 +41,19 @@ def wait_until_live(browser: Any) -> None:
     )
 
 
+# the value a tile shows (null: no such tile), as an expression: arguments[0] names the sensor,
+# arguments[1] the property
+TILE_VALUE = (
+    "(() => { const tile = [...document.querySelectorAll('.tile')].find((t) =>"
+    " t.querySelector('.sensor').textContent === arguments[0]"
+    " && t.querySelector('.property').textContent === arguments[1]);"
+    " return tile ? tile.querySelector('.value').textContent : null; })()"
+)
+SHOWN_ROWS = 500  # gateway/dashboard/static/console.js: the rows a console table draws
+
+
 def tile_value(browser: Any, sensor: str, prop: str) -> str | None:
-    return browser.execute_script(
-        "const tile = [...document.querySelectorAll('.tile')].find((t) =>"
-        " t.querySelector('.sensor').textContent === arguments[0]"
-        " && t.querySelector('.property').textContent === arguments[1]);"
-        "return tile ? tile.querySelector('.value').textContent : null;",
-        sensor,
-        prop,
-    )
+    return browser.execute_script(f"return {TILE_VALUE};", sensor, prop)
 
 
 def lamp_update(lamp: str, state: str) -> str:
