@@ -448,15 +448,19 @@ class WebSocketGate:
         self, connection: Connection, body: dict[str, Any], principal: Principal | None = None
     ) -> None:
         spuid = body.get("spuid")
+        # errors carry the request's alias, else the subscription's: clients (sepa-js) match them by it
+        alias = body.get("alias")
+        if not isinstance(alias, str):
+            alias = connection.subscriptions.get(spuid) if isinstance(spuid, str) else None
         if not isinstance(spuid, str):
-            self.reply_error(connection, "invalid_request", "'spuid' (a string) is required", 400)
+            self.reply_error(connection, "invalid_request", "'spuid' (a string) is required", 400, alias)
             return
         if spuid not in connection.subscriptions:
-            self.reply_error(connection, "not_found", f"no subscription {spuid} on this connection", 404)
+            self.reply_error(connection, "not_found", f"no subscription {spuid} on this connection", 404, alias)
             return
         owner = connection.owners.get(spuid)
         if principal is not None and (owner is None or owner.identity != principal.identity):
-            self.reply_error(connection, "forbidden", "a client may only end its own subscriptions", 403)
+            self.reply_error(connection, "forbidden", "a client may only end its own subscriptions", 403, alias)
             return
         alias = self.forget(connection, spuid)
         with contextlib.suppress(NotFound):

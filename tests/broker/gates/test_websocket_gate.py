@@ -395,10 +395,14 @@ def test_unsubscribe_answers_and_stops_notifications(gateway: RunningGateway) ->
                 await post_update(session, gateway, f"INSERT DATA {{ {s} {p} {value} }}")
                 notification = (await receive_json(ws))["notification"]
                 assert (notification["spuid"], notification["sequence"]) == (staying["spuid"], sequence)
-            # Ending it again is an error, and the socket still works.
-            await ws.send_json({"unsubscribe": {"spuid": leaving["spuid"]}})
+            # Ending it again is an error, with the request's alias (sepa-js matches errors by it),
+            # and the socket still works.
+            await ws.send_json({"unsubscribe": {"spuid": leaving["spuid"], "alias": "leaving"}})
             error = await receive_json(ws)
-            assert set(error) >= ERROR_KEYS and error["status_code"] == 404
+            assert set(error) >= ERROR_KEYS and error["status_code"] == 404 and error["alias"] == "leaving"
+            await ws.send_json({"unsubscribe": {"spuid": 7, "alias": "typo"}})
+            error = await receive_json(ws)
+            assert (error["status_code"], error["alias"]) == (400, "typo")
             await post_update(session, gateway, f"INSERT DATA {{ {s} {p} 3 }}")
             notification = (await receive_json(ws))["notification"]
             assert (notification["spuid"], notification["sequence"]) == (staying["spuid"], 3)
