@@ -197,11 +197,15 @@ class Dispatcher:
             keepalive_timeout=self.idle_timeout_s,
             head_timeout_s=self.request_timeout_s,
             on_timeout=self._timed_out,
+            on_flood=self._flooded,
             limit=self.limit,
         )
 
     def _timed_out(self) -> None:
         self.counters["request_timeout:408"] += 1
+
+    def _flooded(self) -> None:
+        self.counters["ws_frame_floods"] += 1
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol
@@ -243,7 +247,7 @@ class Dispatcher:
             if allow is not None:
                 reply.headers[hdrs.ALLOW] = allow
             return reply
-        except ConnectionResetError:  # the client left before its request was complete: not an internal fault
+        except ConnectionError:  # the client left before its request was complete (or a pong written): not our fault
             self.counters["invalid_request:400"] += 1
             return json_error("invalid_request", "connection lost before the request was complete", 400)
         except Exception:

@@ -38,13 +38,31 @@ class RequestTimeout(SepaError):
 
 
 _DATA_OPCODES = frozenset((0x0, 0x1, 0x2))  # continuation, text, binary (RFC 6455 5.2)
+# Frames other than the last of a data message (control frames, fragments) a connection may send:
+# a burst of FRAME_BURST, then FRAME_RATE a second. Past it the connection is aborted. Why: aiohttp
+# answers each ping and takes each pong without handing the event loop back while more are queued,
+# so one socket flooding empty pongs (6 bytes a frame, no token needed on the secure port) took
+# the gateway to 100 % CPU and another client's updates from 8 ms to 0.9 s at p50; empty pings
+# froze the loop for up to 14.6 s. A client pings every few seconds at most; a 1 MiB message sent
+# in 4 KiB fragments is 256 frames.
+FRAME_BURST = 1000
+FRAME_RATE = 1000.0
+
+
+def _header_size(second: int) -> int:
+    """A frame header's size from its second byte (payload length code and mask bit)."""
+    length = second & 0x7F
+    return 2 + (2 if length == 126 else 8 if length == 127 else 0) + (4 if second & 0x80 else 0)
 
 
 class MessageWatch:
-    """Where the incoming bytes of a WebSocket stand: whether a data message is in progress.
+    """Where the incoming bytes of a WebSocket stand: whether a data message is in progress, and
+    how many frames came that were not the last of a data message (:data:`FRAME_BURST`).
 
     Only frame headers are read (RFC 6455 5.2): the payload is counted, never copied. Control
-    frames (ping, pong, close) may come between the fragments of a message and change nothing."""
+    frames (ping, pong, close) may come between the fragments of a message and change nothing.
+    A header is read from the incoming bytes in one slice; only one split between two reads is
+    gathered byte by byte (reading every header so took half the gateway's CPU under a flood)."""
 
     def __init__(self) -> None:
         self._header = bytearray()
@@ -52,9 +70,11 @@ class MessageWatch:
         self._ends_message = False  # the current frame is the last of a data message
         self.in_message = False
         self.completed = 0  # data messages that ended so far
+        self.other_frames = 0  # frames so far that did not end a data message
 
     def feed(self, data: bytes) -> None:
         position, size = 0, len(data)
+        header = self._header
         while position < size:
             if self._payload_left:
                 step = min(self._payload_left, size - position)
@@ -63,18 +83,19 @@ class MessageWatch:
                 if not self._payload_left:
                     self._frame_ended()
                 continue
-            self._header.append(data[position])
+            if not header and size - position >= 2:
+                needed = _header_size(data[position + 1])
+                if size - position >= needed:
+                    self._frame_started(data[position : position + needed])
+                    position += needed
+                    continue
+            header.append(data[position])
             position += 1
-            if len(self._header) >= 2 and len(self._header) == self._header_size():
-                self._frame_started()
+            if len(header) >= 2 and len(header) == _header_size(header[1]):
+                self._frame_started(bytes(header))
+                header.clear()
 
-    def _header_size(self) -> int:
-        length = self._header[1] & 0x7F
-        extended = 2 if length == 126 else 8 if length == 127 else 0
-        return 2 + extended + (4 if self._header[1] & 0x80 else 0)
-
-    def _frame_started(self) -> None:
-        header = self._header
+    def _frame_started(self, header: bytes) -> None:
         length = header[1] & 0x7F
         if length == 126:
             length = int.from_bytes(header[2:4], "big")
@@ -84,7 +105,8 @@ class MessageWatch:
         if data:
             self.in_message = True
         self._ends_message = data and bool(header[0] & 0x80)
-        self._header.clear()
+        if not self._ends_message:
+            self.other_frames += 1
         self._payload_left = length
         if not length:
             self._frame_ended()
@@ -101,6 +123,7 @@ class GuardedHandler(web.RequestHandler):
 
     head_timeout_s = 20.0
     on_timeout: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    on_flood: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
     def __init__(self, *args: Any, limit: ConnectionLimit | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -110,6 +133,9 @@ class GuardedHandler(web.RequestHandler):
         self._admitted: Admission | None = None  # counted by the limit until the connection is lost
         self._ws_messages: MessageWatch | None = None  # once upgraded to a WebSocket
         self._message_guard: asyncio.TimerHandle | None = None
+        self._frame_tokens = float(FRAME_BURST)  # see FRAME_BURST
+        self._frames_seen = 0
+        self._tokens_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -121,7 +147,8 @@ class GuardedHandler(web.RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if self._ws_messages is not None:
-            self._watch(data)
+            if not self._watch(data):
+                return  # aborted: aiohttp never parses the flood
         elif self._guard is None and not self._handling:  # the first byte of a request
             self._guard = asyncio.get_running_loop().call_later(self.head_timeout_s, self._too_slow)
         super().data_received(data)
@@ -130,14 +157,17 @@ class GuardedHandler(web.RequestHandler):
         """aiohttp sets the WebSocket reader here once a connection is upgraded, and hands it what
         arrived since the handshake: from then on the messages are watched, those bytes first."""
         self._ws_messages = MessageWatch()
-        if self._message_tail:
-            self._watch(self._message_tail)
+        if self._message_tail and not self._watch(self._message_tail):
+            self._message_tail = b""  # aborted: nothing of it parsed
         super().set_parser(parser, data_received_cb)
 
-    def _watch(self, data: bytes) -> None:
+    def _watch(self, data: bytes) -> bool:
+        """Follow `data`; False if it took the connection past its frame budget (then aborted)."""
         assert self._ws_messages is not None
         completed = self._ws_messages.completed
         self._ws_messages.feed(data)
+        if self._ws_messages.other_frames != self._frames_seen and not self._within_frame_budget():
+            return False
         if not self._ws_messages.in_message:
             if self._message_guard is not None:
                 self._message_guard.cancel()
@@ -146,6 +176,21 @@ class GuardedHandler(web.RequestHandler):
             if self._message_guard is not None:
                 self._message_guard.cancel()
             self._message_guard = asyncio.get_running_loop().call_later(self.head_timeout_s, self._message_too_slow)
+        return True
+
+    def _within_frame_budget(self) -> bool:
+        assert self._ws_messages is not None
+        now = asyncio.get_running_loop().time()
+        if self._tokens_at:
+            self._frame_tokens = min(float(FRAME_BURST), self._frame_tokens + (now - self._tokens_at) * FRAME_RATE)
+        self._tokens_at = now
+        self._frame_tokens -= self._ws_messages.other_frames - self._frames_seen
+        self._frames_seen = self._ws_messages.other_frames
+        if self._frame_tokens >= 0 or self.transport is None:
+            return True
+        self.on_flood()
+        self.transport.abort()
+        return False
 
     def _message_too_slow(self) -> None:
         self._message_guard = None
@@ -191,12 +236,14 @@ class GuardedServer(web.Server):
         *args: Any,
         head_timeout_s: float,
         on_timeout: Callable[[], None],
+        on_flood: Callable[[], None] = lambda: None,
         limit: ConnectionLimit | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.head_timeout_s = head_timeout_s
         self.on_timeout = on_timeout
+        self.on_flood = on_flood
         self.limit = limit
         self.handler_options = {key: value for key, value in kwargs.items() if key not in _SERVER_OPTIONS}
 
@@ -204,6 +251,7 @@ class GuardedServer(web.Server):
         handler = GuardedHandler(self, loop=asyncio.get_running_loop(), limit=self.limit, **self.handler_options)
         handler.head_timeout_s = self.head_timeout_s
         handler.on_timeout = self.on_timeout
+        handler.on_flood = self.on_flood
         return handler
 
 

@@ -90,7 +90,7 @@ class TokenAuthority:
             raise Unauthorized("the token has expired") from None
         except jwt.InvalidIssuerError:
             raise Unauthorized("the token was not issued by this gateway") from None
-        except jwt.PyJWTError:
+        except (jwt.PyJWTError, UnicodeError):  # UnicodeError: an unpaired surrogate in the text
             raise Unauthorized("the token is not valid") from None
         sub, exp, jti = decoded.get("sub"), decoded.get("exp"), decoded.get("jti")
         if not isinstance(sub, str) or not isinstance(exp, int) or not isinstance(jti, str):

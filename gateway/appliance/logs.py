@@ -17,6 +17,7 @@ import json
 import logging
 import logging.handlers
 import os
+import re
 import sys
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -37,17 +38,22 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
-_NEEDS_QUOTES = frozenset(' ="\\\n\r\t')
+# characters that make a value quoted: separators, and every control or invisible character
+_NEEDS_QUOTES = re.compile(r'[\x00-\x20"=\\\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]')
+# what json.dumps leaves as it is among them: DEL, C1 controls (NEL), line and paragraph separators,
+# bidirectional overrides, unpaired surrogates
+_ESCAPED_AS_WELL = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _quote(value: object) -> str:
-    """A value as one token: quoted, with quotes and line breaks escaped, when it needs it. Why the
-    escaping: values can come from clients (a registration's identity, a path), and a line break in
-    one must not forge a log line of its own."""
+    """A value as one token: quoted, with quotes, line breaks and every control character escaped,
+    when it needs it. Why the escaping: values can come from clients (a registration's identity, a
+    path); a line break in one must not forge a log line of its own, and an ESC sequence (or NEL,
+    U+2028, a bidi override) must not redraw or reorder what an operator reads in a terminal."""
     text = str(value)
-    if text and _NEEDS_QUOTES.isdisjoint(text):
+    if text and not _NEEDS_QUOTES.search(text):
         return text
-    return json.dumps(text, ensure_ascii=False)
+    return _ESCAPED_AS_WELL.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
 def under_journald() -> bool:

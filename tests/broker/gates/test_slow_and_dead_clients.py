@@ -372,3 +372,44 @@ def test_a_message_that_never_ends_is_cut_off_within_the_request_timeout(
     finally:
         for client in (never_ending, trickling, waiting, fragmented):
             client.close()
+
+
+def test_a_flood_of_control_frames_is_cut_off_and_other_clients_are_served(gateway: RunningGateway) -> None:
+    """Empty pongs or pings, as fast as the socket takes them: aiohttp answered each ping and took
+    each pong without handing the event loop back, so one such socket (no token needed on the
+    secure port) took another client's updates from 8 ms to 0.9 s at p50 and froze the loop for
+    up to 14.6 s. Past FRAME_BURST frames, then FRAME_RATE a second, the connection is aborted. A
+    burst of 500 pings and a fragmented message are a client's right, not a flood."""
+    polite = RawWebSocket(gateway.ws_port)
+    polite.sock.sendall(frame(0x9, b"") * 500)
+    message = json.dumps({"subscribe": {"sparql": QUERY, "alias": "fragments"}}).encode("utf-8")
+    polite.sock.sendall(
+        b"".join(
+            frame(0x1 if i == 0 else 0x0, message[i : i + 4], fin=i + 4 >= len(message))
+            for i in range(0, len(message), 4)
+        )
+    )
+    while (answer := polite.receive_json()).get("notification") is None:
+        pass
+    assert answer["notification"]["alias"] == "fragments"
+    floods = gateway.metric("sepa_ws_frame_floods_total")
+    for opcode in (0xA, 0x9):
+        flooder = RawWebSocket(gateway.ws_port)
+        flood = frame(opcode, b"") * 10_000
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 5:
+                flooder.sock.sendall(flood)
+        except OSError:  # reset by the gateway
+            pass
+        try:
+            assert closed_by_gateway(flooder, timeout=2.0), f"opcode {opcode:#x}: the flood goes on"
+        finally:
+            flooder.close()
+    gateway.wait_for_metric("sepa_ws_frame_floods_total", lambda value: value == floods + 2)
+    started = time.monotonic()
+    assert gateway.update(f"INSERT DATA {{ {SUBJECT} {PREDICATE} 1 }}").status == 200
+    assert time.monotonic() - started < 2
+    polite.send_frame(0x9, b"still here")
+    assert polite.receive_json()["notification"]["sequence"] == 1  # the polite socket was kept
+    polite.close()

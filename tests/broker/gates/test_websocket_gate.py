@@ -572,6 +572,14 @@ BAD_MESSAGES: list[tuple[str, Any, int, object, str]] = [
     ("not-an-object", [{"subscribe": {"sparql": GOOD}}], 400, NO_ALIAS, ""),
     ("unsubscribe-without-spuid", {"unsubscribe": {}}, 400, NO_ALIAS, "spuid"),
     ("binary-frame", json.dumps({"subscribe": {"sparql": GOOD}}).encode(), 400, NO_ALIAS, ""),
+    (  # an unpaired surrogate: was a 500 internal_error without the alias
+        "lone-surrogate",
+        '{"subscribe": {"sparql": "SELECT * WHERE { ?s ?p \\"\\ud800\\" }", "alias": "surrogate"}}',
+        400,
+        "surrogate",
+        "surrogate",
+    ),
+    ("lone-surrogate-in-token", '{"subscribe": {"sparql": "ASK {}", "authorization": "\\udfff"}}', 400, NO_ALIAS, ""),
 ]
 
 

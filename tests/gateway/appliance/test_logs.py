@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.appliance.logs import setup_logging, under_journald
+from gateway.appliance.logs import KeyValueFormatter, setup_logging, under_journald
 from tools.launcher import HOST, free_ports
 
 LINE = "x" * 100
@@ -123,3 +123,18 @@ def test_a_log_file_that_cannot_be_opened_is_one_line_and_exit_2(tmp_path: Path,
     )
     assert done.returncode == 2
     assert done.stderr == f"sepa-gateway: cannot open the log file {missing}: No such file or directory\n"
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["\x1b[2J\x1b[1;31mroot", "a\x00b", "line\x0bvertical", "next\x85line", "para\u2028graph", "\u202eevil", "\ud800"],
+)
+def test_a_value_from_a_client_cannot_draw_on_the_operators_terminal(hostile: str) -> None:
+    """A registration's identity went into the log with its ESC sequences, NUL, VT, NEL and U+2028
+    as they were: a client could clear or recolour an operator's terminal, or forge a line."""
+    record = logging.LogRecord("sepa", logging.WARNING, __file__, 1, "registration refused", None, None)
+    record.identity = hostile
+    line = KeyValueFormatter().format(record)
+    assert line.isprintable(), line
+    assert line.encode("utf-8")  # an unpaired surrogate is escaped too: the handler can write it
+    assert "identity=" in line
