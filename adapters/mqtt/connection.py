@@ -30,6 +30,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from adapters.mqtt.settings import MqttSettings
+from gateway.observations.sources import unsendable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def check_filter(topic_filter: str) -> str:
     levels = topic_filter.split("/")
     if (
         not topic_filter
-        or "\0" in topic_filter
+        or unsendable(topic_filter) is not None
         or len(topic_filter.encode("utf-8")) > 65535
         or any("#" in level and (level != "#" or i != len(levels) - 1) for i, level in enumerate(levels))
         or any("+" in level and level != "+" for level in levels)

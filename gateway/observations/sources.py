@@ -18,6 +18,20 @@ from urllib.parse import quote
 from gateway.observations.errors import MappingError
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+?)\}")
+# What an MQTT broker refuses in a UTF-8 string (MQTT 5 1.5.4; Mosquitto's mosquitto_validate_utf8):
+# control characters, surrogates, non-characters. A filter holding one got the gateway's connection
+# dropped as "malformed", with every other filter of the same SUBSCRIBE: all readings stopped.
+_REFUSED_BY_BROKERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff]")
+
+
+def unsendable(text: str) -> str | None:
+    """The first character of `text` an MQTT broker refuses in a topic, or None."""
+    found = _REFUSED_BY_BROKERS.search(text)
+    if found is not None:
+        return found.group()
+    return next((char for char in text if ord(char) & 0xFFFE == 0xFFFE), None)  # U+1FFFE...
+
+
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 BUILTIN_CAPTURES = ("topic",)
 
@@ -30,8 +44,9 @@ class SourceFilter:
     def __init__(self, text: str) -> None:
         if not text:
             raise MappingError("a topic filter cannot be empty")
-        if "\x00" in text:
-            raise MappingError(f"topic filter {text!r} contains a NUL character")
+        refused = unsendable(text)
+        if refused is not None:
+            raise MappingError(f"topic filter {text!r} contains {refused!r}, which MQTT brokers refuse")
         self.text = text
         levels = text.split("/")
         captures: list[str] = []

@@ -254,6 +254,32 @@ def test_unusable_mappings_in_the_graph_are_logged_once_not_at_every_change(
         assert gateway.stop() == 0
 
 
+def test_a_mapping_whose_filter_brokers_refuse_costs_the_other_mappings_nothing(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A topic filter holding U+0001 went into the SUBSCRIBE with the filters added beside it;
+    Mosquitto dropped the connection as "malformed" and none of them was subscribed (after a lost
+    session, no filter at all: every reading stopped, the gateway still "connected")."""
+    malformed = mosquitto.log.read_text().lower().count("malformed")
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        control = (
+            '<urn:example:control> a gw:TopicMapping ; gw:mappingId "control" ; '
+            'gw:topicFilter "evil\\u0001x/{sensor}" ; '
+            'gw:extract "number" ; gw:sensorTemplate "urn:example:{sensor}" ; gw:propertyTemplate "temperature" .\n'
+        )
+        added = gateway.update(PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {control}{mapping_triples(70, 1)} }} }}")
+        assert added.status == 200, added.body
+        time.sleep(0.5)
+        publish(mosquitto.port, [("site70/boiler", b"21.5")])
+        wait_for(lambda: values(gateway, "site70/boiler") == [21.5])
+        assert "which MQTT brokers refuse" in gateway.log()
+        assert mosquitto.log.read_text().lower().count("malformed") == malformed
+    finally:
+        assert gateway.stop() == 0
+
+
 def test_a_store_failure_while_a_refused_batch_is_stored_in_halves_stores_nothing_twice(
     mosquitto: Mosquitto,
 ) -> None:
