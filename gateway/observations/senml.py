@@ -20,6 +20,11 @@ from gateway.observations.sources import encode
 from gateway.observations.targets import PROPERTY_PREFIX
 
 _RELATIVE_LIMIT = 2**28
+# A record's full name becomes a sensor IRI (and maybe a property IRI) kept in the store, the latest
+# graph and the writer's caches: unbounded, one sensor publishing 60 KB names (on the one topic its
+# login allows) grew the gateway by ~0.7 MB a reading, for good. Topics are bounded alike
+# (adapters/mqtt/ingest.py MAX_TOPIC_BYTES).
+MAX_NAME_BYTES = 256
 
 
 def _senml(compiled: Compiled, message: Message) -> list[Reading]:
@@ -47,6 +52,8 @@ def _senml(compiled: Compiled, message: Message) -> list[Reading]:
         name = base_name + local
         if not name:
             raise PayloadError(f"SenML record {position} has no name (n or bn)")
+        if len(name) > MAX_NAME_BYTES // 4 and len(name.encode("utf-8")) > MAX_NAME_BYTES:
+            raise PayloadError(f"SenML record {position}: its name is longer than {MAX_NAME_BYTES} bytes")
         code = record.get("u", base_unit) if not isinstance(raw, bool | str) else None  # units qualify numbers
         unit = None
         if code is not None:

@@ -107,6 +107,11 @@ def test_senml(read: Read) -> None:
     assert readings[0].sensor == "urn:sepa-gateway:sensor:senml/node7/urn%3Adev%3Aow%3A10e2073a01080063%3Atemp"
 
 
+def test_a_senml_name_of_256_bytes_is_taken(read: Read) -> None:
+    (reading,) = read("senml/n", json.dumps([{"bn": "d" * 200, "n": "t" * 56, "u": "Cel", "v": 1}]))
+    assert reading.sensor.endswith("d" * 200 + "t" * 56)
+
+
 def test_senml_relative_times_are_not_source_times(read: Read) -> None:
     (reading,) = read("senml/n", '[{"n": "lux", "u": "lx", "v": 300, "t": -5}]')
     assert reading.source_time_us is None and reading.unit == UNIT + "LUX"
@@ -119,6 +124,9 @@ def test_senml_relative_times_are_not_source_times(read: Read) -> None:
         ('[{"n": "x", "v": "hot"}]', "not a number"),
         ('[{"v": 1}]', "no name"),
         ("[1]", "not a JSON object"),
+        # a name becomes a sensor IRI kept in the store and the caches: 60 KB names were ~0.7 MB a reading
+        (json.dumps([{"bn": "d" * 200, "n": "t" * 57, "u": "Cel", "v": 1}]), "longer than 256 bytes"),
+        (json.dumps([{"n": "é" * 129, "v": 1}]), "longer than 256 bytes"),
     ],
 )
 def test_senml_bad_packs(read: Read, payload: str, message: str) -> None:
