@@ -211,6 +211,7 @@ class CoapAdapter:
             "commit_failures": self.batcher.stats.commit_failures,
             "duplicates_skipped": self.batcher.deliveries.duplicates,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
+            "oscore_malformed": self.oscore.malformed if self.oscore is not None else 0,
             **self.fast.metrics(),
             **self.queries.metrics(),
             **self.observer.metrics(),

@@ -35,9 +35,9 @@ from tests.support.coap import host_address
 
 CON, NON = 0, 1
 GET, POST = 0x01, 0x02
-URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1 = 11, 12, 15, 60
+URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1, OSCORE = 11, 12, 15, 60, 9
 SENML_CBOR = 112
-CHANGED, CONTENT, BAD_REQUEST, UNAUTHORIZED, METHOD_NOT_ALLOWED = 0x44, 0x45, 0x80, 0x81, 0x85
+CHANGED, CONTENT, BAD_REQUEST, UNAUTHORIZED, BAD_OPTION, METHOD_NOT_ALLOWED = 0x44, 0x45, 0x80, 0x81, 0x82, 0x85
 
 
 def _option(delta: int, value: bytes) -> bytes:
@@ -379,3 +379,44 @@ def test_new_sensor_properties_past_the_bounds_are_refused_and_known_ones_go_on(
             assert int(result.rows[0][0].value) == 3
 
     asyncio.run(scenario())
+
+
+def test_a_datagram_longer_than_the_read_is_dropped_not_stored_cut(caplog: pytest.LogCaptureFixture) -> None:
+    """A datagram is read 4,096 bytes at a time (aiocoap's reader as well): a longer one was cut, and
+    "0." + 4,100 zeros + "1e4105" (10.0) was stored as 0 and acknowledged 2.04. Dropped, counted;
+    a sensor sends more as a block-wise transfer."""
+    value = b"0." + b"0" * 4100 + b"1e4105"
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            for mid, mtype in ((1, CON), (2, NON)):
+                long = datagram(POST, mid, "s/cut/temperature", value, mtype=mtype)
+                with pytest.raises(TimeoutError):
+                    await peer.ask(long, timeout=0.5)
+            assert (await peer.ask(datagrams.request(3, b"next", "s/cut/temperature", b"20")))[1] == CHANGED
+            assert adapter.metrics()["truncated_dropped"] == 2
+            result = await adapter.client.query(f"SELECT ?v WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?n <{GW}value> ?v }} }}")
+            assert [row[0].value for row in result.rows] == ["20"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("option", [b"\x10", b"\xe0"])  # a kid context announced but absent; reserved bits
+def test_a_malformed_oscore_option_is_a_bad_option_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, option: bytes
+) -> None:
+    """aiocoap's OSCORE wrapper let the DecodeError fly: 5.00 and an ERROR traceback (~20 lines) per
+    datagram, from any host, no credentials needed. RFC 8613 §8.2: 4.02 Bad Option."""
+    directory = tmp_path / "oscore"
+    oscore_sensors.create_sensor(directory, "lamp")
+
+    async def scenario() -> None:
+        async with running_adapter(oscore_dir=directory) as (adapter, peer):
+            for mid in range(1, 4):
+                answer = await peer.ask(datagram(POST, mid, "s/x/temperature", b"1", options=[(OSCORE, option)]))
+                assert answer[1] == BAD_OPTION
+            assert adapter.metrics()["oscore_malformed"] == 3
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
