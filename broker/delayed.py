@@ -115,7 +115,7 @@ class DelayedUpdates:
         self._wake: asyncio.Event | None = None
         self._batches: set[asyncio.Future[object]] = set()
         # the current rights of a delayed update's owner (set by the secure gates); raises when revoked
-        self.access_of: Callable[[str], GraphAccess] | None = None
+        self.access_of: Callable[[str, str | None], GraphAccess] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -164,11 +164,14 @@ class DelayedUpdates:
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
         owner: str | None = None,
+        registration: str | None = None,
         client: str | None = None,
     ) -> PendingUpdate:
         """Check and store an update due at `due_us`; raises what the update would raise if malformed.
 
-        An `owner` (a secure client's identity) must still hold its rights when the update falls due.
+        An `owner` (a secure client's identity) must still hold its rights when the update falls due,
+        under the same `registration` (its client_id then): a reset of its secret drops what the old
+        secret scheduled, as a revocation does.
         The per-client limits count it for `owner`, else for `client` (an address)."""
         await self.start()
         engine = self.scheduler.engine
@@ -200,6 +203,7 @@ class DelayedUpdates:
                 using_named_graph_uri=named,
                 base_iri=base_iri,
                 owner=owner,
+                registration=registration,
             )
             self._hold(entry.id, size, holder)
             return entry
@@ -332,7 +336,7 @@ class DelayedUpdates:
                 if entry.owner is not None:
                     if self.access_of is None:
                         raise Forbidden("a secure client's delayed update needs the secure gates to run")
-                    access = self.access_of(entry.owner)
+                    access = self.access_of(entry.owner, entry.registration)
                 # submitted, not waited for: its re-evaluations may still be queued (SpuManager.submit)
                 engine.submit(
                     entry.sparql,

@@ -53,6 +53,7 @@ class PendingUpdate:
     using_named_graph_uri: tuple[str, ...] = ()
     base_iri: str | None = None
     owner: str | None = None  # the secure client that scheduled it: it runs with that client's rights
+    registration: str | None = None  # the owner's client_id then: a reset since drops it (None: before 2026-11)
 
     def order(self) -> tuple[int, int]:
         """Due order: by due time, then by the order they were scheduled in."""
@@ -113,12 +114,15 @@ class PendingUpdates:
         using_named_graph_uri: tuple[str, ...] = (),
         base_iri: str | None = None,
         owner: str | None = None,
+        registration: str | None = None,
     ) -> PendingUpdate:
         options = {"using_graph_uri": list(using_graph_uri), "using_named_graph_uri": list(using_named_graph_uri)}
         if base_iri is not None:
             options["base_iri"] = base_iri  # type: ignore[assignment]
         if owner is not None:
             options["owner"] = owner  # type: ignore[assignment]
+        if registration is not None:
+            options["registration"] = registration  # type: ignore[assignment]
         with self._lock:
             self._seq += 1
             self._db.execute(
@@ -127,7 +131,7 @@ class PendingUpdates:
             )
             seq = self._seq
         return PendingUpdate(
-            id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner
+            id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner, registration
         )
 
     def get(self, id: str) -> PendingUpdate | None:
@@ -217,4 +221,5 @@ def _pending(row: tuple) -> PendingUpdate:
         tuple(options.get("using_named_graph_uri", ())),
         options.get("base_iri"),
         options.get("owner"),
+        options.get("registration"),
     )

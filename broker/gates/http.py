@@ -157,12 +157,17 @@ class HttpGate:
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def update(
-        self, request: web.BaseRequest, access: GraphAccess | None = None, owner: str | None = None
+        self,
+        request: web.BaseRequest,
+        access: GraphAccess | None = None,
+        owner: str | None = None,
+        registration: str | None = None,
     ) -> web.Response:
         """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id).
 
         With `access` (secure gates) it reads and writes only what the client may; a delayed update
-        remembers its `owner` and runs with the owner's rights when it falls due."""
+        remembers its `owner` and the `registration` (client_id) that scheduled it, and runs with the
+        owner's rights when it falls due, if that registration still stands."""
         if (
             request.method == "POST"
             and request.headers.get(hdrs.CONTENT_TYPE) == UPDATE_TYPE
@@ -192,7 +197,14 @@ class HttpGate:
             due = due_micros(_single(params, "delay"), _single(params, "at"), now_micros())
             assert due is not None
             client = f"address {request.remote}"
-            entry = await self.scheduler.delayed.schedule(sparql, due, owner=owner, client=client, **options)  # type: ignore[arg-type]
+            entry = await self.scheduler.delayed.schedule(
+                sparql,
+                due,
+                owner=owner,
+                registration=registration,
+                client=client,
+                **options,  # type: ignore[arg-type]
+            )
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1

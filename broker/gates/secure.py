@@ -80,7 +80,9 @@ class SecureGate:
         principal = self.principal(request)
         if principal.access.write == frozenset():  # refused now, not when a delayed update falls due
             raise Forbidden("this client may not write to any graph")
-        return await self.http.update(request, principal.access, owner=principal.identity)
+        return await self.http.update(
+            request, principal.access, owner=principal.identity, registration=principal.client_id
+        )
 
     async def scheduled(self, request: web.BaseRequest) -> web.Response:
         return await self.http.scheduled(request, owner=self.principal(request).identity)

@@ -110,11 +110,16 @@ class Authority:
         client = self.registry.by_client_id(principal.client_id)
         return client is not None and not client.revoked and client.access == principal.access
 
-    def access_of(self, identity: str) -> GraphAccess:
-        """The current rights of `identity` (a delayed update runs with its owner's rights when due)."""
+    def access_of(self, identity: str, registration: str | None = None) -> GraphAccess:
+        """The current rights of `identity` (a delayed update runs with its owner's rights when due),
+        if its `registration` (the client_id that scheduled the update) still stands. Why: a reset
+        is how an operator rotates a stolen secret, and whoever held it could have scheduled up to
+        max_pending_per_client updates, due whenever they liked, that ran after the reset."""
         client = self.registry.get(identity)
         if client is None or client.revoked:
             raise Forbidden(f"the client {identity!r} that scheduled this update is revoked")
+        if registration is not None and client.client_id != registration:
+            raise Forbidden(f"the registration of {identity!r} that scheduled this update was reset since")
         return client.access
 
 

@@ -505,6 +505,38 @@ def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gatew
     run_secure(secure_gateway, test)
 
 
+def test_a_reset_drops_the_delayed_updates_the_old_secret_scheduled(secure_gateway, tmp_path: Path) -> None:
+    """`clients reset` is how an operator rotates a stolen secret; whoever held it could schedule
+    up to max_pending_per_client updates, due whenever they liked, which still ran after the reset
+    with the identity's rights. What the new registration schedules runs."""
+
+    async def test(client: SecureClient) -> None:
+        stolen = await client.login("writer")
+        planted = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}planted> <{EX}p> 1 }} }}"
+        assert (await client.update(stolen, planted, delay="1500"))[0] == 202
+        command = [
+            *_gateway_argv(),
+            "clients",
+            "--security-dir",
+            str(tmp_path / "data" / "security"),
+            "reset",
+            "writer",
+        ]
+        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+        assert await process.wait() == 0
+        assert (await client.query(stolen, EVERYTHING))[0] == 401
+        rotated = await client.login("writer")
+        kept = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}kept> <{EX}p> 1 }} }}"
+        assert (await client.update(rotated, kept, delay="500"))[0] == 202
+        await asyncio.sleep(2.5)
+        admin = await client.login("admin")
+        rows = await client.rows(admin, f"SELECT ?s WHERE {{ GRAPH <{PUBLIC}> {{ ?s <{EX}p> 1 }} }}")
+        assert rows == {(("s", f"{EX}kept"),)}, rows
+        assert secure_gateway.gateway.scheduler.delayed.stats.failed == 1
+
+    run_secure(secure_gateway, test)
+
+
 def test_a_corrupt_registry_file_keeps_the_last_good_one(secure_gateway, tmp_path: Path) -> None:
     async def test(client: SecureClient) -> None:
         token = await client.login("admin")
