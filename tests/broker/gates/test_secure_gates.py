@@ -478,23 +478,20 @@ def test_a_client_pages_through_its_own_delayed_updates_only(secure_gateway) -> 
     run_secure(secure_gateway, test)
 
 
+async def operator(tmp_path: Path, verb: str, identity: str) -> None:
+    """The operator's `sepa-gateway clients VERB IDENTITY`, in another process, on the same registry file."""
+    command = [*_gateway_argv(), "clients", "--security-dir", str(tmp_path / "data" / "security"), verb, identity]
+    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
+    assert await process.wait() == 0
+
+
 def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gateway, tmp_path: Path) -> None:
     async def test(client: SecureClient) -> None:
         viewer = await client.login("viewer")
         ws = await client.socket()
         await ws.send_json({"subscribe": {"sparql": EVERYTHING, "alias": "v", "authorization": f"Bearer {viewer}"}})
         spuid = (await receive(ws))["notification"]["spuid"]
-        # the operator's CLI, in another process, on the same registry file
-        command = [
-            *_gateway_argv(),
-            "clients",
-            "--security-dir",
-            str(tmp_path / "data" / "security"),
-            "revoke",
-            "viewer",
-        ]
-        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
-        assert await process.wait() == 0
+        await operator(tmp_path, "revoke", "viewer")
         assert (await client.query(viewer, EVERYTHING))[0] == 401
         ended = await receive(ws, timeout=5)
         assert (ended["error"], ended["spuid"], ended["alias"]) == ("invalid_grant", spuid, "v")
@@ -514,16 +511,7 @@ def test_a_reset_drops_the_delayed_updates_the_old_secret_scheduled(secure_gatew
         stolen = await client.login("writer")
         planted = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}planted> <{EX}p> 1 }} }}"
         assert (await client.update(stolen, planted, delay="1500"))[0] == 202
-        command = [
-            *_gateway_argv(),
-            "clients",
-            "--security-dir",
-            str(tmp_path / "data" / "security"),
-            "reset",
-            "writer",
-        ]
-        process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
-        assert await process.wait() == 0
+        await operator(tmp_path, "reset", "writer")
         assert (await client.query(stolen, EVERYTHING))[0] == 401
         rotated = await client.login("writer")
         kept = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}kept> <{EX}p> 1 }} }}"
