@@ -9,6 +9,7 @@ processing (removed results are computed on the old state, added ones on the new
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
@@ -349,6 +350,10 @@ class UpdateProcessor:
                 source = DEFAULT_GRAPH if operation.source == "DEFAULT" else operation.source
                 if source not in readable:
                     raise Forbidden(f"this client may not read the graph {source}")
+            if readable is not None and operation.target not in readable and isinstance(operation.target, NamedNode):
+                # as SILENT: "already exists" / "does not exist" told a client that may write a graph
+                # but not read it whether the graph held anything (CREATE changes nothing: a free probe)
+                operation = dataclasses.replace(operation, silent=True)
             return self._graph_op(operation)
         if isinstance(operation, LoadOp):
             return self._load(operation) + (set(), set())

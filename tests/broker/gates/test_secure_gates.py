@@ -382,6 +382,26 @@ def test_the_reply_to_an_update_shows_nothing_of_a_graph_the_client_may_write_bu
     run_secure(secure_gateway, test)
 
 
+def test_create_and_drop_do_not_tell_a_client_whether_a_graph_it_may_not_read_exists(secure_gateway) -> None:
+    """CREATE GRAPH answered 400 "already exists" when the graph held data and 200 when it did not,
+    DROP the reverse: a client that may write a graph but not read it probed it at will (CREATE
+    changes nothing). For it they act as SILENT; for a graph it may read, the errors stand."""
+
+    async def test(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        commander = await client.login("commander")
+        for holds in (True, False):
+            await client.update(admin, SEED if holds else f"DROP SILENT GRAPH <{SECRET}>")
+            for verb in ("CREATE", "DROP", "CLEAR"):
+                status, reply = await client.update(commander, f"{verb} GRAPH <{SECRET}>")
+                assert (status, reply) == (200, {"added": 0, "removed": 0, "notifications": 0}), (holds, verb, reply)
+                await client.update(admin, SEED if holds else f"DROP SILENT GRAPH <{SECRET}>")
+        status, reply = await client.update(admin, f"CREATE GRAPH <{PUBLIC}>")
+        assert (status, reply["error"]) == (400, "update_failed")
+
+    run_secure(secure_gateway, test)
+
+
 def test_a_large_query_with_from_does_not_hold_the_other_clients(secure_gateway) -> None:
     """The FROM clauses of a restricted reader's query are read with the request tokenizer, on the
     event loop. Before, rdflib's SPARQL parser read them there: a query of 20,000 VALUES (110 KB)
