@@ -198,6 +198,7 @@ class Dispatcher:
             head_timeout_s=self.request_timeout_s,
             on_timeout=self._timed_out,
             on_flood=self._flooded,
+            on_unparsable=self._unparsable,
             limit=self.limit,
         )
 
@@ -206,6 +207,9 @@ class Dispatcher:
 
     def _flooded(self) -> None:
         self.counters["ws_frame_floods"] += 1
+
+    def _unparsable(self) -> None:
+        self.counters["invalid_request:400"] += 1
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import SepaError
 from broker.gates.connections import Admission, ConnectionLimit
@@ -124,6 +125,7 @@ class GuardedHandler(web.RequestHandler):
     head_timeout_s = 20.0
     on_timeout: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
     on_flood: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    on_unparsable: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
     def __init__(self, *args: Any, limit: ConnectionLimit | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -202,6 +204,16 @@ class GuardedHandler(web.RequestHandler):
         self.on_timeout()
         self.transport.abort()  # mid-message: no close frame could be read by the client's reader anyway
 
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """A request aiohttp's parser refused (it answered 400) is counted, not logged: aiohttp logged
+        an ERROR with a traceback whose message quotes the start of the offending line, so a header
+        past 8 KB put the start of its value (a Basic header's client secret) in the log, and any
+        client could add a traceback per request."""
+        if isinstance(kw.get("exc_info"), HttpProcessingError):
+            self.on_unparsable()
+            return
+        super().log_exception(*args, **kw)
+
     def handling(self, busy: bool) -> None:
         """Called by the dispatcher: a head arrived whole (True), or its reply is done (False)."""
         self._handling = busy
@@ -237,6 +249,7 @@ class GuardedServer(web.Server):
         head_timeout_s: float,
         on_timeout: Callable[[], None],
         on_flood: Callable[[], None] = lambda: None,
+        on_unparsable: Callable[[], None] = lambda: None,
         limit: ConnectionLimit | None = None,
         **kwargs: Any,
     ) -> None:
@@ -244,6 +257,7 @@ class GuardedServer(web.Server):
         self.head_timeout_s = head_timeout_s
         self.on_timeout = on_timeout
         self.on_flood = on_flood
+        self.on_unparsable = on_unparsable
         self.limit = limit
         self.handler_options = {key: value for key, value in kwargs.items() if key not in _SERVER_OPTIONS}
 
@@ -252,6 +266,7 @@ class GuardedServer(web.Server):
         handler.head_timeout_s = self.head_timeout_s
         handler.on_timeout = self.on_timeout
         handler.on_flood = self.on_flood
+        handler.on_unparsable = self.on_unparsable
         return handler
 
 

@@ -767,3 +767,23 @@ def test_a_request_head_that_trickles_in_is_timed_out(start_gateway: Any) -> Non
         client.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert client.recv(65536).startswith(b"HTTP/1.1 200")
     assert gateway.metrics()['sepa_errors_total{error="request_timeout",status="408"}'] == 2
+
+
+def test_a_request_the_parser_refuses_is_counted_and_its_header_never_logged(gateway: RunningGateway) -> None:
+    """An Authorization header past aiohttp's 8 KB line limit: aiohttp answered 400 and logged an
+    ERROR traceback quoting the start of the line, a Basic header's client id and most of its
+    secret; any client could add a traceback per request."""
+    secret = "U0VDUkVUU0VDUkVU"
+    before = gateway.metric('sepa_errors_total{error="invalid_request",status="400"}')
+    logged = len(gateway.log())
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", gateway.http_port), timeout=5) as sock:
+            sock.sendall(
+                b"POST /update HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic "
+                + secret.encode() * 600
+                + b"\r\nContent-Length: 0\r\n\r\n"
+            )
+            assert b" 400 " in sock.recv(4096).split(b"\r\n")[0]
+    gateway.wait_for_metric('sepa_errors_total{error="invalid_request",status="400"}', lambda v: v == before + 3)
+    log = gateway.log()[logged:]
+    assert secret not in log and "Traceback" not in log
