@@ -60,6 +60,7 @@ class Batcher:
         self.stats = BatchStats()
         self.deliveries = Deliveries()
         self._queue: deque[Waiting] = deque()
+        self._queued: dict[Delivery, asyncio.Future[None]] = {}  # until committed (or failed)
         self._waiting = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -95,10 +96,19 @@ class Batcher:
         if self._waiting + len(readings) > self.max_waiting:
             raise Overloaded(f"{self._waiting} readings wait for their commit")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if delivery is not None:
+            self._queued[delivery] = future
+            future.add_done_callback(lambda _done: self._queued.pop(delivery, None))
         self._queue.append((readings, future, delivery))
         self._waiting += len(readings)
         self._wake.set()
         return future
+
+    def queued(self, delivery: Delivery) -> asyncio.Future[None] | None:
+        """The future of `delivery` if it waits for its commit: a retransmission that came by the
+        other path (aiocoap's, or the fast path's after aiocoap took the first copy) is answered
+        with it, not queued again."""
+        return self._queued.get(delivery)
 
     async def _run(self) -> None:
         while True:

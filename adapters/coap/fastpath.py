@@ -37,8 +37,10 @@ check still refuses what it sends. Memory: each reserve may add its count of aio
 
 Duplicates: a retransmission whose original is still waiting for its commit is dropped (its answer is
 on the way); one that comes after is recognised by the delivery record and answered 2.04 without
-being stored again (:mod:`adapters.coap.deliveries`, which also covers a restart). A given datagram
-always takes the same path, so aiocoap's own deduplication covers the requests it answers.
+being stored again (:mod:`adapters.coap.deliveries`, which also covers a restart). A datagram takes
+one path unless the fast path's offer was refused 5.03 and aiocoap's then got in: a retransmission
+may then come by the fast path while the first copy waits, and is answered with that copy's commit
+(:meth:`Batcher.queued <adapters.coap.batcher.Batcher.queued>`), not stored twice.
 
 How it attaches: aiocoap reads its UDP socket in `MessageInterfaceUDP6.datagram_msg_received`;
 :meth:`FastPath.attach` wraps that method on the context's interfaces. aiocoap has no public hook

@@ -111,8 +111,12 @@ class ReadingsResource(Resource):
         the fast path (:mod:`adapters.coap.fastpath`), which call it with the request's own fields."""
         if max(len(payload), size1 or 0) > self.max_payload_bytes:
             raise Refused(Code.REQUEST_ENTITY_TOO_LARGE, f"payloads are limited to {self.max_payload_bytes} bytes")
-        if item is not None and self.batcher.deliveries.committed(item):
-            return None  # committed before a restart, its 2.04 lost: answered again, not stored again
+        if item is not None:
+            if self.batcher.deliveries.committed(item):
+                return None  # committed before a restart, its 2.04 lost: answered again, not stored again
+            queued = self.batcher.queued(item)
+            if queued is not None:  # a retransmission by the other path while its first copy waits
+                return queued
         readings = payload_readings(self._mapper(), path, content_format, payload, time.time_ns() // 1000)
         if not readings:
             return None  # a pack with no value in it: nothing to store, and nothing wrong

@@ -26,10 +26,11 @@ import pytest
 
 from adapters.coap import datagrams, queries
 from adapters.coap.adapter import CoapAdapter
+from adapters.coap.deliveries import delivery
 from broker.api import Engine, Scheduler
 from gateway.appliance import oscore_sensors
 from gateway.client import InProcessTransport, SepaClient
-from gateway.observations.vocabulary import GRAPH_LATEST, GW
+from gateway.observations.vocabulary import GRAPH_LATEST, GRAPH_OBSERVATIONS, GW, SOSA
 from gateway.observations.writer import ObservationWriter
 from tests.support.coap import host_address
 
@@ -420,3 +421,24 @@ def test_a_malformed_oscore_option_is_a_bad_option_not_a_traceback(
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
+
+
+def test_a_retransmission_by_the_other_path_while_the_first_copy_waits_is_stored_once() -> None:
+    """A request whose fast-path offer was refused 5.03 goes through aiocoap; if aiocoap's offer
+    then gets in, a retransmission can come back by the fast path while that commit runs, and
+    neither path's duplicate check (the fast path's pending set, aiocoap's own records) sees the
+    other's copy. The batcher answers it with the waiting copy's future."""
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, _peer):
+            item = delivery("127.0.0.1:5683", 7, "s/twice/temperature", b"20")
+            first = adapter.readings.offer("s/twice/temperature", None, b"20", None, item)
+            again = adapter.readings.offer("s/twice/temperature", None, b"20", None, item)
+            assert first is not None and again is first
+            await first
+            result = await adapter.client.query(
+                f"SELECT ?o WHERE {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?o <{SOSA}madeBySensor> ?s }} }}"
+            )
+            assert len(result.rows) == 1
+
+    asyncio.run(scenario())
