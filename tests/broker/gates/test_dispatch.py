@@ -200,6 +200,9 @@ def test_the_configured_body_limit_applies_above_aiohttps_default(
     [
         (RuntimeError("boom"), 500, "internal_error", "internal error (logged)"),
         (ConnectionResetError(), 400, "invalid_request", "connection lost before the request was complete"),
+        # a TLS client that hung up while a pong was written: the write fails with these, not a reset
+        (BrokenPipeError(), 400, "invalid_request", "connection lost before the request was complete"),
+        (ConnectionAbortedError(), 400, "invalid_request", "connection lost before the request was complete"),
     ],
 )
 def test_handler_faults_become_json_errors_and_are_counted(
