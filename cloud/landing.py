@@ -1,6 +1,6 @@
 """The HTTPS landing endpoint the gateway's cloud shipper uploads observation batches to.
 
-Contract (the shipper depends on every detail; the record itself is in :mod:`cloud.contract`):
+Contract (the shipper depends on every detail; the record itself is in :mod:`gateway.shipper.contract`):
 
 ``PUT /v1/batches/{batch_id}``
     ``batch_id`` matches ``^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$``. Headers ``Authorization: Bearer

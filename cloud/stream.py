@@ -11,7 +11,7 @@ What it does, and why:
 
 * Reads the landing directory as a file stream of JSON lines (``*.json.gz``; hidden temp files are
   skipped by Spark) with an EXPLICIT schema, :data:`RECORD_SCHEMA`, mirroring
-  :data:`cloud.contract.FIELDS`: no inference pass over the files, and a stray file with other keys
+  :data:`gateway.shipper.contract.FIELDS`: no inference pass over the files, and a stray file with other keys
   cannot change the table's columns.
 * Times are read as strings and parsed with ``try_to_timestamp`` on the one pattern the endpoint
   accepts (:data:`TIME_FORMAT`, microseconds kept); ``try_`` because Spark 4's ANSI mode would
@@ -55,7 +55,7 @@ RECORD_SCHEMA = (
     "result_time STRING, source_time STRING, sequence BIGINT, gateway STRING, source STRING, "
     "_corrupt_record STRING"
 )
-"""The record of :mod:`cloud.contract` as Spark DDL, plus the column where unparsable lines go."""
+"""The record of :mod:`gateway.shipper.contract` as Spark DDL, plus the column where unparsable lines go."""
 
 TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSX"
 COLUMNS = (

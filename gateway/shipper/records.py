@@ -36,6 +36,7 @@ from gateway.observations.vocabulary import (
     SOSA,
     SOURCE_TIME,
 )
+from gateway.shipper.contract import record_problem
 
 FEED_QUERY = f"SELECT ?s ?p ?o WHERE {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?s ?p ?o }} }}"
 
@@ -154,16 +155,20 @@ def _records(subjects: dict[str, dict[str, str]], gateway: str) -> Assembled:
             continue
         result = terms.get(HAS_RESULT)
         try:
-            out.records.append(
-                _record(iri, terms, _NOTHING if result is None else subjects.get(result, _NOTHING), gateway)
-            )
-        except (KeyError, ValueError):
+            record = _record(iri, terms, _NOTHING if result is None else subjects.get(result, _NOTHING), gateway)
+        except (KeyError, ValueError, OverflowError):  # OverflowError: a time whose UTC is outside years 1-9999
+            out.incomplete += 1
+            continue
+        if record_problem(record) is None:  # clients write this graph too (gateway.shipper.contract)
+            out.records.append(record)
+        else:
             out.incomplete += 1
     return out
 
 
 def _record(iri: str, terms: dict[str, str], result: dict[str, str], gateway: str) -> dict[str, Any]:
-    """One observation's record; KeyError or ValueError when it cannot be shipped as the cloud wants it."""
+    """One observation's record; KeyError, ValueError or OverflowError when it cannot be flattened (the
+    caller then checks the rest of the contract)."""
     value = result.get(NUMERIC_VALUE)
     literal = terms.get(HAS_SIMPLE_RESULT)
     if (value is None) == (literal is None):

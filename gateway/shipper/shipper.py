@@ -30,6 +30,7 @@ from broker.api import Notification
 from gateway.client import ClientSubscription, SepaClient, SepaClientError
 from gateway.jsap.terms import quote
 from gateway.observations.vocabulary import GRAPH_STATE, SHIPPER_NODE, SPOOL_ID
+from gateway.shipper.contract import MAX_LINE_BYTES
 from gateway.shipper.records import FEED_QUERY, assemble, json_line, key_of
 from gateway.shipper.spool import Segment, Spool
 from gateway.shipper.uploader import Uploader, UploadError
@@ -210,7 +211,11 @@ class Shipper:
             sequence = record["sequence"]
             if sequence <= cursor.get(key, 0):
                 continue
-            lines.append(json_line(record))
+            line = json_line(record)
+            if len(line) > MAX_LINE_BYTES:  # the landing would refuse the segment it is in
+                self.incomplete_observations += 1
+                continue
+            lines.append(line)
             if sequence > keys.get(key, 0):
                 keys[key] = sequence
         return spool.append(lines, keys)

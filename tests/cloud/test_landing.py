@@ -19,6 +19,7 @@ import cloud.contract
 import cloud.storage
 import cloud.tokens
 from cloud.settings import LandingSettings
+from gateway.shipper.contract import MAX_LINE_BYTES
 from tests.cloud.cloud_support import TOKEN, Client, LandingServer, batch, ndjson, record
 
 RECORDS = [record(n) for n in range(3)]
@@ -106,6 +107,23 @@ def _gz(data: bytes) -> bytes:
     return gzip.compress(data, mtime=0)
 
 
+def _with_header_flag(body: bytes, flag: int, extra: bytes = b"") -> bytes:
+    """`body` (one gzip member with a plain 10-byte header) with FLG bit `flag` set and `extra`
+    after the header (where FEXTRA's or FHCRC's bytes go)."""
+    return body[:3] + bytes([body[3] | flag]) + body[4:10] + extra + body[10:]
+
+
+# gzip that Python's GzipFile reads and Spark's Hadoop codec does not ("not a gzip file"): one such
+# file landed stopped the stream job at every restart (an attack pass)
+SPARK_UNREADABLE: list[tuple[str, bytes]] = [
+    ("zero-padding", batch(RECORDS) + bytes(64)),
+    ("one-zero-byte", batch(RECORDS) + b"\0"),
+    ("reserved-flag", _with_header_flag(batch(RECORDS), 0x20)),
+    ("wrong-header-crc", _with_header_flag(batch(RECORDS), 0x02, b"\x00\x00")),
+    ("garbage-after-member", batch(RECORDS) + b"\x1f\x8bnot a member"),
+]
+
+
 MALFORMED: list[tuple[str, bytes, str]] = [
     ("not-gzip", ndjson(RECORDS), "not gzip"),
     ("truncated-gzip", batch(RECORDS)[:-12], "not a valid gzip stream"),
@@ -137,6 +155,9 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("duplicate-key", _gz(b'{"id": "urn:a", "id": "urn:b"}\n'), "line 1: not JSON: duplicate key 'id'"),
     ("empty-batch", _gz(b""), "the batch holds no records"),
     ("deep-nesting", _gz(b'{"id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"), "line 1: not JSON: nested too deep"),
+    # Spark's line reader ends a line at a carriage return: the record became two corrupt rows, dropped
+    ("carriage-return", _gz(ndjson(RECORDS[:1]).replace(b", ", b",\r", 1)), "line 1: not JSON: a carriage return"),
+    *((f"gzip-{name}", body, "not a valid gzip stream") for name, body in SPARK_UNREADABLE),
 ]
 
 
@@ -341,16 +362,54 @@ def test_a_line_spanning_many_inflated_chunks_is_checked_in_linear_time(
     landing_settings: LandingSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A record as long as the inflate limit allows arrives in many inflated chunks. Joining the line
-    so far to each new chunk was quadratic: with the default limits a 1 GiB line (1 MiB of gzip) is
-    1,024 chunks, and a 128 MiB one already took 8.8 s of a thread. Scaled down here: 512-byte chunks,
-    a line of almost 4 MiB (8,000 chunks)."""
+    so far to each new chunk was quadratic: with the default limits a 1 GiB line (1 MiB of gzip) was
+    1,024 chunks, and a 128 MiB one took 8.8 s of a thread. Lines are now at most MAX_LINE_BYTES (1 MiB):
+    the longest, in 512-byte chunks (2,000 chunks)."""
     monkeypatch.setattr(cloud.contract, "_CHUNK", 512)
     settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10)
-    line = json.dumps(record(1, value=None, literal="x" * ((4 << 20) - 1000))).encode() + b"\n"
-    assert len(line) <= settings.max_decompressed_bytes
+    line = json.dumps(record(1, value=None, literal="x" * (MAX_LINE_BYTES - 1000))).encode() + b"\n"
+    assert MAX_LINE_BYTES - 1000 < len(line) <= MAX_LINE_BYTES
     with LandingServer(settings) as landing:
         started = time.perf_counter()
         reply = landing.client().put("b1", _gz(line))
         elapsed = time.perf_counter() - started
     assert reply.status == 201, reply.body
     assert elapsed < 2.0, f"{elapsed:.1f} s to check one line"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        batch(RECORDS[:1]) + batch(RECORDS[1:]),
+        _gz(b"") + batch(RECORDS),
+        _with_header_flag(batch(RECORDS), 0x04, b"\x04\x00abcd"),  # FEXTRA, 4 bytes
+        _with_header_flag(_gz(b"") + batch(RECORDS), 0x08, b"name.json\0"),  # FNAME
+    ],
+    ids=["two-members", "empty-first-member", "fextra", "fname"],
+)
+def test_gzip_forms_sparks_reader_takes_are_accepted(landing: LandingServer, body: bytes) -> None:
+    """The strict inflater refuses only what Spark cannot read: these forms the stream job reads."""
+    reply = landing.client().put("b1", body)
+    assert reply.status == 201, reply.body
+    assert reply.json()["records"] == len(RECORDS)
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (_gz(ndjson(RECORDS[:1]) + b" " * (MAX_LINE_BYTES + 10) + b"\n" + ndjson(RECORDS)), "line 2: longer than"),
+        (_gz(ndjson(RECORDS[:1]) + b"x" * MAX_LINE_BYTES + b"\n"), "line 2: longer than"),
+        (_gz(b" " * (3 * MAX_LINE_BYTES)), "line 1: longer than"),
+    ],
+    ids=["spaces", "just-too-long", "never-ending"],
+)
+def test_a_line_past_the_bound_is_400(landing_settings: LandingSettings, body: bytes, problem: str) -> None:
+    """A line is held whole to be parsed: a 1 MB upload inflating to one 1 GiB line of spaces took the
+    landing to 3.1 GB (an attack pass). Lines are refused past MAX_LINE_BYTES, under the inflate limit."""
+    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10)
+    assert settings.max_decompressed_bytes > 3 * MAX_LINE_BYTES
+    with LandingServer(settings) as landing:
+        reply = landing.client().put("b1", body)
+        assert reply.status == 400, reply.body
+        assert problem in reply.json()["error_description"]
+        assert landing.all_files() == []

@@ -22,8 +22,9 @@ from urllib.parse import quote
 
 import pytest
 
-from cloud import cli, contract, stream
+from cloud import cli, stream
 from cloud.settings import LandingSettings
+from gateway.shipper import contract
 from tests.cloud.cloud_support import TOKEN, LandingServer, batch, ndjson, parse_time, record
 
 DOOR = "http://example.org/property/door"

@@ -11,12 +11,14 @@ from broker.api import Engine, Notification, QuadRows, rfc3339
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update
-from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, SOSA
+from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA
 from gateway.shipper.records import FEED_QUERY, assemble, json_line, key_of, rfc3339_micros
 
 TEMPERATURE = "http://qudt.org/vocab/quantitykind/Temperature"
 PRESENCE = "http://w3id.org/sepa-gateway/ns#presence"
 DEG_C = "http://qudt.org/vocab/unit/DEG_C"
+XSD = "http://www.w3.org/2001/XMLSchema#"
+XSD_DATETIME, XSD_INTEGER, XSD_DOUBLE = XSD + "dateTime", XSD + "integer", XSD + "double"
 
 
 def feed_rows(readings: list[Reading]) -> tuple:
@@ -117,3 +119,38 @@ def test_json_lines_are_the_bytes_json_dumps_gives(value: float | None) -> None:
     }
     expected = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
     assert json_line(record) == expected
+
+
+def _client_observation(subject: str, result_time: str = "2026-11-22T18:30:00Z", sequence: str = "1") -> str:
+    """An observation as a client may write it into the observations graph, in Turtle-like SPARQL."""
+    return (
+        f"{subject} a <{SOSA}Observation> ; <{SOSA}madeBySensor> <urn:s:c> ; <{SOSA}observedProperty> <{TEMPERATURE}> ;"
+        f' <{SOSA}hasFeatureOfInterest> <urn:f> ; <{SOSA}resultTime> "{result_time}"^^<{XSD_DATETIME}> ;'
+        f' <{GW}sequenceNumber> "{sequence}"^^<{XSD_INTEGER}> ; <{GW}hasMqttTopic> "t" ;'
+        f' <{SOSA}hasResult> [ <{QUDT}numericValue> "1.5"^^<{XSD_DOUBLE}> ] .'
+    )
+
+
+@pytest.mark.parametrize(
+    ("subject", "result_time", "sequence"),
+    [
+        ("<urn:obs:bad>", "0001-01-01T00:00:00+01:00", "1"),  # UTC falls in year 0: OverflowError lost the update
+        ("<urn:obs:bad>", "9999-12-31T23:30:00-01:00", "1"),  # and year 10000
+        ("_:bad", "2026-11-22T18:30:00Z", "1"),  # a blank node: the landing refuses a non-IRI id
+        ("<urn:obs:bad>", "2026-11-22T18:30:00Z", "0"),  # sequences count from 1
+        ("<urn:obs:bad>", "2026-11-22T18:30:00Z", str(2**63)),  # past Spark's LongType
+    ],
+)
+def test_an_observation_the_landing_would_refuse_is_counted_and_the_others_of_its_update_ship(
+    subject: str, result_time: str, sequence: str
+) -> None:
+    """Clients write the observations graph too: one bad observation used to stop every record of its
+    notification (an OverflowError) or get its whole segment refused by the landing."""
+    engine = Engine()
+    seen: list[Notification] = []
+    engine.subscribe(FEED_QUERY, seen.append)
+    good, bad = _client_observation("<urn:obs:good>", sequence="7"), _client_observation(subject, result_time, sequence)
+    engine.update(f"INSERT DATA {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ {good} {bad} }} }}")
+    assembled = assemble(seen[-1].added, "gw")
+    assert [record["id"] for record in assembled.records] == ["urn:obs:good"]
+    assert assembled.incomplete == 1
