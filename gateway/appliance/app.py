@@ -188,10 +188,11 @@ class Gateway:
             context = self.secure.ssl_context
             plan.append((self.gates.https_server(), security.host, security.https_port, context))
             plan.append((self.gates.wss_server(), security.host, security.wss_port, context))
-        elif not _loopback(host):
+        if not _loopback(host):  # with [security] too: the secure gates do not guard the plain ones
             log.warning(
                 "INSECURE: the plain gates listen on a network address without authentication; anyone on "
-                "the network can read and change the store. Bind http.host to 127.0.0.1 or enable [security]",
+                "the network can read and change the store. Bind http.host to 127.0.0.1"
+                + ("" if self.secure is not None else " or enable [security]"),
                 extra={"host": host},
             )
         bound: list[int] = []

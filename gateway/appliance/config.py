@@ -76,9 +76,13 @@ class StoreConfig:
     data_dir: str = ""  # empty: in-memory store (lost on restart); else a directory for the on-disk store
 
 
+SECURE_PLAIN_HOST = "127.0.0.1"
+"""Where the plain gates listen by default when [security] is enabled (see :func:`_from_data`)."""
+
+
 @dataclass
 class HttpConfig:
-    host: str = "0.0.0.0"
+    host: str = "0.0.0.0"  # SECURE_PLAIN_HOST when [security] is enabled and the file names no host
     port: int = 8000
     query_path: str = "/query"
     update_path: str = "/update"
@@ -399,4 +403,9 @@ def _from_data(data: dict[str, Any]) -> Config:
             config.adapters[name] = _section(type(config.adapters[name]), name, values)
         else:
             raise ConfigError(f"unknown section [{name}] (known: {', '.join([*own, *config.adapters])})")
+    if config.security.enabled and "host" not in data.get("http", {}):
+        # Why: the plain gates have no authentication. A file of an older version upgraded to
+        # [security] without [http] host served the whole store, read and write, on every address
+        # (an attack pass); with the secure gates on, the plain ones are this board's own.
+        config.http.host = SECURE_PLAIN_HOST
     return config.validate()

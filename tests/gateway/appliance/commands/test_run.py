@@ -338,3 +338,33 @@ def test_plain_gates_on_a_network_address_without_security_are_logged_as_insecur
             assert any("INSECURE" in line for line in running.stderr_lines) is warned, running.stderr_lines
         finally:
             assert running.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "host"),
+    [
+        ("[security]\nenabled = true\n", "127.0.0.1"),  # a pre-security file upgraded: served the LAN, read-write
+        ("[security]\nenabled = true\n[http]\nport = 8000\n", "127.0.0.1"),
+        ('[security]\nenabled = true\n[http]\nhost = "0.0.0.0"\n', "0.0.0.0"),  # asked for: logged as INSECURE
+        ("[http]\nport = 8000\n", "0.0.0.0"),
+    ],
+)
+def test_with_security_on_the_plain_gates_stay_on_this_board_unless_told(tmp_path: Path, toml: str, host: str) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(toml, encoding="utf-8")
+    assert load_config(path).http.host == host
+
+
+def test_plain_gates_on_a_network_address_are_logged_as_insecure_with_security_too(
+    gateway_command, tmp_path: Path
+) -> None:
+    from tools.launcher import launch_gateway
+
+    path = tmp_path / "gateway.toml"
+    path.write_text("[security]\nenabled = true\n", encoding="utf-8")
+    running = launch_gateway("--host", "0.0.0.0", config=path, data_dir=tmp_path / "data", mqtt=False)
+    try:
+        time.sleep(0.2)
+        assert any("INSECURE" in line for line in running.stderr_lines), running.stderr_lines
+    finally:
+        assert running.stop() == 0
