@@ -119,6 +119,14 @@ def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> by
             alternatives.append(x509.IPAddress(ipaddress.ip_address(name)))
         except ValueError:
             alternatives.append(x509.DNSName(name))
+    # Why name constraints: clients trust this file as a CA (it is its own issuer), and with only
+    # CA:TRUE its key could sign a certificate for any site those clients would then accept (an
+    # attack pass signed www.bank.example and `openssl verify` said OK). It may now vouch only for
+    # the names it carries.
+    permitted: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_network(name.value)) if isinstance(name, x509.IPAddress) else name
+        for name in alternatives
+    ]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"sepa-gateway {host}"[:64])])
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
@@ -131,6 +139,7 @@ def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> by
         .not_valid_after(now + datetime.timedelta(days=CERT_VALID_DAYS))
         .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(private_key, hashes.SHA256())
     )
