@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from broker.core.access import GraphAccess
 from broker.core.budget import Budget, OverBudget
 from broker.core.notification import Notification
-from broker.core.pipeline import PipelinedSpuManager
+from broker.core.pipeline import REPLY_TIMEOUT_S, PipelinedSpuManager
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.spu import Probed
@@ -105,7 +105,7 @@ class Engine:
         self.updates.max_quads = max_update_quads
         self.max_subscription_rows = max_subscription_rows
         if mode == "parallel":
-            self.spus: SpuManager = PipelinedSpuManager(
+            self._pipelined = PipelinedSpuManager(
                 self.store,
                 self.queries,
                 self.stats,
@@ -115,6 +115,8 @@ class Engine:
                 max_held_rows=max_held_rows,
                 max_held_rows_per_client=max_held_rows_per_client,
             )
+            self._pipelined.on_broken = self._recover_soon
+            self.spus: SpuManager = self._pipelined
         else:
             self.spus = SpuManager(
                 self.store,
@@ -129,6 +131,7 @@ class Engine:
             )
         self.reevaluators = reevaluators
         self._update_lock = threading.Lock()
+        self._recovering: threading.Thread | None = None  # see _recover_soon
         self.workers = workers
         self.base_iri = base_iri
         if workers is not None:
@@ -373,6 +376,17 @@ class Engine:
                 owner=owner,
             )
 
+    def _recover_soon(self) -> None:
+        """Parallel mode's collector holds updates a failed worker left unfinished: recover now, not
+        at the next request (an idle gateway kept its subscriptions wrong). On a thread of its own:
+        the engine's thread may be waiting for the collector, holding the lock this takes."""
+        self._recovering = threading.Thread(target=self._recover, name="sepa-recover", daemon=True)
+        self._recovering.start()
+
+    def _recover(self) -> None:
+        with self._update_lock:
+            self._pipelined.recover()
+
     def unsubscribe(self, spuid: str) -> Subscription:
         """End a subscription; its SPU (and LUTT entries) are freed when no one else shares it.
 
@@ -384,6 +398,8 @@ class Engine:
     def close(self) -> None:
         """Stop the engine's threads and worker processes (after the updates in flight), the
         re-evaluation worker too."""
+        if self._recovering is not None:
+            self._recovering.join(REPLY_TIMEOUT_S)  # else it would start workers as they are stopped
         self.spus.close()
         if self.reevaluators is not None:
             self.reevaluators.close()

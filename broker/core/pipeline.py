@@ -34,8 +34,9 @@ must not include an update whose solutions are still to be folded.
 
 Costs: each worker holds an in-memory replica of the store (about the store's own size, plus ~40 MB
 of Python), and takes every delta (serialized here once, parsed and applied there). A worker that
-dies or fails a job is replaced, and every incremental SPU is evaluated again on the store and the
-difference notified, so no subscription is left wrong.
+dies, fails a job or stops answering is replaced, and every incremental SPU is evaluated again on
+the store and the difference notified, so no subscription is left wrong; the updates it left
+unfinished complete after that (see _collect_loop and _recover).
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ log = logging.getLogger(__name__)
 # deltas kept for the workers between two jobs; past this many quads they are sent at once
 LOG_FLUSH_QUADS = 20_000
 LOG_FLUSH_DELTAS = 256
-REPLY_TIMEOUT_S = 600.0  # a worker that answers nothing in this long is taken for dead
+# a worker that answers nothing in this long is taken for dead, killed and replaced. Why not longer: a
+# stopped worker (SIGSTOP) held every update and subscribe behind it for the 600 s this was (an
+# attack pass). A job is one update's BOOSTER lookups, milliseconds; one past a minute comes from a
+# subscription whose lookups explode, and the recovery evaluates it again on the store anyway.
+REPLY_TIMEOUT_S = 60.0
 # updates with fewer incremental hits than this are looked up on the engine's thread when nothing is
 # in flight: a job costs the engine ~0.1-0.2 ms (serializing, two thread wake-ups, the reply), about
 # as much as the lookups of ten quads
@@ -150,6 +155,12 @@ class PipelinedSpuManager(SpuManager):
         self._collector: threading.Thread | None = None
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
+        # updates whose solutions a failed worker lost: folded by no one, completed by _recover once
+        # every SPU is evaluated again (see _collect_loop)
+        self._unfinished: list[InFlight] = []
+        # called by the collector once it holds such updates and nothing else is in flight: the engine
+        # then calls recover() under its lock (see Engine.recover)
+        self.on_broken: Callable[[], None] | None = None
         # SPUs the collector found past max_rows (their subscribers told, not notified since), and why:
         # ended by the engine's thread, see _recover
         self._past: dict[IncrementalSpu, SepaError] = {}
@@ -276,10 +287,11 @@ class PipelinedSpuManager(SpuManager):
         return len(self._fifo)
 
     def metrics(self) -> dict[str, int]:
-        """Workers running, updates in flight, and counters: updates pipelined, jobs failed, workers
-        died, recoveries (every SPU evaluated again)."""
+        """Workers running (a dead one not counted, though not replaced yet), updates in flight, and
+        counters: updates pipelined, jobs failed, workers died, recoveries (every SPU evaluated again)."""
         counts = {f"{name}_total": self.counters[name] for name in ("pipelined", "failed", "died", "recovered")}
-        return {"workers": len(self.boosters), "in_flight": len(self._fifo), **counts}
+        alive = sum(worker.process.poll() is None for worker in self.boosters)
+        return {"workers": alive, "in_flight": len(self._fifo), **counts}
 
     # -- subscribe / unsubscribe: the workers learn which groups and parameter values exist ---------
 
@@ -431,33 +443,61 @@ class PipelinedSpuManager(SpuManager):
                 notifications = self._fold(entry)
             except Exception:  # an engine bug: logged; the update was applied and must complete
                 log.exception("parallel mode: notifying an update failed")
+            if self._broken:
+                # Why not notify what the other workers found and complete it: its subscribers saw
+                # part of the update (20 rows of 40) and its publisher a success, and nothing put
+                # them right until another request came (an attack pass). Held until _recover has
+                # evaluated every SPU again: then its publisher gets the reply, after the correction.
+                self._unfinished.append(entry)
+                with self._idle:
+                    self._fifo.popleft()
+                    last = not self._fifo
+                    self._idle.notify_all()
+                if last and self.on_broken is not None:
+                    self.on_broken()
+                continue
             with self._idle:
                 self._fifo.popleft()
                 self._idle.notify_all()
-            try:
-                entry.done(notifications, entry.timings)
-            except Exception:
-                log.exception("parallel mode: completing an update failed")
+            self._complete(entry, notifications)
+
+    @staticmethod
+    def _complete(entry: InFlight, notifications: int) -> None:
+        try:
+            entry.done(notifications, entry.timings)
+        except Exception:
+            log.exception("parallel mode: completing an update failed")
 
     def _fold(self, entry: InFlight) -> int:
-        """Route what the workers found for `entry` to the SPUs, fold and notify, then the graph feeds."""
+        """Route what the workers found for `entry` to the SPUs, fold and notify, then the graph feeds.
+        Nothing, once a worker failed (this update or an earlier one): see _collect_loop."""
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         over: set[IncrementalSpu] = set()  # past max_rows: not notified, ended (see _recover)
         booster_s = 0.0
         for worker, removed_routes, added_routes in entry.jobs:
+            if self._broken:
+                return self._feeds_only(entry)  # the workers are replaced: their other answers are not waited for
             reply = self._reply(worker)
             if reply is not None:
                 _, lost_answers, gained_answers, seconds = reply
                 booster_s = max(booster_s, seconds)
                 self._route(removed_routes, lost_answers, lost)
                 self._route(added_routes, gained_answers, gained, over)
+        if self._broken:
+            return self._feeds_only(entry)
         for spu in over:
             lost.pop(spu, None)
             gained.pop(spu, None)
         started = time.perf_counter()
         notifications, hits = self._notify(lost, gained, entry.fed, over, self.max_rows, self._past)
         entry.timings.update(t_booster_s=booster_s, t_notify_s=time.perf_counter() - started, lutt_hits=hits)
+        return notifications
+
+    def _feeds_only(self, entry: InFlight) -> int:
+        """Notify only the graph feeds of `entry`: their rows are the delta's, found by the engine's
+        thread, whatever befell the workers (the cloud shipper is one: it must miss no update)."""
+        notifications, _ = self._notify({}, {}, entry.fed)
         return notifications
 
     def _route(
@@ -491,7 +531,8 @@ class PipelinedSpuManager(SpuManager):
                 return None
         except (EOFError, OSError):
             pass
-        log.error("parallel mode: a BOOSTER worker died", extra={"worker": worker.name})
+        log.error("parallel mode: a BOOSTER worker died or stopped answering", extra={"worker": worker.name})
+        worker.kill()  # a stopped one too: its late answers must not be read as a later job's
         self.counters["died"] += 1
         self._broken = True
         return None
@@ -522,8 +563,15 @@ class PipelinedSpuManager(SpuManager):
             if spu in self.held:
                 self.held.resized(spu, spu.rows_held())
         log.warning("parallel mode: SPUs evaluated again after a worker failure", extra={"notified": notifications})
+        unfinished, self._unfinished = self._unfinished, []
+        for index, entry in enumerate(unfinished):  # their publishers' replies, after the correction
+            self._complete(entry, notifications if index == len(unfinished) - 1 else 0)
         if self.groups and not self._closed:
             self._start()
+
+    def recover(self) -> None:
+        """:meth:`_recover`, for the engine to call under its lock when :attr:`on_broken` asks."""
+        self._recover()
 
     def close(self) -> None:
         with self._idle:

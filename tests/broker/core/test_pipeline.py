@@ -19,12 +19,14 @@ from concurrent.futures import Future
 import pytest
 from pyoxigraph import DefaultGraph
 
+from broker.core import pipeline
 from broker.core.budget import OverBudget
 from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.core.pipeline import OFFLOAD_MIN_QUADS
 from broker.core.results import UpdateResult
 from broker.scheduler import Scheduler
+from tests.polling import wait_until
 
 EX = "http://example.org/"
 ROOMS = 4
@@ -168,6 +170,41 @@ def test_a_dead_worker_is_replaced_and_no_subscription_is_left_wrong(parallel: E
     for room in range(ROOMS):
         assert inboxes[room].view() == current(parallel, room)
     assert manager.counters["pipelined"] >= 2  # type: ignore[attr-defined]
+
+
+def test_an_update_a_dead_worker_left_unfinished_completes_with_every_view_right(parallel: Engine) -> None:
+    """With one of two workers gone, the subscribers got the other's share of the update (20 rows of
+    40) and the publisher its reply; nothing put them right until another request came (an attack
+    pass). Now the reply comes once every SPU is evaluated again: no request follows it here."""
+    inboxes = subscribe_rooms(parallel)
+    manager = parallel.spus
+    doomed = manager.boosters[0].process  # type: ignore[attr-defined]
+    os.kill(doomed.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    result = parallel.submit(set_room(2, 5)).result(timeout=30)
+    assert result.added
+    for room in range(ROOMS):
+        assert inboxes[room].view() == current(parallel, room)
+    assert manager.counters["died"] == 1 and manager.counters["recovered"] == 1  # type: ignore[attr-defined]
+    wait_until(lambda: manager.metrics()["workers"] == 2, timeout=30)  # type: ignore[attr-defined]
+
+
+def test_a_worker_that_stops_answering_is_given_up_after_the_reply_timeout(
+    parallel: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped worker (SIGSTOP) held every update and subscribe behind it for 600 s."""
+    monkeypatch.setattr(pipeline, "REPLY_TIMEOUT_S", 1.0)
+    inboxes = subscribe_rooms(parallel)
+    stopped = parallel.spus.boosters[0].process  # type: ignore[attr-defined]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        parallel.submit(set_room(1, 9)).result(timeout=30)
+        for room in range(ROOMS):
+            assert inboxes[room].view() == current(parallel, room)
+        assert stopped.wait(10) == -signal.SIGKILL  # killed, not left stopped beside its replacement
+    finally:
+        if stopped.poll() is None:
+            stopped.kill()
 
 
 def test_an_update_under_a_budget_is_never_handed_to_the_workers(parallel: Engine) -> None:
