@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     landing = commands.add_parser("landing", help="serve the HTTPS landing endpoint for observation batches")
     landing.add_argument("--landing-dir", required=True, type=Path, metavar="DIR", help="where batches are stored")
-    landing.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    landing.add_argument(
+        "--host", help="listen address (default 0.0.0.0 with --cert/--key, else 127.0.0.1: for a proxy on this host)"
+    )
     landing.add_argument("--port", type=int, default=8443, help="listen port (default 8443)")
     landing.add_argument("--cert", type=Path, metavar="FILE", help="TLS certificate chain (PEM)")
     landing.add_argument("--key", type=Path, metavar="FILE", help="TLS private key (PEM)")
@@ -100,7 +102,9 @@ def landing(args: argparse.Namespace) -> int:
     settings = LandingSettings(
         landing_dir=args.landing_dir,
         tokens=tokens,
-        host=args.host,
+        # Why loopback without TLS: the bearer tokens and the observations would cross the network in
+        # clear; a plain landing is for a TLS-terminating proxy on the same host (and --host says so)
+        host=args.host or ("0.0.0.0" if args.cert else "127.0.0.1"),
         port=args.port,
         cert=args.cert,
         key=args.key,

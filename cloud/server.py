@@ -53,7 +53,9 @@ async def serve(settings: LandingSettings, stop: asyncio.Event | None = None) ->
         scheme = "https" if ssl_context else "http"
         log.info("landing endpoint listening", extra={"url": f"{scheme}://{settings.host}:{settings.port}/v1/"})
         if ssl_context is None:
-            log.warning("no --cert/--key: serving plain HTTP, which is only safe behind a TLS-terminating proxy")
+            log.warning(
+                "no --cert/--key: serving plain HTTP, which is only safe behind a TLS-terminating proxy on this host"
+            )
         await stop.wait()
         log.info("landing endpoint stopping")
     finally:

@@ -30,9 +30,11 @@ def _environment(tokens: str | None) -> dict[str, str]:
 
 
 @contextmanager
-def running(args: list[str], tokens: str | None, port: int) -> Iterator[subprocess.Popen[str]]:
+def running(
+    args: list[str], tokens: str | None, port: int, host: str | None = "127.0.0.1"
+) -> Iterator[subprocess.Popen[str]]:
     process = subprocess.Popen(
-        [*SEPA_CLOUD, "landing", "--host", "127.0.0.1", "--port", str(port), *args],
+        [*SEPA_CLOUD, "landing", *(("--host", host) if host else ()), "--port", str(port), *args],
         env=_environment(tokens),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -75,14 +77,17 @@ def test_https_with_token_file_then_clean_sigterm(tmp_path: Path, certificate: t
     assert "https://127.0.0.1" in stderr
 
 
-def test_plain_http_warns(tmp_path: Path) -> None:
+def test_plain_http_warns_and_listens_on_loopback_unless_told(tmp_path: Path) -> None:
+    """Without TLS the tokens and observations cross the network in clear: a plain landing is for a
+    proxy on the same host, so it no longer listens on every address by default (an attack pass)."""
     port = free_port()
-    with running(["--landing-dir", str(tmp_path / "landing")], "t1", port) as process:
+    with running(["--landing-dir", str(tmp_path / "landing")], "t1", port, host=None) as process:
         assert Client(port, None, "t1").put("b1", batch([record(1)])).status == 201
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         stderr = process.stderr.read()
     assert "level=warning" in stderr and "plain HTTP" in stderr
+    assert f"http://127.0.0.1:{port}/v1/" in stderr
 
 
 def _fails(args: list[str], tokens: str | None = "t1") -> str:
