@@ -211,6 +211,9 @@ MORE_CONFIG_CASES: dict[str, tuple[bytes | None, str]] = {
     "not-positive": (b"[scheduler]\nqueue_size = 0\n", "scheduler.queue_size"),
     "not-utf8": (b'[http]\nhost = "\xff"\n', "not valid TOML"),
     "directory": (None, "cannot read"),
+    "not-finite": (b"[engine]\ntime_limit_s = nan\n", "engine.time_limit_s must be a finite number"),
+    "secure-ports-equal": (b"[security]\nenabled = true\nhttps_port = 8555\nwss_port = 8555\n", "wss_port must differ"),
+    "nested-too-deeply": (b"a = " + b"[" * 900 + b"]" * 900 + b"\n", "nested too deeply"),
 }
 LOCAL = ("--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0")
 Refused = tuple[dict[str, "subprocess.CompletedProcess[str]"], int, Path]
