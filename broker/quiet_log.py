@@ -48,5 +48,5 @@ class QuietLog:
         now = self.clock()
         if now - self._logged_at >= self.every_s:
             self._logged_at = now
-            self.logger.log(self.level, self.message, extra={**extra, "refused": self._unlogged})
+            self.logger.log(self.level, self.message, extra={**extra, "refused": self._unlogged}, stacklevel=2)
             self._unlogged = 0

@@ -347,6 +347,29 @@ def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
 
 
+def test_a_flood_of_junk_datagrams_is_counted_and_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by an attack pass: 2,000 junk UDP datagrams (spoofable, no handshake) gave 2,000 lines of
+    aiocoap's "Ignoring unparsable message" warning. Every one is counted as malformed; the log gets
+    one line a minute at most, with the count since."""
+    flood, burst = 2000, 100  # a reading after each burst: none waits long in the socket's buffer
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            loop = asyncio.get_running_loop()
+            for first in range(0, flood, burst):
+                for _ in range(burst):
+                    await loop.sock_sendto(peer.sock, b"\x00" + os.urandom(20), ("127.0.0.1", adapter.bound_port))
+                reading = datagrams.request(first, os.urandom(4), "s/boiler/temperature", b"20")
+                assert (await peer.ask(reading))[1] == CHANGED
+            assert adapter.metrics()["malformed_dropped"] == flood
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    assert "Ignoring unparsable message" not in caplog.text
+    logged = [record for record in caplog.records if record.getMessage() == "coap: unparsable datagrams ignored"]
+    assert len(logged) == 1 and logged[0].refused == 1 and logged[0].peer.endswith("127.0.0.1"), caplog.text[:500]
+
+
 def test_new_sensor_properties_past_the_bounds_are_refused_and_known_ones_go_on() -> None:
     """A sensor naming endless properties would grow the latest view (never pruned) until memory
     runs out. Past the writer's bounds (here 2 properties a sensor, 3 in all) a reading of a new
