@@ -43,10 +43,17 @@ class QuietLog:
     def __call__(self, **extra: Any) -> None:
         """Count one occurrence; log it, with `extra` (the one that is logged) and the count since the
         last line, when the last line is `every_s` old."""
+        since = self.due()
+        if since is not None:
+            self.logger.log(self.level, self.message, extra={**extra, "refused": since}, stacklevel=2)
+
+    def due(self) -> int | None:
+        """Count one occurrence; when a line is due, the occurrences since the last (this one
+        included), else None. For a caller that writes the line itself (a logging filter)."""
         self.total += 1
         self._unlogged += 1
         now = self.clock()
-        if now - self._logged_at >= self.every_s:
-            self._logged_at = now
-            self.logger.log(self.level, self.message, extra={**extra, "refused": self._unlogged}, stacklevel=2)
-            self._unlogged = 0
+        if now - self._logged_at < self.every_s:
+            return None
+        self._logged_at, since, self._unlogged = now, self._unlogged, 0
+        return since

@@ -349,25 +349,37 @@ def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback
 
 def test_a_flood_of_junk_datagrams_is_counted_and_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
     """Found by an attack pass: 2,000 junk UDP datagrams (spoofable, no handshake) gave 2,000 lines of
-    aiocoap's "Ignoring unparsable message" warning. Every one is counted as malformed; the log gets
-    one line a minute at most, with the count since."""
+    aiocoap's "Ignoring unparsable message" warning, and a ping, a response nothing waits for or a
+    code that does not fit its type an INFO or WARNING line each. Every one is counted (malformed,
+    aiocoap_notices); each of aiocoap's messages is logged once a minute at most, with the count."""
     flood, burst = 2000, 100  # a reading after each burst: none waits long in the socket's buffer
+    others = [
+        lambda mid: struct.pack("!BBH", 0x40, 0x00, mid),  # CON empty: a CoAP ping
+        lambda mid: struct.pack("!BBH", 0x40, 0x45, mid),  # CON 2.05 that answers nothing
+        lambda mid: struct.pack("!BBH", 0x50, 0x00, mid),  # NON empty: code and type do not fit
+    ]
 
     async def scenario() -> None:
         async with running_adapter() as (adapter, peer):
             loop = asyncio.get_running_loop()
             for first in range(0, flood, burst):
-                for _ in range(burst):
+                for number in range(first, first + burst):
                     await loop.sock_sendto(peer.sock, b"\x00" + os.urandom(20), ("127.0.0.1", adapter.bound_port))
+                    if number % 10 == 0:
+                        junk = others[number // 10 % len(others)](number)
+                        await loop.sock_sendto(peer.sock, junk, ("127.0.0.1", adapter.bound_port))
                 reading = datagrams.request(first, os.urandom(4), "s/boiler/temperature", b"20")
                 assert (await peer.ask(reading))[1] == CHANGED
-            assert adapter.metrics()["malformed_dropped"] == flood
+            metrics = adapter.metrics()
+            assert metrics["malformed_dropped"] == flood
+            assert metrics["aiocoap_notices"] >= flood // 10
 
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         asyncio.run(scenario())
-    assert "Ignoring unparsable message" not in caplog.text
-    logged = [record for record in caplog.records if record.getMessage() == "coap: unparsable datagrams ignored"]
-    assert len(logged) == 1 and logged[0].refused == 1 and logged[0].peer.endswith("127.0.0.1"), caplog.text[:500]
+    aiocoap = [record for record in caplog.records if record.name == "sepa-coap"]
+    by_format = Counter(record.msg for record in aiocoap)
+    assert by_format["Ignoring unparsable message from %s"] == 1 and len(by_format) >= 3, by_format
+    assert set(by_format.values()) == {1} and {record.count for record in aiocoap} == {1}, by_format
 
 
 def test_new_sensor_properties_past_the_bounds_are_refused_and_known_ones_go_on() -> None:
