@@ -37,7 +37,7 @@ MAX_QUERY_TIME_S = 86400.0
 
 class ConfigError(Exception):
     """A configuration problem, said in one line; found in a file, ``FILE:LINE: message`` when the
-    line holding the setting is known (gateway.appliance.config_lines)."""
+    line holding the setting is known (gateway.appliance.config_lines), else ``FILE: message``."""
 
     def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None) -> None:
         super().__init__(message)
@@ -48,6 +48,8 @@ class ConfigError(Exception):
     def __str__(self) -> str:
         if self.path is not None and self.line is not None:
             return f"{self.path}:{self.line}: {self.message}"
+        if self.path is not None:
+            return f"{self.path}: {self.message}"
         return self.message
 
 
@@ -417,6 +419,15 @@ def load_config(path: str | Path | None) -> Config:
     """Defaults, overridden by the TOML file at `path` when given."""
     if path is None:
         return Config().validate()
+    try:
+        return _load(path)
+    except ConfigError as error:  # every problem of a file names it, with its line or without
+        if error.path is None:
+            error.path = path
+        raise
+
+
+def _load(path: str | Path) -> Config:
     raw = _read(path)
     try:
         text = raw.decode("utf-8")
@@ -431,7 +442,7 @@ def load_config(path: str | Path | None) -> Config:
     except tomllib.TOMLDecodeError as error:
         line = toml_error_line(str(error))
         if line is None:
-            raise ConfigError(f"{path} is not valid TOML: {error}") from error
+            raise ConfigError(f"not valid TOML: {error}") from error
         raise ConfigError(f"not valid TOML: {error}", path=path, line=line) from error
     except RecursionError:  # tomllib recurses once per level: 900 nested arrays were a traceback
         raise ConfigError("not valid TOML: arrays or inline tables nested too deeply") from None

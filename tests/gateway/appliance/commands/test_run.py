@@ -283,7 +283,9 @@ def test_more_bad_configs_in_process(tmp_path: Path, capsys: pytest.CaptureFixtu
         argv = ["run", "--config", str(_config_file(tmp_path, case, content)), *LOCAL]
     code = cli_main(argv)
     captured = capsys.readouterr()
-    assert_one_line_exit_2(subprocess.CompletedProcess(argv, code, captured.out, captured.err), fragment)
+    line = assert_one_line_exit_2(subprocess.CompletedProcess(argv, code, captured.out, captured.err), fragment)
+    if case != "cli-port":  # a problem of the file names it, with its line or without (a value nested too deep)
+        assert line.startswith(f"sepa-gateway: bad configuration: {tmp_path / case}.toml"), line
 
 
 # -- the systemd configuration ---------------------------------------------------------------
