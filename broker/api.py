@@ -57,6 +57,7 @@ from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
 from broker.handoff import loop_handoff
+from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
 from broker.security.clients import ClientRegistry, RegistryError, configured_client, secret_digest
@@ -104,6 +105,7 @@ __all__ = [
     "QuadRows",
     "SECURE_PATHS",
     "QueryResult",
+    "QuietLog",
     "RdfStore",
     "RegistryError",
     "Row",

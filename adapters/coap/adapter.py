@@ -130,6 +130,7 @@ class CoapAdapter:
             await self.queries.stop()
             raise OSError(f"cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
         self.fast.attach(self.context)
+        self.context.log.addFilter(self.fast.quiet)  # the logger of aiocoap's notes on each datagram
         await self.observer.start()
         await self.actuators.start()
         if self.oscore is not None:
@@ -156,6 +157,7 @@ class CoapAdapter:
         await self.observer.stop()
         if self.context is not None:
             await self.context.shutdown()
+            self.context.log.removeFilter(self.fast.quiet)
             self.context = None
         await self.batcher.stop()
         if self._mappings is not None:

@@ -68,6 +68,7 @@ from adapters.coap.deliveries import EXCHANGE_LIFETIME_S, delivery
 from adapters.coap.errors import Refused
 from adapters.coap.readings import ReadingsResource, stored_refusal
 from adapters.coap.site import GatewaySite
+from broker.api import QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,9 @@ Ancillary = list[tuple[int, int, bytes]]
 DRAIN_MAX = 64  # datagrams read after the one aiocoap read, at most, before the loop runs other work
 RECEIVE_BYTES, ANCILLARY_BYTES = 4096, 1024  # as aiocoap's reader
 MAX_PEERS = 4096  # peers whose address details are kept (a sensor's are reused for each reading)
+UNPARSABLE = "Ignoring unparsable message from %s"  # aiocoap's udp6 reader's warning (aiocoap 0.4.x)
+MAX_NOTICE_FORMATS = 64  # formats of aiocoap's messages rate-limited apart (they are its source's: a few dozen)
+OTHER_NOTICES = "(other formats)"
 
 
 class NetworkBudget:
@@ -127,6 +131,8 @@ class FastPath:
         self.network_shed = 0
         self.malformed = 0  # datagrams aiocoap could not decode
         self.truncated = 0  # datagrams longer than RECEIVE_BYTES
+        self.aiocoap_notices = 0  # aiocoap's other log records below ERROR (see quiet)
+        self._notices: dict[str, QuietLog] = {}  # by format of aiocoap's message
         self._pending: set[tuple[Any, int]] = set()
         self._peers: dict[Any, tuple[bool, str]] = {}
         self._sockets: dict[int, socket.socket] = {}  # by id() of the interface reading it
@@ -270,6 +276,32 @@ class FastPath:
         else:
             self.network_shed += 1
 
+    def quiet(self, record: logging.LogRecord) -> bool:
+        """A filter of the aiocoap context's logger: below ERROR, each of its messages (by its format)
+        is let through once a minute at most, with `count` the records of that format since the last
+        one; a datagram it cannot decode is counted as malformed, every other such record in
+        `aiocoap_notices`. Why: what aiocoap logs below ERROR is one line per datagram of a peer's:
+        2,000 junk UDP datagrams (spoofable, no handshake) were 2,000 "Ignoring unparsable message"
+        warnings; a CoAP ping, a response or an ACK nothing waits for, a code that does not fit its
+        type, a duplicate request, an INFO or WARNING line each."""
+        if record.levelno >= logging.ERROR:
+            return True
+        if record.msg == UNPARSABLE:
+            self.malformed += 1
+        else:
+            self.aiocoap_notices += 1
+        template = record.msg if isinstance(record.msg, str) else type(record.msg).__name__
+        limiter = self._notices.get(template)
+        if limiter is None:
+            if len(self._notices) >= MAX_NOTICE_FORMATS:
+                template = OTHER_NOTICES
+            limiter = self._notices.setdefault(template, QuietLog(log, template))
+        since = limiter.due()
+        if since is None:
+            return False
+        record.count = since
+        return True
+
     def _take_budget(self, data: bytes) -> bool:
         """Whether a datagram from the network may reach aiocoap: from its sensor's reserve when it
         names a known sensor's kid, else (or past the reserve) from the shared budget."""
@@ -304,6 +336,7 @@ class FastPath:
             "network_requests_shed_total": self.network_shed,
             "network_requests_reserved_total": self.reserved,
             "malformed_dropped": self.malformed,
+            "aiocoap_notices": self.aiocoap_notices,
             "truncated_dropped": self.truncated,
         }
 

@@ -46,7 +46,6 @@ import asyncio
 import ipaddress
 import logging
 import socket
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -58,6 +57,7 @@ from broker.errors import SepaError
 from broker.gates.connections import ConnectionLimit
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, json_error
 from broker.gates.slow import GuardedHandler, GuardedServer
+from broker.quiet_log import QuietLog
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,13 @@ class Dispatcher:
         self.allowed_hosts = frozenset(_bare_name(name) for name in allowed_hosts)
         self.refuse_foreign_hosts = refuse_foreign_hosts  # False on the secure gates (TLS checks the name)
         self._hosts: dict[str, bool] = {}  # Host header value -> ours (at most HOSTS_CACHED)
-        self._misdirected_logged_at = float("-inf")
-        self._misdirected_unlogged = 0
+        # what a client off this board can cause with every request: once a minute at most (broker.quiet_log)
+        self._misdirected_log = QuietLog(
+            log,
+            "request for a host name that is not ours refused (see [http] allowed_hosts)",
+            every_s=MISDIRECTED_LOG_EVERY_S,
+        )
+        self._cross_origin_log = QuietLog(log, "cross-origin request refused")
 
     def server(self) -> web.Server:
         """A low-level aiohttp server for this gate (call with the event loop running)."""
@@ -275,7 +280,7 @@ class Dispatcher:
         ):
             return None
         self.counters["forbidden:403"] += 1
-        log.info("cross-origin request refused", extra={"origin": (origin or "")[:200], "path": request.path[:200]})
+        self._cross_origin_log(origin=(origin or "")[:200], path=request.path[:200])
         return json_error("forbidden", "cross-origin requests are refused (see [http] cors_origins)", 403)
 
     def ours(self, host: str) -> bool:
@@ -295,15 +300,7 @@ class Dispatcher:
         """421 for a request sent under a DNS name that is not ours (a DNS-rebinding page's, or a
         name the operator did not list); logged once a minute at most, with the count since."""
         self.counters["misdirected_request:421"] += 1
-        self._misdirected_unlogged += 1
-        now = time.monotonic()
-        if now - self._misdirected_logged_at >= MISDIRECTED_LOG_EVERY_S:
-            self._misdirected_logged_at = now
-            log.info(
-                "request for a host name that is not ours refused (see [http] allowed_hosts)",
-                extra={"host": host[:200], "path": request.path[:200], "refused": self._misdirected_unlogged},
-            )
-            self._misdirected_unlogged = 0
+        self._misdirected_log(host=host[:200], path=request.path[:200])
         return json_error(
             "misdirected_request",
             "this gateway does not serve the host name the request names; "

@@ -94,6 +94,9 @@ class Gates:
                 quota=self.quota,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
+            self.metric_sources["security"] = lambda: {
+                "registrations_refused_total": authority.registrations_refused.total
+            }
             scheduler.delayed.access_of = authority.access_of
 
     def add_page(self, path: str, handler: Handler) -> None:

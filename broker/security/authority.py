@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.core.access import GraphAccess
 from broker.errors import Forbidden, InvalidRequest, SepaError, Unauthorized
+from broker.quiet_log import QuietLog
 from broker.security.clients import ClientRegistry, RegistryError, secret_digest
 from broker.security.keys import signing_key
 from broker.security.tokens import TokenAuthority
@@ -50,6 +51,9 @@ class Authority:
     def __init__(self, directory: Path, *, issuer: str, lifetime_s: int, configured: list[dict[str, Any]]) -> None:
         self.registry = ClientRegistry(directory, configured)
         self.tokens = TokenAuthority(signing_key(directory), issuer, lifetime_s)
+        # any host that reaches the HTTPS port can be refused at will: counted (its `total` is
+        # sepa_security_registrations_refused_total), logged once a minute at most (broker.quiet_log)
+        self.registrations_refused = QuietLog(log, "registration refused", level=logging.WARNING)
 
     # -- /oauth/register ------------------------------------------------------------------------
 
@@ -69,7 +73,7 @@ class Authority:
         try:
             client, secret = self.registry.register(identity, datetime.now(UTC).isoformat(timespec="seconds"))
         except RegistryError as error:
-            log.warning("registration refused", extra={"identity": identity[:128], "reason": str(error)})
+            self.registrations_refused(identity=identity[:128], reason=str(error))
             raise UnauthorizedClient(str(error)) from None
         log.info("client registered", extra={"identity": identity, "client_id": client.client_id})
         return {"credentials": {"client_id": client.client_id, "client_secret": secret, "signature": self.tokens.jwk()}}

@@ -6,8 +6,11 @@ the defaults here. A bad file is a :class:`ConfigError` with a one-line message.
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,11 +27,17 @@ from gateway.observations.latest import MAX_ENTRIES as MAX_LATEST_NODES
 _HOST_NAME = re.compile(
     r"(?=.{1,253}\.?$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?"
 )
+# Why a bound: a configuration is a few KB (the annotated systemd file, every setting, is 18 KB), and
+# the file was read whole: `check-config /dev/zero` grew to 21 GB and was OOM-killed
+MAX_CONFIG_BYTES = 1 << 20
+# Why a bound: the query workers' replies are waited for with a poll whose timeout is a C int of
+# milliseconds; time_limit_s = 3e6 (35 days) made every query a 500 ("timeout is too large")
+MAX_QUERY_TIME_S = 86400.0
 
 
 class ConfigError(Exception):
     """A configuration problem, said in one line; found in a file, ``FILE:LINE: message`` when the
-    line holding the setting is known (gateway.appliance.config_lines)."""
+    line holding the setting is known (gateway.appliance.config_lines), else ``FILE: message``."""
 
     def __init__(self, message: str, *, path: str | Path | None = None, line: int | None = None) -> None:
         super().__init__(message)
@@ -39,6 +48,8 @@ class ConfigError(Exception):
     def __str__(self) -> str:
         if self.path is not None and self.line is not None:
             return f"{self.path}:{self.line}: {self.message}"
+        if self.path is not None:
+            return f"{self.path}: {self.message}"
         return self.message
 
 
@@ -257,6 +268,7 @@ class Config:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        self._check_ports_apart()
         for position, name in enumerate(self.http.allowed_hosts):
             if not isinstance(name, str) or not _HOST_NAME.fullmatch(name.lower()):
                 raise ConfigError(
@@ -272,15 +284,17 @@ class Config:
             raise ConfigError("http.max_connections must be 0-1000000 and http.max_connections_per_address 1-1000000")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
-        if self.engine.service_timeout_s <= 0:
-            raise ConfigError("engine.service_timeout_s must be positive")
         if self.engine.base_iri:
             try:
                 NamedNode(self.engine.base_iri)
             except ValueError as error:
                 raise ConfigError(f"engine.base_iri is not an absolute IRI: {error}") from None
-        if self.engine.time_limit_s <= 0:
-            raise ConfigError("engine.time_limit_s must be positive")
+        for name, limit_s in (
+            ("engine.time_limit_s", self.engine.time_limit_s),
+            ("engine.service_timeout_s", self.engine.service_timeout_s),
+        ):
+            if not 0 < limit_s <= MAX_QUERY_TIME_S:
+                raise ConfigError(f"{name} must be positive and at most {MAX_QUERY_TIME_S:.0f} (a day), not {limit_s}")
         if not 1 <= self.engine.max_update_quads <= 10_000_000:
             raise ConfigError("engine.max_update_quads must be between 1 and 10000000")
         if not 1 <= self.engine.query_workers <= 64:
@@ -315,6 +329,24 @@ class Config:
         if self.logging.file_max_bytes < 4096 or self.logging.file_backups < 1:
             raise ConfigError("logging.file_max_bytes must be at least 4096 and logging.file_backups at least 1")
         return self
+
+    def _check_ports_apart(self) -> None:
+        """Why: two gates on one port and overlapping addresses passed the check, and the gateway then
+        failed at start (`https_port = 8000` beside the default http.port: "address already in use"
+        from `run`, after the installer had called the file good). Port 0 is any free one: never shared."""
+        listening = [
+            ("http.port", self.http.host, self.http.port),
+            ("websocket.port", self.http.host, self.websocket.port),
+        ]
+        if self.security.enabled:
+            listening += [
+                ("security.https_port", self.security.host, self.security.https_port),
+                ("security.wss_port", self.security.host, self.security.wss_port),
+            ]
+        for position, (name, host, port) in enumerate(listening):
+            for other, other_host, other_port in listening[:position]:
+                if port and port == other_port and _hosts_overlap(host, other_host):
+                    raise ConfigError(f"{name} must differ from {other} ({port}): both gates listen on {host}")
 
     def _check_security(self) -> None:
         from broker.api import RegistryError, configured_client  # only when security is on
@@ -351,6 +383,19 @@ class Config:
         shipper.token()
 
 
+def _hosts_overlap(first: str, second: str) -> bool:
+    """Whether listening on both addresses with one port would collide: the same address, or a
+    wildcard and an address of its family. A host name may resolve to any address: it overlaps.
+    0.0.0.0 and :: do not (asyncio sets IPV6_V6ONLY on the IPv6 socket)."""
+    try:
+        one, two = ipaddress.ip_address(first), ipaddress.ip_address(second)
+    except ValueError:
+        return True
+    if one.version != two.version:
+        return False
+    return one == two or one.is_unspecified or two.is_unspecified
+
+
 def _section(cls: type, name: str, values: Any) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"[{name}] must be a table")
@@ -365,6 +410,11 @@ def _section(cls: type, name: str, values: Any) -> Any:
             value = float(value)
         if type(value) is not expected:
             raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({value!r})")
+        # Why here, for every float setting: TOML has nan and inf, and `nan <= 0` is False, so
+        # `time_limit_s = nan` passed the range check and every query was then a 500
+        # ("cannot convert float NaN to integer"); inf, the same ("float infinity")
+        if expected is float and not math.isfinite(value):
+            raise ConfigError(f"{name}.{key} must be a finite number, not {value!r}")
         setattr(instance, key, value)
     return instance
 
@@ -374,23 +424,53 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config().validate()
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
+        return _load(path)
+    except ConfigError as error:  # every problem of a file names it, with its line or without
+        if error.path is None:
+            error.path = path
+        raise
+
+
+def _load(path: str | Path) -> Config:
+    raw = _read(path)
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ConfigError(f"{path} is not valid TOML: {error}") from error
+        line = raw.count(b"\n", 0, error.start) + 1
+        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ConfigError(
+            f"not valid TOML: not UTF-8 (byte 0x{raw[error.start]:02x} at column {column})", path=path, line=line
+        ) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         line = toml_error_line(str(error))
         if line is None:
-            raise ConfigError(f"{path} is not valid TOML: {error}") from error
+            raise ConfigError(f"not valid TOML: {error}") from error
         raise ConfigError(f"not valid TOML: {error}", path=path, line=line) from error
+    except RecursionError:  # tomllib recurses once per level: 900 nested arrays were a traceback
+        raise ConfigError("not valid TOML: arrays or inline tables nested too deeply") from None
     try:
         return _from_data(data)
     except ConfigError as error:  # said where: the line of the setting it names, when the file holds it
         error.path, error.line = path, setting_line(text, error.message)
         raise
+    except RecursionError:  # a deeply nested value tomllib took, in a check or an error message's repr
+        raise ConfigError("a value is nested too deeply") from None
+
+
+def _read(path: str | Path) -> bytes:
+    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, no more read than that."""
+    try:
+        with open(path, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError(f"cannot read {path}: not a regular file")
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from error
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"cannot read {path}: larger than {MAX_CONFIG_BYTES} bytes (a configuration is a few KB)")
+    return raw
 
 
 def _from_data(data: dict[str, Any]) -> Config:

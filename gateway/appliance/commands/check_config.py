@@ -27,8 +27,7 @@ def check(args: argparse.Namespace) -> int:
     try:
         load_config(args.file)
     except ConfigError as error:
-        where = str(error) if error.line is not None else f"{args.file}: {error}"
-        print(f"sepa-gateway: bad configuration: {where}", file=sys.stderr)
+        print(f"sepa-gateway: bad configuration: {error}", file=sys.stderr)  # FILE:LINE: or FILE:
         return 2
     print(f"{args.file}: ok")
     return 0

@@ -347,6 +347,41 @@ def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
 
 
+def test_a_flood_of_junk_datagrams_is_counted_and_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    """Found by an attack pass: 2,000 junk UDP datagrams (spoofable, no handshake) gave 2,000 lines of
+    aiocoap's "Ignoring unparsable message" warning, and a ping, a response nothing waits for or a
+    code that does not fit its type an INFO or WARNING line each. Every one is counted (malformed,
+    aiocoap_notices); each of aiocoap's messages is logged once a minute at most, with the count."""
+    flood, burst = 2000, 100  # a reading after each burst: none waits long in the socket's buffer
+    others = [
+        lambda mid: struct.pack("!BBH", 0x40, 0x00, mid),  # CON empty: a CoAP ping
+        lambda mid: struct.pack("!BBH", 0x40, 0x45, mid),  # CON 2.05 that answers nothing
+        lambda mid: struct.pack("!BBH", 0x50, 0x00, mid),  # NON empty: code and type do not fit
+    ]
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            loop = asyncio.get_running_loop()
+            for first in range(0, flood, burst):
+                for number in range(first, first + burst):
+                    await loop.sock_sendto(peer.sock, b"\x00" + os.urandom(20), ("127.0.0.1", adapter.bound_port))
+                    if number % 10 == 0:
+                        junk = others[number // 10 % len(others)](number)
+                        await loop.sock_sendto(peer.sock, junk, ("127.0.0.1", adapter.bound_port))
+                reading = datagrams.request(first, os.urandom(4), "s/boiler/temperature", b"20")
+                assert (await peer.ask(reading))[1] == CHANGED
+            metrics = adapter.metrics()
+            assert metrics["malformed_dropped"] == flood
+            assert metrics["aiocoap_notices"] >= flood // 10
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    aiocoap = [record for record in caplog.records if record.name == "sepa-coap"]
+    by_format = Counter(record.msg for record in aiocoap)
+    assert by_format["Ignoring unparsable message from %s"] == 1 and len(by_format) >= 3, by_format
+    assert set(by_format.values()) == {1} and {record.count for record in aiocoap} == {1}, by_format
+
+
 def test_new_sensor_properties_past_the_bounds_are_refused_and_known_ones_go_on() -> None:
     """A sensor naming endless properties would grow the latest view (never pruned) until memory
     runs out. Past the writer's bounds (here 2 properties a sensor, 3 in all) a reading of a new

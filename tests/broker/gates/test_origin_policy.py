@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
 from collections import Counter
@@ -180,6 +181,28 @@ def test_a_page_under_a_rebound_dns_name_reads_nothing(gateway: InProcessGateway
     assert count(gateway, "rebound") == 0
     metrics = gateway.request("GET", "/metrics").body.decode()
     assert 'sepa_errors_total{error="misdirected_request",status="421"} 31' in metrics
+
+
+def test_a_flood_of_cross_origin_writes_is_counted_and_logged_once_a_minute(
+    gateway: InProcessGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an attack pass: each refused cross-origin request was a log line, a flood any host
+    could write at its own pace. Every one is counted (403), the log gets one line a minute at most."""
+    flood = 300
+    caplog.set_level(logging.INFO, logger="broker.gates.dispatch")
+
+    async def main() -> list[int]:
+        async with aiohttp.ClientSession() as session:
+            url = f"{gateway.http_url}/update"
+            return await asyncio.gather(
+                *(post_form(session, url, "evil", {"Origin": f"{EVIL}{number}"}) for number in range(flood))
+            )
+
+    assert asyncio.run(main()) == [403] * flood
+    logged = [record for record in caplog.records if record.getMessage() == "cross-origin request refused"]
+    assert len(logged) == 1 and logged[0].refused == 1 and logged[0].origin.startswith(EVIL), logged
+    assert gateway.metrics()['sepa_errors_total{error="forbidden",status="403"}'] == flood
+    assert count(gateway, "evil") == 0
 
 
 def test_our_own_names_and_the_allowed_ones_are_served(gateway: InProcessGateway) -> None:

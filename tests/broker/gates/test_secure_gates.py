@@ -7,6 +7,7 @@ import asyncio
 import base64
 import hmac
 import json
+import logging
 import os
 import stat
 import time
@@ -88,6 +89,28 @@ def test_registration_is_limited_to_allowed_identities_once_each(secure_gateway)
         assert (await client.register("viewer"))[0] == 201
 
     run_secure(secure_gateway, test)
+
+
+def test_a_flood_of_refused_registrations_is_counted_and_logged_once_a_minute(
+    secure_gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an attack pass: each refused registration was a log line (~250 B), so one host on the
+    LAN cycled all the rotated log files (60 MB) in 4-5 minutes. Now every one is counted and the
+    log gets one line a minute at most, with the count since the last."""
+    flood = 300
+    caplog.set_level(logging.WARNING, logger="broker.security.authority")
+
+    async def test(client: SecureClient) -> None:
+        statuses = await asyncio.gather(*(client.register(f"stranger{number}" * 20) for number in range(flood)))
+        assert [status for status, _ in statuses] == [401] * flood
+
+    run_secure(secure_gateway, test)
+    logged = [record for record in caplog.records if record.getMessage() == "registration refused"]
+    assert len(logged) == 1 and logged[0].refused == 1, [vars(record) for record in logged]
+    assert logged[0].identity.startswith("stranger")
+    metrics = secure_gateway.metrics()
+    assert metrics["sepa_security_registrations_refused_total"] == flood
+    assert metrics['sepa_errors_total{error="unauthorized_client",status="401"}'] == flood
 
 
 def test_wrong_client_credentials_get_no_token(secure_gateway) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.appliance.cli import main as cli_main
+from gateway.appliance.config import MAX_CONFIG_BYTES
 
 REPO = Path(__file__).resolve().parents[4]
 
@@ -102,6 +103,67 @@ def test_what_no_line_holds_still_names_the_file(tmp_path: Path, capsys: pytest.
         code == 2
         and err == f"sepa-gateway: bad configuration: {missing}: cannot read {missing}: No such file or directory\n"
     )
+
+
+# Found by an attack pass: a traceback (deep nesting), an OOM kill (/dev/zero, a huge file), a
+# message without its line (not UTF-8), and files called good that the gateway then could not run
+# (nan or inf: every query a 500; two gates on one port: "address already in use" at start).
+BAD_FILES: dict[str, tuple[bytes, int | None, str]] = {  # file bytes, line (None: none), fragment
+    "deep-array": (b"a = " + b"[" * 900 + b"]" * 900 + b"\n", None, "nested too deeply"),
+    "deep-inline-table": (b"a = " + b"{b=" * 900 + b"1" + b"}" * 900 + b"\n", None, "nested too deeply"),
+    "too-large": (b"#" * (MAX_CONFIG_BYTES + 1), None, f"larger than {MAX_CONFIG_BYTES} bytes"),
+    "latin-1": (b"[http]\nport = 8000 # caf\xe9\n", 2, "not UTF-8 (byte 0xe9 at column 18)"),
+    "nan": (b"[engine]\nmode = 'sequential'\ntime_limit_s = nan\n", 3, "engine.time_limit_s must be a finite number"),
+    "inf": (b"[http]\nidle_timeout_s = inf\n", 2, "http.idle_timeout_s must be a finite number, not inf"),
+    "plug-in-inf": (b"[coap]\nobserve_margin_s = -inf\n", 2, "coap.observe_margin_s must be a finite number"),
+    "time-limit-past-a-day": (b"[engine]\ntime_limit_s = 3e6\n", 2, "engine.time_limit_s must be positive and at most"),
+    "https-on-the-http-port": (
+        b"[security]\nenabled = true\nhttps_port = 8000\n",
+        3,
+        "security.https_port must differ from http.port (8000)",
+    ),
+    "wss-on-a-wildcard-over-http": (
+        b'[http]\nhost = "127.0.0.1"\n[security]\nenabled = true\nwss_port = 8000\n',
+        5,
+        "security.wss_port must differ from http.port (8000)",
+    ),
+    "websocket-on-the-http-port": (b"[websocket]\nport = 8000\n", 2, "websocket.port must differ from http.port"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_an_attacked_file_is_one_line_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    content, line, fragment = BAD_FILES[case]
+    path = tmp_path / f"{case}.toml"
+    path.write_bytes(content)
+    code, out, err = check(path, capsys)
+    where = f"{path}:{line}: " if line is not None else f"{path}: "
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"sepa-gateway: bad configuration: {where}") and fragment in err, err
+
+
+def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """`check-config /dev/zero` read the endless file whole: 21 GB, then killed by the OOM killer."""
+    code, out, err = check(Path("/dev/zero"), capsys)
+    assert (code, out, err) == (
+        2,
+        "",
+        "sepa-gateway: bad configuration: /dev/zero: cannot read /dev/zero: not a regular file\n",
+    )
+
+
+def test_gates_on_one_port_but_apart_in_address_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two addresses of this board, or the IPv4 and the IPv6 wildcard, can share a port; so can port 0."""
+    path = tmp_path / "apart.toml"
+    path.write_text(
+        '[http]\nhost = "127.0.0.1"\nport = 8443\n[websocket]\nport = 0\n'
+        '[security]\nenabled = true\nhost = "127.0.0.2"\nwss_port = 0\n'
+    )
+    assert check(path, capsys) == (0, f"{path}: ok\n", "")
+    path.write_text('[http]\nhost = "::"\n[security]\nenabled = true\nhost = "0.0.0.0"\nhttps_port = 8000\n')
+    assert check(path, capsys) == (0, f"{path}: ok\n", "")
 
 
 def test_check_config_as_the_installer_runs_it(tmp_path: Path, gateway_command: list[str]) -> None:
