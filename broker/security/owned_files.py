@@ -28,9 +28,10 @@ class UnsafeFileError(OSError):
 
 
 @contextlib.contextmanager
-def open_directory(path: Path) -> Iterator[int]:
-    """A descriptor of directory `path`; refused (ELOOP) when `path` itself is a symlink."""
-    descriptor = os.open(path, _DIRECTORY)
+def open_directory(path: Path | str, at: int | None = None) -> Iterator[int]:
+    """A descriptor of directory `path` (relative to directory descriptor `at` if given); refused
+    (ELOOP, ENOTDIR) when `path` itself is a symlink."""
+    descriptor = os.open(path, _DIRECTORY, dir_fd=at)
     try:
         yield descriptor
     finally:

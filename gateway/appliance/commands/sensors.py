@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from broker.api import write_file
 from gateway.appliance import mqtt_acl, oscore_sensors
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 
@@ -87,13 +88,9 @@ def _lines(password_file: Path) -> list[str]:
 def _write(password_file: Path, lines: list[str]) -> None:
     """Replace the file atomically, keeping its owner and mode (Mosquitto must still read it)."""
     existing = password_file.stat() if password_file.exists() else None
-    temporary = password_file.with_name(password_file.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, existing.st_mode & 0o777 if existing else 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("".join(f"{line}\n" for line in lines))
-    if existing is not None and os.geteuid() == 0:
-        os.chown(temporary, existing.st_uid, existing.st_gid)
-    os.replace(temporary, password_file)
+    mode = existing.st_mode & 0o777 if existing else 0o600
+    owner = (existing.st_uid, existing.st_gid) if existing else None
+    write_file(password_file, "".join(f"{line}\n" for line in lines).encode(), mode, owner)
 
 
 def reload_mosquitto(pid_file: Path = PID_FILE) -> str:
