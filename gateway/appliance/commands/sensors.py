@@ -16,6 +16,7 @@ and the install script (the gateway's own MQTT login) use the same code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -192,9 +193,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "list":
-            for name in logins(args.password_file):
-                print(name)
-            return 0
+            return _print_names(logins(args.password_file))
         if args.action == "acl":
             print(mqtt_acl.write_acl(args.password_file, logins(args.password_file)).read_text(), end="")
         elif args.action == "allow":
@@ -226,14 +225,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_names(names: list[str]) -> int:
+    """Print one name a line. A reader that leaves early (`sensors list | grep -q NAME`, as the
+    installer ran it) is no error: it failed with `[Errno 32] Broken pipe` and exit 1, which under
+    `set -o pipefail` sent the installer down the branch that resets the gateway's MQTT password."""
+    try:
+        for name in names:
+            print(name)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # the flush at exit must not try again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def _run_coap(args: argparse.Namespace) -> int:
     """The CoAP side of the command: OSCORE contexts the running gateway picks up within seconds."""
     directory: Path = args.coap_dir
     try:
         if args.action == "list":
-            for name in oscore_sensors.sensors(directory):
-                print(name)
-            return 0
+            return _print_names(oscore_sensors.sensors(directory))
         if args.action == "remove":
             oscore_sensors.remove_sensor(directory, args.name)
             print(f"{args.name}: CoAP credential removed")
