@@ -106,12 +106,13 @@ def _plant(security: Path, name: str, target: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="what root's CLI does to a root-only file needs root")
-@pytest.mark.parametrize("planted", ["clients.lock", "clients.json", "clients.json.tmp"])
+@pytest.mark.parametrize("planted", ["clients.lock", "clients.json", "clients.json.tmp", "hard link: clients.lock"])
 def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlinks(tmp_path: Path, planted: str) -> None:
     """Attack pass: the service user owns the security directory; it made `clients.lock` a symlink
     to a root-only file, and root's `clients add` gave that file to it (open O_CREAT and chown both
     followed the link). `clients.json.tmp` was truncated and rewritten through the link, and a
-    `clients.json` link made root copy a root-only JSON file's clients into the service's file."""
+    `clients.json` link made root copy a root-only JSON file's clients into the service's file.
+    A hard link as the lock is refused too (chown on it is the file's)."""
     security = tmp_path / "security"
     security.mkdir(mode=0o700)
     assert clients(security, "add", "dash", "--read", "*").returncode == 0
@@ -122,8 +123,12 @@ def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlink
     secret = '{"clients": {"root-secret": {"read": ["*"]}}}'
     victim.write_text(secret)
     os.chmod(victim, 0o600)
-    (security / planted).unlink(missing_ok=True)
-    _plant(security, planted, victim)
+    name = planted.removeprefix("hard link: ")
+    (security / name).unlink(missing_ok=True)
+    if name != planted:  # a hard link, where fs.protected_hardlinks does not stop the service user
+        os.link(victim, security / name)
+    else:
+        _plant(security, name, victim)
 
     clients(security, "add", "viewer", "--read", "default")
 
@@ -133,4 +138,4 @@ def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlink
     stored = security / "clients.json"
     assert "root-secret" not in (stored.read_text() if not stored.is_symlink() else "")
     for path in security.iterdir():  # what root left there is the service user's, and no link was followed
-        assert path.is_symlink() or path.stat().st_uid == SERVICE_UID, path
+        assert path.is_symlink() or path.samefile(victim) or path.stat().st_uid == SERVICE_UID, path
