@@ -62,6 +62,7 @@ from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
 from broker.security.clients import ClientRegistry, RegistryError, configured_client, secret_digest
 from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
+from broker.security.owned_files import directory_owner, open_directory, write_file
 from broker.sparql.canonical import XSD, canonical
 from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
 from broker.sparql.patterns import QuadPattern
@@ -133,6 +134,7 @@ __all__ = [
     "canonical",
     "check_structure",
     "configured_client",
+    "directory_owner",
     "due_micros",
     "fingerprint",
     "gateway_version",
@@ -140,6 +142,7 @@ __all__ = [
     "loop_handoff",
     "matching_brace",
     "now_micros",
+    "open_directory",
     "parse_at",
     "parse_delay",
     "private_directory",
@@ -150,4 +153,5 @@ __all__ = [
     "term_to_json",
     "tls_files",
     "tokenize",
+    "write_file",
 ]

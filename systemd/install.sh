@@ -16,6 +16,10 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "install.sh: run it as root (e.g. su -c '$0'): there is no sudo here" >&2
     exit 1
 fi
+# Nothing from the directory it was started in: `python -c` and `-m` put the current directory on
+# sys.path, and a json.py there ran as root and, in the gateway started below without systemd
+# (which keeps this directory), as the service (attack pass). Every path below is absolute.
+cd /
 
 prefix=/opt/sepa-gateway
 etc=/etc/sepa-gateway
@@ -35,7 +39,7 @@ fi
 id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --shell /usr/sbin/nologin sepa-gateway
 
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
-"$prefix/bin/python" -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -m venv "$prefix"; }
+"$prefix/bin/python" -I -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -I -m venv "$prefix"; }
 "$prefix/bin/pip" install -q --upgrade pip
 # the examples are in the package too: $prefix/bin/python -m examples.chat.chat runs without the clone
 "$prefix/bin/pip" install -q "$src$([ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || echo '[cloud]')"
@@ -46,21 +50,22 @@ for command in sepa-gateway sepa-cloud; do
 done
 install -d -m 0755 "$etc"
 [ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+# A bad configuration is said now, with its line, by the code just installed: the service is not
+# restarted on it (an upgrade leaves the running gateway as it is until the file is fixed). Checked
+# before the upgrade amends it below: the operator's file is left as it was until it is valid.
+if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null; then
+    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted)" >&2
+    exit 2
+fi
 if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
     # an installation from before the secure gates: an upgrade turns them on (secure by default)
     printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"
-    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml; set [http] host = \"127.0.0.1\" to keep the plain gates off the network" >&2
+    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml (HTTPS on 8443, WSS on 9443); the plain gates now listen on 127.0.0.1 only, unless [http] host says otherwise" >&2
 fi
 if ! grep -q '^password_file' "$etc/sepa-gateway.toml"; then
     # from before the LAN listener: the gateway now logs in to Mosquitto like every sensor
     sed -i 's|^username = ""\(.*\)$|username = "sepa-gateway"\1\npassword_file = "/etc/sepa-gateway/mqtt-password"|' "$etc/sepa-gateway.toml"
-fi
-install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
-# A bad configuration is said now, with its line, by the code just installed: the service is not
-# restarted on it (an upgrade leaves the running gateway as it is until the file is fixed).
-if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null; then
-    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted)" >&2
-    exit 2
 fi
 
 # The local MQTT broker the [mqtt] section talks to: a LAN listener that requires a login (sensors
@@ -92,7 +97,10 @@ if awk '/^\[mqtt\]/{m=1; next} /^\[/{m=0} m && /^host = "localhost"/{f=1} END{ex
     sed -i '/^\[mqtt\]/,/^\[/ s/^port = 1883\( \|$\)/port = 1884\1/' "$etc/sepa-gateway.toml"
 fi
 [ -f "$passwords" ] || install -m 0600 -o mosquitto -g mosquitto /dev/null "$passwords"
-if [ ! -s "$etc/mqtt-password" ] || ! "$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list | grep -qx sepa-gateway; then
+# the logins first, then grep: in a pipe, grep -q leaving at its match broke the writer's pipe, and
+# under pipefail that failure reset the gateway's own password
+mqtt_logins=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" list)
+if [ ! -s "$etc/mqtt-password" ] || ! grep -qx sepa-gateway <<<"$mqtt_logins"; then
     login=$("$prefix/bin/sepa-gateway" sensors --password-file "$passwords" --no-reload add sepa-gateway --reset)
     (umask 027; printf '%s\n' "$(printf '%s\n' "$login" | sed -n 's/^password: //p')" >"$etc/mqtt-password")
     chown root:sepa-gateway "$etc/mqtt-password"
@@ -156,21 +164,35 @@ port=${port:-8000}
 # /health/live, not a connect: another program listening on the port must not pass for the gateway
 alive='import json, sys, urllib.request
 sys.exit(json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health/live", timeout=1)) != {"status": "alive"})'
+read_cert='import os, sys
+from broker.security.keys import fingerprint
+try:
+    with open(os.open(sys.argv[1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as file:
+        pem = file.read(65536)
+    fingerprint(pem)
+except (OSError, ValueError) as error:
+    sys.exit(f"install.sh: {sys.argv[1]} not copied: not a certificate the service may read ({error})")
+sys.stdout.buffer.write(pem)'
 for _ in $(seq 1 60); do
     ! stopped || exit 1
-    if "$prefix/bin/python" -c "$alive" "$port" 2>/dev/null; then
+    if "$prefix/bin/python" -I -c "$alive" "$port" 2>/dev/null; then
         echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
         echo "  health: curl http://localhost:$port/health; commands: sepa-gateway --help, sepa-cloud --help"
         cert="$state/data/security/tls-cert.pem"
         for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done
-        if [ -f "$cert" ]; then
-            # the certificate is public: a copy that clients on this machine can read (the original's
-            # directory is the service's alone)
-            install -m 0644 "$cert" "$etc/tls-cert.pem"
-            fingerprint=$("$prefix/bin/python" -c "import sys; from broker.security.keys import fingerprint; print(fingerprint(open(sys.argv[1], 'rb').read()))" "$cert")
+        # the certificate is public: a copy that clients on this machine can read (the original's
+        # directory is the service's alone). Read with the service user's rights, not through a
+        # symlink, and only if it is a certificate: that user owns the directory, and root copying
+        # what it names made a root-only file world-readable (attack pass).
+        if [ -f "$cert" ] && runuser -u sepa-gateway -- "$prefix/bin/python" -I -c "$read_cert" "$cert" >"$etc/tls-cert.pem.new"; then
+            chmod 0644 "$etc/tls-cert.pem.new"
+            mv -f "$etc/tls-cert.pem.new" "$etc/tls-cert.pem"
+            fingerprint=$("$prefix/bin/python" -I -c "import sys; from broker.security.keys import fingerprint; print(fingerprint(open(sys.argv[1], 'rb').read()))" "$etc/tls-cert.pem")
             echo "secure gates: https://$(hostname):8443/secure/query, wss://$(hostname):9443/secure/subscribe"
             echo "  certificate $etc/tls-cert.pem, SHA-256 $fingerprint"
             echo "  allow an application: $prefix/bin/sepa-gateway clients add NAME --read '*' --write GRAPH [--register]"
+        else
+            rm -f "$etc/tls-cert.pem.new"
         fi
         echo "logs: $started"
         exit 0

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.access import DEFAULT_GRAPH_IRI, GraphAccess
-from broker.security.keys import write_private
+from broker.security.owned_files import open_lock, read_file, write_file
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class ClientRegistry:
 
     def _read_file(self) -> dict[str, dict[str, Any]]:
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(read_file(self.path).decode("utf-8"))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
@@ -178,15 +178,16 @@ class ClientRegistry:
 
     @contextlib.contextmanager
     def _editing(self) -> Iterator[dict[str, dict[str, Any]]]:
-        """The stored entries under the lock; written back (atomically, 0600) when the block ends."""
+        """The stored entries under the lock; written back (atomically, 0600) when the block ends.
+
+        The lock and the file are owned like the directory (the service user's) and never opened
+        through a symlink: the CLI runs as root in a directory that user controls (owned_files)."""
         _make_directories(self.directory)
-        with os.fdopen(os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600), "r+") as lock:
-            _same_owner_as(self.directory / LOCK_FILE, self.directory)
+        with os.fdopen(open_lock(self.directory / LOCK_FILE), "r+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             stored = self._read_file()
             yield stored
-            write_private(self.path, json.dumps({"clients": stored}, indent=2, sort_keys=True).encode("utf-8"))
-            _same_owner_as(self.path, self.directory)
+            write_file(self.path, json.dumps({"clients": stored}, indent=2, sort_keys=True).encode("utf-8"))
         self._load(self._file_stamp())
 
     def _entry(self, stored: dict[str, dict[str, Any]], identity: str) -> dict[str, Any]:
@@ -279,12 +280,13 @@ def configured_client(entry: Any, position: int) -> tuple[str, list[str], list[s
 
 
 def _same_owner_as(path: Path, directory: Path) -> None:
-    """Keep the file owned by the directory's owner (the CLI may run as root beside the service user)."""
+    """Keep a directory just made owned by its parent's owner (the CLI may run as root beside the
+    service user); not through a symlink that user may have put in its place since (lchown)."""
     if os.geteuid() != 0:
         return
     stat = directory.stat()
     with contextlib.suppress(OSError):
-        os.chown(path, stat.st_uid, stat.st_gid)
+        os.chown(path, stat.st_uid, stat.st_gid, follow_symlinks=False)
 
 
 def _make_directories(directory: Path) -> None:

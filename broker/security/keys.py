@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from broker.security.owned_files import write_file
+
 SIGNING_KEY_FILE = "token-signing-key.pem"
 CERT_FILE = "tls-cert.pem"
 CERT_KEY_FILE = "tls-key.pem"
@@ -45,15 +47,9 @@ def private_directory(path: Path) -> Path:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to a new 0600 file atomically (a reader never sees half a key)."""
-    temporary = path.with_name(path.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+    """Write `data` to a new 0600 file atomically (a reader never sees half a key), not through a
+    symlink at its name (owned_files.write_file)."""
+    write_file(path, data, 0o600)
 
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:

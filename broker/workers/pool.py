@@ -187,8 +187,12 @@ class Worker:
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, environment.get("PYTHONPATH")]))
         try:
+            # -P: `-m` would put the current directory first on the worker's path, and the gateway
+            # may run in a directory others write (the installer's, without systemd: a checkout's
+            # `broker` was imported instead of the installed one). PYTHONPATH still counts (-I would
+            # drop it): checkouts, tests and benchmarks run from it.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", module, str(theirs.fileno()), *service_allow],
+                [sys.executable, "-P", "-m", module, str(theirs.fileno()), *service_allow],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

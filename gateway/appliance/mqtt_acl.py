@@ -22,9 +22,10 @@ character (a newline would add a line of its own to the file), no `%` (Mosquitto
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
+
+from broker.api import write_file
 
 GATEWAY_LOGIN = "sepa-gateway"  # the gateway's own login (systemd/install.sh)
 OWN_TOPICS = (
@@ -107,15 +108,10 @@ def write_acl(password_file: Path, logins: list[str], granted: dict[str, list[tu
     `granted` replaces them; atomically, owned and moded like the password file (Mosquitto reads both)."""
     path = acl_file(password_file)
     text = render(logins, grants(path) if granted is None else granted)
-    model = password_file if password_file.exists() else None
-    mode = model.stat().st_mode & 0o777 if model is not None else 0o600
-    temporary = path.with_name(path.name + ".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(text)
-    if model is not None and os.geteuid() == 0:
-        os.chown(temporary, model.stat().st_uid, model.stat().st_gid)
-    os.replace(temporary, path)
+    model = password_file.stat() if password_file.exists() else None
+    mode = model.st_mode & 0o777 if model is not None else 0o600
+    owner = (model.st_uid, model.st_gid) if model is not None else None
+    write_file(path, text.encode(), mode, owner)  # never through a symlink at its name (root runs this)
     return path
 
 

@@ -31,8 +31,11 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
+
+from broker.api import open_directory, write_file
 
 OSCORE_DIR = "coap-sensors"  # in the data directory, unless [coap] oscore_dir says otherwise
 PATHS_FILE = "paths.json"  # the sensor's extra path patterns, beside its context
@@ -76,21 +79,23 @@ def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[st
     secret, salt = secrets.token_hex(16), secrets.token_hex(8)
     owner = _owner(directory)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    making = directory / f".{name}.new"
-    if making.exists():
-        shutil.rmtree(making)
-    making.mkdir(mode=0o700)
     settings = {"sender-id_hex": GATEWAY_ID, "recipient-id_hex": sensor_id, "secret_hex": secret, "salt_hex": salt}
-    path = making / "settings.json"
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        json.dump(settings, out, indent=1)
-    if owner is not None and os.geteuid() == 0:
-        for item in (directory, making, path):
-            os.chown(item, *owner)
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(making, folder)
+    # Every name below is opened relative to the directory's descriptor, without following a
+    # symlink, and owned by fchown: root runs this in a directory the service user owns, who could
+    # otherwise swap a name for a link between two calls and have root chown or write its target.
+    with open_directory(directory) as base:
+        making = f".{name}.new"
+        _remove(making, base)
+        os.mkdir(making, 0o700, dir_fd=base)
+        with open_directory(making, at=base) as folder_descriptor:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open("settings.json", flags, 0o600, dir_fd=folder_descriptor), "w") as out:
+                _give(out.fileno(), owner)
+                json.dump(settings, out, indent=1)
+            _give(folder_descriptor, owner)
+        _give(base, owner)
+        _remove(name, base)
+        os.rename(making, name, src_dir_fd=base, dst_dir_fd=base)
     return {"sender-id_hex": sensor_id, "recipient-id_hex": GATEWAY_ID, "secret_hex": secret, "salt_hex": salt}
 
 
@@ -106,14 +111,8 @@ def allow_paths(directory: Path, name: str, patterns: list[str]) -> None:
         problem = pattern_problem(pattern)
         if problem:
             raise CredentialError(f"{pattern!r}: {problem}")
-    making = folder / f".{PATHS_FILE}.new"
-    descriptor = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        json.dump(sorted(set(patterns)), out)
-    owner = _owner(directory)
-    if owner is not None and os.geteuid() == 0:
-        os.chown(making, *owner)
-    os.rename(making, folder / PATHS_FILE)
+    # not through a symlink the service user put there (it owns the folder; root runs this)
+    write_file(folder / PATHS_FILE, json.dumps(sorted(set(patterns))).encode(), 0o600)
 
 
 def allowed_paths(folder: Path) -> tuple[str, ...]:
@@ -170,6 +169,25 @@ def _recipient(folder: Path) -> str:
         return str(json.loads((folder / "settings.json").read_text())["recipient-id_hex"])
     except (OSError, ValueError, KeyError):
         return ""
+
+
+def _give(descriptor: int, owner: tuple[int, int] | None) -> None:
+    """Own the open file or directory as `owner` when root (the service must write sequence numbers)."""
+    if owner is not None and os.geteuid() == 0:
+        os.fchown(descriptor, *owner)
+
+
+def _remove(name: str, base: int) -> None:
+    """Remove `name` in directory descriptor `base`: a folder with its content, anything else
+    (a symlink included, never followed) by unlinking it; nothing when it is absent."""
+    try:
+        status = os.lstat(name, dir_fd=base)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(status.st_mode):
+        shutil.rmtree(name, dir_fd=base)
+    else:
+        os.unlink(name, dir_fd=base)
 
 
 def _owner(directory: Path) -> tuple[int, int] | None:

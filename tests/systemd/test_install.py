@@ -418,3 +418,65 @@ def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path
         assert machine.run(f"pgrep -f {GATEWAY}").returncode == 1
         assert machine.run("test -e /etc/systemd/system/mosquitto.service.d/sepa-gateway.conf").returncode == 1
         assert machine.ok("systemctl is-active mosquitto").strip() == "active"
+
+
+def test_install_trusts_neither_its_directory_nor_the_service_users_files(machine: Machine, tmp_path: Path) -> None:
+    """Attack pass, as root on an installed appliance: a json.py in the directory the installer was
+    started from ran as root (`python -c`) and as the service; the service user's symlink in place
+    of its certificate made root copy a root-only file 0644 into /etc/sepa-gateway (and the
+    fingerprint step then failed with a traceback); an upgrade amended a configuration with a
+    syntax error before checking it; and `sensors list | grep -q` under pipefail could reset the
+    gateway's MQTT password. Run as an upgrade from before [security], from a hostile directory."""
+    clone = tmp_path / "sepa-gateway"
+    copy_source(clone)
+    hostile = "/var/tmp/hostile"
+    (tmp_path / "json.py").write_text(
+        "import importlib, os, sys\n"
+        f"open('{hostile}/ran', 'a').write(f'uid {{os.getuid()}} {{sys.argv[:2]}}\\n')\n"
+        "sys.path = [p for p in sys.path if p not in ('', os.getcwd())]\n"
+        "del sys.modules['json']\n"
+        "globals().update(importlib.import_module('json').__dict__)\n"
+    )
+    machine.ok(
+        f"install -d -m 0777 {hostile} && install -m 0666 /dev/null {hostile}/ran"
+        f" && install -m 0644 {tmp_path}/json.py {hostile}/json.py"
+    )
+    installed = (ROOT / "systemd" / "sepa-gateway.toml").read_text()
+    security_section = slice(installed.index("\n[security]\n") + 1, installed.index("\n[mqtt]\n") + 1)
+    before_security = installed[: security_section.start] + installed[security_section.stop :]
+    (tmp_path / "old.toml").write_text(before_security + "this line is not TOML\n")
+    (tmp_path / "fixed.toml").write_text(before_security)
+    config = "/etc/sepa-gateway/sepa-gateway.toml"
+    machine.ok(f"install -D -m 0644 {tmp_path}/old.toml {config}")
+
+    bad = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert machine.ok(f"cat {config}") == (tmp_path / "old.toml").read_text()  # checked first, not amended
+
+    machine.ok(f"install -m 0644 {tmp_path}/fixed.toml {config}")
+    upgraded = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    assert "the plain gates now listen on 127.0.0.1 only, unless [http] host says otherwise" in upgraded.stderr
+    assert "\n[security]\nenabled = true" in machine.ok(f"cat {config}")
+    assert machine.ok(f"readlink /proc/$(pgrep -f {GATEWAY})/cwd") == "/\n"
+    password = machine.ok("cat /etc/sepa-gateway/mqtt-password")
+
+    # the service user puts a symlink to a root-only file in place of its certificate (the gateway
+    # keeps starting: it uses a pair the operator configured)
+    security, operator = "/var/lib/sepa-gateway/data/security", "/etc/sepa-gateway/operator"
+    (tmp_path / "tls.toml").write_text(f'tls_cert = "{operator}-cert.pem"\ntls_key = "{operator}-key.pem"\n')
+    machine.ok(
+        f"cp {security}/tls-cert.pem {operator}-cert.pem && cp {security}/tls-key.pem {operator}-key.pem"
+        f" && chown sepa-gateway {operator}-*.pem && chmod 0600 {operator}-*.pem && cat {tmp_path}/tls.toml >>{config}"
+        " && printf 'ROOT-ONLY\\n' >/var/tmp/victim && chmod 0600 /var/tmp/victim"
+        f" && ln -sf /var/tmp/victim {security}/tls-cert.pem"
+    )
+    copy_before = machine.ok("cat /etc/sepa-gateway/tls-cert.pem")
+    again = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Traceback" not in again.stderr and f"{security}/tls-cert.pem not copied" in again.stderr, again.stderr
+    assert machine.ok("cat /etc/sepa-gateway/tls-cert.pem") == copy_before
+    assert "ROOT-ONLY" not in copy_before
+    assert machine.ok("cat /etc/sepa-gateway/mqtt-password") == password  # the gateway's login kept
+
+    assert machine.ok(f"cat {hostile}/ran") == ""  # the planted json.py never ran, as root or as the service

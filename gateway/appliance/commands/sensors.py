@@ -16,6 +16,7 @@ and the install script (the gateway's own MQTT login) use the same code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from broker.api import write_file
 from gateway.appliance import mqtt_acl, oscore_sensors
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 
@@ -87,13 +89,9 @@ def _lines(password_file: Path) -> list[str]:
 def _write(password_file: Path, lines: list[str]) -> None:
     """Replace the file atomically, keeping its owner and mode (Mosquitto must still read it)."""
     existing = password_file.stat() if password_file.exists() else None
-    temporary = password_file.with_name(password_file.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, existing.st_mode & 0o777 if existing else 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write("".join(f"{line}\n" for line in lines))
-    if existing is not None and os.geteuid() == 0:
-        os.chown(temporary, existing.st_uid, existing.st_gid)
-    os.replace(temporary, password_file)
+    mode = existing.st_mode & 0o777 if existing else 0o600
+    owner = (existing.st_uid, existing.st_gid) if existing else None
+    write_file(password_file, "".join(f"{line}\n" for line in lines).encode(), mode, owner)
 
 
 def reload_mosquitto(pid_file: Path = PID_FILE) -> str:
@@ -195,9 +193,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "list":
-            for name in logins(args.password_file):
-                print(name)
-            return 0
+            return _print_names(logins(args.password_file))
         if args.action == "acl":
             print(mqtt_acl.write_acl(args.password_file, logins(args.password_file)).read_text(), end="")
         elif args.action == "allow":
@@ -229,14 +225,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_names(names: list[str]) -> int:
+    """Print one name a line. A reader that leaves early (`sensors list | grep -q NAME`, as the
+    installer ran it) is no error: it failed with `[Errno 32] Broken pipe` and exit 1, which under
+    `set -o pipefail` sent the installer down the branch that resets the gateway's MQTT password."""
+    try:
+        for name in names:
+            print(name)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):  # the flush at exit must not try again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
 def _run_coap(args: argparse.Namespace) -> int:
     """The CoAP side of the command: OSCORE contexts the running gateway picks up within seconds."""
     directory: Path = args.coap_dir
     try:
         if args.action == "list":
-            for name in oscore_sensors.sensors(directory):
-                print(name)
-            return 0
+            return _print_names(oscore_sensors.sensors(directory))
         if args.action == "remove":
             oscore_sensors.remove_sensor(directory, args.name)
             print(f"{args.name}: CoAP credential removed")

@@ -453,3 +453,24 @@ def test_an_on_demand_pool_starts_its_workers_when_woken_and_stops_them_at_rest(
         assert _count(job) == 4 and pool.stats["woken"] == 2 and pool.stats["rested"] == 1
     finally:
         pool.close()
+
+
+def test_a_worker_does_not_import_from_the_directory_it_was_started_in(tmp_path: Path, monkeypatch) -> None:
+    """Attack pass: started by the installer without systemd, the gateway kept the installer's
+    directory, and its workers' `python -m` put that directory first on their path: run from the
+    checkout, the installed service's workers imported `broker` from there (or a `json.py` of
+    whoever could write it). The workers start with -P: the directory is not on their path."""
+    planted = tmp_path / "cwd"
+    for name in ("broker", "json"):
+        (planted / name).mkdir(parents=True)
+        (planted / name / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'a').write({name!r})\n")
+    monkeypatch.chdir(planted)
+    store = RdfStore.memory()
+    store.ox.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
+    pool = QueryWorkers(store, count=1, time_limit_s=5.0)
+    pool.start()
+    try:
+        assert _rows(Engine(store, workers=pool), f"SELECT ?s WHERE {{ ?s <{EX}p> 1 }}") == {(f"<{EX}a>",)}
+    finally:
+        pool.close()
+    assert not (tmp_path / "ran").exists(), (tmp_path / "ran").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -93,3 +94,48 @@ def test_a_client_chosen_value_cannot_forge_a_log_line() -> None:
     record.identity = 'evil\nts=2026 level=info msg="client registered"'
     line = KeyValueFormatter().format(record)
     assert "\n" not in line and 'identity="evil\\nts=2026 level=info msg=\\"client registered\\""' in line
+
+
+SERVICE_UID = 65534  # nobody: the service user, owner of the security directory
+
+
+def _plant(security: Path, name: str, target: Path) -> None:
+    """As the service user would: `name` in its security directory made a symlink to `target`."""
+    (security / name).symlink_to(target)
+    os.chown(security / name, SERVICE_UID, SERVICE_UID, follow_symlinks=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what root's CLI does to a root-only file needs root")
+@pytest.mark.parametrize("planted", ["clients.lock", "clients.json", "clients.json.tmp", "hard link: clients.lock"])
+def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlinks(tmp_path: Path, planted: str) -> None:
+    """Attack pass: the service user owns the security directory; it made `clients.lock` a symlink
+    to a root-only file, and root's `clients add` gave that file to it (open O_CREAT and chown both
+    followed the link). `clients.json.tmp` was truncated and rewritten through the link, and a
+    `clients.json` link made root copy a root-only JSON file's clients into the service's file.
+    A hard link as the lock is refused too (chown on it is the file's)."""
+    security = tmp_path / "security"
+    security.mkdir(mode=0o700)
+    assert clients(security, "add", "dash", "--read", "*").returncode == 0
+    os.chown(security, SERVICE_UID, SERVICE_UID)
+    for name in os.listdir(security):
+        os.chown(security / name, SERVICE_UID, SERVICE_UID)
+    victim = tmp_path / "root-only.json"
+    secret = '{"clients": {"root-secret": {"read": ["*"]}}}'
+    victim.write_text(secret)
+    os.chmod(victim, 0o600)
+    name = planted.removeprefix("hard link: ")
+    (security / name).unlink(missing_ok=True)
+    if name != planted:  # a hard link, where fs.protected_hardlinks does not stop the service user
+        os.link(victim, security / name)
+    else:
+        _plant(security, name, victim)
+
+    clients(security, "add", "viewer", "--read", "default")
+
+    status = victim.stat()
+    assert (status.st_uid, status.st_gid, stat.S_IMODE(status.st_mode)) == (0, 0, 0o600)
+    assert victim.read_text() == secret
+    stored = security / "clients.json"
+    assert "root-secret" not in (stored.read_text() if not stored.is_symlink() else "")
+    for path in security.iterdir():  # what root left there is the service user's, and no link was followed
+        assert path.is_symlink() or path.samefile(victim) or path.stat().st_uid == SERVICE_UID, path

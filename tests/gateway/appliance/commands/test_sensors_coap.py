@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
@@ -30,3 +35,36 @@ def test_coap_options_go_before_or_after_the_action(tmp_path: Path) -> None:
     removed = sensors("remove", "boiler", "--coap", "--coap-dir", directory)
     assert removed.returncode == 0, removed.stderr
     assert sensors("list", "--coap", "--coap-dir", directory).stdout.split() == []
+
+
+SERVICE_UID = 65534  # nobody: the service user, owner of the data directory
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what root's CLI does to a root-only file needs root")
+def test_root_cli_never_writes_or_chowns_through_the_service_users_symlinks(tmp_path: Path) -> None:
+    """Attack pass: the service user owns coap-sensors/NAME; it made `.paths.json.new` a symlink to
+    a root-only file, and root's `sensors allow --coap` truncated, rewrote and chowned that file.
+    The names `add --reset` writes, planted the same way, are replaced, not followed."""
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chown(data, SERVICE_UID, SERVICE_UID)
+    directory = data / "coap"
+    assert sensors("add", "boiler", "--coap", "--coap-dir", str(directory)).returncode == 0
+    folder = directory / "boiler"
+    assert {path.stat().st_uid for path in (directory, folder, folder / "settings.json")} == {SERVICE_UID}
+    victim = tmp_path / "root-only"
+    victim.write_text("ROOT-ONLY\n")
+    os.chmod(victim, 0o600)
+    for link in (folder / ".paths.json.new", folder / ".paths.json.tmp", directory / ".pump.new", directory / "pump"):
+        link.symlink_to(victim)
+        os.chown(link, SERVICE_UID, SERVICE_UID, follow_symlinks=False)
+
+    allowed = sensors("allow", "boiler", "--coap", "--coap-dir", str(directory), "--path", "s/foo/#")
+    made = sensors("add", "pump", "--reset", "--coap", "--coap-dir", str(directory))
+
+    status = victim.stat()
+    assert (status.st_uid, stat.S_IMODE(status.st_mode), victim.read_text()) == (0, 0o600, "ROOT-ONLY\n")
+    assert allowed.returncode == 0 and made.returncode == 0, allowed.stderr + made.stderr
+    assert json.loads((folder / "paths.json").read_text()) == ["s/foo/#"]
+    for path in (folder / "paths.json", directory / "pump", directory / "pump" / "settings.json"):
+        assert not path.is_symlink() and path.stat().st_uid == SERVICE_UID, path

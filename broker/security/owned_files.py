@@ -1,0 +1,105 @@
+"""Files written into a directory that another user controls, without following their symlinks.
+
+Why: the operator runs the CLI (`sepa-gateway clients ...`, `sepa-gateway sensors ...`) as root,
+and it writes into the service's data directory, which the service user owns. That user can put
+a symlink (or a hard link) where the CLI writes: an attack pass turned `clients.lock` and
+`coap-sensors/NAME/.paths.json.new` into symlinks to root-only files, and root's `open(O_CREAT |
+O_TRUNC)` and `os.chown` followed them (the root file was truncated, rewritten and given to the
+service user). Here every name is opened relative to a descriptor of its directory opened with
+O_NOFOLLOW, files are created with O_EXCL | O_NOFOLLOW under a fresh name and renamed into place
+(rename replaces a symlink, it does not follow it), and ownership is changed on the open
+descriptor (fchown), never by path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeFileError(OSError):
+    """A name the CLI would write is not a plain file of its own (a symlink, a hard link, a FIFO)."""
+
+
+@contextlib.contextmanager
+def open_directory(path: Path | str, at: int | None = None) -> Iterator[int]:
+    """A descriptor of directory `path` (relative to directory descriptor `at` if given); refused
+    (ELOOP, ENOTDIR) when `path` itself is a symlink."""
+    descriptor = os.open(path, _DIRECTORY, dir_fd=at)
+    try:
+        yield descriptor
+    finally:
+        os.close(descriptor)
+
+
+def directory_owner(descriptor: int) -> tuple[int, int] | None:
+    """The (uid, gid) new files in this directory get when root writes them: the directory's own, so
+    that the service can still use what a root CLI wrote; None when not root (chown is root's only)."""
+    if os.geteuid() != 0:
+        return None
+    status = os.fstat(descriptor)
+    return status.st_uid, status.st_gid
+
+
+def write_file(path: Path, data: bytes, mode: int = 0o600, owner: tuple[int, int] | None = None) -> None:
+    """Replace `path` atomically with a new file holding `data`, `mode`, owned by `owner` (when root;
+    by default the directory's owner). A reader never sees half a file, and a symlink or hard link
+    at `path` or its temporary name is replaced or refused, never written through."""
+    with open_directory(path.parent) as directory:
+        owner = owner or directory_owner(directory)
+        temporary = f".{path.name}.{secrets.token_hex(6)}.tmp"
+        descriptor = os.open(
+            temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=directory
+        )
+        try:
+            try:
+                os.fchmod(descriptor, mode)  # the umask may have taken bits the reader needs (0640)
+                if owner is not None and os.geteuid() == 0:
+                    os.fchown(descriptor, *owner)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(descriptor, view) :]
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(temporary, path.name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=directory)
+            raise
+
+
+def open_lock(path: Path) -> int:
+    """A read-write descriptor of lock file `path`, created 0600 if missing and owned like its
+    directory (when root); refused when `path` is a symlink, a hard link or not a regular file."""
+    with open_directory(path.parent) as directory:
+        descriptor = os.open(
+            path.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=directory
+        )
+        try:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+                raise UnsafeFileError(f"{path} is not a plain file (a hard link, a FIFO...): remove it")
+            owner = directory_owner(directory)
+            if owner is not None and (status.st_uid, status.st_gid) != owner:
+                os.fchown(descriptor, *owner)
+        except BaseException:
+            os.close(descriptor)
+            raise
+    return descriptor
+
+
+def read_file(path: Path) -> bytes:
+    """The bytes of regular file `path`, not through a symlink (ELOOP) nor from a FIFO (refused):
+    root reading a file the service user may have replaced must not copy another file's content."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise UnsafeFileError(f"{path} is not a regular file")
+        return file.read()
