@@ -105,7 +105,6 @@ def _plant(security: Path, name: str, target: Path) -> None:
     os.chown(security / name, SERVICE_UID, SERVICE_UID, follow_symlinks=False)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="what root's CLI does to a root-only file needs root")
 @pytest.mark.parametrize("planted", ["clients.lock", "clients.json", "clients.json.tmp", "hard link: clients.lock"])
 def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlinks(tmp_path: Path, planted: str) -> None:
     """Attack pass: the service user owns the security directory; it made `clients.lock` a symlink
@@ -113,6 +112,8 @@ def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlink
     followed the link). `clients.json.tmp` was truncated and rewritten through the link, and a
     `clients.json` link made root copy a root-only JSON file's clients into the service's file.
     A hard link as the lock is refused too (chown on it is the file's)."""
+    if os.geteuid() != 0:
+        pytest.fail("what root's CLI does to a root-only file needs root: the tests run as root", pytrace=False)
     security = tmp_path / "security"
     security.mkdir(mode=0o700)
     assert clients(security, "add", "dash", "--read", "*").returncode == 0

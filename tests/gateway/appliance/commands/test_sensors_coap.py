@@ -40,11 +40,12 @@ def test_coap_options_go_before_or_after_the_action(tmp_path: Path) -> None:
 SERVICE_UID = 65534  # nobody: the service user, owner of the data directory
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="what root's CLI does to a root-only file needs root")
 def test_root_cli_never_writes_or_chowns_through_the_service_users_symlinks(tmp_path: Path) -> None:
     """Attack pass: the service user owns coap-sensors/NAME; it made `.paths.json.new` a symlink to
     a root-only file, and root's `sensors allow --coap` truncated, rewrote and chowned that file.
     The names `add --reset` writes, planted the same way, are replaced, not followed."""
+    if os.geteuid() != 0:
+        pytest.fail("what root's CLI does to a root-only file needs root: the tests run as root", pytrace=False)
     data = tmp_path / "data"
     data.mkdir()
     os.chown(data, SERVICE_UID, SERVICE_UID)
