@@ -13,6 +13,7 @@ only, and one solution per distinct mapping of all variables.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -95,8 +96,11 @@ def evaluate_bgp(
     *,
     capture: bool = False,
     quads_only: bool = False,
+    limit: int | None = None,
 ) -> list[Binding]:
-    """All solutions of the patterns extending `binding` (each a new dict).
+    """All solutions of the patterns extending `binding` (each a new dict); with `limit`, the first
+    `limit` only (evaluation stops there: a product made after the fact by the data would
+    otherwise be built in full, see broker.core.lookups).
 
     `skeleton`: :func:`pattern_skeleton` of `patterns`, for callers that evaluate the same patterns often.
     `capture`: each solution also maps the index of every pattern (an int key, never a variable
@@ -114,8 +118,14 @@ def evaluate_bgp(
     patterns = tuple(patterns)
     steps = plan(pattern_skeleton(patterns) if skeleton is None else skeleton, frozenset(start))
     out: list[Binding] = []
-    _run(store, patterns, steps, 0, start, dataset, out, capture, quads_only and capture)
+    cap = -1 if limit is None else max(1, limit)
+    with contextlib.suppress(_Enough):
+        _run(store, patterns, steps, 0, start, dataset, out, capture, quads_only and capture, cap)
     return out
+
+
+class _Enough(Exception):
+    """The solutions asked for are found (:func:`evaluate_bgp`'s `limit`)."""
 
 
 # A default-graph lookup anchored on a subject or object is asked of every graph and filtered here
@@ -150,10 +160,13 @@ def _run(
     dataset: Dataset,
     out: list[Binding],
     capture: bool,
-    quads_only: bool = False,
+    quads_only: bool,
+    cap: int,
 ) -> None:
     if index == len(steps):
         out.append(dict(binding))
+        if len(out) == cap:
+            raise _Enough
         return
     pattern_index, roles, free, repeated = steps[index]
     pattern = patterns[pattern_index]
@@ -197,13 +210,13 @@ def _run(
         if capture:
             binding[pattern_index] = quad  # type: ignore[index]
         if not free:
-            _run(store, patterns, steps, following, binding, dataset, out, capture, quads_only)
+            _run(store, patterns, steps, following, binding, dataset, out, capture, quads_only, cap)
             continue
         values = (quad.subject, quad.predicate, quad.object, quad.graph_name)
         for position, name in free:
             binding[name] = values[position]
         if all(binding[name] == values[position] for position, name in repeated):
-            _run(store, patterns, steps, following, binding, dataset, out, capture, quads_only)
+            _run(store, patterns, steps, following, binding, dataset, out, capture, quads_only, cap)
         for _, name in free:
             del binding[name]
     if capture:

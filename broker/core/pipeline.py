@@ -155,6 +155,7 @@ class PipelinedSpuManager(SpuManager):
         self._collector: threading.Thread | None = None
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
+        self._dead: set[Worker] = set()  # the workers found dead (each counted once)
         # updates whose solutions a failed worker lost: folded by no one, completed by _recover once
         # every SPU is evaluated again (see _collect_loop)
         self._unfinished: list[InFlight] = []
@@ -260,7 +261,20 @@ class PipelinedSpuManager(SpuManager):
         try:
             worker.connection.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL))
         except OSError:
-            self._broken = True
+            # found dead here rather than by the collector, whose wait for its reply is then skipped:
+            # counted all the same (sepa_parallel_died_total stayed 0 when a send found it first)
+            self._found_dead(worker)
+
+    def _found_dead(self, worker: Worker) -> None:
+        """`worker` died or stopped answering: logged and counted once (both the engine's thread,
+        sending, and the collector, waiting for its reply, may find it), and the workers are broken."""
+        with self._idle:
+            first = worker not in self._dead
+            self._dead.add(worker)
+        if first:
+            log.error("parallel mode: a BOOSTER worker died or stopped answering", extra={"worker": worker.name})
+            self.counters["died"] += 1
+        self._broken = True
 
     def _tell_group(self, group: ShapeGroup, *, add: bool) -> None:
         if not group.gid:
@@ -275,6 +289,8 @@ class PipelinedSpuManager(SpuManager):
         for worker in self.boosters:
             worker.kill()
         self.boosters = []
+        with self._idle:
+            self._dead.clear()
 
     def wait_idle(self) -> None:
         """Return once every update handed to the workers is processed (notified, completed)."""
@@ -287,11 +303,16 @@ class PipelinedSpuManager(SpuManager):
         return len(self._fifo)
 
     def metrics(self) -> dict[str, int]:
-        """Workers running (a dead one not counted, though not replaced yet), updates in flight, and
-        counters: updates pipelined, jobs failed, workers died, recoveries (every SPU evaluated again)."""
+        """Workers running (a dead one not counted, though not replaced yet) and started (none before
+        the first incremental subscription, or on one core), updates in flight, whether a failure
+        waits for recovery (updates held, see _collect_loop), and counters: updates pipelined, jobs
+        failed, workers died, recoveries (every SPU evaluated again)."""
         counts = {f"{name}_total": self.counters[name] for name in ("pipelined", "failed", "died", "recovered")}
-        alive = sum(worker.process.poll() is None for worker in self.boosters)
-        return {"workers": alive, "in_flight": len(self._fifo), **counts}
+        boosters = list(self.boosters)
+        alive = sum(worker.process.poll() is None for worker in boosters)
+        broken = int(self._broken or bool(self._unfinished))
+        running = {"workers": alive, "workers_started": len(boosters), "in_flight": len(self._fifo)}
+        return {**running, "broken": broken, **counts}
 
     # -- subscribe / unsubscribe: the workers learn which groups and parameter values exist ---------
 
@@ -340,7 +361,10 @@ class PipelinedSpuManager(SpuManager):
         matched = self._match(delta)
         removed_hits, added_hits, reeval = matched
         quads = sum(len(quads) for ref, quads in (*removed_hits.items(), *added_hits.items()) if type(ref) is tuple)
-        here = quads < OFFLOAD_MIN_QUADS or reeval or delta.graphs_created or delta.graphs_dropped
+        # a network client's FILTERed join: pyoxigraph evaluates it without a bound, in the workers
+        # as here; here, bounded lookups (broker.core.lookups) stop it at the time limit
+        guarded = any(type(ref) is tuple and _unbounded_join(*ref) for ref in (*removed_hits, *added_hits))
+        here = quads < OFFLOAD_MIN_QUADS or reeval or guarded or delta.graphs_created or delta.graphs_dropped
         if here and not self._fifo:
             if budget is not None:
                 done(*self._process_bounded(delta, apply, budget, matched))
@@ -351,7 +375,7 @@ class PipelinedSpuManager(SpuManager):
             return
         if budget is not None:
             raise OverBudget  # it would wait for the workers, or be handed to them: not on an event loop
-        if reeval or delta.graphs_created or delta.graphs_dropped:
+        if reeval or guarded or delta.graphs_created or delta.graphs_dropped:
             self.wait_idle()  # a whole query on the store as this update leaves it, nothing in between
             done(*self._process(delta, apply, self.store, None, matched))
         else:
@@ -531,10 +555,8 @@ class PipelinedSpuManager(SpuManager):
                 return None
         except (EOFError, OSError):
             pass
-        log.error("parallel mode: a BOOSTER worker died or stopped answering", extra={"worker": worker.name})
         worker.kill()  # a stopped one too: its late answers must not be read as a later job's
-        self.counters["died"] += 1
-        self._broken = True
+        self._found_dead(worker)
         return None
 
     # -- recovery -----------------------------------------------------------------------------
@@ -551,6 +573,10 @@ class PipelinedSpuManager(SpuManager):
                 past, self._past = self._past, {}
                 for spu, error in past.items():
                     self._end(spu, error, told=True)
+        if not self._broken:
+            # a worker that died while nothing was sent to it is found here, at the next request
+            for worker in [each for each in self.boosters if each.process.poll() is not None]:
+                self._found_dead(worker)
         if not self._broken:
             return
         self.wait_idle()
@@ -582,3 +608,9 @@ class PipelinedSpuManager(SpuManager):
         self._stop_workers()
         self._spawner.shutdown(wait=False)
         super().close()
+
+
+def _unbounded_join(group: ShapeGroup, branch: int, _pattern: int) -> bool:
+    """Whether a hit of `group`'s `branch` is a network client's join that pyoxigraph evaluates (a
+    FILTER, more than one pattern): what the BOOSTER workers cannot bound (broker.core.lookups)."""
+    return group.bounded and group.branch_queries[branch] is not None and len(group.shape.branches[branch].patterns) > 1

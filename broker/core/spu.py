@@ -16,15 +16,17 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from pyoxigraph import DefaultGraph, NamedNode, Quad, QueryBoolean, Variable
 
 from broker.core.bgp import Dataset, evaluate_bgp, pattern_skeleton
+from broker.core.budget import Budget, BudgetedStore
 from broker.core.notification import LazyRows, QuadRows, TsvRows
 from broker.core.subscription import Subscription
+from broker.errors import SepaError
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_shape import Shape
 from broker.sparql.syntax import Digest
@@ -35,6 +37,10 @@ from broker.workers.codec import rows_from_tsv, tsv_variables
 log = logging.getLogger(__name__)
 
 Mu = tuple[object, ...]  # one solution: values in Branch.variables order
+# finds one hit's solutions as ShapeGroup.hit_solutions does (group, store, ref, quad, params, limit)
+Lookup = Callable[
+    ["ShapeGroup", RdfStore, tuple[int, int], Quad, "tuple[object, ...] | None", "int | None"], "list[Mu] | None"
+]
 
 
 class SpuBase:
@@ -224,28 +230,44 @@ class ShapeGroup:
     def project(self, branch: int, mu: Mu) -> Row:
         return tuple(mu[index] if index >= 0 else None for index in self.projections[branch])  # type: ignore[misc]
 
-    def solutions(self, store: RdfStore, branch_index: int, binding: dict[str, object], skip: int = -1) -> Iterator[Mu]:
+    def solutions(
+        self,
+        store: RdfStore,
+        branch_index: int,
+        binding: dict[str, object],
+        skip: int = -1,
+        *,
+        limit: int | None = None,
+        budget: Budget | None = None,
+    ) -> Iterator[Mu]:
         """Solutions of one branch extending `binding`, as tuples in Branch.variables order.
 
         `skip`: index of a pattern already known to match under `binding` (the changed quad
-        bound into it), left out of a plain BGP join.
+        bound into it), left out of a plain BGP join. `limit`: at most that many (a plain BGP is
+        not evaluated past them). `budget`: its index entries read are charged to it
+        (:class:`~broker.core.budget.OverBudget` past it); a branch with FILTERs, which pyoxigraph
+        evaluates without a bound, first has its patterns joined here under the budget, to learn
+        that its evaluation is bounded (broker.core.lookups).
         """
         branch = self.shape.branches[branch_index]
         names = branch.variables
         query = self.branch_queries[branch_index]
+        joined = self._joins.get((branch_index, skip))
+        if joined is None:
+            patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
+            joined = self._joins[branch_index, skip] = (patterns, pattern_skeleton(patterns))
+        ox = store.ox if budget is None else BudgetedStore(store.ox, budget)
         if query is None:
-            joined = self._joins.get((branch_index, skip))
-            if joined is None:
-                patterns = branch.patterns if skip < 0 else branch.patterns[:skip] + branch.patterns[skip + 1 :]
-                joined = self._joins[branch_index, skip] = (patterns, pattern_skeleton(patterns))
-            for solution in evaluate_bgp(store.ox, joined[0], binding, self.dataset, joined[1]):
+            for solution in evaluate_bgp(ox, joined[0], binding, self.dataset, joined[1], limit=limit):  # type: ignore[arg-type]
                 yield tuple(map(solution.get, names))
             return
+        if budget is not None:
+            evaluate_bgp(ox, joined[0], binding, self.dataset, joined[1])  # type: ignore[arg-type]
         substitutions = {Variable(name): value for name, value in binding.items()}
         result = store.query(query, substitutions=substitutions, **self.query_arguments)  # type: ignore[arg-type]
         order = [variable.value for variable in result.variables]
         indexes = [order.index(name) if name in order else -1 for name in names]
-        for solution in result:
+        for solution in islice(result, limit):
             yield tuple(solution[index] if index >= 0 else None for index in indexes)
 
     def match(self, pattern: QuadPattern, quad: Quad) -> dict[str, object] | None:
@@ -276,10 +298,11 @@ class ShapeGroup:
         quad: Quad,
         params: tuple[object, ...] | None,
         limit: int | None = None,
+        budget: Budget | None = None,
     ) -> list[Mu] | None:
         """Solutions of branch ref[0] that use `quad` at pattern ref[1], or None if the quad cannot
         be there; with `params` (one SPU's parameter values for the branch), only that SPU's; with
-        `limit`, at most one more than `limit` of them.
+        `limit`, at most one more than `limit` of them; with `budget`, see :meth:`solutions`.
 
         The unit of BOOSTER work: independent per quad, so parallel mode runs it in worker
         processes (:mod:`broker.workers.booster`) and routes the solutions here."""
@@ -292,8 +315,8 @@ class ShapeGroup:
             binding.setdefault(name, value) != value for name, value in zip(branch.param_vars, params, strict=True)
         ):
             return None
-        solutions = self.solutions(store, branch_index, binding, pattern_index)
-        return list(solutions if limit is None else islice(solutions, limit + 1))
+        bound = None if limit is None else limit + 1
+        return list(self.solutions(store, branch_index, binding, pattern_index, limit=bound, budget=budget))
 
     def route(
         self,
@@ -325,6 +348,8 @@ class ShapeGroup:
         out: dict[IncrementalSpu, dict[int, set[Mu]]],
         limit: int | None = None,
         over: set[IncrementalSpu] | None = None,
+        lookup: Lookup | None = None,
+        failed: dict[IncrementalSpu, SepaError] | None = None,
     ) -> None:
         """Solutions of branch ref[0] that use a hit quad at pattern ref[1], routed to their SPUs.
 
@@ -334,33 +359,43 @@ class ShapeGroup:
         `limit` of them (they are not evaluated past it). Why: a subscription's results are bounded
         when it is made (the probe), but an update can multiply them afterwards: a product of a
         graph with itself, subscribed while the graph was empty, gained 490,000 rows from one
-        700-triple update (11 s of the update thread, RSS 837 MB, a 125 MB notification)."""
+        700-triple update (11 s of the update thread, RSS 837 MB, a 125 MB notification).
+
+        `lookup` (with `failed`): finds each hit's solutions instead of :meth:`hit_solutions`
+        (:class:`broker.core.lookups.BoundedLookups`); a hit it gives up on with an error puts the
+        SPUs its solutions could go to in `failed`, with the error, and none is collected for them."""
         branch_index = ref[0]
-        if limit is None or over is None:
-            for quad, spus in hits:
-                spu = next(iter(spus)) if spus is not None and len(spus) == 1 else None
-                mus = self.hit_solutions(store, ref, quad, None if spu is None else spu.params[branch_index])  # type: ignore[attr-defined]
-                if mus:
-                    self.route(branch_index, spu, mus, out)  # type: ignore[arg-type]
-            return
+        failed = {} if failed is None else failed
         collected = 0
         for quad, spus in hits:
             spu = next(iter(spus)) if spus is not None and len(spus) == 1 else None
-            if spu is not None and spu in over:
+            if spu is not None and (spu in failed or (over is not None and spu in over)):
                 continue
             params = None if spu is None else spu.params[branch_index]  # type: ignore[attr-defined]
-            mus = self.hit_solutions(store, ref, quad, params, limit)
+            bound = limit if over is not None else None
+            if lookup is None:
+                mus = self.hit_solutions(store, ref, quad, params, bound)
+            else:
+                try:
+                    mus = lookup(self, store, ref, quad, params, bound)
+                except SepaError as error:
+                    for each in spus if spus is not None else list(self.spus.values()):
+                        failed.setdefault(each, error)  # type: ignore[arg-type]
+                    continue
             if not mus:
                 continue
-            if len(mus) > limit:
+            if bound is None or over is None:
+                self.route(branch_index, spu, mus, out, failed)  # type: ignore[arg-type]
+                continue
+            if len(mus) > bound:
                 over.update(spus if spus is not None else self.spus.values())  # type: ignore[arg-type]
                 continue
-            self.route(branch_index, spu, mus, out, over)  # type: ignore[arg-type]
+            self.route(branch_index, spu, mus, out, over | failed.keys() if failed else over)  # type: ignore[arg-type]
             collected += len(mus)
-            if collected > limit:  # each SPU's share is counted only then
+            if collected > bound:  # each SPU's share is counted only then
                 collected = 0
-                self.move_over(out, limit, over)
-        for each in over:
+                self.move_over(out, bound, over)
+        for each in [*(over or ()), *failed]:
             out.pop(each, None)
 
     def move_over(self, out: dict[IncrementalSpu, dict[int, set[Mu]]], limit: int, over: set[IncrementalSpu]) -> None:

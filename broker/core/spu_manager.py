@@ -35,6 +35,7 @@ from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
 from broker.core.held import HeldRows, TooManyRowsHeld
+from broker.core.lookups import BoundedLookups
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
@@ -42,6 +43,7 @@ from broker.core.query_processor import QueryProcessor, dataset_arguments, graph
 from broker.core.spu import (
     GraphFeedSpu,
     IncrementalSpu,
+    Lookup,
     Mu,
     Probed,
     ReevalSpu,
@@ -761,16 +763,20 @@ class SpuManager:
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         over: set[IncrementalSpu] = set()  # past max_rows: ended, not notified
-        self._collect(store, removed_hits, lost)
+        # network clients' SPUs whose lookups ran past the time limit: ended, not notified
+        failed: dict[IncrementalSpu, SepaError] = {}
+        lookup = BoundedLookups(self.workers, self.stats) if budget is None and self.workers is not None else None
+        self._collect(store, removed_hits, lost, lookup=lookup, failed=failed)
         pre_done = time.perf_counter()
         apply(delta)
         applied = time.perf_counter()
         try:
-            self._collect(store, added_hits, gained, over)
+            self._collect(store, added_hits, gained, over, lookup=lookup, failed=failed)
             if budget is not None and over:
                 raise OverBudget  # ending subscriptions is the update thread's work
-            for spu in over:
+            for spu in over | failed.keys():
                 lost.pop(spu, None)
+                gained.pop(spu, None)
             touched = lost.keys() | gained.keys()
             fed = self._feed_hits(delta) if self.feeds else []
             if budget is not None:
@@ -788,7 +794,7 @@ class SpuManager:
         reeval_notifications = self._reevaluate(reeval, later)
         post_done = time.perf_counter()
 
-        notifications, hits = self._notify(lost, gained, fed, over, self.max_rows)
+        notifications, hits = self._notify(lost, gained, fed, over, self.max_rows, failed=failed)
         notifications += reeval_notifications
         finished = time.perf_counter()
         hits += sum(len(spu.subscribers) for spu in reeval)
@@ -864,15 +870,19 @@ class SpuManager:
         over: set[IncrementalSpu] | None = None,
         limit: int | None = None,
         past: dict[IncrementalSpu, SepaError] | None = None,
+        failed: dict[IncrementalSpu, SepaError] | None = None,
     ) -> tuple[int, int]:
         """Fold the solutions into each touched SPU and notify, then the graph feeds: (notifications,
         LUTT hits). Then the SPUs `over` max_rows, and those of bounded groups the fold took past
         `limit` rows or past the rows they may hold (:mod:`broker.core.held`), are ended, not
         notified; or, given `past` (parallel mode's collector), their subscribers are told at once
         and the SPUs put there, with why, for the engine's thread to end (see
-        PipelinedSpuManager._recover); meanwhile they are neither folded nor notified."""
+        PipelinedSpuManager._recover); meanwhile they are neither folded nor notified. The SPUs
+        `failed` (not in `lost` or `gained`: see broker.core.lookups) are ended too, with their error."""
         notifications = hits = 0
         ended: dict[IncrementalSpu, SepaError] = dict.fromkeys(over, self._too_many_rows()) if over else {}
+        if failed:
+            ended.update(failed)
         held = self.held
         for spu in lost.keys() | gained.keys():
             if past and spu in past:
@@ -916,15 +926,20 @@ class SpuManager:
         hits: dict,
         out: dict[IncrementalSpu, dict[int, set[Mu]]],
         over: set[IncrementalSpu] | None = None,
+        *,
+        lookup: Lookup | None = None,
+        failed: dict[IncrementalSpu, SepaError] | None = None,
     ) -> None:
-        """`over`: the solutions gained, bounded by max_rows (see ShapeGroup.collect)."""
+        """`over`: the solutions gained, bounded by max_rows (see ShapeGroup.collect). `lookup`
+        (with `failed`): how a bounded group's hits are looked up (broker.core.lookups)."""
         for ref, quads in hits.items():
             if isinstance(ref, ReevalSpu):
                 continue
             group, branch_index, pattern_index = ref
             limit = self.max_rows if over is not None and group.bounded else None
+            bounded = lookup if group.bounded else None
             try:
-                group.collect(store, (branch_index, pattern_index), quads, out, limit, over)  # type: ignore[arg-type]
+                group.collect(store, (branch_index, pattern_index), quads, out, limit, over, bounded, failed)  # type: ignore[arg-type]
             except OverBudget:
                 raise
             except Exception:

@@ -28,6 +28,10 @@ class EngineStats:
     notifications: int = 0
     lutt_hits: int = 0
     subscriptions_ended: int = 0  # by the engine: a re-evaluation past its time limit, or crashed
+    # a network client's incremental lookups too costly for the update thread, sent to the query
+    # workers; and those given up on past the time limit, their SPUs ended (broker.core.lookups)
+    lookups_offloaded: int = 0
+    lookups_timed_out: int = 0
     subscriptions_max: int = 0  # the most subscriptions held at once (the reference broker's "max subscribers")
     processing_min_s: float = 0.0  # one update's processing time, end of processing included: the least,
     processing_max_s: float = 0.0  # the most

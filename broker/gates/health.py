@@ -57,7 +57,10 @@ class Health:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.started = time.monotonic()
-        self.checks: dict[str, Check] = {"store": lambda: store_health(scheduler)}
+        self.checks: dict[str, Check] = {
+            "store": lambda: store_health(scheduler),
+            "engine": lambda: engine_health(scheduler),
+        }
 
     @property
     def uptime_s(self) -> float:
@@ -111,3 +114,25 @@ def store_health(scheduler: Scheduler) -> ComponentHealth:
     if free < MIN_FREE_BYTES:
         return ComponentHealth(False, f"{where}: less than {MIN_FREE_BYTES >> 20} MiB, updates will fail")
     return ComponentHealth(True, where)
+
+
+def engine_health(scheduler: Scheduler) -> ComponentHealth:
+    """The processing mode; in parallel mode, not ready while a BOOSTER worker is dead or a failure
+    waits for recovery: the updates it left unfinished are held (their publishers wait) until every
+    SPU is evaluated again, at the next request or at once when nothing else is in flight.
+
+    Why: an attack pass killed a worker; `/health` said ready while subscriptions were wrong and
+    updates held. A worker that is stopped (SIGSTOP), not dead, is found only by the reply
+    timeout (broker.core.pipeline.REPLY_TIMEOUT_S)."""
+    engine = scheduler.engine
+    figures = engine.spus.metrics()
+    if "workers" not in figures:
+        return ComponentHealth(True, "sequential mode" if engine.mode == "incremental" else f"{engine.mode} mode")
+    started, alive = figures["workers_started"], figures["workers"]
+    detail = (
+        f"parallel mode: {alive} of {started} BOOSTER workers alive, {figures['in_flight']} updates in flight, "
+        f"{figures['died_total']} died and {figures['recovered_total']} recoveries since start"
+    )
+    if alive < started or figures["broken"]:
+        return ComponentHealth(False, f"{detail}; updates wait until the workers are replaced")
+    return ComponentHealth(True, detail)

@@ -219,6 +219,8 @@ class Gates:
             f"sepa_notifications_total {engine.stats.notifications}",
             f"sepa_lutt_hits_total {engine.stats.lutt_hits}",
             f"sepa_subscriptions_ended_total {engine.stats.subscriptions_ended}",
+            f"sepa_lookups_offloaded_total {stats.lookups_offloaded}",
+            f"sepa_lookups_timed_out_total {stats.lookups_timed_out}",
             f"sepa_subscriptions {engine.subscription_count}",
             f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",

@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
 
-from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions
+from pyoxigraph import Quad, QueryBoolean, QueryResultsFormat, QuerySolutions
 
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
+from broker.core.spu import Mu, ShapeGroup
 from broker.core.update_processor import where_solutions
 from broker.errors import InvalidRequest
 from broker.gates.negotiation import serialize
@@ -122,10 +123,34 @@ def subscription_rows(
     return variables, text, None
 
 
+_GROUPS: dict[object, ShapeGroup] = {}  # made again from their arguments, by key (a worker's own)
+MAX_GROUPS = 256
+
+
+def hit_solutions(
+    processor: QueryProcessor,
+    arguments: tuple[Any, ...],
+    ref: tuple[int, int],
+    quad: Quad,
+    params: tuple[object, ...] | None,
+    limit: int | None,
+) -> list[Mu] | None:
+    """One hit's solutions (:meth:`~broker.core.spu.ShapeGroup.hit_solutions`) of the group
+    `arguments` make (:attr:`~broker.core.spu.ShapeGroup.arguments`), for a lookup too costly for
+    the update thread (:mod:`broker.core.lookups`)."""
+    group = _GROUPS.get(arguments[0])
+    if group is None:
+        if len(_GROUPS) >= MAX_GROUPS:
+            _GROUPS.clear()
+        group = _GROUPS[arguments[0]] = ShapeGroup(*arguments)
+    return group.hit_solutions(processor.store, ref, quad, params, limit)
+
+
 JOBS: dict[str, Callable[..., Any]] = {
     "serialized": serialized,
     "materialized": materialized,
     "probe": probe,
     "where_solutions": lambda processor, *args: where_solutions(processor.store, *args),
     "subscription_rows": subscription_rows,
+    "hit_solutions": hit_solutions,
 }

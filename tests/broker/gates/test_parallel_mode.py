@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from tests.broker.gates.subscribe_support import RunningGateway, metric_now, receive_json, subscribe
+from tests.polling import wait_until
 
 EX = "http://example.org/parallel/"
 ROOMS = 3
@@ -123,3 +126,53 @@ def test_on_one_core_parallel_mode_starts_no_worker(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     workers, pipelined, single_core, notified = map(int, done.stdout.split())
     assert (workers, pipelined, single_core, notified) == (0, 0, 1, 2)
+
+
+def _boosters(pid: int) -> list[int]:
+    """The BOOSTER worker processes among `pid`'s children."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"broker.workers.booster" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def test_health_is_not_ready_while_a_booster_worker_is_dead_and_ready_once_it_is_replaced(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """An attack pass killed a worker: /health said ready while updates were held."""
+    gateway = start_gateway(toml=PARALLEL)
+
+    def engine_health() -> tuple[int, dict[str, Any]]:
+        reply = gateway.request("GET", "/health")
+        return reply.status, reply.json()["components"]["engine"]
+
+    assert gateway.update(dataset()).status == 200
+    status, engine = engine_health()
+    assert status == 200 and engine["detail"].startswith("parallel mode: 0 of 0 BOOSTER workers alive"), engine
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": ROOM_QUERY % 0, "alias": "room0"})  # the workers start
+            status, engine = engine_health()
+            assert status == 200 and "1 of 1 BOOSTER workers alive" in engine["detail"], engine
+            [booster] = _boosters(gateway.process.pid)
+            os.kill(booster, signal.SIGKILL)
+            wait_until(lambda: engine_health()[0] == 503)
+            status, engine = engine_health()
+            assert engine["status"] == "failing" and "0 of 1 BOOSTER workers alive" in engine["detail"], engine
+            # an update that concerns no worker: the dead one is found and replaced all the same
+            assert gateway.update(set_room(1, 9)).status == 200
+            status, engine = engine_health()
+            assert status == 200 and "1 of 1 BOOSTER workers alive" in engine["detail"], engine
+            assert "1 died and 1 recoveries" in engine["detail"]
+            assert _boosters(gateway.process.pid) not in ([], [booster])
+
+    asyncio.run(scenario())
