@@ -13,7 +13,8 @@ are bounded twice, per update:
 
 - here, each hit's lookup may read at most STEPS index entries (each lookup and each quad it
   yields, :class:`~broker.core.budget.Budget`). A branch with FILTERs, which pyoxigraph evaluates
-  without a bound, first has its patterns joined here under that budget;
+  without a bound, first has its patterns joined here under that budget (a branch of one pattern
+  reads nothing: the quad is its solution);
 - a hit past it is evaluated in a query worker, under what is left of the update's time limit
   (``[engine] time_limit_s``, counted from the first hit sent there). Past it, or once it is spent,
   the SPUs the hit concerns end, their subscribers told why (a 503 notification, as for a
@@ -52,6 +53,7 @@ class BoundedLookups:
         self.workers = workers
         self.stats = stats
         self.steps = steps
+        self.budget = Budget(steps)  # one per update, refilled for each hit
         self.deadline: float | None = None  # set by the first hit sent to a worker
 
     def __call__(
@@ -63,8 +65,12 @@ class BoundedLookups:
         params: tuple[object, ...] | None,
         limit: int | None,
     ) -> list[Mu] | None:
+        if len(group.shape.branches[ref[0]].patterns) == 1:  # the quad is the solution: nothing to read
+            return group.hit_solutions(store, ref, quad, params, limit)
+        budget = self.budget
+        budget.left = self.steps
         try:
-            return group.hit_solutions(store, ref, quad, params, limit, Budget(self.steps))
+            return group.hit_solutions(store, ref, quad, params, limit, budget)
         except OverBudget:
             pass
         if self.deadline is None:
