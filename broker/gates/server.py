@@ -16,7 +16,7 @@ from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
-from broker.gates.websocket import Connection, WebSocketGate
+from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
 from broker.version import gateway_version
@@ -224,6 +224,7 @@ class Gates:
             f"sepa_subscriptions {engine.subscription_count}",
             f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
+            f"sepa_ws_slow_subscribers_disconnected_total {SLOW_SUBSCRIBERS.total}",
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",

@@ -25,10 +25,14 @@ from broker.errors import NotFound, SepaError
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
 from broker.handoff import loop_handoff
+from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler
 from broker.security.authority import Principal
 
 log = logging.getLogger(__name__)
+# one line a minute at most, with the count since: a client that opens socket after socket and never
+# reads them wrote a warning for each (sepa_ws_slow_subscribers_disconnected_total counts them all)
+SLOW_SUBSCRIBERS = QuietLog(log, "disconnecting slow subscriber: outgoing queue full", level=logging.WARNING)
 # messages of one socket handled at once; past it the socket is not read (see Connection.turn).
 # 3 and 8 subscribed as fast (`bench reeval`: 11-12.5 s and 10.6-11.4 s); fewer probes of one socket
 # in the query pool leave more of it to other clients
@@ -109,14 +113,13 @@ class Connection:
             self.row_limit is not None and self.pending and self.queued_rows + rows > self.row_limit
         ):
             self.closing = True
-            log.warning(
-                "disconnecting slow subscriber: outgoing queue full",
-                extra={
+            SLOW_SUBSCRIBERS(
+                **{
                     "peer": self.peer,
                     "queued": len(self.pending),
                     "queued_rows": self.queued_rows,
                     "subscriptions": len(self.subscriptions),
-                },
+                }
             )
             self.pending.clear()
             self.queued_rows = 0

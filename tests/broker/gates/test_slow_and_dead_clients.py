@@ -128,13 +128,14 @@ def test_a_stalled_subscriber_does_not_delay_the_others(gateway: RunningGateway)
 def test_a_stalled_subscriber_past_the_queue_limit_is_disconnected_and_logged(
     start_gateway: Callable[..., RunningGateway],
 ) -> None:
+    """Two of them: one line (a client opening socket after socket wrote one each), both counted."""
     gateway = start_gateway(toml="[websocket]\nqueue_limit = 20\n")
-    stalled = stalled_subscriber(gateway)
+    stalled = [stalled_subscriber(gateway) for _ in range(2)]
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
             await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
-            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 2)
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 3)
             await updates_with_latency(session, gateway, ws, 0, 70, 60_000)  # ~8 MB: past the kernel buffers
             # Only the healthy subscriber and its connection remain.
             await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 1)
@@ -143,12 +144,15 @@ def test_a_stalled_subscriber_past_the_queue_limit_is_disconnected_and_logged(
 
     try:
         asyncio.run(scenario())
-        wait_until_released(gateway, stalled.local_port)
+        for each in stalled:
+            wait_until_released(gateway, each.local_port)
     finally:
-        stalled.close()
+        for each in stalled:
+            each.close()
     lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
     assert len(lines) == 1, gateway.log()
     assert re.search(r"level=warning .*queue full", lines[0]), lines[0]
+    assert gateway.metric("sepa_ws_slow_subscribers_disconnected_total") == 2
 
 
 def test_a_stalled_subscriber_past_the_rows_it_may_have_queued_is_disconnected_long_before_the_queue_limit(
