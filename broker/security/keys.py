@@ -18,9 +18,11 @@ unchanged credentials. See the README, "Security".
 from __future__ import annotations
 
 import datetime
+import fcntl
 import ipaddress
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,12 +104,41 @@ def tls_files(directory: Path, cert: str = "", key: str = "", names: list[str] |
     return TlsFiles(cert_path, key_path, fingerprint(pem), generated=True)
 
 
+SIOCGIFADDR = 0x8915  # Linux: an interface's (primary) IPv4 address
+
+
+def interface_addresses() -> list[str]:
+    """This host's addresses on its network interfaces, loopback and link-local left out: IPv4
+    from each interface (SIOCGIFADDR), IPv6 from /proc/net/if_inet6. Linux only; elsewhere none.
+
+    Why: a browser on the LAN opening the dashboard at https://192.168.1.20:8443 refused the
+    generated certificate even once trusted, which named only the host, HOST.local and loopback."""
+    found: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, interface in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", interface.encode()[:15])
+                answer = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address
+                continue
+            found.append(str(ipaddress.IPv4Address(answer[20:24])))
+    try:
+        lines = Path("/proc/net/if_inet6").read_text(encoding="ascii").splitlines()
+    except OSError:
+        lines = []
+    found += [str(ipaddress.IPv6Address(bytes.fromhex(line.split()[0]))) for line in lines if line.strip()]
+    usable = [ipaddress.ip_address(each) for each in found]
+    return [str(each) for each in usable if not (each.is_loopback or each.is_link_local or each.is_unspecified)]
+
+
 def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> bytes:
-    """A self-signed server certificate for this host's names and loopback, plus `names`."""
+    """A self-signed server certificate for this host's names, its interfaces' addresses (as the
+    gateway first starts: an address that changes later needs `tls_names`, or a new certificate)
+    and loopback, plus `names`."""
     host = socket.gethostname()
     alternatives: list[x509.GeneralName] = []
     seen: set[str] = set()
-    for name in [host, f"{host}.local", "localhost", "127.0.0.1", "::1", *names]:
+    for name in [host, f"{host}.local", "localhost", "127.0.0.1", "::1", *interface_addresses(), *names]:
         if not name or name in seen:
             continue
         seen.add(name)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import ipaddress
+import json
 import socket
 import ssl
+import subprocess
 import threading
 from pathlib import Path
 
@@ -90,3 +93,29 @@ def test_the_generated_certificate_cannot_vouch_for_another_site(tmp_path: Path)
         _handshake(tmp_path, chain, leaf_key, pem, "www.bank.example")
     chain, leaf_key = _leaf_signed_by(pem, key, "gw.plant.example")
     _handshake(tmp_path, chain, leaf_key, pem, "gw.plant.example")  # its own names it may still vouch for
+
+
+def _addresses_ip_reports() -> list[str]:
+    """This machine's global and site addresses, as iproute2's `ip -j addr` lists them."""
+    listed = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, check=True, text=True).stdout)
+    found = []
+    for interface in listed:
+        for entry in interface.get("addr_info", []):
+            address = ipaddress.ip_address(entry["local"])
+            if not (address.is_loopback or address.is_link_local):
+                found.append(str(address))
+    return found
+
+
+def test_the_generated_certificate_serves_this_machines_addresses(tmp_path: Path) -> None:
+    """A browser on the LAN opening https://<the board's address>:8443 refused the certificate,
+    trusted or not: it named the host, HOST.local and loopback only."""
+    addresses = _addresses_ip_reports()
+    assert addresses, "this machine has no address but loopback: the test cannot tell"
+    key = ec.generate_private_key(ec.SECP256R1())
+    pem = self_signed(key, [])
+    names = x509.load_pem_x509_certificate(pem).extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    carried = {str(each) for each in names.value.get_values_for_type(x509.IPAddress)}
+    assert set(addresses) <= carried, (addresses, carried)
+    for address in addresses:
+        _handshake(tmp_path, pem, _pem_key(key), pem, address)
