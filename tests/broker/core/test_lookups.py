@@ -77,6 +77,25 @@ def test_a_lookup_past_the_time_limit_ends_that_subscription_and_the_update_appl
     assert len(engine.store.ox) == 2020  # the update applied
 
 
+def test_many_hits_each_within_the_budget_end_the_subscription_at_the_time_limit_too() -> None:
+    """Each inserted quad's lookup reads ~18,000 index entries, under the budget of one hit, and
+    finds nothing: 300 of them held the update thread 24 s (an attack pass). The update's lookups
+    are bounded together now. Sequential mode: parallel mode's BOOSTER workers are not bounded so."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=1, time_limit_s=1.0)
+    workers.start()
+    engine = Engine(store, workers=workers, max_subscription_rows=10_000)
+    try:
+        chain = watch(engine, f"SELECT * WHERE {{ ?s <{EX}p> ?o . ?o <{EX}q> ?z . ?z <{EX}r> <{EX}c> }}")
+        engine.update("INSERT DATA { " + " ".join(f"<{EX}o1> <{EX}q> <{EX}z{i}> ." for i in range(9000)) + " }")
+        engine.update("INSERT DATA { " + " ".join(f"<{EX}s{i}> <{EX}p> <{EX}o1> ." for i in range(200)) + " }")
+        assert chain[-1].ended is not None and "time limit of 1 s" in chain[-1].ended.description, chain
+        assert engine.stats.lookups_timed_out >= 1 and len(engine.store.ox) == 9200
+    finally:
+        engine.close()
+        workers.close()
+
+
 def test_a_costly_lookup_within_the_limit_is_made_in_a_worker_and_notifies_exactly(engine: Engine) -> None:
     """200 x 200 combinations a quad: past what the update thread may read, evaluated in a query
     worker, on the store before the update (removed quads) and after it (added ones)."""
