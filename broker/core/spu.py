@@ -98,13 +98,17 @@ class IncrementalSpu(SpuBase):
         self.counts: Counter[Row] = Counter()
         self.total = 0
 
-    def load(self, store: RdfStore) -> None:
-        """Initial evaluation (sequence 0)."""
+    def load(self, store: RdfStore, limit: int | None = None) -> None:
+        """Initial evaluation (sequence 0); with `limit`, :class:`TooManyRows` past it, the
+        evaluation stopped there (a network client's subscription, see SpuManager._incremental)."""
         for index, branch in enumerate(self.group.shape.branches):
             binding = dict(zip(branch.param_vars, self.params[index], strict=True))
-            for mu in self.group.solutions(store, index, binding):
+            bound = None if limit is None else limit + 1 - self.total
+            for mu in self.group.solutions(store, index, binding, limit=bound):
                 self.counts[self.group.project(index, mu)] += 1
                 self.total += 1
+            if limit is not None and self.total > limit:
+                raise TooManyRows
 
     def reload(self, store: RdfStore) -> int:
         """Evaluate again from scratch and notify the difference (parallel mode, after a BOOSTER
