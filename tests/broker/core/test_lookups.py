@@ -56,6 +56,20 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         workers.close()
 
 
+def count_evaluations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of solutions each BGP evaluation of an SPU makes, from now on."""
+    made: list[int] = []
+    evaluate = broker.core.spu.evaluate_bgp
+
+    def counted(*args: object, **kwargs: object) -> object:
+        found = evaluate(*args, **kwargs)  # type: ignore[arg-type]
+        made.append(len(found))
+        return found
+
+    monkeypatch.setattr(broker.core.spu, "evaluate_bgp", counted)
+    return made
+
+
 def watch(engine: Engine, sparql: str, *, limited: bool = True) -> list[Notification]:
     seen: list[Notification] = []
     engine.subscribe(sparql, seen.append, limited=limited)
@@ -127,15 +141,7 @@ def test_a_plain_product_is_built_no_further_than_the_rows_limit(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """300 x 300 solutions a quad, the limit 10,000 rows: each quad's lookup stops one past it."""
-    made: list[int] = []
-    evaluate = broker.core.spu.evaluate_bgp
-
-    def counted(*args: object, **kwargs: object) -> object:
-        found = evaluate(*args, **kwargs)  # type: ignore[arg-type]
-        made.append(len(found))
-        return found
-
-    monkeypatch.setattr(broker.core.spu, "evaluate_bgp", counted)
+    made = count_evaluations(monkeypatch)
     seen = watch(engine, PRODUCT)
     insert(engine, "p", 0, 300)
     insert(engine, "q", 0, 300)
@@ -174,27 +180,18 @@ def test_over_real_sockets_the_subscriber_gets_an_error_frame_and_other_publishe
     assert gateway.select(f"SELECT (COUNT(*) AS ?n) WHERE {{ GRAPH <{G}> {{ ?s <{EX}r> ?o }} }}")[0]["n"] == "10"
 
 
-def test_a_subscription_the_store_outgrew_after_its_probe_is_refused_at_the_rows_limit(engine: Engine) -> None:
+def test_a_subscription_the_store_outgrew_after_its_probe_is_refused_at_the_rows_limit(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Its probe counts its rows first; a write between the two (an attack pass: 2,000 + 2,000
     triples written as a product of two patterns was subscribed) made 4,000,000 rows on the update
     thread: 55.7 s, 2.6 GB. Here the probe is skipped (the in-process API), as that write made it."""
     insert(engine, "p", 0, 200)
     insert(engine, "q", 0, 200)  # 40,000 rows
     two = f"SELECT * WHERE {{ GRAPH <{G}> {{ ?a <{EX}p> ?x . ?b <{EX}q> ?y }} }}"
-    made: list[int] = []
-    evaluate = broker.core.spu.evaluate_bgp
-
-    def counted(*args: object, **kwargs: object) -> object:
-        found = evaluate(*args, **kwargs)  # type: ignore[arg-type]
-        made.append(len(found))
-        return found
-
-    broker.core.spu.evaluate_bgp = counted  # type: ignore[assignment]
-    try:
-        with pytest.raises(InvalidRequest, match="more than 10000 rows"):
-            watch(engine, two)
-    finally:
-        broker.core.spu.evaluate_bgp = evaluate
+    made = count_evaluations(monkeypatch)
+    with pytest.raises(InvalidRequest, match="more than 10000 rows"):
+        watch(engine, two)
     assert made == [10_001] and engine.spus.subscription_count == 0 and not engine.spus.groups
     trusted = watch(engine, two, limited=False)  # the gateway's own code is not bounded
     assert len(trusted[0].added) == 40_000
