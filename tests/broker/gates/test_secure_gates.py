@@ -553,13 +553,16 @@ def test_a_reset_drops_the_delayed_updates_the_old_secret_scheduled(secure_gatew
     async def test(client: SecureClient) -> None:
         stolen = await client.login("writer")
         planted = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}planted> <{EX}p> 1 }} }}"
-        assert (await client.update(stolen, planted, delay="1500"))[0] == 202
+        # due well after the reset: the operator's CLI, a process of its own, took past 1.5 s on a
+        # loaded machine and the update ran before the reset (a CI run failed so)
+        assert (await client.update(stolen, planted, delay="6000"))[0] == 202
+        due = time.monotonic() + 6.0
         await operator(tmp_path, "reset", "writer")
         assert (await client.query(stolen, EVERYTHING))[0] == 401
         rotated = await client.login("writer")
         kept = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}kept> <{EX}p> 1 }} }}"
         assert (await client.update(rotated, kept, delay="500"))[0] == 202
-        await asyncio.sleep(2.5)
+        await asyncio.sleep(max(1.0, due + 1.0 - time.monotonic()))
         admin = await client.login("admin")
         rows = await client.rows(admin, f"SELECT ?s WHERE {{ GRAPH <{PUBLIC}> {{ ?s <{EX}p> 1 }} }}")
         assert rows == {(("s", f"{EX}kept"),)}, rows
