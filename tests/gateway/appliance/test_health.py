@@ -90,7 +90,7 @@ def test_coap_is_required_and_the_shipper_is_not(tmp_path: Path) -> None:
     try:
         status, body = health(gateway)
         assert status == 200, body
-        assert set(body["components"]) == {"store", "clock", "coap", "shipper"}
+        assert set(body["components"]) == {"store", "engine", "clock", "coap", "shipper"}
         coap = body["components"]["coap"]
         assert coap["status"] == "ok" and coap["required"] is True and "listening=True" in coap["detail"]
         shipper = body["components"]["shipper"]
