@@ -43,7 +43,7 @@ OVERLAID = ("/etc", "/opt", "/usr/local", "/var", "/run")
 INSTALL_TIMEOUT_S = 900
 # the installed gateway's process, as pgrep -f finds it ([/]: not the shell that runs pgrep)
 GATEWAY = "'[/]opt/sepa-gateway/bin/sepa-gateway run'"
-ALL_OK = {"store": "ok", "clock": "ok", "mqtt": "ok", "coap": "ok"}
+ALL_OK = {"store": "ok", "engine": "ok", "clock": "ok", "mqtt": "ok", "coap": "ok"}
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a root shell's PATH on Debian
 
 
