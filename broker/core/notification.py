@@ -11,7 +11,15 @@ from pyoxigraph import NamedNode, Quad
 
 from broker.errors import SepaError
 from broker.sparql.syntax import Digest
-from broker.sparql.terms import TEXT_CACHE_SIZE, Row, bindings_json_text, row_json_text, rows_to_bindings
+from broker.sparql.terms import (
+    CACHED_TEXT_MAX,
+    TEXT_CACHE_SIZE,
+    Row,
+    TooLarge,
+    bindings_json_text,
+    row_json_text,
+    rows_to_bindings,
+)
 from broker.workers.codec import rows_from_tsv
 
 
@@ -140,8 +148,8 @@ class TsvRows(LazyRows):
             self._rows = rows_from_tsv(self.head + b"\n" + b"".join(line + b"\n" for line in self.lines))
         return self._rows
 
-    def json_text(self, variables: tuple[str, ...]) -> str:
-        """``bindings_json_text(variables, self)``, from the texts of lines written before (one
+    def json_text(self, variables: tuple[str, ...], limit: int | None = None) -> str:
+        """``bindings_json_text(variables, self, limit)``, from the texts of lines written before (one
         dict per header: a lookup per line in C; 1,000 lines: ~0.05 ms)."""
         texts = _line_texts.get(self.head)
         if texts is None or len(texts) >= TEXT_CACHE_SIZE:
@@ -149,14 +157,17 @@ class TsvRows(LazyRows):
                 _line_texts.clear()
             texts = _line_texts[self.head] = {}
         try:
-            return "[" + ", ".join(map(texts.__getitem__, self.lines)) + "]"
+            return _joined(list(map(texts.__getitem__, self.lines)), limit)
         except KeyError:
             pass
         missing = [line for line in self.lines if line not in texts]
         rows = rows_from_tsv(self.head + b"\n" + b"".join(line + b"\n" for line in missing))
+        written = {}
         for line, row in zip(missing, rows, strict=True):
-            texts[line] = row_json_text(variables, row)
-        return "[" + ", ".join(map(texts.__getitem__, self.lines)) + "]"
+            text = written[line] = row_json_text(variables, row)
+            if len(text) <= CACHED_TEXT_MAX:
+                texts[line] = text
+        return _joined([texts.get(line) or written[line] for line in self.lines], limit)
 
     def __bool__(self) -> bool:
         return bool(self.lines)
@@ -165,10 +176,17 @@ class TsvRows(LazyRows):
         return len(self.lines)
 
 
-def _bindings_text(variables: tuple[str, ...], rows: Sequence[Row]) -> str:
+def _joined(texts: list[str], limit: int | None) -> str:
+    """The bindings array of these row texts; :class:`TooLarge` past `limit` characters."""
+    if limit is not None and sum(map(len, texts)) + 2 * len(texts) > limit:
+        raise TooLarge(limit)
+    return "[" + ", ".join(texts) + "]"
+
+
+def _bindings_text(variables: tuple[str, ...], rows: Sequence[Row], limit: int | None) -> str:
     if isinstance(rows, TsvRows):
-        return rows.json_text(variables)
-    return bindings_json_text(variables, rows)
+        return rows.json_text(variables, limit)
+    return bindings_json_text(variables, rows, limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,14 +227,21 @@ class Notification:
             body["removedResults"] = self.results(self.removed, None)
         return {"notification": body}
 
-    def to_json_text(self) -> str:
+    def to_json_text(self, limit: int | None = None) -> str:
         """``json.dumps(self.to_json())``, the bindings written from cached term texts
-        (:func:`broker.sparql.terms.bindings_json_text`: 8-50x faster on a 1,000-row result)."""
+        (:func:`broker.sparql.terms.bindings_json_text`: 8-50x faster on a 1,000-row result).
+
+        `limit`: :class:`broker.sparql.terms.TooLarge` once the rows pass that many characters
+        (added and removed together), before the rest is written."""
         if self.boolean is not None:
             return json.dumps(self.to_json())
         head = '{"head": {"vars": ' + json.dumps(list(self.variables)) + '}, "results": {"bindings": '
-        added = head + _bindings_text(tuple(self.variables), self.added) + "}}"
-        removed = head + _bindings_text(tuple(self.variables), self.removed) + "}}"
+        added_rows = _bindings_text(tuple(self.variables), self.added, limit)
+        removed_rows = _bindings_text(
+            tuple(self.variables), self.removed, None if limit is None else limit - len(added_rows)
+        )
+        added = head + added_rows + "}}"
+        removed = head + removed_rows + "}}"
         return (
             f'{{"notification": {{"spuid": {json.dumps(self.spuid)}, "alias": {json.dumps(self.alias)}, '
             f'"sequence": {json.dumps(self.sequence)}, "addedResults": {added}, "removedResults": {removed}}}}}'

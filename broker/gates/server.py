@@ -37,6 +37,8 @@ class GateSettings:
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
     queue_rows: int | None = 200_000  # rows of the notifications queued for one client (Connection.push)
+    queue_bytes: int | None = 64 << 20  # ...and characters of the messages queued
+    max_notification_bytes: int | None = 32 << 20  # characters of one notification's JSON text, at most
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
     # DNS names of this gateway besides localhost and the machine's name: a plain gate refuses (421) a
@@ -75,6 +77,8 @@ class Gates:
             self.counters,
             queue_limit=self.settings.queue_limit,
             queue_rows=self.settings.queue_rows,
+            queue_bytes=self.settings.queue_bytes,
+            max_notification_bytes=self.settings.max_notification_bytes,
             heartbeat_s=self.settings.heartbeat_s,
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
@@ -88,6 +92,8 @@ class Gates:
                 self.counters,
                 queue_limit=self.settings.queue_limit,
                 queue_rows=self.settings.queue_rows,
+                queue_bytes=self.settings.queue_bytes,
+                max_notification_bytes=self.settings.max_notification_bytes,
                 heartbeat_s=self.settings.heartbeat_s,
                 max_message_bytes=self.settings.max_message_bytes,
                 authenticate=authority.authenticate,

@@ -28,6 +28,7 @@ from broker.handoff import loop_handoff
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler
 from broker.security.authority import Principal
+from broker.sparql.terms import TooLarge
 
 log = logging.getLogger(__name__)
 # one line a minute at most, with the count since: a client that opens socket after socket and never
@@ -64,16 +65,23 @@ class Connection:
         peer: str,
         transport: asyncio.BaseTransport | None = None,
         row_limit: int | None = None,
+        byte_limit: int | None = None,
     ) -> None:
-        """`limit`, `row_limit`: the messages, and the rows of the notifications, queued for this
-        client before it is disconnected (see :meth:`push`)."""
+        """`limit`, `row_limit`, `byte_limit`: the messages, the rows of the notifications, and the
+        characters of their text, queued for this client before it is disconnected (see
+        :meth:`push`)."""
         self.ws = ws
         self.limit = limit
         self.row_limit = row_limit
+        self.byte_limit = byte_limit
         self.queued_rows = 0
+        self.queued_bytes = 0
         self.peer = peer
         self.transport = transport
-        self.pending: deque[Notification | dict[str, Any]] = deque()
+        # the text of each message queued, and the rows it carries
+        self.pending: deque[tuple[str, int]] = deque()
+        # subscriptions ended here (a notification too large): what the engine still sends is dropped
+        self.ended: set[str] = set()
         self.ready = asyncio.Event()
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
         self.owners: dict[str, Principal] = {}  # spuid -> the secure client that subscribed
@@ -98,19 +106,27 @@ class Connection:
         mine = self._last_turn = asyncio.get_running_loop().create_future()
         return previous, mine
 
-    def push(self, item: Notification | dict[str, Any]) -> None:
-        """Queue a message; on overflow, disconnect this client (never drop silently).
+    def push(self, item: Notification | dict[str, Any], text: str | None = None) -> None:
+        """Queue a message (`text`, its JSON text when already written); on overflow, disconnect
+        this client (never drop silently).
 
-        Overflow is `limit` messages, or `row_limit` rows of notifications queued (a notification
-        alone in the queue is taken whatever its size: a subscription's rows are bounded where it is
-        made). Why rows too: a client that reads slowly, or not at all but for the pings, while an
-        update a second adds and removes 99,000 rows, queued 33 MB a second and stayed far below
-        10,000 messages (`/tmp/slowatk.py` pattern: a raw socket that never reads)."""
+        Overflow is `limit` messages, `row_limit` rows of notifications or `byte_limit` characters
+        queued (a message alone in the queue is taken whatever its size: a subscription's rows,
+        and a notification's characters, are bounded where they are made). Why rows too: a client
+        that reads slowly, or not at all but for the pings, while an update a second adds and
+        removes 99,000 rows, queued 33 MB a second and stayed far below 10,000 messages
+        (`/tmp/slowatk.py` pattern: a raw socket that never reads). Why characters: rows of 900 KB
+        literals queued ~1 MB an update well within the rows. The text is written here rather
+        than by the writer so that it is known, on the same loop thread."""
         if self.closing:
             return
+        if text is None:
+            text = item.to_json_text() if isinstance(item, Notification) else json.dumps(item)
         rows = _rows(item)
-        if len(self.pending) >= self.limit or (
-            self.row_limit is not None and self.pending and self.queued_rows + rows > self.row_limit
+        if self.pending and (
+            len(self.pending) >= self.limit
+            or (self.row_limit is not None and self.queued_rows + rows > self.row_limit)
+            or (self.byte_limit is not None and self.queued_bytes + len(text) > self.byte_limit)
         ):
             self.closing = True
             SLOW_SUBSCRIBERS(
@@ -118,15 +134,17 @@ class Connection:
                     "peer": self.peer,
                     "queued": len(self.pending),
                     "queued_rows": self.queued_rows,
+                    "queued_bytes": self.queued_bytes,
                     "subscriptions": len(self.subscriptions),
                 }
             )
             self.pending.clear()
-            self.queued_rows = 0
+            self.queued_rows = self.queued_bytes = 0
             self.dropping = asyncio.ensure_future(self.drop())  # keep a reference: tasks are weakly held
             return
-        self.pending.append(item)
+        self.pending.append((text, rows))
         self.queued_rows += rows
+        self.queued_bytes += len(text)
         self.ready.set()
 
     async def drop(self) -> None:
@@ -142,9 +160,9 @@ class Connection:
                 await self.ready.wait()
                 self.ready.clear()
                 while self.pending and not self.closing:
-                    item = self.pending.popleft()
-                    self.queued_rows -= _rows(item)
-                    text = item.to_json_text() if isinstance(item, Notification) else json.dumps(item)
+                    text, rows = self.pending.popleft()
+                    self.queued_rows -= rows
+                    self.queued_bytes -= len(text)
                     await self.ws.send_str(text)
 
 
@@ -163,6 +181,8 @@ class WebSocketGate:
         *,
         queue_limit: int = 10_000,
         queue_rows: int | None = None,
+        queue_bytes: int | None = None,
+        max_notification_bytes: int | None = None,
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
         authenticate: Callable[[Any], Principal] | None = None,
@@ -175,6 +195,8 @@ class WebSocketGate:
         self.counters = counters
         self.queue_limit = queue_limit
         self.queue_rows = queue_rows
+        self.queue_bytes = queue_bytes
+        self.max_notification_bytes = max_notification_bytes
         self.heartbeat_s = heartbeat_s
         self.max_message_bytes = max_message_bytes
         self.connections: set[Connection] = set()
@@ -186,7 +208,9 @@ class WebSocketGate:
         # 178 kB/s of them took other clients' updates from 1.4 ms to 344 ms
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes, compress=False)
         await ws.prepare(request)
-        connection = Connection(ws, self.queue_limit, request.remote or "?", request.transport, self.queue_rows)
+        connection = Connection(
+            ws, self.queue_limit, request.remote or "?", request.transport, self.queue_rows, self.queue_bytes
+        )
         self.connections.add(connection)
         self.counters["ws_connections"] += 1
         writer = asyncio.create_task(connection.writer())
@@ -267,9 +291,11 @@ class WebSocketGate:
             )
         )
 
-    def reply_error(self, connection: Connection, error: str, description: str, status: int, alias: Any = None) -> None:
+    def reply_error(
+        self, connection: Connection, error: str, description: str, status: int, alias: Any = None, **extra: Any
+    ) -> None:
         self.counters[f"ws_{error}:{status}"] += 1
-        connection.push(error_body(error, description, status, alias=alias))
+        connection.push(error_body(error, description, status, alias=alias, **extra))
 
     async def on_message(
         self,
@@ -430,7 +456,7 @@ class WebSocketGate:
                 confirmed = True
                 to_loop(self._confirm, connection, notification, register)
             else:
-                to_loop(connection.push, notification)
+                to_loop(self._deliver, connection, notification)
 
         options: dict[str, Any] = {
             "alias": alias,
@@ -468,7 +494,43 @@ class WebSocketGate:
     def _confirm(self, connection: Connection, notification: Notification, register: Callable[[str], None]) -> None:
         if not connection.closing:
             register(notification.spuid)
-        connection.push(notification)
+        self._deliver(connection, notification)
+
+    def _deliver(self, connection: Connection, notification: Notification) -> None:
+        """Queue a notification, written at most `max_notification_bytes` characters long; past
+        them the subscription ends with an error frame naming the setting (the socket and its
+        other subscriptions live on).
+
+        Why: rows are bounded where a subscription's results are made, their size is not. A
+        500,000-character literal joined with 500 triples was one 250 MB frame: the event loop
+        spent 4 s writing it (every client waited), RSS went from 193 MB to 1.29 GB (a 1 GB
+        board is out of memory long before). Now writing stops where the limit is passed."""
+        if notification.spuid in connection.ended or connection.closing:
+            return
+        try:
+            text = notification.to_json_text(self.max_notification_bytes)
+        except TooLarge:
+            connection.ended.add(notification.spuid)
+            alias = self.forget(connection, notification.spuid)
+            self.counters["ws_notifications_too_large"] += 1
+            self.reply_error(
+                connection,
+                "invalid_request",
+                f"subscription ended: its notification passed [websocket] max_notification_bytes "
+                f"({self.max_notification_bytes} characters of JSON)",
+                400,
+                alias,
+                spuid=notification.spuid,
+            )
+            task = asyncio.ensure_future(self._unsubscribe_quietly(notification.spuid))
+            connection.tasks.add(task)
+            task.add_done_callback(connection.tasks.discard)
+            return
+        connection.push(notification, text)
+
+    async def _unsubscribe_quietly(self, spuid: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
 
     async def unsubscribe(
         self, connection: Connection, body: dict[str, Any], principal: Principal | None = None

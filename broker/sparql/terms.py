@@ -74,6 +74,10 @@ def rows_to_bindings(variables: Sequence[str], rows: Iterable[Row]) -> list[dict
 
 
 TEXT_CACHE_SIZE = 1 << 15
+# texts longer than this are written each time, not cached: the caches are bounded in entries, and a
+# 500,000-character literal joined with 500 rows filled the row cache with 250 MB of texts (a
+# sensor reading's row is ~200 characters)
+CACHED_TEXT_MAX = 4096
 _texts: dict[Term, str] = {}
 _row_texts: dict[tuple[tuple[str, ...], Row], str] = {}
 
@@ -82,13 +86,19 @@ def term_json_text(term: Term) -> str:
     """``json.dumps(term_to_json(term))``, cached per term (see :func:`bindings_json_text`)."""
     text = _texts.get(term)
     if text is None:
-        if len(_texts) >= TEXT_CACHE_SIZE:
-            _texts.clear()
-        text = _texts[term] = json.dumps(term_to_json(term))
+        text = json.dumps(term_to_json(term))
+        if len(text) <= CACHED_TEXT_MAX:
+            if len(_texts) >= TEXT_CACHE_SIZE:
+                _texts.clear()
+            _texts[term] = text
     return text
 
 
-def bindings_json_text(variables: tuple[str, ...], rows: Iterable[Row]) -> str:
+class TooLarge(ValueError):
+    """A text would pass the length it was allowed (:func:`bindings_json_text`'s `limit`)."""
+
+
+def bindings_json_text(variables: tuple[str, ...], rows: Iterable[Row], limit: int | None = None) -> str:
     """``json.dumps(rows_to_bindings(variables, rows))``, written from cached row and term texts.
 
     Why: a re-evaluated subscription's first notification repeats the store's rows subscription
@@ -97,14 +107,29 @@ def bindings_json_text(variables: tuple[str, ...], rows: Iterable[Row]) -> str:
     subscriptions of 1,000 rows subscribed (py-spy, `bench reeval --rows 1000`). For one
     1,000-row result: dicts + json.dumps 6.4 ms, cached term texts 1.0 ms, a cached row text
     0.13 ms. The caches are emptied when full rather than kept in LRU order: a hit costs one dict
-    lookup, and the working set refills them at once; full, they hold ~10 MB.
+    lookup, and the working set refills them at once; full, they hold ~10 MB (no text past
+    CACHED_TEXT_MAX is kept).
+
+    `limit`: :class:`TooLarge` as soon as the rows written pass that many characters, so a result
+    too large to send costs no more than the limit to find out.
     """
     texts = _row_texts
     written = []
+    if limit is None:
+        for row in rows:
+            text = texts.get((variables, row))
+            if text is None:
+                text = row_json_text(variables, row)
+            written.append(text)
+        return "[" + ", ".join(written) + "]"
+    length = 0  # the brackets, and a separator less than rows
     for row in rows:
         text = texts.get((variables, row))
         if text is None:
             text = row_json_text(variables, row)
+        length += len(text) + 2
+        if length > limit:
+            raise TooLarge(limit)
         written.append(text)
     return "[" + ", ".join(written) + "]"
 
@@ -125,9 +150,10 @@ def row_json_text(variables: tuple[str, ...], row: Row) -> str:
             )
             + "}"
         )
-        if len(_row_texts) >= TEXT_CACHE_SIZE:
-            _row_texts.clear()
-        _row_texts[(variables, row)] = text
+        if len(text) <= CACHED_TEXT_MAX:
+            if len(_row_texts) >= TEXT_CACHE_SIZE:
+                _row_texts.clear()
+            _row_texts[(variables, row)] = text
     return text
 
 

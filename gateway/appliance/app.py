@@ -115,6 +115,8 @@ class Gateway:
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
                 queue_rows=config.websocket.queue_rows,
+                queue_bytes=config.websocket.queue_bytes,
+                max_notification_bytes=config.websocket.max_notification_bytes,
                 max_message_bytes=config.websocket.max_message_bytes,
                 subscription_limits=QuotaLimits(
                     per_client=config.websocket.max_subscriptions_per_client,

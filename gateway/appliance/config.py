@@ -118,6 +118,9 @@ class WebSocketConfig:
     heartbeat_s: float = 30.0  # ping interval; a client that does not answer is dropped
     queue_limit: int = 10_000  # notifications queued for one slow client before it is disconnected
     queue_rows: int = 200_000  # ...or rows of notifications (one alone is taken whatever its size)
+    queue_bytes: int = 64 << 20  # ...or characters of the messages' JSON text
+    # characters of one notification's JSON text; past it the subscription ends with a 400 error frame
+    max_notification_bytes: int = 32 << 20
     max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
     # subscriptions one client (secure identity, or address on the plain gates) and all clients may
     # hold, by count and by bytes of SPARQL text; past them a subscribe gets a 429 error frame
@@ -251,6 +254,8 @@ class Config:
             ("http.max_result_bytes", self.http.max_result_bytes),
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.queue_rows", self.websocket.queue_rows),
+            ("websocket.queue_bytes", self.websocket.queue_bytes),
+            ("websocket.max_notification_bytes", self.websocket.max_notification_bytes),
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
             ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),
             ("websocket.max_subscription_bytes_per_client", self.websocket.max_subscription_bytes_per_client),

@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +187,36 @@ def test_a_stalled_subscriber_past_the_rows_it_may_have_queued_is_disconnected_l
             await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 1)
             await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
 
+    line = dropped_once(gateway, client, scenario)
+    queued = re.search(r"queued=(\d+) .*queued_rows=(\d+)", line)
+    assert queued is not None and int(queued.group(1)) < 10 and int(queued.group(2)) > 1500, line
+
+
+def test_a_stalled_subscriber_past_the_characters_it_may_have_queued_is_disconnected(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Each update replaces a 100,000-character literal: ~200,000 characters a notification of 2
+    rows, so 60 updates are far below `queue_limit` and `queue_rows` and, past the kernel buffers,
+    past `queue_bytes` = 2,000,000 (rows of 900 KB literals queued ~1 MB an update unbounded)."""
+    gateway = start_gateway(toml="[websocket]\nqueue_bytes = 2000000\n")
+    client = stalled_subscriber(gateway)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            await updates_with_latency(session, gateway, ws, 0, 60, 100_000)
+            await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 1)
+            await wait_for_metric(session, gateway, "sepa_ws_slow_subscribers_disconnected_total", lambda v: v == 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
+
+    line = dropped_once(gateway, client, scenario)
+    queued = re.search(r"queued=(\d+) .*queued_rows=(\d+) .*queued_bytes=(\d+)", line)
+    assert queued is not None, line
+    assert int(queued.group(1)) < 60 and int(queued.group(2)) < 120 and int(queued.group(3)) > 1_500_000, line
+
+
+def dropped_once(gateway: RunningGateway, client: RawWebSocket, scenario: Callable[[], Awaitable[None]]) -> str:
+    """Run `scenario` while `client` stalls; its socket must be freed and one line logged: returned."""
     try:
         asyncio.run(scenario())
         wait_until_released(gateway, client.local_port)
@@ -194,8 +224,7 @@ def test_a_stalled_subscriber_past_the_rows_it_may_have_queued_is_disconnected_l
         client.close()
     lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
     assert len(lines) == 1, gateway.log()
-    queued = re.search(r"queued=(\d+) .*queued_rows=(\d+)", lines[0])
-    assert queued is not None and int(queued.group(1)) < 10 and int(queued.group(2)) > 1500, lines[0]
+    return lines[0]
 
 
 def rows_in(frame: dict[str, Any], part: str) -> int:

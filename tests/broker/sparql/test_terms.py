@@ -55,3 +55,39 @@ def test_row_texts_are_per_variable_names() -> None:
     row = (NamedNode("urn:a"), None)
     assert json.loads(terms.bindings_json_text(("a", "b"), [row])) == [{"a": {"type": "uri", "value": "urn:a"}}]
     assert json.loads(terms.bindings_json_text(("b", "a"), [row])) == [{"b": {"type": "uri", "value": "urn:a"}}]
+
+
+def test_a_long_text_is_written_each_time_and_never_cached() -> None:
+    """The caches are bounded in entries: a long literal in each of many rows would fill them with
+    copies of it (500 rows of a 500,000-character literal were 250 MB of cached texts)."""
+    variables = ("s", "o")
+    long = Literal("l" * (terms.CACHED_TEXT_MAX + 1))
+    rows = [(NamedNode(f"http://example.org/cache/{index}"), long) for index in range(20)]
+    text = terms.bindings_json_text(variables, rows)
+    assert json.loads(text) == terms.rows_to_bindings(variables, rows)
+    assert all(row not in {key[1] for key in terms._row_texts} for row in rows)
+    assert long not in terms._texts
+    short = (NamedNode("http://example.org/cache/short"), Literal("s"))
+    terms.bindings_json_text(variables, [short])
+    assert (variables, short) in terms._row_texts
+
+
+def test_bindings_stop_being_written_once_past_their_limit() -> None:
+    variables = ("o",)
+    rows = [(Literal(f"{index}-" + "x" * 100),) for index in range(100)]
+    whole = terms.bindings_json_text(variables, rows)
+    assert terms.bindings_json_text(variables, rows, limit=len(whole)) == whole
+    try:
+        terms.bindings_json_text(variables, rows, limit=len(whole) - 1)
+    except terms.TooLarge:
+        pass
+    else:
+        raise AssertionError("a text past its limit was written")
+    notification = Notification("s", None, 1, variables, added=tuple(rows[:50]), removed=tuple(rows[50:]))
+    assert json.loads(notification.to_json_text(limit=len(whole))) == notification.to_json()
+    try:
+        notification.to_json_text(limit=len(whole) // 2)
+    except terms.TooLarge:
+        pass
+    else:
+        raise AssertionError("added and removed together passed the limit unnoticed")
