@@ -63,9 +63,9 @@ from broker.core.spu_manager import Hits, SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
-from broker.errors import SepaError
+from broker.errors import SepaError, TimeLimitExceeded
 from broker.store import RdfStore
-from broker.workers.codec import OVER, Answers, Decoder, Item, encode_all
+from broker.workers.codec import OVER, TIMED_OUT, Answers, Decoder, Item, encode_all
 from broker.workers.pool import Worker, batched
 
 if TYPE_CHECKING:
@@ -405,7 +405,8 @@ class PipelinedSpuManager(SpuManager):
                     sent.append((position[quad], params))
                     targets.append(spu)  # type: ignore[arg-type]
                 item_limit = limit if group.bounded else None
-                shares[index].append(((group.gid, branch, pattern, sent, item_limit), (group, branch, targets)))
+                item = (group.gid, branch, pattern, sent, item_limit, group.bounded)
+                shares[index].append((item, (group, branch, targets)))
         return shares
 
     def _dispatch(
@@ -431,6 +432,7 @@ class PipelinedSpuManager(SpuManager):
         added_shares = self._split(added_hits, added, self.max_rows)
         fed = self._feed_hits(delta) if self.feeds else []
         micros = self.store.clock.micros()
+        seconds = None if self.workers is None else self.workers.time_limit_s  # see Booster.boost
         entry = InFlight(done, fed, [], {"t_apply_s": applied - started})
         prior = batched(before)[1] if before else []
         step = [_step(own[0])] if own else [(b"", b"", (), ())]
@@ -439,7 +441,7 @@ class PipelinedSpuManager(SpuManager):
             if removed_share or added_share:
                 lost = [item for item, _ in removed_share]
                 gained = [item for item, _ in added_share]
-                messages.append((worker, ("boost", micros, prior, lost, step, gained)))
+                messages.append((worker, ("boost", micros, prior, lost, step, gained, seconds)))
                 routes = [route for _, route in removed_share], [route for _, route in added_share]
                 entry.jobs.append((worker, *routes))
             elif prior or own:
@@ -498,6 +500,7 @@ class PipelinedSpuManager(SpuManager):
         lost: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         gained: dict[IncrementalSpu, dict[int, set[Mu]]] = {}
         over: set[IncrementalSpu] = set()  # past max_rows: not notified, ended (see _recover)
+        timed: set[IncrementalSpu] = set()  # a hit not looked up, past the time limit: ended the same way
         booster_s = 0.0
         for worker, removed_routes, added_routes in entry.jobs:
             if self._broken:
@@ -506,15 +509,23 @@ class PipelinedSpuManager(SpuManager):
             if reply is not None:
                 _, lost_answers, gained_answers, seconds = reply
                 booster_s = max(booster_s, seconds)
-                self._route(removed_routes, lost_answers, lost)
-                self._route(added_routes, gained_answers, gained, over)
+                self._route(removed_routes, lost_answers, lost, timed=timed)
+                self._route(added_routes, gained_answers, gained, over, timed)
         if self._broken:
             return self._feeds_only(entry)
-        for spu in over:
+        failed: dict[IncrementalSpu, SepaError] = {}
+        if timed:
+            self.stats.lookups_timed_out += len(timed)
+            error = TimeLimitExceeded(
+                f"processing an update for this subscription ran past the time limit of "
+                f"{self.workers.time_limit_s if self.workers is not None else 0:g} s ([engine] time_limit_s)"
+            )
+            failed = dict.fromkeys(timed - over, error)
+        for spu in over | timed:
             lost.pop(spu, None)
             gained.pop(spu, None)
         started = time.perf_counter()
-        notifications, hits = self._notify(lost, gained, entry.fed, over, self.max_rows, self._past)
+        notifications, hits = self._notify(lost, gained, entry.fed, over, self.max_rows, self._past, failed)
         entry.timings.update(t_booster_s=booster_s, t_notify_s=time.perf_counter() - started, lutt_hits=hits)
         return notifications
 
@@ -530,15 +541,20 @@ class PipelinedSpuManager(SpuManager):
         answers: Answers,
         out: dict[IncrementalSpu, dict[int, set[Mu]]],
         over: set[IncrementalSpu] | None = None,
+        timed: set[IncrementalSpu] | None = None,
     ) -> None:
         """`over` (the solutions gained): the SPUs a worker answered OVER for (Booster._bounded; a
-        fold past the limit, its share from several workers, ends them all the same: TooManyRows)."""
+        fold past the limit, its share from several workers, ends them all the same: TooManyRows).
+        `timed`: those it answered TIMED_OUT for (Booster.boost)."""
         terms = self._decoder.terms
         for (group, branch, targets), per_hit in zip(routes, answers, strict=True):
             for spu, codes in zip(targets, per_hit, strict=True):
                 if codes == OVER:
                     assert over is not None
                     over.update((spu,) if spu is not None else group.spus.values())
+                elif codes == TIMED_OUT:
+                    assert timed is not None
+                    timed.update((spu,) if spu is not None else group.spus.values())
                 elif codes and not (over and spu in over):  # not even decoded past the limit
                     group.route(branch, spu, [terms(mu) for mu in codes], out, over or ())
 

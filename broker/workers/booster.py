@@ -35,7 +35,7 @@ from broker.compaction import Compactor
 from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
-from broker.workers.codec import OVER, Answers, Code, Decoder, Item, encode_all
+from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
 from broker.workers.replica import PR_SET_PDEATHSIG, seeded
 
@@ -62,6 +62,7 @@ class Booster:
         self.wanted: dict[int, list[Counter[tuple[object, ...]]]] = {}
         self.decoder = Decoder()
         self.compactor = Compactor(store, live=len(store.ox))  # this process has one thread: 20 ms for 334k
+        self.deadline = float("inf")  # of the job at work, for the hits of bounded groups (see boost)
 
     def add_group(self, gid: int, arguments: tuple[Any, ...]) -> None:
         group = self.groups[gid] = ShapeGroup(*arguments)
@@ -81,20 +82,27 @@ class Booster:
 
     def solve(self, items: list[Item], quads: list[Quad]) -> Answers:
         """For each item, for each hit: the solutions some SPU wants, as codes (None: none; OVER:
-        past the item's limit, see :meth:`_bounded`)."""
+        past the item's limit, see :meth:`_bounded`; TIMED_OUT: a bounded group's hit not looked
+        up, the job's deadline passed)."""
         terms = self.decoder.terms
         out: Answers = []
-        for gid, branch_index, pattern, hits, limit in items:
+        for gid, branch_index, pattern, hits, limit, bounded in items:
             group = self.groups[gid]
             branch = group.shape.branches[branch_index]
             positions = [branch.variables.index(name) for name in branch.param_vars]
             wanted = self.wanted[gid][branch_index]
             answers: list[list[tuple[Code, ...]] | str | None] = []
+            # a one-pattern branch's hit reads nothing (the quad is the solution): never timed out,
+            # as in sequential mode (broker.core.lookups)
+            timed = bounded and len(branch.patterns) > 1
             if limit is not None:
-                self._bounded(group, (branch_index, pattern), hits, quads, positions, wanted, limit, answers)
+                self._bounded(timed, group, (branch_index, pattern), hits, quads, positions, wanted, limit, answers)
                 out.append(answers)
                 continue
             for index, params in hits:
+                if timed and time.monotonic() > self.deadline:
+                    answers.append(TIMED_OUT)
+                    continue
                 mus = group.hit_solutions(
                     self.store, (branch_index, pattern), quads[index], None if params is None else terms(params)
                 )
@@ -106,6 +114,7 @@ class Booster:
 
     def _bounded(
         self,
+        timed: bool,
         group: ShapeGroup,
         ref: tuple[int, int],
         hits: list[tuple[int, tuple[Code, ...] | None]],
@@ -128,6 +137,9 @@ class Booster:
             if every or (params is not None and gained[params] > limit):
                 answers.append(OVER)
                 continue
+            if timed and time.monotonic() > self.deadline:
+                answers.append(TIMED_OUT)
+                continue
             mus = group.hit_solutions(self.store, ref, quads[index], None if params is None else terms(params), limit)
             if not mus:
                 answers.append(None)
@@ -146,8 +158,15 @@ class Booster:
             answers.append(OVER if over else [encode_all(mu) for mu in mus])
 
     def boost(self, message: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The pre phase, the update's delta, the post phase (seed 001 §III-C)."""
-        _, micros, before, removed_items, delta, added_items = message
+        """The pre phase, the update's delta, the post phase (seed 001 §III-C).
+
+        `seconds` (the engine's time limit, None for none) bounds the lookups of bounded groups'
+        hits, all of the job's together, from when it is taken: past it they are answered
+        TIMED_OUT, not looked up (as broker.core.lookups does in sequential mode). Why: 300 hits of
+        a network client's subscription, each of ~18,000 index entries, held the update's
+        notifications, and every later one's, 16.7 s here; only the 60 s reply timeout bounded them."""
+        _, micros, before, removed_items, delta, added_items, seconds = message
+        self.deadline = float("inf") if seconds is None else time.monotonic() + seconds
         apply_steps(self.store, before)
         added_bytes, removed_bytes, created, dropped = delta[0]
         removed = list(parse(removed_bytes, format=RdfFormat.N_QUADS)) if removed_bytes else []

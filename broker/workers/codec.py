@@ -27,11 +27,14 @@ CACHE_MAX = 200_000  # terms kept by a decoder; past it the cache starts again (
 Code = Any  # str (an IRI), a tuple, or None (unbound)
 # a BOOSTER job's hits for one (group, branch, pattern): each quad by its index in the update's removed
 # or added quads, with the parameter values (codes) of the one SPU it concerns, or None for any SPU;
-# and the solutions a hit may have (None: any; see broker.core.spu.ShapeGroup.collect)
-Item = tuple[int, int, int, list[tuple[int, tuple[Code, ...] | None]], int | None]
-# per item, per hit: its solutions (codes), None for none, or OVER for more than the item's limit
+# the solutions a hit may have (None: any; see broker.core.spu.ShapeGroup.collect); and whether its
+# group is bounded (a network client's: its lookups stop at the job's deadline)
+Item = tuple[int, int, int, list[tuple[int, tuple[Code, ...] | None]], int | None, bool]
+# per item, per hit: its solutions (codes), None for none, OVER for more than the item's limit, or
+# TIMED_OUT when the job's deadline passed before the hit was looked up
 Answers = list[list[list[tuple[Code, ...]] | str | None]]
 OVER = "over"
+TIMED_OUT = "timeout"
 
 
 def encode(term: object) -> Code:

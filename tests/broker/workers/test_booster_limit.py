@@ -45,9 +45,9 @@ def test_an_spu_past_the_limit_is_answered_over_and_its_hits_are_not_evaluated_a
             yield mu
 
     booster.groups[0].solutions = counted  # type: ignore[method-assign]
-    (bounded,) = booster.solve([(0, 0, 0, hits, 100)], added)
+    (bounded,) = booster.solve([(0, 0, 0, hits, 100, True)], added)
     assert [len(answer) for answer in bounded[:3]] == [30, 30, 30]  # type: ignore[arg-type]
     assert bounded[3:] == [OVER] * 27  # 4 x 30 > 100: the fourth on
     assert len(made) == 4 * 30
-    (unbounded,) = booster.solve([(0, 0, 0, hits, None)], added)
+    (unbounded,) = booster.solve([(0, 0, 0, hits, None, False)], added)
     assert OVER not in unbounded and sum(map(len, unbounded)) == 900  # type: ignore[arg-type]
