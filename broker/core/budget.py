@@ -8,7 +8,8 @@ and leaves the store and the subscriptions as they were, and is then run on the 
 like any other. So the loop is never blocked for more than a bounded amount of work.
 
 What is counted: every index lookup and every quad it yields (WHERE clause and subscription
-processing alike), and every notification to be sent. What cannot be bounded this way is not
+processing alike), a long quad once more for each 256 characters of its terms, and every
+notification to be sent. What cannot be bounded this way is not
 tried at all (SPARQL-evaluated WHERE clauses and subscriptions, LOAD, graph management,
 multi-operation requests, re-evaluated subscriptions): those raise :class:`OverBudget` at once.
 """
@@ -19,6 +20,11 @@ from itertools import islice
 from typing import Any, NoReturn
 
 from pyoxigraph import Quad, Store
+
+from broker.core.held import quad_weight
+
+# quads read before they are weighed and charged (see BudgetedStore.quads_for_pattern)
+CHUNK = 16
 
 
 class OverBudget(Exception):
@@ -49,13 +55,22 @@ class BudgetedStore:
         self.budget = budget
 
     def quads_for_pattern(self, subject: Any, predicate: Any, obj: Any, graph: Any) -> list[Quad]:
-        """The matching quads, charged all at once: at most one more than the budget has left is
-        ever read, and charging a list costs one call where a generator costs one per quad."""
+        """The matching quads, charged CHUNK at a time: a list costs one call where a generator
+        costs one per quad. Each quad is weighed (broker.core.held.quad_weight: once more for each
+        256 characters of its terms), because each is a copy of its terms: 500 quads that shared one
+        900,000-character literal in the store were 450 MB once read. So at most CHUNK quads, or
+        one more than the budget has left, are read past what the budget allows."""
         budget = self.budget
         budget.spend()
-        quads = list(islice(self.ox.quads_for_pattern(subject, predicate, obj, graph), budget.left + 1))
-        budget.spend(len(quads))
-        return quads
+        found = self.ox.quads_for_pattern(subject, predicate, obj, graph)
+        quads: list[Quad] = []
+        while True:
+            wanted = min(CHUNK, budget.left + 1)
+            chunk = list(islice(found, wanted))
+            budget.spend(len(chunk) + sum(map(quad_weight, chunk)))
+            if len(chunk) < wanted:
+                return chunk if not quads else quads + chunk
+            quads += chunk
 
 
 class BudgetedRdfStore:

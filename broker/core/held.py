@@ -8,6 +8,17 @@ row, a re-evaluated one 0.1-0.2 KB. So one client with 35 subscriptions of 100,0
 a 1 GB board; with this budget it gets a 429 at the subscribe that would pass it, or its
 subscription ends at the update that would.
 
+A row is counted by its size too (:func:`row_weight`): once, and once more for each ROW_CHARS
+characters of its terms. Why: rows alone bounded the count, not the bytes. A client that may write
+and subscribe joined one 500,000-character literal with 500 small triples: each row held its own
+copy of the literal (pyoxigraph gives a new one for each read), 250 MB for 500 rows, and 1,000
+updates that each copy a 1 MiB literal into one more row would hold 1 GB in 1,000 rows. Weighed,
+a row of 1 MiB counts 4,097 rows: one subscription (max_subscription_rows, 100,000) holds at most
+~25 MB of such rows, and all of them together (max_held_rows) ~128 MB. A row under ROW_CHARS
+characters (an IoT reading's, ~100) counts once, as before. Weighing a 3-term row costs ~0.6 us
+(each term's text is copied out of pyoxigraph to be measured), paid for the rows a network client's
+SPU gains, not for the gateway's own.
+
 What is counted is memory: an SPU's rows once, however many subscribe to it, and only while a
 network client (a `limited` subscription) is among them; each such client is charged the SPU's rows
 once too, for the per-client budget. The gateway's own subscriptions (its adapters, the shipper)
@@ -20,8 +31,46 @@ collector) while the engine's thread waits for it to be idle, so no lock of its 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
+
+from pyoxigraph import DefaultGraph, Quad
 
 from broker.errors import SepaError
+
+# a row counts once more for each ROW_CHARS characters of its terms (about the memory an ordinary
+# row costs, 0.1-0.3 KB, see above)
+ROW_CHARS = 256
+# said with every error about rows held, so that a client whose few long rows were refused knows why
+WEIGHED = f"each counting once more for each {ROW_CHARS} characters of its terms"
+
+
+def row_weight(row: Iterable[object]) -> int:
+    """What a row counts beyond one: its terms' characters (their lexical forms, IRIs and blank
+    node ids) // ROW_CHARS."""
+    chars = 0
+    for term in row:
+        if term is not None:
+            try:
+                chars += len(term.value)  # type: ignore[attr-defined]
+            except AttributeError:  # a quoted triple, the default graph
+                chars += len(str(term))
+    return chars // ROW_CHARS
+
+
+def quad_weight(quad: Quad) -> int:
+    """:func:`row_weight` of a quad's terms (an update's, see broker.core.update_processor.check_size)."""
+    subject, predicate, obj, graph = quad
+    terms = (subject, predicate, obj) if isinstance(graph, DefaultGraph) else (subject, predicate, obj, graph)
+    return row_weight(terms)
+
+
+def text_weight(text: bytes) -> int:
+    """The rows of a SPARQL TSV result (a header line, then one line a row), each weighed by its
+    line's length as :func:`row_weight` (~0.1 us a line)."""
+    lines = text.split(b"\n")[1:-1]
+    if len(text) < ROW_CHARS:
+        return len(lines)
+    return len(lines) + sum(len(line) // ROW_CHARS for line in lines)
 
 
 class TooManyRowsHeld(SepaError):
@@ -88,12 +137,12 @@ class HeldRows:
         if new_spu and self.budget is not None and self.total + rows > self.budget:
             raise TooManyRowsHeld(
                 f"the gateway's subscriptions hold {self.total} rows and this one would add {rows}: "
-                f"more than [websocket] max_held_rows ({self.budget}); retry later"
+                f"more than [websocket] max_held_rows ({self.budget}; {WEIGHED}); retry later"
             )
         if charged and self.per_client is not None and self._by_client[client] + rows > self.per_client:
             raise TooManyRowsHeld(
                 f"this client's subscriptions hold {self._by_client[client]} rows and this one would "
-                f"add {rows}: more than [websocket] max_held_rows_per_client ({self.per_client})"
+                f"add {rows}: more than [websocket] max_held_rows_per_client ({self.per_client}; {WEIGHED})"
             )
 
     def leave(self, spu: object, client: str) -> None:
@@ -137,5 +186,5 @@ class HeldRows:
         """The error a subscription ended for growing past a budget is told."""
         return TooManyRowsHeld(
             "an update would have taken the rows held by subscriptions past [websocket] max_held_rows "
-            f"({self.budget}) or max_held_rows_per_client ({self.per_client})"
+            f"({self.budget}) or max_held_rows_per_client ({self.per_client}); {WEIGHED}"
         )

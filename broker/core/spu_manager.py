@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pyoxigraph import DefaultGraph, NamedNode, Quad
 
 from broker.core.budget import Budget, BudgetedRdfStore, OverBudget
-from broker.core.held import HeldRows, TooManyRowsHeld
+from broker.core.held import WEIGHED, HeldRows, TooManyRowsHeld, row_weight, text_weight
 from broker.core.lookups import BoundedLookups
 from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
@@ -307,8 +307,8 @@ class SpuManager:
                     self._index_group(group, add=False)
                     del self.groups[key]
                 raise InvalidRequest(
-                    f"the subscription's result has more than {limit} rows "
-                    "(the limit of one subscription: [websocket] max_subscription_rows)"
+                    f"the subscription's result has more than {limit} rows ({WEIGHED}; "
+                    "the limit of one subscription: [websocket] max_subscription_rows)"
                 ) from None
             group.spus[shaped.params] = spu
             for index, params in enumerate(shaped.params):
@@ -413,12 +413,12 @@ class SpuManager:
         except Exception:
             log.exception("re-evaluation failed", extra={"query": spu.sparql})
             return 0
-        if not self._fits(spu, len(rows)):
+        if not self._fits(spu, len(rows) + sum(map(row_weight, rows)) if spu in self.held else 0):
             return 0
         return self._notified(spu, spu.replace, rows, boolean)
 
     def _fits(self, spu: ReevalSpu, rows: int) -> bool:
-        """Whether `spu` may hold `rows` now (:mod:`broker.core.held`); if not, it is ended."""
+        """Whether `spu` may hold `rows` (weighed: broker.core.held.row_weight) now; if not, it is ended."""
         if spu not in self.held:
             return True
         room = self.held.headroom(spu)
@@ -447,7 +447,7 @@ class SpuManager:
             log.error("re-evaluation failed", extra={"query": spu.sparql, "reason": outcome[1]})
             return 0
         _, _variables, text, boolean = outcome
-        if not self._fits(spu, text.count(b"\n") - 1 if isinstance(text, bytes) else len(text)):
+        if not self._fits(spu, text_weight(text) if isinstance(text, bytes) else len(text)):
             return 0
         # read here rather than on the thread that waited for it: that thread would take the GIL from
         # this one for each result (`bench reeval --rows 1000`, the matching update: 6.0-7.1 -> 3.7-4.7 s)
@@ -931,8 +931,8 @@ class SpuManager:
 
     def _too_many_rows(self) -> InvalidRequest:
         return InvalidRequest(
-            f"the subscription's result would have more than {self.max_rows} rows "
-            "(the limit of one subscription: [websocket] max_subscription_rows)"
+            f"the subscription's result would have more than {self.max_rows} rows ({WEIGHED}; "
+            "the limit of one subscription: [websocket] max_subscription_rows)"
         )
 
     def _collect(

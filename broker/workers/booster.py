@@ -32,6 +32,7 @@ from typing import Any
 from pyoxigraph import NamedNode, Quad, RdfFormat, parse
 
 from broker.compaction import Compactor
+from broker.core.held import row_weight
 from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
@@ -125,7 +126,8 @@ class Booster:
         answers: list[list[tuple[Code, ...]] | str | None],
     ) -> None:
         """`solve` for the hits of a bounded group (broker.core.spu.ShapeGroup.collect): the
-        solutions each SPU gains are counted, by its parameter values, and past `limit` its hits
+        solutions each SPU gains are counted (weighed: broker.core.held.row_weight), by its parameter
+        values, and past `limit` its hits
         are answered OVER and not evaluated any more (the engine ends it); a hit that may concern
         several SPUs is answered OVER once any of them is past it (the engine ends them all). Why
         here: the engine learns of the solutions only from this reply, and a product of a graph
@@ -145,14 +147,16 @@ class Booster:
                 answers.append(None)
                 continue
             if params is not None:
-                gained[params] += len(mus)
+                gained[params] += len(mus) + sum(map(row_weight, mus))
                 over = gained[params] > limit
             else:
                 over = len(mus) > limit
                 if not over:
                     keys = [tuple(mu[position] for position in positions) for mu in mus]
-                    mus = [mu for mu, key in zip(mus, keys, strict=True) if key in wanted]
-                    gained.update(key for key in keys if key in wanted)
+                    kept = [(mu, key) for mu, key in zip(mus, keys, strict=True) if key in wanted]
+                    mus = [mu for mu, _ in kept]
+                    for mu, key in kept:
+                        gained[key] += 1 + row_weight(mu)
                     over = any(gained[key] > limit for key in set(keys))
                 every = over
             answers.append(OVER if over else [encode_all(mu) for mu in mus])

@@ -14,6 +14,8 @@ from typing import Any
 
 from pyoxigraph import Quad, QueryBoolean, QueryResultsFormat, QuerySolutions
 
+from broker.core.bounded import BoundedBuffer, TooLarge
+from broker.core.held import ROW_CHARS, WEIGHED, text_weight
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
 from broker.core.spu import Mu, ShapeGroup
@@ -89,8 +91,8 @@ def probe(
 def _check_rows(rows: int, max_rows: int | None) -> None:
     if max_rows is not None and rows > max_rows:
         raise InvalidRequest(
-            f"the subscription's result has more than {max_rows} rows "
-            "(the limit of one subscription: [websocket] max_subscription_rows)"
+            f"the subscription's result has more than {max_rows} rows ({WEIGHED}; "
+            "the limit of one subscription: [websocket] max_subscription_rows)"
         )
 
 
@@ -108,8 +110,8 @@ def subscription_rows(
     Why TSV: written by pyoxigraph, a 1,000-row result costs 1.1 ms with its evaluation, where
     building term tuples and encoding them (codes, then pickle) cost 2.75 ms and pickled terms more;
     the engine reads it back in 0.85 ms. A result without variables has no TSV rows to count: its
-    empty rows travel as they are. More than `max_rows` rows: InvalidRequest, and the subscription
-    is ended (the result is made in full here first: the worker's memory, under its time limit)."""
+    empty rows travel as they are. More than `max_rows` rows, weighed (broker.core.held.row_weight):
+    InvalidRequest, and the subscription is ended."""
     result = processor.store.query(sparql, prefixes=prefixes, **arguments)  # type: ignore[arg-type]
     if isinstance(result, QueryBoolean):
         return (), [], bool(result)
@@ -118,8 +120,15 @@ def subscription_rows(
         rows = list(islice(result, None if max_rows is None else max_rows + 1))
         _check_rows(len(rows), max_rows)
         return variables, [() for _ in rows], None
-    text = result.serialize(format=QueryResultsFormat.TSV)
-    _check_rows(text.count(b"\n") - 1, max_rows)
+    # weighed as the engine will (broker.core.held.text_weight): a text this long has more rows than
+    # max_rows, or rows of more characters, so the serialization stops there rather than making it whole
+    output = BoundedBuffer(None if max_rows is None else (max_rows + 1) * (ROW_CHARS + 1) + len(sparql))
+    try:
+        result.serialize(output, format=QueryResultsFormat.TSV)
+    except TooLarge:
+        _check_rows((max_rows or 0) + 1, max_rows)
+    text = output.getvalue()
+    _check_rows(text_weight(text), max_rows)
     return variables, text, None
 
 

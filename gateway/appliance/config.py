@@ -130,7 +130,8 @@ class WebSocketConfig:
     max_subscription_bytes: int = 67108864
     # results a network client's subscription may have (it holds them, and its first notification
     # carries them all: ~1.7 KB of memory a row); past it a 400 error frame, when it subscribes or
-    # when an update would take it past them (the subscription then ends)
+    # when an update would take it past them (the subscription then ends). Here and below a row
+    # counts once more for each 256 characters of its terms (broker.core.held.row_weight)
     max_subscription_rows: int = 100_000
     # rows all network clients' subscriptions may hold together, and one client's (an SPU's rows
     # count once; each client is charged the rows of every SPU it subscribes to): ~0.1-0.3 KB of

@@ -132,3 +132,48 @@ def test_a_graph_operation_within_the_limit_applies() -> None:
     engine.update(f"COPY DEFAULT TO <{EX}copy>")
     assert len(engine.update(f"MOVE <{EX}copy> TO <{EX}moved>").added) == 40
     assert len(engine.update(f"DROP GRAPH <{EX}moved>").removed) == 40
+
+
+# -- the size of what a request copies (broker.core.held.quad_weight) -------------------------
+
+LONG = "y" * 2560  # a quad or solution carrying it counts 1 + 10
+
+
+def with_long_literal(limit: int) -> Engine:
+    """An engine whose store holds the long literal once and 20 short triples to join it with."""
+    engine = Engine(max_update_quads=limit)
+    engine.update(f'INSERT DATA {{ <{EX}s> <{EX}big> "{LONG}" }}')
+    engine.update("INSERT DATA { " + " ".join(f"<{EX}x{i}> <{EX}k> {i} ." for i in range(20)) + " }")
+    return engine
+
+
+def test_a_template_that_copies_a_long_term_is_weighed_by_it() -> None:
+    """Each quad a template makes holds its own copy of its terms: one INSERT WHERE of 150
+    characters copied a 900,000-character literal into 500 quads, the gateway 193 -> 1,058 MB."""
+    engine = with_long_literal(100)
+    before = engine.store.quads()
+    copy = f"INSERT {{ ?x <{EX}copy> ?o }} WHERE {{ <{EX}s> <{EX}big> ?o . ?x <{EX}k> ?y }}"  # 20 quads of 11
+    with pytest.raises(UpdateFailed, match=r"more than 100 quads \(each counting once more for each 256"):
+        engine.update(copy)
+    assert engine.store.quads() == before
+    assert len(engine.update(copy, trusted=True).added) == 20  # the gateway's own code: not bounded
+    short = f"INSERT {{ ?x <{EX}copy2> ?y }} WHERE {{ <{EX}s> <{EX}big> ?o . ?x <{EX}k> ?y }}"
+    assert len(engine.update(short).added) == 20  # the same solutions, short quads: within 100
+
+
+def test_where_solutions_that_carry_a_long_term_are_weighed_by_it() -> None:
+    engine = with_long_literal(100)
+    query = f"SELECT * WHERE {{ <{EX}s> <{EX}big> ?o . ?x <{EX}k> ?y }}"
+    with pytest.raises(UpdateFailed, match="more than 100 solutions"):
+        where_solutions(engine.store, query, limit=100)
+    assert len(where_solutions(engine.store, query, limit=220)) == 20
+
+
+def test_a_graph_operation_over_long_terms_is_weighed_by_them() -> None:
+    engine = Engine(max_update_quads=100)
+    data = " ".join(f'<{EX}b{i}> <{EX}p> "{LONG}" .' for i in range(20))
+    engine.update(f"INSERT DATA {{ GRAPH <{EX}big> {{ {data} }} }}", trusted=True)
+    before = engine.store.quads()
+    with pytest.raises(UpdateFailed, match=r"more than 100 .*max_update_quads"):
+        engine.update(f"ADD <{EX}big> TO DEFAULT")
+    assert engine.store.quads() == before
