@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from pyoxigraph import DefaultGraph, Quad
+from pyoxigraph import NamedNode, Quad
 
 from broker.errors import SepaError
 
@@ -58,10 +58,17 @@ def row_weight(row: Iterable[object]) -> int:
 
 
 def quad_weight(quad: Quad) -> int:
-    """:func:`row_weight` of a quad's terms (an update's, see broker.core.update_processor.check_size)."""
-    subject, predicate, obj, graph = quad
-    terms = (subject, predicate, obj) if isinstance(graph, DefaultGraph) else (subject, predicate, obj, graph)
-    return row_weight(terms)
+    """:func:`row_weight` of a quad's terms (an update's, see broker.core.update_processor.check_size;
+    a lookup's, broker.core.budget.BudgetedStore): 0.6 us for a reading's quad, where going through
+    row_weight cost 0.85."""
+    try:
+        chars = len(quad.subject.value) + len(quad.predicate.value) + len(quad.object.value)  # type: ignore[union-attr]
+    except AttributeError:  # a quoted triple
+        return row_weight((quad.subject, quad.predicate, quad.object, quad.graph_name))
+    graph = quad.graph_name
+    if type(graph) is NamedNode:
+        chars += len(graph.value)
+    return chars // ROW_CHARS
 
 
 def text_weight(text: bytes) -> int:
