@@ -80,6 +80,21 @@ class TimeLimitExceeded(SepaError):
     status_code = 503
 
 
+class MemoryLimitExceeded(SepaError):
+    """A query, subscription or update WHERE needed more memory than an evaluation may take in a query
+    worker; it was stopped, nothing changed."""
+
+    error = "memory_limit"
+    status_code = 503
+
+    @classmethod
+    def past(cls, memory_bytes: int) -> MemoryLimitExceeded:
+        return cls(
+            f"the evaluation needed more than its memory limit of {memory_bytes >> 20} MB "
+            "([engine] query_memory_mb) and was stopped"
+        )
+
+
 class EvaluationCrashed(SepaError):
     """The evaluation of a request killed the worker process it ran in (the gateway itself is unaffected)."""
 

@@ -55,6 +55,7 @@ import logging
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -70,11 +71,19 @@ from typing import Any
 from pyoxigraph import NamedNode, Quad, RdfFormat, serialize
 
 import broker
-from broker.errors import EvaluationCrashed, InvalidRequest, SepaError, TimeLimitExceeded, WorkerLost
+from broker.errors import (
+    EvaluationCrashed,
+    InvalidRequest,
+    MemoryLimitExceeded,
+    SepaError,
+    TimeLimitExceeded,
+    WorkerLost,
+)
 from broker.store import RdfStore
 
 log = logging.getLogger(__name__)
 
+ABORT_WAIT_S = 1.0  # for a worker whose socket closed to be gone, to know whether it aborted
 READY_TIMEOUT_S = 300.0  # a replica of a large in-memory store takes a while to load
 _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
@@ -178,21 +187,25 @@ class Worker:
         service_allow: tuple[str, ...],
         checkpoint: Path | None,
         module: str = "broker.workers.replica",
+        memory_bytes: int = 0,
     ) -> None:
         """`module`: the process's program, a query worker's replica or a BOOSTER worker
-        (:mod:`broker.workers.booster`), which takes the same seed and deltas."""
+        (:mod:`broker.workers.booster`), which takes the same seed and deltas. `memory_bytes`: what
+        one of a query worker's jobs may allocate (:func:`broker.workers.replica.memory_bounded`)."""
         self.name = name
         self.checkpoint = checkpoint
         ours, theirs = socket.socketpair()
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, environment.get("PYTHONPATH")]))
+        # a job past its memory limit makes Rust abort: one line, not a backtrace of forty, per job
+        environment.pop("RUST_BACKTRACE", None)
         try:
             # -P: `-m` would put the current directory first on the worker's path, and the gateway
             # may run in a directory others write (the installer's, without systemd: a checkout's
             # `broker` was imported instead of the installed one). PYTHONPATH still counts (-I would
             # drop it): checkouts, tests and benchmarks run from it.
             self.process = subprocess.Popen(
-                [sys.executable, "-P", "-m", module, str(theirs.fileno()), *service_allow],
+                [sys.executable, "-P", "-m", module, str(theirs.fileno()), str(memory_bytes), *service_allow],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -283,6 +296,7 @@ class QueryWorkers:
         *,
         count: int = 2,
         time_limit_s: float = 10.0,
+        memory_bytes: int = 0,
         service_allow: tuple[str, ...] = (),
         name: str = "worker",
         on_demand: bool = False,
@@ -290,6 +304,9 @@ class QueryWorkers:
         """`name`: the pool's, in its processes' and threads' names and, on disk, its checkpoints'
         directory (``replicas`` for the query workers, ``replicas-<name>`` for another pool: two
         pools over one store must not share it, each empties it when it starts).
+
+        `memory_bytes`: what one job may allocate beyond its worker's replica (0: no limit); past it
+        the job fails with :class:`MemoryLimitExceeded` (:func:`broker.workers.replica.memory_bounded`).
 
         `on_demand`: :meth:`start` starts no worker; :meth:`wake` starts them in the background and
         :meth:`rest` stops them. Why: a replica in memory applies every delta of the store and
@@ -301,6 +318,7 @@ class QueryWorkers:
         self.store = store
         self.count = count
         self.time_limit_s = time_limit_s
+        self.memory_bytes = memory_bytes
         self.service_allow = tuple(service_allow)
         self.stats: Counter[str] = Counter()
         self._idle: queue.Queue[Worker] = queue.Queue()
@@ -459,7 +477,7 @@ class QueryWorkers:
             self._generation += 1
             name = f"sepa-{self.name}-{self._generation}"
             checkpoint = self._checkpoints / str(self._generation) if self._checkpoints is not None else None
-            worker = Worker(name, self.service_allow, checkpoint)
+            worker = Worker(name, self.service_allow, checkpoint, memory_bytes=self.memory_bytes)
         self.store.at_rest(functools.partial(self._place, worker))
         worker.seed(self.store)
         return worker
@@ -508,15 +526,27 @@ class QueryWorkers:
             self._idle.put(worker)
             if reply[0] == "ok":
                 return reply[1]
-            raise _error(*reply)
+            raise self._refused(reply)
+        error = self._failure(worker, reply, limit)
         self._replace(worker)
-        raise self._failure(reply, limit)
+        raise error
 
-    def _failure(self, reply: tuple[Any, ...] | None, limit: float) -> SepaError:
-        """The error of a job whose worker ran past `limit` (`reply` None) or died (counted)."""
+    def _refused(self, reply: tuple[Any, ...]) -> Exception:
+        """The error a worker answered (counted when it is its memory limit)."""
+        if reply[1] == MemoryLimitExceeded.__name__:
+            self.stats["memory_limits"] += 1
+        return _error(*reply)
+
+    def _failure(self, worker: Worker, reply: tuple[Any, ...] | None, limit: float) -> SepaError:
+        """The error of a job whose worker ran past `limit` (`reply` None) or died (counted): with a
+        memory limit, a worker that aborted ran out of it (Rust aborts when an allocation fails)."""
         if reply is None:
             self.stats["timeouts"] += 1
             return TimeLimitExceeded(f"the evaluation ran past its limit of {limit:g} s and was stopped")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            if self.memory_bytes and worker.process.wait(ABORT_WAIT_S) == -signal.SIGABRT:
+                self.stats["memory_limits"] += 1
+                return MemoryLimitExceeded.past(self.memory_bytes)
         self.stats["crashes"] += 1
         return EvaluationCrashed("the evaluation of this request crashed its worker process, which was replaced")
 
@@ -606,7 +636,7 @@ class QueryWorkers:
                 if reply[0] == "ok":
                     future.set_result(reply[1])
                 else:
-                    future.set_exception(_error(*reply))
+                    future.set_exception(self._refused(reply))
                 if not drained:
                     continue
                 if worker.retiring:
@@ -616,8 +646,9 @@ class QueryWorkers:
                 self._streaming.discard(worker)  # no more jobs for it: those queued are lost
                 behind = worker.queued - 1
                 worker.queued = 0
+            error = self._failure(worker, reply, limit)
             self._replace(worker)
-            future.set_exception(self._failure(reply, limit))
+            future.set_exception(error)
             self.stats["lost"] += behind
             for _ in range(behind):
                 lost, _ = worker.replies.get()

@@ -1,6 +1,8 @@
 """The query worker's process: a replica of the store that evaluates jobs, and can be killed.
 
-Run as ``python -m broker.workers.replica FD``: FD is its end of a socket pair to the broker. It
+Run as ``python -m broker.workers.replica FD MEMORY [SERVICE...]``: FD is its end of a socket pair
+to the broker, MEMORY the bytes one job may allocate (0: no limit, see :func:`memory_bounded`),
+SERVICE the endpoints a query may call. It
 receives, in order, one snapshot (``seed``), then the deltas the store applied (``apply``, in
 order as N-Quads, :func:`broker.workers.pool.batched`) and jobs (``job``, :mod:`broker.workers.jobs`), each
 answered with one reply. A job sees every delta sent before it, so it sees what the store held
@@ -15,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -26,7 +30,7 @@ from pyoxigraph import NamedNode, RdfFormat, Store, parse
 
 from broker.compaction import Compactor
 from broker.core.query_processor import QueryProcessor
-from broker.errors import SepaError
+from broker.errors import MemoryLimitExceeded, SepaError
 from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore
 from broker.workers.cpus import use_every_cpu
@@ -34,6 +38,45 @@ from broker.workers.jobs import JOBS
 
 PR_SET_PDEATHSIG = 1
 NICENESS = 10
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+TRIM_BYTES = 32 << 20  # a job that grew the process by more gives it back (malloc_trim) when done
+
+
+_STATM = os.open("/proc/self/statm", os.O_RDONLY)  # read again at offset 0: 1.9 us, where open() took 12.8
+
+
+def data_bytes() -> int:
+    """The process's private writable memory (heap, anonymous mappings, stacks): what RLIMIT_DATA bounds."""
+    return int(os.pread(_STATM, 256, 0).split()[5]) * PAGE_BYTES
+
+
+@contextlib.contextmanager
+def memory_bounded(extra_bytes: int) -> Iterator[None]:
+    """Within it, the process may allocate `extra_bytes` more than it holds now (0: no limit).
+
+    Why: an evaluation is bounded in time, but pyoxigraph allocates as fast as it computes: an ORDER
+    BY over a product of three VALUES of 1,000 took a worker to 4.6 GB in its 10 s, a CONCAT doubling
+    a string to 3.8 GB; on a 1 GB board that is the OOM killer, or the board swapping, from one read
+    request. RLIMIT_DATA makes such an allocation fail: Python raises MemoryError (answered as
+    :class:`MemoryLimitExceeded`), Rust aborts the process (SIGABRT; the pool replaces it and answers
+    the same, :meth:`broker.workers.pool.QueryWorkers.run`). The limit is relative to what the
+    process holds when the job starts, so a replica that grew with the store is not counted against
+    its jobs; applying deltas runs without it. Measured: ~7 us a job (/proc/self/statm read twice, three
+    rlimit calls), against a job's ~150 us round trip."""
+    if not extra_bytes:
+        yield
+        return
+    before = data_bytes()
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = before + extra_bytes if hard == resource.RLIM_INFINITY else min(before + extra_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        if data_bytes() > before + TRIM_BYTES:
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(None).malloc_trim(0)
 
 
 def seeded(message: tuple[Any, ...]) -> RdfStore:
@@ -50,13 +93,18 @@ def seeded(message: tuple[Any, ...]) -> RdfStore:
     return RdfStore(store)
 
 
-def reply_for(processor: QueryProcessor, message: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Run one job; its reply: ``("ok", value)``, or the error as (kind, class name, description)."""
+def reply_for(processor: QueryProcessor, message: tuple[Any, ...], memory_bytes: int = 0) -> tuple[Any, ...]:
+    """Run one job, allocating at most `memory_bytes` (0: no limit); its reply: ``("ok", value)``,
+    or the error as (kind, class name, description)."""
     _, name, args, kwargs, micros = message
     clock = processor.store.clock
     clock.pin(micros)
     try:
-        return ("ok", JOBS[name](processor, *args, **kwargs))
+        with memory_bounded(memory_bytes):
+            value = JOBS[name](processor, *args, **kwargs)
+        return ("ok", value)
+    except MemoryError:
+        return ("sepa", MemoryLimitExceeded.__name__, MemoryLimitExceeded.past(memory_bytes).description)
     except SepaError as error:
         return ("sepa", type(error).__name__, error.description)
     except SyntaxError as error:
@@ -67,8 +115,8 @@ def reply_for(processor: QueryProcessor, message: tuple[Any, ...]) -> tuple[Any,
         clock.unpin()
 
 
-def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
-    """Apply deltas and answer jobs until the broker closes its end."""
+def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: int = 0) -> None:
+    """Apply deltas and answer jobs, each allocating at most `memory_bytes`, until the broker closes its end."""
     processor: QueryProcessor | None = None
     compactor: Compactor | None = None
     while True:
@@ -91,13 +139,13 @@ def serve(connection: Connection, service_allow: tuple[str, ...]) -> None:
         elif kind == "job":
             assert processor is not None
             connection.send(("started",))  # the deltas before it are applied: its time limit starts now
-            connection.send(reply_for(processor, message))
+            connection.send(reply_for(processor, message, memory_bytes))
         elif kind == "jobs":  # QueryWorkers.dispatch: one message for many, answered one by one
             assert processor is not None
             _, name, calls, micros = message
             for args, kwargs in calls:
                 connection.send(("started",))
-                connection.send(reply_for(processor, ("job", name, args, kwargs, micros)))
+                connection.send(reply_for(processor, ("job", name, args, kwargs, micros), memory_bytes))
         elif kind == "seed":
             processor = QueryProcessor(seeded(message), service_allow=service_allow)
             compactor = Compactor(processor.store, live=len(processor.store.ox))  # one thread: 20 ms for 334k
@@ -114,10 +162,11 @@ def main() -> None:
     os.nice(NICENESS)
     sock = socket.socket(fileno=int(sys.argv[1]))
     connection = Connection(sock.detach())
-    service_allow = tuple(sys.argv[2:])
+    memory_bytes = int(sys.argv[2])
+    service_allow = tuple(sys.argv[3:])
     # the evaluator recurses as deep as in the broker's engine threads: same stack size
     threading.stack_size(WORKER_STACK_BYTES)
-    thread = threading.Thread(target=serve, args=(connection, service_allow), name="sepa-replica")
+    thread = threading.Thread(target=serve, args=(connection, service_allow, memory_bytes), name="sepa-replica")
     thread.start()
     thread.join()
 

@@ -329,12 +329,13 @@ STOP_DEADLINE_S = 9.0
 
 def _started_pool(store: RdfStore, config: Config, count: int, name: str, *, on_demand: bool = False) -> QueryWorkers:
     """`count` worker processes over `store`, started (each holds its replica; `on_demand`: none
-    until woken), under the configured time limit and SERVICE allow-list; `name`: see QueryWorkers
+    until woken), under the configured time and memory limits and SERVICE allow-list; `name`: see QueryWorkers
     ("worker": the query workers, "reeval": the re-evaluation workers)."""
     pool = QueryWorkers(
         store,
         count=count,
         time_limit_s=config.engine.time_limit_s,
+        memory_bytes=config.engine.query_memory_mb << 20,
         service_allow=tuple(config.engine.service_allow),
         name=name,
         on_demand=on_demand,

@@ -66,6 +66,8 @@ class EngineConfig:
     # replica of the store (a copy in memory; a checkpoint on disk), stopped past time_limit_s (503)
     query_workers: int = 2
     time_limit_s: float = 10.0
+    # memory one evaluation there may take beyond its worker's replica; past it 503 (0: no limit)
+    query_memory_mb: int = 256
     # quads one network client's update request may change at most (and solutions its WHERE clauses
     # may have); past it: 400, nothing applied. ~1.7 KB of memory a quad while the update runs
     max_update_quads: int = 100_000
@@ -305,6 +307,8 @@ class Config:
             raise ConfigError("engine.max_update_quads must be between 1 and 10000000")
         if not 1 <= self.engine.query_workers <= 64:
             raise ConfigError("engine.query_workers must be between 1 and 64")
+        if not 0 <= self.engine.query_memory_mb <= 1 << 20:
+            raise ConfigError("engine.query_memory_mb must be between 0 and 1048576")
         if not 0 <= self.engine.reeval_workers <= 64:
             raise ConfigError("engine.reeval_workers must be between 0 and 64")
         for name, path in (
