@@ -80,7 +80,8 @@ class Connection:
         self.transport = transport
         # the text of each message queued, and the rows it carries
         self.pending: deque[tuple[str, int]] = deque()
-        # subscriptions ended here (a notification too large): what the engine still sends is dropped
+        # subscriptions ended (a notification too large, revoked rights, ended by the engine): what
+        # the engine still sends for them is dropped
         self.ended: set[str] = set()
         self.ready = asyncio.Event()
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
@@ -259,6 +260,7 @@ class WebSocketGate:
                 if still_valid(principal):
                     continue
                 alias = self.forget(connection, spuid)
+                connection.ended.add(spuid)  # what the engine still sends for it is dropped
                 with contextlib.suppress(NotFound):
                     await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
                 self.counters["ws_revoked_subscriptions"] += 1
@@ -274,11 +276,15 @@ class WebSocketGate:
                 ended += 1
         return ended
 
-    def _ended(self, connection: Connection, notification: Notification) -> None:
+    def subscription_ended(self, connection: Connection, notification: Notification) -> None:
         """The engine ended a subscription (its re-evaluation ran past the time limit...): an
-        error frame naming it, and its quota back."""
+        error frame naming it, and its quota back; nothing when the client no longer has it (it
+        ended here, or was unsubscribed or revoked meanwhile), so a spuid ends once on the wire."""
         error = notification.ended
         assert error is not None
+        if notification.spuid in connection.ended or notification.spuid not in connection.subscriptions:
+            return
+        connection.ended.add(notification.spuid)
         self.forget(connection, notification.spuid)
         self.counters[f"ws_{error.error}:{error.status_code}"] += 1
         connection.push(
@@ -451,7 +457,7 @@ class WebSocketGate:
         def from_engine(notification: Notification) -> None:
             nonlocal confirmed
             if notification.ended is not None:
-                to_loop(self._ended, connection, notification)
+                to_loop(self.subscription_ended, connection, notification)
             elif not confirmed:  # the engine's thread, in order: the first one is the confirmation
                 confirmed = True
                 to_loop(self._confirm, connection, notification, register)
