@@ -3,7 +3,8 @@
 Every request is admitted into a bounded FIFO (``queue_size`` requests in flight at most; past
 that :class:`TooManyRequests`, 429 on the wire). Updates, subscribes and unsubscribes run one at
 a time on a dedicated thread, in arrival order (they must not interleave); queries run on a small
-thread pool, concurrently with each other and with updates. A publisher's reply is sent after
+thread pool, concurrently with each other and with updates, a secure client's at most its share
+at once (:class:`FairShare`). A publisher's reply is sent after
 end of processing, because ``Engine.update`` returns only then. Notifications produced on the
 update thread are handed to the event loop thread-safely; an :class:`AsyncSubscription` is also
 consumed with ``async for``. Delayed updates (:mod:`broker.delayed`) fall due into the same
@@ -18,6 +19,7 @@ its reply then waits for the journal's sync, done by a helper process (:meth:`Sc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -141,6 +143,42 @@ def engine_executor(workers: int, name: str) -> ThreadPoolExecutor:
     return executor
 
 
+class FairShare:
+    """At most `share` query-pool jobs of one client at once; its others wait their turn on the loop.
+
+    Why: the query workers are few (two by default) and a job holds one until it ends or reaches
+    the time limit. One secure client sending three never-ending queries at once (or queries past
+    the memory limit, which make the worker restart) held both workers and three of the four
+    query threads, and every other client's queries and subscribes waited for them: 503 "no query
+    worker became free" for all of them. A client's share is one less than there are workers, so
+    one worker is always left for the others. Its waiting jobs wait here, on the loop, not in a
+    query thread. Clients are the secure gates' identities; the plain gates' clients (loopback
+    only when security is on) are not told apart, as every local process shares an address."""
+
+    def __init__(self, share: int) -> None:
+        self.share = share
+        self.waits = 0  # jobs that waited for an earlier job of their client (counted)
+        self._clients: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}  # client -> (its turns, jobs in or waiting)
+
+    @contextlib.asynccontextmanager
+    async def turn(self, client: str | None) -> AsyncIterator[None]:
+        """Within it, `client`'s job holds one of its turns (None: no client to share among)."""
+        if client is None:
+            yield
+            return
+        turns, jobs = self._clients.setdefault(client, (asyncio.Semaphore(self.share), [0]))
+        jobs[0] += 1
+        try:
+            if turns.locked():
+                self.waits += 1
+            async with turns:
+                yield
+        finally:
+            jobs[0] -= 1
+            if not jobs[0]:
+                del self._clients[client]
+
+
 class Scheduler:
     """Runs an :class:`Engine` off the event loop, with a bounded number of requests in flight."""
 
@@ -162,6 +200,8 @@ class Scheduler:
         self.rejected = 0
         self._updates = engine_executor(1, "sepa-update")
         self._queries = engine_executor(query_threads, "sepa-query")
+        slots = query_threads if engine.workers is None else min(query_threads, engine.workers.count)
+        self.shares = FairShare(max(1, slots - 1))
         self._serial: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._due: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._draining = False
@@ -351,9 +391,11 @@ class Scheduler:
 
         loop.run_in_executor(self._syncer, self.engine.store.sync).add_done_callback(synced)
 
-    async def run_query(self, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run any read-only engine call (query + serialization) on the query pool."""
-        return await self._run(self._queries, call, *args, **kwargs)
+    async def run_query(self, call: Callable[..., Any], /, *args: Any, client: str | None = None, **kwargs: Any) -> Any:
+        """Run any read-only engine call (query + serialization) on the query pool, in its turn
+        among `client`'s (:class:`FairShare`)."""
+        async with self.shares.turn(client):
+            return await self._run(self._queries, call, *args, **kwargs)
 
     async def update(self, sparql: Request, *, yield_to_loop: bool = True, **options: Any) -> UpdateResult:
         """Apply an update (text, or an Update syntax tree); returns after every subscription has processed it.
@@ -438,12 +480,12 @@ class Scheduler:
             options["probed"] = await self.probe_subscription(sparql, **options)
         return await self.queue_subscribe(sparql, callback, trusted=trusted, **options)  # type: ignore[no-any-return]
 
-    async def probe_subscription(self, sparql: str, **options: Any) -> Probed | None:
-        """The probe of :meth:`engine_subscribe` alone (`options` as there); pass what it returns
-        to :meth:`queue_subscribe` as `probed`."""
+    async def probe_subscription(self, sparql: str, *, client: str | None = None, **options: Any) -> Probed | None:
+        """The probe of :meth:`engine_subscribe` alone (`options` as there), in its turn among
+        `client`'s (:class:`FairShare`); pass what it returns to :meth:`queue_subscribe` as `probed`."""
         probed = ("default_graph_uri", "named_graph_uri", "prefixes")
-        return await self._run(  # type: ignore[no-any-return]
-            self._queries, self.engine.probe, sparql, **{k: v for k, v in options.items() if k in probed}
+        return await self.run_query(  # type: ignore[no-any-return]
+            self.engine.probe, sparql, client=client, **{k: v for k, v in options.items() if k in probed}
         )
 
     def queue_subscribe(

@@ -110,8 +110,11 @@ class HttpGate:
         self.counters = counters
         self.max_result_bytes = max_result_bytes  # a query's body at most (broker.gates.negotiation.serialize)
 
-    async def query(self, request: web.BaseRequest, access: GraphAccess | None = None) -> web.Response:
-        """A query; with `access` (secure gates), evaluated only over the graphs it may read."""
+    async def query(
+        self, request: web.BaseRequest, access: GraphAccess | None = None, client: str | None = None
+    ) -> web.Response:
+        """A query; with `access` (secure gates), evaluated only over the graphs it may read; in
+        its turn among `client`'s queries (secure gates: the identity; see broker.scheduler.FairShare)."""
         sparql, params = await _read(request, "query", QUERY_TYPE)
         if "update" in params:
             raise BadRequest("'update' is not a parameter of the query operation")
@@ -144,11 +147,11 @@ class HttpGate:
             return workers.run("serialized", sparql, base_iri=base_iri, time_limit_s=limit, **options)  # type: ignore[no-any-return]
 
         if not calls_service:
-            body, content_type = await self.scheduler.run_query(run)
+            body, content_type = await self.scheduler.run_query(run, client=client)
             return web.Response(body=body, headers={"Content-Type": content_type})
         limit = self.engine.queries.service_timeout_s
         try:
-            body, content_type = await asyncio.wait_for(self.scheduler.run_query(run), limit)
+            body, content_type = await asyncio.wait_for(self.scheduler.run_query(run, client=client), limit)
         except TimeoutError:
             # the evaluation cannot be stopped (pyoxigraph has no time limit): its thread finishes
             # when the endpoint answers or fails; the client has its answer now

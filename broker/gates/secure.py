@@ -74,7 +74,8 @@ class SecureGate:
         return self.authority.authenticate(request.headers.get(hdrs.AUTHORIZATION))
 
     async def query(self, request: web.BaseRequest) -> web.Response:
-        return await self.http.query(request, self.principal(request).access)
+        principal = self.principal(request)
+        return await self.http.query(request, principal.access, principal.identity)
 
     async def update(self, request: web.BaseRequest) -> web.Response:
         principal = self.principal(request)

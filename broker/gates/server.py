@@ -234,6 +234,8 @@ class Gates:
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",
+            f"sepa_query_client_share {self.scheduler.shares.share}",
+            f"sepa_query_client_share_waits_total {self.scheduler.shares.waits}",
         ]
         lines += delayed_metrics(self.scheduler.delayed)
         quota = self.quota

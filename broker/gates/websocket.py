@@ -427,7 +427,10 @@ class WebSocketGate:
                 connection.owners[spuid] = principal
 
         try:
-            await self._subscribe(connection, sparql, alias, graphs, register, previous, mine, owner=client)
+            shared = principal.identity if principal is not None else None
+            await self._subscribe(
+                connection, sparql, alias, graphs, register, previous, mine, owner=client, shared=shared
+            )
         finally:
             if not registered:
                 self.quota.give_back(client, size)
@@ -442,10 +445,11 @@ class WebSocketGate:
         previous: asyncio.Future[None] | None = None,
         mine: asyncio.Future[None] | None = None,
         owner: str | None = None,
+        shared: str | None = None,
     ) -> None:
         """Subscribe for `connection`, or send an error frame. The probe runs at once; the subscribe
         is queued once `previous` is done (then `mine` is). `owner`: who subscribes (the SPU table
-        shows it).
+        shows it); `shared`: the client whose turn the probe waits for (broker.scheduler.FairShare).
 
         `register(spuid)` runs on the loop just before the confirmation is queued for the socket,
         not when this coroutine resumes: a client that unsubscribes as soon as it reads the
@@ -472,7 +476,7 @@ class WebSocketGate:
             "owner": owner,
         }
         try:
-            options["probed"] = await self.scheduler.probe_subscription(sparql, **options)
+            options["probed"] = await self.scheduler.probe_subscription(sparql, client=shared, **options)
             if previous is not None:
                 await asyncio.shield(previous)
             queued = self.scheduler.queue_subscribe(sparql, from_engine, **options)

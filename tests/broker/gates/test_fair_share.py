@@ -1,0 +1,56 @@
+"""One secure client cannot take every query worker: its queries and subscription probes past its
+share (one less than the workers) wait their turn, and other clients' queries and subscribes are
+served meanwhile (broker.scheduler.FairShare), over real TLS sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from tests.broker.gates.secure_support import SecureClient, receive, secure_config
+from tests.broker.gates.test_secure_gates import run_secure
+from tools.launcher import InProcessGateway
+
+LIMIT_S = 2.0
+HOG = {"identity": "hog", "read": ["*"], "write": []}
+OTHER = {"identity": "other", "read": ["*"], "write": ["*"]}
+ENDLESS = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15)) + " }"
+EX = "http://example.org/"
+
+
+def test_a_client_sending_endless_queries_leaves_a_worker_to_the_others(
+    in_process_gateway: Callable[..., InProcessGateway],
+) -> None:
+    config = secure_config(HOG, OTHER)
+    config.engine.time_limit_s = LIMIT_S
+    config.engine.query_workers = 2
+    gateway = in_process_gateway(config)
+
+    async def test(client: SecureClient) -> None:
+        hog, other = await client.login("hog"), await client.login("other")
+        assert (await client.update(other, f"INSERT DATA {{ <{EX}a> <{EX}p> 1, 2, 3, 4 }}"))[0] == 200
+        endless = [asyncio.create_task(client.query(hog, ENDLESS)) for _ in range(3)]
+        await asyncio.sleep(0.3)  # the hog's queries have taken what they can
+        answered: list[tuple[int, float]] = []
+        ws = await client.socket()
+        subscribe = {"sparql": f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}", "authorization": f"Bearer {other}"}
+        await ws.send_json({"subscribe": subscribe})
+        confirmed = await receive(ws, timeout=LIMIT_S + 5)
+        while not all(task.done() for task in endless):
+            started = time.monotonic()
+            status, _ = await client.query(other, f"ASK {{ <{EX}a> ?p ?o }}")
+            answered.append((status, time.monotonic() - started))
+            await asyncio.sleep(0.05)
+        await ws.close()
+        hogged = [await task for task in endless]
+        # the hog's three ran one after another, each to the time limit
+        assert [(status, document["error"]) for status, document in hogged] == [(503, "timeout")] * 3, hogged
+        assert "notification" in confirmed, confirmed
+        assert len(answered) > 10 and {status for status, _ in answered} == {200}, answered
+        # served at once but while a worker the hog's timeout killed is replaced
+        assert sorted(waited for _, waited in answered)[len(answered) // 2] < 0.2, answered
+
+    run_secure(gateway, test)
+    metrics = gateway.metrics()
+    assert metrics["sepa_query_client_share"] == 1 and metrics["sepa_query_client_share_waits_total"] >= 2
