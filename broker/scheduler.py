@@ -224,12 +224,23 @@ class Scheduler:
             self.rejected += 1
             raise TooManyRequests(f"the request queue is full ({self.queue_size} requests); retry later")
 
-    async def _run(self, executor: ThreadPoolExecutor, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    async def _run(
+        self,
+        executor: ThreadPoolExecutor,
+        call: Callable[..., Any],
+        /,
+        *args: Any,
+        client: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """`call` on `executor`, admitted (:meth:`_admit`) and, for a `client`, in its turn among
+        its calls (:class:`FairShare`; waiting, it counts as in flight: 429 bounds the waiting too)."""
         self._admit()
         self.in_flight += 1
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(executor, functools.partial(_clean_errors, call, *args, **kwargs))
+            async with self.shares.turn(client):
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(executor, functools.partial(_clean_errors, call, *args, **kwargs))
         finally:
             self.in_flight -= 1
 
@@ -394,8 +405,7 @@ class Scheduler:
     async def run_query(self, call: Callable[..., Any], /, *args: Any, client: str | None = None, **kwargs: Any) -> Any:
         """Run any read-only engine call (query + serialization) on the query pool, in its turn
         among `client`'s (:class:`FairShare`)."""
-        async with self.shares.turn(client):
-            return await self._run(self._queries, call, *args, **kwargs)
+        return await self._run(self._queries, call, *args, client=client, **kwargs)
 
     async def update(self, sparql: Request, *, yield_to_loop: bool = True, **options: Any) -> UpdateResult:
         """Apply an update (text, or an Update syntax tree); returns after every subscription has processed it.

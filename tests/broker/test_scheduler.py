@@ -114,3 +114,36 @@ def test_a_client_updating_in_a_loop_does_not_starve_the_delayed_update_timer() 
     (row,) = scheduler.engine.query("SELECT ?t WHERE { <urn:ex:timer> <urn:ex:ranAt> ?t }").rows
     assert int(row[0].value) < end - 500_000, "the delayed update waited for the producer to stop"
     assert updates > 100
+
+
+def test_a_clients_calls_past_its_share_wait_and_count_as_in_flight() -> None:
+    """FairShare: a client's calls past its share wait (on the loop, not in a query thread) and
+    are admitted like any other call, so the queue limit bounds the waiting ones too."""
+    release, started = threading.Event(), threading.Event()
+
+    def other_call() -> bool:
+        started.set()
+        return release.wait(5)
+
+    async def scenario() -> tuple[int, int, bool, int]:
+        scheduler = Scheduler(Engine(), queue_size=5, query_threads=4)  # no workers: a share of 3
+        try:
+            share = scheduler.shares.share
+            held = [asyncio.create_task(scheduler.run_query(release.wait, 5, client="hog")) for _ in range(share + 1)]
+            await asyncio.sleep(0.1)
+            waits = scheduler.shares.waits  # the one past the share waits
+            other = asyncio.create_task(scheduler.run_query(other_call, client="other"))
+            other_ran = await asyncio.to_thread(started.wait, 5)  # a query thread was left for it
+            try:  # five in flight: the hog's four (one waiting) and the other's
+                await scheduler.run_query(lambda: 0, client="third")
+                status = 200
+            except TooManyRequests as error:
+                status = error.status_code
+            release.set()
+            await asyncio.gather(*held, other)
+            return share, waits, other_ran, status
+        finally:
+            release.set()
+            scheduler.close()
+
+    assert asyncio.run(scenario()) == (3, 1, True, 429)
