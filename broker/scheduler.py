@@ -40,6 +40,7 @@ from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
 from broker.handoff import loop_handoff
 from broker.journal_sync import HelperGone, JournalSyncer
+from broker.workers.pool import QueryWorkers
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,16 @@ class FairShare:
                 del self._clients[client]
 
 
+def _in_turn(workers: QueryWorkers, call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """`call` for a client of :class:`FairShare`, which keeps its turn until the worker its call cost
+    (if any) is replaced: else it takes the worker left to the others while that one loads its
+    replica (:meth:`QueryWorkers.await_successor`)."""
+    try:
+        return call(*args, **kwargs)
+    finally:
+        workers.await_successor()
+
+
 class Scheduler:
     """Runs an :class:`Engine` off the event loop, with a bounded number of requests in flight."""
 
@@ -237,6 +248,8 @@ class Scheduler:
         its calls (:class:`FairShare`; waiting, it counts as in flight: 429 bounds the waiting too)."""
         self._admit()
         self.in_flight += 1
+        if client is not None and self.engine.workers is not None:
+            call = functools.partial(_in_turn, self.engine.workers, call)
         try:
             async with self.shares.turn(client):
                 loop = asyncio.get_running_loop()

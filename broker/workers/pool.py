@@ -63,7 +63,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 
 ABORT_WAIT_S = 1.0  # for a worker whose socket closed to be gone, to know whether it aborted
 READY_TIMEOUT_S = 300.0  # a replica of a large in-memory store takes a while to load
+SUCCESSOR_WAIT_S = 60.0  # at most, in await_successor
 _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
 
@@ -342,6 +343,7 @@ class QueryWorkers:
         self._log_quads = 0  # on disk: quads in the log
         self._stopping = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name=f"sepa-{name}-feed", daemon=True)
+        self._caused = threading.local()  # successor: the replacement of the worker this thread's last job cost
 
     def start(self) -> None:
         """Start every worker and wait until each holds its replica (an on-demand pool: none)."""
@@ -501,6 +503,7 @@ class QueryWorkers:
         answer; past it the worker is killed and :class:`TimeLimitExceeded` raised."""
         limit = self.time_limit_s if time_limit_s is None else time_limit_s
         waited_until = time.monotonic() + limit
+        self._caused.successor = None
         while True:
             try:
                 worker = self._idle.get(timeout=max(0.0, waited_until - time.monotonic()))
@@ -528,8 +531,21 @@ class QueryWorkers:
                 return reply[1]
             raise self._refused(reply)
         error = self._failure(worker, reply, limit)
-        self._replace(worker)
+        self._caused.successor = self._replace(worker)
         raise error
+
+    def await_successor(self, timeout: float = SUCCESSOR_WAIT_S) -> None:
+        """Wait until the worker that replaces the one this thread's last :meth:`run` cost (its
+        time limit, its memory limit, a crash) holds its replica; at once if it cost none.
+
+        Why: a replica takes a while to load (~1-3 s for 300,000 triples in memory), and meanwhile
+        the pool is a worker short. A secure client looping on queries that cost their worker got
+        the one left as soon as its error came back, so it held every worker there was: another
+        client's queries got 503 "no query worker became free" 13-15 times out of 20-22
+        (`broker.scheduler.FairShare` waits here before it gives the client its turn back)."""
+        successor, self._caused.successor = getattr(self._caused, "successor", None), None
+        if successor is not None:
+            wait([successor], timeout)
 
     def _refused(self, reply: tuple[Any, ...]) -> Exception:
         """The error a worker answered (counted when it is its memory limit)."""
@@ -655,13 +671,15 @@ class QueryWorkers:
                 lost.set_exception(WorkerLost("the worker this job was queued on was stopped before it ran"))
             return
 
-    def _replace(self, worker: Worker) -> None:
-        """Kill `worker` now; start its successor in the background."""
+    def _replace(self, worker: Worker) -> Future[None] | None:
+        """Kill `worker` now; start its successor in the background (done once it is idle)."""
         with self._lock:
             self._workers.discard(worker)
         worker.process.kill()
-        with contextlib.suppress(RuntimeError):  # closed meanwhile
-            self._spawner.submit(self._succeed, worker)
+        try:
+            return self._spawner.submit(self._succeed, worker)
+        except RuntimeError:  # closed meanwhile
+            return None
 
     def _succeed(self, worker: Worker) -> None:
         worker.kill()

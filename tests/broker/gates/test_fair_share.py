@@ -54,3 +54,43 @@ def test_a_client_sending_endless_queries_leaves_a_worker_to_the_others(
     run_secure(gateway, test)
     metrics = gateway.metrics()
     assert metrics["sepa_query_client_share"] == 1 and metrics["sepa_query_client_share_waits_total"] >= 2
+
+
+def test_a_client_whose_queries_cost_their_worker_waits_for_its_successor(
+    in_process_gateway: Callable[..., InProcessGateway],
+) -> None:
+    """A replacement worker takes a while to load its replica (here 200,000 triples): the hog, whose
+    endless queries each cost a worker, gets its turn back only once the successor is up, so it
+    never holds the one worker left to the others while the other loads."""
+    config = secure_config(HOG, OTHER)
+    config.engine.time_limit_s = 1.0
+    config.engine.query_workers = 2
+    gateway = in_process_gateway(config)
+
+    async def test(client: SecureClient) -> None:
+        hog, other = await client.login("hog"), await client.login("other")
+        for batch in range(20):
+            triples = " ".join(f'<{EX}s{batch}_{i}> <{EX}p{i % 7}> "value {i} of {batch}" .' for i in range(10_000))
+            assert (await client.update(other, f"INSERT DATA {{ {triples} }}"))[0] == 200
+        stop = asyncio.Event()
+        hogged: list[str] = []
+        answered: list[int] = []
+
+        async def hogging() -> None:
+            while not stop.is_set():
+                hogged.append((await client.query(hog, ENDLESS))[1]["error"])
+
+        async def querying() -> None:
+            while not stop.is_set():
+                answered.append((await client.query(other, f"ASK {{ <{EX}s1_1> ?p ?o }}"))[0])
+                await asyncio.sleep(0.1)
+
+        tasks = [asyncio.create_task(each()) for each in (hogging, hogging, querying)]
+        await asyncio.sleep(8)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert len(hogged) >= 2 and set(hogged) <= {"timeout", "memory_limit"}, hogged
+        assert len(answered) > 20 and set(answered) == {200}, answered
+
+    run_secure(gateway, test)
+    assert gateway.metrics()["sepa_query_worker_replaced_total"] >= 2

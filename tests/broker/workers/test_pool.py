@@ -107,6 +107,23 @@ def test_a_query_past_its_limit_is_stopped_and_its_worker_replaced(workers: tupl
         assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}")) >= 4
 
 
+def test_the_thread_whose_job_cost_a_worker_can_wait_for_its_successor(workers: tuple[Engine, QueryWorkers]) -> None:
+    """await_successor returns once the replacement holds its replica (the pool whole again), and at
+    once in a thread whose last job cost no worker (FairShare keeps a client's turn meanwhile)."""
+    engine, pool = workers
+    started = time.monotonic()
+    pool.await_successor()  # nothing to wait for
+    assert time.monotonic() - started < 0.1
+    with pytest.raises(TimeLimitExceeded):
+        engine.query(ENDLESS)
+    assert pool.running < pool.count  # its successor is loading
+    pool.await_successor()
+    assert pool.running == pool.count
+    started = time.monotonic()
+    pool.await_successor()  # waited for once only
+    assert time.monotonic() - started < 0.1
+
+
 def test_an_update_whose_where_runs_past_its_limit_changes_nothing(workers: tuple[Engine, QueryWorkers]) -> None:
     engine, _ = workers
     engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
