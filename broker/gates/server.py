@@ -97,6 +97,7 @@ class Gates:
                 heartbeat_s=self.settings.heartbeat_s,
                 max_message_bytes=self.settings.max_message_bytes,
                 authenticate=authority.authenticate,
+                still_valid=authority.still_valid,
                 quota=self.quota,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)

@@ -187,11 +187,15 @@ class WebSocketGate:
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
         authenticate: Callable[[Any], Principal] | None = None,
+        still_valid: Callable[[Principal], bool] | None = None,
         quota: SubscriptionQuota | None = None,
     ) -> None:
         """`authenticate` (secure gates): the principal of a message's ``authorization`` value, or
-        Unauthorized; every subscribe and unsubscribe is then checked."""
+        Unauthorized; every subscribe and unsubscribe is then checked. `still_valid`: whether a
+        principal is still registered with the same rights, checked again when a subscription is
+        registered (see :meth:`subscribe`)."""
         self.authenticate = authenticate
+        self.still_valid = still_valid
         self.scheduler = scheduler
         self.counters = counters
         self.queue_limit = queue_limit
@@ -259,22 +263,26 @@ class WebSocketGate:
             for spuid, principal in list(connection.owners.items()):
                 if still_valid(principal):
                     continue
-                alias = self.forget(connection, spuid)
-                connection.ended.add(spuid)  # what the engine still sends for it is dropped
+                self._revoked(connection, spuid, self.forget(connection, spuid))
                 with contextlib.suppress(NotFound):
                     await self.scheduler.serialized(self.scheduler.engine.unsubscribe, spuid)
-                self.counters["ws_revoked_subscriptions"] += 1
-                connection.push(
-                    error_body(
-                        "invalid_grant",
-                        "the client's rights were revoked or changed: subscription ended",
-                        401,
-                        alias=alias,
-                        spuid=spuid,
-                    )
-                )
                 ended += 1
         return ended
+
+    def _revoked(self, connection: Connection, spuid: str, alias: str | None) -> None:
+        """Tell the client its subscription `spuid` ended because its rights were revoked or changed
+        (a 401 error frame naming it); what the engine still sends for it is dropped."""
+        connection.ended.add(spuid)
+        self.counters["ws_revoked_subscriptions"] += 1
+        connection.push(
+            error_body(
+                "invalid_grant",
+                "the client's rights were revoked or changed: subscription ended",
+                401,
+                alias=alias,
+                spuid=spuid,
+            )
+        )
 
     def subscription_ended(self, connection: Connection, notification: Notification) -> None:
         """The engine ended a subscription (its re-evaluation ran past the time limit...): an
@@ -415,16 +423,26 @@ class WebSocketGate:
             self.reply_error(connection, error.error, error.description, error.status_code, alias)
             return
         registered: list[str] = []
+        refused: list[str] = []
 
-        def register(spuid: str) -> None:
-            """The subscription is this connection's: from its confirmation on, an unsubscribe finds it."""
-            if registered:
-                return  # once: after an unsubscribe that forgot it, never again
+        def register(spuid: str) -> bool:
+            """The subscription is this connection's: from its confirmation on, an unsubscribe finds
+            it. False, once told with a 401 frame, when the client was revoked or its rights changed
+            since its message was authenticated: the revocation watch (SecureGate._watch) ended its
+            subscriptions then, before this one was registered, and it got its first results and
+            every later update's (its probe waited 3 s for its turn: seen in an attack)."""
+            if registered or refused:
+                return bool(registered)  # once: after an unsubscribe that forgot it, never again
+            if principal is not None and self.still_valid is not None and not self.still_valid(principal):
+                refused.append(spuid)
+                self._revoked(connection, spuid, alias)
+                return False
             registered.append(spuid)
             connection.subscriptions[spuid] = alias
             connection.held[spuid] = (client, size)
             if principal is not None:
                 connection.owners[spuid] = principal
+            return True
 
         try:
             shared = principal.identity if principal is not None else None
@@ -441,7 +459,7 @@ class WebSocketGate:
         sparql: str,
         alias: str | None,
         graphs: dict[str, list[str]],
-        register: Callable[[str], None],
+        register: Callable[[str], bool],
         previous: asyncio.Future[None] | None = None,
         mine: asyncio.Future[None] | None = None,
         owner: str | None = None,
@@ -451,10 +469,11 @@ class WebSocketGate:
         is queued once `previous` is done (then `mine` is). `owner`: who subscribes (the SPU table
         shows it); `shared`: the client whose turn the probe waits for (broker.scheduler.FairShare).
 
-        `register(spuid)` runs on the loop just before the confirmation is queued for the socket,
-        not when this coroutine resumes: a client that unsubscribes as soon as it reads the
-        confirmation was told "not_found" now and then under load, and its subscription lived on
-        until the socket closed (seen in a CI run with the machine loaded)."""
+        `register(spuid)` runs on the loop just before the confirmation is queued for the socket
+        (False: not to be sent, and the subscription ended), not when this coroutine resumes: a
+        client that unsubscribes as soon as it reads the confirmation was told "not_found" now and
+        then under load, and its subscription lived on until the socket closed (seen in a CI run
+        with the machine loaded)."""
         to_loop = loop_handoff(asyncio.get_running_loop())
         confirmed = False
 
@@ -499,12 +518,14 @@ class WebSocketGate:
             self.forget(connection, subscription.spuid)
             await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
             return
-        register(subscription.spuid)  # without a confirmation from the engine (none is lost: a no-op)
+        # without a confirmation from the engine (none is lost: a no-op), or refused
+        if not register(subscription.spuid):
+            with contextlib.suppress(NotFound):
+                await self.scheduler.serialized(self.scheduler.engine.unsubscribe, subscription.spuid)
 
-    def _confirm(self, connection: Connection, notification: Notification, register: Callable[[str], None]) -> None:
-        if not connection.closing:
-            register(notification.spuid)
-        self._deliver(connection, notification)
+    def _confirm(self, connection: Connection, notification: Notification, register: Callable[[str], bool]) -> None:
+        if connection.closing or register(notification.spuid):
+            self._deliver(connection, notification)
 
     def _deliver(self, connection: Connection, notification: Notification) -> None:
         """Queue a notification, written at most `max_notification_bytes` characters long; past

@@ -545,6 +545,42 @@ def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gatew
     run_secure(secure_gateway, test)
 
 
+def test_a_subscribe_registered_after_the_revocation_sweep_is_ended_not_served(
+    in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path
+) -> None:
+    """The viewer's subscribe waits for its turn behind its own endless query while the operator
+    revokes it, so the revocation watch runs before the subscription exists: it must still end
+    with a 401 frame, before any result, and see nothing written after."""
+    config = secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data"))
+    config.engine.time_limit_s, config.engine.query_workers = 2.0, 2
+    gateway = in_process_gateway(config)
+    patterns = " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15))
+    endless = f"SELECT (COUNT(*) AS ?n) WHERE {{ GRAPH <{PUBLIC}> {{ {patterns} }} }}"
+
+    async def test(client: SecureClient) -> None:
+        viewer, writer = await client.login("viewer"), await client.login("writer")
+        rows = " ".join(f"<{EX}s{i}> <{EX}p> {i} ." for i in range(300))
+        assert (await client.update(writer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ {rows} }} }}"))[0] == 200
+        hog = asyncio.create_task(client.query(viewer, endless))  # its one turn, for 2 s
+        await asyncio.sleep(0.3)
+        ws = await client.socket()
+        subscribe = {"sparql": f"SELECT ?o WHERE {{ GRAPH <{PUBLIC}> {{ <{EX}x> <{EX}p> ?o }} }}", "alias": "late"}
+        await ws.send_json({"subscribe": {**subscribe, "authorization": f"Bearer {viewer}"}})
+        await asyncio.sleep(0.2)
+        await operator(tmp_path, "revoke", "viewer")
+        assert (await hog)[0] == 503
+        ended = await receive(ws, timeout=10)
+        assert (ended.get("error"), ended.get("alias")) == ("invalid_grant", "late"), ended
+        late = f'INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}x> <{EX}p> "after the revocation" }} }}'
+        assert (await client.update(writer, late))[0] == 200
+        with pytest.raises(asyncio.TimeoutError):
+            await receive(ws, timeout=1.5)
+        await ws.close()
+
+    run_secure(gateway, test)
+    assert gateway.gateway.engine.subscription_count == 0
+
+
 def test_a_reset_drops_the_delayed_updates_the_old_secret_scheduled(secure_gateway, tmp_path: Path) -> None:
     """`clients reset` is how an operator rotates a stolen secret; whoever held it could schedule
     up to max_pending_per_client updates, due whenever they liked, which still ran after the reset
