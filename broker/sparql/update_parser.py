@@ -443,15 +443,17 @@ class _Parser:
         if not all(blocks):
             return NOT_SIMPLE
         variables = {name for pattern in patterns for name in pattern.variables()}
-        pins: list[tuple[str, NamedNode]] = []
+        pins: dict[str, NamedNode] = {}
         for name, iri_token in pinned:
-            if name not in variables:
+            iri = self.iri_of(iri_token)
+            # two pins of one variable to different IRIs never both hold: the query engine says so
+            # (a dict of them kept the last one, and an update deleted what its WHERE ruled out)
+            if name not in variables or pins.setdefault(name, iri) != iri:
                 return NOT_SIMPLE
-            pins.append((name, self.iri_of(iri_token)))
         if values is None:
-            return patterns, tuple(pins), blocks, None
+            return patterns, tuple(pins.items()), blocks, None
         name, iri_tokens = values
-        return patterns, tuple(pins), blocks, (name, self.iris_of(iri_tokens))
+        return patterns, tuple(pins.items()), blocks, (name, self.iris_of(iri_tokens))
 
     def _block_patterns(self, tokens: list[Token], skipped: Sequence[tuple[int, int]] = ()) -> tuple[QuadPattern, ...]:
         """The quad patterns of a `{ ... }` group of triples (and GRAPH blocks); the `skipped` spans

@@ -199,6 +199,10 @@ FILTERS = (
     'str(?o) = "a"',
     "?o IN (ex:s1, ex:o, 2)",
     "!bound(?x)",
+    # pins (`?v = <iri>`): the engine answers a WHERE of patterns and pins by index lookups
+    "?s = ex:s1",
+    "ex:s2 = ?s",
+    "?o = ex:o",
 )
 
 
@@ -239,7 +243,7 @@ def _where(draw: st.DrawFn) -> _Where:
     if scope:
         body = f"GRAPH {scope} {{ {body} }}"
         matched = f"GRAPH {scope} {{ {matched} }}"
-    if draw(_one_in(4)):
+    for _ in range(draw(st.sampled_from((0, 0, 0, 0, 0, 0, 1, 1, 2)))):  # two: both must hold
         condition = f"FILTER({draw(st.sampled_from(FILTERS))})"
         body = f"{condition} {body}" if draw(st.booleans()) else f"{body} {condition}"
     if draw(_one_in(4)):  # inline data, before or after the patterns (a join either way)

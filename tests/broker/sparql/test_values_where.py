@@ -85,3 +85,20 @@ def test_a_filter_pin_before_the_patterns_is_a_lookup_too() -> None:
     )
     assert parse_update(request).operations[0].where_pins == (("s", NamedNode(f"{EX}obs2")),)
     assert {quad.subject.value for quad in engine.update(request).removed} == {f"{EX}obs2"}
+
+
+def test_two_pins_of_one_variable_must_both_hold() -> None:
+    """Two FILTER pins of ?s to different IRIs: nothing matches (the query engine answers it); the
+    same IRI twice is still a lookup."""
+    engine = _engine(5)
+    oracle = Store()
+    oracle.extend(engine.store.ox)
+    pattern = f"GRAPH <{G.value}> {{ ?s ?p ?o }}"
+    never = f"DELETE {{ {pattern} }} WHERE {{ {pattern} FILTER(?s = <{EX}obs1>) FILTER(?s = <{EX}obs2>) }}"
+    assert parse_update(never).operations[0].where_bgp is None
+    assert engine.update(never).removed == frozenset()
+    oracle.update(never)
+    assert frozenset(engine.store.ox) == frozenset(oracle)
+    twice = f"DELETE {{ {pattern} }} WHERE {{ {pattern} FILTER(?s = <{EX}obs1>) FILTER(<{EX}obs1> = ?s) }}"
+    assert parse_update(twice).operations[0].where_pins == (("s", NamedNode(f"{EX}obs1")),)
+    assert {quad.subject.value for quad in engine.update(twice).removed} == {f"{EX}obs1"}
