@@ -26,7 +26,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.core.budget import OverBudget
 from broker.core.engine import Engine
@@ -40,7 +40,9 @@ from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
 from broker.handoff import loop_handoff
 from broker.journal_sync import HelperGone, JournalSyncer
-from broker.workers.pool import QueryWorkers
+
+if TYPE_CHECKING:
+    from broker.workers.pool import QueryWorkers
 
 log = logging.getLogger(__name__)
 

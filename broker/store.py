@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from pyoxigraph import DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
+from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
 from broker.core.clock import EngineClock
 from broker.errors import StoreFailed
@@ -175,6 +175,24 @@ class ApplyMark:
     committed: Callable[[str], None]
 
 
+def graph_text(graph: NamedNode | BlankNode) -> str:
+    """A graph name as it travels in a journal record or to a worker: ``<iri>`` or ``_:label``.
+
+    Why not the bare IRI: a graph name may be a blank node (pyoxigraph takes
+    ``INSERT { GRAPH ?x { ... } } WHERE { BIND(BNODE() AS ?x) }``), and a DROP ALL then crashed every
+    replica that read its label back as an IRI (its subscriptions ended, the next query failed)."""
+    return str(graph)
+
+
+def graph_named(text: str) -> NamedNode | BlankNode:
+    """The graph name :func:`graph_text` wrote (a bare IRI: a journal written before it)."""
+    if text.startswith("_:"):
+        return BlankNode(text[2:])
+    if text.startswith("<") and text.endswith(">"):
+        return NamedNode(text[1:-1])
+    return NamedNode(text)
+
+
 def encode_journal_entry(
     added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode], tag: str = ""
 ) -> bytes:
@@ -182,8 +200,8 @@ def encode_journal_entry(
     parts = [
         serialize(removed, format=RdfFormat.N_QUADS) if removed else b"",
         serialize(added, format=RdfFormat.N_QUADS) if added else b"",
-        "\n".join(graph.value for graph in created).encode(),
-        "\n".join(graph.value for graph in dropped).encode(),
+        "\n".join(map(graph_text, created)).encode(),
+        "\n".join(map(graph_text, dropped)).encode(),
         tag.encode(),
     ]
     header = _MAGIC + b" " + b" ".join(str(len(part)).encode() for part in parts) + b"\n"
@@ -213,8 +231,8 @@ def _decode(data: bytes) -> tuple[list[Journalled], int]:
         data = body[offset:]
         removed = list(parse(parts[0], format=RdfFormat.N_QUADS)) if parts[0] else []
         added = list(parse(parts[1], format=RdfFormat.N_QUADS)) if parts[1] else []
-        created = [NamedNode(line) for line in parts[2].decode().splitlines() if line]
-        dropped = [NamedNode(line) for line in parts[3].decode().splitlines() if line]
+        created = [graph_named(line) for line in parts[2].decode().splitlines() if line]
+        dropped = [graph_named(line) for line in parts[3].decode().splitlines() if line]
         entries.append((added, removed, created, dropped, parts[4].decode() if len(parts) > 4 else ""))
     return entries, whole - len(data)
 

@@ -29,13 +29,13 @@ from collections import Counter
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pyoxigraph import NamedNode, Quad, RdfFormat, parse
+from pyoxigraph import Quad, RdfFormat, parse
 
 from broker.compaction import Compactor
 from broker.core.held import row_weight
 from broker.core.spu import ShapeGroup
 from broker.scheduler import WORKER_STACK_BYTES
-from broker.store import RdfStore
+from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
 from broker.workers.replica import PR_SET_PDEATHSIG, seeded
@@ -47,8 +47,8 @@ def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...]
         store.apply(
             parse(added, format=RdfFormat.N_QUADS) if added else (),
             parse(removed, format=RdfFormat.N_QUADS) if removed else (),
-            [NamedNode(graph) for graph in created],
-            [NamedNode(graph) for graph in dropped],
+            [graph_named(graph) for graph in created],
+            [graph_named(graph) for graph in dropped],
         )
 
 
@@ -175,7 +175,7 @@ class Booster:
         added_bytes, removed_bytes, created, dropped = delta[0]
         removed = list(parse(removed_bytes, format=RdfFormat.N_QUADS)) if removed_bytes else []
         added = list(parse(added_bytes, format=RdfFormat.N_QUADS)) if added_bytes else []
-        graphs = [NamedNode(graph) for graph in created], [NamedNode(graph) for graph in dropped]
+        graphs = [graph_named(graph) for graph in created], [graph_named(graph) for graph in dropped]
         clock = self.store.clock
         clock.pin(micros)  # FILTERs with NOW() see the instant the engine gave the update
         try:

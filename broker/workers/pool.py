@@ -79,7 +79,7 @@ from broker.errors import (
     TimeLimitExceeded,
     WorkerLost,
 )
-from broker.store import RdfStore
+from broker.store import RdfStore, graph_text
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def batched(deltas: list[Delta]) -> tuple[Any, ...]:
         if adding:
             steps.append((b"".join(adding), b"", (), ()))
             adding = []
-        graphs = (tuple(graph.value for graph in created), tuple(graph.value for graph in dropped))
+        graphs = (tuple(map(graph_text, created)), tuple(map(graph_text, dropped)))
         steps.append((_nquads(added), _nquads(removed), *graphs))
     if adding:
         steps.append((b"".join(adding), b"", (), ()))
@@ -249,7 +249,7 @@ class Worker:
             store.ox.backup(str(self.checkpoint))
             self.outbox.put(("seed", "directory", str(self.checkpoint), ()))
         else:
-            named = tuple(graph.value for graph in store.ox.named_graphs())
+            named = tuple(map(graph_text, store.ox.named_graphs()))
             self.outbox.put(("seed", "memory", _dump_in_slices(store, graphs), named))
         self.seeded = True
 

@@ -26,13 +26,13 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pyoxigraph import NamedNode, RdfFormat, Store, parse
+from pyoxigraph import RdfFormat, Store, parse
 
 from broker.compaction import Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import MemoryLimitExceeded, SepaError
 from broker.scheduler import WORKER_STACK_BYTES
-from broker.store import RdfStore
+from broker.store import RdfStore, graph_named
 from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
 
@@ -89,7 +89,7 @@ def seeded(message: tuple[Any, ...]) -> RdfStore:
         # parse keeps blank node labels (Store.load would rename them): the deltas name the same nodes
         store.bulk_extend(parse(payload, format=RdfFormat.N_QUADS))
     for graph in graphs:
-        store.add_graph(NamedNode(graph))
+        store.add_graph(graph_named(graph))
     return RdfStore(store)
 
 
@@ -131,8 +131,8 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
                 processor.store.apply(
                     parse(added, format=RdfFormat.N_QUADS) if added else (),
                     parse(removed, format=RdfFormat.N_QUADS) if removed else (),
-                    [NamedNode(graph) for graph in created],
-                    [NamedNode(graph) for graph in dropped],
+                    [graph_named(graph) for graph in created],
+                    [graph_named(graph) for graph in dropped],
                 )
             assert compactor is not None
             compactor.maybe_compact()  # dead versions grow in a replica as in the store

@@ -45,6 +45,22 @@ def test_a_complete_journal_is_finished_when_the_store_is_opened(tmp_path: Path)
     assert (tmp_path / JOURNAL).read_bytes() == b""
 
 
+def test_a_journal_replays_blank_node_graph_names_and_bare_iris(tmp_path: Path) -> None:
+    """Graph names travel as terms (a blank node is one); a bare IRI is what older journals hold."""
+    store = RdfStore.open(tmp_path)
+    blank = BlankNode("g1")
+    store.ox.add_graph(blank)
+    store.close()
+    del store
+    bare = f"{EX}g2".encode()  # created, as an older gateway journalled it
+    magic = encode_journal_entry([], [], [], []).split(b" ")[0]
+    older = magic + f" 0 0 {len(bare)} 0 0\n".encode() + bare
+    (tmp_path / JOURNAL).write_bytes(encode_journal_entry([], [], [NamedNode(f"{EX}g")], [blank]) + older)
+    reopened = RdfStore.open(tmp_path)
+    assert set(reopened.ox.named_graphs()) == {NamedNode(f"{EX}g"), NamedNode(f"{EX}g2")}
+    reopened.close()
+
+
 def test_every_complete_record_of_the_journal_is_replayed_in_order(tmp_path: Path) -> None:
     """The journal is the write-ahead log: what a power cut leaves of RocksDB's unsynced writes does
     not matter, the synced records are replayed in order; a record cut at the end is ignored."""
