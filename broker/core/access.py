@@ -102,11 +102,16 @@ class GraphAccess:
         for quads in (delta.added, delta.removed):  # type: ignore[attr-defined]
             for quad in quads:
                 if quad.graph_name not in writable:
-                    raise Forbidden(f"this client may not write to the graph {_shown(quad.graph_name)}")
+                    raise Forbidden(f"this client may not write to {self._shown(quad.graph_name)}")
         for graph in (*delta.graphs_created, *delta.graphs_dropped):  # type: ignore[attr-defined]
             if graph not in writable:
-                raise Forbidden(f"this client may not create or drop the graph {_shown(graph)}")
+                raise Forbidden(f"this client may not create or drop {self._shown(graph)}")
 
-
-def _shown(graph: object) -> str:
-    return "DEFAULT" if isinstance(graph, DefaultGraph) else str(graph)
+    def _shown(self, graph: object) -> str:
+        """`graph` as an error names it: not at all if this client may not read it. Why: DROP ALL,
+        CLEAR NAMED and DROP SILENT NAMED touch every graph there is, and the refusal named one
+        the client could neither read nor write (`<http://hr/salaries-2025-confidential>`)."""
+        if isinstance(graph, DefaultGraph):
+            return "the graph DEFAULT" if self.may_read(DEFAULT_GRAPH_IRI) else "a graph it may not read"
+        readable = isinstance(graph, NamedNode) and self.may_read(graph.value)
+        return f"the graph {graph}" if readable else "a graph it may not read"

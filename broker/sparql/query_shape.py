@@ -308,7 +308,12 @@ def _resolve_constants(texts: list[str], prologue: str) -> list[object]:
 def shape_query(text: str, prefixes: dict[str, str] | None = None) -> ShapedQuery:
     """Analyse a subscription query; raises NotIncremental outside the subset."""
     parser = _QueryParser(text, prefixes)
-    kind, distinct, parts = parser.parse()
+    try:
+        kind, distinct, parts = parser.parse()
+    except RecursionError:
+        # groups nested deeper than this thread's recursion limit, under broker.sparql.limits' (990
+        # braces): the subscription was refused, and each logged an ERROR with a traceback
+        raise NotIncremental("groups nested too deep to be shaped") from None
     prologue = "\n".join(parser.prologue)
     constants = _resolve_constants(parser.constants, prologue)
     branches: list[Branch] = []

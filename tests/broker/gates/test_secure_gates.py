@@ -425,6 +425,25 @@ def test_create_and_drop_do_not_tell_a_client_whether_a_graph_it_may_not_read_ex
     run_secure(secure_gateway, test)
 
 
+def test_a_refusal_does_not_name_a_graph_the_client_may_not_read(secure_gateway) -> None:
+    """DROP ALL, CLEAR NAMED and DROP SILENT NAMED touch every graph there is: refused whole, and
+    the refusal names no graph the writer may not read."""
+    held = f"SELECT ?o WHERE {{ GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> ?o }} }}"
+
+    async def test(client: SecureClient) -> None:
+        admin, writer = await client.login("admin"), await client.login("writer")
+        assert (await client.update(admin, SEED))[0] == 200
+        first = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> 1 }} }} ; "
+        for request in ("DROP ALL", "CLEAR NAMED", "DROP SILENT NAMED", f"{first}DROP SILENT NAMED"):
+            status, reply = await client.update(writer, request)
+            assert (status, reply["error"]) == (403, "forbidden"), (request, reply)
+            assert "<" not in reply["error_description"], reply  # the graphs it may write, it may read
+        status, reply = await client.query(admin, held)
+        assert status == 200 and len(reply["results"]["bindings"]) == 1  # refused whole: nothing dropped
+
+    run_secure(secure_gateway, test)
+
+
 def test_a_large_query_with_from_does_not_hold_the_other_clients(secure_gateway) -> None:
     """The FROM clauses of a restricted reader's query are read with the request tokenizer, on the
     event loop. Before, rdflib's SPARQL parser read them there: a query of 20,000 VALUES (110 KB)

@@ -48,6 +48,16 @@ def test_a_large_flat_update_within_the_limits_runs_on_the_engine_threads() -> N
         assert gateway.stop() == 0
 
 
+def test_a_subscription_nested_just_under_the_limit_is_taken_and_logs_no_error(caplog) -> None:
+    """Groups 990 deep pass the limit and pyoxigraph takes them; the incremental shaper's recursion
+    did not: the subscribe failed and logged an ERROR traceback each time (an attack pass)."""
+    engine = Engine()
+    nested = "SELECT * WHERE " + "{" * (MAX_NESTING - 10) + "}" * (MAX_NESTING - 10)
+    with caplog.at_level("ERROR"):
+        subscription = engine.subscribe(nested, lambda _notification: None, limited=True)
+    assert subscription.spuid and not [record for record in caplog.records if record.levelname == "ERROR"]
+
+
 def test_limits_count_structure_not_strings_and_let_real_requests_through() -> None:
     engine = Engine()
     braces_in_a_string = '"' + "{" * (MAX_NESTING + 10) + '"'
