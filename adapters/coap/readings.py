@@ -34,6 +34,8 @@ from adapters.coap.errors import Refused, refusal
 from gateway.observations import Mapper, PayloadError, Reading, UnmappedTopic
 from gateway.observations.counters import SourceCounters
 
+UNAUTHENTICATED = "(unauthenticated)"  # the resource bad input is counted under when refused 4.01
+
 
 class ReadingsResource(Resource):
     """Every path no other resource claims: a reading POSTed or PUT there."""
@@ -133,9 +135,13 @@ class ReadingsResource(Resource):
             self.readings += count
 
     def refuse(self, path: str, refused: Refused) -> aiocoap.Message:
-        """The response to a refused request, counted per code and per resource."""
+        """The response to a refused request, counted per code and per resource; one refused for
+        want of a login (4.01) under "(unauthenticated)": its path is anyone's on the LAN (the
+        source address of a datagram is spoofed at will), and 1,100 junk paths took every
+        per-resource slot a real sensor's bad input needed."""
         self.refused[refused.code.dotted] += 1
-        self.counters.add(path or "/", f"{refused.code.dotted} {refused}")
+        where = UNAUTHENTICATED if refused.code == Code.UNAUTHORIZED else path or "/"
+        self.counters.add(where, f"{refused.code.dotted} {refused}")
         options: dict[str, int] = {}
         if refused.code == Code.REQUEST_ENTITY_TOO_LARGE:
             options = {"size1": self.max_payload_bytes}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -217,7 +219,7 @@ class Gates:
         engine = self.scheduler.engine
         stats = engine.stats
         lines = [
-            f'sepa_build_info{{version="{_label(gateway_version())}"}} 1',
+            f'sepa_build_info{{version="{label_value(gateway_version())}"}} 1',
             f"sepa_uptime_seconds {self.health.uptime_s:.3f}",
             f"sepa_updates_total {engine.stats.updates}",
             f"sepa_update_processing_seconds_min {stats.processing_min_s}",
@@ -257,7 +259,7 @@ class Gates:
                     lines.append(f"sepa_{source}_{key} {float(value) if isinstance(value, bool) else value}")
                 elif isinstance(value, dict):  # counts per source (topic, resource): one labelled series each
                     lines += [
-                        f'sepa_{source}_{key}{{source="{_label(label)}"}} {count}'
+                        f'sepa_{source}_{key}{{source="{label_value(label)}"}} {count}'
                         for label, count in sorted(value.items())
                         if isinstance(count, int | float)
                     ]
@@ -279,9 +281,23 @@ class Gates:
             await connection.ws.close(code=1001, message=b"gateway shutting down")
 
 
-def _label(value: object) -> str:
-    """A Prometheus label value: backslash, double quote and line feed escaped (text format 0.0.4)."""
-    return str(value)[:200].replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# what splits a line for some reader (str.splitlines: CR, VT, FF, FS-US, NEL, U+2028/9) and other
+# control characters: a label value is for people, and a CoAP path from any LAN host is one
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+LABEL_CHARS = 200
+
+
+def label_value(value: object) -> str:
+    """A Prometheus label value: backslash, double quote and line feed escaped (text format 0.0.4),
+    other control characters made "?", and cut to LABEL_CHARS with a digest of the whole, so that
+    two values sharing their start stay two series. Why: a CoAP path with carriage returns around
+    `sepa_mqtt_readings 999999` printed a sample of its own for any reader splitting lines at CR
+    (tools.launcher's did)."""
+    text = _UNPRINTABLE.sub("?", str(value))
+    if len(text) > LABEL_CHARS:
+        digest = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
+        text = f"{text[: LABEL_CHARS - 16]}...{digest}"
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def delayed_metrics(delayed: DelayedUpdates) -> list[str]:

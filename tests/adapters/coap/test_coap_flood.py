@@ -23,11 +23,13 @@ GET, POST = 0x01, 0x02
 
 
 def datagram(code: int, mid: int, path: str, payload: bytes = b"") -> bytes:
-    """A CON request: 4-byte token, Uri-Path options (each segment < 13 bytes), payload."""
+    """A CON request: 4-byte token, Uri-Path options (each segment < 269 bytes), payload."""
     data = struct.pack("!BBH", 0x44, code, mid) + os.urandom(4)
     number = 0
     for segment in path.split("/"):
-        data += bytes([(11 - number) << 4 | len(segment)]) + segment.encode()
+        size = len(segment.encode())
+        head = bytes([(11 - number) << 4 | size]) if size < 13 else bytes([(11 - number) << 4 | 13, size - 13])
+        data += head + segment.encode()
         number = 11
     return data + (b"\xff" + payload if payload else b"")
 
@@ -67,12 +69,19 @@ def test_requests_from_the_network_are_rationed_and_unauthenticated_readings_ref
     assert len(refused) == 200 and {answer[1] for answer in refused} == {0x81}  # 4.01
     assert b"must be authenticated" in refused[0]
     assert observations(gateway) == []
-
-    # what aiocoap must read (here a GET of a resource): the 40 left in the window, the rest dropped and counted
-    gets = [datagram(GET, 1000 + mid, ".well-known/core") for mid in range(100)]
-    assert len(answers(lan, port, gets)) == 40
+    # counted, but not under paths any LAN host makes up: junk took every per-resource slot, and a
+    # path with carriage returns printed a sample of its own for a reader splitting lines at CR
+    forged = "s/x\rsepa_coap_bad_input 999999\r/temperature"
+    assert len(answers(lan, port, [datagram(POST, 300, forged, b"1")])) == 1
     metrics = gateway.metrics()
-    assert metrics["sepa_coap_network_requests_shed_total"] == 60, metrics
+    assert metrics['sepa_coap_bad_input_by_resource{source="(unauthenticated)"}'] == 201
+    assert metrics["sepa_coap_bad_input"] == 201 and not [name for name in metrics if "boiler" in name]
+
+    # what aiocoap must read (here a GET of a resource): the 39 left in the window, the rest dropped and counted
+    gets = [datagram(GET, 1000 + mid, ".well-known/core") for mid in range(100)]
+    assert len(answers(lan, port, gets)) == 39
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_network_requests_shed_total"] == 61, metrics
     assert metrics["sepa_coap_fast_path_answered"] >= 200
 
     # this board's own requests are never rationed
