@@ -134,11 +134,14 @@ _BY_NAME: dict[str, Kind] = {normalise(kind.name): kind for kind in KINDS}
 _BY_NAME.update({normalise(alias): _BY_NAME[normalise(target)] for alias, target in _KIND_ALIASES.items()})
 _BY_IRI: dict[str, Kind] = {kind.iri: kind for kind in KINDS}
 UNITS: frozenset[str] = frozenset(UNIT + local for local in _UNIT_ALIASES)
-# Unit symbols are case-sensitive (mV is not MV), so they are matched exactly first.
+# Unit symbols are case-sensitive (mV is not MV), so they are matched exactly first; then without
+# case ("CELSIUS", "KWH"), except milli ones: MV and MA are mega units, and were stored as mV and mA
+# (a factor of 10^9, from any sensor naming its unit so).
 _UNIT_EXACT: dict[str, str] = {alias: UNIT + local for local, aliases in _UNIT_ALIASES.items() for alias in aliases}
 _UNIT_FOLDED: dict[str, str] = {}
 for _alias, _iri in _UNIT_EXACT.items():
-    _UNIT_FOLDED.setdefault(_alias.lower(), _iri)
+    if not _iri.removeprefix(UNIT).startswith("Milli"):
+        _UNIT_FOLDED.setdefault(_alias.lower(), _iri)
 
 
 def kind_named(name: str) -> Kind | None:

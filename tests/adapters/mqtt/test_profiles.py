@@ -112,6 +112,11 @@ def test_a_senml_name_of_256_bytes_is_taken(read: Read) -> None:
     assert reading.sensor.endswith("d" * 200 + "t" * 56)
 
 
+def test_unit_names_without_case_are_still_taken(read: Read) -> None:
+    readings = read("senml/n", '[{"n": "t", "u": "CELSIUS", "v": 1}, {"n": "e", "u": "KWH", "v": 2}]')
+    assert [reading.unit for reading in readings] == [UNIT + "DEG_C", UNIT + "KiloW-HR"]
+
+
 def test_senml_relative_times_are_not_source_times(read: Read) -> None:
     (reading,) = read("senml/n", '[{"n": "lux", "u": "lx", "v": 300, "t": -5}]')
     assert reading.source_time_us is None and reading.unit == UNIT + "LUX"
@@ -121,6 +126,9 @@ def test_senml_relative_times_are_not_source_times(read: Read) -> None:
     ("payload", "message"),
     [
         ('[{"n": "x", "u": "furlongs", "v": 1}]', "unknown unit"),
+        # mega units are not milli ones (MV was stored as mV: 10^9 off)
+        ('[{"n": "voltage", "u": "MV", "v": 5}]', "unknown unit"),
+        ('[{"n": "current", "u": "MA", "v": 5}]', "unknown unit"),
         ('[{"n": "x", "v": "hot"}]', "not a number"),
         ('[{"v": 1}]', "no name"),
         ("[1]", "not a JSON object"),
