@@ -8,8 +8,9 @@ in :mod:`gateway.observations.compiler`, once per mapping.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import regex
@@ -38,6 +39,29 @@ TIME_KEYS = ("time", "Time", "timestamp", "ts", "last_seen")
 # for 48 s with Python's re. The `regex` module stops a match at a time limit (and avoids many such
 # blow-ups outright); past it the payload is refused like any other that does not match.
 REGEX_TIME_LIMIT_S = 0.05
+# ... and a mapping's pattern takes at most this much of each second, all payloads together: 5,400
+# payloads of 80 ms each (the limit overshoots) in 5 s froze the gateway, the event loop matching
+# them one after another (every sensor's readings waited a minute and more). Past it, the payloads
+# of that mapping are refused (counted) until the next second.
+REGEX_BUDGET_S = 0.1
+
+
+@dataclass(slots=True)
+class RegexBudget:
+    """The time one mapping's pattern took in the current second (see REGEX_BUDGET_S)."""
+
+    second: int = -1
+    spent: float = 0.0
+
+    def check(self, pattern: str) -> None:
+        """Raise PayloadError while this second's budget is spent."""
+        second = int(time.monotonic())
+        if second != self.second:
+            self.second, self.spent = second, 0.0
+        elif self.spent >= REGEX_BUDGET_S:
+            raise PayloadError(
+                f"the pattern {pattern!r} took its {REGEX_BUDGET_S * 1000:g} ms of this second: payload not matched"
+            )
 
 
 @dataclass(slots=True)
@@ -91,6 +115,7 @@ class Compiled:
     pattern: regex.Pattern[str] | None
     fields: tuple[tuple[str, tuple[PathStep, ...], str, Kind | None, str | None], ...]
     run: Run
+    regex_budget: RegexBudget = field(default_factory=RegexBudget)
 
 
 def coerce(value: Any, kind: Kind | None, words: BooleanWords, want: str = "auto") -> float | bool:
@@ -160,12 +185,17 @@ def _json(compiled: Compiled, message: Message) -> list[Reading]:
 def _regex(compiled: Compiled, message: Message) -> list[Reading]:
     assert compiled.pattern is not None
     text = decode(message.payload)
+    budget = compiled.regex_budget
+    budget.check(compiled.pattern.pattern)
+    started = time.perf_counter()
     try:
         found = compiled.pattern.search(text, timeout=REGEX_TIME_LIMIT_S)
     except TimeoutError:
         raise PayloadError(
             f"the pattern {compiled.pattern.pattern!r} took over {REGEX_TIME_LIMIT_S * 1000:g} ms on this payload"
         ) from None
+    finally:
+        budget.spent += time.perf_counter() - started
     if found is None or found.group("value") is None:
         raise PayloadError(f"payload {shown(text)} does not match the pattern {compiled.pattern.pattern!r}")
     kind = message.resolved.kind

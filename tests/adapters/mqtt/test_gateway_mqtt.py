@@ -322,6 +322,14 @@ def test_a_catastrophic_mapping_regex_costs_its_message_only(mosquitto: Mosquitt
         assert slowest < 0.5
         mosquitto.pub("gateway/s1/temperature", "19.5")  # the adapter goes on
         wait_for(lambda: numeric_results(gateway, "gateway/s1/temperature"))
+        # a flood of them: each under the time limit, together they held the event loop for
+        # minutes; now the pattern gets REGEX_BUDGET_S of each second and the rest are refused
+        paho_publish(mosquitto.port, "evil/x", [b"a" * 40 + b"!"] * 400)
+        mosquitto.pub("gateway/s2/temperature", "20.5")
+        started = time.monotonic()
+        wait_for(lambda: numeric_results(gateway, "gateway/s2/temperature"), timeout=30)
+        assert time.monotonic() - started < 5, "a bystander's reading waited for the flood"
+        assert gateway.metrics()["sepa_mqtt_ingest_bad_input"] >= bad_before + 403
     finally:
         assert gateway.stop() == 0
 
