@@ -68,6 +68,7 @@ class Engine:
         max_subscription_rows: int | None = None,
         max_held_rows: int | None = None,
         max_held_rows_per_client: int | None = None,
+        max_reeval_seconds_per_client: float | None = None,
     ) -> None:
         """`service_allow`: the only endpoints SERVICE may call, from queries only, whose clients wait
         at most `service_timeout_s` for them (:mod:`broker.sparql.service`).
@@ -114,6 +115,7 @@ class Engine:
                 max_rows=max_subscription_rows,
                 max_held_rows=max_held_rows,
                 max_held_rows_per_client=max_held_rows_per_client,
+                max_reeval_seconds_per_client=max_reeval_seconds_per_client,
             )
             self._pipelined.on_broken = self._recover_soon
             self.spus: SpuManager = self._pipelined
@@ -128,6 +130,7 @@ class Engine:
                 max_rows=max_subscription_rows,
                 max_held_rows=max_held_rows,
                 max_held_rows_per_client=max_held_rows_per_client,
+                max_reeval_seconds_per_client=max_reeval_seconds_per_client,
             )
         self.reevaluators = reevaluators
         self._update_lock = threading.Lock()
@@ -322,6 +325,7 @@ class Engine:
         if self.workers is None:
             return None
         changes = self.store.changes
+        started = time.perf_counter()
         rows, text = self.workers.run(
             "probe",
             with_base(sparql, self.base_iri),
@@ -331,7 +335,8 @@ class Engine:
             keep_bytes=PROBE_KEEP_BYTES,
             max_rows=self.max_subscription_rows,
         )
-        return Probed(changes if self.store.changes == changes else -1, text, rows)
+        seconds = time.perf_counter() - started
+        return Probed(changes if self.store.changes == changes else -1, text, rows, seconds)
 
     def subscribe(
         self,

@@ -133,6 +133,7 @@ class PipelinedSpuManager(SpuManager):
         max_rows: int | None = None,
         max_held_rows: int | None = None,
         max_held_rows_per_client: int | None = None,
+        max_reeval_seconds_per_client: float | None = None,
     ) -> None:
         if boosters < 1:
             raise ValueError("parallel mode needs at least one BOOSTER worker")
@@ -144,6 +145,7 @@ class PipelinedSpuManager(SpuManager):
             max_rows=max_rows,
             max_held_rows=max_held_rows,
             max_held_rows_per_client=max_held_rows_per_client,
+            max_reeval_seconds_per_client=max_reeval_seconds_per_client,
         )
         self.booster_count = boosters
         self.boosters: list[Worker] = []

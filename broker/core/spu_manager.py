@@ -40,6 +40,7 @@ from broker.core.lutt import ANY, NAMED, Lutt, make_key
 from broker.core.memory import Trimmer
 from broker.core.notification import Notification, QuadRows
 from broker.core.query_processor import QueryProcessor, dataset_arguments, graph_list
+from broker.core.reeval_cost import ReevalCosts, TooCostly
 from broker.core.spu import (
     GraphFeedSpu,
     IncrementalSpu,
@@ -106,17 +107,20 @@ class SpuManager:
         max_rows: int | None = None,
         max_held_rows: int | None = None,
         max_held_rows_per_client: int | None = None,
+        max_reeval_seconds_per_client: float | None = None,
     ) -> None:
         """`reevaluators` (started, over this store): the re-evaluation worker, where the
         re-evaluations of a network client's subscriptions are pipelined (see :meth:`submit`).
         `max_rows`: the rows a network client's subscription may hold; an update that would take
         it past them ends it, its subscribers told why (see :meth:`_end`). `max_held_rows`,
         `max_held_rows_per_client`: the rows network clients' subscriptions may hold together, and
-        each client's (:mod:`broker.core.held`)."""
+        each client's (:mod:`broker.core.held`). `max_reeval_seconds_per_client`: what one client's
+        re-evaluated subscriptions may cost every update, by their probes (:mod:`broker.core.reeval_cost`)."""
         self.store = store
         self.max_rows = max_rows
         self.held = HeldRows(max_held_rows, max_held_rows_per_client)
         self._charged: dict[str, str] = {}  # spuid -> the client its SPU's rows are charged to
+        self.costs = ReevalCosts(max_reeval_seconds_per_client)
         self.workers = workers
         self.reevaluators = reevaluators
         # the SPUs, the LUTT, the subscriptions: held by the update thread while it processes an
@@ -251,6 +255,12 @@ class SpuManager:
                 self._unsubscribe(subscription.spuid)
                 raise
             self._charged[subscription.spuid] = client
+            if isinstance(spu, ReevalSpu) and probed is not None:
+                try:
+                    self.costs.charge(subscription.spuid, client, probed.seconds)
+                except TooCostly:
+                    self._unsubscribe(subscription.spuid)
+                    raise
         self.stats.record_subscriptions(len(self.subscriptions))
         if spu.is_ask:
             subscription.emit((), (), spu.current_boolean(), None)
@@ -535,6 +545,7 @@ class SpuManager:
         client = self._charged.pop(spuid, None)
         if client is not None:
             self.held.leave(spu, client)
+        self.costs.release(spuid)
         if spu.subscribers:
             return subscription
         self.trimmer.freed()  # the SPU's result goes: give the memory back (broker.core.memory)

@@ -85,6 +85,7 @@ class Gateway:
             max_subscription_rows=config.websocket.max_subscription_rows,
             max_held_rows=config.websocket.max_held_rows,
             max_held_rows_per_client=config.websocket.max_held_rows_per_client,
+            max_reeval_seconds_per_client=config.websocket.max_reeval_seconds_per_client or None,
         )
         self.pending = PendingUpdates(config.store.data_dir or None)
         self.scheduler = Scheduler(

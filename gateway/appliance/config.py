@@ -141,6 +141,10 @@ class WebSocketConfig:
     # when it subscribes or when an update would take it past them (the subscription then ends)
     max_held_rows: int = 500_000
     max_held_rows_per_client: int = 200_000
+    # what one client's re-evaluated subscriptions (those run again in full on every update that may
+    # touch them) may cost each update together, in seconds, by their probes; past it a 429
+    # error frame at subscribe (every publisher's reply waits for them). 0: no limit
+    max_reeval_seconds_per_client: float = 2.0
 
 
 @dataclass
@@ -292,6 +296,8 @@ class Config:
             raise ConfigError("http.max_connections must be 0-1000000 and http.max_connections_per_address 1-1000000")
         if self.websocket.heartbeat_s <= 0:
             raise ConfigError("websocket.heartbeat_s must be positive")
+        if not 0 <= self.websocket.max_reeval_seconds_per_client <= MAX_QUERY_TIME_S:
+            raise ConfigError("websocket.max_reeval_seconds_per_client must be 0 (no limit) or a number of seconds")
         if self.engine.base_iri:
             try:
                 NamedNode(self.engine.base_iri)
