@@ -162,6 +162,7 @@ class Gateway:
             self.gateway_id,
             max_nodes=config.observations.max_sensor_properties,
             max_nodes_per_sensor=config.observations.max_properties_per_sensor,
+            max_nodes_per_device=config.observations.max_properties_per_device,
         )
         self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
         context = AdapterContext(

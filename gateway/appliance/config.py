@@ -182,6 +182,7 @@ class ObservationsConfig:
     # past either bound a reading of a new pair is refused and counted (gateway.observations.writer)
     max_sensor_properties: int = 10_000
     max_properties_per_sensor: int = 256
+    max_properties_per_device: int = 1000  # a SenML, Tasmota or Homie device mints a sensor per name or node
 
 
 @dataclass
@@ -338,6 +339,8 @@ class Config:
             raise ConfigError(f"observations.max_sensor_properties must be 1 to {MAX_LATEST_NODES:,}")
         if not 1 <= self.observations.max_properties_per_sensor <= self.observations.max_sensor_properties:
             raise ConfigError("observations.max_properties_per_sensor must be 1 to max_sensor_properties")
+        if self.observations.max_properties_per_device < 1:  # past max_sensor_properties it bounds nothing
+            raise ConfigError("observations.max_properties_per_device must be >= 1")
         if self.shipper.enabled:
             self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

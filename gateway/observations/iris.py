@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 
 from gateway.observations.reading import Reading
-from gateway.observations.vocabulary import LATEST_PREFIX, OBSERVATION_PREFIX
+from gateway.observations.vocabulary import LATEST_PREFIX, OBSERVATION_PREFIX, URN
+
+SENSOR_PREFIX = URN + "sensor:"  # the ready-made profiles' sensors: <profile>/<device>[/<name>]
 
 
 def _digest(text: str) -> str:
@@ -36,3 +38,17 @@ def observation_iri(gateway_id: str, reading: Reading) -> str:
 def latest_iri(sensor: str, prop: str) -> str:
     """`urn:sepa-gateway:latest:<sha256-hex-24 of sensor|property>`: one node per (sensor, property)."""
     return LATEST_PREFIX + _digest(f"{sensor}|{prop}")
+
+
+def device_of(sensor: str) -> str:
+    """The device a sensor IRI belongs to, for the latest view's per-device bound (ObservationWriter).
+
+    The ready-made profiles name sensors `urn:sepa-gateway:sensor:<profile>/<device>[/<name>]`:
+    SenML, Tasmota and Homie mint one sensor per record name or node under one device, whose
+    `<device>` comes from the topic level the sensor's login owns (`senml/<login>`, the MQTT ACL),
+    or the CoAP path. So the device is the first two levels after the prefix. Any other IRI (a
+    deployment's own template) is its own device: only the per-sensor bound and the total apply.
+    """
+    if not sensor.startswith(SENSOR_PREFIX):
+        return sensor
+    return SENSOR_PREFIX + "/".join(sensor[len(SENSOR_PREFIX) :].split("/", 2)[:2])

@@ -26,6 +26,7 @@ from typing import Any
 from pyoxigraph import Literal, NamedNode, Quad
 
 from broker.api import term_from_json
+from gateway.observations.iris import device_of
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, RDF_TYPE
 
 LATEST_QUERY = f"SELECT ?latest ?p ?o WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest ?p ?o }} }}"
@@ -59,10 +60,12 @@ class LatestCache:
         self.max_entries = max_entries
         # nodes per sensor IRI (by their gw:sensor triple): the writer bounds them (ObservationWriter)
         self.per_sensor: Counter[str] = Counter()
+        self.per_device: Counter[str] = Counter()  # nodes per device (gateway.observations.iris.device_of)
 
     def _add(self, quads: set[Quad], quad: Quad) -> None:
         if quad.predicate.value == SENSOR and quad not in quads:
             self.per_sensor[quad.object.value] += 1
+            self.per_device[device_of(quad.object.value)] += 1
         quads.add(quad)
 
     def _discard(self, quads: set[Quad], quad: Quad) -> None:
@@ -71,6 +74,10 @@ class LatestCache:
             self.per_sensor[sensor] -= 1
             if self.per_sensor[sensor] <= 0:
                 del self.per_sensor[sensor]
+            device = device_of(sensor)
+            self.per_device[device] -= 1
+            if self.per_device[device] <= 0:
+                del self.per_device[device]
         quads.discard(quad)
 
     def known(self, iri: str) -> bool:
@@ -126,12 +133,14 @@ class LatestCache:
         """Forget everything: updates use OPTIONAL patterns until the next `load`."""
         self.nodes.clear()
         self.per_sensor.clear()
+        self.per_device.clear()
         self.complete = False
 
     def load(self, rows: Iterable[dict[str, Any]]) -> None:
         """Replace the mirror with the rows of LATEST_QUERY (terms or SPARQL JSON objects)."""
         self.nodes.clear()
         self.per_sensor.clear()
+        self.per_device.clear()
         for row in rows:
             quad = _quad(row)
             if quad is not None:
@@ -140,6 +149,7 @@ class LatestCache:
         if not self.complete:
             self.nodes.clear()
             self.per_sensor.clear()
+            self.per_device.clear()
 
     def apply(self, added: Iterable[Quad], removed: Iterable[Quad]) -> None:
         """Follow one committed update's exact delta (quads outside the latest graph are ignored)."""

@@ -9,11 +9,15 @@ mirror as the previous commit left it.
 
 It also bounds the latest view, the one part of the store retention does not prune (a silent
 sensor's last value stays): a reading whose sensor and property have no latest node yet is refused
-when the store holds `max_nodes` of them, or its sensor `max_nodes_per_sensor`. Why: one sensor
-login can name endless properties within its own topics (a SenML pack's record names, a JSON
-payload's keys, Homie nodes), each a latest node for ever; at 1,000 readings/s of new names that is
-~8,000 quads a second the gateway keeps until its memory runs out. Readings of known nodes are never
-refused, so the sensors in place go on whatever a newcomer sends.
+when the store holds `max_nodes` of them, its sensor `max_nodes_per_sensor`, or its device
+`max_nodes_per_device`. Why: one sensor login can name endless properties within its own topics (a
+SenML pack's record names, a JSON payload's keys, Homie nodes), each a latest node for ever; at
+1,000 readings/s of new names that is ~8,000 quads a second the gateway keeps until its memory runs
+out. The per-sensor bound alone did not hold one login: SenML, Tasmota and Homie mint a sensor per
+record name or node, so one SenML login filled all 10,000 nodes with 40 names of 256 properties,
+and every new sensor was refused for good after (on a disk store). A device is what
+:func:`~gateway.observations.iris.device_of` says. Readings of known nodes are never refused, so
+the sensors in place go on whatever a newcomer sends.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Callable, Sequence
 from broker.api import Update
 from gateway.client import SepaClient, UpdateSummary
 from gateway.observations.errors import NodeLimit
-from gateway.observations.iris import latest_iri
+from gateway.observations.iris import device_of, latest_iri
 from gateway.observations.latest import LATEST_QUERY, LatestCache
 from gateway.observations.quads import observation_quads
 from gateway.observations.reading import Reading
@@ -36,6 +40,7 @@ Amend = Callable[[Update | str], Update | str]
 Refused = Callable[[Reading, NodeLimit], None]
 MAX_NODES = 10_000  # latest nodes (sensor and property pairs) in all: ~8 quads each, a few MB
 MAX_NODES_PER_SENSOR = 256
+MAX_NODES_PER_DEVICE = 1_000  # a tenth of MAX_NODES: it takes ten device logins to fill the view
 
 
 class ObservationWriter:
@@ -48,12 +53,14 @@ class ObservationWriter:
         *,
         max_nodes: int = MAX_NODES,
         max_nodes_per_sensor: int = MAX_NODES_PER_SENSOR,
+        max_nodes_per_device: int = MAX_NODES_PER_DEVICE,
     ) -> None:
         self.client = client
         self.gateway_id = gateway_id
         self.cache = LatestCache()
         self.max_nodes = max_nodes
         self.max_nodes_per_sensor = max_nodes_per_sensor
+        self.max_nodes_per_device = max_nodes_per_device
         self.refused = 0  # readings refused by the bounds (see the module docstring)
         self._lock = asyncio.Lock()
 
@@ -117,11 +124,13 @@ class ObservationWriter:
         over: list[tuple[Reading, NodeLimit]] = []
         new: set[str] = set()
         per_sensor: Counter[str] = Counter()
+        per_device: Counter[str] = Counter()
         for reading in readings:
             node = latest_iri(reading.sensor, reading.property)
             if node in nodes or node in new:
                 admitted.append(reading)
                 continue
+            device = device_of(reading.sensor)
             if len(nodes) + len(new) >= self.max_nodes:
                 error = NodeLimit(
                     f"new sensor/property refused: the gateway holds its maximum of {self.max_nodes} "
@@ -132,9 +141,15 @@ class ObservationWriter:
                     f"new property refused: the sensor has its maximum of {self.max_nodes_per_sensor} "
                     "(observations.max_properties_per_sensor)"
                 )
+            elif cache.per_device[device] + per_device[device] >= self.max_nodes_per_device:
+                error = NodeLimit(
+                    f"new sensor/property refused: the device has its maximum of {self.max_nodes_per_device} "
+                    "(observations.max_properties_per_device)"
+                )
             else:
                 new.add(node)
                 per_sensor[reading.sensor] += 1
+                per_device[device] += 1
                 admitted.append(reading)
                 continue
             over.append((reading, error))

@@ -402,6 +402,31 @@ def test_new_sensor_properties_past_the_bounds_are_counted_and_dropped_not_the_b
         assert gateway.stop() == 0
 
 
+def test_one_device_minting_a_sensor_per_record_name_is_bounded_per_device(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """SenML (and Tasmota, Homie) mint a sensor per record name under one device, so the
+    per-sensor bound never held one login: a SenML login filled all 10,000 latest nodes with 40
+    names of 256 properties, and every new sensor was refused for good. Past
+    max_properties_per_device, a device's new names are counted on its topic and dropped; the
+    other devices still add theirs."""
+    extra = "batch_wait_ms = 300\n[observations]\nmax_sensor_properties = 300\nmax_properties_per_device = 4\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        greedy = json.dumps([{"n": f"k{k}", "u": "Cel", "v": k} for k in range(7)]).encode()
+        publish(mosquitto.port, [("senml/d1", greedy)])
+        wait_for(lambda: "senml/d1" in bad_by_topic(gateway))
+        publish(mosquitto.port, [("senml/d2", json.dumps([{"n": "a", "u": "Cel", "v": 1}]).encode())])
+        publish(mosquitto.port, [("gateway/s1/temperature", b"5")])
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [5])
+        assert values(gateway, "senml/d1") == [0, 1, 2, 3]
+        assert values(gateway, "senml/d2") == [1]
+        assert bad_by_topic(gateway) == {"senml/d1": 3}
+    finally:
+        assert gateway.stop() == 0
+
+
 def senml_pack(device: int, records: int) -> tuple[str, bytes]:
     """One SenML pack of `records` timestamped temperature readings (distinct times: each its own observation)."""
     pack = [{"bn": f"urn:dev:{device}:", "bt": 1_900_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]

@@ -1,4 +1,4 @@
-"""The latest mirror's count of nodes per sensor, which the writer bounds, follows every delta."""
+"""The latest mirror's counts of nodes per sensor and per device, which the writer bounds, follow every delta."""
 
 from __future__ import annotations
 
@@ -9,21 +9,27 @@ from hypothesis import strategies as st
 from pyoxigraph import Literal, NamedNode, Quad
 
 from gateway.observations import LatestCache
+from gateway.observations.iris import SENSOR_PREFIX, device_of
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX
 
 GRAPH = NamedNode(GRAPH_LATEST)
 
 
+def _sensor(sensor: int) -> str:
+    """Sensors 0-2 are named by a profile, two of them on one device; 3 by a deployment's template."""
+    return f"urn:sensor:{sensor}" if sensor == 3 else f"{SENSOR_PREFIX}senml/d{sensor % 2}/n{sensor}"
+
+
 def _quads(node: int, sensor: int) -> list[Quad]:
     subject = NamedNode(f"{LATEST_PREFIX}{node}")
     return [
-        Quad(subject, NamedNode(GW + "sensor"), NamedNode(f"urn:sensor:{sensor}"), GRAPH),
+        Quad(subject, NamedNode(GW + "sensor"), NamedNode(_sensor(sensor)), GRAPH),
         Quad(subject, NamedNode(GW + "value"), Literal(str(node)), GRAPH),
     ]
 
 
 _steps = st.lists(
-    st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 2)),  # add or remove, node, its sensor
+    st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 3)),  # add or remove, node, its sensor
     max_size=40,
 )
 
@@ -48,3 +54,14 @@ def test_nodes_per_sensor_is_what_the_nodes_say(steps: list[tuple[bool, int, int
             cache.load({"latest": q.subject, "p": q.predicate, "o": q.object} for q in held)
     expected = Counter(q.object.value for q in held if q.predicate.value == GW + "sensor")
     assert cache.per_sensor == expected
+    devices: Counter[str] = Counter()
+    for sensor, count in expected.items():
+        devices[device_of(sensor)] += count
+    assert cache.per_device == devices
+
+
+def test_the_device_of_a_profile_sensor_is_its_first_two_levels_and_any_other_sensor_its_own() -> None:
+    assert device_of(f"{SENSOR_PREFIX}senml/boiler/temp") == f"{SENSOR_PREFIX}senml/boiler"
+    assert device_of(f"{SENSOR_PREFIX}homie/lamp/node/x") == f"{SENSOR_PREFIX}homie/lamp"
+    assert device_of(f"{SENSOR_PREFIX}gateway/s1") == f"{SENSOR_PREFIX}gateway/s1"
+    assert device_of("http://example.org/plant/boiler/temp") == "http://example.org/plant/boiler/temp"
