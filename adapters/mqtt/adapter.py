@@ -9,7 +9,8 @@ as the engine's objects when it is ground, see gateway/observations/quads.py, el
   SPARQL rebuilds the mapper and the MQTT subscriptions at once. Ready-made profiles come after
   them, in code (they are part of the product, not of the deployment).
 * **Ingestion**: the :class:`~adapters.mqtt.ingest.Ingestor` batches messages and calls
-  :meth:`commit`, which maps them to readings (bad payloads counted per topic and skipped, never
+  :meth:`commit`, which drops a device's messages past its share while others wait (see
+  adapters/mqtt/shares.py), maps them to readings (bad payloads counted per topic and skipped, never
   half a message), writes one observation update, and returns once it is committed: only then are
   the messages acknowledged to the broker. The latest-value cache follows each update's exact delta.
 * **Actuation**: each `[[mqtt.actuators]]` subscription publishes its added rows (see actuators.py).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +31,7 @@ from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.profiles import default_profiles
 from adapters.mqtt.settings import MqttSettings
+from adapters.mqtt.shares import DeviceShares
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
     MAPPINGS_QUERY,
@@ -92,6 +95,7 @@ class MqttAdapter:
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
+        self.shares = DeviceShares(settings.device_readings_per_s)
         # Messages of the batch being committed that one of its updates stored: a batch is stored in
         # groups of batch_max_readings (and in halves when the writer refuses one), and a store failure
         # after the first makes the ingestor retry the whole batch; what is stored must not be stored twice.
@@ -153,11 +157,15 @@ class MqttAdapter:
         flag, and are stored.
         """
         mapped: list[tuple[Message, list[Reading]]] = []
+        now = time.monotonic()
         for message in batch:
             if message in self._stored:
                 continue  # stored by an update of this batch before a later one of it failed (the batch is retried)
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
+            if not self.shares.admit(message.topic, now):
+                self.counters.add(message.topic, self._over_share)
+                continue
             try:
                 found = self.mapper.readings(message.topic, message.payload, message.arrival_us)
             except UnmappedTopic as error:
@@ -165,6 +173,7 @@ class MqttAdapter:
             except PayloadError as error:
                 self.counters.add(message.topic, str(error))
             else:
+                self.shares.charge(message.topic, len(found))
                 if message.retain and found:
                     self.retained_skipped += 1
                     continue
@@ -173,6 +182,13 @@ class MqttAdapter:
             await self._store(group)
         self._stored.clear()
         self.deliveries.close_batch()
+
+    @property
+    def _over_share(self) -> str:
+        return (
+            f"its device sent over its share of {self.shares.rate:g} readings/s while other devices waited "
+            "(mqtt.device_readings_per_s): dropped"
+        )
 
     async def _store(self, mapped: list[tuple[Message, list[Reading]]]) -> None:
         """Store the readings of `mapped` messages as one update, or, if the writer refuses it, each half.
@@ -275,6 +291,7 @@ class MqttAdapter:
             "largest_update_readings": self.largest_update,
             "retained_skipped": self.retained_skipped,
             "duplicates_skipped": self.deliveries.duplicates,
+            "over_share_dropped": self.shares.dropped,
             "mapping_errors": self.mapping_errors,
             "actuator_published": sum(actuator.published for actuator in self.actuators),
             "actuator_refused": sum(actuator.refused for actuator in self.actuators),

@@ -43,6 +43,7 @@ class MqttConfig:
     batch_max_readings: int = 1000  # readings committed by one update at most (a larger SenML pack alone)
     batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
     max_payload_bytes: int = 65536  # larger payloads are counted and dropped
+    device_readings_per_s: float = 200.0  # a device's share while others wait (adapters.mqtt.shares); 0: none
     profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
     mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)
     actuators: list = field(default_factory=list)  # [[mqtt.actuators]]: subscription -> MQTT publish
@@ -108,6 +109,7 @@ def settings(config: MqttConfig, derived_client_id: str = "sepa-gateway") -> Mqt
         batch_max_readings=config.batch_max_readings,
         batch_wait_ms=config.batch_wait_ms,
         max_payload_bytes=config.max_payload_bytes,
+        device_readings_per_s=config.device_readings_per_s,
     )
 
 

@@ -57,6 +57,8 @@ class MqttSettings:
     batch_max_readings: int = 1000
     batch_wait_ms: float = 2.0
     max_payload_bytes: int = 65536
+    # readings a device may send a second while another device waits behind it (adapters.mqtt.shares); 0: no bound
+    device_readings_per_s: float = 200.0
 
     def __post_init__(self) -> None:
         problem = next(self._problems(), None)
@@ -103,3 +105,5 @@ class MqttSettings:
             yield f"batch_wait_ms must be 0..10000, not {self.batch_wait_ms}"
         if not 1 <= self.max_payload_bytes <= 268_435_455:
             yield f"max_payload_bytes must be 1..268435455 (the MQTT maximum), not {self.max_payload_bytes}"
+        if not 0 <= self.device_readings_per_s <= 1_000_000:
+            yield f"device_readings_per_s must be 0 (no bound)..1000000, not {self.device_readings_per_s}"

@@ -1,0 +1,96 @@
+"""Each sensor device gets its share of the MQTT intake, so one login's flood cannot starve the others.
+
+Why: the gateway has one session at the broker, and the broker hands it every sensor's messages
+first in, first out. One login publishing 62 KB SenML packs at QoS 1 (the broker acknowledges them
+at once) queued ~1,000 packs ahead of everyone: the gateway stored ~1,500 readings/s, all of them
+the flooder's, and another sensor's reading was not stored within 60 s; past the broker's
+max_queued_bytes, the broker drops every sensor's messages. Acknowledging is in order (MQTT), so
+the gateway cannot serve the others first and come back to the flood later: the only way past the
+flood is through it, and it must cost little.
+
+So each device has a budget of readings (a token bucket: `readings_per_s`, up to `burst_s`
+seconds of it saved up). A message is mapped while its device has budget left, and its readings
+are charged, which may leave the device in debt (one 3,500-reading pack is admitted, not refused
+for being larger than the budget). While a device is in debt and another device has sent within
+ACTIVE_S, its messages are dropped before they are read (counted on their topic, acknowledged): a
+dropped message costs microseconds, so the gateway gets through the flood to the other devices'
+readings. A device alone is never dropped: a sensor flushing what it buffered during an outage,
+or a benchmark on one topic, loses nothing when nobody waits behind it.
+
+A device is what the MQTT ACL ties to a login (gateway/appliance/mqtt_acl.py): the first two
+levels of the topic (`senml/<login>`, `tele/<login>`, `gateway/<login>`, `zigbee2mqtt/<login>`),
+three for Homie (`homie/5/<login>`). A deployment's own topics count by their first two levels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACTIVE_S = 10.0  # another device that sent within this long is one a flood would delay
+BURST_S = 30.0  # a device saves up this many seconds of its rate: a buffered backlog, a large pack
+MAX_DEVICES = 10_000  # buckets kept; past it the idle, full ones go (a full bucket is the default)
+
+
+def device_key(topic: str) -> str:
+    """The device a topic belongs to, by the ACL's conventions (see the module docstring)."""
+    levels = topic.split("/", 3)
+    return "/".join(levels[:3] if levels[0] == "homie" else levels[:2])
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float  # when `tokens` was last brought up to date
+    seen: float  # when the device last sent
+
+
+class DeviceShares:
+    """The devices' budgets; `admit` before mapping a message, `charge` its readings after."""
+
+    def __init__(self, readings_per_s: float, burst_s: float = BURST_S, active_s: float = ACTIVE_S) -> None:
+        self.rate = readings_per_s
+        self.burst = readings_per_s * burst_s
+        self.active_s = active_s
+        self.dropped = 0
+        self._buckets: dict[str, _Bucket] = {}
+        # The two devices that sent last, newest first: whether another device is waiting is then O(1).
+        self._last: tuple[str, float] = ("", float("-inf"))
+        self._other: tuple[str, float] = ("", float("-inf"))
+
+    def admit(self, topic: str, now: float) -> bool:
+        """Whether a message on `topic` is to be mapped (False: drop it, its device is over its share)."""
+        if self.rate <= 0:
+            return True
+        key = device_key(topic)
+        if key == self._last[0]:
+            self._last = (key, now)
+        else:
+            self._other, self._last = self._last, (key, now)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= MAX_DEVICES:
+                self._forget_idle(now)
+            bucket = self._buckets[key] = _Bucket(self.burst, now, now)
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.rate)
+        bucket.at = bucket.seen = now
+        if bucket.tokens > 0 or now - self._other[1] > self.active_s:
+            return True
+        self.dropped += 1
+        return False
+
+    def charge(self, topic: str, readings: int) -> None:
+        """Charge the readings a message admitted just before carried; a device's debt stops at one burst."""
+        bucket = self._buckets.get(device_key(topic)) if self.rate > 0 else None
+        if bucket is not None:
+            bucket.tokens = max(-self.burst, bucket.tokens - readings)
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop the buckets that are full again and idle; if every device is busy, start afresh (no one is
+        owed anything then but a flood's debt, which it would only lose)."""
+        self._buckets = {
+            key: bucket
+            for key, bucket in self._buckets.items()
+            if now - bucket.seen <= self.active_s or bucket.tokens + (now - bucket.at) * self.rate < self.burst
+        }
+        if len(self._buckets) >= MAX_DEVICES:
+            self._buckets.clear()

@@ -1,0 +1,95 @@
+"""Each device's share of the MQTT intake (adapters.mqtt.shares): a flood is dropped only while others wait."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adapters.mqtt.shares import ACTIVE_S, BURST_S, DeviceShares, device_key
+from tests.adapters.mqtt.test_mqtt_hostile import bad_by_topic, config_file, publish, values, wait_for
+from tools.launcher import launch_gateway
+from tools.mosquitto import Mosquitto
+
+
+def test_a_device_is_the_topic_level_the_acl_ties_to_a_login() -> None:
+    assert device_key("senml/boiler") == "senml/boiler"
+    assert device_key("tele/lamp/SENSOR") == "tele/lamp"
+    assert device_key("gateway/s1/temperature") == "gateway/s1"
+    assert device_key("homie/5/lamp/light/power") == "homie/5/lamp"
+    assert device_key("plant/boiler/a/b") == "plant/boiler"
+    assert device_key("alone") == "alone"
+
+
+def flood(shares: DeviceShares, topic: str, now: float, packs: int, readings: int) -> int:
+    """Offer `packs` messages of `readings` each at `now`; returns how many were admitted."""
+    admitted = 0
+    for _ in range(packs):
+        if shares.admit(topic, now):
+            shares.charge(topic, readings)
+            admitted += 1
+    return admitted
+
+
+def test_a_device_over_its_share_is_dropped_while_another_device_sends() -> None:
+    shares = DeviceShares(readings_per_s=100)
+    assert shares.admit("gateway/victim/temperature", 0.0)
+    # its saved-up burst (30 s of 100/s: 3,000) admits three packs of 1,200, the third into debt
+    assert flood(shares, "senml/flood", 1.0, 50, 1200) == 3
+    assert shares.dropped == 47
+    assert shares.admit("gateway/victim/temperature", 1.0)  # the victim's budget is its own
+    # the debt (600 readings) is paid back at 100 readings/s: nothing 5.9 s later, a pack at 6.1 s
+    assert flood(shares, "senml/flood", 6.9, 1, 1200) == 0
+    assert shares.admit("gateway/victim/temperature", 6.9)
+    assert flood(shares, "senml/flood", 7.1, 5, 1200) == 1
+
+
+def test_a_device_alone_is_never_dropped() -> None:
+    shares = DeviceShares(readings_per_s=100)
+    assert flood(shares, "senml/backlog", 0.0, 50, 1000) == 50  # a buffered backlog flushed after an outage
+    assert shares.dropped == 0
+    # another device that sent longer than ACTIVE_S ago waits for nothing
+    shares.admit("gateway/other/temperature", 1.0)
+    assert flood(shares, "senml/backlog", 1.0 + ACTIVE_S + 0.1, 3, 1000) == 3
+
+
+def test_the_debt_stops_at_one_burst_and_the_budget_refills_to_one() -> None:
+    shares = DeviceShares(readings_per_s=10)
+    burst = 10 * BURST_S
+    shares.admit("gateway/other/x", 0.0)
+    assert flood(shares, "senml/big", 0.0, 1, 10**9) == 1  # one huge pack: debt capped at one burst
+    shares.admit("gateway/other/x", BURST_S - 1)
+    assert flood(shares, "senml/big", BURST_S - 1, 1, 1) == 0  # -burst + (burst_s - 1) * rate < 0
+    shares.admit("gateway/other/x", BURST_S + 1)
+    assert flood(shares, "senml/big", BURST_S + 1, 1, int(burst)) == 1
+    shares.admit("gateway/other/x", 1000 * BURST_S)
+    # idle for long, it saved up one burst only: one burst's worth, then a pack into debt, then nothing
+    assert flood(shares, "senml/big", 1000 * BURST_S, 5, int(burst) // 2) == 2
+
+
+def test_no_bound_when_the_rate_is_zero() -> None:
+    shares = DeviceShares(readings_per_s=0)
+    shares.admit("gateway/other/x", 0.0)
+    assert flood(shares, "senml/flood", 0.0, 100, 10**6) == 100
+
+
+def test_one_devices_flood_does_not_hold_back_the_other_devices(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """One login's 300 SenML packs of 2,500 readings (~40 KB each, ~8 minutes of this machine's
+    store time) are queued at the broker ahead of another device's readings. Its share spent, the
+    flood is dropped (counted on its topic) and the other device's readings are stored within
+    seconds; before, they waited behind all of it."""
+    records = [{"bn": "f/", "n": "k0", "u": "Cel", "v": 0}] + [{"n": f"k{i % 200}", "v": i} for i in range(1, 2500)]
+    pack = json.dumps(records).encode()
+    messages = []
+    for k in range(10):
+        messages.append(("gateway/victim/temperature", str(k).encode()))
+        messages += [("senml/flood", pack)] * 30
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        publish(mosquitto.port, messages)
+        wait_for(lambda: values(gateway, "gateway/victim/temperature") == list(range(10)), timeout=30)
+        dropped = gateway.metrics()["sepa_mqtt_over_share_dropped"]
+        assert dropped >= 250
+        assert bad_by_topic(gateway) == {"senml/flood": dropped}
+    finally:
+        assert gateway.stop() == 0
