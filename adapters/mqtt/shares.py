@@ -17,9 +17,10 @@ dropped message costs microseconds, so the gateway gets through the flood to the
 readings. A device alone is never dropped: a sensor flushing what it buffered during an outage,
 or a benchmark on one topic, loses nothing when nobody waits behind it.
 
-A device is what the MQTT ACL ties to a login (gateway/appliance/mqtt_acl.py): the first two
-levels of the topic (`senml/<login>`, `tele/<login>`, `gateway/<login>`, `zigbee2mqtt/<login>`),
-three for Homie (`homie/5/<login>`). A deployment's own topics count by their first two levels.
+A device is what the MQTT ACL ties to a login (gateway/appliance/mqtt_acl.py): the login in the
+topic's second level (`senml/<login>`, `tele/<login>/...`, `gateway/<login>/...`,
+`zigbee2mqtt/<login>`), third for Homie (`homie/5/<login>/...`); all of one login's conventions
+share its budget. A deployment's own topics count by their first two levels.
 """
 
 from __future__ import annotations
@@ -28,13 +29,19 @@ from dataclasses import dataclass
 
 ACTIVE_S = 10.0  # another device that sent within this long is one a flood would delay
 BURST_S = 30.0  # a device saves up this many seconds of its rate: a buffered backlog, a large pack
+# the first topic levels of the conventions whose next level is the login (gateway/appliance/mqtt_acl.py)
+OWN_CONVENTIONS = frozenset({"gateway", "tele", "stat", "zigbee2mqtt", "senml"})
 MAX_DEVICES = 10_000  # buckets kept; past it the idle, full ones go (a full bucket is the default)
 
 
 def device_key(topic: str) -> str:
     """The device a topic belongs to, by the ACL's conventions (see the module docstring)."""
     levels = topic.split("/", 3)
-    return "/".join(levels[:3] if levels[0] == "homie" else levels[:2])
+    if levels[0] == "homie" and len(levels) > 2:
+        return "login:" + levels[2]
+    if levels[0] in OWN_CONVENTIONS and len(levels) > 1:
+        return "login:" + levels[1]
+    return "/".join(levels[:2])
 
 
 @dataclass(slots=True)

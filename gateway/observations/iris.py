@@ -16,6 +16,8 @@ from gateway.observations.reading import Reading
 from gateway.observations.vocabulary import LATEST_PREFIX, OBSERVATION_PREFIX, URN
 
 SENSOR_PREFIX = URN + "sensor:"  # the ready-made profiles' sensors: <profile>/<device>[/<name>]
+# the first level of the MQTT profiles' sensor IRIs (adapters/mqtt/profiles.py), whose second is the login
+MQTT_PROFILES = frozenset({"homie", "zigbee2mqtt", "tasmota", "senml", "gateway"})
 
 
 def _digest(text: str) -> str:
@@ -46,9 +48,14 @@ def device_of(sensor: str) -> str:
     The ready-made profiles name sensors `urn:sepa-gateway:sensor:<profile>/<device>[/<name>]`:
     SenML, Tasmota and Homie mint one sensor per record name or node under one device, whose
     `<device>` comes from the topic level the sensor's login owns (`senml/<login>`, the MQTT ACL),
-    or the CoAP path. So the device is the first two levels after the prefix. Any other IRI (a
-    deployment's own template) is its own device: only the per-sensor bound and the total apply.
+    or the CoAP path. The MQTT profiles' devices are the login's, whichever convention it used:
+    one login publishing SenML, Tasmota, Homie and generic readings is one device, not four
+    (`mqtt:<login>`); a CoAP device is `coap/<device>`. Any other IRI (a deployment's own template)
+    is its own device: only the per-sensor bound and the total apply.
     """
     if not sensor.startswith(SENSOR_PREFIX):
         return sensor
-    return SENSOR_PREFIX + "/".join(sensor[len(SENSOR_PREFIX) :].split("/", 2)[:2])
+    levels = sensor[len(SENSOR_PREFIX) :].split("/", 2)
+    if levels[0] in MQTT_PROFILES and len(levels) > 1:
+        return "mqtt:" + levels[1]
+    return SENSOR_PREFIX + "/".join(levels[:2])

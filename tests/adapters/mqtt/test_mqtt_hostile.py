@@ -418,11 +418,13 @@ def test_one_device_minting_a_sensor_per_record_name_is_bounded_per_device(
         publish(mosquitto.port, [("senml/d1", greedy)])
         wait_for(lambda: "senml/d1" in bad_by_topic(gateway))
         publish(mosquitto.port, [("senml/d2", json.dumps([{"n": "a", "u": "Cel", "v": 1}]).encode())])
+        publish(mosquitto.port, [("gateway/d1/humidity", b"40")])  # the same login in another convention
         publish(mosquitto.port, [("gateway/s1/temperature", b"5")])
         wait_for(lambda: values(gateway, "gateway/s1/temperature") == [5])
         assert values(gateway, "senml/d1") == [0, 1, 2, 3]
         assert values(gateway, "senml/d2") == [1]
-        assert bad_by_topic(gateway) == {"senml/d1": 3}
+        assert values(gateway, "gateway/d1/humidity") == []
+        assert bad_by_topic(gateway) == {"senml/d1": 3, "gateway/d1/humidity": 1}
     finally:
         assert gateway.stop() == 0
 

@@ -12,10 +12,11 @@ from tools.mosquitto import Mosquitto
 
 
 def test_a_device_is_the_topic_level_the_acl_ties_to_a_login() -> None:
-    assert device_key("senml/boiler") == "senml/boiler"
-    assert device_key("tele/lamp/SENSOR") == "tele/lamp"
-    assert device_key("gateway/s1/temperature") == "gateway/s1"
-    assert device_key("homie/5/lamp/light/power") == "homie/5/lamp"
+    # one login's conventions are one device
+    assert device_key("senml/lamp") == "login:lamp"
+    assert device_key("tele/lamp/SENSOR") == "login:lamp"
+    assert device_key("gateway/lamp/temperature") == "login:lamp"
+    assert device_key("homie/5/lamp/light/power") == "login:lamp"
     assert device_key("plant/boiler/a/b") == "plant/boiler"
     assert device_key("alone") == "alone"
 

@@ -61,7 +61,11 @@ def test_nodes_per_sensor_is_what_the_nodes_say(steps: list[tuple[bool, int, int
 
 
 def test_the_device_of_a_profile_sensor_is_its_first_two_levels_and_any_other_sensor_its_own() -> None:
-    assert device_of(f"{SENSOR_PREFIX}senml/boiler/temp") == f"{SENSOR_PREFIX}senml/boiler"
-    assert device_of(f"{SENSOR_PREFIX}homie/lamp/node/x") == f"{SENSOR_PREFIX}homie/lamp"
-    assert device_of(f"{SENSOR_PREFIX}gateway/s1") == f"{SENSOR_PREFIX}gateway/s1"
+    # an MQTT login is one device whichever convention it publishes in
+    assert device_of(f"{SENSOR_PREFIX}senml/boiler/temp") == "mqtt:boiler"
+    assert device_of(f"{SENSOR_PREFIX}homie/boiler/node") == "mqtt:boiler"
+    assert device_of(f"{SENSOR_PREFIX}tasmota/boiler/AM2301") == "mqtt:boiler"
+    assert device_of(f"{SENSOR_PREFIX}gateway/boiler") == "mqtt:boiler"
+    assert device_of(f"{SENSOR_PREFIX}coap/boiler/temp") == f"{SENSOR_PREFIX}coap/boiler"
+    assert device_of(f"{SENSOR_PREFIX}plant/boiler/temp") == f"{SENSOR_PREFIX}plant/boiler"
     assert device_of("http://example.org/plant/boiler/temp") == "http://example.org/plant/boiler/temp"
