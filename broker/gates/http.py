@@ -26,6 +26,7 @@ from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
 from broker.gates.slow import read_within
 from broker.scheduler import Scheduler
+from broker.sparql.tokens import unescape_iris
 from broker.workers.jobs import serialized
 
 FORM = "application/x-www-form-urlencoded"
@@ -70,7 +71,8 @@ async def _whole_body(request: web.BaseRequest) -> bytes:
 
 
 async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
-    """The SPARQL text and the protocol parameters, from GET, form POST or direct POST."""
+    """The SPARQL text (its IRIs' codepoint escapes decoded: broker.sparql.tokens.unescape_iris) and
+    the protocol parameters, from GET, form POST or direct POST."""
     if request.method == "GET":
         if field == "update":
             raise web.HTTPMethodNotAllowed("GET", ["POST"], reason="updates must be sent with POST")
@@ -92,13 +94,13 @@ async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple
             raise BadRequest("the body is not valid UTF-8") from error
         if _single(request.query, field) is not None:
             raise BadRequest(f"{field!r} given both in the URL and in the body")
-        return text, request.query
+        return unescape_iris(text), request.query
     else:
         raise UnsupportedMediaType(f"send {direct_type} or {FORM}, not {request.content_type or 'no content type'}")
     text = _single(params, field)  # type: ignore[arg-type]
     if text is None:
         raise BadRequest(f"missing {field!r} parameter")
-    return text, params  # type: ignore[return-value]
+    return unescape_iris(text), params  # type: ignore[return-value]
 
 
 class HttpGate:
@@ -180,7 +182,7 @@ class HttpGate:
             # no parsing of the header) without parameters (so none of the protocol's options apply);
             # any other spelling of the media type takes the general path, to the same effect
             try:
-                sparql = (await _whole_body(request)).decode("utf-8")
+                sparql = unescape_iris((await _whole_body(request)).decode("utf-8"))
             except UnicodeDecodeError as error:
                 raise BadRequest("the body is not valid UTF-8") from error
             self.counters["http_updates"] += 1

@@ -29,6 +29,7 @@ from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler
 from broker.security.authority import Principal
 from broker.sparql.terms import TooLarge
+from broker.sparql.tokens import unescape_iris
 
 log = logging.getLogger(__name__)
 # one line a minute at most, with the count since: a client that opens socket after socket and never
@@ -399,6 +400,7 @@ class WebSocketGate:
         if not isinstance(sparql, str):
             self.reply_error(connection, "invalid_request", "'sparql' (a string) is required", 400, alias)
             return
+        sparql = unescape_iris(sparql)  # as /query and /update take them (broker.sparql.tokens)
         graphs: dict[str, list[str]] = {}
         for member in ("default-graph-uri", "named-graph-uri"):
             value = body.get(member, [])
