@@ -166,6 +166,7 @@ class MqttAdapter:
             if not self.shares.admit(message.topic, now):
                 self.counters.add(message.topic, self._over_share)
                 continue
+            found: list[Reading] = []
             try:
                 found = self.mapper.readings(message.topic, message.payload, message.arrival_us)
             except UnmappedTopic as error:
@@ -173,11 +174,12 @@ class MqttAdapter:
             except PayloadError as error:
                 self.counters.add(message.topic, str(error))
             else:
-                self.shares.charge(message.topic, len(found))
                 if message.retain and found:
                     self.retained_skipped += 1
                     continue
                 mapped.append((message, found))
+            finally:
+                self.shares.charge(message.topic, len(found), len(message.payload))
         for group in _groups(mapped, self.settings.batch_max_readings):
             await self._store(group)
         self._stored.clear()

@@ -31,6 +31,11 @@ ACTIVE_S = 10.0  # another device that sent within this long is one a flood woul
 BURST_S = 30.0  # a device saves up this many seconds of its rate: a buffered backlog, a large pack
 # the first topic levels of the conventions whose next level is the login (gateway/appliance/mqtt_acl.py)
 OWN_CONVENTIONS = frozenset({"gateway", "tele", "stat", "zigbee2mqtt", "senml"})
+# A message costs at least one reading per this many payload bytes, readings or not. Why: charged by
+# its readings alone, a 62 KB SenML pack that fails at its last record (a bad unit), or whose
+# records carry no value, cost a whole parse and charged nothing, so a flood of them was never
+# dropped. A legitimate pack carries far more readings than this (a SenML record is ~20-30 bytes).
+BYTES_PER_READING = 100
 MAX_DEVICES = 10_000  # buckets kept; past it the idle, full ones go (a full bucket is the default)
 
 
@@ -85,11 +90,13 @@ class DeviceShares:
         self.dropped += 1
         return False
 
-    def charge(self, topic: str, readings: int) -> None:
-        """Charge the readings a message admitted just before carried; a device's debt stops at one burst."""
+    def charge(self, topic: str, readings: int, payload_bytes: int) -> None:
+        """Charge a message admitted just before: its readings, but at least one per BYTES_PER_READING
+        of its payload, and one (see BYTES_PER_READING); a device's debt stops at one burst."""
         bucket = self._buckets.get(device_key(topic)) if self.rate > 0 else None
         if bucket is not None:
-            bucket.tokens = max(-self.burst, bucket.tokens - readings)
+            cost = max(readings, payload_bytes // BYTES_PER_READING, 1)
+            bucket.tokens = max(-self.burst, bucket.tokens - cost)
 
     def _forget_idle(self, now: float) -> None:
         """Drop the buckets that are full again and idle; if every device is busy, start afresh (no one is

@@ -70,7 +70,11 @@ _ESCAPED_TOKEN_RE = re.compile(
     "|".join(f"(?P<{kind}>{_ESCAPED_IRI if kind == 'IRI' else pattern})" for kind, pattern in TOKEN_PARTS), re.DOTALL
 )
 _UCHAR_RE = re.compile(_UCHAR)
-_IRI_BODY = re.compile(r"[^<>\"{}|^`\\\x00-\x20\ud800-\udfff]*")
+# What a decoded IRI may hold: IRI_PATTERN's class without surrogates and without "'". Why no "'":
+# `<` is also less-than, so `FILTER(1<2&&'\u0027'!='\u0027'&&3>2)` holds a span the tokenizer takes
+# for an IRI; decoded, its strings became `'''` and the FILTER guarding a DELETE turned true (it
+# deleted every triple). No "IRI" holding a quote is decoded, so no string's meaning can change.
+_IRI_BODY = re.compile(r"[^<>\"'{}|^`\\\x00-\x20\ud800-\udfff]*")
 
 
 def unescape_iris(text: str) -> str:
@@ -82,8 +86,8 @@ def unescape_iris(text: str) -> str:
     /query, parsed by pyoxigraph, took it. The gates decode once, on arrival, so access control
     and evaluation read the same IRIs. The text is left as it is when it holds no backslash-u (a
     substring test: nothing on the hot path), when only its strings hold escapes (their parsers
-    decode them), and for an escape whose character no IRI may hold (a space, `>`, a surrogate):
-    that one stays a syntax error.
+    decode them), for an "IRI" that holds a quote (see _IRI_BODY), and for an escape whose
+    character no IRI may hold (a space, `>`, a surrogate): that one stays a syntax error.
     """
     if "\\u" not in text and "\\U" not in text:
         return text

@@ -21,12 +21,13 @@ def test_a_device_is_the_topic_level_the_acl_ties_to_a_login() -> None:
     assert device_key("alone") == "alone"
 
 
-def flood(shares: DeviceShares, topic: str, now: float, packs: int, readings: int) -> int:
-    """Offer `packs` messages of `readings` each at `now`; returns how many were admitted."""
+def flood(shares: DeviceShares, topic: str, now: float, packs: int, readings: int, size: int = 0) -> int:
+    """Offer `packs` messages of `readings` each (payloads of `size` bytes) at `now`; returns how many
+    were admitted."""
     admitted = 0
     for _ in range(packs):
         if shares.admit(topic, now):
-            shares.charge(topic, readings)
+            shares.charge(topic, readings, size)
             admitted += 1
     return admitted
 
@@ -65,6 +66,15 @@ def test_the_debt_stops_at_one_burst_and_the_budget_refills_to_one() -> None:
     shares.admit("gateway/other/x", 1000 * BURST_S)
     # idle for long, it saved up one burst only: one burst's worth, then a pack into debt, then nothing
     assert flood(shares, "senml/big", 1000 * BURST_S, 5, int(burst) // 2) == 2
+
+
+def test_a_message_costs_its_size_when_it_carries_fewer_readings() -> None:
+    """A 62 KB pack that fails at its last record, or whose records carry no value, costs a whole
+    parse: charged by its readings alone (none), a flood of them was never dropped."""
+    shares = DeviceShares(readings_per_s=100)  # a burst of 3,000
+    shares.admit("gateway/victim/temperature", 0.0)
+    assert flood(shares, "senml/flood", 0.0, 50, 0, 62_000) == 5  # 620 each: 3,000 -> -100 after five
+    assert flood(shares, "senml/small", 0.0, 3_000, 0, 5) == 3_000  # a payload of a few bytes costs one
 
 
 def test_no_bound_when_the_rate_is_zero() -> None:

@@ -45,3 +45,15 @@ def test_an_escape_to_a_character_no_iri_holds_is_still_a_syntax_error(start_gat
     refused = gateway.update(r"INSERT DATA { <http://example.org/a\u0020b> <http://p> 1 }")
     assert refused.status == 400, refused.body
     assert not gateway.ask("ASK { ?s <http://p> 1 }")
+
+
+def test_a_less_than_span_is_not_decoded_as_an_iri(start_gateway) -> None:
+    """`<` is also less-than: in `FILTER(1<2&&'\\u0027'!='\\u0027'&&3>2)` the span from `<` to `>`
+    looks like an IRI. Decoded as one, its strings became three quotes each, and this DELETE,
+    whose guard is false (pyoxigraph agrees), deleted every triple."""
+    gateway = start_gateway()
+    assert gateway.update("INSERT DATA { GRAPH <http://ex/g> { <http://ex/s> <http://ex/p> 'keep' } }").status == 200
+    guard = r"FILTER(1<2&&'\u0027'!='\u0027'&&3>2)"
+    assert not gateway.ask(f"ASK {{ {guard} }}")
+    gateway.update(f"DELETE {{ GRAPH ?g {{ ?s ?p ?o }} }} WHERE {{ GRAPH ?g {{ ?s ?p ?o {guard} }} }}")
+    assert gateway.ask("ASK { GRAPH <http://ex/g> { <http://ex/s> <http://ex/p> 'keep' } }")

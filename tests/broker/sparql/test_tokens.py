@@ -29,6 +29,10 @@ def test_the_escapes_of_iris_are_decoded(text: str, expected: str) -> None:
         r"ASK { <http://e/\uD800> ?p ?o }",  # a surrogate
         r"ASK { <http://e/\UFFFFFFFF> ?p ?o }",  # past U+10FFFF
         r"ASK { <http://e/\u00> ?p ?o }",  # not an escape
+        # `<` as less-than: the span from it to `>` looks like an IRI, and decoding it changed its
+        # strings (`'\u0027'` became three quotes): a false FILTER guarding a DELETE turned true
+        r"ASK { FILTER(1<2&&'\u0027'!='\u0027'&&3>2) }",
+        r"ASK { FILTER(1<2&&'\u0041'='A'&&3>2) }",
         "ASK { <http://e/é> ?p ?o }",
     ],
 )
