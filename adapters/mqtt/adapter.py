@@ -96,6 +96,7 @@ class MqttAdapter:
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
         self.shares = DeviceShares(settings.device_readings_per_s)
+        self._delivering: int | None = None  # the connection that delivered the last batch (shares' catch-up)
         # Messages of the batch being committed that one of its updates stored: a batch is stored in
         # groups of batch_max_readings (and in halves when the writer refuses one), and a store failure
         # after the first makes the ingestor retry the whole batch; what is stored must not be stored twice.
@@ -158,6 +159,10 @@ class MqttAdapter:
         """
         mapped: list[tuple[Message, list[Reading]]] = []
         now = time.monotonic()
+        if batch and batch[-1].connection != self._delivering:
+            self._delivering = batch[-1].connection
+            first = next(message for message in batch if message.connection == self._delivering)
+            self.shares.connected(now, (first.arrival_us - self.connection.connected_us) / 1e6)
         for message in batch:
             if message in self._stored:
                 continue  # stored by an update of this batch before a later one of it failed (the batch is retried)
@@ -184,6 +189,8 @@ class MqttAdapter:
             await self._store(group)
         self._stored.clear()
         self.deliveries.close_batch()
+        if not self.connection.queued and not self.connection.window_full:
+            self.shares.caught_up()  # the broker could have sent more while this batch was stored, and did not
 
     @property
     def _over_share(self) -> str:

@@ -145,6 +145,9 @@ class MqttConnection:
         self._taken_over = False  # the session is being taken by another client: said once, backed off longer
         self._refusal: str | None = None  # why the broker refused the connection being closed
         self._connected_at = 0.0
+        # when the connection delivering now was made (wall clock, as Message.arrival_us): a message that came
+        # within a second of it was queued by the broker while the gateway was away (adapters.mqtt.shares)
+        self.connected_us = 0
         self._first_connect = True
         self._stopping = False
 
@@ -238,6 +241,11 @@ class MqttConnection:
         return self._connection
 
     @property
+    def queued(self) -> int:
+        """Messages delivered and not yet taken by `receive`."""
+        return len(self._inbox)
+
+    @property
     def window_full(self) -> bool:
         """True when the broker will send nothing more until something is acknowledged: a batch waiting for
         more messages would only wait for its timer."""
@@ -283,7 +291,7 @@ class MqttConnection:
 
     def metrics(self) -> dict[str, Any]:
         """Counters and state for /metrics."""
-        return {**asdict(self.stats), "unacked": self._unacked, "queued": len(self._inbox)}
+        return {**asdict(self.stats), "unacked": self._unacked, "queued": self.queued}
 
     # -- paho's thread --
 
@@ -349,6 +357,7 @@ class MqttConnection:
             self._unacked = 0
         self._failed_attempts = self._short_in_a_row  # a broker that keeps ending us is backed off from
         self._connected_at = time.monotonic()
+        self.connected_us = time.time_ns() // 1000
         self.stats.connected = True
         self.stats.connects += 1
         self.stats.reconnects = self.stats.connects - 1

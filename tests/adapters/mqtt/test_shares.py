@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adapters.mqtt.shares import ACTIVE_S, BURST_S, DeviceShares, device_key
+from adapters.mqtt.shares import ACTIVE_S, BACKLOG_S, BURST_S, DeviceShares, device_key
 from tests.adapters.mqtt.test_mqtt_hostile import bad_by_topic, config_file, publish, values, wait_for
 from tools.launcher import launch_gateway
 from tools.mosquitto import Mosquitto
@@ -77,6 +77,47 @@ def test_a_message_costs_its_size_when_it_carries_fewer_readings() -> None:
     assert flood(shares, "senml/small", 0.0, 3_000, 0, 5) == 3_000  # a payload of a few bytes costs one
 
 
+def test_a_sensor_reporting_every_five_minutes_counts_as_waiting() -> None:
+    """With a 10 s window a victim reporting every 15-60 s never counted as waiting: the flood ahead
+    of it at the broker was mapped in full, and its readings came 27-72 s late."""
+    shares = DeviceShares(readings_per_s=100)
+    assert shares.admit("gateway/victim/temperature", 0.0)
+    assert flood(shares, "senml/flood", 300.0, 50, 1200) == 3
+
+
+def test_a_backlog_delivered_at_a_connect_may_take_backlog_s_more_of_the_share() -> None:
+    """What the broker queued while the gateway was away arrives at once, though its senders kept to
+    their share when they sent it: after a 200 s outage, 1,500-1,800 readings of a sensor sending a
+    fifth of its share were dropped at the restart."""
+    shares = DeviceShares(readings_per_s=100)  # a burst of 3,000, an allowance of 12,000
+    shares.connected(0.0, first_after_s=0.05)
+    assert shares.admit("gateway/other/temperature", 0.0)
+    assert flood(shares, "senml/backlog", 0.0, 14, 1000) == 14
+    assert shares.dropped == 0
+    shares.caught_up()
+    # caught up, what is left of the allowance goes: the burst's 3,000 at most, 1,000 of it left
+    assert flood(shares, "senml/backlog", 0.0, 5, 1000) == 1
+
+
+def test_a_flood_that_begins_after_the_connect_is_not_a_backlog() -> None:
+    shares = DeviceShares(readings_per_s=100)
+    shares.connected(0.0, first_after_s=5.0)
+    assert shares.admit("gateway/other/temperature", 5.0)
+    assert flood(shares, "senml/flood", 5.0, 50, 1000) == 3
+
+
+def test_a_flood_under_way_at_the_connect_gets_the_allowance_once() -> None:
+    """A flood that outlasts the connect keeps the broker's queue full, so the gateway never catches
+    up: it gets the allowance in readings, once, and is dropped as before after it."""
+    shares = DeviceShares(readings_per_s=100)
+    shares.connected(0.0, first_after_s=0.0)
+    assert shares.admit("gateway/other/temperature", 0.0)
+    assert flood(shares, "senml/flood", 1.0, 50, 1000) == 15
+    assert flood(shares, "senml/flood", 1.0, 50, 1000) == 0
+    # past BACKLOG_S the cap is one burst again, however long the device saved up
+    assert flood(shares, "senml/flood", BACKLOG_S + 1, 50, 1000) == 3
+
+
 def test_no_bound_when_the_rate_is_zero() -> None:
     shares = DeviceShares(readings_per_s=0)
     shares.admit("gateway/other/x", 0.0)
@@ -102,5 +143,29 @@ def test_one_devices_flood_does_not_hold_back_the_other_devices(mosquitto: Mosqu
         dropped = gateway.metrics()["sepa_mqtt_over_share_dropped"]
         assert dropped >= 250
         assert bad_by_topic(gateway) == {"senml/flood": dropped}
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_backlog_queued_during_an_outage_is_stored_whole(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """While the gateway is stopped, device A sends 30 packs of 40 readings (1,200: four times its
+    saved-up burst at 10 readings/s) and device B a reading between each, all queued by the broker for
+    the gateway's session. At the restart both backlogs are stored whole; before, A's share ran out
+    part-way and the rest of its packs were dropped while B's readings came in between."""
+    config = config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n")
+    gateway = launch_gateway(config=config)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    assert gateway.stop() == 0
+    messages = []
+    for k in range(30):
+        records = [{"bn": "A/", "bt": 1_700_000_000 + k, "n": f"r{i}", "u": "Cel", "v": k} for i in range(40)]
+        messages += [("senml/A", json.dumps(records).encode()), ("gateway/B/temperature", str(k).encode())]
+    publish(mosquitto.port, messages)
+    gateway = launch_gateway(config=config)
+    try:
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == list(range(30)), timeout=30)
+        wait_for(lambda: len(values(gateway, "senml/A")) == 1200, timeout=30)
+        assert gateway.metrics()["sepa_mqtt_over_share_dropped"] == 0
+        assert bad_by_topic(gateway) == {}
     finally:
         assert gateway.stop() == 0
