@@ -33,7 +33,7 @@ from broker.compaction import THREAD_NAME as COMPACTOR_THREAD
 from broker.compaction import Compactor
 from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
 from broker.core.budget import OverBudget
-from broker.core.clock import FUNCTIONS_NS, EngineClock, rfc3339
+from broker.core.clock import FUNCTIONS_NS, EngineClock, micros_to_datetime, rfc3339
 from broker.core.due import due_micros, parse_at, parse_delay
 from broker.core.engine import Engine
 from broker.core.notification import Notification, QuadRows
@@ -141,6 +141,7 @@ __all__ = [
     "line_column",
     "loop_handoff",
     "matching_brace",
+    "micros_to_datetime",
     "now_micros",
     "open_directory",
     "parse_at",

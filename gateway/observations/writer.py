@@ -31,7 +31,7 @@ from gateway.client import SepaClient, UpdateSummary
 from gateway.observations.errors import NodeLimit
 from gateway.observations.iris import device_of, latest_iri
 from gateway.observations.latest import LATEST_QUERY, LatestCache
-from gateway.observations.quads import observation_quads
+from gateway.observations.quads import observation_quads, stored_query, stored_terms
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update
 from gateway.observations.vocabulary import HAS_MQTT_TOPIC
@@ -97,8 +97,13 @@ class ObservationWriter:
                     refused(reading, error)
                 if not readings:
                     return None
+            stored = None
+            query = stored_query(readings, self.gateway_id)
+            if query is not None:  # timestamped: what is stored already keeps its time (gateway.observations.quads)
+                result = await self.client.query(query)
+                stored = stored_terms(dict(zip(result.variables, row, strict=True)) for row in result.rows)
             request: Update | str = observation_quads(
-                readings, self.gateway_id, self.cache, source_property=source_property
+                readings, self.gateway_id, self.cache, source_property=source_property, stored=stored
             ) or observation_update(readings, self.gateway_id, self.cache, source_property=source_property)
             if amend is not None:
                 request = amend(request)
