@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from adapters.mqtt.shares import ACTIVE_S, BACKLOG_S, BURST_S, DeviceShares, device_key
@@ -45,27 +46,31 @@ def test_a_device_over_its_share_is_dropped_while_another_device_sends() -> None
     assert flood(shares, "senml/flood", 7.1, 5, 1200) == 1
 
 
-def test_a_device_alone_is_never_dropped() -> None:
+def test_a_device_alone_may_run_a_backlog_into_debt() -> None:
+    """A sensor flushing its buffer with nobody waiting: its burst and BACKLOG_S more of its share
+    (3,000 + 12,000). Unbounded, a flood on a quiet gateway was mapped whole, and the first reading
+    of another device waited behind it at the broker for hours."""
     shares = DeviceShares(readings_per_s=100)
-    assert flood(shares, "senml/backlog", 0.0, 50, 1000) == 50  # a buffered backlog flushed after an outage
-    assert shares.dropped == 0
+    assert flood(shares, "senml/backlog", 0.0, 50, 1000) == 15
+    assert shares.dropped == 35
     # another device that sent longer than ACTIVE_S ago waits for nothing
     shares.admit("gateway/other/temperature", 1.0)
     assert flood(shares, "senml/backlog", 1.0 + ACTIVE_S + 0.1, 3, 1000) == 3
 
 
-def test_the_debt_stops_at_one_burst_and_the_budget_refills_to_one() -> None:
+def test_the_debt_stops_at_a_burst_and_a_backlog_and_the_budget_refills_to_one_burst() -> None:
     shares = DeviceShares(readings_per_s=10)
     burst = 10 * BURST_S
+    floor_s = BURST_S + BACKLOG_S  # the deepest debt, in seconds of the share
     shares.admit("gateway/other/x", 0.0)
-    assert flood(shares, "senml/big", 0.0, 1, 10**9) == 1  # one huge pack: debt capped at one burst
-    shares.admit("gateway/other/x", BURST_S - 1)
-    assert flood(shares, "senml/big", BURST_S - 1, 1, 1) == 0  # -burst + (burst_s - 1) * rate < 0
-    shares.admit("gateway/other/x", BURST_S + 1)
-    assert flood(shares, "senml/big", BURST_S + 1, 1, int(burst)) == 1
-    shares.admit("gateway/other/x", 1000 * BURST_S)
+    assert flood(shares, "senml/big", 0.0, 1, 10**9) == 1  # one huge pack: the debt is capped
+    shares.admit("gateway/other/x", floor_s - 1)
+    assert flood(shares, "senml/big", floor_s - 1, 1, 1) == 0  # still in debt
+    shares.admit("gateway/other/x", floor_s + 1)
+    assert flood(shares, "senml/big", floor_s + 1, 1, int(burst)) == 1
+    shares.admit("gateway/other/x", 1000 * floor_s)
     # idle for long, it saved up one burst only: one burst's worth, then a pack into debt, then nothing
-    assert flood(shares, "senml/big", 1000 * BURST_S, 5, int(burst) // 2) == 2
+    assert flood(shares, "senml/big", 1000 * floor_s, 5, int(burst) // 2) == 2
 
 
 def test_a_message_costs_its_size_when_it_carries_fewer_readings() -> None:
@@ -167,5 +172,24 @@ def test_a_backlog_queued_during_an_outage_is_stored_whole(mosquitto: Mosquitto,
         wait_for(lambda: len(values(gateway, "senml/A")) == 1200, timeout=30)
         assert gateway.metrics()["sepa_mqtt_over_share_dropped"] == 0
         assert bad_by_topic(gateway) == {}
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """No other device has sent, so the flooder is alone: 200 packs of 40 readings, then the first
+    reading ever of another device, behind them at the broker. The flooder gets its burst and a
+    backlog's allowance (300 + 1,200 readings at 10/s) and is dropped past it; before, all 8,000
+    readings were mapped, and a real flood held the other device back for hours."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n"))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        time.sleep(1.5)  # past BACKLOG_GAP_S: messages at once after the connect are a backlog (+1,200)
+        records = [{"bn": "A/", "n": f"r{i}", "u": "Cel", "v": i} for i in range(40)]
+        publish(mosquitto.port, [("senml/A", json.dumps(records).encode())] * 200 + [("gateway/B/temperature", b"7")])
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == [7.0], timeout=30)
+        assert gateway.metrics()["sepa_mqtt_over_share_dropped"] >= 150
     finally:
         assert gateway.stop() == 0
