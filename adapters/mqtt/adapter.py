@@ -162,7 +162,8 @@ class MqttAdapter:
         if batch and batch[-1].connection != self._delivering:
             self._delivering = batch[-1].connection
             first = next(message for message in batch if message.connection == self._delivering)
-            self.shares.connected(now, (first.arrival_us - self.connection.connected_us) / 1e6)
+            after_s = (first.arrival_us - self.connection.connected_us) / 1e6
+            self.shares.connected(now, after_s, resumed=self.connection.session_resumed)
         for message in batch:
             if message in self._stored:
                 continue  # stored by an update of this batch before a later one of it failed (the batch is retried)

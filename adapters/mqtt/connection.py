@@ -148,6 +148,7 @@ class MqttConnection:
         # when the connection delivering now was made (wall clock, as Message.arrival_us): a message that came
         # within a second of it was queued by the broker while the gateway was away (adapters.mqtt.shares)
         self.connected_us = 0
+        self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
         self._stopping = False
 
@@ -358,6 +359,7 @@ class MqttConnection:
         self._failed_attempts = self._short_in_a_row  # a broker that keeps ending us is backed off from
         self._connected_at = time.monotonic()
         self.connected_us = time.time_ns() // 1000
+        self.session_resumed = bool(flags.session_present)
         self.stats.connected = True
         self.stats.connects += 1
         self.stats.reconnects = self.stats.connects - 1

@@ -26,9 +26,10 @@ Two rules fit the share to how sensors really send:
 - Another device counts as waiting for ACTIVE_S (15 min) after it sent. With 10 s, a sensor reporting
   every 15-60 s never counted: its next reading queued at the broker behind the flood, which was then
   mapped in full (~2,000 readings/s against a share of 200), and it was stored 27-72 s late.
-- After a connect that delivers a backlog (its first message came at once), each device may take
-  BACKLOG_S more seconds of its share on top of its burst, until the gateway has caught up (a commit
-  found nothing more delivered while the broker's window had room), or for BACKLOG_S at most. What
+- After a connect that delivers a backlog (the broker kept the session, and its first message came
+  at once), each device may take BACKLOG_S more seconds of its share on top of its burst, until the
+  gateway has caught up (a commit found nothing more delivered while the broker's window had room),
+  or for BACKLOG_S at most. What
   the broker queued while the gateway was away was sent at the senders' own pace, but arrives all at
   once: after a 200 s outage, a sensor that had sent 40 readings/s (a fifth of its share) had
   1,500-1,800 of its readings dropped at the restart; now none (8,000 of 8,000 stored). The
@@ -131,12 +132,13 @@ class DeviceShares:
             cost = max(readings, payload_bytes // BYTES_PER_READING, 1)
             bucket.tokens = max(-self.burst - self.allowance, bucket.tokens - cost)
 
-    def connected(self, now: float, first_after_s: float) -> None:
+    def connected(self, now: float, first_after_s: float, *, resumed: bool) -> None:
         """A new connection to the broker delivers from `now`, its first message `first_after_s` after the
-        connect. If that came at once (BACKLOG_GAP_S), the broker had queued it while the gateway was away:
-        each device may take BACKLOG_S more of its share until `caught_up`, or for BACKLOG_S. If not, there
-        was none: a flood that begins later is not a backlog."""
-        if first_after_s < BACKLOG_GAP_S and self.rate > 0:
+        connect. If the broker kept the session (`resumed`) and that came at once (BACKLOG_GAP_S), the broker
+        had queued it while the gateway was away: each device may take BACKLOG_S more of its share until
+        `caught_up`, or for BACKLOG_S. If not, there was none: a new session has nothing queued, and a flood
+        that begins later is not a backlog."""
+        if resumed and first_after_s < BACKLOG_GAP_S and self.rate > 0:
             self._connects += 1
             self._catchup_until = now + BACKLOG_S
 
