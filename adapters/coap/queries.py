@@ -54,6 +54,7 @@ from pyoxigraph import QueryBoolean, QuerySolutions, Store
 
 from adapters.coap import formats, results
 from adapters.coap.access import Access
+from adapters.coap.blockwise import assemble_with_refusals
 from adapters.coap.errors import Refused, refusal
 from broker.api import InvalidRequest, Notification, SparqlSyntaxError, check_structure, tokenize
 from gateway.client import ClientSubscription, SepaClient, SepaClientError
@@ -293,6 +294,7 @@ class QueriesResource(Resource):
         self.messages = 0  # notification messages handed to aiocoap, observers that ended included
         self.resyncs = 0
         self.refused: Counter[str] = Counter()
+        assemble_with_refusals(self, self.refused)
 
     async def start(self) -> None:
         """Subscribe the configured queries (a refusal stops the start: the config is wrong)."""

@@ -9,7 +9,8 @@ answered with the first response: it never reaches this code twice.
 
 Refusals, each with a one-line diagnostic payload and counted per resource (`bad_input_by_resource`):
 4.00 a payload that cannot be read or written, 4.01 a request that is not authenticated
-(:mod:`adapters.coap.access`), 4.04 a path no mapping takes, 4.13 a payload over `max_payload_bytes`
+(:mod:`adapters.coap.access`), 4.04 a path no mapping takes, 4.08 a block that does not continue its
+transfer (:mod:`adapters.coap.blockwise`), 4.13 a payload over `max_payload_bytes`
 (with Size1; also announced or reached part-way through a block-wise transfer, which is then not
 assembled further), 4.15 a content format the resource does not read, 5.03 (Max-Age 1) when too many
 readings wait for their commit.
@@ -29,6 +30,7 @@ from aiocoap.resource import Resource
 from adapters.coap import formats
 from adapters.coap.access import Access
 from adapters.coap.batcher import Batcher, Overloaded
+from adapters.coap.blockwise import assemble_with_refusals
 from adapters.coap.deliveries import Delivery, delivery
 from adapters.coap.errors import Refused, refusal
 from gateway.observations import Mapper, PayloadError, Reading, UnmappedTopic
@@ -59,6 +61,7 @@ class ReadingsResource(Resource):
         self.requests = 0
         self.refused: Counter[str] = Counter()
         self._unassembled: set[int] = set()  # ids of requests given to render one block at a time
+        assemble_with_refusals(self, self.refused)
 
     async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
         """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has
