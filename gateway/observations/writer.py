@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from broker.api import Update
-from gateway.client import SepaClient, UpdateSummary
-from gateway.observations.errors import NodeLimit
+from gateway.client import SepaClient, SepaClientError, UpdateSummary
+from gateway.observations.errors import NodeLimit, PayloadError
 from gateway.observations.iris import device_of, latest_iri
 from gateway.observations.latest import LATEST_QUERY, LatestCache
 from gateway.observations.quads import observation_quads, stored_query, stored_terms
@@ -63,6 +63,7 @@ class ObservationWriter:
         self.max_nodes_per_device = max_nodes_per_device
         self.refused = 0  # readings refused by the bounds (see the module docstring)
         self._lock = asyncio.Lock()
+        self._stale = False  # a commit failed with an unknown outcome: reload the mirror before the next
 
     async def load(self) -> None:
         """Load the mirror from the store (once is enough; later loads only repair it)."""
@@ -83,11 +84,16 @@ class ObservationWriter:
         `amend` may add to the update (the MQTT adapter records its deliveries in it). Readings past
         the latest view's bounds are handed to `refused` and the others stored (None: nothing is
         left to store, and nothing was sent); without `refused`, NodeLimit is raised for them with
-        nothing applied. Raises PayloadError when a reading cannot be written (nothing is applied),
-        or whatever the broker raised (the outcome is then unknown and the mirror is reloaded
-        before the next commit).
+        nothing applied. Raises PayloadError when a reading cannot be written or the broker refused
+        the update as invalid (400: nothing is applied, and no retry could change that; a SenML pack
+        of 3,000 timestamped readings made an update past the engine's limits, and the MQTT intake
+        retried it for ever, every other sensor's reading behind it), or whatever else the broker
+        raised (the outcome is then unknown and the mirror is reloaded before the next commit).
         """
         async with self._lock:
+            if self._stale:  # built from a cleared mirror, the batch would skip the bounds and need OPTIONALs
+                await self._reload()
+                self._stale = False
             readings, over = self._admit(readings)
             if over:
                 self.refused += len(over)
@@ -109,14 +115,24 @@ class ObservationWriter:
                 request = amend(request)
             try:
                 summary = await self.client.update(request, quads=True)  # the mirror moves with the quads
+            except SepaClientError as error:
+                if error.status_code == 400:
+                    raise PayloadError(f"the update was refused: {error.error_description}") from None
+                self._forget()
+                raise
             except BaseException:
-                self.cache.clear()  # the outcome is unknown: the next load makes the mirror exact again
+                self._forget()
                 raise
             assert summary.result is not None  # asked for: every transport returns the quads
             self.cache.apply(summary.result.added, summary.result.removed)
             if not self.cache.complete:
                 await self._reload()
             return summary
+
+    def _forget(self) -> None:
+        """The outcome is unknown: the mirror is cleared, and loaded again before the next commit."""
+        self.cache.clear()
+        self._stale = True
 
     def _admit(self, readings: Sequence[Reading]) -> tuple[list[Reading], list[tuple[Reading, NodeLimit]]]:
         """The readings within the bounds, and those past them with why. Only a complete mirror

@@ -419,8 +419,9 @@ def test_dropped_connections_store_every_reading_exactly_once(mosquitto: Mosquit
             _drop_connection(gateway, mosquitto)
         assert publisher.wait(30) == 0
         found = _stored_values(gateway, topic, total)
+        # the third reconnect may come after every reading is in: three short connections in a row are backed off
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_reconnects", 0) >= 3, timeout=30)
         metrics = gateway.metrics()
-        assert metrics.get("sepa_mqtt_connection_reconnects", 0) >= 3
         duplicated = sorted(value for value, n in found.items() if n > 1)
         print(
             f"3 dropped connections: {len(duplicated)} duplicates, "

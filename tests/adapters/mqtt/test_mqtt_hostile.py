@@ -461,3 +461,21 @@ def test_a_batch_of_senml_packs_is_stored_in_updates_of_bounded_size(mosquitto: 
         assert metrics.get("sepa_mqtt_ingest_commit_failures", 0) == 0
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_senml_pack_of_3000_timestamped_records_is_stored_and_holds_back_no_one(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """50 KB: the update text had an OPTIONAL per timestamped reading, past the engine's limits; the
+    commit was refused (400) and retried for ever, and no other sensor's reading was stored again."""
+    records = [{"bn": "big/a", "bt": 1_700_000_000, "u": "Cel", "v": 0}] + [{"t": i, "v": i} for i in range(1, 3000)]
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        pack = json.dumps(records, separators=(",", ":")).encode()  # 58 KB, under max_payload_bytes
+        publish(mosquitto.port, [("senml/big", pack), ("gateway/other/temperature", b"5")])
+        wait_for(lambda: values(gateway, "gateway/other/temperature") == [5.0], timeout=20)
+        assert len(values(gateway, "senml/big")) == 3000
+        assert bad_by_topic(gateway) == {}
+    finally:
+        assert gateway.stop() == 0
