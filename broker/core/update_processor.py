@@ -79,6 +79,24 @@ class _NetDelta:
                 self.added.add(quad)
 
 
+def _check_dataset_readable(
+    operations: list, protocol: list[NamedNode], readable: frozenset[NamedNode | DefaultGraph]
+) -> None:
+    """Refuse a WHERE dataset that names a graph the client may not read (USING, USING NAMED,
+    using-graph-uri, using-named-graph-uri), as FROM is refused in a query (403), before anything
+    runs. Before, the graph was left out and the update answered 200 having read nothing there,
+    which docs/protocol.md did not say. WITH is not refused: it names the graph the templates
+    write too, which a client may be allowed to write without reading."""
+    named = [*protocol]
+    for operation in operations:
+        if isinstance(operation, ModifyOp):
+            named += [*operation.using, *operation.using_named]
+    for graph in named:
+        if graph not in readable:
+            shown = "the default graph" if isinstance(graph, DefaultGraph) else f"the graph {graph}"
+            raise Forbidden(f"this client may not read {shown}")
+
+
 def _instantiate(
     pattern: QuadPattern, solution: dict[str, object], default_graph: object, fresh: dict | None
 ) -> Quad | None:
@@ -260,6 +278,8 @@ class UpdateProcessor:
         budget: Budget | None,
         readable: frozenset[NamedNode | DefaultGraph] | None,
     ) -> Delta:
+        if readable is not None:
+            _check_dataset_readable(operations, [*protocol_using, *protocol_named], readable)
         if len(operations) == 1:
             operation = operations[0]
             if isinstance(sparql, Update) and sparql.digest is not None and isinstance(operation, ModifyOp):
@@ -320,6 +340,12 @@ class UpdateProcessor:
             for operation in operations:
                 added, removed, created, dropped = self._operation(operation, sparql, using, named, None, readable)
                 check_size(len(added) + len(removed), self._limit)
+                # each operation is applied before the next is computed, so it is checked here, not
+                # only on the net delta: else a refused request had already written for as long as
+                # its later operations ran (CLEAR NAMED ; a slow WHERE emptied every graph for
+                # readers for the time limit, and for good if the gateway died meanwhile)
+                self._target(quad.graph_name for quads in (added, removed) for quad in quads)
+                self._target([*created, *dropped])
                 self.store.apply(added, removed, created, dropped)
                 net.add(added, removed)
                 check_size(len(net.added) + len(net.removed), self._limit)
@@ -585,7 +611,11 @@ class UpdateProcessor:
             for graph in (operation.target, operation.source if verb == "MOVE" else None)
             if isinstance(graph, NamedNode) or graph == "DEFAULT"
         ]
-        self._target(named)  # NAMED and ALL: the graphs that exist, checked on the delta
+        self._target(named)
+        if self._writable is not None and operation.target in ("NAMED", "ALL"):
+            # every graph there is, whatever it holds: refused without looking, so that the answer
+            # does not depend on what graphs the client may not read exist or hold
+            raise Forbidden(f"{verb} {operation.target} needs the right to write every graph")
         if verb == "CREATE":
             if store.graph_exists(operation.target):  # type: ignore[arg-type]
                 if operation.silent:

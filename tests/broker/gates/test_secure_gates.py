@@ -444,6 +444,64 @@ def test_a_refusal_does_not_name_a_graph_the_client_may_not_read(secure_gateway)
     run_secure(secure_gateway, test)
 
 
+def test_no_operation_of_a_refused_request_is_ever_applied(secure_gateway) -> None:
+    """A request's operations are applied one by one (each WHERE sees the ones before), so each is
+    checked before it is applied. Before, only the net delta was: `CLEAR NAMED ; INSERT ... WHERE
+    {slow}` from a client that may write one graph emptied every named graph for readers until its
+    WHERE hit the time limit (then 503 and undone), and for good had the gateway died meanwhile."""
+    held = f"SELECT ?o WHERE {{ GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> ?o }} }}"
+    numbers = " ".join(str(number) for number in range(400))
+    slow = f"VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} VALUES ?c {{ {numbers} }} FILTER(?a + ?b + ?c < 0)"
+
+    async def test(client: SecureClient) -> None:
+        admin, writer = await client.login("admin"), await client.login("writer")
+        assert (await client.update(admin, SEED))[0] == 200
+        requests = (
+            f"CLEAR NAMED ; INSERT {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> ?a }} }} WHERE {{ {slow} }}",
+            f"CLEAR GRAPH <{PUBLIC}> ; CLEAR GRAPH <{SECRET}> ; "
+            f"INSERT {{ GRAPH <{PUBLIC}> {{ <{EX}a> <{EX}b> ?a }} }} WHERE {{ {slow} }}",
+        )
+        for request in requests:
+            started = time.monotonic()
+            refused = asyncio.ensure_future(client.update(writer, request))
+            seen = []
+            while not refused.done():
+                status, reply = await client.query(admin, held)
+                seen.append(len(reply["results"]["bindings"]) if status == 200 else status)
+            status, reply = await refused
+            assert (status, reply["error"]) == (403, "forbidden"), (request, reply)
+            assert time.monotonic() - started < 1.5, request  # refused before the slow WHERE ran
+            assert set(seen) <= {1}, (request, seen)  # the secret graph was never emptied
+            status, reply = await client.query(admin, held)
+            assert status == 200 and len(reply["results"]["bindings"]) == 1
+
+    run_secure(secure_gateway, test)
+
+
+def test_an_update_naming_an_unreadable_graph_in_its_dataset_is_refused(secure_gateway) -> None:
+    """USING, USING NAMED and the protocol's using-graph-uri / using-named-graph-uri are refused for
+    a graph the client may not read, as FROM is in a query. Before, that graph was left out of the
+    WHERE dataset: 200, nothing read, unlike what docs/protocol.md says."""
+    copy = f"INSERT {{ GRAPH <{PUBLIC}> {{ ?s ?p ?o }} }}"
+
+    async def test(client: SecureClient) -> None:
+        admin, writer = await client.login("admin"), await client.login("writer")
+        assert (await client.update(admin, SEED))[0] == 200
+        refused = [
+            (f"{copy} USING <{SECRET}> WHERE {{ ?s ?p ?o }}", {}),
+            (f"{copy} USING NAMED <{SECRET}> WHERE {{ GRAPH ?g {{ ?s ?p ?o }} }}", {}),
+            (f"{copy} WHERE {{ ?s ?p ?o }}", {"using-graph-uri": SECRET}),
+            (f"{copy} WHERE {{ GRAPH ?g {{ ?s ?p ?o }} }}", {"using-named-graph-uri": SECRET}),
+        ]
+        for request, params in refused:
+            status, reply = await client.update(writer, request, **params)
+            assert (status, reply["error"]) == (403, "forbidden"), (request, params, reply)
+        status, reply = await client.update(writer, f"{copy} USING <{PUBLIC}> WHERE {{ ?s ?p ?o }}")
+        assert status == 200, reply  # a readable graph may be named
+
+    run_secure(secure_gateway, test)
+
+
 def test_a_large_query_with_from_does_not_hold_the_other_clients(secure_gateway) -> None:
     """The FROM clauses of a restricted reader's query are read with the request tokenizer, on the
     event loop. Before, rdflib's SPARQL parser read them there: a query of 20,000 VALUES (110 KB)
