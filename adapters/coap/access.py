@@ -37,6 +37,18 @@ def loopback_address(sockaddr: tuple[object, ...]) -> bool:
     return address.is_loopback
 
 
+def network_peer(request: aiocoap.Message) -> str | None:
+    """Who a request from the network counts as, for per-peer limits: its OSCORE sensor, else its
+    address (any port); None from this board."""
+    sensor = authenticated(request)
+    if sensor is not None:
+        return f"sensor {sensor}"
+    sockaddr = getattr(request.remote, "sockaddr", None)
+    if not sockaddr:
+        return None
+    return None if loopback_address(sockaddr) else f"address {sockaddr[0]}"
+
+
 def authenticated(request: aiocoap.Message) -> str | None:
     """The sensor whose OSCORE context protected the request, or None."""
     claims = getattr(request.remote, "authenticated_claims", ())
@@ -76,8 +88,14 @@ class Access:
             )
 
     def check(self, request: aiocoap.Message, path: str) -> None:
-        if self.secure and not authenticated(request) and not loopback(request):
+        if not self.admits(request):
             raise unauthenticated(path)
+
+    def admits(self, request: aiocoap.Message) -> bool:
+        """Whether the request gets past :meth:`check`. Asked before a block-wise body is assembled
+        too: aiocoap assembled first, so an unauthenticated peer's 19,500 first blocks (3.9 KB, to
+        distinct paths) were each answered 2.31 Continue and held: RSS +145 MB, never a 4.01."""
+        return not self.secure or authenticated(request) is not None or loopback(request)
 
 
 def unauthenticated(path: str) -> Refused:

@@ -35,6 +35,7 @@ class CoapConfig:
     max_created_subscriptions: int = 100  # created by POST /q and alive at once; past it 5.03
     max_subscription_bytes: int = 65536  # the SPARQL of one POSTed subscription; past it 4.13
     max_observers: int = 1000  # observations of /q/<name> at once; past it 5.03
+    max_observers_per_peer: int = 100  # ...by one network peer (OSCORE sensor, else address); past it 5.03
     observe: list = field(default_factory=list)  # [[coap.observe]]: uri = "coap://…", source = path the mappings match
     observe_margin_s: float = 5.0  # an observation silent for its Max-Age plus this is lost: register again
     observe_backoff_max_s: float = 30.0  # failed registrations are retried after 1 s, doubling up to this
@@ -62,6 +63,8 @@ def check(config: CoapConfig) -> list[Mapping]:
         raise ConfigError("coap.max_subscription_bytes must be between 1 and 1 MiB")
     if not 0 <= config.max_observers <= 100_000:
         raise ConfigError("coap.max_observers must be between 0 and 100000")
+    if not 0 <= config.max_observers_per_peer <= 100_000:
+        raise ConfigError("coap.max_observers_per_peer must be between 0 and 100000")
     try:
         configured_queries(config.subscriptions)
     except ValueError as error:
@@ -113,7 +116,10 @@ class CoapPlugin:
             peer_client=context.peer_client,
             subscriptions=configured_queries(section.subscriptions),
             query_limits=QueryLimits(
-                section.max_created_subscriptions, section.max_subscription_bytes, section.max_observers
+                section.max_created_subscriptions,
+                section.max_subscription_bytes,
+                section.max_observers,
+                section.max_observers_per_peer,
             ),
             observe=observe,
             observe_margin_s=section.observe_margin_s,

@@ -65,7 +65,10 @@ class ReadingsResource(Resource):
 
     async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
         """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has
-        none: a sender could grow one without end); a block past it is rendered alone, and refused."""
+        none: a sender could grow one without end); a block past it is rendered alone, and refused.
+        A peer that would be refused 4.01 gets it at its first block, with nothing held."""
+        if not self.access.admits(request):
+            return False
         block1 = request.opt.block1
         reached = (block1.start if block1 is not None else 0) + len(request.payload)
         if max(reached, request.opt.size1 or 0) > self.max_payload_bytes:
