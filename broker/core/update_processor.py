@@ -226,6 +226,11 @@ class UpdateProcessor:
         self.trusted = False  # set by Engine.update for each request
         self.max_quads: int | None = None  # of a request that is not trusted (see MAX_UPDATE_QUADS)
         self._writable: frozenset[NamedNode | DefaultGraph] | None = None  # of the request being computed
+        # quads the last DATA block or templates named, whether or not the store held them: what
+        # the size limit counts. Counted on the effect, it told a client that may write a graph
+        # but not read it whether a quad was there (`CLEAR GRAPH <own 100,000> ; INSERT DATA
+        # { GRAPH <write-only> { guess } } ; ...`: 400 over the limit if absent, else not)
+        self._instantiated = 0
 
     def compute(
         self,
@@ -336,6 +341,7 @@ class UpdateProcessor:
         ox = self.store.ox
         graphs_before = set(ox.named_graphs())
         net = _NetDelta()
+        charged = 0
         try:
             for operation in operations:
                 added, removed, created, dropped = self._operation(operation, sparql, using, named, None, readable)
@@ -348,7 +354,8 @@ class UpdateProcessor:
                 self._target([*created, *dropped])
                 self.store.apply(added, removed, created, dropped)
                 net.add(added, removed)
-                check_size(len(net.added) + len(net.removed), self._limit)
+                charged += self._instantiated if isinstance(operation, DataOp | ModifyOp) else len(added) + len(removed)
+                check_size(charged, self._limit)
         finally:
             graphs_after = set(ox.named_graphs())
             # undone through apply, so that the store's followers undo it too
@@ -411,6 +418,8 @@ class UpdateProcessor:
     def _data(self, operation: DataOp) -> tuple[set[Quad], set[Quad]]:
         ox = self.store.ox
         self._target(quad.graph_name for quad in operation.quads)
+        self._instantiated = len(operation.quads)
+        check_size(self._instantiated, self._limit)  # before the store is asked (see _instantiated)
         if operation.insert:
             return {quad for quad in fresh_blank_nodes(operation.quads) if quad not in ox}, set()
         return set(), {quad for quad in operation.quads if quad in ox}
@@ -557,6 +566,7 @@ class UpdateProcessor:
                         weight += quad_weight(quad)
             if limit is not None:  # before the templates make more
                 check_size(len(to_delete) + len(in_store) + len(to_insert) + weight, limit)
+        self._instantiated = len(to_delete) + len(in_store) + len(to_insert)
         self._target(quad.graph_name for quads in (to_delete, to_insert) for quad in quads)
         removed = {quad for quad in to_delete if quad in ox}
         removed |= in_store

@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker.core.notification import Notification
-from broker.errors import NotFound, SepaError
+from broker.errors import InvalidRequest, NotFound, SepaError
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
 from broker.handoff import loop_handoff
@@ -39,6 +39,11 @@ SLOW_SUBSCRIBERS = QuietLog(log, "disconnecting slow subscriber: outgoing queue 
 # 3 and 8 subscribed as fast (`bench reeval`: 11-12.5 s and 10.6-11.4 s); fewer probes of one socket
 # in the query pool leave more of it to other clients
 MESSAGES_AHEAD = 3
+# what a subscribe may name beside its SPARQL: 1 MB aliases held 1.5 GB for one client (1,500
+# subscriptions of ASK {}), and 15,000 named graphs per subscribe ~3.5 MB each, and made every
+# update re-evaluate them for seconds; both are counted in the subscription quota as well
+MAX_ALIAS_CHARS = 1024
+MAX_DATASET_GRAPHS = 100
 
 
 # A JSON escape of a UTF-16 surrogate: json.loads pairs two into one character, and leaves one alone
@@ -213,7 +218,10 @@ class WebSocketGate:
         # the 4 MiB frame limit on the event loop (~10 ms each, no token needed on the secure port):
         # 178 kB/s of them took other clients' updates from 1.4 ms to 344 ms
         ws = web.WebSocketResponse(heartbeat=self.heartbeat_s, max_msg_size=4 * self.max_message_bytes, compress=False)
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except ValueError:  # aiohttp decodes Sec-WebSocket-Key unguarded: non-ASCII was a 500 and a traceback
+            raise InvalidRequest("malformed WebSocket handshake") from None
         connection = Connection(
             ws, self.queue_limit, request.remote or "?", request.transport, self.queue_rows, self.queue_bytes
         )
@@ -396,6 +404,9 @@ class WebSocketGate:
         if alias is not None and not isinstance(alias, str):
             self.reply_error(connection, "invalid_request", "'alias' must be a string or null", 400)
             return
+        if alias is not None and len(alias) > MAX_ALIAS_CHARS:
+            self.reply_error(connection, "invalid_request", f"'alias' is limited to {MAX_ALIAS_CHARS} characters", 400)
+            return
         sparql = body.get("sparql")
         if not isinstance(sparql, str):
             self.reply_error(connection, "invalid_request", "'sparql' (a string) is required", 400, alias)
@@ -408,6 +419,10 @@ class WebSocketGate:
             if not isinstance(value, list) or not all(isinstance(iri, str) for iri in value):
                 self.reply_error(connection, "invalid_request", f"'{member}' must be an array of IRIs", 400, alias)
                 return
+            if len(value) > MAX_DATASET_GRAPHS:
+                description = f"'{member}' names at most {MAX_DATASET_GRAPHS} graphs"
+                self.reply_error(connection, "invalid_request", description, 400, alias)
+                return
             graphs[member] = value
         if principal is not None:
             try:
@@ -417,8 +432,10 @@ class WebSocketGate:
             except SepaError as error:
                 self.reply_error(connection, error.error, error.description, error.status_code, alias)
                 return
+        graphs_named = [*graphs["default-graph-uri"], *graphs["named-graph-uri"]]
         client = principal.identity if principal is not None else f"address {connection.peer}"
-        size = len(sparql.encode("utf-8"))
+        # what the subscription keeps of the request: its alias and dataset are held as long as its SPARQL
+        size = sum(len(text.encode("utf-8", "surrogatepass")) for text in (sparql, alias or "", *graphs_named))
         try:
             self.quota.take(client, size)
         except SepaError as error:

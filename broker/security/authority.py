@@ -7,7 +7,6 @@ nothing here knows aiohttp, so every rule is tested without sockets and reused b
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import logging
 from dataclasses import dataclass
@@ -135,7 +134,7 @@ def _basic(authorization: str | None) -> tuple[str, str]:
         raise UnauthorizedClient("send the client credentials with Authorization: Basic")
     try:
         decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+    except ValueError:  # binascii.Error, UnicodeDecodeError, and non-ASCII text (was a 500 and a traceback)
         raise UnauthorizedClient("malformed Basic credentials") from None
     client_id, colon, secret = decoded.partition(":")
     if not colon:

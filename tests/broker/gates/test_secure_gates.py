@@ -121,6 +121,8 @@ def test_wrong_client_credentials_get_no_token(secure_gateway) -> None:
             "Basic " + base64.b64encode(f"{client_id}:wrong".encode()).decode(),
             "Basic " + base64.b64encode(b"unknown:secret").decode(),
             "Basic !!!",
+            "Basic \u00e9\u00e9",  # not ASCII: a 500 and a traceback in the log
+            "Basic YTpi \u00e9",
             "Bearer something",
             "",
         ):
@@ -500,6 +502,38 @@ def test_an_update_naming_an_unreadable_graph_in_its_dataset_is_refused(secure_g
         assert status == 200, reply  # a readable graph may be named
 
     run_secure(secure_gateway, test)
+
+
+def test_the_size_limit_does_not_tell_what_a_write_only_graph_holds(
+    in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path
+) -> None:
+    """The quads a request may change are counted as its DATA blocks and templates name them, not
+    by their effect: counted on the effect, `CLEAR GRAPH <own 100,000> ; INSERT DATA { GRAPH
+    <write-only> { guess } } ; ...` was 400 over the limit if the guessed quad was absent, and not
+    if it was there (a DATA block at the limit alone did the same)."""
+    config = secure_config(ADMIN, COMMANDER, data_dir=str(tmp_path / "data"))
+    config.engine.max_update_quads = 9
+    gateway = in_process_gateway(config)
+    held = f"<{EX}safe> <{EX}code> 1234"
+
+    def fresh(count: int) -> str:
+        return " ".join(f"<{EX}n{os.urandom(6).hex()}> <{EX}p> {number} ." for number in range(count))
+
+    async def test(client: SecureClient) -> None:
+        admin, commander = await client.login("admin"), await client.login("commander")
+        assert (await client.update(admin, SEED))[0] == 200
+        for guess in (held, f"<{EX}safe> <{EX}code> 4321"):  # there, then not
+            replies = []
+            for request in (
+                f"INSERT DATA {{ GRAPH <{SECRET}> {{ {fresh(9)} {guess} }} }}",
+                f"INSERT DATA {{ GRAPH <{SECRET}> {{ {fresh(9)} }} }} ; "
+                f"INSERT DATA {{ GRAPH <{SECRET}> {{ {guess} }} }}",
+            ):
+                status, reply = await client.update(commander, request)
+                replies.append((status, reply.get("error")))
+            assert replies == [(400, "update_failed")] * 2, (guess, replies)
+
+    run_secure(gateway, test)
 
 
 def test_a_large_query_with_from_does_not_hold_the_other_clients(secure_gateway) -> None:
