@@ -369,13 +369,22 @@ class WebSocketGate:
             description = "a string holds an unpaired surrogate (\\uD800-\\uDFFF)"
             self.reply_error(connection, "invalid_request", description, 400, alias)
             return
+        if isinstance(message, dict) and "subscribe" in message and "unsubscribe" in message:
+            # one of them was run and the other dropped without a frame: the client waited for ever
+            self.reply_error(
+                connection, "invalid_request", "a message holds a subscribe or an unsubscribe, not both", 400
+            )
+            return
         for verb in ("subscribe", "unsubscribe"):
             if isinstance(message, dict) and isinstance(message.get(verb), dict):
                 body = message[verb]
                 principal = None
                 if self.authenticate is not None:
-                    # inside the request object (the draft), or beside it (clients in the field)
-                    authorization = body.get("authorization", message.get("authorization"))
+                    # inside the request object (the draft), or beside it (clients in the field); a
+                    # null inside is no token there (it hid a valid one beside: 401 for a good client)
+                    authorization = body.get("authorization")
+                    if authorization is None:
+                        authorization = message.get("authorization")
                     try:
                         principal = self.authenticate(authorization)
                     except SepaError as error:

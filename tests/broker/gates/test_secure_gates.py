@@ -222,6 +222,8 @@ def test_bearer_forms_of_the_field_are_accepted_on_the_socket(secure_gateway) ->
             {"subscribe": {"sparql": EVERYTHING, "alias": "inside", "authorization": f"Bearer {token}"}},
             {"subscribe": {"sparql": EVERYTHING, "alias": "beside"}, "authorization": f"Bearer {token}"},
             {"subscribe": {"sparql": EVERYTHING, "alias": "bare", "authorization": token}},
+            # a null inside is no token there: it hid the one beside (401 for a good client)
+            {"subscribe": {"sparql": EVERYTHING, "alias": "null", "authorization": None}, "authorization": token},
         ]
         spuids = []
         for form in forms:
@@ -233,7 +235,7 @@ def test_bearer_forms_of_the_field_are_accepted_on_the_socket(secure_gateway) ->
         assert (await receive(ws))["unsubscribed"]["spuid"] == spuids[0]
         await ws.send_json({"unsubscribe": {"spuid": spuids[1]}})  # no token: refused, still subscribed
         assert (await receive(ws))["status_code"] == 401
-        assert secure_gateway.gateway.engine.subscription_count == 2
+        assert secure_gateway.gateway.engine.subscription_count == 3
         await ws.close()
         # the HTTPS port serves the secure subscribe path too (a browser needs one origin)
         same_origin = client.https_url.replace("https://", "wss://") + "/secure/subscribe"

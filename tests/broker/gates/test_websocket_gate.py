@@ -571,6 +571,13 @@ BAD_MESSAGES: list[tuple[str, Any, int, object, str]] = [
     ("subscribe-not-object", {"subscribe": GOOD}, 400, NO_ALIAS, ""),
     ("not-an-object", [{"subscribe": {"sparql": GOOD}}], 400, NO_ALIAS, ""),
     ("unsubscribe-without-spuid", {"unsubscribe": {}}, 400, NO_ALIAS, "spuid"),
+    (  # the subscribe alone was run, the unsubscribe dropped without a frame
+        "subscribe-and-unsubscribe",
+        {"subscribe": {"sparql": GOOD, "alias": "both"}, "unsubscribe": {"spuid": "sepa://spuid/x"}},
+        400,
+        NO_ALIAS,
+        "not both",
+    ),
     ("binary-frame", json.dumps({"subscribe": {"sparql": GOOD}}).encode(), 400, NO_ALIAS, ""),
     (  # an unpaired surrogate: was a 500 internal_error without the alias
         "lone-surrogate",
