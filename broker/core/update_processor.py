@@ -229,8 +229,9 @@ class UpdateProcessor:
         # quads the last DATA block or templates named, whether or not the store held them: what
         # the size limit counts. Counted on the effect, it told a client that may write a graph
         # but not read it whether a quad was there (`CLEAR GRAPH <own 100,000> ; INSERT DATA
-        # { GRAPH <write-only> { guess } } ; ...`: 400 over the limit if absent, else not)
-        self._instantiated = 0
+        # { GRAPH <write-only> { guess } } ; ...`: 400 over the limit if absent, else not). None:
+        # the operation's effect is what it names (a graph operation on graphs the client may read)
+        self._instantiated: int | None = None
 
     def compute(
         self,
@@ -344,6 +345,7 @@ class UpdateProcessor:
         charged = 0
         try:
             for operation in operations:
+                self._instantiated = None
                 added, removed, created, dropped = self._operation(operation, sparql, using, named, None, readable)
                 check_size(len(added) + len(removed), self._limit)
                 # each operation is applied before the next is computed, so it is checked here, not
@@ -354,7 +356,7 @@ class UpdateProcessor:
                 self._target([*created, *dropped])
                 self.store.apply(added, removed, created, dropped)
                 net.add(added, removed)
-                charged += self._instantiated if isinstance(operation, DataOp | ModifyOp) else len(added) + len(removed)
+                charged += len(added) + len(removed) if self._instantiated is None else self._instantiated
                 check_size(charged, self._limit)
         finally:
             graphs_after = set(ox.named_graphs())
@@ -391,9 +393,16 @@ class UpdateProcessor:
                 source = DEFAULT_GRAPH if operation.source == "DEFAULT" else operation.source
                 if source not in readable:
                     raise Forbidden(f"this client may not read the graph {source}")
-            if readable is not None and operation.target not in readable and isinstance(operation.target, NamedNode):
-                # as SILENT: "already exists" / "does not exist" told a client that may write a graph
-                # but not read it whether the graph held anything (CREATE changes nothing: a free probe)
+            target = DEFAULT_GRAPH if operation.target == "DEFAULT" else operation.target
+            if readable is not None and target not in readable and isinstance(target, NamedNode | DefaultGraph):
+                if operation.verb != "CREATE" and operation.verb != "ADD":
+                    # what CLEAR, DROP, COPY and MOVE remove is what the graph holds: counted against
+                    # the size limit, its size could be learned by a client that may write the graph
+                    # but not read it (`INSERT DATA {own, N quads} ; CLEAR GRAPH <write-only>`, N
+                    # stepped until a 400). Refused before anything is read
+                    raise Forbidden(f"{operation.verb} empties the graph {target}: it needs the right to read it")
+                # as SILENT: "already exists" told a client that may write a graph but not read it
+                # whether the graph held anything (CREATE changes nothing: a free probe)
                 operation = dataclasses.replace(operation, silent=True)
             return self._graph_op(operation)
         if isinstance(operation, LoadOp):
@@ -660,6 +669,10 @@ class UpdateProcessor:
             if not moved and isinstance(target, NamedNode) and store.graph_exists(target):
                 dropped.add(target)
         added = {quad for quad in moved if quad not in store.ox}
+        # ADD is charged what it copies, not what it adds: how many of them the target held already
+        # tells a client that may write the target but not read it what the target holds
+        if verb == "ADD":
+            self._instantiated = len(moved)
         if verb == "MOVE":
             removed |= source_quads
             if isinstance(source, NamedNode) and store.graph_exists(source):

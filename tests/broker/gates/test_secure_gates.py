@@ -368,8 +368,9 @@ def test_the_reply_to_an_update_shows_nothing_of_a_graph_the_client_may_write_bu
     Before, a client that may write a graph but not read it (one that sends commands) read it
     through its replies: INSERT DATA of a quad said "added": 0 when the graph held it already (no
     change made, so nothing to undo), and DROP GRAPH with Prefer: return=representation listed
-    every quad the graph held, which the client could insert back; and "notifications" counted
-    other clients' subscriptions woken by the change, so it told the same."""
+    every quad the graph held, which the client could insert back (DROP of such a graph is now
+    refused: test_graph_operations_do_not_tell_what_a_write_only_graph_holds); and "notifications"
+    counted other clients' subscriptions woken by the change, so it told the same."""
 
     async def test(client: SecureClient) -> None:
         admin = await client.login("admin")
@@ -392,7 +393,10 @@ def test_the_reply_to_an_update_shows_nothing_of_a_graph_the_client_may_write_bu
             "Prefer": "return=representation",
         }
         async with client.session.post(
-            f"{client.https_url}/secure/update", data=f"DROP GRAPH <{SECRET}>", headers=headers, ssl=client.ssl
+            f"{client.https_url}/secure/update",
+            data=f"DELETE DATA {{ GRAPH <{SECRET}> {{ <{EX}safe> <{EX}code> 1234 }} }}",
+            headers=headers,
+            ssl=client.ssl,
         ) as response:
             assert response.status == 200
             reply = await response.json()
@@ -412,17 +416,20 @@ def test_the_reply_to_an_update_shows_nothing_of_a_graph_the_client_may_write_bu
 def test_create_and_drop_do_not_tell_a_client_whether_a_graph_it_may_not_read_exists(secure_gateway) -> None:
     """CREATE GRAPH answered 400 "already exists" when the graph held data and 200 when it did not,
     DROP the reverse: a client that may write a graph but not read it probed it at will (CREATE
-    changes nothing). For it they act as SILENT; for a graph it may read, the errors stand."""
+    changes nothing). For it CREATE acts as SILENT, and DROP and CLEAR are refused whether the
+    graph exists or not; for a graph it may read, the errors stand."""
 
     async def test(client: SecureClient) -> None:
         admin = await client.login("admin")
         commander = await client.login("commander")
         for holds in (True, False):
             await client.update(admin, SEED if holds else f"DROP SILENT GRAPH <{SECRET}>")
-            for verb in ("CREATE", "DROP", "CLEAR"):
+            status, reply = await client.update(commander, f"CREATE GRAPH <{SECRET}>")
+            assert (status, reply) == (200, {"added": 0, "removed": 0, "notifications": 0}), (holds, reply)
+            await client.update(admin, SEED if holds else f"DROP SILENT GRAPH <{SECRET}>")
+            for verb in ("DROP", "CLEAR"):
                 status, reply = await client.update(commander, f"{verb} GRAPH <{SECRET}>")
-                assert (status, reply) == (200, {"added": 0, "removed": 0, "notifications": 0}), (holds, verb, reply)
-                await client.update(admin, SEED if holds else f"DROP SILENT GRAPH <{SECRET}>")
+                assert (status, reply["error"]) == (403, "forbidden"), (holds, verb, reply)
         status, reply = await client.update(admin, f"CREATE GRAPH <{PUBLIC}>")
         assert (status, reply["error"]) == (400, "update_failed")
 
@@ -534,6 +541,51 @@ def test_the_size_limit_does_not_tell_what_a_write_only_graph_holds(
                 status, reply = await client.update(commander, request)
                 replies.append((status, reply.get("error")))
             assert replies == [(400, "update_failed")] * 2, (guess, replies)
+
+    run_secure(gateway, test)
+
+
+def test_graph_operations_do_not_tell_what_a_write_only_graph_holds(
+    in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path
+) -> None:
+    """What CLEAR, DROP, COPY and MOVE remove is what their target holds: counted against the size
+    limit, a client that may write a graph but not read it learned its size (`INSERT DATA {own, N
+    quads} ; CLEAR GRAPH <write-only>`, N stepped until a 400), so they need the right to read it
+    too. ADD is charged the quads it copies, not those it adds: the ones the target held already
+    told which of them it held."""
+    config = secure_config(ADMIN, COMMANDER, WRITER, data_dir=str(tmp_path / "data"))
+    config.engine.max_update_quads = 9
+    gateway = in_process_gateway(config)
+
+    def fresh(count: int) -> str:
+        return " ".join(f"<{EX}n{os.urandom(6).hex()}> <{EX}p> {number} ." for number in range(count))
+
+    async def test(client: SecureClient) -> None:
+        admin, commander, writer = [await client.login(name) for name in ("admin", "commander", "writer")]
+        assert (await client.update(admin, SEED))[0] == 200
+        secret = f"SELECT ?s ?p ?o WHERE {{ GRAPH <{SECRET}> {{ ?s ?p ?o }} }}"
+        held = await client.rows(admin, secret)
+        for request in (
+            f"CLEAR GRAPH <{SECRET}>",
+            f"CLEAR SILENT GRAPH <{SECRET}>",
+            f"DROP SILENT GRAPH <{SECRET}>",
+            f"COPY <{PUBLIC}> TO <{SECRET}>",
+            f"MOVE SILENT <{PUBLIC}> TO <{SECRET}>",
+            f"INSERT DATA {{ GRAPH <{SECRET}> {{ {fresh(2)} }} }} ; CLEAR GRAPH <{SECRET}>",
+        ):
+            status, reply = await client.update(commander, request)
+            assert (status, reply.get("error")) == (403, "forbidden"), (request, status, reply)
+        assert await client.rows(admin, secret) == held  # nothing of them applied
+        replies = []
+        for state in ("without", "with"):  # the target holds the copied quad, or not
+            if state == "with":
+                assert (await client.update(admin, f"ADD <{PUBLIC}> TO <{SECRET}>"))[0] == 200
+            request = f"INSERT DATA {{ GRAPH <{SECRET}> {{ {fresh(9)} }} }} ; ADD <{PUBLIC}> TO <{SECRET}>"
+            status, reply = await client.update(commander, request)
+            replies.append((status, reply.get("error")))
+        assert replies == [(400, "update_failed")] * 2, replies
+        assert (await client.update(commander, f"ADD <{PUBLIC}> TO <{SECRET}>"))[0] == 200  # may write it
+        assert (await client.update(writer, f"CLEAR GRAPH <{PUBLIC}>"))[0] == 200  # reads and writes it
 
     run_secure(gateway, test)
 
