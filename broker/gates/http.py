@@ -188,7 +188,7 @@ class HttpGate:
             self.counters["http_updates"] += 1
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
-            result = await self.scheduler.update(sparql, yield_to_loop=False, access=access)
+            result = await self.scheduler.update(sparql, yield_to_loop=False, client=owner, access=access)
             return _update_reply(_shown_to(result, access), request)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
@@ -213,7 +213,13 @@ class HttpGate:
             self.counters["http_delayed_updates"] += 1
             return _json({"scheduled": scheduled_json(entry)}, status=202)
         self.counters["http_updates"] += 1
-        result = await self.scheduler.update(sparql, yield_to_loop=False, access=access, **options)  # type: ignore[arg-type]
+        result = await self.scheduler.update(
+            sparql,
+            yield_to_loop=False,
+            client=owner,
+            access=access,
+            **options,  # type: ignore[arg-type]
+        )
         return _update_reply(_shown_to(result, access), request)
 
     async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:

@@ -94,3 +94,34 @@ def test_a_client_whose_queries_cost_their_worker_waits_for_its_successor(
 
     run_secure(gateway, test)
     assert gateway.metrics()["sepa_query_worker_replaced_total"] >= 2
+
+
+def test_a_client_sending_slow_updates_takes_turns_with_the_others(
+    in_process_gateway: Callable[..., InProcessGateway],
+) -> None:
+    """Updates run one at a time. Before, in one queue in arrival order, one client's eight updates
+    that each ran to the time limit held another client's update behind all of them (24 s at the
+    default limit); now the clients' queued updates take turns (broker.serial_lanes), so it waits
+    for the running one, one more, and (its reply, in the same group commit) the next: ~2.7 s."""
+    config = secure_config(HOG | {"write": ["*"]}, OTHER)
+    config.engine.time_limit_s = 1.0
+    gateway = in_process_gateway(config)
+    numbers = " ".join(str(number) for number in range(400))
+    slow = f"VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} VALUES ?c {{ {numbers} }} FILTER(?a + ?b + ?c < 0)"
+
+    async def test(client: SecureClient) -> None:
+        hog, other = await client.login("hog"), await client.login("other")
+        slow_updates = [
+            asyncio.create_task(client.update(hog, f"INSERT {{ <{EX}h> <{EX}p> ?a }} WHERE {{ {slow} }}"))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.3)  # the hog's updates are queued
+        started = time.monotonic()
+        status, reply = await client.update(other, f"INSERT DATA {{ <{EX}o> <{EX}p> 1 }}")
+        waited = time.monotonic() - started
+        hogged = [await task for task in slow_updates]
+        assert status == 200, reply
+        assert [(status, reply["error"]) for status, reply in hogged] == [(503, "timeout")] * 8, hogged
+        assert waited < 3.5, waited  # in arrival order: ~7.7 s
+
+    run_secure(gateway, test)
