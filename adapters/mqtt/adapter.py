@@ -286,10 +286,12 @@ class MqttAdapter:
             log.warning("mqtt: mappings not changed", extra={"error": str(error)})
 
     def health(self) -> dict[str, Any]:
-        """Healthy while connected to the MQTT broker (readings wait in the broker's session otherwise)."""
+        """Healthy while connected to the MQTT broker (readings wait in the broker's session otherwise),
+        ready once it acknowledged the gateway's filters (a reading sent before may never come)."""
         numbers = self.connection.metrics()
         connected = bool(numbers.get("connected"))
-        report: dict[str, Any] = {"ok": connected, "connected": connected}
+        subscribed = connected and bool(numbers.get("subscribed"))
+        report: dict[str, Any] = {"ok": subscribed, "connected": connected, "subscribed": subscribed}
         report["broker"] = f"{self.settings.host}:{self.settings.port}"
         if not connected and numbers.get("last_error"):
             report["last_error"] = numbers["last_error"]

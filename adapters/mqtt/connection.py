@@ -105,6 +105,9 @@ class ConnectionStats:
     """Counters for /metrics; each is written by one thread only (paho's or the event loop's)."""
 
     connected: bool = False
+    # The broker acknowledged the filters sent at connect (or kept them in a resumed session): only from then on
+    # does a reading published to a fresh session reach the gateway, so this, not `connected`, is readiness.
+    subscribed: bool = False
     connects: int = 0
     reconnects: int = 0
     connect_failures: int = 0
@@ -150,6 +153,7 @@ class MqttConnection:
         self.connected_us = 0
         self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
+        self._subscribe_mid: int | None = None  # the SUBSCRIBE sent at connect (see ConnectionStats.subscribed)
         self._stopping = False
 
     # -- lifecycle (event loop) --
@@ -184,7 +188,7 @@ class MqttConnection:
         client.disconnect()
         await asyncio.to_thread(client.loop_stop)
         self._connected.clear()
-        self.stats.connected = False
+        self.stats.connected = self.stats.subscribed = False
         for future in self._publishes.values():
             if not future.done():
                 future.set_exception(MqttError("mqtt: connection stopped before the broker acknowledged the publish"))
@@ -366,7 +370,10 @@ class MqttConnection:
         # The first connect always subscribes (the configured filters may have changed since the session was made);
         # later ones only when the broker lost the session, since subscribing again resends retained messages.
         if self._filters and (self._first_connect or not flags.session_present):
-            self._send_subscribe(self._filters)
+            self._subscribe_mid = self._send_subscribe(self._filters)
+            self.stats.subscribed = False
+        else:
+            self.stats.subscribed = True
         self._first_connect = False
         log.info("mqtt connected", extra={**self._where(), "session": "resumed" if flags.session_present else "new"})
         self._call(self._connected.set)
@@ -381,7 +388,7 @@ class MqttConnection:
             self._connection += 1
             self._unacked = 0
             self._lock.notify_all()
-        self.stats.connected = False
+        self.stats.connected = self.stats.subscribed = False
         self._call(self._connected.clear)
         if self._stopping:
             return
@@ -451,6 +458,8 @@ class MqttConnection:
             self._call(self._wake)
 
     def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, reasons: list[Any], _props: Any) -> None:
+        if mid == self._subscribe_mid:
+            self.stats.subscribed = True
         failed = [str(reason) for reason in reasons if reason.is_failure]
         if failed:
             self.stats.subscribe_failures += len(failed)
@@ -460,9 +469,11 @@ class MqttConnection:
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, reason: Any, _properties: Any) -> None:
         self._call(self._published, mid, str(reason) if reason.is_failure else None)
 
-    def _send_subscribe(self, filters: list[str]) -> None:
+    def _send_subscribe(self, filters: list[str]) -> int:
+        """Send one SUBSCRIBE for `filters`; returns its message id (its SUBACK carries it)."""
         qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
-        self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+        _result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+        return mid
 
     def _call(self, callback: Any, *args: Any) -> None:
         """Hand a callback to the event loop from paho's thread; after the loop closed there is no one to tell."""

@@ -62,7 +62,7 @@ class Pipeline:
 
     def start_gateway(self) -> RunningGateway:
         self.gateway = launch_gateway(config=self.config, data_dir=self.directory / "data")
-        wait_for(lambda: self.metrics().get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
+        wait_for(lambda: self.metrics().get("sepa_mqtt_connection_subscribed") == 1.0, 30, "the MQTT connection")
         return self.gateway
 
     def metrics(self) -> dict[str, float]:

@@ -139,7 +139,7 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
         gateway = installed.gateway
         credentials = installed.register("bench-dashboard", read=("*",), write=("*",))
         metrics_url = gateway.http_url + "/metrics"
-        wait_until(lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "MQTT")
+        wait_until(lambda: read_metrics(metrics_url).get("sepa_mqtt_connection_subscribed") == 1.0, 30, "MQTT")
         sensors = str(options.sensors)
         subscriber = children.start(
             "subscriber",

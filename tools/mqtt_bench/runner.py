@@ -153,7 +153,7 @@ def start_mqtt_setup(
         pipes=True,
     ))  # fmt: skip
     wait_until(
-        lambda: read_metrics(setup.metrics_url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection"
+        lambda: read_metrics(setup.metrics_url).get("sepa_mqtt_connection_subscribed") == 1.0, 30, "the MQTT connection"
     )
     setup.subscriber.receive(60)
     return setup

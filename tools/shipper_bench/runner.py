@@ -87,7 +87,7 @@ def _overhead_run(options: ShipperBenchOptions, shipper: bool, say: Log) -> floa
             toml += shipper_toml(landing_port, workdir / "spool") + f'token_file = "{workdir / "token"}"\n'
         gateway = start_gateway(children, workdir, allow_load=False, max_request_bytes=1 << 20, mqtt=toml)
         url = f"http://127.0.0.1:{gateway.http_port}/metrics"
-        wait_until(lambda: read_metrics(url).get("sepa_mqtt_connection_connected") == 1.0, 30, "the MQTT connection")
+        wait_until(lambda: read_metrics(url).get("sepa_mqtt_connection_subscribed") == 1.0, 30, "the MQTT connection")
         per = options.readings // options.publishers
         total = per * options.publishers
         before = cpu_seconds(gateway.child.pid)

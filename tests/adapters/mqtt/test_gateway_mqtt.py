@@ -50,7 +50,7 @@ def test_default_config_zigbee2mqtt_reading_is_an_observation_within_a_second(
 ) -> None:
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         started = time.monotonic()
         mosquitto.pub("zigbee2mqtt/kitchen", '{"temperature": 21.5}')
         wait_for(lambda: numeric_results(gateway, "zigbee2mqtt/kitchen"), timeout=1.0)
@@ -79,7 +79,7 @@ def test_mappings_are_rdf_managed_with_sparql_and_take_effect_without_restart(
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, configured))
     try:
         assert gateway.ask(PREFIXES + 'ASK { GRAPH ?g { ?m gw:mappingId "boiler" ; gw:topicFilter ?f } }')
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         mosquitto.pub("plant/boiler/flow", "63.5")
         wait_for(lambda: numeric_results(gateway, "plant/boiler/flow"))
         added = gateway.update(
@@ -110,7 +110,7 @@ def test_mappings_are_rdf_managed_with_sparql_and_take_effect_without_restart(
 def test_bad_payloads_are_counted_and_never_stop_or_half_write(mosquitto: Mosquitto, tmp_path: Path) -> None:
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "max_payload_bytes = 1024\n"))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         before = gateway.select("SELECT (COUNT(*) AS ?n) WHERE { GRAPH ?g { ?s ?p ?o } }")[0]["n"]
         mosquitto.pub("gateway/s1/temperature", "warm")  # not a number
         mosquitto.pub("zigbee2mqtt/hall", '{"temperature": 21.5, "humidity": ')  # broken JSON
@@ -174,7 +174,7 @@ def test_a_subscription_change_is_published_as_an_actuator_command(mosquitto: Mo
         text=True,
     )
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         time.sleep(0.3)  # mosquitto_sub subscribed
         assert gateway.update("INSERT DATA { <urn:example:lamp1> <urn:example:on> true }").status == 200
         assert (
@@ -197,7 +197,7 @@ def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
     config = config_file(tmp_path, mosquitto)
     data = tmp_path / "data"
     gateway = launch_gateway(config=config, data_dir=data)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
     assert gateway.stop() == 0
     paho_publish(mosquitto.port, "gateway/boiler/temperature", [str(40 + k).encode() for k in range(20)])
     restarted = launch_gateway(config=config, data_dir=data)
@@ -244,7 +244,7 @@ def test_kill_9_during_ingestion_loses_no_acknowledged_reading(mosquitto: Mosqui
     data = tmp_path / "data"
     total = 2000
     gateway = launch_gateway(config=config, data_dir=data)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
     publisher = subprocess.Popen(
         [
             "mosquitto_pub",
@@ -284,7 +284,7 @@ def test_edge_history_is_pruned_to_the_retention_count(mosquitto: Mosquitto, tmp
     extra = "\n[observations]\nretain_count = 3\nprune_interval_s = 0.2\n"
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         for value in range(10):
             mosquitto.pub("gateway/tank/temperature", str(value))
         wait_for(lambda: gateway.metrics().get("sepa_mqtt_readings") == 10)
@@ -300,7 +300,7 @@ def test_a_catastrophic_mapping_regex_costs_its_message_only(mosquitto: Mosquitt
     (counted) within the pattern's time limit and the gateway answers meanwhile."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         added = gateway.update(
             PREFIXES + "INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
             '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
@@ -368,7 +368,7 @@ def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tm
     skipped = 0.0
     for cycle in range(cycles):
         gateway = launch_gateway(config=config, data_dir=data)
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)  # noqa: B023
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)  # noqa: B023
         before = gateway.metrics().get("sepa_mqtt_ingest_acked", 0)
         publisher = _publish_lines(mosquitto, topic, range(cycle * per_cycle, (cycle + 1) * per_cycle))
         wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > before + 100, timeout=30)  # noqa: B023
@@ -411,7 +411,7 @@ def test_dropped_connections_store_every_reading_exactly_once(mosquitto: Mosquit
     topic, total = "gateway/flap/temperature", 3000
     gateway = launch_gateway(config=config)
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         publisher = _publish_lines(mosquitto, topic, range(total))
         for drop in range(3):
             wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connects") == drop + 1, timeout=30)  # noqa: B023
@@ -442,7 +442,7 @@ def test_a_broker_restart_mid_stream_stores_every_reading_once(mosquitto: Mosqui
     topic, total = "gateway/restart/temperature", 3000
     gateway = launch_gateway(config=config)
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         assert _publish_lines(mosquitto, topic, range(total)).wait(30) == 0
         wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > 500, timeout=30)
         mosquitto.restart()
@@ -477,7 +477,7 @@ def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitt
     )
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, actuator))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         client = listener()
         time.sleep(0.5)
         client.disconnect()
@@ -494,7 +494,7 @@ def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitt
                 assert gateway.update(update).status == 200
         assert gateway.metrics().get("sepa_mqtt_actuator_superseded") == 2 * 18
         mosquitto.start()
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0, timeout=30)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0, timeout=30)
         wait_for(lambda: gateway.metrics().get("sepa_mqtt_actuator_published") == 4, timeout=15)
         client = listener()
         deadline = time.monotonic() + 3

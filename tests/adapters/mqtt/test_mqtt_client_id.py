@@ -44,7 +44,7 @@ def test_readings_sent_while_the_gateway_restarts_are_kept_by_its_derived_sessio
     data = tmp_path / "data"
     gateway = launch_gateway(config=config, data_dir=data)
     try:
-        _wait(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        _wait(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
     finally:
         assert gateway.stop() == 0
     mosquitto.pub("gateway/boiler/temperature", "71.5")  # nobody connected: the session holds it

@@ -82,7 +82,7 @@ def test_a_reading_no_update_can_carry_costs_its_message_not_the_batch_nor_the_i
     retried the same batch every 5 s for ever: no reading of any sensor was stored again."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 300\n"))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         added = gateway.update(
             PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ "
             '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
@@ -132,7 +132,7 @@ def test_ten_thousand_mappings_in_the_graph_do_not_freeze_the_gateway_at_each_ch
     bar of 1 s; why it grew is not investigated): the bar is 2 s, which still catches the 3.5 s."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         for first in range(0, 10_000, 2_500):
             added = gateway.update(
                 PREFIXES + f"INSERT DATA {{ GRAPH {MAPPINGS} {{ {mapping_triples(first, 2_500)} }} }}"
@@ -177,7 +177,7 @@ def test_a_mapping_with_many_values_per_attribute_costs_its_size_not_their_produ
     10 million. Now one row per triple: the mapping is refused (counted), the others work."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         attributes = (
             "sensorTemplate propertyTemplate featureTemplate unit jsonPath pattern trueWords falseWords timePath order"
         )
@@ -210,7 +210,7 @@ def test_long_topics_are_dropped_not_remembered(mosquitto: Mosquitto, tmp_path: 
     counted and dropped, like an oversize payload."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         before = resident_mb(gateway)
         node = "n" * 60_000
         for first in range(0, 1_000, 100):
@@ -237,7 +237,7 @@ def test_unusable_mappings_in_the_graph_are_logged_once_not_at_every_change(
     warnings (200 per change, whatever changed). Now each is logged when it appears."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         broken = "".join(
             f'<urn:example:broken:{i}> a gw:TopicMapping ; gw:mappingId "b{i}" ; gw:topicFilter "b/{i}" ; '
             'gw:extract "no-such-extractor" .\n'
@@ -265,7 +265,7 @@ def test_a_mapping_whose_filter_brokers_refuse_costs_the_other_mappings_nothing(
     malformed = mosquitto.log.read_text().lower().count("malformed")
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         control = (
             '<urn:example:control> a gw:TopicMapping ; gw:mappingId "control" ; '
             'gw:topicFilter "evil\\u0001x/{sensor}" ; '
@@ -349,7 +349,7 @@ def test_a_time_key_too_large_for_a_double_is_ignored_like_any_unreadable_time(
     raised OverflowError instead of PayloadError, and the whole message was refused."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         huge = b"9" * 400
         publish(mosquitto.port, [("zigbee2mqtt/hall", b'{"temperature": 21.5, "last_seen": ' + huge + b"}")])
         publish(mosquitto.port, [("gateway/s1/temperature", b"19.5")])  # processed after it
@@ -371,7 +371,7 @@ def test_new_sensor_properties_past_the_bounds_are_counted_and_dropped_not_the_b
     extra = "batch_wait_ms = 300\n[observations]\nmax_sensor_properties = 4\nmax_properties_per_sensor = 2\n"
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         publish(
             mosquitto.port,
             [
@@ -413,7 +413,7 @@ def test_one_device_minting_a_sensor_per_record_name_is_bounded_per_device(
     extra = "batch_wait_ms = 300\n[observations]\nmax_sensor_properties = 300\nmax_properties_per_device = 4\n"
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         greedy = json.dumps([{"n": f"k{k}", "u": "Cel", "v": k} for k in range(7)]).encode()
         publish(mosquitto.port, [("senml/d1", greedy)])
         wait_for(lambda: "senml/d1" in bad_by_topic(gateway))
@@ -444,7 +444,7 @@ def test_a_batch_of_senml_packs_is_stored_in_updates_of_bounded_size(mosquitto: 
     extra = "batch_wait_ms = 500\nbatch_max_readings = 50\n"
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, extra))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         messages = [senml_pack(1, 30), senml_pack(2, 30), senml_pack(3, 80)]
         messages += [(f"gateway/s{k}/temperature", str(k).encode()) for k in range(5)]
         publish(mosquitto.port, messages)
@@ -471,7 +471,7 @@ def test_a_senml_pack_of_3000_timestamped_records_is_stored_and_holds_back_no_on
     records = [{"bn": "big/a", "bt": 1_700_000_000, "u": "Cel", "v": 0}] + [{"t": i, "v": i} for i in range(1, 3000)]
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         pack = json.dumps(records, separators=(",", ":")).encode()  # 58 KB, under max_payload_bytes
         publish(mosquitto.port, [("senml/big", pack), ("gateway/other/temperature", b"5")])
         wait_for(lambda: values(gateway, "gateway/other/temperature") == [5.0], timeout=20)

@@ -75,7 +75,8 @@ class Gateway:
         self.task = asyncio.create_task(self.ingestor.run())
         async with asyncio.timeout(5):
             await self.connection.wait_connected()
-        await asyncio.sleep(0.1)  # the SUBACK
+            while not self.connection.stats.subscribed:  # a message published before the SUBACK may never come
+                await asyncio.sleep(0.01)
         return self
 
     async def __aexit__(self, *_exc) -> None:

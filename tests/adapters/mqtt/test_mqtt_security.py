@@ -86,7 +86,7 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
     )
     gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         assert publish(installed_broker) != 0  # anonymous
         assert publish(installed_broker, "-u", "boiler", "-P", "wrong") != 0
         assert publish(installed_broker, "-u", "boiler", "-P", sensor) == 0
@@ -140,7 +140,7 @@ def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquit
         gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
     try:
         for gateway in gateways:
-            wait_for(lambda gateway=gateway: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+            wait_for(lambda gateway=gateway: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         for value in range(11):  # more than 10 s: the old loop took the session every second or so
             mosquitto.pub("gateway/boiler/temperature", str(60 + value))
             time.sleep(1)

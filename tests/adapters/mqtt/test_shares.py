@@ -150,7 +150,7 @@ def test_one_devices_flood_does_not_hold_back_the_other_devices(mosquitto: Mosqu
         messages += [("senml/flood", pack)] * 30
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         publish(mosquitto.port, messages)
         wait_for(lambda: values(gateway, "gateway/victim/temperature") == list(range(10)), timeout=30)
         dropped = gateway.metrics()["sepa_mqtt_over_share_dropped"]
@@ -167,7 +167,7 @@ def test_a_backlog_queued_during_an_outage_is_stored_whole(mosquitto: Mosquitto,
     part-way and the rest of its packs were dropped while B's readings came in between."""
     config = config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n")
     gateway = launch_gateway(config=config)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
     assert gateway.stop() == 0
     messages = []
     for k in range(30):
@@ -194,7 +194,7 @@ def test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading(
     so the flood right after the connect is no backlog (taken for one, 68 packs got through)."""
     gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n"))
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connected") == 1.0)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         records = [{"bn": "A/", "n": f"r{i}", "u": "Cel", "v": i} for i in range(40)]
         publish(mosquitto.port, [("senml/A", json.dumps(records).encode())] * 200 + [("gateway/B/temperature", b"7")])
         wait_for(lambda: values(gateway, "gateway/B/temperature") == [7.0], timeout=30)
