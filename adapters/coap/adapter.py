@@ -94,6 +94,7 @@ class CoapAdapter:
             observe,
             margin_s=observe_margin_s,
             backoff_max_s=observe_backoff_max_s,
+            max_payload_bytes=max_payload_bytes,
         )
         self.actuators = CoapActuators(client, actuators)
         self.mapping_errors = 0

@@ -26,6 +26,15 @@ registration is retried after 1 s, doubling up to `backoff_max_s` (with ±20 % j
 sensors lost together do not come back together); an observation that had lasted `backoff_max_s`
 starts again from 1 s, one that keeps ending sooner backs off like a failure. A gateway start
 registers everything anew.
+
+Block-wise notifications (RFC 7959 §2.6): a representation larger than one datagram comes as its
+first block, and the gateway asks for the others itself, each with a GET of its own. aiocoap
+assembled them without any limit, so one sensor (or anyone who can answer for it) that never says
+"last block" grew the gateway's memory for ever, a block per round trip. Here a notification is
+assembled up to `[coap] max_payload_bytes` (the bound of a POSTed reading) within
+REGISTER_TIMEOUT_S; one past it, or whose blocks do not follow on, is counted as a bad payload of
+its resource and the observation goes on. Notifications are taken in the order they came, so one
+waiting for its blocks holds those after it (at most MAX_WAITING; more are counted and dropped).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -41,6 +51,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 import aiocoap
 from aiocoap import Code
+from aiocoap.optiontypes import BlockOption
 from pyoxigraph import Literal, NamedNode
 
 from adapters.coap.batcher import Overloaded
@@ -56,6 +67,7 @@ log = logging.getLogger(__name__)
 REGISTER_TIMEOUT_S = 10.0  # a registration unanswered this long failed (a confirmable request alone retries for 93 s)
 FIRST_BACKOFF_S = 1.0
 DEFAULT_MAX_AGE_S = 60
+MAX_WAITING = 8  # notifications held behind one whose blocks are being fetched
 OBSERVATION_PREFIX = URN + "coap-observation:"
 _KEYS = {"uri", "source"}
 
@@ -197,6 +209,7 @@ class Observation:
         *,
         margin_s: float,
         backoff_max_s: float,
+        max_payload_bytes: int,
     ) -> None:
         self.target = target
         self.context = context
@@ -205,21 +218,25 @@ class Observation:
         self.counters = counters
         self.margin_s = margin_s
         self.backoff_max_s = backoff_max_s
+        self.max_payload_bytes = max_payload_bytes
         self.stats = ObserveStats()
         self.state = "starting"  # then "observed" or "failed" (retrying)
         self.last_error = ""
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
+        self._waiting: deque[aiocoap.Message] = deque()  # the one being assembled first, those after it behind
+        self._assembler: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"coap-observe {self.target.uri}")
 
     async def stop(self) -> None:
         """Stop observing; readings already received are still committed."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        for task in (self._task, self._assembler):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._assembler = None
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
 
@@ -239,7 +256,10 @@ class Observation:
         """One registration, followed until the observation ends; how long it lasted (0: it did not start)."""
         loop = asyncio.get_running_loop()
         registration = _Registration(loop.create_future())
-        request = self.context.request(aiocoap.Message(code=Code.GET, uri=self.target.uri, observe=0))
+        # Blocks are fetched here (see the module docstring), never by aiocoap, which sets no bound.
+        request = self.context.request(
+            aiocoap.Message(code=Code.GET, uri=self.target.uri, observe=0), handle_blockwise=False
+        )
         observation = request.observation
         assert observation is not None  # a request with Observe 0 has one
         # Before the first response: a notification that comes in before this task resumes is kept.
@@ -256,7 +276,7 @@ class Observation:
                 return self._failed(_why(error))
             if not response.code.is_successful():
                 return self._failed(f"answered {response.code.dotted} {response.payload[:100]!r}")
-            self._take(response)
+            self._receive(response)
             registration.deadline = loop.time() + self._lifetime(response)
             registration.first_taken = True
             for early in registration.early:
@@ -312,7 +332,74 @@ class Observation:
             return
         self.stats.notifications += 1
         registration.deadline = asyncio.get_running_loop().time() + self._lifetime(message)
-        self._take(message)
+        self._receive(message)
+
+    def _receive(self, message: aiocoap.Message) -> None:
+        """Take a representation now, or after its blocks and those of the notifications before it."""
+        block2 = message.opt.block2
+        if not self._waiting and (block2 is None or not block2.more):
+            self._take(message)
+            return
+        if len(self._waiting) > MAX_WAITING:
+            self._refuse(f"dropped: more than {MAX_WAITING} notifications waited for a block-wise one")
+            return
+        self._waiting.append(message)
+        if self._assembler is None:
+            self._assembler = asyncio.get_running_loop().create_task(self._assemble_waiting())
+
+    async def _assemble_waiting(self) -> None:
+        try:
+            while self._waiting:
+                whole = await self._assemble(self._waiting[0])
+                self._waiting.popleft()
+                if whole is not None:
+                    self._take(whole)
+        finally:
+            self._assembler = None
+
+    async def _assemble(self, first: aiocoap.Message) -> aiocoap.Message | None:
+        """The whole representation whose first block is `first`, fetched block by block; None
+        (counted as a bad payload) when it is over max_payload_bytes, its blocks do not follow on
+        or do not all come within REGISTER_TIMEOUT_S."""
+        block2 = first.opt.block2
+        if block2 is None or not block2.more:
+            return first
+        limit = self.max_payload_bytes
+        if block2.block_number != 0 or not block2.is_valid_for_payload_size(len(first.payload)):
+            return self._refuse("block-wise notification: its first block is not block 0 of its size")
+        if (first.opt.size2 or 0) > limit:
+            return self._refuse(f"block-wise notification of {first.opt.size2} bytes: over {limit}")
+        payload = bytearray(first.payload)
+        try:
+            async with asyncio.timeout(REGISTER_TIMEOUT_S):
+                while block2.more:
+                    if len(payload) >= limit:
+                        return self._refuse(f"block-wise notification over {limit} bytes")
+                    wanted = BlockOption.BlockwiseTuple(len(payload) // block2.size, False, block2.size_exponent)
+                    request = aiocoap.Message(code=Code.GET, uri=self.target.uri, block2=wanted)
+                    block = await self.context.request(request, handle_blockwise=False).response
+                    if not block.code.is_successful():
+                        return self._refuse(f"block {wanted.block_number} answered {block.code.dotted}")
+                    block2 = block.opt.block2
+                    if (
+                        block2 is None
+                        or block2.start != len(payload)
+                        or not block2.is_valid_for_payload_size(len(block.payload))
+                        or block.opt.etag != first.opt.etag
+                    ):
+                        return self._refuse(f"block {wanted.block_number} does not continue the representation")
+                    payload += block.payload
+        except TimeoutError:
+            return self._refuse(f"block-wise notification not fetched in {REGISTER_TIMEOUT_S:.0f} s")
+        except (aiocoap.error.Error, OSError) as error:
+            return self._refuse(f"block-wise notification: {_why(error)}")
+        if len(payload) > limit:
+            return self._refuse(f"block-wise notification over {limit} bytes")
+        return first.copy(payload=bytes(payload), block2=None)
+
+    def _refuse(self, why: str) -> None:
+        self.stats.bad_payloads += 1
+        self.counters.add(self.target.uri, why)
 
     def _take(self, message: aiocoap.Message) -> None:
         """Map one representation and hand its readings to the batcher (without waiting: the next
@@ -322,8 +409,7 @@ class Observation:
                 self._mapper(), self.target.source, message.opt.content_format, message.payload, time.time_ns() // 1000
             )
         except Refused as refused:
-            self.stats.bad_payloads += 1
-            self.counters.add(self.target.uri, f"{refused.code.dotted} {refused}")
+            self._refuse(f"{refused.code.dotted} {refused}")
             return
         if readings:
             task = asyncio.get_running_loop().create_task(self._commit(readings))
@@ -371,6 +457,7 @@ class Observer:
         *,
         margin_s: float = 5.0,
         backoff_max_s: float = 30.0,
+        max_payload_bytes: int = 65_536,
     ) -> None:
         self.client = client
         self._mapper = mapper
@@ -378,6 +465,7 @@ class Observer:
         self.configured = list(targets)
         self.margin_s = margin_s
         self.backoff_max_s = backoff_max_s
+        self.max_payload_bytes = max_payload_bytes
         self.counters = SourceCounters(label="coap: bad notification from")
         self.observations: dict[ObserveTarget, Observation] = {}
         self.retired = ObserveStats()  # the counts of resources no longer observed: the sums never go down
@@ -427,6 +515,7 @@ class Observer:
                     self.counters,
                     margin_s=self.margin_s,
                     backoff_max_s=self.backoff_max_s,
+                    max_payload_bytes=self.max_payload_bytes,
                 )
                 self.observations[target] = observation
                 observation.start()

@@ -1,4 +1,5 @@
-"""libcoap's command-line client, the real thing a CoAP user types (Debian package libcoap3-bin).
+"""libcoap's command-line client, the real thing a CoAP user types, and its example server, a real
+CoAP peer with block-wise observable resources (Debian package libcoap3-bin).
 
 Debian's libcoap3-bin installs `coap-client-notls`, `-gnutls` and `-openssl` without a plain
 `coap-client`; tests/run.sh links `coap-client` to the notls one, and this finds either.
@@ -16,6 +17,11 @@ MISSING = "libcoap's coap-client is not installed (Debian: apt-get install libco
 def coap_client() -> str | None:
     """The path of coap-client, or None."""
     return shutil.which("coap-client") or shutil.which("coap-client-notls")
+
+
+def coap_server() -> str | None:
+    """The path of libcoap's coap-server (its `/example_data` takes PUT and is observable), or None."""
+    return shutil.which("coap-server") or shutil.which("coap-server-notls")
 
 
 def text(payload: str) -> str:

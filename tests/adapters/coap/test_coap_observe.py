@@ -11,8 +11,10 @@ becomes a confirmable PUT the device receives; a section that cannot work is ref
 
 from __future__ import annotations
 
+import json
 import queue
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -21,8 +23,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiocoap
 import cbor2
 import pytest
+from aiocoap import Code
+from aiocoap.optiontypes import BlockOption
 from pyoxigraph import Literal, NamedNode
 
 from adapters.coap.actuators import CoapActuator
@@ -30,6 +35,7 @@ from adapters.coap.observer import ObserveTarget, observe_from_config
 from adapters.coap.plugin import PLUGIN, CoapConfig
 from gateway.appliance.config import ConfigError
 from tests.conftest import stop_and_check
+from tools.coap import libcoap
 from tools.launcher import RunningGateway
 
 PREFIXES = (
@@ -163,6 +169,111 @@ def test_each_notification_of_a_configured_resource_is_stored_once(
         "sosa:madeBySensor ?sensor } }"
     )
     assert sensor_row == [{"sensor": "urn:sepa-gateway:sensor:coap/meter/power"}] * 2
+
+
+class EndlessBlocks:
+    """A "sensor" on a real UDP socket whose representation never ends: every block it is asked
+    for, the first one of the registration included, is 1,024 bytes with "more" set."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.settimeout(0.1)
+        self.port = self.socket.getsockname()[1]
+        self.requests = 0
+        self.running = True
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.running:
+            try:
+                data, peer = self.socket.recvfrom(2048)
+            except TimeoutError:
+                continue
+            request = aiocoap.Message.decode(data)
+            if request.code != Code.GET:
+                continue  # the gateway's acknowledgements and resets
+            self.requests += 1
+            number = request.opt.block2.block_number if request.opt.block2 is not None else 0
+            answer = aiocoap.Message(code=Code.CONTENT, payload=b"1" * 1024)  # a piggybacked answer, written raw
+            answer.mtype, answer.mid, answer.token = aiocoap.ACK, request.mid, request.token
+            answer.opt.content_format = TEXT
+            answer.opt.block2 = BlockOption.BlockwiseTuple(number, True, 6)
+            if request.opt.observe == 0:
+                answer.opt.observe = 1
+            self.socket.sendto(answer.encode(), peer)
+
+    def close(self) -> None:
+        self.running = False
+        self.thread.join()
+        self.socket.close()
+
+
+@pytest.fixture
+def libcoap_server(tmp_path: Path) -> Iterator[Callable[[bytes], None]]:
+    """libcoap's coap-server on 127.0.0.1 (fails, never skips, when missing); yields its port's
+    `/example_data` URI's setter: a block-wise PUT by coap-client (its observers are notified)."""
+    tool = libcoap.coap_server()
+    if tool is None:
+        pytest.fail(libcoap.MISSING, pytrace=False)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [tool, "-A", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    uri = f"coap://127.0.0.1:{port}/example_data"
+
+    def put(payload: bytes) -> None:
+        body = tmp_path / "body"
+        body.write_bytes(payload)
+        deadline = time.monotonic() + 10
+        while not libcoap.succeeded(
+            done := libcoap.run(["-m", "put", "-b", "1024", "-t", "110", "-f", str(body), uri])
+        ):
+            assert time.monotonic() < deadline, done.stdout + done.stderr
+            time.sleep(0.1)
+
+    put.uri = uri  # type: ignore[attr-defined]
+    yield put
+    server.kill()
+    server.wait()
+
+
+def senml(values: range, offset: float = 0.0) -> bytes:
+    return json.dumps([{"bn": "urn:dev:meter:", "n": f"p{k}", "u": "W", "v": k + offset} for k in values]).encode()
+
+
+def test_a_block_wise_notification_is_assembled_up_to_max_payload_bytes_and_no_further(
+    libcoap_server: Callable[[bytes], None], start_gateway: Callable[..., RunningGateway]
+) -> None:
+    """aiocoap assembled an observed resource's blocks without a limit: a sensor (or whoever
+    answers for it) that never says "last block" was asked for block after block, the
+    representation growing in the gateway's memory for ever (1,712 blocks, 1.7 MB, in 2 s on
+    localhost). Now the assembly stops at [coap] max_payload_bytes, the notification is counted
+    as a bad payload, and libcoap's block-wise representations within the bound (the first
+    response and a notification, ~4.7 KB of SenML each) are stored whole."""
+    endless = EndlessBlocks()
+    libcoap_server(senml(range(80)))
+    try:
+        gateway = start_gateway(
+            coap=True,
+            toml="[coap]\nmax_payload_bytes = 8192\n"
+            + observe_entry(f"coap://127.0.0.1:{endless.port}/temperature", "s/endless/temperature")
+            + observe_entry(libcoap_server.uri, "s/meter"),  # type: ignore[attr-defined]
+        )
+        gateway.wait_for_metric("sepa_coap_observe_bad_payloads", lambda v: v >= 1, timeout=10)
+        eventually(lambda: len(values(gateway, "s/meter")) == 80, what="the first response's 80 readings")
+        libcoap_server(senml(range(80), offset=1000.0))
+        eventually(lambda: len(values(gateway, "s/meter")) == 160, what="the notification's 80 readings")
+        asked = endless.requests
+        time.sleep(1.0)
+        assert asked <= 8192 // 1024 and endless.requests == asked  # it stopped at the bound
+        assert gateway.metric("sepa_coap_observe_bad_payloads") == 1
+        assert sorted(values(gateway, "s/meter")) == [float(k) for k in range(80)] + [k + 1000.0 for k in range(80)]
+    finally:
+        endless.close()
 
 
 def test_an_observation_added_by_a_sparql_update_starts_and_a_deleted_one_stops(
