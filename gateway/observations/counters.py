@@ -19,6 +19,11 @@ class SourceCounters:
     unmapped sources). At most `max_topics` sources are tracked, the rest under one shared entry, so
     a client sending to endless source names cannot grow memory or the log. `label` names the
     adapter and its kind of source in the log ("mqtt: bad input on topic").
+
+    At most `max_reports` lines are written per `log_interval_s` in all: one line per source
+    still let a client that posts to 1,000 junk paths write 1,000 warnings a minute for as long
+    as it liked. The sources held back are named by count in one line when the next interval
+    starts (their counts are on /metrics), and reported with their counts when they come again.
     """
 
     def __init__(
@@ -27,6 +32,7 @@ class SourceCounters:
         max_topics: int = 1000,
         clock: Callable[[], float] = time.monotonic,
         label: str = "mqtt: bad input on topic",
+        max_reports: int = 20,
     ) -> None:
         self.label = label
         self.log_interval_s = log_interval_s
@@ -36,6 +42,10 @@ class SourceCounters:
         self.total = 0
         self._unlogged: dict[str, int] = {}
         self._logged_at: dict[str, float] = {}
+        self.max_reports = max_reports
+        self._window_start: float | None = None
+        self._reports = 0  # lines written since _window_start
+        self._held: set[str] = set()  # sources with a report due that the budget held back
 
     def add(self, topic: str, reason: str) -> None:
         """Count one bad message on `topic`; `reason` says what was wrong with it (logged with the count)."""
@@ -47,6 +57,8 @@ class SourceCounters:
         now = self._clock()
         last = self._logged_at.get(topic)
         if last is None or now - last >= self.log_interval_s:
+            if not self._may_report(topic, now):
+                return
             log.warning(
                 "%s %r: %s (%d since the last report, %d in total)",
                 self.label,
@@ -57,3 +69,22 @@ class SourceCounters:
             )
             self._logged_at[topic] = now
             self._unlogged[topic] = 0
+
+    def _may_report(self, topic: str, now: float) -> bool:
+        """Whether a line may be written now (see the class docstring); starts a new interval when due."""
+        if self._window_start is None or now - self._window_start >= self.log_interval_s:
+            if self._held:
+                log.warning(
+                    "%s: %d more sources had bad input that was not reported in the last %d s (counts on /metrics)",
+                    self.label,
+                    len(self._held),
+                    self.log_interval_s,
+                )
+            self._window_start, self._reports = now, 0
+            self._held.clear()
+        if self._reports >= self.max_reports:
+            self._held.add(topic)
+            return False
+        self._reports += 1
+        self._held.discard(topic)
+        return True

@@ -74,6 +74,23 @@ def test_bad_topics_are_logged_at_most_once_a_minute_with_their_count(caplog) ->
     assert counters.counts == {"zigbee2mqtt/kitchen": 1002} and counters.total == 1002
 
 
+def test_many_bad_sources_write_a_bounded_number_of_lines(caplog) -> None:
+    """1,000 junk topics (or CoAP paths) were 1,000 warnings, again every minute: now at most
+    max_reports lines an interval, and one line saying how many sources were held back."""
+    now = [0.0]
+    counters = SourceCounters(clock=lambda: now[0], max_reports=20)
+    with caplog.at_level(logging.WARNING):
+        for minute in range(3):
+            now[0] = minute * 60.0
+            for i in range(1000):
+                counters.add(f"junk/{i}", "unmapped topic")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 * 20 + 2
+    held = "980 more sources had bad input that was not reported in the last 60 s (counts on /metrics)"
+    assert lines[20].endswith(held) and lines[41].endswith(held)
+    assert counters.total == 3000 and counters.counts["junk/999"] == 3
+
+
 def test_topic_counters_do_not_grow_without_bound() -> None:
     counters = SourceCounters(max_topics=3)
     for i in range(100):
