@@ -20,6 +20,13 @@ Tags re-applied at start-up are in :attr:`RdfStore.recovered_tags`, so whoever o
 that its update is in the store even when the process died between the store write and the
 callback: that is what makes delayed updates run exactly once across kill -9 and power cuts.
 
+A request of several operations is computed by applying them one by one and undoing them all
+(:mod:`broker.core.update_processor`): those deltas are journalled as *provisional*, and the undo
+that ends them as *settling* them. A journal replay that ends with provisional deltas not settled
+(the gateway was killed, or the power cut, while such a request ran) undoes them, journalled as a
+settling record, so that no operation of a request is kept without the others; no checkpoint is
+taken while deltas are provisional (it would empty the journal that tells how to undo them).
+
 Replicas (the query workers of :mod:`broker.workers`) follow the store: :meth:`RdfStore.follow`
 takes a snapshot and registers a follower atomically, and every later delta reaches each follower
 (as the lists of quads and graphs the store applied), in the order the store applied them.
@@ -63,6 +70,10 @@ ONE_WRITE_QUADS = 20_000
 T = TypeVar("T")
 Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
 _MAGIC = b"SEPA-DELTA"
+# tags of the records of a request's operations and of the undo that settles them (a tag starting
+# with NUL is no delayed update's: see ApplyMark)
+PROVISIONAL = "\x00provisional"
+SETTLED = "\x00settled"
 
 
 def copy_live(source: Store, target: Store) -> int:
@@ -237,6 +248,16 @@ def _decode(data: bytes) -> tuple[list[Journalled], int]:
     return entries, whole - len(data)
 
 
+def _cancel_or_add(items: Iterable[T], undone: dict[T, None], into: dict[T, None]) -> None:
+    """Undo what a journalled delta put in one of its lists: drops it from `undone` (a later delta's
+    undo did the opposite) or else adds it to `into`."""
+    for item in items:
+        if item in undone:
+            del undone[item]
+        else:
+            into[item] = None
+
+
 class RdfStore:
     """A pyoxigraph Store plus the one mutating operation the engine uses."""
 
@@ -257,11 +278,14 @@ class RdfStore:
         self._journal_bytes = 0
         self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
         self.changes = 0  # calls of apply so far: while it holds, the store holds the same quads
+        self._unsettled = False  # a provisional delta was applied and not settled yet
         if path is not None:
             journal = path / JOURNAL
-            self._recover(journal)
+            unsettled = self._recover(journal)
             self._journal = journal.open("ab")
             self._journal_bytes = self._journal.tell()
+            if unsettled:
+                self._settle_recovered(unsettled)
 
     def query(self, sparql: str, **options: Any) -> Any:
         """pyoxigraph's query with the engine clock's SPARQL functions (broker.core.clock)."""
@@ -278,12 +302,12 @@ class RdfStore:
         (directory / "store").mkdir(parents=True, exist_ok=True)
         return cls(Store(str(directory / "store")), directory)
 
-    def _recover(self, journal: Path) -> None:
-        """Re-apply the journal, in order (see the module docstring). It is kept until the next
-        checkpoint: the owners of its tags hear of them after start-up, and a second crash before
-        then finds them again."""
+    def _recover(self, journal: Path) -> list[Journalled]:
+        """Re-apply the journal, in order (see the module docstring); returns the provisional
+        deltas at its end that nothing settled. It is kept until the next checkpoint: the owners of
+        its tags hear of them after start-up, and a second crash before then finds them again."""
         if not journal.exists():
-            return
+            return []
         data = journal.read_bytes()
         entries, complete = _decode(data)
         if complete < len(data):
@@ -295,10 +319,36 @@ class RdfStore:
                 os.fsync(file.fileno())
         if entries:
             log.info("replaying the journal", extra={"updates": len(entries)})
-        for added, removed, created, dropped, tag in entries:
+        unsettled: list[Journalled] = []
+        for entry in entries:
+            added, removed, created, dropped, tag = entry
             self._apply(added, removed, created, dropped)
-            if tag:
+            if tag == PROVISIONAL:
+                unsettled.append(entry)
+            elif tag == SETTLED:
+                unsettled.clear()
+            elif tag:
                 self.recovered_tags.append(tag)
+        return unsettled
+
+    def _settle_recovered(self, unsettled: list[Journalled]) -> None:
+        """Undo the provisional deltas a replay ended with, last first, as one settling record."""
+        added: dict[Quad, None] = {}
+        removed: dict[Quad, None] = {}
+        created: dict[NamedNode, None] = {}
+        dropped: dict[NamedNode, None] = {}
+        for entry_added, entry_removed, entry_created, entry_dropped, _tag in reversed(unsettled):
+            # exact deltas: undoing each, last first, gives the store as it was before them
+            _cancel_or_add(entry_added, added, removed)
+            _cancel_or_add(entry_removed, removed, added)
+            _cancel_or_add(entry_created, created, dropped)
+            _cancel_or_add(entry_dropped, dropped, created)
+        log.warning("the journal ends inside a request of several operations: its operations undone",
+                    extra={"records": len(unsettled)})  # fmt: skip
+        with self.lock:
+            self._unsettled = True  # the settling record is written even when the undo is empty
+            self._apply_locked(list(added), list(removed), list(created), list(dropped), None, SETTLED)
+        self.sync()
 
     @property
     def on_disk(self) -> bool:
@@ -311,10 +361,13 @@ class RdfStore:
         graphs_created: Iterable[NamedNode] = (),
         graphs_dropped: Iterable[NamedNode] = (),
         mark: ApplyMark | None = None,
+        sequence: str = "",
     ) -> None:
         """Remove then add exactly these quads, then create/drop empty named graphs: whole or not at all.
 
         With a `mark`, its callback runs once the change is in the store (see the module docstring).
+        `sequence` is PROVISIONAL for an operation of a request of several, SETTLED for the undo
+        that ends them (see the module docstring).
 
         On disk, an I/O error (the disk full: ENOSPC, EFBIG) raises StoreFailed, and so does every
         apply after it. Measured with a 40 MB data directory filled by 2,000-triple updates: the
@@ -327,7 +380,7 @@ class RdfStore:
             if self.failed is not None:
                 raise StoreFailed(self._failure(self.failed))
             try:
-                self._apply_locked(added, removed, graphs_created, graphs_dropped, mark)
+                self._apply_locked(added, removed, graphs_created, graphs_dropped, mark, sequence)
             except OSError as error:
                 if not self.on_disk:
                     raise
@@ -351,6 +404,7 @@ class RdfStore:
         graphs_created: Iterable[NamedNode],
         graphs_dropped: Iterable[NamedNode],
         mark: ApplyMark | None,
+        sequence: str = "",
     ) -> None:
         """:meth:`apply`'s work, under the lock."""
         self.changes += 1
@@ -362,10 +416,13 @@ class RdfStore:
             return
         added, removed = list(added), list(removed)
         graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
-        if not (added or removed or graphs_created or graphs_dropped or mark):
+        settles = sequence == SETTLED and self._unsettled  # written even empty: it closes the provisional ones
+        if not (added or removed or graphs_created or graphs_dropped or mark or settles):
             return
         if journal is not None:
-            tag = mark.tag if mark is not None else ""
+            tag = mark.tag if mark is not None else sequence
+            if sequence:
+                self._unsettled = sequence == PROVISIONAL
             entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
             journal.write(entry)
             journal.flush()  # in the kernel: safe from a kill now, from a power cut once synced
@@ -378,7 +435,7 @@ class RdfStore:
             follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
         if mark is not None:
             mark.committed(mark.tag)
-        if self._journal_bytes > CHECKPOINT_BYTES:
+        if self._journal_bytes > CHECKPOINT_BYTES and not self._unsettled:
             self._checkpoint()
 
     @property

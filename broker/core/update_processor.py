@@ -3,6 +3,10 @@
 `compute` never leaves the store changed: a single-operation request (the common case) is
 evaluated against the store as it is; a multi-operation request applies its operations one by
 one (each sees the previous ones), keeps an undo log, and restores the store before returning.
+On disk those operations are journalled as provisional and the undo as settling them, so a
+gateway killed in between comes back without them (:mod:`broker.store`). Readers (queries, the
+query workers' replicas) may still see them while the request runs: isolating them needs the
+operations computed over an overlay of the store, which is not built.
 The net delta is then applied by the SPU manager between the two phases of subscription
 processing (removed results are computed on the old state, added ones on the new).
 """
@@ -36,7 +40,7 @@ from broker.sparql.update_parser import (
     located_error,
     parse_update,
 )
-from broker.store import ApplyMark, RdfStore
+from broker.store import PROVISIONAL, SETTLED, ApplyMark, RdfStore
 
 LOAD_LIMIT_BYTES = 64 * 1024 * 1024
 
@@ -354,14 +358,17 @@ class UpdateProcessor:
                 # readers for the time limit, and for good if the gateway died meanwhile)
                 self._target(quad.graph_name for quads in (added, removed) for quad in quads)
                 self._target([*created, *dropped])
-                self.store.apply(added, removed, created, dropped)
+                self.store.apply(added, removed, created, dropped, sequence=PROVISIONAL)
                 net.add(added, removed)
                 charged += len(added) + len(removed) if self._instantiated is None else self._instantiated
                 check_size(charged, self._limit)
         finally:
             graphs_after = set(ox.named_graphs())
-            # undone through apply, so that the store's followers undo it too
-            self.store.apply(net.removed, net.added, graphs_before - graphs_after, graphs_after - graphs_before)
+            # undone through apply, so that the store's followers undo it too; journalled as settling
+            # the operations' records, which a replay after a crash before this line undoes
+            self.store.apply(
+                net.removed, net.added, graphs_before - graphs_after, graphs_after - graphs_before, sequence=SETTLED
+            )
         return Delta(
             frozenset(net.added),
             frozenset(net.removed),

@@ -31,6 +31,21 @@ def _quad(index: int) -> Quad:
     return Quad(NamedNode(f"{EX}s{index}"), NamedNode(f"{EX}p"), Literal(str(index)))
 
 
+def kill_once_journalled(child: str, data_dir: Path, after_s: float) -> None:
+    """Run `child` (Python source) and kill -9 it `after_s` after its first journal record."""
+    process = subprocess.Popen([sys.executable, "-c", child])
+    journal = data_dir / JOURNAL
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if journal.exists() and journal.stat().st_size > 0:
+            time.sleep(after_s)
+            break
+        time.sleep(0.001)
+    assert process.poll() is None, "the child finished before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
 def test_a_complete_journal_is_finished_when_the_store_is_opened(tmp_path: Path) -> None:
     store = RdfStore.open(tmp_path)
     store.ox.extend([_quad(1), _quad(2)])
@@ -134,19 +149,55 @@ def test_killed_in_the_middle_of_a_large_delete_the_update_is_applied_whole(tmp_
         engine.update("DELETE WHERE {{ ?s <{EX}p> ?o }}")
         """
     )
-    process = subprocess.Popen([sys.executable, "-c", child])
-    journal = tmp_path / JOURNAL
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        if journal.exists() and journal.stat().st_size > 0:
-            time.sleep(0.05)  # well inside the removals
-            break
-        time.sleep(0.001)
-    assert process.poll() is None, "the child finished before it could be killed"
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_once_journalled(child, tmp_path, 0.05)  # well inside the removals
     reopened = RdfStore.open(tmp_path)
     assert len(reopened.quads()) == 0  # not some of the 200,000: all of them are gone
+
+
+def test_killed_inside_a_request_of_several_operations_none_of_them_is_kept(tmp_path: Path) -> None:
+    """A real kill -9 after the first operation of `INSERT DATA ; INSERT ... WHERE { slow }` was
+    applied (its record in the journal) and while the second one's WHERE runs: the first was
+    kept on restart, a request half applied. Now its record is provisional and the replay undoes it."""
+    setup = Engine(RdfStore.open(tmp_path))
+    setup.store.ox.extend(_quad(index) for index in range(3_000))
+    setup.store.close()
+    del setup
+    slow = f"SELECT (COUNT(*) AS ?n) WHERE {{ ?a <{EX}p> ?b . ?c <{EX}p> ?d . FILTER(?b != ?d) }}"
+    request = f'INSERT DATA {{ <{EX}x> <{EX}first> "1" }} ; INSERT {{ <{EX}x> <{EX}count> ?n }} WHERE {{ {slow} }}'
+    child = textwrap.dedent(
+        f"""
+        from broker.core.engine import Engine
+        from broker.store import RdfStore
+        engine = Engine(RdfStore.open({str(tmp_path)!r}))
+        engine.update({request!r})
+        """
+    )
+    kill_once_journalled(child, tmp_path, 0.2)  # inside the second operation's WHERE (9 million pairs)
+    reopened = RdfStore.open(tmp_path)
+    assert [q for q in reopened.quads() if q.subject == NamedNode(f"{EX}x")] == []
+    assert len(reopened.quads()) == 3_000
+    reopened.apply([_quad(5_000)], [])
+    reopened.close()
+    del reopened
+    again = RdfStore.open(tmp_path)  # the undo was journalled: a later record is not undone with it
+    assert len(again.quads()) == 3_001 and _quad(5_000) in again.quads()
+
+
+def test_a_settled_request_replays_as_it_ran(tmp_path: Path) -> None:
+    """Provisional records then their settling undo then the net delta: the replay ends where the
+    store was, and an empty undo (operations that cancel out) still settles them."""
+    store = RdfStore.open(tmp_path)
+    store.apply([_quad(1)], [], sequence=broker.store.PROVISIONAL)
+    store.apply([], [_quad(1)], sequence=broker.store.PROVISIONAL)
+    store.apply([], [], sequence=broker.store.SETTLED)  # the net of the two is nothing
+    store.apply([_quad(2)], [], sequence=broker.store.PROVISIONAL)
+    store.apply([], [_quad(2)], sequence=broker.store.SETTLED)
+    store.apply([_quad(2)], [])  # the request's net delta
+    store.apply([_quad(1)], [])  # a later update
+    store.close()
+    del store
+    reopened = RdfStore.open(tmp_path)
+    assert sorted(map(str, reopened.quads())) == sorted(map(str, [_quad(1), _quad(2)]))
 
 
 def test_on_disk_a_delta_reaches_rocksdbs_log_in_one_write(tmp_path: Path) -> None:
