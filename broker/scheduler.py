@@ -324,14 +324,22 @@ class Scheduler:
         Group commit: the results of the calls run back to back are handed to the loop together,
         after one :meth:`RdfStore.sync` (a no-op in memory), so an update is acknowledged only once
         it is on stable storage and a burst of updates costs one fdatasync, not one each. A group
-        ends when the queue runs dry, at GROUP_COMMIT_MAX calls, or after the call that ends past
+        ends when the queue runs dry, at GROUP_COMMIT_MAX calls, after the call that ends past
         GROUP_COMMIT_MAX_S from its first (a fast burst reaches the count about then: 256 updates
-        of ~0.2 ms)."""
+        of ~0.2 ms), or before the turn of a client whose last call ran longer than that (its next
+        one would hold the replies of the calls before it: broker.serial_lanes)."""
         done: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         since = 0.0  # when the first call of `done` ended
         while True:
+            lane: str | None | bool = False  # False: a due call, which is in no lane
             try:
-                call, future = self._due.popleft() if self._due else self._serial.popleft()
+                if self._due:
+                    call, future = self._due.popleft()
+                else:
+                    if done and self._serial.next_is_slow():
+                        self._acknowledge(loop, done)
+                        done = []
+                    lane, (call, future) = self._serial.pop()
             except IndexError:
                 if done:
                     self._acknowledge(loop, done)
@@ -341,10 +349,13 @@ class Scheduler:
                     return
                 self._draining = True  # something arrived between the two checks
                 continue
+            started = time.monotonic()
             try:
                 done.append((future, _clean_errors(call), None))
             except BaseException as error:  # delivered to the awaiting request
                 done.append((future, None, error))
+            if lane is not False:
+                self._serial.ran(lane, time.monotonic() - started > GROUP_COMMIT_MAX_S)
             if len(done) == 1:
                 since = time.monotonic()
             if len(done) >= GROUP_COMMIT_MAX or time.monotonic() - since > GROUP_COMMIT_MAX_S:

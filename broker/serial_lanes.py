@@ -5,9 +5,11 @@ time limit. In one FIFO, one secure client's updates that each ran to the limit 
 client's updates behind all of them: eight of them held a victim's update 24 s. Here each secure
 client has a lane of its own, and the update thread takes one call from each lane with calls in
 turn, so another client's update waits for at most one of that client's calls besides the one
-running, however many it queued (its reply may wait for one more: the group commit of
-broker.scheduler; measured: 2.7 s behind eight updates that each ran to a 1 s time limit, 7.8 s
-before, `tests/broker/gates/test_fair_share.py`). A client's own calls keep their order. Calls that name no
+running, however many it queued (measured: 2.7 s behind eight updates that each ran to a 1 s time
+limit, 7.8 s before, `tests/broker/gates/test_fair_share.py`). Its reply then waited for one more:
+the group commit of broker.scheduler acknowledged it with the call after it. So a lane whose last
+call ran long is marked slow (:meth:`ran`), and the scheduler ends a group before such a lane's
+turn (:meth:`next_is_slow`): 1.7 s now. A client's own calls keep their order. Calls that name no
 client (the plain gates, whose local clients share an address, the adapters, the gateway's own
 writers) share one lane, in arrival order, as before. A lane holds at most `lane_limit` calls:
 one client cannot fill the whole queue (past it the scheduler answers 429 to that client alone).
@@ -38,6 +40,7 @@ class SerialLanes(Generic[Item]):
         self._lanes: dict[str | None, deque[Item]] = {}
         self._turns: deque[str | None] = deque()  # the lanes holding items, in the order they take them
         self._size = 0
+        self._slow: set[str | None] = set()  # lanes whose last call ran long (see the module docstring)
 
     def __len__(self) -> int:
         return self._size
@@ -60,6 +63,10 @@ class SerialLanes(Generic[Item]):
 
     def popleft(self) -> Item:
         """The first item of the lane whose turn it is; IndexError when there is none."""
+        return self.pop()[1]
+
+    def pop(self) -> tuple[str | None, Item]:
+        """The lane whose turn it is and its first item; IndexError when there is none."""
         with self._lock:
             if not self._turns:
                 raise IndexError("no serial call queued")
@@ -71,4 +78,19 @@ class SerialLanes(Generic[Item]):
                 self._turns.append(lane)
             else:
                 del self._lanes[lane]
-            return item
+            return lane, item
+
+    def next_is_slow(self) -> bool:
+        """Whether the lane whose turn is next ran its last call long."""
+        with self._lock:
+            return bool(self._turns) and self._turns[0] in self._slow
+
+    def ran(self, lane: str | None, slow: bool) -> None:
+        """Record whether `lane`'s last call ran long (kept for the lanes of a few thousand clients)."""
+        with self._lock:
+            if not slow:
+                self._slow.discard(lane)
+                return
+            if len(self._slow) >= 4096:
+                self._slow.clear()
+            self._slow.add(lane)

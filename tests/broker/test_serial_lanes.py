@@ -32,3 +32,19 @@ def test_a_client_lane_is_bounded_the_shared_lane_is_not() -> None:
         lanes.append(item)  # the scheduler's queue bounds the shared lane
     lanes.append(1, "other")
     assert len(lanes) == 8
+
+
+def test_a_lane_whose_last_call_ran_long_is_named_before_its_turn() -> None:
+    """The scheduler ends a group commit before such a lane's turn, so the replies of the calls
+    before it do not wait for its next call too."""
+    lanes: SerialLanes[str] = SerialLanes(lane_limit=10)
+    lanes.append("h1", "hog")
+    lanes.append("h2", "hog")
+    lanes.append("o1", "other")
+    lane, item = lanes.pop()
+    assert (lane, item) == ("hog", "h1") and not lanes.next_is_slow()
+    lanes.ran("hog", slow=True)
+    assert lanes.pop() == ("other", "o1")
+    assert lanes.next_is_slow()  # h2 is next
+    lanes.ran("hog", slow=False)
+    assert not lanes.next_is_slow()
