@@ -594,7 +594,8 @@ class RdfStore:
         """Flush, empty and release the journal (the pyoxigraph store closes when dropped)."""
         if self._journal is not None:
             with self.lock:
-                if self.failed is None:  # else the journal is replayed at the next start
+                # else the journal is replayed at the next start (and what is provisional undone)
+                if self.failed is None and not self._unsettled:
                     self._checkpoint()
                 with self._sync_lock:
                     self._journal.close()

@@ -183,21 +183,61 @@ def test_killed_inside_a_request_of_several_operations_none_of_them_is_kept(tmp_
     assert len(again.quads()) == 3_001 and _quad(5_000) in again.quads()
 
 
-def test_a_settled_request_replays_as_it_ran(tmp_path: Path) -> None:
-    """Provisional records then their settling undo then the net delta: the replay ends where the
-    store was, and an empty undo (operations that cancel out) still settles them."""
-    store = RdfStore.open(tmp_path)
-    store.apply([_quad(1)], [], sequence=broker.store.PROVISIONAL)
-    store.apply([], [_quad(1)], sequence=broker.store.PROVISIONAL)
-    store.apply([], [], sequence=broker.store.SETTLED)  # the net of the two is nothing
-    store.apply([_quad(2)], [], sequence=broker.store.PROVISIONAL)
-    store.apply([], [_quad(2)], sequence=broker.store.SETTLED)
-    store.apply([_quad(2)], [])  # the request's net delta
-    store.apply([_quad(1)], [])  # a later update
-    store.close()
+_UNIVERSE = [
+    Quad(
+        NamedNode(f"{EX}s{i}"),
+        NamedNode(f"{EX}p"),
+        Literal(str(i)),
+        NamedNode(f"{EX}g{i % 2}") if i % 3 else DefaultGraph(),
+    )
+    for i in range(8)
+]
+_operations = st.lists(st.tuples(st.sets(st.integers(0, 7)), st.sets(st.integers(0, 7))), min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.tuples(_operations, st.booleans()), max_size=4), unfinished=_operations)
+def test_a_replay_undoes_the_operations_of_the_request_a_kill_cut_and_only_those(
+    tmp_path_factory: pytest.TempPathFactory, requests: list, unfinished: list
+) -> None:
+    """Requests of several operations as the update processor journals them (each operation
+    provisional, then the undo that settles them, then the net delta if the request succeeded),
+    then one cut by a kill after some of its operations: opened again, the store is as it was
+    before that one, whatever the operations added and removed (one undoing another's work too),
+    and stays so at the next opening."""
+    directory = tmp_path_factory.mktemp("store")
+    store = RdfStore.open(directory)
+    state: set[Quad] = set()
+
+    def run(store: RdfStore, operations: list) -> None:
+        for to_add, to_remove in operations:
+            added = [_UNIVERSE[i] for i in sorted(to_add) if _UNIVERSE[i] not in state]
+            removed = [_UNIVERSE[i] for i in sorted(to_remove - to_add) if _UNIVERSE[i] in state]
+            store.apply(added, removed, sequence=broker.store.PROVISIONAL)
+            state.difference_update(removed)
+            state.update(added)
+
+    for operations, succeeded in requests:
+        before = set(state)
+        run(store, operations)
+        after = set(state)
+        store.apply(list(before - after), list(after - before), sequence=broker.store.SETTLED)
+        state.clear()
+        state.update(before)
+        if succeeded:
+            store.apply(list(after - before), list(before - after))
+            state.update(after - before)
+            state.difference_update(before - after)
+    expected = set(state)
+    run(store, unfinished)
+    store.close()  # as a kill leaves it: the journal is not emptied while operations are provisional
     del store
-    reopened = RdfStore.open(tmp_path)
-    assert sorted(map(str, reopened.quads())) == sorted(map(str, [_quad(1), _quad(2)]))
+    reopened = RdfStore.open(directory)
+    assert reopened.quads() == expected
+    reopened.apply([_UNIVERSE[0]] if _UNIVERSE[0] not in expected else [], [])
+    reopened.close()
+    del reopened
+    assert RdfStore.open(directory).quads() == expected | {_UNIVERSE[0]}
 
 
 def test_on_disk_a_delta_reaches_rocksdbs_log_in_one_write(tmp_path: Path) -> None:
