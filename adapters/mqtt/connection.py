@@ -154,6 +154,13 @@ class MqttConnection:
         self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
         self._subscribe_mid: int | None = None  # the SUBSCRIBE sent at connect (see ConnectionStats.subscribed)
+        # Filter changes made at run time that the broker's session has not had (filter: True to subscribe, False
+        # to unsubscribe; the last change wins), and the (UN)SUBSCRIBEs sent for them and not yet acknowledged. A
+        # change made while the broker is away is sent when the next connection resumes the session: it once
+        # waited for a connection that made a new one, and a mapping added during an outage was never delivered.
+        self._unsent: dict[str, bool] = {}
+        self._awaited: set[int] = set()
+        self._changes_lock = threading.Lock()
         self._stopping = False
 
     # -- lifecycle (event loop) --
@@ -206,8 +213,8 @@ class MqttConnection:
         known = set(self._filters)  # not the list: 2,500 filters added to 10,000 were 25 million comparisons
         new = [check_filter(f) for f in dict.fromkeys(filters) if f not in known]
         self._filters.extend(new)
-        if new and self._client is not None and self._client.is_connected():
-            self._send_subscribe(new)
+        if new:
+            self._change(dict.fromkeys(new, True))
 
     async def unsubscribe(self, filters: Iterable[str]) -> None:
         """Remove filters (mappings removed at run time), from the broker's session too."""
@@ -215,8 +222,38 @@ class MqttConnection:
         gone = [f for f in dict.fromkeys(filters) if f in known]
         removed = set(gone)
         self._filters = [f for f in self._filters if f not in removed]
-        if gone and self._client is not None and self._client.is_connected():
-            self._client.unsubscribe(gone)
+        if gone:
+            self._change(dict.fromkeys(gone, False))
+
+    def _change(self, changes: dict[str, bool]) -> None:
+        """Record filter changes; sent now if connected, else when the next connection resumes the session."""
+        with self._changes_lock:
+            self._unsent.update(changes)
+        if self._client is not None and self._client.is_connected():
+            self._send_changes()
+
+    def _send_changes(self) -> None:
+        """Send the unsent filter changes (either thread); those paho could not send (the connection
+        just went) stay unsent."""
+        with self._changes_lock:
+            changes, self._unsent = self._unsent, {}
+        failed: dict[str, bool] = {}
+        for subscribe in (True, False):
+            filters = [f for f, on in changes.items() if on is subscribe]
+            if not filters:
+                continue
+            if subscribe:
+                result, mid = self._send_subscribe(filters)
+            else:
+                result, mid = self._client.unsubscribe(filters)
+            with self._changes_lock:
+                if result == mqtt.MQTT_ERR_SUCCESS:
+                    self._awaited.add(mid)
+                else:
+                    failed.update(dict.fromkeys(filters, subscribe))
+        if failed:
+            with self._changes_lock:
+                self._unsent = {**failed, **self._unsent}
 
     async def receive(self, limit: int, timeout: float | None = None, fill: bool = False) -> list[Message]:
         """Up to `limit` messages in arrival order, or [] after `timeout` or `stop`.
@@ -296,7 +333,10 @@ class MqttConnection:
 
     def metrics(self) -> dict[str, Any]:
         """Counters and state for /metrics."""
-        return {**asdict(self.stats), "unacked": self._unacked, "queued": self.queued}
+        with self._changes_lock:
+            pending = len(self._unsent) + len(self._awaited)
+        # filter changes not yet acknowledged by the broker (sent, or waiting for a connection)
+        return {**asdict(self.stats), "unacked": self._unacked, "queued": self.queued, "pending_filters": pending}
 
     # -- paho's thread --
 
@@ -323,6 +363,7 @@ class MqttConnection:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
+        client.on_unsubscribe = self._on_unsubscribe
         client.on_publish = self._on_publish
         if hasattr(client, "_on_message_filtered"):
             client._on_message_filtered = _NO_FILTERED_CALLBACKS
@@ -369,11 +410,18 @@ class MqttConnection:
         self.stats.reconnects = self.stats.connects - 1
         # The first connect always subscribes (the configured filters may have changed since the session was made);
         # later ones only when the broker lost the session, since subscribing again resends retained messages.
-        if self._filters and (self._first_connect or not flags.session_present):
-            self._subscribe_mid = self._send_subscribe(self._filters)
+        fresh = self._first_connect or not flags.session_present
+        if fresh:  # the SUBSCRIBE of every filter below is all the session needs
+            with self._changes_lock:
+                self._unsent.clear()
+                self._awaited.clear()
+        if fresh and self._filters:
+            self._subscribe_mid = self._send_subscribe(self._filters)[1]
             self.stats.subscribed = False
         else:
             self.stats.subscribed = True
+            if not fresh:
+                self._send_changes()
         self._first_connect = False
         log.info("mqtt connected", extra={**self._where(), "session": "resumed" if flags.session_present else "new"})
         self._call(self._connected.set)
@@ -460,6 +508,8 @@ class MqttConnection:
     def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, reasons: list[Any], _props: Any) -> None:
         if mid == self._subscribe_mid:
             self.stats.subscribed = True
+        with self._changes_lock:
+            self._awaited.discard(mid)
         failed = [str(reason) for reason in reasons if reason.is_failure]
         if failed:
             self.stats.subscribe_failures += len(failed)
@@ -469,11 +519,15 @@ class MqttConnection:
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, reason: Any, _properties: Any) -> None:
         self._call(self._published, mid, str(reason) if reason.is_failure else None)
 
-    def _send_subscribe(self, filters: list[str]) -> int:
-        """Send one SUBSCRIBE for `filters`; returns its message id (its SUBACK carries it)."""
+    def _on_unsubscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, _reasons: Any, _props: Any) -> None:
+        with self._changes_lock:
+            self._awaited.discard(mid)
+
+    def _send_subscribe(self, filters: list[str]) -> tuple[int, int]:
+        """Send one SUBSCRIBE for `filters`; paho's result and the message id (its SUBACK carries it)."""
         qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
-        _result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
-        return mid
+        result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+        return result, mid
 
     def _call(self, callback: Any, *args: Any) -> None:
         """Hand a callback to the event loop from paho's thread; after the loop closed there is no one to tell."""

@@ -181,6 +181,34 @@ def test_reconnects_after_a_broker_restart(mosquitto: Mosquitto, protocol: str) 
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_filters_changed_while_the_broker_is_away_are_sent_when_the_session_resumes(
+    mosquitto: Mosquitto, protocol: str
+) -> None:
+    """A mapping added (or removed) while the broker was down was "sent at the next connect", but a
+    connect that resumes the session sent nothing: the new topic was never delivered until the
+    gateway restarted (and a removed one kept coming)."""
+
+    async def scenario() -> None:
+        async with Gateway(settings(mosquitto, protocol=protocol), filters=("t/#", "old/#")) as gw:
+            await asyncio.to_thread(mosquitto.stop)
+            await until(lambda: not gw.connection.stats.connected, what="the broker gone")
+            await gw.connection.subscribe(["new/#"])
+            await gw.connection.unsubscribe(["old/#"])
+            await asyncio.to_thread(mosquitto.start)
+            await until(lambda: gw.connection.stats.connected and gw.connection.stats.subscribed, what="resumed")
+            assert gw.connection.session_resumed
+            await until(lambda: gw.connection.metrics().get("pending_filters", 0) == 0, what="the changes acknowledged")
+            await asyncio.to_thread(mosquitto.pub, "old/x", "gone")
+            await asyncio.to_thread(mosquitto.pub, "new/x", "added")
+            await asyncio.to_thread(mosquitto.pub, "t/x", "kept")
+            await until(lambda: len(gw.store.messages) == 2, what="the new topic's message")
+            await asyncio.sleep(0.3)
+            assert sorted(gw.store.payloads()) == ["added", "kept"]
+
+    asyncio.run(scenario())
+
+
 def test_oversize_payload_is_counted_and_dropped_without_stopping_ingestion(mosquitto: Mosquitto) -> None:
     async def scenario() -> None:
         gw_settings = settings(mosquitto, max_payload_bytes=100)
