@@ -171,19 +171,40 @@ def test_each_notification_of_a_configured_resource_is_stored_once(
     assert sensor_row == [{"sensor": "urn:sepa-gateway:sensor:coap/meter/power"}] * 2
 
 
-class EndlessBlocks:
-    """A "sensor" on a real UDP socket whose representation never ends: every block it is asked
-    for, the first one of the registration included, is 1,024 bytes with "more" set."""
+class RawSensor:
+    """A sensor on a real UDP socket, written raw, with faults an aiocoap or libcoap server cannot be
+    made to show. Its representation goes block-wise in 1,024-byte blocks (`None`: it never ends,
+    every block has "more" set); each block after the first is answered `block_delay_s` late; and
+    `notify(count)` sends that many block-wise notifications at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, representation: bytes | None = None, content_format: int = TEXT, block_delay_s: float = 0.0):
+        self.representation = representation
+        self.content_format = content_format
+        self.block_delay_s = block_delay_s
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.socket.bind(("127.0.0.1", 0))
         self.socket.settimeout(0.1)
         self.port = self.socket.getsockname()[1]
         self.requests = 0
+        self.observer: tuple[Any, bytes] | None = None  # the registration's address and token
         self.running = True
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
+
+    def uri(self, path: str) -> str:
+        return f"coap://127.0.0.1:{self.port}/{path}"
+
+    def _block(self, number: int) -> aiocoap.Message:
+        if self.representation is None:
+            payload, more = b"1" * 1024, True
+        else:
+            payload = self.representation[number * 1024 : (number + 1) * 1024]
+            more = (number + 1) * 1024 < len(self.representation)
+        message = aiocoap.Message(code=Code.CONTENT, payload=payload)
+        message.opt.content_format = self.content_format
+        message.opt.etag = b"\x01"
+        message.opt.block2 = BlockOption.BlockwiseTuple(number, more, 6)
+        return message
 
     def _serve(self) -> None:
         while self.running:
@@ -196,13 +217,24 @@ class EndlessBlocks:
                 continue  # the gateway's acknowledgements and resets
             self.requests += 1
             number = request.opt.block2.block_number if request.opt.block2 is not None else 0
-            answer = aiocoap.Message(code=Code.CONTENT, payload=b"1" * 1024)  # a piggybacked answer, written raw
+            answer = self._block(number)  # a piggybacked answer
             answer.mtype, answer.mid, answer.token = aiocoap.ACK, request.mid, request.token
-            answer.opt.content_format = TEXT
-            answer.opt.block2 = BlockOption.BlockwiseTuple(number, True, 6)
             if request.opt.observe == 0:
                 answer.opt.observe = 1
-            self.socket.sendto(answer.encode(), peer)
+                self.observer = (peer, request.token)
+            if number and self.block_delay_s:
+                threading.Timer(self.block_delay_s, self.socket.sendto, (answer.encode(), peer)).start()
+            else:
+                self.socket.sendto(answer.encode(), peer)
+
+    def notify(self, count: int) -> None:
+        assert self.observer is not None
+        peer, token = self.observer
+        for number in range(count):
+            notification = self._block(0)
+            notification.mtype, notification.mid, notification.token = aiocoap.NON, 1000 + number, token
+            notification.opt.observe = 2 + number
+            self.socket.sendto(notification.encode(), peer)
 
     def close(self) -> None:
         self.running = False
@@ -254,13 +286,13 @@ def test_a_block_wise_notification_is_assembled_up_to_max_payload_bytes_and_no_f
     localhost). Now the assembly stops at [coap] max_payload_bytes, the notification is counted
     as a bad payload, and libcoap's block-wise representations within the bound (the first
     response and a notification, ~4.7 KB of SenML each) are stored whole."""
-    endless = EndlessBlocks()
+    endless = RawSensor()
     libcoap_server(senml(range(80)))
     try:
         gateway = start_gateway(
             coap=True,
             toml="[coap]\nmax_payload_bytes = 8192\n"
-            + observe_entry(f"coap://127.0.0.1:{endless.port}/temperature", "s/endless/temperature")
+            + observe_entry(endless.uri("temperature"), "s/endless/temperature")
             + observe_entry(libcoap_server.uri, "s/meter"),  # type: ignore[attr-defined]
         )
         gateway.wait_for_metric("sepa_coap_observe_bad_payloads", lambda v: v >= 1, timeout=10)
@@ -274,6 +306,27 @@ def test_a_block_wise_notification_is_assembled_up_to_max_payload_bytes_and_no_f
         assert sorted(values(gateway, "s/meter")) == [float(k) for k in range(80)] + [k + 1000.0 for k in range(80)]
     finally:
         endless.close()
+
+
+def test_notifications_behind_a_block_wise_one_wait_in_a_bounded_queue(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Notifications are stored in the order they came, so those that arrive while one's blocks
+    are fetched wait behind it: at most MAX_WAITING (8) of them, the rest counted as bad payloads
+    and dropped; the waiting ones are then fetched and stored, and the observation goes on."""
+    pack = json.dumps([{"n": "temperature", "u": "Cel", "v": 21.5}]).encode().ljust(2500)  # three blocks
+    sensor = RawSensor(pack, content_format=110, block_delay_s=0.2)  # SenML JSON; ~0.4 s a representation
+    try:
+        gateway = start_gateway(coap=True, toml="[coap]\n" + observe_entry(sensor.uri("t"), "s/slow"))
+        eventually(lambda: sensor.observer is not None, what="the registration")
+        sensor.notify(20)  # while the first response's blocks are still being fetched
+        gateway.wait_for_metric("sepa_coap_observe_bad_payloads", lambda v: v == 12, timeout=10)
+        eventually(lambda: len(values(gateway, "s/slow")) == 9, what="the first response and 8 notifications")
+        time.sleep(0.5)
+        assert values(gateway, "s/slow") == [21.5] * 9
+        assert gateway.metric("sepa_coap_observe_bad_payloads") == 12 and gateway.metric("sepa_coap_observed") == 1
+    finally:
+        sensor.close()
 
 
 def test_an_observation_added_by_a_sparql_update_starts_and_a_deleted_one_stops(
