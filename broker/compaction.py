@@ -30,6 +30,7 @@ import threading
 import time
 from collections import Counter
 
+from broker.background import at_low_priority
 from broker.core.memory import trim
 from broker.store import RdfStore
 
@@ -68,7 +69,7 @@ class Compactor:
         if not self.due():
             return False
         if self.store.path is None:
-            live = self.store.live_quads()  # ~390 ns a quad (130 ms for 334k), without the GIL
+            live = at_low_priority(self.store.live_quads)  # ~390 ns a quad (130 ms for 334k), without the GIL
             if self.store.garbage < live:
                 self.threshold = live  # not yet as many dead quads as live ones
                 return False

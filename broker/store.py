@@ -56,6 +56,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
+from broker.background import at_low_priority
 from broker.core.clock import EngineClock
 from broker.errors import StoreFailed
 
@@ -82,16 +83,17 @@ def copy_live(source: Store, target: Store) -> int:
     Through N-Quads, because pyoxigraph dumps and loads without the GIL: 280,000 quads (39 MB)
     dumped in 0.3 s and loaded in 0.7 s with no other thread of the process held up for more than
     6 ms, where copying them as Python objects, 2,000 at a time, held the GIL 1.5-4 s in ~6 ms bites
-    (the readings' notification latency was 100-130 ms throughout). `Store.load` renames blank
-    nodes, so the lines holding one (rare: readings and mappings have none) are parsed with
+    (the readings' notification latency was 100-130 ms throughout). Both at the lowest CPU priority
+    (:func:`broker.background.at_low_priority`): the gateway's replicas compact at the same moment.
+    `Store.load` renames blank nodes, so the lines holding one (rare: readings and mappings have none) are parsed with
     `parse`, which keeps their labels, and added as Python objects."""
-    data = source.dump(format=RdfFormat.N_QUADS)
+    data = at_low_priority(source.dump, format=RdfFormat.N_QUADS)
     count = data.count(b"\n")
     if b"_:" in data:
         lines = data.split(b"\n")
         target.extend(parse(b"\n".join(line for line in lines if b"_:" in line), format=RdfFormat.N_QUADS))
         data = b"\n".join(line for line in lines if b"_:" not in line)
-    target.load(data, format=RdfFormat.N_QUADS, lenient=True)
+    at_low_priority(target.load, data, format=RdfFormat.N_QUADS, lenient=True)
     return count
 
 
@@ -545,7 +547,7 @@ class RdfStore:
         of live quads copied (in memory), None on disk."""
         if self.path is not None:
             self.garbage = 0
-            self.ox.optimize()
+            at_low_priority(self.ox.optimize)
             return None
         deltas: list[tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]] = []
         follower: Follower = lambda *delta: deltas.append(delta)  # noqa: E731
