@@ -22,6 +22,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker.core.notification import Notification
 from broker.errors import InvalidRequest, NotFound, SepaError
+from broker.gates.coalesce import MAX_COALESCE_MS, Coalescing, coalesce_interval
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
 from broker.handoff import loop_handoff
@@ -93,6 +94,7 @@ class Connection:
         self.subscriptions: dict[str, str | None] = {}  # spuid -> alias
         self.owners: dict[str, Principal] = {}  # spuid -> the secure client that subscribed
         self.held: dict[str, tuple[str, int]] = {}  # spuid -> (client, bytes) taken from the quota
+        self.coalescing: dict[str, Coalescing] = {}  # spuid -> when its notifications go (coalesce_ms)
         self.closing = False
         self.dropping: asyncio.Future[None] | None = None
         self.slots = asyncio.Semaphore(MESSAGES_AHEAD)
@@ -259,6 +261,9 @@ class WebSocketGate:
     def forget(self, connection: Connection, spuid: str) -> str | None:
         """Drop a subscription from `connection` and give its quota back; returns its alias."""
         connection.owners.pop(spuid, None)
+        coalescing = connection.coalescing.pop(spuid, None)
+        if coalescing is not None and isinstance(coalescing.timer, asyncio.TimerHandle):
+            coalescing.timer.cancel()
         held = connection.held.pop(spuid, None)
         if held is not None:
             self.quota.give_back(*held)
@@ -301,6 +306,7 @@ class WebSocketGate:
         assert error is not None
         if notification.spuid in connection.ended or notification.spuid not in connection.subscriptions:
             return
+        self._flush(connection, notification.spuid)  # what it had, before it ends
         connection.ended.add(notification.spuid)
         self.forget(connection, notification.spuid)
         self.counters[f"ws_{error.error}:{error.status_code}"] += 1
@@ -420,6 +426,11 @@ class WebSocketGate:
         if not isinstance(sparql, str):
             self.reply_error(connection, "invalid_request", "'sparql' (a string) is required", 400, alias)
             return
+        interval = coalesce_interval(body.get("coalesce_ms"))
+        if interval is None:
+            description = f"'coalesce_ms' must be a number of milliseconds from 0 to {MAX_COALESCE_MS}"
+            self.reply_error(connection, "invalid_request", description, 400, alias)
+            return
         sparql = unescape_iris(sparql)  # as /query and /update take them (broker.sparql.tokens)
         graphs: dict[str, list[str]] = {}
         for member in ("default-graph-uri", "named-graph-uri"):
@@ -467,6 +478,8 @@ class WebSocketGate:
                 return False
             registered.append(spuid)
             connection.subscriptions[spuid] = alias
+            if interval:
+                connection.coalescing[spuid] = Coalescing(interval)
             connection.held[spuid] = (client, size)
             if principal is not None:
                 connection.owners[spuid] = principal
@@ -556,6 +569,30 @@ class WebSocketGate:
             self._deliver(connection, notification)
 
     def _deliver(self, connection: Connection, notification: Notification) -> None:
+        """Send a notification now, or hold it when its subscription coalesces (broker.gates.coalesce)."""
+        coalescing = connection.coalescing.get(notification.spuid)
+        if coalescing is None:
+            self._send(connection, notification)
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if coalescing.offer(notification, now) is not None:
+            self._send(connection, notification)
+        elif coalescing.timer is None:
+            coalescing.timer = loop.call_at(coalescing.due_at(), self._flush, connection, notification.spuid)
+
+    def _flush(self, connection: Connection, spuid: str) -> None:
+        """Send what a coalescing subscription holds, as one notification."""
+        coalescing = connection.coalescing.get(spuid)
+        if coalescing is None:
+            return
+        if isinstance(coalescing.timer, asyncio.TimerHandle):
+            coalescing.timer.cancel()
+        merged = coalescing.flush(asyncio.get_running_loop().time())
+        if merged is not None:
+            self._send(connection, merged)
+
+    def _send(self, connection: Connection, notification: Notification) -> None:
         """Queue a notification, written at most `max_notification_bytes` characters long; past
         them the subscription ends with an error frame naming the setting (the socket and its
         other subscriptions live on).

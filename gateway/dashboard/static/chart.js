@@ -2,7 +2,9 @@
 //
 // History comes from the observations graph once, when a sensor is chosen (the last HISTORY_S,
 // at most HISTORY_ROWS readings); after that the chart grows from the tiles' subscription (each
-// notification's value), so it costs no subscription of its own. Drag to zoom; while zoomed the
+// notification's value: at most one per 250 ms, tiles.js TILES_COALESCE_MS, so a faster sensor is
+// charted live at 4 points a second, and whole again when chosen again), so it costs no
+// subscription of its own. Drag to zoom; while zoomed the
 // chart keeps the zoom, a double-click follows the live end again.
 
 import { schedule } from "./frames.js";

@@ -40,13 +40,16 @@ export class Subscriptions {
     entry.spuid = null;
     entry.fresh = true;
     const request = { sparql: entry.sparql, alias };
+    if (entry.coalesceMs) request.coalesce_ms = entry.coalesceMs;
     if (this.session.bearer) request.authorization = this.session.bearer;
     this.socket.send(JSON.stringify({ subscribe: request }));
   }
 
-  subscribe(sparql, handler, errorHandler = () => {}) {
+  // coalesceMs: at most one notification per that many ms, with the net change (the gateway's
+  // `coalesce_ms`): for views of fast sensors, where every intermediate value costs the browser
+  subscribe(sparql, handler, errorHandler = () => {}, coalesceMs = 0) {
     const alias = `dashboard-${++this.counter}`;
-    const entry = { sparql, handler, errorHandler, spuid: null, fresh: true };
+    const entry = { sparql, handler, errorHandler, spuid: null, fresh: true, coalesceMs };
     this.byAlias.set(alias, entry);
     if (this.socket && this.socket.readyState === WebSocket.OPEN) this.send(alias, entry);
     return alias;

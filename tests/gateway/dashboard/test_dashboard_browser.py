@@ -167,6 +167,30 @@ def test_a_reading_over_mqtt_shows_in_its_tile_and_chart_within_a_second(browser
     assert points >= 2  # the history point and the live one
 
 
+def test_a_fast_sensor_is_shown_from_coalesced_notifications(browser: Any, sensor: mqtt.Client) -> None:
+    """The tiles' subscription asks for one notification per 250 ms at most (coalesce_ms): 20
+    readings 20 ms apart reach the chart, which takes one point per notification, as a handful of
+    points (one per reading without it), and the tile and chart end on the last value."""
+    publish(sensor, "gateway/dash-fast/temperature", "1")
+    assert wait_for(
+        browser,
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'dash-fast'); if (t) t.click(); return !!t;",
+        what="the tile of dash-fast",
+    )
+    wait_for(browser, "return document.getElementById('chart').dataset.last === '1'", what="the chart of dash-fast")
+    time.sleep(0.5)
+    before = int(browser.execute_script("return document.getElementById('chart').dataset.points"))
+    for value in range(2, 22):
+        publish(sensor, "gateway/dash-fast/temperature", str(value))
+        time.sleep(0.02)
+    wait_for(browser, "return document.getElementById('chart').dataset.last === '21'", what="the last reading")
+    time.sleep(0.6)  # anything still held would come by now
+    added = int(browser.execute_script("return document.getElementById('chart').dataset.points")) - before
+    assert 1 <= added <= 4, added
+    assert tile_value(browser, "dash-fast", "temperature") == "21"
+
+
 def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
     browser: Any, sensor: mqtt.Client
 ) -> None:
