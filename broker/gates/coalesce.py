@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 from broker.core.notification import Notification
@@ -41,15 +40,22 @@ class NetChange:
     def __init__(self, first: Notification) -> None:
         self.latest = first
         self.previous = first.previous
-        self.counts: Counter[Row] = Counter()
+        self.counts: dict[Row, int] = {}
         self.add(first)
 
     def add(self, notification: Notification) -> None:
+        """Merge a later notification. A row whose count comes back to 0 is forgotten, so what is
+        held is the net change, at most the rows the subscription held then and holds now (bounded
+        by the gateway's row limits), not every row that came and went in the interval: a query
+        whose rows are all new at each update held 10,000 forgotten rows per 10 s at 1,000 updates/s."""
         counts = self.counts
-        for row in notification.added:
-            counts[row] += 1
-        for row in notification.removed:
-            counts[row] -= 1
+        for rows, step in ((notification.added, 1), (notification.removed, -1)):
+            for row in rows:
+                count = counts.get(row, 0) + step
+                if count:
+                    counts[row] = count
+                else:
+                    del counts[row]
         self.latest = notification
 
     def notification(self) -> Notification | None:

@@ -79,6 +79,15 @@ def test_the_notifications_sent_applied_in_order_give_the_last_result(
     assert sequences == sorted(sequences)
 
 
+def test_what_is_held_is_the_net_change_not_every_row_that_came_and_went() -> None:
+    change = NetChange(Notification("s", None, 1, ("x",), ((0,),), ()))
+    for sequence in range(2, 1002):  # each update replaces the row with a new one
+        change.add(Notification("s", None, sequence, ("x",), ((sequence - 1,),), ((sequence - 2,),)))
+    assert change.counts == {(1000,): 1}
+    merged = change.notification()
+    assert merged is not None and (merged.added, merged.removed, merged.sequence) == (((1000,),), (), 1001)
+
+
 def test_an_ask_subscription_is_told_the_value_only_when_it_changed_over_the_merged() -> None:
     flips = [Notification("a", None, n, (), boolean=n % 2 == 1, previous=n % 2 == 0) for n in range(1, 4)]
     change = NetChange(flips[0])
