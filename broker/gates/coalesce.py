@@ -3,10 +3,10 @@ sent at most one notification per interval, carrying the net change since the on
 
 Why: a live view of fast sensors does not need every intermediate value, and receiving them is
 what a browser spends its CPU on. The dashboard's tiles subscription at 1,000 readings/s (100
-sensors at 10 Hz) was 1,000 WSS frames a second to parse; headless Chromium spent 4.4-4.7 CPU-s
-per 20 s on the page, and 2.2-2.6 CPU-s with its notifications held to one per 250 ms
-(`sepa-gateway bench dashboard --json`, 2 runs each, 2026-12-04), on the cores the gateway
-shares with it in the benchmark (and on a phone's battery in the field).
+sensors at 10 Hz) was 1,000 WSS frames a second to parse; headless Chromium spent 4.5-4.8 CPU-s
+per 20 s on the page, and 2.9-3.6 CPU-s with the tiles coalesced to 250 ms (`sepa-gateway bench
+dashboard --json`, 5 runs each alternated with the build before, 2026-12-04), on the cores the
+gateway shares with it in the benchmark (and on a phone's battery in the field).
 
 The contract stays that of PROTOCOL.md, over the notifications sent: each carries added = R_t
 minus R_s and removed = R_s minus R_t, as multisets, where s is the previous notification sent,

@@ -22,8 +22,8 @@ const DEFAULT_PERIOD_S = 60;
 const MIN_STALE_MS = 1000;
 const INTERVALS = 8;
 // the tiles' notifications, at most one per 250 ms with the net change (the gateway's coalesce_ms):
-// at 1,000 readings/s receiving every one was most of the page's CPU (4.4-4.7 CPU-s per 20 s in
-// `bench dashboard`, 2.2-2.6 coalesced); a reading after a quiet 250 ms still shows at once. A
+// at 1,000 readings/s receiving every one was most of the page's CPU (4.5-4.8 CPU-s per 20 s in
+// `bench dashboard`, 2.9-3.6 coalesced); a reading after a quiet 250 ms still shows at once. A
 // sensor faster than 4 Hz then shows (and charts live) its latest value per 250 ms, and its period
 // for staleness is learned as 250 ms (a tile is stale after 1 s at least, MIN_STALE_MS)
 const TILES_COALESCE_MS = 250;
