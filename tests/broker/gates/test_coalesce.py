@@ -129,18 +129,22 @@ def test_a_coalescing_subscription_gets_the_net_change_at_most_once_per_interval
             lone = await receive_json(ws, timeout=interval_s)
             assert time.monotonic() - started < interval_s / 2
             messages = [(time.monotonic(), lone)]
+            burst = time.monotonic()
             for value in range(1, 21):  # 20 changes of one value, then one more node
                 await post_update(
                     session, gateway, f"DELETE {{ <{base}a> <{base}v> ?v }} INSERT {{ <{base}a> <{base}v> {value} }} "
                     f"WHERE {{ <{base}a> <{base}v> ?v }}",
                 )  # fmt: skip
             await post_update(session, gateway, f"INSERT DATA {{ <{base}b> <{base}v> 1 }}")
+            burst = time.monotonic() - burst  # ~0.1 s; a loaded machine may take longer
             messages += await _drain(ws, interval_s * 2.5)
             every = await _drain(plain, 0.5)
             assert len(every) == 22  # without coalesce_ms: every notification
             times = [at for at, _ in messages]
-            assert 2 <= len(messages) <= 3, [message for _, message in messages]
-            assert all(later - earlier >= interval_s * 0.9 for earlier, later in zip(times, times[1:], strict=False))
+            # the lone one, then one per interval the burst lasted into, at most (without: 22)
+            assert 2 <= len(messages) <= 3 + int(burst / interval_s), [message for _, message in messages]
+            # spaced by the interval where they were sent; arrival can shift one (a loaded machine)
+            assert all(later - earlier >= interval_s * 0.5 for earlier, later in zip(times, times[1:], strict=False))
             for _, message in messages:
                 notification = message["notification"]
                 view -= Counter(canonical(notification["removedResults"]["results"]["bindings"]))
