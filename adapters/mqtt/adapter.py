@@ -287,13 +287,20 @@ class MqttAdapter:
 
     def health(self) -> dict[str, Any]:
         """Healthy while connected to the MQTT broker (readings wait in the broker's session otherwise),
-        ready once it acknowledged the gateway's filters (a reading sent before may never come)."""
+        ready once it acknowledged the gateway's filters (a reading sent before may never come) and
+        refused none of them (readings on a refused one never come: a broker's ACL that does not
+        give the gateway's login every topic; the report names them)."""
         numbers = self.connection.metrics()
         connected = bool(numbers.get("connected"))
         subscribed = connected and bool(numbers.get("subscribed"))
-        report: dict[str, Any] = {"ok": subscribed, "connected": connected, "subscribed": subscribed}
+        refused = self.connection.refused_filters()
+        report: dict[str, Any] = {"ok": subscribed and not refused, "connected": connected, "subscribed": subscribed}
         report["broker"] = f"{self.settings.host}:{self.settings.port}"
-        if not connected and numbers.get("last_error"):
+        if refused:
+            report["refused_filters"] = " ".join(refused[:20]) + (
+                f" (and {len(refused) - 20} more)" if len(refused) > 20 else ""
+            )
+        if (not connected or refused) and numbers.get("last_error"):
             report["last_error"] = numbers["last_error"]
         return report
 

@@ -154,6 +154,8 @@ class MqttConnection:
         self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
         self._subscribe_mid: int | None = None  # the SUBSCRIBE sent at connect (see ConnectionStats.subscribed)
+        self._subscribing: dict[int, list[str]] = {}  # message id of each SUBSCRIBE in flight -> its filters
+        self._refused: set[str] = set()  # filters whose last SUBACK was a failure (see refused_filters)
         # Filter changes made at run time that the broker's session has not had (filter: True to subscribe, False
         # to unsubscribe; the last change wins), and the (UN)SUBSCRIBEs sent for them and not yet acknowledged. A
         # change made while the broker is away is sent when the next connection resumes the session: it once
@@ -336,7 +338,13 @@ class MqttConnection:
         with self._changes_lock:
             pending = len(self._unsent) + len(self._awaited)
         # filter changes not yet acknowledged by the broker (sent, or waiting for a connection)
-        return {**asdict(self.stats), "unacked": self._unacked, "queued": self.queued, "pending_filters": pending}
+        return {
+            **asdict(self.stats),
+            "unacked": self._unacked,
+            "queued": self.queued,
+            "pending_filters": pending,
+            "refused_filters": len(self.refused_filters()),
+        }
 
     # -- paho's thread --
 
@@ -415,6 +423,7 @@ class MqttConnection:
             with self._changes_lock:
                 self._unsent.clear()
                 self._awaited.clear()
+                self._subscribing.clear()  # an earlier connection's SUBSCRIBEs are answered no more
         if fresh and self._filters:
             self._subscribe_mid = self._send_subscribe(self._filters)[1]
             self.stats.subscribed = False
@@ -510,11 +519,16 @@ class MqttConnection:
             self.stats.subscribed = True
         with self._changes_lock:
             self._awaited.discard(mid)
+            filters = self._subscribing.pop(mid, [])
+            refused = [(f, str(reason)) for f, reason in zip(filters, reasons, strict=False) if reason.is_failure]
+            self._refused.difference_update(filters)
+            self._refused.update(f for f, _ in refused)
         failed = [str(reason) for reason in reasons if reason.is_failure]
         if failed:
             self.stats.subscribe_failures += len(failed)
-            self.stats.last_error = f"broker refused subscriptions: {', '.join(failed)}"
-            log.error("mqtt: the broker refused subscriptions", extra={**self._where(), "reasons": ", ".join(failed)})
+            named = ", ".join(f"{f} ({reason})" for f, reason in refused) or ", ".join(failed)
+            self.stats.last_error = f"broker refused subscriptions: {named}"
+            log.error("mqtt: the broker refused subscriptions", extra={**self._where(), "refused": named})
 
     def _on_publish(self, _client: mqtt.Client, _userdata: Any, mid: int, reason: Any, _properties: Any) -> None:
         self._call(self._published, mid, str(reason) if reason.is_failure else None)
@@ -524,10 +538,23 @@ class MqttConnection:
             self._awaited.discard(mid)
 
     def _send_subscribe(self, filters: list[str]) -> tuple[int, int]:
-        """Send one SUBSCRIBE for `filters`; paho's result and the message id (its SUBACK carries it)."""
+        """Send one SUBSCRIBE for `filters`; paho's result and the message id (its SUBACK carries it).
+        The filters are noted under the lock the SUBACK's callback takes, so that it finds them even
+        when paho's thread reads the SUBACK before this returns."""
         qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
-        result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+        with self._changes_lock:
+            result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+            if result == mqtt.MQTT_ERR_SUCCESS:
+                self._subscribing[mid] = filters
         return result, mid
+
+    def refused_filters(self) -> list[str]:
+        """The filters the broker refused when last asked (its ACL, a shared subscription it does not
+        support...) and still wanted: readings on them never come. A filter the broker takes at a
+        later SUBSCRIBE (every fresh session asks for all) leaves the list."""
+        with self._changes_lock:
+            refused = set(self._refused)
+        return [f for f in self._filters if f in refused]
 
     def _call(self, callback: Any, *args: Any) -> None:
         """Hand a callback to the event loop from paho's thread; after the loop closed there is no one to tell."""

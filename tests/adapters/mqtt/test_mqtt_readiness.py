@@ -6,10 +6,15 @@ cannot be made to show (it answers at once)."""
 from __future__ import annotations
 
 import asyncio
+import socketserver
+import threading
+import time
 import uuid
+from pathlib import Path
 
 from adapters.mqtt.connection import MqttConnection
 from adapters.mqtt.settings import MqttSettings
+from tools.launcher import launch_gateway
 
 CONNACK = b"\x20\x02\x00\x00"  # MQTT 3.1.1: no session present, accepted
 
@@ -73,3 +78,69 @@ def test_the_connection_is_ready_only_once_the_broker_acknowledged_its_filters()
         assert connection.metrics()["subscribed"] is False
 
     asyncio.run(scenario())
+
+
+def _refusing_broker(refuse_prefix: str) -> tuple[socketserver.ThreadingTCPServer, int]:
+    """An MQTT 3.1.1 broker over a real socket that accepts the connection and refuses, in its
+    SUBACK, every filter starting with `refuse_prefix` (Mosquitto 2.0 never refuses: it grants a
+    filter its ACL denies and delivers nothing on it; EMQX, HiveMQ or a cloud broker answer 0x80)."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            stream = self.request.makefile("rb")
+            try:
+                while True:
+                    first = stream.read(1)
+                    if not first:
+                        return
+                    length, shift = 0, 0
+                    while True:
+                        byte = stream.read(1)[0]
+                        length |= (byte & 0x7F) << shift
+                        shift += 7
+                        if not byte & 0x80:
+                            break
+                    body = stream.read(length)
+                    kind = first[0] >> 4
+                    if kind == 1:  # CONNECT
+                        self.request.sendall(CONNACK)
+                    elif kind == 8:  # SUBSCRIBE: packet id, then (length, filter, options) each
+                        codes, at = bytearray(), 2
+                        while at < len(body):
+                            size = int.from_bytes(body[at : at + 2], "big")
+                            topic_filter = body[at + 2 : at + 2 + size].decode()
+                            codes.append(0x80 if topic_filter.startswith(refuse_prefix) else 0x01)
+                            at += 2 + size + 1
+                        self.request.sendall(bytes([0x90, 2 + len(codes)]) + body[:2] + bytes(codes))
+                    elif kind == 12:  # PINGREQ
+                        self.request.sendall(b"\xd0\x00")
+            except (OSError, IndexError):
+                return
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_health_names_the_filters_the_broker_refused(tmp_path: Path) -> None:
+    """Readings on a refused filter never come: the gateway is not ready, and /health and the log
+    name the filters (before: ready, and the log gave the reason codes alone)."""
+    server, port = _refusing_broker("tele/")
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[mqtt]\nport = {port}\nprotocol = "3.1.1"\nprofiles = ["generic", "tasmota"]\n')
+    gateway = launch_gateway(config=config)
+    try:
+        deadline = time.monotonic() + 15
+        while gateway.metrics().get("sepa_mqtt_connection_refused_filters") != 1.0:
+            assert time.monotonic() < deadline, gateway.metrics()
+            time.sleep(0.05)
+        reply = gateway.request("GET", "/health")
+        mqtt = reply.json()["components"]["mqtt"]
+        assert reply.status == 503 and mqtt["status"] == "failing", mqtt
+        refused = str(mqtt["detail"]).split("refused_filters=")[1].split(",")[0]
+        assert refused.startswith("tele/") and "gateway/" not in refused, mqtt
+        assert "subscribed=True" in mqtt["detail"]
+    finally:
+        assert gateway.stop() == 0
+        server.shutdown()
