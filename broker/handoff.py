@@ -23,9 +23,10 @@ is listening any more): raised into the engine's thread, it would fail somebody 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Callback = Callable[..., object]
@@ -39,6 +40,7 @@ class LoopHandoff:
         self._lock = threading.Lock()
         self._queued: list[tuple[Callback, tuple[Any, ...]]] = []
         self._drain_queued = False
+        self._holding = threading.local()  # .depth: how many `held` blocks this thread is inside
 
     def call_soon(self, callback: Callback, *args: Any) -> None:
         """Run ``callback(*args)`` on the loop, after every callback handed over before it."""
@@ -49,9 +51,37 @@ class LoopHandoff:
                 self._queued.clear()
                 self._drain_queued = False
             self._queued.append((callback, args))
-            if self._drain_queued:
+            if self._drain_queued or getattr(self._holding, "depth", 0):
                 return
             self._drain_queued = True
+        self._wake(loop)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Within it, this thread's callbacks queue without waking the loop; one wake-up at the end.
+
+        Why: the loop drains a burst as soon as it is woken, so an update handing over one
+        notification per subscription woke it again after each drain, and each wake-up gave the
+        GIL to the loop's thread in the middle of the update (a ping-pong of up to one wake-up per
+        notification). The scheduler's update thread holds its wake-ups for one engine call: its
+        notifications reach the loop together when the call ends, which is at most the rest of
+        that call's notifying later (the publisher's reply comes after them anyway). Another
+        thread's callback still wakes the loop, which then drains the held ones with it, in order."""
+        depth = getattr(self._holding, "depth", 0)
+        self._holding.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._holding.depth = depth
+            if not depth:
+                with self._lock:
+                    wake = bool(self._queued) and not self._drain_queued
+                    self._drain_queued = self._drain_queued or wake
+                if wake:
+                    self._wake(self._loop())
+
+    def _wake(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Queue the drain on the loop (whose `_drain_queued` the caller set)."""
         try:
             if loop is None:
                 raise RuntimeError("the loop is gone")
@@ -90,10 +120,19 @@ _handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopHandoff] = w
 _registry_lock = threading.Lock()
 
 
-def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
-    """The hand-off to `loop`: ``call(callback, *args)``, from any thread."""
+def _handoff(loop: asyncio.AbstractEventLoop) -> LoopHandoff:
     with _registry_lock:
         handoff = _handoffs.get(loop)
         if handoff is None:
             handoff = _handoffs[loop] = LoopHandoff(loop)
-    return handoff.call_soon
+    return handoff
+
+
+def loop_handoff(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
+    """The hand-off to `loop`: ``call(callback, *args)``, from any thread."""
+    return _handoff(loop).call_soon
+
+
+def wakes_held(loop: asyncio.AbstractEventLoop) -> contextlib.AbstractContextManager[None]:
+    """:meth:`LoopHandoff.held` for `loop`: this thread's hand-offs to it wake it once, at the end."""
+    return _handoff(loop).held()

@@ -39,7 +39,7 @@ from broker.core.subscription import Subscription
 from broker.core.update_processor import Request
 from broker.delayed import DelayedUpdates
 from broker.errors import SepaError
-from broker.handoff import loop_handoff
+from broker.handoff import loop_handoff, wakes_held
 from broker.journal_sync import HelperGone, JournalSyncer
 from broker.serial_lanes import LaneFull, SerialLanes
 
@@ -351,7 +351,8 @@ class Scheduler:
                 continue
             started = time.monotonic()
             try:
-                done.append((future, _clean_errors(call), None))
+                with wakes_held(loop):  # the call's notifications wake the loop once, as it ends
+                    done.append((future, _clean_errors(call), None))
             except BaseException as error:  # delivered to the awaiting request
                 done.append((future, None, error))
             if lane is not False:

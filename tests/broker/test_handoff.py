@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from typing import Any
 
-from broker.handoff import loop_handoff
+from broker.handoff import loop_handoff, wakes_held
 
 
 def test_the_loop_handoff_keeps_call_order_across_threads_and_runs_on_the_loop() -> None:
@@ -124,3 +125,94 @@ def test_a_loop_closed_with_its_drain_pending_keeps_nothing_for_it() -> None:
     worker.start()
     worker.join()
     assert handoff._queued == []
+
+
+def _counting_wakes(loop: asyncio.AbstractEventLoop) -> list[int]:
+    """Count the hand-off's wake-ups of the loop from other threads in the list (not the executor's)."""
+    wakes = [0]
+    threadsafe = loop.call_soon_threadsafe
+
+    def counting(callback: Any, *args: Any) -> Any:
+        wakes[0] += getattr(callback, "__name__", "") == "_drain"
+        return threadsafe(callback, *args)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    return wakes
+
+
+def test_held_callbacks_wait_for_the_end_of_the_block_and_wake_the_loop_once() -> None:
+    """Inside `wakes_held` a thread's callbacks queue: the loop, free to drain, runs none of them
+    before the block ends, then all of them in order after one wake-up."""
+
+    async def main() -> tuple[list[int], list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakes = _counting_wakes(loop)
+        to_loop = loop_handoff(loop)
+        seen: list[int] = []
+        during: list[int] = []
+        handed, release = threading.Event(), threading.Event()
+
+        def engine_thread() -> None:
+            with wakes_held(loop):
+                with wakes_held(loop):  # nested: only the outer end wakes
+                    for value in range(100):
+                        to_loop(seen.append, value)
+                handed.set()
+                release.wait(5)
+                to_loop(seen.append, 100)
+
+        worker = threading.Thread(target=engine_thread)
+        worker.start()
+        await loop.run_in_executor(None, handed.wait, 5)
+        for _ in range(20):  # the loop is free: a woken drain would run now
+            await asyncio.sleep(0.005)
+        during = list(seen)
+        release.set()
+        await loop.run_in_executor(None, worker.join)
+        for _ in range(100):
+            await asyncio.sleep(0)
+        return seen, during, wakes[0]
+
+    seen, during, wakes = asyncio.run(main())
+    assert during == []
+    assert seen == list(range(101))
+    assert wakes == 1
+
+
+def test_an_update_notifying_many_subscriptions_wakes_the_loop_at_most_twice() -> None:
+    """The scheduler's update thread holds its wake-ups for one engine call: an update that
+    notifies 200 subscriptions wakes the loop once for them and at most once more for the reply,
+    however often the loop's thread gets the GIL meanwhile (a switch interval of 10 us here)."""
+    from broker.core.engine import Engine
+    from broker.scheduler import Scheduler
+
+    ex = "http://example.org/"
+
+    async def main() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        engine = Scheduler(Engine())
+        try:
+            subscriptions = [
+                await engine.subscribe(f"SELECT ?v WHERE {{ <{ex}s{n}> <{ex}p> ?v }}", alias=str(n)) for n in range(200)
+            ]
+            wakes = _counting_wakes(loop)
+            data = " ".join(f"<{ex}s{n}> <{ex}p> {n} ." for n in range(200))
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(1e-5)
+            try:
+                await engine.update(f"INSERT DATA {{ {data} }}")
+            finally:
+                sys.setswitchinterval(interval)
+            notified = 0
+            for subscription in subscriptions:
+                async for notification in subscription:
+                    if notification.sequence == 1:
+                        notified += 1
+                        break
+            return wakes[0], notified
+        finally:
+            engine.close()
+
+    wakes, notified = asyncio.run(main())
+    assert notified == 200
+    assert wakes <= 2
