@@ -69,7 +69,9 @@ CHECKPOINT_BYTES = 16 << 20
 # writes in memory (200,000 removals as one update: RSS +94 MB, 2.2 s; quad by quad 2.5 s)
 ONE_WRITE_QUADS = 20_000
 T = TypeVar("T")
-Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode]], None]
+# a store's follower: called with each delta (added, removed, graphs created, graphs dropped) and its
+# sequence tag (PROVISIONAL, SETTLED or "": see RdfStore.apply)
+Follower = Callable[[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str], None]
 _MAGIC = b"SEPA-DELTA"
 # tags of the records of a request's operations and of the undo that settles them (a tag starting
 # with NUL is no delayed update's: see ApplyMark)
@@ -418,13 +420,14 @@ class RdfStore:
             return
         added, removed = list(added), list(removed)
         graphs_created, graphs_dropped = list(graphs_created), list(graphs_dropped)
-        settles = sequence == SETTLED and self._unsettled  # written even empty: it closes the provisional ones
+        # written and followed even empty: it closes the provisional ones
+        settles = sequence == SETTLED and self._unsettled
         if not (added or removed or graphs_created or graphs_dropped or mark or settles):
             return
+        if sequence:
+            self._unsettled = sequence == PROVISIONAL
         if journal is not None:
             tag = mark.tag if mark is not None else sequence
-            if sequence:
-                self._unsettled = sequence == PROVISIONAL
             entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
             journal.write(entry)
             journal.flush()  # in the kernel: safe from a kill now, from a power cut once synced
@@ -434,7 +437,7 @@ class RdfStore:
                 self.sync()  # before the mark's owner records elsewhere that the update ran
         self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)
         for follower in followers:
-            follower(added, removed, graphs_created, graphs_dropped)  # type: ignore[arg-type]
+            follower(added, removed, graphs_created, graphs_dropped, sequence)  # type: ignore[arg-type]
         if mark is not None:
             mark.committed(mark.tag)
         if self._journal_bytes > CHECKPOINT_BYTES and not self._unsettled:
@@ -550,7 +553,7 @@ class RdfStore:
             at_low_priority(self.ox.optimize)
             return None
         deltas: list[tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode]]] = []
-        follower: Follower = lambda *delta: deltas.append(delta)  # noqa: E731
+        follower: Follower = lambda *delta: deltas.append(delta[:4])  # noqa: E731
         with self.lock:
             old = self.ox
             graphs = list(old.named_graphs())

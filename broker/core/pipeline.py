@@ -227,7 +227,9 @@ class PipelinedSpuManager(SpuManager):
             found |= graphs
         return frozenset(found)
 
-    def _follow(self, added: list[Quad], removed: list[Quad], created: list[Any], dropped: list[Any]) -> None:
+    def _follow(
+        self, added: list[Quad], removed: list[Quad], created: list[Any], dropped: list[Any], _sequence: str = ""
+    ) -> None:
         """The store's follower (under its lock): keep the delta for the workers, only its quads in
         the graphs some shape group reads. Why: the observations graph is ten of a reading's eleven
         quads and no incremental subscription of bench mqtt reads it; serialized for the replicas and

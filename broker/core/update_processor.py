@@ -4,9 +4,10 @@
 evaluated against the store as it is; a multi-operation request applies its operations one by
 one (each sees the previous ones), keeps an undo log, and restores the store before returning.
 On disk those operations are journalled as provisional and the undo as settling them, so a
-gateway killed in between comes back without them (:mod:`broker.store`). Readers (queries, the
-query workers' replicas) may still see them while the request runs: isolating them needs the
-operations computed over an overlay of the store, which is not built.
+gateway killed in between comes back without them (:mod:`broker.store`). The query workers,
+where network clients' queries run, keep them from every job but the request's own until the undo
+(:meth:`broker.workers.pool.QueryWorkers._follow`); a query of this process on the store itself
+(`trusted`, or an engine without workers) may still see them while the request runs.
 The net delta is then applied by the SPU manager between the two phases of subscription
 processing (removed results are computed on the old state, added ones on the new).
 """

@@ -79,7 +79,7 @@ from broker.errors import (
     TimeLimitExceeded,
     WorkerLost,
 )
-from broker.store import RdfStore, graph_text
+from broker.store import PROVISIONAL, RdfStore, graph_text
 
 log = logging.getLogger(__name__)
 
@@ -344,6 +344,14 @@ class QueryWorkers:
         self._stopping = threading.Event()
         self._feeder = threading.Thread(target=self._feed, name=f"sepa-{name}-feed", daemon=True)
         self._caused = threading.local()  # successor: the replacement of the worker this thread's last job cost
+        # a request of several operations (see _follow): its provisional deltas, not in the log yet;
+        # the thread applying them; the worker its own jobs ran on, which holds `_reserved_has` of
+        # them; and the workers that joined meanwhile (their snapshot may hold some)
+        self._pending: list[Delta] = []
+        self._pending_owner: int | None = None
+        self._reserved: Worker | None = None
+        self._reserved_has = 0
+        self._held: list[Worker] = []
 
     def start(self) -> None:
         """Start every worker and wait until each holds its replica (an on-demand pool: none)."""
@@ -405,6 +413,8 @@ class QueryWorkers:
             workers, self._workers = list(self._workers), set()
             self._log_start += len(self._log)
             self._log, self._log_quads = [], 0
+            # no settle reaches it now: a request's provisional deltas are forgotten with the log
+            self._pending, self._pending_owner, self._reserved, self._held = [], None, None, []
         self.store.unfollow(self._follow)
         with contextlib.suppress(queue.Empty):
             while True:
@@ -414,10 +424,56 @@ class QueryWorkers:
         self.stats["rested"] += 1
 
     def _follow(
-        self, added: list[Quad], removed: list[Quad], created: list[NamedNode], dropped: list[NamedNode]
+        self,
+        added: list[Quad],
+        removed: list[Quad],
+        created: list[NamedNode],
+        dropped: list[NamedNode],
+        sequence: str = "",
     ) -> None:
-        """The store's follower: keep the delta (called under the store's lock, on the update path)."""
-        self._log.append((added, removed, created, dropped))
+        """The store's follower: keep the delta (called under the store's lock, on the update path).
+
+        A request of several operations applies each before computing the next, and undoes them
+        all at its end (:mod:`broker.core.update_processor`). Its operations' deltas (PROVISIONAL)
+        are kept aside until the undo: a job of another thread must not see them (they were in
+        every replica at the next tick: a reader saw `INSERT DATA {...} ; INSERT {...} WHERE {slow}`'s
+        first operation for as long as the second ran, and then never again, as it failed), and the
+        request's own jobs (its later WHERE clauses) must (see :meth:`run`). The next delta that is
+        not provisional, the undo, puts them in the log followed by itself: a worker catching up
+        applies them with the undo in one message before its next job, so no job sees them.
+        """
+        if sequence == PROVISIONAL:
+            with self._lock:
+                self._pending.append((added, removed, created, dropped))
+                self._pending_owner = threading.get_ident()
+            return
+        if self._pending_owner is not None:
+            self._settle()
+        self._log_delta((added, removed, created, dropped))
+
+    def _settle(self) -> None:
+        """A request's provisional deltas into the log (its undo follows them), and the workers
+        that may hold some of them back among the idle ones (under the store's lock)."""
+        with self._lock:
+            pending, self._pending, self._pending_owner = self._pending, [], None
+            released = [self._reserved, *self._held] if self._reserved is not None else self._held
+            self._reserved, self._reserved_has, self._held = None, 0, []
+            awake = self._awake
+        for delta in pending:
+            self._log_delta(delta)
+        # a worker holding some of them replays them: a delta adds absent quads and removes present
+        # ones, so replaying deltas from a worker's place leaves it as the store (see _place)
+        for worker in released:
+            if awake:
+                self._idle.put(worker)
+            else:
+                with self._lock:
+                    self._workers.discard(worker)
+                worker.kill()
+
+    def _log_delta(self, delta: Delta) -> None:
+        self._log.append(delta)
+        added, removed = delta[0], delta[1]
         if self._checkpoints is None:
             return
         self._log_quads += len(added) + len(removed)
@@ -504,9 +560,17 @@ class QueryWorkers:
         limit = self.time_limit_s if time_limit_s is None else time_limit_s
         waited_until = time.monotonic() + limit
         self._caused.successor = None
+        # a job of the request whose operations are provisional: it sees them (see _follow)
+        own = self._pending_owner == threading.get_ident()
         while True:
+            worker, holds = None, 0  # holds: of the provisional deltas, those the worker has
+            if own:
+                with self._lock:
+                    if self._reserved is not None:
+                        worker, holds, self._reserved = self._reserved, self._reserved_has, None
             try:
-                worker = self._idle.get(timeout=max(0.0, waited_until - time.monotonic()))
+                if worker is None:
+                    worker = self._idle.get(timeout=max(0.0, waited_until - time.monotonic()))
             except queue.Empty:
                 self.stats["busy"] += 1
                 raise TimeLimitExceeded(f"no query worker became free within {limit:g} s; retry later") from None
@@ -518,6 +582,8 @@ class QueryWorkers:
                 fresh = worker.position >= self._log_start
                 if fresh:
                     self._catch_up(worker)
+                    if own:
+                        holds = self._show_pending(worker, holds)
                     worker.outbox.put(("job", job, args, kwargs, self.store.clock.micros()))
             if fresh:
                 break
@@ -526,13 +592,26 @@ class QueryWorkers:
         self.stats["jobs"] += 1
         reply = _reply(worker, limit)
         if reply is not None and reply[0] in ("ok", "sepa", "syntax"):
-            self._idle.put(worker)
+            if own:  # it holds provisional deltas: no other thread's job until they are settled
+                with self._lock:
+                    self._reserved, self._reserved_has = worker, holds
+            else:
+                self._idle.put(worker)
             if reply[0] == "ok":
                 return reply[1]
             raise self._refused(reply)
         error = self._failure(worker, reply, limit)
         self._caused.successor = self._replace(worker)
         raise error
+
+    def _show_pending(self, worker: Worker, holds: int) -> int:
+        """Queue for `worker`, which holds the first `holds` provisional deltas, the others,
+        outside the log; how many it holds then (hold _lock)."""
+        if len(self._pending) > holds:
+            message = batched(self._pending[holds:])
+            worker.outbox.put(message)
+            worker.queued_bytes += _size(message)
+        return len(self._pending)
 
     def await_successor(self, timeout: float = SUCCESSOR_WAIT_S) -> None:
         """Wait until the worker that replaces the one this thread's last :meth:`run` cost (its
@@ -697,6 +776,10 @@ class QueryWorkers:
                 log.error("cannot start a query worker", extra={"reason": str(error)})
             return False
         with self._lock:
+            if self._awake and self._pending_owner is not None:
+                # its snapshot may hold a request's provisional deltas: idle once they are settled
+                self._held.append(worker)
+                return True
             if self._awake:
                 self._idle.put(worker)
                 return True

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,8 +17,8 @@ from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store,
 
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
-from broker.store import RdfStore, graph_named
-from broker.workers.pool import QueryWorkers, batched
+from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
+from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, batched
 from tests.polling import wait_until
 
 EX = "http://example.org/"
@@ -494,3 +494,78 @@ def test_a_worker_does_not_import_from_the_directory_it_was_started_in(tmp_path:
     finally:
         pool.close()
     assert not (tmp_path / "ran").exists(), (tmp_path / "ran").read_text()
+
+
+@contextlib.contextmanager
+def _started(pool: QueryWorkers) -> Iterator[QueryWorkers]:
+    pool.start()
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _asked(pool: QueryWorkers, sparql: str) -> bool:
+    return bool(pool.run("materialized", sparql).boolean)
+
+
+def test_a_request_s_provisional_operations_are_seen_by_its_own_jobs_only() -> None:
+    """A request of several operations applies each before computing the next, and undoes them at
+    its end. Its later WHERE clauses (jobs of its own thread) see the earlier operations; no other
+    thread's job does, however long the request runs, nor does a worker started meanwhile, whose
+    snapshot holds them. Before, every replica had them at the next feed tick."""
+    store = RdfStore.memory()
+    other = ThreadPoolExecutor(1)
+    with _started(QueryWorkers(store, count=2, time_limit_s=0.5)) as pool:
+        provisional = Quad(NamedNode(f"{EX}provisional"), NamedNode(f"{EX}p"), Literal("1"))
+        store.apply([Quad(NamedNode(f"{EX}kept"), NamedNode(f"{EX}p"), Literal(str(n))) for n in range(10)], [])
+        seen = f"ASK {{ <{EX}provisional> ?p ?o }}"
+        store.apply([provisional], [], sequence=PROVISIONAL)  # this thread is the request's
+        assert _asked(pool, seen)  # its own job sees it
+        time.sleep(4 * FEED_INTERVAL_S)  # ticks of the feeding thread
+        assert not any(other.submit(_asked, pool, seen).result() for _ in range(6))
+        with pytest.raises(TimeLimitExceeded):  # its own job costs its worker (it held the delta)
+            pool.run("materialized", ENDLESS)
+        pool.await_successor()  # started from a snapshot that holds the provisional delta
+        assert pool.stats["replaced"] == 1
+        assert not any(other.submit(_asked, pool, seen).result() for _ in range(6))
+        assert _asked(pool, seen)
+        store.apply([], [provisional], sequence=SETTLED)  # the request's undo
+        time.sleep(4 * FEED_INTERVAL_S)
+        both = {other.submit(_asked, pool, seen).result() for _ in range(8)} | {_asked(pool, seen)}
+        assert both == {False} and pool._idle.qsize() == 2
+        assert _asked(pool, f"ASK {{ <{EX}kept> ?p ?o }}")
+    other.shutdown()
+
+
+def test_a_request_that_fails_late_showed_its_first_operation_to_no_reader() -> None:
+    """`INSERT DATA {...} ; INSERT {...} WHERE {slow}` through the engine, a reader asking all along."""
+    store = RdfStore.memory()
+    with _started(QueryWorkers(store, count=2, time_limit_s=1.0)) as pool:
+        engine = Engine(store, workers=pool)
+        engine.update(f"INSERT DATA {{ <{EX}many> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")
+        endless_where = ENDLESS.replace(
+            "SELECT (COUNT(*) AS ?n) WHERE", f"INSERT {{ <{EX}z> <{EX}p> ?n }} WHERE {{ SELECT (COUNT(*) AS ?n) WHERE"
+        )
+        request = f"INSERT DATA {{ <{EX}first> <{EX}p> 1 }} ; {endless_where} }}"
+        answers: list[bool] = []
+        running = ThreadPoolExecutor(1).submit(engine.update, request)
+        while not running.done():
+            answers.append(_asked(pool, f"ASK {{ <{EX}first> ?p ?o }}"))
+        with pytest.raises(TimeLimitExceeded):
+            running.result()
+        assert len(answers) >= 5 and not any(answers)  # before: True from the first tick on
+        assert not _asked(pool, f"ASK {{ <{EX}first> ?p ?o }}")
+
+
+def test_a_later_operation_s_where_sees_the_earlier_ones_in_a_worker() -> None:
+    store = RdfStore.memory()
+    with _started(QueryWorkers(store, count=1, time_limit_s=10.0)) as pool:
+        engine = Engine(store, workers=pool)
+        engine.update(
+            f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }} ; INSERT DATA {{ <{EX}b> <{EX}p> 2 }} ; "
+            f"INSERT {{ <{EX}n> <{EX}count> ?n }} WHERE {{ SELECT (COUNT(*) AS ?n) WHERE {{ ?s <{EX}p> ?o }} }}"
+        )
+        rows = pool.run("materialized", f"SELECT ?n WHERE {{ <{EX}n> <{EX}count> ?n }}").rows
+        assert [row[0].value for row in rows] == ["2"]
+        assert _asked(pool, f"ASK {{ <{EX}a> <{EX}p> 1 . <{EX}b> <{EX}p> 2 }}")
