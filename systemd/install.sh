@@ -26,7 +26,7 @@ etc=/etc/sepa-gateway
 state=/var/lib/sepa-gateway
 
 missing=()
-packages=(python3 python3-venv python3-pip mosquitto)
+packages=(python3 python3-venv python3-pip mosquitto libmimalloc2.0)  # the service's malloc (see its unit)
 [ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || packages+=(default-jre-headless)  # Spark 4 runs on Java 17+
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -141,7 +141,8 @@ else
         for _ in $(seq 1 120); do pgrep -f "$prefix/bin/sepa-gateway run" >/dev/null || break; sleep 0.1; done
     fi
     command=$(sed -n 's/^ExecStart=//p' "$src/systemd/sepa-gateway.service")
-    pid=$(su -s /bin/sh sepa-gateway -c "nohup $command --log-file $state/sepa-gateway.log >>$state/sepa-gateway.stderr 2>&1 & echo \$!")
+    environment=$(sed -n 's/^Environment=//p' "$src/systemd/sepa-gateway.service" | tr '\n' ' ')
+    pid=$(su -s /bin/sh sepa-gateway -c "nohup env $environment $command --log-file $state/sepa-gateway.log >>$state/sepa-gateway.stderr 2>&1 & echo \$!")
     started="$state/sepa-gateway.log (no systemd here: started in the background, pid $pid)"
 fi
 

@@ -322,6 +322,7 @@ def launch_gateway(
     coap: bool = False,
     coap_port: int = 0,
     file_size_limit: int | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> RunningGateway:
     """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
 
@@ -333,6 +334,7 @@ def launch_gateway(
     CoAP is off unless asked for (`coap=True`): its adapter holds subscriptions of its own (the
     mappings graph), which tests counting `sepa_subscriptions` do not expect; when on, it binds
     `coap_port` (0: a free one, see `RunningGateway.coap_url`).
+    `environment`: variables set for the gateway (the installed unit's, tools/dashboard_bench/installed.py).
     """
     argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
     argv += ["--https-port", "0", "--wss-port", "0"]  # used only when a test's config or flag enables [security]
@@ -353,10 +355,17 @@ def launch_gateway(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(environment or {})},
         preexec_fn=None if file_size_limit is None else functools.partial(_limit_files, file_size_limit),
     )
-    launch = {"args": args, "config": config, "data_dir": data_dir, "mqtt": mqtt, "coap": coap}
+    launch = {
+        "args": args,
+        "config": config,
+        "data_dir": data_dir,
+        "mqtt": mqtt,
+        "coap": coap,
+        "environment": environment,
+    }
     gateway = RunningGateway(process=process, launch=launch)
     gateway._reader = threading.Thread(target=gateway._drain, name="gateway-stderr", daemon=True)
     gateway._reader.start()

@@ -5,8 +5,8 @@ on, plain gates on 127.0.0.1, MQTT with the gateway's own login), with only what
 machine changed (the Mosquitto port, the gateway's MQTT password file; ports are chosen by the OS);
 a data directory; Mosquitto runs the installer's configuration (logins required) with logins made
 by `sepa-gateway sensors add`; OAuth clients are added and registered by `sepa-gateway clients add
---register`, as the operator does (README, "Security"). Shared by the dashboard's browser tests
-and its benchmark.
+--register`, as the operator does (README, "Security"); the gateway runs with the installed unit's
+`Environment=` (mimalloc preloaded). Shared by the dashboard's browser tests and its benchmark.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tools.launcher import RunningGateway, gateway_argv, launch_gateway
 from tools.mosquitto import Mosquitto, missing_tools
 
 INSTALLED_TOML = Path(__file__).resolve().parents[2] / "systemd" / "sepa-gateway.toml"
+INSTALLED_UNIT = INSTALLED_TOML.with_name("sepa-gateway.service")
 SENSOR = "sensors"  # the MQTT login the tests and the benchmark publish with
 
 
@@ -94,6 +95,13 @@ def installed_toml(
     return f"{head}\n[mqtt]\n{section}\n[{rest}"
 
 
+def unit_environment(unit: Path = INSTALLED_UNIT) -> dict[str, str]:
+    """The `Environment=` variables of the installed unit (its malloc: LD_PRELOAD)."""
+    lines = unit.read_text(encoding="utf-8").splitlines()
+    pairs = (line.removeprefix("Environment=").partition("=") for line in lines if line.startswith("Environment="))
+    return {name: value for name, _, value in pairs}
+
+
 @contextlib.contextmanager
 def installed_gateway(
     directory: Path, *, coap: bool = True, on_disk: bool = True, retention: tuple[int, float] | None = None
@@ -121,7 +129,9 @@ def installed_gateway(
         assert broker.local_port is not None
         toml = installed_toml(broker.local_port, gateway_password, security_dir, retention)
         config.write_text(toml, encoding="utf-8")
-        gateway = launch_gateway(config=config, data_dir=data_dir if on_disk else None, coap=coap)
+        gateway = launch_gateway(
+            config=config, data_dir=data_dir if on_disk else None, coap=coap, environment=unit_environment()
+        )
         try:
             yield InstalledGateway(gateway, broker, config, data_dir, sensor_password)
         finally:
