@@ -22,7 +22,7 @@ def register(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--sensors", type=bounded(1, 1000), default=100)
     parser.add_argument("--hz", type=float, default=10.0, help="readings per second per sensor (default 10)")
     parser.add_argument("--seconds", type=bounded(2, 600), default=10, help="length of each phase (default 10)")
-    parser.add_argument("--rounds", type=bounded(1, 20), default=2, help="without/with pairs (default 2)")
+    parser.add_argument("--rounds", type=bounded(1, 20), default=4, help="without/with pairs (default 4)")
     parser.add_argument("--on-disk", action="store_true", help="the gateway with a data directory, as installed")
     parser.add_argument(
         "--browser-nice",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from tools.dashboard_bench.runner import DashboardBenchOptions, run
+from tools.dashboard_bench.runner import WARM_UP_PHASES_MAX, DashboardBenchOptions, run
 from tools.launcher import gateway_argv
 
 
@@ -17,6 +17,10 @@ def test_a_small_run_measures_frames_with_the_page_and_nl_in_both_phases() -> No
     assert round_["matched_without"] > 100 and round_["matched_with"] > 100  # NL from both phases
     assert report["nl_p99_without_page_ms"] > 0 and report["nl_p99_ratio"] > 0
     assert report["readings_per_s"] == 100
+    # warmed up until the store compacted once; the compactions of each side's phases are counted
+    assert 1 <= report["warm_up_phases"] < WARM_UP_PHASES_MAX
+    assert report["compactions_without_page"] == round_["compactions_without"] >= 0
+    assert report["compactions_with_page"] == round_["compactions_with"] >= 0
 
 
 def test_the_command_is_registered() -> None:
