@@ -416,6 +416,47 @@ class RdfStore:
                     self.on_failure(self.failed)
                 raise StoreFailed(self._failure(self.failed)) from None
 
+    def apply_nquads(
+        self, added: bytes, removed: bytes, graphs_created: Iterable[str], graphs_dropped: Iterable[str]
+    ) -> None:
+        """:meth:`apply` for a delta that came as N-Quads (a replica's, :func:`broker.workers.pool.batched`)
+        and graphs as their texts (:func:`graph_text`).
+
+        Why not parse it into quads and apply those: in a replica no one follows the store and
+        nothing is journalled, so the added quads can go to `Store.load`, which parses them in Rust
+        without making a Python object of each. Measured on the test machine (a reading's delta:
+        9 quads added, ~4 removed, in deltas of 5 to 500 readings, on a store of 108,000 quads):
+        2.1-2.9 us a quad against 3.1-3.6 (17-35 % less CPU). The query workers' replicas took
+        ~0.17 core each at 1,000 readings/s, at niceness 10 (as installed, 3 alternated runs, the
+        difference was within the machine's noise). `Store.load` renames blank nodes, and later deltas name them by
+        their labels: a delta with ``_:`` anywhere in its added quads goes the slow way, as does
+        one the store must journal or tell followers about (a replica compacting follows itself)."""
+        created = [graph_named(graph) for graph in graphs_created]
+        dropped = [graph_named(graph) for graph in graphs_dropped]
+        with self.lock:
+            fast = self._journal is None and not self._followers and self.path is None
+            if fast and not (added and _contains(added, b"_:")):
+                self.changes += 1
+                count = 0
+                if removed:
+                    for quad in parse(removed, format=RdfFormat.N_QUADS):
+                        self.ox.remove(quad)
+                        count += 1
+                for graph in dropped:
+                    self.ox.remove_graph(graph)
+                if added:
+                    self.ox.load(added, format=RdfFormat.N_QUADS)
+                for graph in created:
+                    self.ox.add_graph(graph)
+                self.garbage += count
+                return
+        self.apply(
+            parse(added, format=RdfFormat.N_QUADS) if added else (),
+            parse(removed, format=RdfFormat.N_QUADS) if removed else (),
+            created,
+            dropped,
+        )
+
     @staticmethod
     def _failure(reason: str) -> str:
         return (

@@ -44,12 +44,7 @@ from broker.workers.replica import PR_SET_PDEATHSIG, seeded
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:
     """Apply deltas sent as N-Quads (:func:`broker.workers.pool.batched`), in order."""
     for added, removed, created, dropped in steps:
-        store.apply(
-            parse(added, format=RdfFormat.N_QUADS) if added else (),
-            parse(removed, format=RdfFormat.N_QUADS) if removed else (),
-            [graph_named(graph) for graph in created],
-            [graph_named(graph) for graph in dropped],
-        )
+        store.apply_nquads(added, removed, created, dropped)
 
 
 class Booster:

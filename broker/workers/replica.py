@@ -128,12 +128,7 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
         if kind == "apply":
             assert processor is not None
             for added, removed, created, dropped in message[1]:
-                processor.store.apply(
-                    parse(added, format=RdfFormat.N_QUADS) if added else (),
-                    parse(removed, format=RdfFormat.N_QUADS) if removed else (),
-                    [graph_named(graph) for graph in created],
-                    [graph_named(graph) for graph in dropped],
-                )
+                processor.store.apply_nquads(added, removed, created, dropped)
             assert compactor is not None
             compactor.maybe_compact()  # dead versions grow in a replica as in the store
         elif kind == "job":
