@@ -305,6 +305,11 @@ class RdfStore:
         self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
         self.changes = 0  # calls of apply so far: while it holds, the store holds the same quads
         self._unsettled = False  # a provisional delta was applied and not settled yet
+        # the thread whose request's operations are in the store until their undo, and how many
+        # such requests began (see settled_read)
+        self._provisional_owner: int | None = None
+        self._provisional_epoch = 0
+        self._settled = threading.Condition(threading.Lock())
         if path is not None:
             journal = path / JOURNAL
             unsettled = self._recover(journal)
@@ -405,6 +410,9 @@ class RdfStore:
         with self.lock:
             if self.failed is not None:
                 raise StoreFailed(self._failure(self.failed))
+            if sequence == PROVISIONAL:  # before it is in the store: see settled_read
+                self._provisional_owner = threading.get_ident()
+                self._provisional_epoch += 1
             try:
                 self._apply_locked(added, removed, graphs_created, graphs_dropped, mark, sequence)
             except OSError as error:
@@ -415,6 +423,37 @@ class RdfStore:
                 if self.on_failure is not None:
                     self.on_failure(self.failed)
                 raise StoreFailed(self._failure(self.failed)) from None
+            finally:
+                if sequence == SETTLED and self._provisional_owner is not None:  # the undo is in the store
+                    with self._settled:
+                        self._provisional_owner = None
+                        self._settled.notify_all()
+
+    def settled_read(self, read: Callable[[], T]) -> T:
+        """`read()` (a query: pyoxigraph takes its snapshot when it is called) on a store that holds no
+        operation of a request still running on another thread.
+
+        Why: a request of several operations applies each one before computing the next and undoes
+        them all if a later one fails (:mod:`broker.core.update_processor`); the query workers keep
+        them from every job but the request's own (:mod:`broker.workers.pool`), and this keeps them
+        from this process's own readers (`trusted` queries on the store, run on the query threads):
+        without it, `INSERT DATA {...} ; INSERT {...} WHERE {slow}` showed its first operation to
+        them for as long as the WHERE ran, and then never again. The reader waits for the undo (a
+        network client's request runs at most its time limit; the reader is on a query thread,
+        never the event loop). The request's own
+        thread does not wait: its later WHEREs see its earlier operations (SPARQL 1.1 Update).
+
+        No lock is held while `read` runs: a request that began meanwhile bumped the epoch before
+        its first operation reached the store, so the snapshot is taken again."""
+        me = threading.get_ident()
+        while True:
+            with self._settled:
+                while self._provisional_owner not in (None, me):
+                    self._settled.wait(1.0)
+                epoch = self._provisional_epoch
+            result = read()
+            if self._provisional_epoch == epoch:
+                return result
 
     def apply_nquads(
         self, added: bytes, removed: bytes, graphs_created: Iterable[str], graphs_dropped: Iterable[str]

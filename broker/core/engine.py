@@ -289,12 +289,14 @@ class Engine:
                 base_iri=base_iri,
                 prefixes=prefixes,
             )
-        raw = self.queries.run(
-            sparql,
-            default_graph_uri=default_graph_uri,
-            named_graph_uri=named_graph_uri,
-            base_iri=base_iri,
-            prefixes=prefixes,
+        raw = self.store.settled_read(  # no operation of a request still running (RdfStore.settled_read)
+            lambda: self.queries.run(
+                sparql,
+                default_graph_uri=default_graph_uri,
+                named_graph_uri=named_graph_uri,
+                base_iri=base_iri,
+                prefixes=prefixes,
+            )
         )
         return self.queries.materialize(raw)
 

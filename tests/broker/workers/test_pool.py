@@ -558,6 +558,32 @@ def test_a_request_that_fails_late_showed_its_first_operation_to_no_reader() -> 
         assert not _asked(pool, f"ASK {{ <{EX}first> ?p ?o }}")
 
 
+def test_a_request_that_fails_late_showed_its_first_operation_to_no_trusted_reader() -> None:
+    """The same request; the reader is this process's own code (a `trusted` query, evaluated on the
+    store itself). It waits for the undo instead. Before: True at every ask while the WHERE ran."""
+    store = RdfStore.memory()
+    with _started(QueryWorkers(store, count=2, time_limit_s=1.0)) as pool:
+        engine = Engine(store, workers=pool)
+        endless_where = ENDLESS.replace(
+            "SELECT (COUNT(*) AS ?n) WHERE", f"INSERT {{ <{EX}z> <{EX}p> ?n }} WHERE {{ SELECT (COUNT(*) AS ?n) WHERE"
+        )
+        engine.update(f"INSERT DATA {{ <{EX}many> <{EX}p> 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 }}")
+        running = ThreadPoolExecutor(1).submit(
+            engine.update, f"INSERT DATA {{ <{EX}first> <{EX}p> 1 }} ; {endless_where} }}"
+        )
+        first = NamedNode(f"{EX}first")
+        while not any(store.ox.quads_for_pattern(first, None, None)) and not running.done():
+            time.sleep(0.001)  # the first operation is in the store
+        answers: list[bool] = []
+        while not running.done():
+            answers.append(bool(engine.query(f"ASK {{ <{EX}first> ?p ?o }}", trusted=True).boolean))
+        with pytest.raises(TimeLimitExceeded):
+            running.result()
+        assert answers and not any(answers)
+        assert not engine.query(f"ASK {{ <{EX}first> ?p ?o }}", trusted=True).boolean
+        assert engine.query(f"ASK {{ <{EX}many> ?p 10 }}", trusted=True).boolean
+
+
 def test_a_later_operation_s_where_sees_the_earlier_ones_in_a_worker() -> None:
     store = RdfStore.memory()
     with _started(QueryWorkers(store, count=1, time_limit_s=10.0)) as pool:
