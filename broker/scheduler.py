@@ -231,6 +231,13 @@ class Scheduler:
         self._sync_running = False
         self._syncer_process: JournalSyncer | None = None
         self._syncer_failed = False
+        # coalescing subscriptions' re-evaluations (Engine.on_deferred): the loop that times them,
+        # the one timer armed and when it fires
+        self._flush_loop: asyncio.AbstractEventLoop | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flush_at = 0.0
+        self._flushing = False
+        self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-flush")
         self.delayed = DelayedUpdates(
             self,
             pending if pending is not None else PendingUpdates(),
@@ -556,8 +563,57 @@ class Scheduler:
     def queue_subscribe(
         self, sparql: str, callback: Callable[[Notification], None], *, trusted: bool = False, **options: Any
     ) -> asyncio.Future[Any]:
-        """The subscribe of :meth:`engine_subscribe` alone, queued now (serial calls keep their order)."""
+        """The subscribe of :meth:`engine_subscribe` alone, queued now (serial calls keep their order).
+        `coalesce_s` in `options`: see :meth:`Engine.subscribe`; this scheduler times the engine's
+        deferred re-evaluations from then on."""
+        if options.get("coalesce_s"):
+            self._time_deferred(asyncio.get_running_loop())
         return self.queue_serial(self.engine.subscribe, sparql, callback, limited=not trusted, **options)
+
+    def _time_deferred(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Become the engine's flusher (:meth:`Engine.on_deferred`), timing on `loop`."""
+        if self._flush_loop is loop:
+            return
+        self._flush_loop = loop
+
+        def due_at(due: float) -> None:  # any thread, at most once per interval per subscription
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the gateway stops
+                loop.call_soon_threadsafe(self._arm_flush, due)
+
+        self.engine.on_deferred(due_at)
+
+    def _arm_flush(self, due: float) -> None:
+        """On the loop: the engine's deferred re-evaluations run on a thread of their own at `due`
+        (time.monotonic(), which is the loop's clock), unless a timer fires earlier already or
+        they are running (they tell when the next is due as they end)."""
+        loop = self._flush_loop
+        if loop is None or self._flushing:  # closed, or running
+            return
+        if self._flush_timer is not None:
+            if self._flush_at <= due:
+                return
+            self._flush_timer.cancel()
+        self._flush_at = due
+        self._flush_timer = loop.call_at(due, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_timer = None
+        loop = self._flush_loop
+        if loop is None:  # closed
+            return
+        self._flushing = True
+        loop.run_in_executor(self._flusher, self.engine.flush_deferred).add_done_callback(self._flushed)
+
+    def _flushed(self, future: asyncio.Future[Any]) -> None:
+        self._flushing = False
+        if future.cancelled():
+            return
+        if future.exception() is not None:  # the SPUs still waiting are tried again in a second
+            log.error("deferred re-evaluations failed", extra={"error": repr(future.exception())[:300]})
+            self._arm_flush(time.monotonic() + 1.0)
+            return
+        if future.result() is not None:
+            self._arm_flush(future.result())
 
     async def unsubscribe(self, spuid: str) -> Subscription:
         return await self.serialized(self.engine.unsubscribe, spuid)
@@ -566,6 +622,11 @@ class Scheduler:
         """Finish queued updates, then stop the threads. Queries change nothing: those still queued
         are dropped and a running one is not waited for (one may wait on a SERVICE endpoint that
         never answers; see :attr:`queries_running`)."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        self._flush_loop = None
+        self._flusher.shutdown(wait=True)
         self._updates.shutdown(wait=True)
         self._syncer.shutdown(wait=True)
         if self._syncer_process is not None:

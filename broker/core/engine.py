@@ -353,6 +353,7 @@ class Engine:
         limited: bool = False,
         probed: Probed | None = None,
         owner: str | None = None,
+        coalesce_s: float = 0.0,
     ) -> Subscription:
         """Subscribe to a SELECT or ASK query.
 
@@ -368,6 +369,11 @@ class Engine:
         notification whose `ended` says why.
 
         `owner`: who subscribed (a network client's identity or address), for the SPU table.
+
+        `coalesce_s`: the subscriber wants at most one notification per that many seconds, each the
+        net change since the one before (the WebSocket gate's `coalesce_ms`). With a flusher
+        (:meth:`on_deferred`) and from MIN_DEFER_S up, the query is then re-evaluated at most that
+        often instead of processed at every update (:meth:`SpuManager._defer`).
         """
         with self._update_lock:
             return self.spus.subscribe(
@@ -381,7 +387,21 @@ class Engine:
                 limited=limited,
                 probed=probed,
                 owner=owner,
+                coalesce_s=coalesce_s,
             )
+
+    def on_deferred(self, flusher: Callable[[float], None]) -> None:
+        """Have `flusher(due)` called (from any thread) when a coalescing subscription's
+        re-evaluation falls due at `due` (time.monotonic()); it must then get :meth:`flush_deferred`
+        called, at that time or a little after. Subscriptions made before this are processed at
+        every update."""
+        self.spus.on_due = flusher
+
+    def flush_deferred(self) -> float | None:
+        """Run the coalescing subscriptions' re-evaluations that are due and notify them; when the
+        next one falls due (time.monotonic()), None if none waits. From one thread at a time, not
+        the one that runs updates (:meth:`SpuManager.flush_due` says why): updates go on meanwhile."""
+        return self.spus.flush_due()
 
     def _recover_soon(self) -> None:
         """Parallel mode's collector holds updates a failed worker left unfinished: recover now, not

@@ -122,6 +122,8 @@ class PipelinedSpuManager(SpuManager):
     calls; the collector thread only folds and notifies what was handed to it, in order.
     """
 
+    defers = False  # the pipeline orders re-evaluations with the updates in flight: the gate coalesces
+
     def __init__(
         self,
         store: RdfStore,

@@ -519,6 +519,12 @@ class ReevalSpu(SpuBase):
         self.limited = False
         # the result as SPARQL TSV when it came so (a probe, a query worker): see replace_text
         self.text: bytes | None = None
+        # coalescing (broker.core.spu_manager, SpuManager._defer): at most one re-evaluation per
+        # `coalesce_s`, the first after a quiet interval at once; 0: at every update that concerns it
+        self.coalesce_s = 0.0
+        self.refreshed_at = 0.0  # time.monotonic() of its last evaluation
+        self.cost_s = 0.0  # how long that evaluation took
+        self.generation = 0  # evaluations taken so far (a deferred one began at an older one: dropped)
 
     def evaluate(self, store: RdfStore) -> tuple[tuple[Row, ...], bool | None]:
         variables, rows, boolean = evaluate_rows(store, self.sparql, self.prefixes, self.arguments)

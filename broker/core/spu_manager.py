@@ -17,6 +17,10 @@ With a re-evaluation worker (`reevaluators`, ``[engine] reeval_workers``), the r
 network client's subscriptions are pipelined off the update thread: see :meth:`SpuManager.submit`.
 An on-demand pool is woken by the first such subscription and put to rest REST_AFTER_S after the
 last one ends (:meth:`SpuManager._demand`).
+
+A subscription that asks for coalesced notifications (`coalesce_s`, the WebSocket gate's
+`coalesce_ms`, at least MIN_DEFER_S) is re-evaluated at most once per interval instead of
+processed at every update: see :meth:`SpuManager._defer`.
 """
 
 from __future__ import annotations
@@ -73,6 +77,13 @@ log = logging.getLogger(__name__)
 # an on-demand re-evaluation pool idle this long after the last subscription it served ended is put
 # to rest (its processes killed): a client that subscribes again soon does not pay a new snapshot
 REST_AFTER_S = 60.0
+# coalescing intervals from this one up are served by deferred re-evaluation (SpuManager._defer);
+# shorter ones incrementally (a re-evaluation per 100 ms of a few hundred rows costs less than a
+# fast sensor's updates; per millisecond it would not)
+MIN_DEFER_S = 0.1
+# a coalescing SPU is re-evaluated at most once per this many times its last re-evaluation took
+DEFER_DUTY = 10
+_now = time.monotonic  # the clock of deferred re-evaluations (tests move it)
 
 DEFAULT_GRAPH = DefaultGraph()
 Hits = dict[Any, list[tuple[Quad, set[object] | None]]]  # LUTT reference -> the quads hitting it, with their SPUs
@@ -94,6 +105,8 @@ class Reevaluations:
 class SpuManager:
     """Owns SPUs, shape groups and the LUTT. The engine serializes calls; with a re-evaluation
     worker, its collector thread also applies re-evaluations, under :attr:`_state`."""
+
+    defers = True  # coalescing subscriptions may be re-evaluated once per interval (see _defer)
 
     def __init__(
         self,
@@ -144,6 +157,12 @@ class SpuManager:
         self.rows = RowTable()  # the re-evaluating SPUs' rows, one copy each
         self.feeds: dict[NamedNode, dict[tuple[str, ...], GraphFeedSpu]] = {}
         self.subscriptions: dict[str, tuple[Subscription, SpuBase]] = {}
+        # coalescing SPUs an update concerned, with when each is due for its re-evaluation; told to
+        # `on_due` (the scheduler arms a timer that calls flush_due on the update thread): without
+        # it, coalescing subscriptions are processed at every update like any other
+        self._dirty: dict[ReevalSpu, float] = {}
+        self._flushing: set[ReevalSpu] = set()  # being re-evaluated by flush_due
+        self.on_due: Callable[[float], None] | None = None
 
     @property
     def subscription_count(self) -> int:
@@ -207,6 +226,7 @@ class SpuManager:
         limited: bool = False,
         probed: Probed | None = None,
         owner: str | None = None,
+        coalesce_s: float = 0.0,
     ) -> Subscription:
         """`limited`: a network client's subscription (its later re-evaluations run under the time
         limit, see :meth:`_reevaluate`). `probed`: the result its probe found, taken if the store
@@ -229,8 +249,13 @@ class SpuManager:
             # a new SPU past the rows held budgets is refused on its probe's count, before it is evaluated
             admit = functools.partial(self.held.admit, owner or "", probed.rows)
         spu: SpuBase | None = None
+        deferred = coalesce_s >= MIN_DEFER_S and self.on_due is not None and self.defers and not self.naive
         # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
-        if not self.naive and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri)):
+        if (
+            not deferred
+            and not self.naive
+            and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri))
+        ):
             limit = self.max_rows if limited else None
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes, admit, limit)
             if isinstance(spu, IncrementalSpu) and not limited and spu.group.bounded:
@@ -238,10 +263,14 @@ class SpuManager:
                 for each in spu.group.spus.values():
                     self.held.forget(each)
         if spu is None:
-            spu = self._reevaluating(sparql, default_graph_uri, named_graph_uri, prefixes, probed, admit)
+            spu = self._reevaluating(
+                sparql, default_graph_uri, named_graph_uri, prefixes, probed, admit, coalesce_s if deferred else 0.0
+            )
             spu.limited = spu.limited or limited
-            if limited:
+            if limited and not deferred:
                 self._demand()
+            if spu in self._dirty:  # a new subscriber's notification 0 is the result now
+                self._refresh_deferred(spu)
         subscription = Subscription(
             alias, callback, spu.variables, spu.is_ask, nonblocking=nonblocking, sparql=sparql, owner=owner
         )
@@ -362,15 +391,19 @@ class SpuManager:
         prefixes: dict[str, str] | None,
         probed: Probed | None = None,
         admit: Callable[[], None] | None = None,
+        coalesce_s: float = 0.0,
     ) -> ReevalSpu:
-        key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())))
+        key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())), coalesce_s)
         spu = self.reeval.get(key)
         if spu is None:
             if admit is not None:
                 admit()
             arguments = dataset_arguments(default_graph_uri, named_graph_uri)
             spu = ReevalSpu(key, sparql, arguments, prefixes, self.rows)
+            spu.coalesce_s = coalesce_s
+            started = spu.refreshed_at = _now()
             spu.load(self.store, probed)
+            spu.cost_s = _now() - started
             self.reeval[key] = spu
             if not self.naive:
                 spu.lutt_keys = self._reeval_keys(sparql, default_graph_uri, named_graph_uri, prefixes)
@@ -504,7 +537,7 @@ class SpuManager:
         pool = self.reevaluators
         if pool is None or not pool.on_demand:
             return
-        if any(spu.limited for spu in self.reeval.values()):
+        if any(spu.limited and not spu.coalesce_s for spu in self.reeval.values()):
             pool.wake()
         elif self._rest_timer is None and not self._stopping:
             self._rest_timer = threading.Timer(self.rest_after_s, self._rest_if_unwanted)
@@ -514,7 +547,7 @@ class SpuManager:
     def _rest_if_unwanted(self) -> None:
         with self._state:
             self._rest_timer = None
-            if any(spu.limited for spu in self.reeval.values()):
+            if any(spu.limited and not spu.coalesce_s for spu in self.reeval.values()):
                 return
             if self._queued:
                 self._demand()  # its last jobs are still being applied: later
@@ -556,6 +589,7 @@ class SpuManager:
                 del self.feeds[spu.graph]
         elif isinstance(spu, ReevalSpu):
             del self.reeval[spu.key]
+            self._dirty.pop(spu, None)
             spu.release()
             for lutt_key in spu.lutt_keys:
                 self.lutt.remove(lutt_key, spu, None)  # type: ignore[arg-type]
@@ -752,7 +786,95 @@ class SpuManager:
         reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
         if delta.graphs_created or delta.graphs_dropped:
             reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
+        if self.on_due is not None and reeval:
+            deferred = {spu for spu in reeval if spu.coalesce_s}
+            if deferred:
+                reeval -= deferred
+                self._defer(deferred)
         return removed_hits, added_hits, reeval
+
+    def _defer(self, spus: set[ReevalSpu]) -> None:
+        """Coalescing SPUs an update concerns: each due for a re-evaluation one interval after its
+        last one (at once after a quiet interval), run by :meth:`flush_due`; the update itself
+        does not evaluate them.
+
+        Why: the dashboard's tiles (one subscription over the latest view, coalesced to 250 ms by
+        the WebSocket gate) were processed incrementally at every reading, and the gate then
+        merged 250 of every 250 notifications: at 1,000 readings/s the page's subscription took the
+        update thread 1.0-1.6 s with the GIL per 15 s (py-spy --gil, as installed, with the page open
+        against without), the most of what the page cost the gateway. One re-evaluation of its
+        ~500 rows per 250 ms costs a fraction of it. A re-evaluation computes the net change since
+        the one before, which is what the gate sent (PROTOCOL.md's notification semantics over the
+        notifications sent). Not in parallel mode (its pipeline orders re-evaluations itself) nor
+        naive mode: there the gate alone coalesces, as before.
+
+        A query whose re-evaluation is long is re-evaluated less often than asked: at most one
+        DEFER_DUTY-th of the update thread's time goes to one SPU (a large result subscribed with
+        a short interval over a busy graph would otherwise take the thread for itself); its
+        notifications then come later than the interval, and still carry the net change."""
+        on_due = self.on_due
+        assert on_due is not None
+        now = _now()
+        for spu in spus:
+            if spu not in self._dirty:
+                interval = max(spu.coalesce_s, DEFER_DUTY * spu.cost_s)
+                due = self._dirty[spu] = max(now, spu.refreshed_at + interval)
+                on_due(due)
+
+    def flush_due(self) -> float | None:
+        """Re-evaluate the coalescing SPUs that are due, and notify; when the next one is due
+        (time.monotonic()), None if none is waiting. Call it from one thread at a time, not the
+        update thread, and without the engine's lock: updates go on meanwhile.
+
+        Why not on the update thread: a network client's SPU is re-evaluated in a query worker,
+        and a worker compacting its replica answers nothing for ~1 s (at 1,000 readings/s, a
+        compaction every ~40 s): the dashboard's tiles, flushed there, held every reading for it
+        (NL p99 1.8 s in one 15 s phase). Here only this thread waits. The result is the store as
+        it was when the evaluation began; updates after that made the SPU due again. One that the
+        SPU's own generation outran meanwhile (a subscriber joined and re-evaluated it) is dropped,
+        so that no subscriber is taken back to an older result."""
+        with self._state:
+            now = _now()
+            due = [spu for spu, at in self._dirty.items() if at <= now and spu not in self._flushing]
+            for spu in due:
+                del self._dirty[spu]
+                spu.refreshed_at = now
+            self._flushing.update(due)
+            generations = [spu.generation for spu in due]
+        try:
+            for spu, generation in zip(due, generations, strict=True):
+                started = _now()
+                outcome = self._evaluated(spu)
+                spu.cost_s = _now() - started
+                with self._state:
+                    if spu.generation == generation and self.reeval.get(spu.key) is spu:
+                        spu.generation += 1
+                        self._outcome(spu, outcome)
+        finally:
+            with self._state:
+                self._flushing.difference_update(due)
+        with self._state:
+            return min(self._dirty.values(), default=None)
+
+    def _evaluated(self, spu: ReevalSpu) -> Outcome:
+        """A coalescing SPU's query on the store now, as a re-evaluation's outcome: in a query
+        worker under the time limit if a network client subscribed it, else here (on a snapshot
+        without a running request's operations: RdfStore.settled_read)."""
+        if spu.limited and self.workers is not None:
+            return self._in_worker(spu)
+        try:
+            rows, boolean = self.store.settled_read(lambda: spu.evaluate(self.store))
+        except Exception as error:  # noqa: BLE001 - reported with this subscription
+            return ("failed", str(error)[:300])
+        return ("ok", spu.variables, rows, boolean)
+
+    def _refresh_deferred(self, spu: ReevalSpu) -> None:
+        """Re-evaluate a coalescing SPU now and notify (hold _state): a subscriber joins it."""
+        self._dirty.pop(spu, None)
+        spu.generation += 1
+        started = spu.refreshed_at = _now()
+        self._reevaluate({spu})
+        spu.cost_s = _now() - started
 
     def _process(
         self,

@@ -11,7 +11,10 @@ gateway shares with it in the benchmark (and on a phone's battery in the field).
 The contract stays that of PROTOCOL.md, over the notifications sent: each carries added = R_t
 minus R_s and removed = R_s minus R_t, as multisets, where s is the previous notification sent,
 so a client applying them in order still holds what the query returns now. The sequence numbers
-are those of the engine's notifications: the last one merged (gaps are the merged ones). The first
+are those of the engine's notifications: the last one merged (gaps are the merged ones). From
+MIN_DEFER_S up the engine computes only one notification per interval in the first place
+(:meth:`broker.core.spu_manager.SpuManager._defer`, which says what it saves): what arrives here
+is then already coalesced, and this merges nothing. The first
 notification after a quiet interval goes at once (a sensor reporting every minute is shown as soon
 as it reports), and one whose net change is empty is not sent at all. Off unless asked for: every
 other client gets every notification, as PROTOCOL.md says.

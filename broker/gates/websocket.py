@@ -488,7 +488,16 @@ class WebSocketGate:
         try:
             shared = principal.identity if principal is not None else None
             await self._subscribe(
-                connection, sparql, alias, graphs, register, previous, mine, owner=client, shared=shared
+                connection,
+                sparql,
+                alias,
+                graphs,
+                register,
+                previous,
+                mine,
+                owner=client,
+                shared=shared,
+                coalesce_s=interval,
             )
         finally:
             if not registered:
@@ -505,10 +514,13 @@ class WebSocketGate:
         mine: asyncio.Future[None] | None = None,
         owner: str | None = None,
         shared: str | None = None,
+        coalesce_s: float = 0.0,
     ) -> None:
         """Subscribe for `connection`, or send an error frame. The probe runs at once; the subscribe
         is queued once `previous` is done (then `mine` is). `owner`: who subscribes (the SPU table
-        shows it); `shared`: the client whose turn the probe waits for (broker.scheduler.FairShare).
+        shows it); `shared`: the client whose turn the probe waits for (broker.scheduler.FairShare);
+        `coalesce_s`: its coalescing interval, which the engine may serve by re-evaluating the query
+        that often instead of at every update (Engine.subscribe).
 
         `register(spuid)` runs on the loop just before the confirmation is queued for the socket
         (False: not to be sent, and the subscription ended), not when this coroutine resumes: a
@@ -534,6 +546,7 @@ class WebSocketGate:
             "named_graph_uri": graphs["named-graph-uri"],
             "nonblocking": True,
             "owner": owner,
+            "coalesce_s": coalesce_s,
         }
         try:
             options["probed"] = await self.scheduler.probe_subscription(sparql, client=shared, **options)

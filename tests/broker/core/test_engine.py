@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad
 
+from broker.core import spu_manager
 from broker.core.engine import Engine
 from broker.core.lutt import NAMED, Lutt, make_key
 from broker.core.notification import Notification
@@ -186,3 +191,96 @@ def test_large_requests_are_not_kept_in_the_parse_caches(engine: Engine) -> None
     assert len(engine.update(text).added) == 2000
     cached = list(update_parser._TEXTS) + list(update_parser._SHAPES)
     assert all(len(key[0]) <= update_parser.CACHED_REQUEST_CHARS + 100 for key in cached)
+
+
+def _coalescing(engine: Engine, clock: list[float], dues: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's deferred re-evaluations on a fake clock, their due times kept in `dues`."""
+    monkeypatch.setattr(spu_manager, "_now", lambda: clock[0])
+    engine.on_deferred(dues.append)
+
+
+def test_a_coalescing_subscription_is_re_evaluated_once_per_interval(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 updates within one interval: no notification from them; one flush at the due time
+    notifies the net change; the first change after a quiet interval is due at once."""
+    clock, dues, seen = [100.0], [], []
+    _coalescing(engine, clock, dues, monkeypatch)
+    sparql = f"PREFIX ex: <{EX}> SELECT ?l ?v WHERE {{ ?l ex:dim ?v }}"
+    engine.subscribe(sparql, seen.append, coalesce_s=0.25)
+    for value in range(1, 21):
+        engine.update(
+            f"PREFIX ex: <{EX}> DELETE {{ ex:lamp1 ex:dim ?v }} INSERT {{ ex:lamp1 ex:dim {value} }} "
+            f"WHERE {{ ex:lamp1 ex:dim ?v }}"
+        )
+        clock[0] += 0.001
+    assert len(seen) == 1 and dues == [100.25]  # notification 0; due one interval after the subscribe
+    assert engine.flush_deferred() == 100.25  # not due yet: nothing done
+    clock[0] = 100.25
+    assert engine.flush_deferred() is None
+    assert len(seen) == 2 and seen[1].sequence == 1
+    assert {row[1].value for row in seen[1].added} == {"20"} and {row[1].value for row in seen[1].removed} == {"10"}
+    clock[0] = 101.0
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp2 ex:dim 20 }}")
+    assert dues[-1] == 101.0  # after a quiet interval: at once
+
+
+def test_a_coalescing_subscription_that_costs_more_is_re_evaluated_less_often(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most a tenth of the update thread for one SPU: a re-evaluation that took 0.1 s is next due 1 s later."""
+    clock, dues = [100.0], []
+    _coalescing(engine, clock, dues, monkeypatch)
+    sparql = f"PREFIX ex: <{EX}> SELECT ?l ?v WHERE {{ ?l ex:dim ?v }}"
+    engine.subscribe(sparql, lambda _notification: None, coalesce_s=0.25)
+    (spu,) = engine.spus.reeval.values()
+    spu.cost_s = 0.1
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp2 ex:dim 20 }}")
+    assert dues == [101.0]
+
+
+def test_a_new_subscriber_to_a_coalescing_spu_gets_the_result_now(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SPU waits for its re-evaluation when a second subscriber comes: it is re-evaluated then,
+    so notification 0 is what the query returns now, and the first subscriber is told the change."""
+    clock, dues, first, second = [100.0], [], [], []
+    _coalescing(engine, clock, dues, monkeypatch)
+    sparql = f"PREFIX ex: <{EX}> SELECT ?l ?v WHERE {{ ?l ex:dim ?v }}"
+    engine.subscribe(sparql, first.append, coalesce_s=0.25)
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp2 ex:dim 20 }}")
+    engine.subscribe(sparql, second.append, coalesce_s=0.25)
+    assert [row[0] for row in second[0].added] == [node("lamp1")]
+    assert [row[0] for row in first[1].removed] == [node("lamp2")]
+    assert engine.flush_deferred() is None
+
+
+def test_updates_go_on_while_a_coalescing_subscription_is_re_evaluated(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-evaluation that waits (a query worker compacting its replica answers nothing for ~1 s;
+    here a slow evaluation stands for it) holds no update: the flush runs off the update thread,
+    and the result it brings is the store as it was when it began, the later change due next."""
+    clock, dues, seen = [100.0], [], []
+    _coalescing(engine, clock, dues, monkeypatch)
+    sparql = f"PREFIX ex: <{EX}> SELECT ?l ?v WHERE {{ ?l ex:dim ?v }}"
+    engine.subscribe(sparql, seen.append, coalesce_s=0.25)
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp2 ex:dim 20 }}")
+    evaluated = spu_manager.SpuManager._evaluated
+    began = threading.Event()
+
+    def slow(manager: spu_manager.SpuManager, spu: ReevalSpu) -> object:
+        outcome = evaluated(manager, spu)
+        began.set()
+        time.sleep(1.0)
+        return outcome
+
+    monkeypatch.setattr(spu_manager.SpuManager, "_evaluated", slow)
+    clock[0] = 100.25
+    flushing = ThreadPoolExecutor(1).submit(engine.flush_deferred)
+    assert began.wait(10)
+    started = time.monotonic()
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp3 ex:dim 30 }}")
+    assert time.monotonic() - started < 0.5  # before: ~1 s, behind the re-evaluation
+    assert flushing.result(10) == 100.5  # the insert is due one interval after this re-evaluation
+    assert [row[0] for row in seen[1].removed] == [node("lamp2")] and not seen[1].added

@@ -34,6 +34,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from pyoxigraph import Literal, NamedNode, Quad, QueryBoolean, QuerySolutions, Store
 
+from broker.core import spu_manager
 from broker.core.engine import Engine
 from broker.core.notification import Notification
 from broker.core.results import UpdateResult
@@ -188,7 +189,9 @@ class ClientView:
         )
 
 
-def subscribe(engine: Engine, query: PoolQuery, alias: str | None, limited: bool = False) -> tuple[str, ClientView]:
+def subscribe(
+    engine: Engine, query: PoolQuery, alias: str | None, limited: bool = False, coalesce_s: float = 0.0
+) -> tuple[str, ClientView]:
     """Subscribe one pool query; sequence 0 must have arrived when subscribe returns."""
     view = ClientView(query, alias)
     sub = engine.subscribe(
@@ -198,6 +201,7 @@ def subscribe(engine: Engine, query: PoolQuery, alias: str | None, limited: bool
         default_graph_uri=query.default_graph_uri,
         named_graph_uri=query.named_graph_uri,
         limited=limited,
+        coalesce_s=coalesce_s,
     )
     assert len(view.inbox) == 1 and view.inbox[0].sequence == 0, (
         f"{query.name}: expected exactly notification 0 before subscribe returned, got {view.inbox!r}"
@@ -328,6 +332,56 @@ def test_network_subscriptions_rebuild_query_results_with_updates_back_to_back(s
     finally:
         engine.close()
         workers.close()
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["here", "in_workers"])
+@budget(40)
+@given(scenario=scenarios(max_updates=8), gaps=st.lists(st.sampled_from([0.0, 0.1, 0.3, 1.0]), min_size=8, max_size=8))
+def test_coalesced_subscriptions_rebuild_query_results(limited: bool, scenario: Scenario, gaps: list[float]) -> None:
+    """Subscriptions that ask for coalesced notifications (`coalesce_s`, the WebSocket gate's
+    `coalesce_ms`) are re-evaluated once per interval at most, when the scheduler flushes them
+    (Engine.flush_deferred), not at each update; time here is a fake clock moved by `gaps`.
+
+    Rules (b) and (c) for every notification; no notification from an update itself; at most one
+    per subscription per flush; after any flush past the interval (nothing left waiting), and at
+    the end, rule (a): each view equals the query's answer."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=1, time_limit_s=60.0) if limited else None
+    if workers is not None:
+        workers.start()
+    engine = Engine(store, workers=workers, max_subscription_rows=100_000)
+    clock = [1000.0]
+    dues: list[float] = []
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(spu_manager, "_now", lambda: clock[0])
+            engine.on_deferred(dues.append)
+            engine.update(scenario.dataset)
+            views = [subscribe(engine, query, query.name, limited, coalesce_s=0.25)[1] for query in POOL]
+            assert engine.spus.reeval and all(spu.coalesce_s == 0.25 for spu in engine.spus.reeval.values())
+            for request, gap in zip(scenario.updates, gaps, strict=False):
+                note(f"update: {request}, then {gap} s")
+                apply_update(engine, request)
+                assert not any(view.inbox for view in views), "an update notified a coalescing subscription itself"
+                clock[0] += gap
+                engine.flush_deferred()
+                assert all(len(view.inbox) <= 1 for view in views)
+                for view in views:
+                    view.drain()
+                if gap >= 0.25:
+                    assert engine.flush_deferred() is None  # nothing is left waiting
+                    for view in views:
+                        view.check_against(engine)
+            clock[0] += 1.0
+            engine.flush_deferred()
+            for view in views:
+                view.drain()
+                view.check_against(engine)
+            assert all(due <= clock[0] for due in dues)
+    finally:
+        engine.close()
+        if workers is not None:
+            workers.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
