@@ -26,18 +26,24 @@ due after MIN_GARBAGE_DISK removals, and at most a DUTY share of the time (after
 took d seconds, the next waits d / DUTY, at most MAX_WAIT_S). RocksDB compacts in the background
 meanwhile as well.
 
-The gateway runs a :class:`Compactor` thread on its store; a worker's replica calls
-:meth:`Compactor.maybe_compact` between messages, and is told at seeding how many quads it holds:
+The gateway runs a :class:`Compactor` thread on its store, and so does a query worker's replica
+(:func:`broker.workers.replica.serve`: called between messages, a compaction kept it from answering
+any job for its duration, ~1 s at 1,000 readings/s; its copy runs at the lowest priority, and took
+23 s beside two busy processes on the 2-core test machine); a BOOSTER worker calls
+:meth:`Compactor.maybe_compact` between messages. A replica is told at seeding how many quads it holds:
 counting them at the first check stopped a BOOSTER worker 130 ms with the lighting knowledge base
 (334k quads), a fifth of its time in parallel mode's ROAD experiment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from broker.background import at_low_priority
 from broker.core.memory import trim
@@ -57,10 +63,21 @@ CHECK_S = 0.5  # how often the thread looks at the count
 class Compactor:
     """Compacts `store` when due (see the module docstring); :attr:`stats` for /metrics."""
 
-    def __init__(self, store: RdfStore, *, min_garbage: int | None = None, duty: float = DUTY, live: int = 0) -> None:
+    def __init__(
+        self,
+        store: RdfStore,
+        *,
+        min_garbage: int | None = None,
+        duty: float = DUTY,
+        live: int = 0,
+        around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+    ) -> None:
         """`live`: how many quads `store` is known to hold now (a replica just seeded), so that the
-        first check does not count them (see :meth:`maybe_compact`)."""
+        first check does not count them (see :meth:`maybe_compact`). `around`: a context each
+        compaction runs in (a replica's: room for the copy beside a job's memory limit,
+        :class:`broker.workers.replica.MemoryBound`)."""
         self.store = store
+        self.around = around
         if min_garbage is None:
             min_garbage = MIN_GARBAGE if store.path is None else MIN_GARBAGE_DISK
         self.min_garbage = min_garbage
@@ -85,7 +102,8 @@ class Compactor:
                 return False
         started = time.monotonic()
         garbage = self.store.garbage
-        live = self.store.compact()
+        with self.around():
+            live = self.store.compact()
         if live is not None:
             self.threshold = max(self.min_garbage, live)
         trim()  # the old store's memory, back to the system

@@ -827,12 +827,12 @@ class SpuManager:
         update thread, and without the engine's lock: updates go on meanwhile.
 
         Why not on the update thread: a network client's SPU is re-evaluated in a query worker,
-        and a worker compacting its replica answers nothing for ~1 s (at 1,000 readings/s, a
-        compaction every ~40 s): the dashboard's tiles, flushed there, held every reading for it
-        (NL p99 1.8 s in one 15 s phase). Here only this thread waits. The result is the store as
-        it was when the evaluation began; updates after that made the SPU due again. One that the
-        SPU's own generation outran meanwhile (a subscriber joined and re-evaluated it) is dropped,
-        so that no subscriber is taken back to an older result."""
+        and a worker may be slow to answer (one compacting its replica answered nothing for ~1 s,
+        before replicas compacted on a thread of their own): the dashboard's tiles, flushed there,
+        held every reading for it (NL p99 1.8 s in one 15 s phase). Here only this thread waits.
+        The result is the store as it was when the evaluation began; updates after that made the
+        SPU due again. One that the SPU's own generation outran meanwhile (a subscriber joined and
+        re-evaluated it) is dropped, so that no subscriber is taken back to an older result."""
         with self._state:
             now = _now()
             due = [spu for spu, at in self._dirty.items() if at <= now and spu not in self._flushing]

@@ -38,7 +38,7 @@ from broker.scheduler import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
-from broker.workers.replica import PR_SET_PDEATHSIG, seeded
+from broker.workers.replica import PR_SET_PDEATHSIG, received, seeded
 
 
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:
@@ -190,11 +190,7 @@ class Booster:
 def serve(connection: Connection) -> None:
     """Follow the store and answer jobs until the engine closes its end."""
     booster: Booster | None = None
-    while True:
-        try:
-            message = connection.recv()
-        except (EOFError, OSError):
-            return
+    for message in received(connection):
         kind = message[0]
         if kind == "boost":
             assert booster is not None

@@ -192,7 +192,7 @@ class Worker:
     ) -> None:
         """`module`: the process's program, a query worker's replica or a BOOSTER worker
         (:mod:`broker.workers.booster`), which takes the same seed and deltas. `memory_bytes`: what
-        one of a query worker's jobs may allocate (:func:`broker.workers.replica.memory_bounded`)."""
+        one of a query worker's jobs may allocate (:class:`broker.workers.replica.MemoryBound`)."""
         self.name = name
         self.checkpoint = checkpoint
         ours, theirs = socket.socketpair()
@@ -307,7 +307,7 @@ class QueryWorkers:
         pools over one store must not share it, each empties it when it starts).
 
         `memory_bytes`: what one job may allocate beyond its worker's replica (0: no limit); past it
-        the job fails with :class:`MemoryLimitExceeded` (:func:`broker.workers.replica.memory_bounded`).
+        the job fails with :class:`MemoryLimitExceeded` (:class:`broker.workers.replica.MemoryBound`).
 
         `on_demand`: :meth:`start` starts no worker; :meth:`wake` starts them in the background and
         :meth:`rest` stops them. Why: a replica in memory applies every delta of the store and
