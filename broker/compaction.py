@@ -26,11 +26,12 @@ due after MIN_GARBAGE_DISK removals, and at most a DUTY share of the time (after
 took d seconds, the next waits d / DUTY, at most MAX_WAIT_S). RocksDB compacts in the background
 meanwhile as well.
 
-The gateway runs a :class:`Compactor` thread on its store, and so does a query worker's replica
-(:func:`broker.workers.replica.serve`: called between messages, a compaction kept it from answering
-any job for its duration, ~1 s at 1,000 readings/s; its copy runs at the lowest priority, and took
-23 s beside two busy processes on the 2-core test machine); a BOOSTER worker calls
-:meth:`Compactor.maybe_compact` between messages. A replica is told at seeding how many quads it holds:
+The gateway runs a :class:`Compactor` thread on its store, and so does every replica: a query
+worker's (:func:`broker.workers.replica.serve`: called between messages, a compaction kept it from
+answering any job for its duration, ~1 s at 1,000 readings/s; its copy runs at the lowest priority,
+and took 23 s beside two busy processes on the 2-core test machine) and a BOOSTER worker's
+(:func:`broker.workers.booster.serve`, whose jobs held every update's reply meanwhile). A replica is
+told at seeding how many quads it holds:
 counting them at the first check stopped a BOOSTER worker 130 ms with the lighting knowledge base
 (334k quads), a fifth of its time in parallel mode's ROAD experiment.
 """

@@ -1,0 +1,63 @@
+"""A BOOSTER worker's replica compacts on a thread of its own: it answers jobs meanwhile, and every
+delta reaches the compacted store."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from multiprocessing.connection import Connection
+
+import pytest
+from pyoxigraph import Literal, NamedNode, Quad
+
+from broker.workers import booster
+from broker.workers.booster import Booster, serve
+from tests.broker.workers.conftest import EX, nquads
+
+
+def boost(connection: Connection, added: bytes, removed: bytes, timeout: float = 10.0) -> tuple[object, ...]:
+    """A job with no hits (the pre and post phases find nothing): its reply, within `timeout`."""
+    connection.send(("boost", 0, [], [], [(added, removed, (), ())], [], None))
+    assert connection.poll(timeout), f"the BOOSTER worker answered no job in {timeout} s"
+    return connection.recv()
+
+
+def test_a_booster_answers_jobs_while_its_replica_compacts_and_keeps_every_delta(
+    held_compaction, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copying, release, compacted = held_compaction
+    made: list[Booster] = []
+
+    class Kept(Booster):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(booster, "Booster", Kept)
+    ours, theirs = socket.socketpair()
+    connection = Connection(ours.detach())
+    thread = threading.Thread(target=serve, args=(Connection(theirs.detach()),), daemon=True)
+    thread.start()
+    try:
+        connection.send(("seed", "memory", nquads(range(1000)), ()))
+        assert connection.poll(10) and connection.recv() == ("ready",)
+        # every quad replaced twice: 2,000 dead for 1,000 live, a compaction is due
+        connection.send(("apply", [(nquads(range(1000, 2000)), nquads(range(1000)), (), ())]))
+        assert boost(connection, nquads(range(2000, 3000)), nquads(range(1000, 2000)))[0] == "boosted"
+        assert copying.wait(10), "no compaction began"
+        # while the copy is under way: a job is answered (before: not until the copy ended), and its delta kept
+        assert boost(connection, nquads([3000]), nquads([2000]))[0] == "boosted"
+        assert not compacted.is_set()
+        release.set()
+        assert compacted.wait(10)
+        assert boost(connection, nquads([3001]), nquads([2001]))[0] == "boosted"
+        store = made[0].store
+        p = NamedNode(f"{EX}p")
+        assert sorted(quad.object.value for quad in store.ox.quads_for_pattern(None, p, None)) == sorted(
+            str(n) for n in [*range(2002, 3000), 3000, 3001]
+        )
+        assert Quad(NamedNode(f"{EX}s3000"), p, Literal(3000)) in store.ox
+    finally:
+        connection.close()
+        thread.join(30)
+    assert not thread.is_alive()
