@@ -75,6 +75,10 @@ ONE_WRITE_QUADS = 20_000
 # replay costs less than the update that made the delta); at most REPLAY_ROUNDS_MAX rounds
 REPLAY_LOCKED_MAX = 4
 REPLAY_ROUNDS_MAX = 20
+# in memory, the quads removed since the last compaction are also counted by subject, in this many
+# buckets (a hash of the subject's): broker.compaction's rule for a key replaced again and again
+HOT_BUCKETS = 4096
+HOT_MASK = HOT_BUCKETS - 1
 T = TypeVar("T")
 # a store's follower: called with each delta (added, removed, graphs created, graphs dropped) and its
 # sequence tag (PROVISIONAL, SETTLED or "": see RdfStore.apply)
@@ -195,12 +199,20 @@ def _apply_quads(
     removed: Iterable[Quad],
     created: Iterable[NamedNode],
     dropped: Iterable[NamedNode],
+    hot: list[int] | None = None,
 ) -> int:
-    """Apply a delta quad by quad (each removal a transaction of its own); the number removed."""
+    """Apply a delta quad by quad (each removal a transaction of its own); the number removed.
+    `hot`: the removals counted by subject too (:attr:`RdfStore.hot`)."""
     count = 0
-    for quad in removed:
-        ox.remove(quad)
-        count += 1
+    if hot is None:
+        for quad in removed:
+            ox.remove(quad)
+            count += 1
+    else:
+        for quad in removed:
+            ox.remove(quad)
+            hot[hash(quad.subject) & HOT_MASK] += 1
+            count += 1
     for graph in dropped:
         ox.remove_graph(graph)
     ox.extend(added)
@@ -209,14 +221,19 @@ def _apply_quads(
     return count
 
 
-def _load_nquads(ox: Store, added: bytes, removed: bytes, created: list[NamedNode], dropped: list[NamedNode]) -> int:
+def _load_nquads(
+    ox: Store,
+    added: bytes,
+    removed: bytes,
+    created: list[NamedNode],
+    dropped: list[NamedNode],
+    hot: list[int] | None = None,
+) -> int:
     """Apply a delta that came as N-Quads, the added quads loaded by pyoxigraph (no ``_:`` in
-    them: `Store.load` renames blank nodes); the number removed."""
+    them: `Store.load` renames blank nodes); the number removed (and by subject in `hot`)."""
     count = 0
     if removed:
-        for quad in parse(removed, format=RdfFormat.N_QUADS):
-            ox.remove(quad)
-            count += 1
+        count = _apply_quads(ox, (), parse(removed, format=RdfFormat.N_QUADS), (), (), hot)
     for graph in dropped:
         ox.remove_graph(graph)
     if added:
@@ -355,6 +372,8 @@ class RdfStore:
         self._sync_lock = threading.Lock()  # one fdatasync at a time; taken after `lock`, never before
         self._journal_bytes = 0
         self.garbage = 0  # quads removed since the last compaction (dead versions pyoxigraph keeps)
+        # ...in memory, by bucket of their subject (see hottest; ~0.26 us a removal)
+        self.hot = [0] * HOT_BUCKETS
         self.changes = 0  # calls of apply so far: while it holds, the store holds the same quads
         self._unsettled = False  # a provisional delta was applied and not settled yet
         # the thread whose request's operations are in the store until their undo, and how many
@@ -530,7 +549,7 @@ class RdfStore:
             fast = self._journal is None and self.path is None and all(isinstance(f, _Recording) for f in recordings)
             if fast and not (added and _contains(added, b"_:")):
                 self.changes += 1
-                self.garbage += _load_nquads(self.ox, added, removed, created, dropped)
+                self.garbage += _load_nquads(self.ox, added, removed, created, dropped, self.hot)
                 for recording in recordings:
                     recording.nquads(added, removed, created, dropped)  # type: ignore[union-attr]
                 return
@@ -678,13 +697,21 @@ class RdfStore:
         ~370-430 us against ~315-345 quad by quad); `bench mqtt --on-disk` and `bench wire --on-disk`
         about 0.9x of the build before, alternated (noisy, 4 and 8 pairs)."""
         if self.path is None:
-            return _apply_quads(self.ox, added, removed, graphs_created, graphs_dropped)
+            return _apply_quads(self.ox, added, removed, graphs_created, graphs_dropped, self.hot)
         removed = list(removed)
         for piece in _pieces(list(added), removed, list(graphs_created), list(graphs_dropped)):
             update = _delta_update(*piece)
             if update is None or not _updated(self.ox, update):
                 _apply_quads(self.ox, *piece)
         return len(removed)
+
+    def hottest(self) -> int:
+        """The most quads removed since the last compaction from the subjects of one bucket: a lower
+        bound of the dead versions a lookup of the hottest subject reads past (in memory). Why: a
+        lookup reads past every dead version of its key, ~16 ns each (a value replaced 10,000 times
+        in a store of 300,000 quads: 161 us a lookup against 0.7; 200,000 times: 3.5 ms), and the
+        count of all removals let one key pile up to twice the store's size of them."""
+        return max(self.hot)
 
     def compact(self) -> int | None:
         """Drop the dead versions pyoxigraph keeps (see the module docstring). Updates go on
@@ -706,6 +733,7 @@ class RdfStore:
             graphs = list(old.named_graphs())
             self._followers = [*self._followers, recording]
             self.garbage = 0
+            self.hot = [0] * HOT_BUCKETS
         fresh = RdfStore(Store())
         try:
             copied = copy_live(old, fresh.ox)

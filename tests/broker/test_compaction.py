@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, serialize
 
 import broker.store as store_module
-from broker.compaction import Compactor
+from broker.compaction import HOT_MIN_S, HOT_REMOVALS, Compactor
 from broker.store import RdfStore
 
 EX = "http://example.org/"
@@ -193,7 +194,6 @@ def test_a_replica_compacting_applies_and_replays_n_quads_deltas_as_they_came(mo
     """A replica's deltas (N-Quads, :meth:`RdfStore.apply_nquads`) during a compaction's copy: loaded
     by pyoxigraph and kept as N-Quads for the copy (not parsed into Python quads twice), the ones
     with blank nodes the slow way; the compacted store holds what a store without compaction holds."""
-    from pyoxigraph import RdfFormat, serialize
 
     def nquads(quads) -> bytes:
         return serialize(list(quads), format=RdfFormat.N_QUADS) if quads else b""
@@ -230,3 +230,61 @@ def test_a_replica_compacting_applies_and_replays_n_quads_deltas_as_they_came(mo
     assert set(store.ox.named_graphs()) == set(reference.ox.named_graphs())
     # the two whose added quads hold no blank node (_quad makes one of every fifth value)
     assert [delta[0] for delta in as_nquads] == [deltas[2][0], deltas[3][0]]
+
+
+def _replaced(store: RdfStore, subject: NamedNode, times: int, first: int = 0) -> None:
+    """The value of `subject` replaced `times` times, one delta each (an actuator, a latest value)."""
+    predicate = NamedNode(f"{EX}value")
+    for value in range(first, first + times):
+        store.apply([Quad(subject, predicate, Literal(value + 1))], [Quad(subject, predicate, Literal(value))])
+
+
+def _large_store() -> RdfStore:
+    store = RdfStore.memory()
+    store.apply([Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(n)) for n in range(20_000)], [])
+    store.apply([Quad(NamedNode(f"{EX}hot"), NamedNode(f"{EX}value"), Literal(0))], [])
+    return store
+
+
+def test_in_memory_one_key_replaced_again_and_again_makes_a_compaction_due_in_a_large_store() -> None:
+    """20,000 live quads wait for 40,000 removals; one subject's value replaced 1,500 times is due
+    at HOT_REMOVALS (1,000) once HOT_MIN_S passed, then not again until HOT_SPACING times the
+    compaction's duration, at least HOT_MIN_S, passed. Before: due at 40,000, and every lookup of
+    the hot key read past its dead versions until then."""
+    store = _large_store()
+    compactor = Compactor(store, live=len(store.ox))
+    hot = NamedNode(f"{EX}hot")
+    _replaced(store, hot, 1_500)
+    assert store.hottest() >= 1_500
+    assert not compactor.maybe_compact()  # HOT_MIN_S after the start not passed yet
+    compactor._hot_after = 0.0  # noqa: SLF001 - as if HOT_MIN_S had passed
+    assert compactor.maybe_compact()
+    assert compactor.stats["hot_compactions"] == 1 and store.garbage == 0 and store.hottest() == 0
+    assert Quad(hot, NamedNode(f"{EX}value"), Literal(1_500)) in store.ox and len(store.ox) == 20_001
+    assert compactor._hot_after - time.monotonic() > HOT_MIN_S - 1  # noqa: SLF001 - spaced from this one
+    _replaced(store, hot, 1_500, first=1_500)
+    assert not compactor.maybe_compact()
+    compactor._hot_after = 0.0  # noqa: SLF001
+    assert compactor.maybe_compact() and compactor.stats["hot_compactions"] == 2
+
+
+def test_in_memory_as_many_removals_spread_over_many_keys_wait_for_the_count_of_all() -> None:
+    """Retention's deletes (each observation's quads once) are no hot key: 1,500 removals of 1,500
+    subjects leave the compaction for the count of all removals."""
+    store = _large_store()
+    compactor = Compactor(store, live=len(store.ox))
+    compactor._hot_after = 0.0  # noqa: SLF001 - as if HOT_MIN_S had passed
+    store.apply([], [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(n)) for n in range(1_500)])
+    assert store.garbage == 1_500 and store.hottest() < HOT_REMOVALS
+    assert not compactor.maybe_compact() and compactor.stats["compactions"] == 0
+
+
+def test_a_replica_counts_the_removals_of_its_n_quads_deltas_by_subject_too() -> None:
+    store = _large_store()
+    predicate = NamedNode(f"{EX}value")
+    hot = NamedNode(f"{EX}hot")
+    for value in range(1_200):
+        added = serialize([Quad(hot, predicate, Literal(value + 1))], format=RdfFormat.N_QUADS)
+        removed = serialize([Quad(hot, predicate, Literal(value))], format=RdfFormat.N_QUADS)
+        store.apply_nquads(added, removed, (), ())
+    assert store.garbage == 1_200 and store.hottest() >= 1_200

@@ -19,6 +19,9 @@ def register(kinds: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--replacements", type=bounded(100, 1_000_000), default=50_000)
     parser.add_argument("--window", type=bounded(10, 100_000), default=2_500)
+    parser.add_argument(
+        "--filler", type=bounded(0, 2_000_000), default=1_000, help="unrelated triples loaded first (a large store)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.set_defaults(handler=run_growth)
@@ -30,6 +33,7 @@ def run_growth(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    report = run(GrowthOptions(replacements=args.replacements, window=args.window), None if args.quiet else log)
+    options = GrowthOptions(replacements=args.replacements, window=args.window, filler=args.filler)
+    report = run(options, None if args.quiet else log)
     print(json.dumps(report, indent=2 if args.json else None))
     return 0
