@@ -48,6 +48,7 @@ from broker.errors import (
     NotFound,
     SepaError,
     SparqlSyntaxError,
+    StoreFailed,
     TimeLimitExceeded,
     Unauthorized,
     UpdateFailed,
@@ -69,7 +70,7 @@ from broker.sparql.patterns import QuadPattern
 from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Template, Update, Var
 from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
 from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
-from broker.store import RdfStore
+from broker.store import RdfStore, sync_directory
 from broker.version import gateway_version
 from broker.workers.pool import QueryWorkers
 
@@ -113,6 +114,8 @@ __all__ = [
     "Scheduler",
     "SepaError",
     "SparqlSyntaxError",
+    "sync_directory",
+    "StoreFailed",
     "Subscription",
     "Template",
     "Term",

@@ -41,7 +41,9 @@ due after MIN_GARBAGE_DISK removals, and at most a DUTY share of the time (after
 took d seconds, the next waits d / DUTY, at most MAX_WAIT_S). RocksDB compacts in the background
 meanwhile as well.
 
-The gateway runs a :class:`Compactor` thread on its store, and so does every replica: a query
+The gateway runs a :class:`Compactor` thread on its store, and so does every replica:
+the thread also takes a resident store's checkpoints (:meth:`broker.store.RdfStore.checkpoint`:
+a snapshot written without the store's lock, which a compaction must not swap from under it). a query
 worker's (:func:`broker.workers.replica.serve`: called between messages, a compaction kept it from
 answering any job for its duration, ~1 s at 1,000 readings/s; its copy runs at the lowest priority,
 and took 23 s beside two busy processes on the 2-core test machine) and a BOOSTER worker's
@@ -100,7 +102,7 @@ class Compactor:
         self.store = store
         self.around = around
         if min_garbage is None:
-            min_garbage = MIN_GARBAGE if store.path is None else MIN_GARBAGE_DISK
+            min_garbage = MIN_GARBAGE_DISK if store.rocksdb else MIN_GARBAGE
         self.min_garbage = min_garbage
         self.threshold = max(min_garbage, live)
         self.duty = duty
@@ -121,7 +123,7 @@ class Compactor:
         state or a sensor's latest value in a 300,000-quad building model could pile up hundreds of
         thousands of them (RdfStore.hottest has what each costs)."""
         return (
-            self.store.path is None
+            not self.store.rocksdb
             and self.store.garbage >= self.min_garbage
             and time.monotonic() >= self._hot_after
             and self.store.hottest() >= HOT_REMOVALS
@@ -134,7 +136,7 @@ class Compactor:
             if not self.hot():
                 return False
             hot = True
-        elif self.store.path is None:
+        elif not self.store.rocksdb:
             live = at_low_priority(self.store.live_quads)  # ~390 ns a quad (130 ms for 334k), without the GIL
             if self.store.garbage < live * DEAD_PER_LIVE:
                 self.threshold = live * DEAD_PER_LIVE  # counted again then (a steady store: due)
@@ -149,7 +151,7 @@ class Compactor:
             self.threshold = max(self.min_garbage, live)
         trim()  # the old store's memory, back to the system
         took = time.monotonic() - started
-        if self.store.path is not None:
+        if self.store.rocksdb:
             self._not_before = time.monotonic() + min(MAX_WAIT_S, took / self.duty)
         self._hot_after = time.monotonic() + max(HOT_MIN_S, HOT_SPACING * took)
         self.stats["compactions"] += 1
@@ -171,6 +173,24 @@ class Compactor:
                 self.stats["failures"] += 1
                 log.exception("store compaction failed")
                 self._not_before = time.monotonic() + 60
+            self.maybe_checkpoint()
+
+    def maybe_checkpoint(self) -> bool:
+        """Take a resident store's checkpoint if due; whether it did. A failure (a full disk) is
+        logged and counted, and tried again at the next check: the journals keep every delta."""
+        if not self.store.checkpoint_due:
+            return False
+        try:
+            started = time.monotonic()
+            if not self.store.checkpoint():
+                return False
+        except OSError as error:
+            self.stats["checkpoint_failures"] += 1
+            log.error("no snapshot of the store written", extra={"error": str(error)})
+            return False
+        self.stats["checkpoints"] += 1
+        self.stats["checkpoint_ms"] += round((time.monotonic() - started) * 1000)
+        return True
 
     def close(self) -> None:
         """Stop the thread (a compaction under way finishes first)."""

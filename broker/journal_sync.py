@@ -14,11 +14,15 @@ other core under a GIL of its own.
 
 The protocol is eight bytes each way (a pipe never splits a write of up to PIPE_BUF bytes, so
 every read returns whole marks). The loop writes to the helper's stdin the number of
-journal records written so far (a mark); the helper reads every mark waiting in the pipe, calls
-fdatasync once (group commit: the syncs asked for while one ran are one), and writes back the
+journal records written so far (a mark), with the index of the journal they are in in its top
+byte (a resident store has two, :mod:`broker.store`: the records of the other were synced when it
+was left); the helper reads every mark waiting in the pipe, calls fdatasync once on each journal
+they name (group commit: the syncs asked for while one ran are one), and writes back the
 last mark it read, which is then on stable storage: every record it counts had been written to
 the kernel before its mark was sent. An fdatasync makes the file's data durable whichever
-descriptor of it wrote them, so the helper opens the journal itself, read-only.
+descriptor of it wrote them, so the helper opens the journals itself, read-only. Why not sync
+both journals each time: on ext4 an fdatasync of a file with nothing to write still flushes the
+device's cache.
 
 Why a string of code and not a module: it starts with ``python -I -S`` (nothing imported, no
 site packages) in 10-20 ms and holds ~9 MB. It ignores SIGINT and SIGTERM (a Ctrl-C or a service stop
@@ -41,16 +45,19 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 MARK_BYTES = 8
+INDEX_SHIFT = 56  # a mark's top byte: the journal its records are in
+COUNT_MASK = (1 << INDEX_SHIFT) - 1
 _HELPER = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-journal = os.open(sys.argv[1], os.O_RDONLY)
+journals = [os.open(path, os.O_RDONLY) for path in sys.argv[1:]]
 while True:
     marks = os.read(0, 4096)
     if not marks:
         break
-    os.fdatasync(journal)
+    for index in sorted({marks[at + 7] for at in range(0, len(marks), 8)}):
+        os.fdatasync(journals[index])
     os.write(1, marks[-8:])
 """
 
@@ -60,13 +67,13 @@ class HelperGone(Exception):
 
 
 class JournalSyncer:
-    """One helper process syncing one journal for one event loop (use it on that loop only)."""
+    """One helper process syncing a store's journals for one event loop (use it on that loop only)."""
 
-    def __init__(self, journal: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, journals: list[Path], loop: asyncio.AbstractEventLoop) -> None:
         """Start the helper. Popen on the loop: a vfork and exec, 0.4-5 ms (measured beside 300 MB of RSS), once."""
         self._loop = loop
         self._process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _HELPER, str(journal)],
+            [sys.executable, "-I", "-S", "-c", _HELPER, *map(str, journals)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -76,7 +83,7 @@ class JournalSyncer:
         self._requests = self._process.stdin.fileno()
         self._replies = self._process.stdout.fileno()
         os.set_blocking(self._replies, False)
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._asked = -1  # the mark of the sync under way, -1 when none is
         self.synced = 0  # the last mark the helper confirmed
         self.alive = True
@@ -84,22 +91,22 @@ class JournalSyncer:
         loop.add_reader(self._replies, self._on_reply)
         self._reading = True
 
-    async def durable(self, mark: int) -> None:
-        """Return once every journal record counted by `mark` is on stable storage (raises
-        :class:`HelperGone` if the helper ended first)."""
+    async def durable(self, mark: int, index: int = 0) -> None:
+        """Return once every journal record counted by `mark` is on stable storage, those not
+        synced yet being in journal `index` (raises :class:`HelperGone` if the helper ended first)."""
         if mark <= self.synced:
             return
         if not self.alive:
             raise HelperGone("the journal's sync helper has ended")
         future = self._loop.create_future()
-        self._waiters.append((mark, future))
+        self._waiters.append((mark, index, future))
         if self._asked < 0:
-            self._ask(mark)
+            self._ask(mark, index)
         await future
 
-    def _ask(self, mark: int) -> None:
+    def _ask(self, mark: int, index: int) -> None:
         try:
-            os.write(self._requests, mark.to_bytes(MARK_BYTES, "little"))
+            os.write(self._requests, (mark | index << INDEX_SHIFT).to_bytes(MARK_BYTES, "little"))
         except OSError:
             self._ended()
             return
@@ -115,17 +122,17 @@ class JournalSyncer:
         if not data:
             self._ended()
             return
-        self.synced = max(self.synced, int.from_bytes(data[-MARK_BYTES:], "little"))
+        self.synced = max(self.synced, int.from_bytes(data[-MARK_BYTES:], "little") & COUNT_MASK)
         self._asked = -1
         waiting = []
-        for mark, future in self._waiters:
+        for mark, index, future in self._waiters:
             if mark > self.synced:
-                waiting.append((mark, future))
+                waiting.append((mark, index, future))
             elif not future.done():
                 future.set_result(None)
         self._waiters = waiting
         if waiting:
-            self._ask(max(mark for mark, _ in waiting))
+            self._ask(*max((mark, index) for mark, index, _ in waiting))
 
     def _ended(self) -> None:
         """The helper is gone: whoever waits learns it, and nothing is asked of it again."""
@@ -136,7 +143,7 @@ class JournalSyncer:
         code = self._process.poll()
         log.warning("the journal's sync helper ended; syncing on a thread from now on", extra={"exit_code": code})
         waiters, self._waiters = self._waiters, []
-        for _, future in waiters:
+        for _, _, future in waiters:
             if not future.done():
                 future.set_exception(HelperGone("the journal's sync helper has ended"))
 

@@ -408,11 +408,11 @@ class Scheduler:
         acknowledgements: 1,270-1,600, alternated in the same session)."""
         loop = asyncio.get_running_loop()
         store = self.engine.store
-        mark = store.written
+        mark, index = store.sync_mark
         syncer = self._journal_syncer(loop)
         if syncer is not None:
             try:
-                await syncer.durable(mark)
+                await syncer.durable(mark, index)
             except HelperGone:
                 pass
             else:
@@ -429,11 +429,11 @@ class Scheduler:
         or could not start."""
         syncer = self._syncer_process
         if syncer is None and not self._syncer_failed:
-            journal = self.engine.store.journal_path
+            journals = self.engine.store.journal_paths
             try:
-                if journal is None:
+                if not journals:
                     raise OSError("the store has no journal")
-                syncer = self._syncer_process = JournalSyncer(journal, loop)
+                syncer = self._syncer_process = JournalSyncer(journals, loop)
             except OSError as problem:
                 log.warning("cannot start the journal's sync helper", extra={"error": str(problem)})
                 self._syncer_failed = True

@@ -333,7 +333,7 @@ class QueryWorkers:
         self._awake = not on_demand  # following the store, its workers started or starting
         self._feeding = False
         folder = "replicas" if name == "worker" else f"replicas-{name}"
-        self._checkpoints = store.path / folder if store.path is not None else None
+        self._checkpoints = store.path / folder if store.rocksdb else None
         # every worker is started from this one thread, alive as long as the pool: a worker dies
         # with the thread that started it (PR_SET_PDEATHSIG), so that it never outlives the gateway
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix=f"sepa-{name}-spawn")

@@ -54,7 +54,11 @@ class Gateway:
     def __init__(self, config: Config) -> None:
         self.config = config
         clock = ClockFloor(config.store.data_dir)  # before the store writes anything (its docstring says why)
-        self.store = RdfStore.open(config.store.data_dir) if config.store.data_dir else RdfStore.memory()
+        self.store = (
+            RdfStore.open(config.store.data_dir, resident=config.store.resident)
+            if config.store.data_dir
+            else RdfStore.memory()
+        )
         self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
         # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
         # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit); started
@@ -279,7 +283,8 @@ class Gateway:
         await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
         await asyncio.get_running_loop().run_in_executor(None, self.compactor.close)
         self.pending.close()
-        self.store.flush()
+        # RocksDB flushed, resident written as a snapshot; either way the journal left is empty
+        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
         if self.secure is not None and self.secure.temporary is not None:
             self.secure.temporary.cleanup()
 
@@ -299,7 +304,7 @@ class Gateway:
         # the process is ours (not an embedding one): its threads on one core, in memory and in
         # sequential mode (see gateway.appliance.cores for why not otherwise)
         one_core = self.config.engine.one_core and self.engine.mode != "parallel"
-        core = pin_threads() if one_core and not self.config.store.data_dir else None
+        core = pin_threads() if one_core and not self.store.rocksdb else None
         log.info(
             "sepa-gateway serving",
             extra={"urls": " ".join(urls), "store": store, "mode": self.engine.mode, "core": core},

@@ -80,13 +80,16 @@ class EngineConfig:
     base_iri: str = ""
     # `sepa-gateway run` with an in-memory store keeps the gateway's threads on one core (they share
     # the GIL: hand-offs on one core are cheaper) and its worker processes on every core; no effect
-    # on disk (RocksDB's writes run beside the loop), in parallel mode or on a one-core board
+    # on RocksDB (its writes run beside the loop), in parallel mode or on a one-core board
     one_core: bool = True
 
 
 @dataclass
 class StoreConfig:
     data_dir: str = ""  # empty: in-memory store (lost on restart); else a directory for the on-disk store
+    # with a data_dir: the store in memory, rebuilt at start from a snapshot and journal (broker.store
+    # says why); false: RocksDB, for a store larger than memory
+    resident: bool = True
 
 
 SECURE_PLAIN_HOST = "127.0.0.1"

@@ -10,11 +10,11 @@ p99 13-38 ms against 20-48; an earlier scratch build pinning every task of the p
 against 2,644-3,122 (12 and 8 runs). `bench wire --no-oxigraph --updates 20000`: 1.04-1.08x (3
 pairs), 0 wrong, 0 missing.
 
-Not on disk: there the update thread's RocksDB writes run without the GIL, beside the event loop
-on the other core; pinned, `bench mqtt --on-disk` (2 pairs) kept its readings/s (1,710-2,017
-against 1,705-1,773) but its NL p50 rose to 133-141 ms from 102-106 and its p99 to 378-527 from
-294-449. In memory, `bench mqtt` (2 pairs): 4,261-4,517 readings/s against 3,531-3,642, NL p99
-21-22 ms against 33.
+Not on RocksDB (`[store] resident = false`): there the update thread's RocksDB writes run without
+the GIL, beside the event loop on the other core; pinned, `bench mqtt --on-disk` (2 pairs) kept
+its readings/s (1,710-2,017 against 1,705-1,773) but its NL p50 rose to 133-141 ms from 102-106
+and its p99 to 378-527 from 294-449. In memory, `bench mqtt` (2 pairs): 4,261-4,517 readings/s
+against 3,531-3,642, NL p99 21-22 ms against 33.
 
 Not in parallel mode either: there the engine pipelines an update's scheduling with the previous
 one's processing on threads of its own (broker/core/pipeline.py), and on one core the two never

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from broker.api import sync_directory
+
 log = logging.getLogger(__name__)
 
 _SEALED = re.compile(r"^seg-(\d{12})-(\d+)\.jsonl\.gz$")
@@ -65,14 +67,6 @@ class Segment:
     path: Path
 
 
-def _fsync_dir(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     try:
@@ -84,7 +78,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)  # a full disk must not stay full of what could not be written
         raise
-    _fsync_dir(path.parent)
+    sync_directory(path.parent)
 
 
 def _max_keys(lines: list[bytes], into: dict[str, int]) -> list[bytes]:
@@ -247,7 +241,7 @@ class Spool:
         except (ValueError, KeyError, TypeError, RecursionError) as error:
             aside = _aside(path)
             os.replace(path, aside)
-            _fsync_dir(path.parent)
+            sync_directory(path.parent)
             self.damaged_files += 1
             log.warning(
                 "shipper: a damaged spool file was set aside",

@@ -69,7 +69,10 @@ def _sync_helper(pid: int) -> int:
     raise AssertionError("the gateway runs no journal sync helper")
 
 
-_RECORD = re.compile(r'write\(\d+<[^>]*apply\.journal>, "SEPA-DELTA 0 (\d+) ')
+# a journal: apply.journal on RocksDB, apply.journal.0 or .1 resident (broker.store)
+_JOURNAL = r"apply\.journal(?:\.\d)?>"
+_RECORD = re.compile(r"write\(\d+<([^>]*" + _JOURNAL + r'), "SEPA-DELTA 0 (\d+) ')
+_SYNC = re.compile(r"sync\(\d+<([^>]*" + _JOURNAL + ")")
 _REPLY = re.compile(r'sendto\(\d+<socket:[^>]*>, "HTTP/1\.1 200 OK.*\{\\"added\\": (\d+),')
 LINE = len('<urn:x:0000> <urn:p> "0000" .\n')  # every quad of the test has this N-Quads length
 
@@ -77,41 +80,51 @@ LINE = len('<urn:x:0000> <urn:p> "0000" .\n')  # every quad of the test has this
 def unsynced_acknowledgements(trace: str) -> list[int]:
     """The sizes (quads added) of updates whose 200 reply started before a sync of the journal that
     covered their record had completed. Each update of the test adds a different number of quads
-    of one N-Quads length, so the record's byte length names its update, and the reply's "added"."""
-    completed: list[int] = []  # sizes of the journal records whose write had completed, in order
-    writing: dict[str, int] = {}  # thread -> size of the record it is writing
-    syncing: dict[str, int] = {}  # thread -> how many completed records its sync covers
-    durable = 0  # the first `durable` completed records are synced
+    of one N-Quads length, so the record's byte length names its update, and the reply's "added".
+    A sync covers the records of its own file only (a resident store has two journals)."""
+    completed: list[tuple[int, str]] = []  # (size, file) of the records whose write had completed, in order
+    writing: dict[str, tuple[int, str]] = {}  # thread -> the record it is writing
+    syncing: dict[str, tuple[int, str]] = {}  # thread -> (completed records when it began, its file)
+    durable: set[int] = set()  # sizes of the records synced
     late: list[int] = []
+
+    def synced(covered: int, file: str) -> None:
+        durable.update(size for size, written in completed[:covered] if written == file)
+
     for line in trace.splitlines():
         thread = line.split(" ", 1)[0]
         record = _RECORD.search(line)
+        sync = _SYNC.search(line)
         if record is not None:
-            size = int(record.group(1)) // LINE
+            entry = (int(record.group(2)) // LINE, record.group(1))
             if "<unfinished" in line:
-                writing[thread] = size
+                writing[thread] = entry
             else:
-                completed.append(size)
+                completed.append(entry)
         elif "<... write resumed>" in line and thread in writing:
             completed.append(writing.pop(thread))
-        elif "sync(" in line and "apply.journal>" in line:
+        elif sync is not None:
             if "<unfinished" in line:
-                syncing[thread] = len(completed)
+                syncing[thread] = (len(completed), sync.group(1))
             elif line.rstrip().endswith("= 0"):
-                durable = len(completed)
+                synced(len(completed), sync.group(1))
         elif "sync resumed>" in line and thread in syncing:
-            covered = syncing.pop(thread)
+            covered, file = syncing.pop(thread)
             if line.rstrip().endswith("= 0"):
-                durable = max(durable, covered)
+                synced(covered, file)
         else:
             reply = _REPLY.search(line)
-            if reply is not None and int(reply.group(1)) not in completed[:durable]:
+            if reply is not None and int(reply.group(1)) not in durable:
                 late.append(int(reply.group(1)))
     return late
 
 
-def test_updates_are_acknowledged_only_once_their_journal_is_synced(start_gateway, tmp_path: Path) -> None:
-    gateway = start_gateway(data_dir=tmp_path / "data")
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "rocksdb"])
+def test_updates_are_acknowledged_only_once_their_journal_is_synced(
+    start_gateway, tmp_path: Path, resident: bool
+) -> None:
+    toml = None if resident else "[store]\nresident = false\n"
+    gateway = start_gateway(data_dir=tmp_path / "data", toml=toml)
     trace = tmp_path / "trace.txt"
     tracer = _traced(gateway, trace)
     try:
@@ -124,7 +137,7 @@ def test_updates_are_acknowledged_only_once_their_journal_is_synced(start_gatewa
     assert replies == [200] * SIZES and scheduled.status == 202, scheduled.body
     text = trace.read_text(errors="replace")
     records = len(_RECORD.findall(text))
-    syncs = len(re.findall(r"fdatasync\(\d+<[^>]*apply\.journal>", text))
+    syncs = len(re.findall(r"fdatasync\(\d+<[^>]*" + _JOURNAL, text))
     assert records >= SIZES and 1 <= syncs <= records, (records, syncs)
     # the inline updates' syncs are the helper's, not a thread's of the gateway
     helper = _sync_helper(gateway.process.pid)
@@ -173,7 +186,7 @@ def test_once_the_sync_helper_is_gone_updates_are_still_acknowledged_only_when_s
     assert replies == [200] * (SIZES - 1)
     text = trace.read_text(errors="replace")
     assert len(_REPLY.findall(text)) == SIZES - 1
-    assert re.search(r"fdatasync\(\d+<[^>]*apply\.journal>", text)
+    assert re.search(r"fdatasync\(\d+<[^>]*" + _JOURNAL, text)
     assert unsynced_acknowledgements(text) == []
     assert gateway.query("ASK { <urn:x:6059> <urn:p> ?o }").json()["boolean"] is True
 
@@ -190,7 +203,7 @@ def acknowledged_before_synced(trace: str, values: list[str]) -> list[str]:
     late = []
     for value in values:
         start = next(
-            i for i, line in enumerate(lines) if "apply.journal>" in line and "write(" in line and value in line
+            i for i, line in enumerate(lines) if re.search(_JOURNAL, line) and "write(" in line and value in line
         )
         written = start
         if "<unfinished" in lines[start]:
@@ -203,7 +216,7 @@ def acknowledged_before_synced(trace: str, values: list[str]) -> list[str]:
 
 
 def _sync_starts(line: str) -> bool:
-    return "sync(" in line and "apply.journal>" in line
+    return _SYNC.search(line) is not None
 
 
 def _synced_between(lines: list[str], start: int, before: int) -> bool:

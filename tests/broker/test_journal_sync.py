@@ -22,7 +22,7 @@ def _journal(tmp_path: Path) -> Path:
 
 def test_every_waiter_is_answered_once_a_sync_covers_its_mark(tmp_path: Path) -> None:
     async def main() -> None:
-        syncer = JournalSyncer(_journal(tmp_path), asyncio.get_running_loop())
+        syncer = JournalSyncer([_journal(tmp_path)], asyncio.get_running_loop())
         try:
             await asyncio.wait_for(asyncio.gather(*(syncer.durable(mark) for mark in range(1, 101))), 10)
             assert syncer.synced == 100
@@ -35,7 +35,7 @@ def test_every_waiter_is_answered_once_a_sync_covers_its_mark(tmp_path: Path) ->
 
 def test_waiters_learn_that_the_helper_ended_and_later_calls_are_refused(tmp_path: Path) -> None:
     async def main() -> None:
-        syncer = JournalSyncer(_journal(tmp_path), asyncio.get_running_loop())
+        syncer = JournalSyncer([_journal(tmp_path)], asyncio.get_running_loop())
         try:
             await syncer.durable(1)
             os.kill(syncer.pid, signal.SIGSTOP)  # the next sync cannot be confirmed
@@ -56,7 +56,7 @@ def test_waiters_learn_that_the_helper_ended_and_later_calls_are_refused(tmp_pat
 
 def test_the_helper_ignores_the_signals_of_its_process_group(tmp_path: Path) -> None:
     async def main() -> None:
-        syncer = JournalSyncer(_journal(tmp_path), asyncio.get_running_loop())
+        syncer = JournalSyncer([_journal(tmp_path)], asyncio.get_running_loop())
         try:
             await syncer.durable(1)
             os.kill(syncer.pid, signal.SIGINT)
@@ -72,7 +72,7 @@ def test_the_helper_ignores_the_signals_of_its_process_group(tmp_path: Path) -> 
 def test_closed_from_another_thread_the_helper_is_reaped_and_the_loop_lets_go_of_it(tmp_path: Path) -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        syncer = JournalSyncer(_journal(tmp_path), loop)
+        syncer = JournalSyncer([_journal(tmp_path)], loop)
         await syncer.durable(1)
         closer = threading.Thread(target=syncer.close)
         closer.start()

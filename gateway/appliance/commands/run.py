@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from broker.api import StoreFailed
 from gateway.appliance.allocator import limit_malloc_arenas
 from gateway.appliance.app import Gateway, StartupError
 from gateway.appliance.config import ConfigError, load_config
@@ -93,5 +94,5 @@ def _build(config):  # type: ignore[no-untyped-def]
         return Gateway(config)
     except ConfigError as error:  # what only the whole configuration, options included, can tell
         raise StartupError(f"bad configuration: {error}") from error
-    except OSError as error:
+    except (OSError, StoreFailed) as error:
         raise StartupError(f"cannot open the data directory {config.store.data_dir}: {error}") from error

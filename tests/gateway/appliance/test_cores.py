@@ -87,12 +87,12 @@ def test_the_served_gateway_keeps_its_threads_on_one_core_and_its_workers_on_eve
     assert {worker: cpus(worker) for worker in after} == {worker: ALLOWED for worker in after}
 
 
-def test_one_core_false_a_store_on_disk_or_parallel_mode_keeps_every_core(
+def test_one_core_false_a_store_on_rocksdb_or_parallel_mode_keeps_every_core(
     start_gateway: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
     for gateway in (
         start_gateway(toml="[engine]\none_core = false\n"),
-        start_gateway(toml="[engine]\none_core = true\n", data_dir=tmp_path / "data"),
+        start_gateway(toml="[engine]\none_core = true\n[store]\nresident = false\n", data_dir=tmp_path / "data"),
         start_gateway(toml='[engine]\none_core = true\nmode = "parallel"\nworkers = 1\n'),
     ):
         pid = gateway.process.pid

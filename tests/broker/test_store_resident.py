@@ -1,0 +1,210 @@
+"""A resident store (broker.store, `resident=True`): the store in memory, rebuilt at start from its
+snapshot and two alternating journals. Every acknowledged delta survives a kill -9, whatever the
+checkpoints were doing; a snapshot that cannot be written loses nothing; a RocksDB data directory
+is converted once, and a resident one is never opened as RocksDB."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from pyoxigraph import BlankNode, Literal, NamedNode, Quad
+
+import broker.store
+from broker.compaction import Compactor
+from broker.core.engine import Engine
+from broker.errors import StoreFailed
+from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry
+
+EX = "http://example.org/"
+
+
+def _quad(index: int) -> Quad:
+    return Quad(NamedNode(f"{EX}s{index}"), NamedNode(f"{EX}p"), Literal(str(index)))
+
+
+def _latest(index: int) -> Quad:
+    return Quad(NamedNode(f"{EX}latest"), NamedNode(f"{EX}value"), Literal(str(index)))
+
+
+def _open(path: Path) -> RdfStore:
+    return RdfStore.open(path, resident=True)
+
+
+_WRITER = """
+import sys, threading
+from pyoxigraph import Literal, NamedNode, Quad
+from broker.store import RdfStore
+EX = {ex!r}
+quad = lambda i: Quad(NamedNode(f"{{EX}}s{{i}}"), NamedNode(f"{{EX}}p"), Literal(str(i)))
+latest = lambda i: Quad(NamedNode(f"{{EX}}latest"), NamedNode(f"{{EX}}value"), Literal(str(i)))
+store = RdfStore.open({path!r}, resident=True)
+start = sum(1 for q in store.quads() if q.predicate == NamedNode(f"{{EX}}p"))
+
+def checkpoints():
+    while True:
+        store.checkpoint()
+
+threading.Thread(target=checkpoints, daemon=True).start()
+for i in range(start, start + 1_000_000):
+    store.apply([quad(i), latest(i)], [latest(i - 1)])
+    store.sync()
+    print(i, flush=True)
+"""
+
+
+def _consistent_prefix(store: RdfStore) -> int:
+    """The last delta the store holds, checking that it holds every delta before it, whole."""
+    quads = store.quads()
+    numbered = sorted(int(q.object.value) for q in quads if q.predicate == NamedNode(f"{EX}p"))
+    last = len(numbered) - 1
+    assert numbered == list(range(last + 1)), "a delta is missing or out of order"
+    assert [q for q in quads if q.subject == NamedNode(f"{EX}latest")] == [_latest(last)], "a delta half applied"
+    return last
+
+
+def test_every_acknowledged_delta_survives_kill_9_while_checkpoints_switch_journals(tmp_path: Path) -> None:
+    """A real kill -9, three times, of a writer that syncs and acknowledges (prints) each delta
+    while another thread takes checkpoints back to back: after each, the store is every delta up
+    to at least the last acknowledged one, whole, in order."""
+    acknowledged = -1
+    for kill_after in (300, 1_000, 2_000):
+        child = _WRITER.format(ex=EX, path=str(tmp_path))
+        process = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None
+        seen = 0
+        for line in process.stdout:
+            acknowledged, seen = int(line), seen + 1
+            if seen == kill_after:
+                os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        assert seen >= kill_after, "the writer ended before it could be killed"
+        store = _open(tmp_path)
+        assert _consistent_prefix(store) >= acknowledged
+        del store
+    assert (tmp_path / SNAPSHOT).exists()
+
+
+def test_a_snapshot_that_cannot_be_written_loses_nothing_and_is_written_at_the_next_checkpoint(
+    tmp_path: Path,
+) -> None:
+    store = _open(tmp_path)
+    store.apply([_quad(0), _latest(0)], [])
+    (tmp_path / f"{SNAPSHOT}.tmp").mkdir()  # the snapshot's file cannot be opened: a real OSError
+    with pytest.raises(OSError):
+        store.checkpoint()  # the journals switched first
+    store.apply([_quad(1), _latest(1)], [_latest(0)])
+    store.sync()
+    assert store.checkpoint_due  # the journal left still waits for a snapshot
+    assert _consistent_prefix(_open_copy(tmp_path)) == 1
+    (tmp_path / f"{SNAPSHOT}.tmp").rmdir()
+    assert store.checkpoint()
+    assert not store.checkpoint_due
+    store.apply([_quad(2), _latest(2)], [_latest(1)])
+    store.sync()
+    assert _consistent_prefix(_open_copy(tmp_path)) == 2
+    store.close()
+    assert _consistent_prefix(_open(tmp_path)) == 2
+
+
+def _open_copy(path: Path) -> RdfStore:
+    """The store a start would find now (in a copy of the directory: the store stays open)."""
+    copy = path.parent / f"{path.name}-copy-{time.monotonic_ns()}"
+    shutil.copytree(path, copy)
+    return _open(copy)
+
+
+def test_a_checkpoint_empties_what_a_start_replays(tmp_path: Path) -> None:
+    """The Compactor's thread takes a checkpoint once the journal passed CHECKPOINT_BYTES: the next
+    start loads the snapshot and replays only what came after it."""
+    store = _open(tmp_path)
+    compactor = Compactor(store)
+    for index in range(20):
+        store.apply([_quad(index)], [])
+    assert not compactor.maybe_checkpoint()  # under CHECKPOINT_BYTES
+    limit, broker.store.CHECKPOINT_BYTES = broker.store.CHECKPOINT_BYTES, 100
+    try:
+        assert compactor.maybe_checkpoint()
+    finally:
+        broker.store.CHECKPOINT_BYTES = limit
+    assert compactor.stats["checkpoints"] == 1
+    store.apply([_quad(20)], [])
+    store.sync()
+    records = [_count_records(tmp_path / name) for name in JOURNALS]
+    assert sorted(records) == [2, 21]  # each a generation record, then its deltas
+    stale = tmp_path / JOURNALS[records.index(21)]
+    with stale.open("ab") as file:  # what the snapshot holds is not replayed again
+        file.write(encode_journal_entry([_quad(99)], [], [], []))
+    reopened = _open_copy(tmp_path)
+    assert reopened.quads() == {_quad(index) for index in range(21)}
+    store.close()
+
+
+def test_a_rocksdb_data_directory_is_converted_once_and_a_resident_one_is_not_opened_as_rocksdb(
+    tmp_path: Path,
+) -> None:
+    blank = Quad(BlankNode("b1"), NamedNode(f"{EX}p"), Literal("x"))
+    empty = NamedNode(f"{EX}empty")
+    old = RdfStore.open(tmp_path)
+    old.apply([_quad(1), blank], [], [empty])
+    old.sync()  # not closed: its journal holds the delta, as after a kill
+    del old
+    converted = _open(tmp_path)
+    assert converted.quads() == {_quad(1), blank}
+    assert list(converted.ox.named_graphs()) == [empty]
+    assert not (tmp_path / "store").exists() and not (tmp_path / JOURNAL).exists()
+    converted.apply([_quad(2)], [])
+    converted.close()
+    with pytest.raises(StoreFailed, match="resident"):
+        RdfStore.open(tmp_path)
+    assert _open(tmp_path).quads() == {_quad(1), _quad(2), blank}
+
+
+def _count_records(journal: Path) -> int:
+    """Records in a journal, begun or whole (each starts with the magic word of its header)."""
+    return journal.read_bytes().count(b"SEPA-DELTA ")
+
+
+def _records(path: Path) -> int:
+    """Deltas in the resident journals (their generation records not counted)."""
+    return sum(max(0, _count_records(path / name) - 1) for name in JOURNALS)
+
+
+def test_killed_inside_a_request_of_several_operations_none_of_them_is_kept(tmp_path: Path) -> None:
+    """As on RocksDB (tests/broker/test_store.py): the first operation's record is provisional, and
+    the replay after a kill -9 inside the second one's WHERE undoes it."""
+    setup = _open(tmp_path)
+    setup.apply([_quad(index) for index in range(3_000)], [])
+    setup.close()
+    del setup
+    slow = f"SELECT (COUNT(*) AS ?n) WHERE {{ ?a <{EX}p> ?b . ?c <{EX}p> ?d . FILTER(?b != ?d) }}"
+    request = f'INSERT DATA {{ <{EX}x> <{EX}first> "1" }} ; INSERT {{ <{EX}x> <{EX}count> ?n }} WHERE {{ {slow} }}'
+    child = textwrap.dedent(
+        f"""
+        from broker.core.engine import Engine
+        from broker.store import RdfStore
+        engine = Engine(RdfStore.open({str(tmp_path)!r}, resident=True))
+        engine.update({request!r})
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", child])
+    deadline = time.monotonic() + 60
+    while _records(tmp_path) == 0 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.001)
+    time.sleep(0.2)  # inside the second operation's WHERE (9 million pairs)
+    assert process.poll() is None, "the child finished before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    reopened = _open(tmp_path)
+    assert [q for q in reopened.quads() if q.subject == NamedNode(f"{EX}x")] == []
+    assert len(reopened.quads()) == 3_000
+    reopened.apply([_quad(5_000)], [])
+    reopened.close()
+    assert Engine(_open(tmp_path)).store.quads() == {_quad(index) for index in [*range(3_000), 5_000]}
