@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import subprocess
 import threading
 from pathlib import Path
 
@@ -95,3 +97,35 @@ def _children() -> set[int]:
         except OSError:
             continue
     return found
+
+
+def test_each_mark_is_synced_in_the_journal_it_names(tmp_path: Path) -> None:
+    """A resident store writes one of two journals (broker.store): the helper syncs the one a mark
+    names, and only that one (on ext4 an fdatasync of a clean file still flushes the device)."""
+    if shutil.which("strace") is None:
+        pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
+    journals = [tmp_path / "apply.journal.0", tmp_path / "apply.journal.1"]
+    for journal in journals:
+        journal.write_bytes(b"SEPA-DELTA\n")
+    trace = tmp_path / "trace.txt"
+
+    async def main() -> None:
+        syncer = JournalSyncer(journals, asyncio.get_running_loop())
+        tracer = subprocess.Popen(
+            ["strace", "-y", "-e", "trace=fdatasync", "-o", str(trace), "-p", str(syncer.pid)],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            await asyncio.sleep(1.0)  # attached
+            await asyncio.wait_for(syncer.durable(1, 1), 10)
+            await asyncio.wait_for(syncer.durable(2, 0), 10)
+            await asyncio.wait_for(syncer.durable(3, 1), 10)
+            assert syncer.synced == 3
+        finally:
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(10)
+            syncer.close()
+
+    asyncio.run(main())
+    synced = [line.split("<", 1)[1].split(">", 1)[0] for line in trace.read_text().splitlines() if "fdatasync(" in line]
+    assert synced == [str(journals[1]), str(journals[0]), str(journals[1])]
