@@ -417,15 +417,21 @@ def sync_directory(path: Path) -> None:
 def _write_snapshot(directory: Path, covered: int, graphs: list[NamedNode], data: bytes) -> None:
     """Write `data` (N-Quads) as the snapshot holding every generation up to `covered`: whole or not
     at all (a temporary file, synced, renamed, the directory synced). Its first line names the
-    generation and how many named graph lines follow (empty graphs are not in N-Quads)."""
+    generation and how many named graph lines follow (empty graphs are not in N-Quads). A write
+    that fails (a full disk) takes its temporary file away with it: the journals hold every delta."""
     header = b"%s %d %d\n" % (_SNAPSHOT_MAGIC, covered, len(graphs))
     temporary = directory / f"{SNAPSHOT}.tmp"
-    with temporary.open("wb") as file:
-        file.write(header + b"".join(graph_text(graph).encode() + b"\n" for graph in graphs))
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, directory / SNAPSHOT)
+    try:
+        with temporary.open("wb") as file:
+            file.write(header + b"".join(graph_text(graph).encode() + b"\n" for graph in graphs))
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, directory / SNAPSHOT)
+    except OSError:
+        if temporary.is_file():
+            temporary.unlink()
+        raise
     sync_directory(directory)
 
 
@@ -438,9 +444,12 @@ def _load_snapshot(snapshot: Path, target: Store) -> int:
     covered, graph_count = int(fields[1]), int(fields[2])
     lines = data.split(b"\n", graph_count + 1)
     graphs, body = lines[1 : graph_count + 1], lines[graph_count + 1] if len(lines) > graph_count + 1 else b""
-    load_keeping_labels(body, target)
-    for graph in graphs:
-        target.add_graph(graph_named(graph.decode()))
+    try:
+        load_keeping_labels(body, target)
+        for graph in graphs:
+            target.add_graph(graph_named(graph.decode()))
+    except (SyntaxError, ValueError) as error:  # a disk that damaged it: said, not a traceback
+        raise StoreFailed(f"{snapshot} cannot be read ({str(error)[:200]})") from None
     return covered
 
 

@@ -208,3 +208,44 @@ def test_killed_inside_a_request_of_several_operations_none_of_them_is_kept(tmp_
     reopened.apply([_quad(5_000)], [])
     reopened.close()
     assert Engine(_open(tmp_path)).store.quads() == {_quad(index) for index in [*range(3_000), 5_000]}
+
+
+def test_a_snapshot_cut_short_by_a_full_disk_leaves_the_last_one_and_no_temporary_file(tmp_path: Path) -> None:
+    """A real EFBIG (RLIMIT_FSIZE, in a child: no root needed): the new snapshot is larger than the
+    limit, the old one and the journals are what a start finds, and nothing half written stays."""
+    store = _open(tmp_path)
+    store.apply([_quad(index) for index in range(20_000)], [])  # ~1.2 MB of N-Quads
+    store.close()
+    child = textwrap.dedent(
+        f"""
+        import resource, signal
+        from pyoxigraph import Literal, NamedNode, Quad
+        from broker.store import RdfStore
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, 500_000))
+        store = RdfStore.open({str(tmp_path)!r}, resident=True)
+        store.apply([Quad(NamedNode("{EX}s20000"), NamedNode("{EX}p"), Literal("20000"))], [])
+        store.sync()
+        try:
+            store.checkpoint()
+        except OSError as error:
+            print("refused", error.errno)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "refused 27", done  # EFBIG
+    assert not (tmp_path / f"{SNAPSHOT}.tmp").exists()
+    assert _open(tmp_path).quads() == {_quad(index) for index in range(20_001)}
+
+
+def test_a_damaged_snapshot_is_a_clear_error(tmp_path: Path) -> None:
+    store = _open(tmp_path)
+    store.apply([_quad(1)], [])
+    store.close()
+    snapshot = tmp_path / SNAPSHOT
+    snapshot.write_bytes(snapshot.read_bytes().replace(b" .", b" <"))
+    with pytest.raises(StoreFailed, match="cannot be read"):
+        _open(tmp_path)
+    snapshot.write_bytes(b"not a snapshot\n")
+    with pytest.raises(StoreFailed, match="not a snapshot"):
+        _open(tmp_path)
