@@ -983,10 +983,13 @@ class RdfStore:
 
     def close(self) -> None:
         """Flush, empty and release the journal (the pyoxigraph store closes when dropped); resident,
-        write a snapshot first, so that the next start replays little."""
+        release the journals, after a checkpoint only if one is due: the next start replays at most
+        CHECKPOINT_BYTES of journal (a second or two), where a snapshot of a large store written at
+        every stop could take longer than a stop may (an SD card writes 10-20 MB/s)."""
         if self.resident and self._journal is not None:
             try:
-                self.checkpoint()
+                if self.checkpoint_due:
+                    self.checkpoint()
             except OSError as error:  # the journals still hold every delta
                 log.warning("no snapshot written at close", extra={"error": str(error)})
             with self.lock, self._sync_lock:

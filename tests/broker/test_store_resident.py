@@ -215,6 +215,7 @@ def test_a_snapshot_cut_short_by_a_full_disk_leaves_the_last_one_and_no_temporar
     limit, the old one and the journals are what a start finds, and nothing half written stays."""
     store = _open(tmp_path)
     store.apply([_quad(index) for index in range(20_000)], [])  # ~1.2 MB of N-Quads
+    assert store.checkpoint()
     store.close()
     child = textwrap.dedent(
         f"""
@@ -241,6 +242,7 @@ def test_a_snapshot_cut_short_by_a_full_disk_leaves_the_last_one_and_no_temporar
 def test_a_damaged_snapshot_is_a_clear_error(tmp_path: Path) -> None:
     store = _open(tmp_path)
     store.apply([_quad(1)], [])
+    assert store.checkpoint()
     store.close()
     snapshot = tmp_path / SNAPSHOT
     snapshot.write_bytes(snapshot.read_bytes().replace(b" .", b" <"))
