@@ -147,6 +147,29 @@ def test_a_checkpoint_empties_what_a_start_replays(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_checkpoint_waits_for_twice_the_snapshot_in_journal(tmp_path: Path) -> None:
+    """A checkpoint writes the whole store: a large store is not written again for every
+    CHECKPOINT_BYTES of journal, only once the journal is SNAPSHOT_RATIO times the snapshot."""
+    store = _open(tmp_path)
+    store.apply([_quad(index) for index in range(1_000)], [])
+    assert store.checkpoint()
+    size = (tmp_path / SNAPSHOT).stat().st_size
+    limit, broker.store.CHECKPOINT_BYTES = broker.store.CHECKPOINT_BYTES, 100
+    try:
+        index = 1_000
+        while store._journal_bytes <= size:  # past CHECKPOINT_BYTES and the snapshot's size
+            store.apply([_latest(index)], [_latest(index - 1)])
+            index += 1
+        assert not store.checkpoint_due
+        while store._journal_bytes <= broker.store.SNAPSHOT_RATIO * size:
+            store.apply([_latest(index)], [_latest(index - 1)])
+            index += 1
+        assert store.checkpoint_due
+    finally:
+        broker.store.CHECKPOINT_BYTES = limit
+    store.close()
+
+
 def test_a_rocksdb_data_directory_is_converted_once_and_a_resident_one_is_not_opened_as_rocksdb(
     tmp_path: Path,
 ) -> None:
