@@ -49,6 +49,7 @@ from broker.errors import (
     SepaError,
     SparqlSyntaxError,
     StoreFailed,
+    StoreFull,
     TimeLimitExceeded,
     Unauthorized,
     UpdateFailed,
@@ -58,6 +59,7 @@ from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
 from broker.handoff import loop_handoff
+from broker.headroom import Headroom
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
@@ -95,6 +97,7 @@ __all__ = [
     "GateSettings",
     "Gates",
     "GraphAccess",
+    "Headroom",
     "InsertData",
     "InvalidRequest",
     "Modify",
@@ -116,6 +119,7 @@ __all__ = [
     "SparqlSyntaxError",
     "sync_directory",
     "StoreFailed",
+    "StoreFull",
     "Subscription",
     "Template",
     "Term",

@@ -112,6 +112,15 @@ class StoreFailed(SepaError):
     status_code = 503
 
 
+class StoreFull(SepaError):
+    """An update that would add to the store while the machine is short of memory
+    (:mod:`broker.headroom`): nothing was changed; it may succeed once deletions or retention free
+    some."""
+
+    error = "store_full"
+    status_code = 507
+
+
 class WorkerLost(SepaError):
     """A job queued behind another on a worker that was killed or died before it ran (see
     :meth:`broker.workers.pool.QueryWorkers.dispatch`): not this job's fault; it may be tried again."""

@@ -80,6 +80,7 @@ from pyoxigraph import BlankNode, DefaultGraph, NamedNode, Quad, RdfFormat, Stor
 from broker.background import at_low_priority
 from broker.core.clock import EngineClock
 from broker.errors import StoreFailed
+from broker.headroom import Headroom
 
 log = logging.getLogger(__name__)
 
@@ -509,6 +510,8 @@ class RdfStore:
         self._generations = [-1, -1]
         self._covered = -1
         self._snapshot_bytes = 0  # the size of the snapshot on disk
+        # the floor of available memory under which the store may not grow (None: no floor)
+        self.headroom: Headroom | None = None
         self.sync_mark = (0, 0)  # (records written, the journal they are in): read whole by a syncer
         if path is not None:
             if self.resident:
@@ -724,6 +727,14 @@ class RdfStore:
                     with self._settled:
                         self._provisional_owner = None
                         self._settled.notify_all()
+
+    def check_growth(self, growth: int) -> None:
+        """Raise StoreFull, before anything is applied, if a delta adding `growth` quads more than
+        it removes may not run now (:mod:`broker.headroom`). Called on the update thread under the
+        engine's lock, for a request's net delta and for each of its operations before it is
+        applied, so a refused request changes nothing."""
+        if self.headroom is not None:
+            self.headroom.check(growth)
 
     def settled_read(self, read: Callable[[], T]) -> T:
         """`read()` (a query: pyoxigraph takes its snapshot when it is called) on a store that holds no

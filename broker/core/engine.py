@@ -232,6 +232,7 @@ class Engine:
             )
             if access is not None:
                 access.check_writes(delta)
+            self.store.check_growth(len(delta.added) - len(delta.removed))
             computed = time.perf_counter()
             apply = self.updates.apply if mark is None else functools.partial(self.updates.apply, mark=mark)
             future: Future[UpdateResult] = Future()

@@ -359,6 +359,8 @@ class UpdateProcessor:
                 # readers for the time limit, and for good if the gateway died meanwhile)
                 self._target(quad.graph_name for quads in (added, removed) for quad in quads)
                 self._target([*created, *dropped])
+                # the request's net growth so far with this operation (broker.headroom)
+                self.store.check_growth(len(net.added) - len(net.removed) + len(added) - len(removed))
                 self.store.apply(added, removed, created, dropped, sequence=PROVISIONAL)
                 net.add(added, removed)
                 charged += len(added) + len(removed) if self._instantiated is None else self._instantiated

@@ -101,12 +101,20 @@ class Health:
 
 
 def store_health(scheduler: Scheduler) -> ComponentHealth:
-    """Ready when the store answers a read, the request queue has room and, on disk, its file system
-    has :data:`MIN_FREE_BYTES` free."""
+    """Ready when the store answers a read, the request queue has room, the machine's available
+    memory is over the store's floor (:mod:`broker.headroom`) and, on disk, its file system has
+    :data:`MIN_FREE_BYTES` free."""
     store = scheduler.engine.store
     store.query("ASK { ?s ?p ?o }")  # raises if the store cannot be read (reported as failing)
     if scheduler.in_flight >= scheduler.queue_size:
         return ComponentHealth(False, f"the request queue is full ({scheduler.queue_size} requests): new ones get 429")
+    headroom = store.headroom
+    if headroom is not None and headroom.low:
+        return ComponentHealth(
+            False,
+            f"{headroom.available >> 20 if headroom.available else 0} MiB of memory available, under the floor of "
+            f"{headroom.floor_bytes >> 20} MiB: updates that add to the store get 507",
+        )
     if store.path is None:
         return ComponentHealth(True, "in memory")
     free = shutil.disk_usage(store.path).free

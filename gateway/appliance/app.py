@@ -21,6 +21,7 @@ from broker.api import (
     Engine,
     Gates,
     GateSettings,
+    Headroom,
     PendingUpdates,
     QueryWorkers,
     QuotaLimits,
@@ -59,6 +60,8 @@ class Gateway:
             if config.store.data_dir
             else RdfStore.memory()
         )
+        # the floor under which the store may not grow; the store is given it once started
+        headroom = self.headroom = Headroom((config.store.memory_floor_mb << 20) or None)
         self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
         # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
         # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit); started
@@ -146,7 +149,11 @@ class Gateway:
         )
         if config.http.dashboard:  # `/` on the HTTP port, and on the HTTPS port when secure
             Dashboard(paths).add_to(self.gates)
-        self.gates.metric_sources["store"] = lambda: {"garbage_quads": self.store.garbage, **self.compactor.stats}
+        self.gates.metric_sources["store"] = lambda: {
+            "garbage_quads": self.store.garbage,
+            **self.compactor.stats,
+            **headroom.metrics(),
+        }
         self.runners: list[web.BaseRunner] = []
         self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
         self.stopped = asyncio.Event()
@@ -229,6 +236,9 @@ class Gateway:
                 await self.stop()
                 raise StartupError(f"{name}: {error}") from error
         self.retention.start()
+        # from now on (broker.headroom): the start-up's own writes (the ontology, the adapters'
+        # mappings) are not refused, so a board short of memory at boot still starts and serves
+        self.store.headroom = self.headroom
         settle_after_start()  # what start-up built lives as long as the gateway: see gateway.appliance.collector
         shown = "localhost" if host in ("0.0.0.0", "::") else host
         http = f"http://{shown}:{http_port}"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.headroom import meminfo
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, paho_publish
 
@@ -507,5 +508,30 @@ def test_commands_made_while_the_broker_is_away_end_in_the_latest_state(mosquitt
                 f"cmnd/{lamp}/POWER ON",
                 f"cmnd/{lamp}/POWER OFF",
             ], received
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_readings_wait_in_mosquitto_while_the_store_may_not_grow(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Short of memory (broker.headroom: a floor above the machine's memory), a reading is not stored
+    and not acknowledged: its commit fails, is counted and retried, and the reading waits in
+    Mosquitto's session; the next start with room stores it."""
+    above_all_mb = (meminfo()["MemTotal"] >> 20) * 2
+    short = config_file(tmp_path, mosquitto, f"[store]\nmemory_floor_mb = {above_all_mb}\n")
+    gateway = launch_gateway(config=short, data_dir=tmp_path / "data")
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        mosquitto.pub("zigbee2mqtt/boiler", '{"temperature": 61.5}')
+        wait_for(lambda: gateway.metric("sepa_mqtt_ingest_commit_failures") >= 2)
+        assert numeric_results(gateway, "zigbee2mqtt/boiler") == []
+        assert gateway.metric("sepa_store_refused_growth_total") >= 2
+        assert "store_full" in gateway.log()
+    finally:
+        assert gateway.stop() == 0
+    roomy = config_file(tmp_path, mosquitto, "[store]\nmemory_floor_mb = 1\n")
+    gateway = launch_gateway(config=roomy, data_dir=tmp_path / "data")
+    try:
+        wait_for(lambda: numeric_results(gateway, "zigbee2mqtt/boiler"))
+        assert [float(row["v"]) for row in numeric_results(gateway, "zigbee2mqtt/boiler")] == [61.5]
     finally:
         assert gateway.stop() == 0
