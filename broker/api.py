@@ -59,7 +59,7 @@ from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
 from broker.gates.server import Gates, GateSettings
 from broker.handoff import loop_handoff
-from broker.headroom import Headroom
+from broker.headroom import Headroom, meminfo
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
@@ -118,6 +118,7 @@ __all__ = [
     "SepaError",
     "SparqlSyntaxError",
     "sync_directory",
+    "meminfo",
     "StoreFailed",
     "StoreFull",
     "Subscription",

@@ -163,7 +163,9 @@ def stored_refusal(error: BaseException) -> Refused:
         return Refused(Code.SERVICE_UNAVAILABLE, str(error))
     if isinstance(error, PayloadError):
         return Refused(Code.BAD_REQUEST, str(error))
-    return Refused(Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {type(error).__name__}")
+    # the broker's error name where there is one (store_full: the gateway is short of memory)
+    reason = getattr(error, "error", None) or type(error).__name__
+    return Refused(Code.SERVICE_UNAVAILABLE, f"the store did not take the reading: {reason}")
 
 
 def payload_readings(

@@ -19,6 +19,7 @@ import pytest
 from aiocoap import Code
 
 from adapters.coap import datagrams
+from broker.api import meminfo
 from tests.support.coap import DEG_C, SENSOR, host_address, observations
 from tools.coap import libcoap
 from tools.coap.relay import LossyRelay
@@ -261,3 +262,24 @@ def test_a_retransmission_after_a_kill_and_restart_is_not_a_second_observation(s
         assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x22])  # a new message with the same value
     assert len(observations(again)) == 2  # is a new reading
     again.stop()
+
+
+def test_short_of_memory_a_reading_gets_5_03_and_is_stored_when_sent_again_with_room(
+    start_gateway, coap_client, tmp_path
+) -> None:
+    """broker.headroom: a floor above the machine's memory is the gateway short of memory."""
+    data = tmp_path / "data"
+    short = tmp_path / "short.toml"
+    short.write_text(f"[store]\nmemory_floor_mb = {(meminfo()['MemTotal'] >> 20) * 2}\n")
+    gateway = start_gateway(config=short, data_dir=data, coap=True)
+    done = libcoap.run(["-m", "post", "-e", "63.5", f"{gateway.coap_url}/s/boiler/temperature"])
+    assert (done.stdout + done.stderr).startswith("5.03"), done
+    assert "store_full" in done.stdout + done.stderr
+    assert gateway.metrics()["sepa_coap_refused_5_03"] == 1
+    assert observations(gateway) == []
+    assert gateway.stop() == 0
+    roomy = tmp_path / "roomy.toml"
+    roomy.write_text("[store]\nmemory_floor_mb = 1\n")
+    gateway = start_gateway(config=roomy, data_dir=data, coap=True)
+    assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "63.5", f"{gateway.coap_url}/s/boiler/temperature"]))
+    assert observations(gateway) == [(SENSOR + "boiler", 63.5, DEG_C)]

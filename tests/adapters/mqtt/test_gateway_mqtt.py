@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.headroom import meminfo
+from broker.api import meminfo
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, paho_publish
 
