@@ -140,13 +140,18 @@ def copy_live(source: Store, target: Store) -> int:
     return at_low_priority(count_quads, target)
 
 
-def load_keeping_labels(data: bytes, target: Store) -> None:
-    """Add the N-Quads `data` to `target`, blank nodes keeping their labels (see :func:`copy_live`)."""
+def load_keeping_labels(data: bytes, target: Store, *, background: bool = True) -> None:
+    """Add the N-Quads `data` to `target`, blank nodes keeping their labels (see :func:`copy_live`);
+    at the lowest priority when `background` (a compaction's copy), else at the caller's (a replica
+    being seeded: a query waits for it)."""
     if _contains(data, b"_:"):
         lines = data.split(b"\n")
         target.extend(parse(b"\n".join(line for line in lines if b"_:" in line), format=RdfFormat.N_QUADS))
         data = b"\n".join(line for line in lines if b"_:" not in line)
-    at_low_priority(target.load, data, format=RdfFormat.N_QUADS, lenient=True)
+    if background:
+        at_low_priority(target.load, data, format=RdfFormat.N_QUADS, lenient=True)
+    else:
+        target.load(data, format=RdfFormat.N_QUADS, lenient=True)
 
 
 def count_quads(store: Store) -> int:

@@ -218,7 +218,7 @@ def serve(connection: Connection) -> None:
                 assert booster is not None
                 booster.want(*message[1:])
             elif kind == "seed":
-                booster = Booster(seeded(message))
+                booster = Booster(seeded(message, connection))
                 booster.compactor.start()
                 connection.send(("ready",))
     finally:
