@@ -101,7 +101,8 @@ class Pipeline:
         """Rows of a SELECT, asked again while the gateway answers 503 "retry later", as it tells a
         client to: a burst of readings faster than the query workers' replicas follow leaves them
         stale, and the first query after it waits for a new one, seeded from a dump of the store
-        (100,000 readings, 1.3 million quads: ~12 s in memory and resident, milliseconds on RocksDB)."""
+        (100,000 readings, 1.3 million quads: 4-5 s in memory and resident, ~12 s with the full suite
+        beside it before the seed was dumped whole; milliseconds on RocksDB)."""
         assert self.gateway is not None
         deadline = time.monotonic() + 120
         reply = self.gateway.query(sparql)
