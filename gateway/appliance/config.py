@@ -90,8 +90,9 @@ class StoreConfig:
     # with a data_dir: the store in memory, rebuilt at start from a snapshot and journal (broker.store
     # says why); false: RocksDB, for a store larger than memory
     resident: bool = True
-    # while the machine has less memory available than this (MiB), updates that add to the store are
-    # refused with 507 (broker.headroom says why); 0: an eighth of the machine's memory, at least 64
+    # while the machine has less memory available than this (MiB; under a control group's memory limit,
+    # the room left in it), updates that add to the store are refused with 507 (broker.headroom says
+    # why); 0: an eighth of the machine's memory (or of that limit), at least 64
     memory_floor_mb: int = 0
 
 
