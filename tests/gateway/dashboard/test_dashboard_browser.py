@@ -181,13 +181,16 @@ def test_a_fast_sensor_is_shown_from_coalesced_notifications(browser: Any, senso
     wait_for(browser, "return document.getElementById('chart').dataset.last === '1'", what="the chart of dash-fast")
     time.sleep(0.5)
     before = int(browser.execute_script("return document.getElementById('chart').dataset.points"))
+    started = time.monotonic()
     for value in range(2, 22):
         publish(sensor, "gateway/dash-fast/temperature", str(value))
         time.sleep(0.02)
+    span = time.monotonic() - started  # ~0.5 s; more on a loaded machine (the full suite failed once at <= 4)
     wait_for(browser, "return document.getElementById('chart').dataset.last === '21'", what="the last reading")
     time.sleep(0.6)  # anything still held would come by now
     added = int(browser.execute_script("return document.getElementById('chart').dataset.points")) - before
-    assert 1 <= added <= 4, added
+    # one notification per 250 ms of the span, one more at each end; 20 without coalescing
+    assert 1 <= added <= min(10, int(span / 0.25) + 2), (added, span)
     assert tile_value(browser, "dash-fast", "temperature") == "21"
 
 
