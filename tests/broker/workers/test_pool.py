@@ -18,7 +18,7 @@ from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store,
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
-from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, batched
+from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, Worker, batched
 from tests.polling import wait_until
 
 EX = "http://example.org/"
@@ -311,13 +311,11 @@ def test_the_feeding_thread_keeps_idle_workers_current_and_the_log_short() -> No
         pool.close()
 
 
-def test_a_worker_that_takes_no_deltas_stops_being_fed_and_starts_afresh(monkeypatch) -> None:
-    """A stopped worker (SIGSTOP: it reads nothing) must not have deltas pile up in the gateway:
-    past the backlog bound it is fed no more, the log is kept short for the other worker, and the
-    stale one is replaced when next picked, with every delta."""
+@contextlib.contextmanager
+def _burst_past_a_stopped_worker() -> Iterator[tuple[Engine, QueryWorkers, Worker]]:
+    """Two workers; one stopped (SIGSTOP: it reads nothing) and left behind by a burst of updates."""
     import broker.workers.pool as pool_module
 
-    monkeypatch.setattr(pool_module, "FEED_MAX_BACKLOG_BYTES", 200_000)
     store = RdfStore.memory()
     pool = QueryWorkers(store, count=2, time_limit_s=10.0)
     pool.start()
@@ -334,6 +332,22 @@ def test_a_worker_that_takes_no_deltas_stops_being_fed_and_starts_afresh(monkeyp
         while pool.stats["lagging"] == 0 and time.monotonic() < deadline:
             time.sleep(pool_module.FEED_INTERVAL_S)
         assert pool.stats["lagging"] == 1
+        yield engine, pool, stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped.process.pid, signal.SIGCONT)
+        pool.close()
+
+
+def test_a_worker_that_takes_no_deltas_stops_being_fed_and_starts_afresh(monkeypatch) -> None:
+    """A stopped worker (SIGSTOP: it reads nothing) must not have deltas pile up in the gateway:
+    past the backlog bound it is fed no more, the log is kept short for the other worker, and the
+    stale one is replaced when next picked, with every delta."""
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "FEED_MAX_BACKLOG_BYTES", 200_000)
+    monkeypatch.setattr(pool_module, "QUIET_S", 60.0)  # replaced when picked, not before (the test below)
+    with _burst_past_a_stopped_worker() as (engine, pool, stopped):
         assert stopped.position < pool._log_start and stopped.backlog <= 2 * pool_module.FEED_MAX_BACKLOG_BYTES
         time.sleep(3 * pool_module.FEED_INTERVAL_S)
         assert len(pool._log) < 100  # the other worker is fed, so the log is forgotten as it goes
@@ -341,10 +355,29 @@ def test_a_worker_that_takes_no_deltas_stops_being_fed_and_starts_afresh(monkeyp
         for _ in range(3):  # both workers, the stale one replaced first
             assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 1_500
         assert pool.stats["stale"] == 1
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(stopped.process.pid, signal.SIGCONT)
-        pool.close()
+
+
+def test_a_stale_idle_worker_is_replaced_once_the_store_is_quiet_before_any_job(monkeypatch) -> None:
+    """A burst left a worker behind (stopped here: it reads nothing): once the store is quiet for
+    QUIET_S, it is replaced with no job asking, so a query that comes a little later does not wait
+    for a new replica (a seed of 1.3 million quads takes 4-5 s)."""
+    import broker.workers.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "FEED_MAX_BACKLOG_BYTES", 200_000)
+    # 2 KB literals: this load is busy by its bytes, which the quiet rule does not count
+    monkeypatch.setattr(pool_module, "QUIET_QUADS_PER_S", 100)
+    with _burst_past_a_stopped_worker() as (engine, pool, stopped):
+        quiet_from = time.monotonic()
+        deadline = quiet_from + 30
+        while not (pool.stats["refreshed"] == 1 and pool.running == 2) and time.monotonic() < deadline:
+            time.sleep(pool_module.FEED_INTERVAL_S)
+        assert pool.stats["refreshed"] == 1 and pool.running == 2, pool.stats
+        assert time.monotonic() - quiet_from >= pool_module.QUIET_S - 0.2  # not while the store changed
+        assert stopped not in pool._workers and stopped.process.poll() is not None
+        assert all(worker.position >= pool._log_start for worker in pool._workers)
+        for _ in range(3):
+            assert len(_rows(engine, f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}")) == 1_500
+        assert pool.stats["stale"] == 1 and pool.stats["replaced"] == 1
 
 
 def test_on_disk_the_log_is_dropped_past_its_bound_and_lagging_workers_start_afresh(monkeypatch, tmp_path) -> None:
