@@ -51,6 +51,15 @@ and took 23 s beside two busy processes on the 2-core test machine) and a BOOSTE
 told at seeding how many quads it holds:
 counting them at the first check stopped a BOOSTER worker 130 ms with the lighting knowledge base
 (334k quads), a fifth of its time in parallel mode's ROAD experiment.
+A query worker's replica compacts at REPLICA_DEAD_PER_LIVE (2.5), not at the gateway's 2. Why: it
+follows the gateway's deltas, so at the same ratio all three (the gateway, two replicas) compacted at
+the same moment, and at its end the gateway's free under the GIL and the replicas' copies and frees
+filled both cores: readings waited 0.2-0.4 s (NL p50 70-170 ms), the publisher itself stalled ~100
+ms. Staggered, 5 pairs alternated with the build before (one 40 s phase of 1,000 readings/s as
+installed, on disk; throwaway scripts, 2026-12-05): NL p99 68.6, 81.8, 42.4, 74.6, 115.9 ms
+against 109.4, 83.8, 61.8, 81.8, 110.1 (lower in 4 of 5; median 74.6 against 83.8), p999 119-179
+against 135-182: a gain within the machine's noise, not a cure. A replica holds up to 2.5 dead
+quads a live one (its lookups read past them) and copies a fifth less often.
 """
 
 from __future__ import annotations
@@ -72,6 +81,7 @@ log = logging.getLogger(__name__)
 THREAD_NAME = "sepa-compactor"  # gateway.appliance.cores leaves it on every core (its work holds no GIL)
 MIN_GARBAGE = 1_000
 DEAD_PER_LIVE = 2  # in memory: due once this many quads were removed per live one (see the module docstring)
+REPLICA_DEAD_PER_LIVE = 2.5  # a query worker's replica: not at the gateway's moment (see Compactor)
 MIN_GARBAGE_DISK = 5_000
 DUTY = 0.02  # on disk: share of the time spent compacting at most
 MAX_WAIT_S = 60.0
@@ -94,6 +104,7 @@ class Compactor:
         duty: float = DUTY,
         live: int = 0,
         around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        dead_per_live: float = DEAD_PER_LIVE,
     ) -> None:
         """`live`: how many quads `store` is known to hold now (a replica just seeded), so that the
         first check does not count them (see :meth:`maybe_compact`). `around`: a context each
@@ -101,6 +112,7 @@ class Compactor:
         :class:`broker.workers.replica.MemoryBound`)."""
         self.store = store
         self.around = around
+        self.dead_per_live = dead_per_live
         if min_garbage is None:
             min_garbage = MIN_GARBAGE_DISK if store.rocksdb else MIN_GARBAGE
         self.min_garbage = min_garbage
@@ -138,8 +150,8 @@ class Compactor:
             hot = True
         elif not self.store.rocksdb:
             live = at_low_priority(self.store.live_quads)  # ~390 ns a quad (130 ms for 334k), without the GIL
-            if self.store.garbage < live * DEAD_PER_LIVE:
-                self.threshold = live * DEAD_PER_LIVE  # counted again then (a steady store: due)
+            if self.store.garbage < live * self.dead_per_live:
+                self.threshold = int(live * self.dead_per_live)  # counted again then (a steady store: due)
                 if not self.hot():
                     return False
                 hot = True

@@ -28,7 +28,7 @@ from typing import Any
 
 from pyoxigraph import Store
 
-from broker.compaction import Compactor
+from broker.compaction import REPLICA_DEAD_PER_LIVE, Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import MemoryLimitExceeded, SepaError
 from broker.scheduler import WORKER_STACK_BYTES
@@ -212,7 +212,12 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
             elif kind == "seed":
                 processor = QueryProcessor(seeded(message, connection), service_allow=service_allow)
                 # told how many quads it holds: one thread, 20 ms for 334k
-                compactor = Compactor(processor.store, live=len(processor.store.ox), around=bound.compaction)
+                compactor = Compactor(
+                    processor.store,
+                    live=len(processor.store.ox),
+                    around=bound.compaction,
+                    dead_per_live=REPLICA_DEAD_PER_LIVE,
+                )
                 compactor.start()
                 connection.send(("ready",))
     finally:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, serialize
 
 import broker.store as store_module
-from broker.compaction import HOT_MIN_S, HOT_REMOVALS, Compactor
+from broker.compaction import HOT_MIN_S, HOT_REMOVALS, REPLICA_DEAD_PER_LIVE, Compactor
 from broker.store import RdfStore
 
 EX = "http://example.org/"
@@ -94,6 +94,23 @@ def test_in_memory_the_compactor_waits_for_two_dead_quads_a_live_one_and_counts_
     assert compactor.maybe_compact()
     assert store.garbage == 0 and store.quads() == set(quads[202:]) | set(fresh)
     assert compactor.stats["compactions"] == 1 and compactor.stats["compacted_quads"] == 202
+
+
+def test_a_replica_compacts_at_its_own_ratio_not_at_the_gateways_moment() -> None:
+    """A query worker's replica follows the gateway's deltas, so at the same ratio it compacted at
+    the same moment as the gateway, and the three copies and frees took both cores at once (the
+    NL spikes of bench dashboard): at REPLICA_DEAD_PER_LIVE (2.5) it is not due at 2."""
+    quads = [_quad(value, 1) for value in range(400)]
+    gateway, replica = RdfStore.memory(), RdfStore.memory()
+    for store in (gateway, replica):
+        store.apply(quads, [])
+        store.apply([], quads[:270])  # 270 dead, 130 alive
+    assert Compactor(gateway, min_garbage=100).maybe_compact()
+    compactor = Compactor(replica, min_garbage=100, dead_per_live=REPLICA_DEAD_PER_LIVE)
+    assert not compactor.maybe_compact() and compactor.threshold == 325
+    replica.apply([], quads[270:330])  # 330 dead, 70 alive
+    assert compactor.maybe_compact()
+    assert replica.garbage == 0 and replica.quads() == set(quads[330:])
 
 
 def test_on_disk_the_compactor_compacts_after_min_garbage_removals_and_counts_them(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import textwrap
 import threading
 from multiprocessing.connection import Connection
 
+from broker.compaction import CHECK_S
 from broker.workers import replica
 from broker.workers.replica import serve
 from tests.broker.workers.conftest import EX, nquads
@@ -47,9 +48,15 @@ def test_a_replica_answers_jobs_while_it_compacts_and_keeps_every_delta(held_com
     try:
         worker.connection.send(("seed", "memory", nquads(range(1000)), ()))
         assert worker.connection.poll(10) and worker.connection.recv() == ("ready",)
-        # every quad replaced twice: 2,000 dead for 1,000 live, a compaction is due
+        # every quad replaced twice: 2,000 dead for 1,000 live, where the gateway would compact and
+        # a replica does not (REPLICA_DEAD_PER_LIVE: not at the gateway's moment); 500 more added and
+        # removed: 2,500 dead, a compaction is due
         worker.connection.send(("apply", [(nquads(range(1000, 2000)), nquads(range(1000)), (), ())]))
         worker.connection.send(("apply", [(nquads(range(2000, 3000)), nquads(range(1000, 2000)), (), ())]))
+        assert worker.query(COUNT) == ["1000"]
+        assert not copying.wait(3 * CHECK_S), "a replica compacted at the gateway's ratio"
+        worker.connection.send(("apply", [(nquads(range(5000, 5500)), nquads([]), (), ())]))
+        worker.connection.send(("apply", [(nquads([]), nquads(range(5000, 5500)), (), ())]))
         assert copying.wait(10), "no compaction began"
         # while the copy is under way: a delta, then a job that must see it (before: no answer until the copy ended)
         worker.connection.send(("apply", [(nquads([3000]), nquads([2000]), (), ())]))
