@@ -23,7 +23,8 @@ class CoapConfig:
     port: int = 5683
     max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
     batch_max: int = 500  # readings committed by one update at most
-    # requests from the network aiocoap reads in any 247 s (it keeps ~2 KB of each that long); past it dropped
+    # requests from the network aiocoap reads in any 247 s (it keeps ~2 KB of each that long, and the
+    # request: one of N KB counts 1 + N); past it dropped
     network_requests_max: int = 20_000
     # ...of which each OSCORE sensor has this many of its own first, so that junk cannot keep it out
     network_reserve_per_sensor: int = 1_000

@@ -14,6 +14,8 @@ import os
 import socket
 import struct
 import time
+from pathlib import Path
+from typing import Any
 
 from aiocoap import Code
 
@@ -51,16 +53,14 @@ def answers(source: str, port: int, requests: list[bytes], wait_s: float = 3.0) 
         return received
 
 
+def installed(start_gateway: Any, data: Path, toml: str) -> tuple[Any, int]:
+    """A gateway as the installed service runs it (--secure, every address); its CoAP port."""
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", toml=toml, data_dir=data, coap=True)
+    return gateway, int(gateway.coap_url.rsplit(":", 1)[1])
+
+
 def test_requests_from_the_network_are_rationed_and_unauthenticated_readings_refused_cheaply(start_gateway, tmp_path):
-    gateway = start_gateway(
-        "--secure",
-        "--host",
-        "0.0.0.0",
-        toml="[coap]\nnetwork_requests_max = 240\n",
-        data_dir=tmp_path / "data",
-        coap=True,
-    )
-    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    gateway, port = installed(start_gateway, tmp_path / "data", "[coap]\nnetwork_requests_max = 240\n")
     lan = host_address()
 
     # plain readings from the network: 4.01 each, answered beside aiocoap (no record), within the budget
@@ -128,3 +128,17 @@ def test_junk_from_the_network_cannot_keep_an_oscore_sensor_out(start_gateway, t
     metrics = gateway.metrics()
     assert metrics["sepa_coap_network_requests_reserved_total"] == 3, metrics
     assert metrics["sepa_coap_network_requests_shed_total"] == 28, metrics
+
+
+def test_large_datagrams_from_the_network_count_as_several_requests(start_gateway, tmp_path):
+    """aiocoap's record holds the request: a datagram of 3.9 KB counts 4 in the budget (before: 1,
+    and a flood of them within the default budget grew the gateway by 122 MB, not 44)."""
+    gateway, port = installed(start_gateway, tmp_path / "data", "[coap]\nnetwork_requests_max = 240\n")
+    large = [datagram(GET, mid, ".well-known/core", b"x" * 3_900) for mid in range(100)]
+    assert all(len(request) // 1024 == 3 for request in large)
+    assert len(answers(host_address(), port, large)) == 60
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_network_requests_shed_total"] == 40, metrics
+    # 60 large ones spent the budget as 240 small ones would
+    small = [datagram(GET, 1000 + mid, ".well-known/core") for mid in range(10)]
+    assert len(answers(host_address(), port, small)) == 0
