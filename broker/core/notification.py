@@ -220,8 +220,10 @@ class Notification:
         """The wire form: `{"notification": {...}}` exactly as PROTOCOL.md shows it."""
         body: dict[str, Any] = {"spuid": self.spuid, "alias": self.alias, "sequence": self.sequence}
         if self.boolean is not None:
+            # sequence 0's removed results are the empty result, whose ASK is false: the same shape
+            # as every later notification's (a client reads `removedResults.boolean` in each)
             body["addedResults"] = self.results((), self.boolean)
-            body["removedResults"] = self.results((), self.previous if self.sequence else None)
+            body["removedResults"] = self.results((), bool(self.previous) if self.sequence else False)
         else:
             body["addedResults"] = self.results(self.added, None)
             body["removedResults"] = self.results(self.removed, None)

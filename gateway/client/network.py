@@ -139,7 +139,8 @@ def parse_notification(body: dict[str, Any], alias: str | None) -> Notification:
     """The `notification` member of a WebSocket message as the engine's Notification.
 
     `alias` replaces the wire alias (which may be one the transport generated). ASK notifications
-    carry ``{"head": {}, "boolean": b}``; removedResults holds the previous value after sequence 0.
+    carry ``{"head": {}, "boolean": b}``; removedResults holds the previous value after sequence 0
+    (in sequence 0, false: the empty result's; there is no previous value, None, as in process).
     """
     added = body.get("addedResults") or {}
     removed = body.get("removedResults") or {}
@@ -152,7 +153,7 @@ def parse_notification(body: dict[str, Any], alias: str | None) -> Notification:
             sequence,
             (),
             boolean=bool(added["boolean"]),
-            previous=None if previous is None else bool(previous),
+            previous=None if previous is None or not sequence else bool(previous),
         )
     variables = tuple(added.get("head", {}).get("vars") or removed.get("head", {}).get("vars") or ())
     added_rows = tuple(_row(variables, b) for b in added.get("results", {}).get("bindings", []))

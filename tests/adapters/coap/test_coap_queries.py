@@ -509,7 +509,7 @@ def test_an_ask_subscription_sends_its_boolean() -> None:
             assert first == {
                 "sequence": 0,
                 "addedResults": {"head": {}, "boolean": False},
-                "removedResults": {"head": {}},
+                "removedResults": {"head": {}, "boolean": False},
                 "complete": True,
             }
             assert changed == {

@@ -364,11 +364,13 @@ def test_ask_subscription_notifies_when_the_boolean_changes(gateway: RunningGate
             first = await subscribe(ws, {"sparql": f"ASK {{ {s} {p} ?o }}", "alias": "ask"})
             assert first["alias"] == "ask" and SPUID.match(first["spuid"])
             assert first["addedResults"] == {"head": {}, "boolean": False}
-            assert "head" in first["removedResults"]
+            # the same shape as later notifications' (PROTOCOL.md): removed is the empty result, false
+            assert first["removedResults"] == {"head": {}, "boolean": False}
 
             await post_update(session, gateway, f"INSERT DATA {{ {s} {p} 1 }}")
             became_true = (await receive_json(ws))["notification"]
             assert (became_true["sequence"], became_true["addedResults"].get("boolean")) == (1, True)
+            assert became_true["removedResults"] == {"head": {}, "boolean": False}
             assert became_true["alias"] == "ask" and became_true["spuid"] == first["spuid"]
 
             await post_update(session, gateway, f"INSERT DATA {{ {s} {p} 2 }}")  # still true: silent
