@@ -24,6 +24,17 @@ GRAPH_FORMATS: dict[str, RdfFormat] = {
     "application/trig": RdfFormat.TRIG,
 }
 
+# A CONSTRUCT or DESCRIBE asked for with a result format's media type: the graph in the RDF format of
+# the same syntax. Why: SEPA clients send one Accept for every query (sepy:
+# application/sparql-results+json), and read the body with a JSON parser; a 406 made every graph
+# query fail in them. The header's order of preference (q-values, then position) still decides.
+GRAPH_FOR_RESULT_TYPES: dict[str, str] = {
+    "application/sparql-results+json": "application/ld+json",
+    "application/json": "application/ld+json",
+    "application/sparql-results+xml": "application/rdf+xml",
+    "application/xml": "application/rdf+xml",
+}
+
 
 class NotAcceptable(SepaError):
     error = "not_acceptable"
@@ -63,7 +74,10 @@ def choose(result: object, accept: str | None) -> tuple[object, str]:
     table: dict[str, object] = GRAPH_FORMATS if isinstance(result, QueryTriples) else RESULT_FORMATS  # type: ignore[assignment]
     wanted, refused = _accepted(accept)
     refused_formats = [table[media_type] for media_type in refused if media_type in table]
+    graph = table is GRAPH_FORMATS
     for media_type in wanted:
+        if graph and GRAPH_FOR_RESULT_TYPES.get(media_type, "") in table.keys() - refused:
+            media_type = GRAPH_FOR_RESULT_TYPES[media_type]
         if media_type in table:
             return table[media_type], media_type
         if media_type == "*/*" or media_type.endswith("/*"):

@@ -329,6 +329,11 @@ def expected_graph(ex: str) -> set[Triple]:
         ("application/ld+json", "application/ld+json", RdfFormat.JSON_LD),
         ("text/turtle;q=0.5, application/n-triples", "application/n-triples", RdfFormat.N_TRIPLES),
         ("application/sparql-results+json, application/ld+json;q=0.1", "application/ld+json", RdfFormat.JSON_LD),
+        # what SEPA clients send for every query (sepy): the graph in the RDF syntax of that family
+        ("application/sparql-results+json", "application/ld+json", RdfFormat.JSON_LD),
+        ("application/json", "application/ld+json", RdfFormat.JSON_LD),
+        ("application/sparql-results+xml", "application/rdf+xml", RdfFormat.RDF_XML),
+        ("text/turtle;q=0.5, application/json", "application/ld+json", RdfFormat.JSON_LD),
     ],
 )
 def test_construct_as_rdf(
@@ -348,8 +353,8 @@ def test_construct_as_rdf(
         ("SELECT * WHERE { ?s ?p ?o } LIMIT 1", "image/png"),
         ("SELECT * WHERE { ?s ?p ?o } LIMIT 1", "text/turtle"),
         ("SELECT * WHERE { ?s ?p ?o } LIMIT 1", "application/sparql-results+json;q=0"),
-        ("CONSTRUCT WHERE { ?s ?p ?o }", "application/sparql-results+json"),
         ("CONSTRUCT WHERE { ?s ?p ?o }", "text/csv, image/*"),
+        ("CONSTRUCT WHERE { ?s ?p ?o }", "application/sparql-results+json, application/ld+json;q=0"),
     ],
 )
 def test_unsatisfiable_accept_is_406(gateway: RunningGateway, sparql: str, accept: str) -> None:

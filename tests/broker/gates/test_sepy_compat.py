@@ -128,3 +128,14 @@ def test_sepy_query_update_subscribe_unsubscribe(gateway: RunningGateway, sepa: 
     added, removed = next_notification(again)
     assert (rows(added), removed) == (rows([binding("Adriano", "Salve")]), [])
     assert inbox.empty()
+
+
+def test_sepy_runs_construct_and_describe(gateway: RunningGateway, sepa: Any) -> None:
+    """sepy asks every query with Accept: application/sparql-results+json and parses the body as
+    JSON: a graph comes as JSON-LD (it was a 406, and sepy raised)."""
+    ns = TEST_NS + "graphs/"
+    sepa.sparql_update(f"INSERT DATA {{ <{ns}Ada> <{ns}dice> 'Salve' }}")
+    graph = sepa.sparql_query(f"CONSTRUCT {{ ?s <{ns}says> ?o }} WHERE {{ ?s <{ns}dice> ?o }}")
+    assert graph == [{"@id": ns + "Ada", ns + "says": [{"@value": "Salve"}]}]
+    described = sepa.sparql_query(f"DESCRIBE <{ns}Ada>")
+    assert [node["@id"] for node in described] == [ns + "Ada"]
