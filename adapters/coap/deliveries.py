@@ -11,7 +11,9 @@ So each committed batch also writes one quad per confirmable request into the de
 payload, 16 hex digits), in the same update as its observations: it is in the store exactly when
 they are. A request whose endpoint, message ID and digest are recorded was committed: it is answered
 2.04 and not stored again. A record is deleted by the first batch after EXCHANGE_LIFETIME (247 s,
-RFC 7252 §4.8.2), after which the sensor may reuse the message ID.
+RFC 7252 §4.8.2), after which the sensor may reuse the message ID; until then it is kept but no
+longer recognised (a quiet gateway holds it past the lifetime: a sleepy sensor that restarted its
+message IDs and sent the same value was answered 2.04 and its reading dropped).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from urllib.parse import quote, unquote
 
 from pyoxigraph import Literal, NamedNode, Quad
 
@@ -45,7 +48,9 @@ def delivery(endpoint: str, mid: int, path: str, payload: bytes) -> Delivery:
 
 
 def _quad(key: str, digest: str) -> Quad:
-    return Quad(NamedNode(SUBJECT + key), DIGEST, Literal(digest), GRAPH)
+    """The record's quad; the endpoint percent-encoded in its IRI (an IPv6 one, `[fe80::1%eth0]:5683`,
+    is no IRI: every confirmable reading from an IPv6 sensor was refused 5.03)."""
+    return Quad(NamedNode(SUBJECT + quote(key, safe=":")), DIGEST, Literal(digest), GRAPH)
 
 
 class Deliveries:
@@ -53,7 +58,7 @@ class Deliveries:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self.recorded: dict[str, str] = {}
+        self.recorded: dict[str, tuple[str, float]] = {}  # key -> (digest, committed at)
         self._ages: deque[tuple[float, str, str]] = deque()  # (committed at, key, digest), oldest first
         self.duplicates = 0
 
@@ -63,14 +68,15 @@ class Deliveries:
         for row in rows:
             subject, digest = str(getattr(row["d"], "value", "")), str(getattr(row["digest"], "value", ""))
             if subject.startswith(SUBJECT):
-                key = subject[len(SUBJECT) :]
-                self.recorded[key] = digest
+                key = unquote(subject[len(SUBJECT) :])
+                self.recorded[key] = digest, now
                 self._ages.append((now, key, digest))
 
     def committed(self, item: Delivery) -> bool:
-        """Whether this request was committed already (then it is only answered)."""
+        """Whether this request was committed within EXCHANGE_LIFETIME (then it is only answered)."""
         key, digest = item
-        if self.recorded.get(key) == digest:
+        record = self.recorded.get(key)
+        if record is not None and record[0] == digest and record[1] >= self._clock() - EXCHANGE_LIFETIME_S:
             self.duplicates += 1
             return True
         return False
@@ -90,9 +96,9 @@ class Deliveries:
         for entry in expired:
             if self._ages and self._ages[0] == entry:
                 self._ages.popleft()
-            if self.recorded.get(entry[1]) == entry[2]:
+            if self.recorded.get(entry[1]) == (entry[2], entry[0]):
                 del self.recorded[entry[1]]
         now = self._clock()
         for key, digest in items:
-            self.recorded[key] = digest
+            self.recorded[key] = digest, now
             self._ages.append((now, key, digest))
