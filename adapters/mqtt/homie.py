@@ -7,7 +7,8 @@ but in retained metadata, so the Mapper keeps a small per-topic state (`Message.
 * `homie/5/<device>/<node>/<property>/$unit` (one unit symbol, the Homie 3/4 attribute);
 * `homie/5/<device>/$description` (Homie 5's JSON description: nodes -> properties -> unit).
 
-Being retained, both reach the gateway when it subscribes, normally before the values. A value
+The units are kept per device and bounded (:mod:`gateway.observations.learned_units`). Being
+retained, both reach the gateway when it subscribes, normally before the values. A value
 whose unit is not known yet takes its property's default unit. Property ids naming a known
 property (`temperature`) use it; others become `urn:sepa-gateway:property:homie/<id>`. A value
 that is neither a number nor a boolean word is kept as text (Homie strings and enums).
@@ -21,8 +22,6 @@ from gateway.observations.kinds import unit_named
 from gateway.observations.payloads import decode, number_of, parse_json, shown
 from gateway.observations.reading import Reading
 from gateway.observations.targets import PROPERTY_PREFIX
-
-MAX_UNITS = 65_536  # learned units kept; beyond it new topics take default units (bounded memory)
 
 
 def _value(compiled: Compiled, message: Message) -> list[Reading]:
@@ -52,12 +51,12 @@ def _unit(compiled: Compiled, message: Message) -> list[Reading]:
     symbol = decode(message.payload)
     value_topic = message.topic.rsplit("/", 1)[0]
     if not symbol:
-        message.units.pop(value_topic, None)
+        message.units.forget(value_topic)
         return []
     unit = unit_named(symbol)
     if unit is None:
         raise PayloadError(f"unknown Homie unit {shown(symbol)}")
-    _learn(message.units, value_topic, unit)
+    message.units.learn(value_topic.rsplit("/", 2)[0], value_topic, unit)
     return []
 
 
@@ -79,14 +78,12 @@ def _description(compiled: Compiled, message: Message) -> list[Reading]:
             unit = unit_named(symbol) if isinstance(symbol, str) else None
             if unit is not None and "/" not in node_id and "/" not in property_id:
                 learned[f"{prefix}/{node_id}/{property_id}"] = unit
+    # a description is the whole device: it replaces what the last one taught (not its `$unit` topics')
+    owner = message.topic
+    message.units.forget_device(owner)
     for topic, unit in learned.items():
-        _learn(message.units, topic, unit)
+        message.units.learn(owner, topic, unit)
     return []
-
-
-def _learn(units: dict[str, str], topic: str, unit: str) -> None:
-    if topic in units or len(units) < MAX_UNITS:
-        units[topic] = unit
 
 
 register_extractor("homie", Extractor(_value, wants_property=True, property_fallback=PROPERTY_PREFIX + "homie/{name}"))

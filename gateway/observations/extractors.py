@@ -17,6 +17,7 @@ import regex
 
 from gateway.observations.errors import PayloadError
 from gateway.observations.kinds import Kind, kind_named
+from gateway.observations.learned_units import LearnedUnits
 from gateway.observations.mapping import Mapping
 from gateway.observations.payloads import (
     BooleanWords,
@@ -73,7 +74,7 @@ class Message:
     payload: bytes
     arrival_us: int
     resolved: Resolved
-    units: dict[str, str]  # the Mapper's learned units per value topic (Homie `$unit`), shared
+    units: LearnedUnits  # the Mapper's learned units per value topic (Homie `$unit`), shared
 
     def reading(
         self,

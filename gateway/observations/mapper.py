@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from gateway.observations.compiler import compile_mapping
 from gateway.observations.errors import MappingError, PayloadError, UnmappedTopic
 from gateway.observations.extractors import Compiled, Message
+from gateway.observations.learned_units import LearnedUnits
 from gateway.observations.mapping import Mapping
 from gateway.observations.reading import Reading
 from gateway.observations.targets import Resolved
@@ -31,7 +32,7 @@ class Mapper:
         mappings: Iterable[Mapping],
         *,
         max_payload_bytes: int = 65_536,
-        units: dict[str, str] | None = None,
+        units: LearnedUnits | None = None,
     ) -> None:
         ordered = sorted(enumerate(mappings), key=lambda item: (item[1].order, item[0]))
         self.mappings: list[Mapping] = [mapping for _, mapping in ordered]
@@ -56,7 +57,7 @@ class Mapper:
             else:
                 self._by_first.setdefault(first, []).append((position, item))
         self.max_payload_bytes = max_payload_bytes
-        self.units: dict[str, str] = units if units is not None else {}
+        self.units = units if units is not None else LearnedUnits()
         self._cache: dict[str, tuple[Compiled, dict[str, str], Resolved] | None] = {}
 
     def rebuild(self, mappings: Iterable[Mapping]) -> Mapper:

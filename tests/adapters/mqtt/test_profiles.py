@@ -14,6 +14,7 @@ import pytest
 
 from adapters.mqtt.profiles import default_profiles
 from gateway.observations import Mapper, Mapping, PayloadError, Reading, UnmappedTopic
+from gateway.observations.learned_units import MAX_PER_DEVICE, LearnedUnits
 
 GW = "http://w3id.org/sepa-gateway/ns#"
 UNIT = "http://qudt.org/vocab/unit/"
@@ -169,6 +170,49 @@ def test_homie_units_survive_a_rebuild(mapper: Mapper) -> None:
     mapper.readings("homie/5/b/s/t/$unit", b"K", 1)
     rebuilt = mapper.rebuild(default_profiles())
     assert rebuilt.readings("homie/5/b/s/t", b"300", 2)[0].unit == UNIT + "K"
+
+
+def describe(properties: dict[str, str]) -> str:
+    """A Homie 5 $description of one node with these property ids and unit symbols."""
+    nodes = {"n": {"properties": {name: {"unit": unit} for name, unit in properties.items()}}}
+    return json.dumps({"homie": "5.0", "nodes": nodes})
+
+
+def test_one_homie_device_cannot_fill_the_units_of_every_other(read: Read) -> None:
+    """Before, one table of 65,536 topics for all devices, new ones silently ignored past it: a login
+    that filled it from its own $description made another device's °F readings °C."""
+    filler = {f"p{i}": "°C" for i in range(MAX_PER_DEVICE + 200)}
+    with pytest.raises(PayloadError, match=f"at most {MAX_PER_DEVICE} units"):
+        read("homie/5/filler/$description", describe(filler))
+    for round_ in range(3):  # again and again: each description replaces the last one's units
+        with pytest.raises(PayloadError):
+            read("homie/5/filler/$description", describe({f"{k}-{round_}": v for k, v in filler.items()}))
+    read("homie/5/oven/n/temperature/$unit", "°F")
+    assert table(read("homie/5/oven/n/temperature", "71.5")) == {"temperature": (71.5, "DEG_F")}
+    (kept,) = read("homie/5/filler/n/p3-2", "20")  # the first ones of the last description were learned
+    assert kept.unit == UNIT + "DEG_C"
+
+
+def test_a_homie_description_replaces_the_last_ones_units(read: Read) -> None:
+    read("homie/5/probe/$description", describe({"temperature": "°F"}))
+    assert table(read("homie/5/probe/n/temperature", "70")) == {"temperature": (70.0, "DEG_F")}
+    read("homie/5/probe/$description", describe({"humidity": "%"}))
+    assert table(read("homie/5/probe/n/temperature", "21")) == {"temperature": (21.0, "DEG_C")}  # the default
+
+
+def test_learned_units_are_bounded_in_all_with_an_error() -> None:
+    units = LearnedUnits(max_total=3, max_per_device=2)
+    units.learn("a", "a/x", "K")
+    units.learn("a", "a/y", "K")
+    units.learn("b", "b/x", "K")
+    with pytest.raises(PayloadError, match="at most 3 learned units"):
+        units.learn("c", "c/x", "K")
+    units.learn("a", "a/y", "DEG_C")  # a unit changed: no new entry
+    assert (len(units), units.get("a/y")) == (3, "DEG_C")
+    units.forget("b/x")
+    units.learn("c", "c/x", "K")
+    units.forget_device("a")
+    assert (len(units), units.get("a/x"), units.get("c/x")) == (1, None, "K")
 
 
 def test_homie_unknown_unit(read: Read) -> None:
