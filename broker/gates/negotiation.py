@@ -27,7 +27,7 @@ GRAPH_FORMATS: dict[str, RdfFormat] = {
 # A CONSTRUCT or DESCRIBE asked for with a result format's media type: the graph in the RDF format of
 # the same syntax. Why: SEPA clients send one Accept for every query (sepy:
 # application/sparql-results+json), and read the body with a JSON parser; a 406 made every graph
-# query fail in them. The header's order of preference (q-values, then position) still decides.
+# query fail in them. A graph type the header names still wins (see `choose`).
 GRAPH_FOR_RESULT_TYPES: dict[str, str] = {
     "application/sparql-results+json": "application/ld+json",
     "application/json": "application/ld+json",
@@ -70,14 +70,20 @@ def _accepted(accept: str | None) -> tuple[list[str], set[str]]:
 
 
 def choose(result: object, accept: str | None) -> tuple[object, str]:
-    """(pyoxigraph format, media type) for this result and Accept header; raises NotAcceptable."""
+    """(pyoxigraph format, media type) for this result and Accept header; raises NotAcceptable.
+
+    The header's order of preference (q-values, then position) decides. For a graph, a result type
+    stands for the RDF format of its syntax (GRAPH_FOR_RESULT_TYPES) only when the header names no
+    graph type at all. Why: the dashboard's console asks for
+    `application/sparql-results+json, text/turtle;q=0.9` and must get Turtle for a CONSTRUCT, while
+    sepy, which names only a results type, must get JSON-LD."""
     table: dict[str, object] = GRAPH_FORMATS if isinstance(result, QueryTriples) else RESULT_FORMATS  # type: ignore[assignment]
     wanted, refused = _accepted(accept)
     refused_formats = [table[media_type] for media_type in refused if media_type in table]
-    graph = table is GRAPH_FORMATS
+    fallbacks = GRAPH_FOR_RESULT_TYPES if table is GRAPH_FORMATS and not table.keys() & set(wanted) else {}
     for media_type in wanted:
-        if graph and GRAPH_FOR_RESULT_TYPES.get(media_type, "") in table.keys() - refused:
-            media_type = GRAPH_FOR_RESULT_TYPES[media_type]
+        if fallbacks.get(media_type, "") in table.keys() - refused:
+            media_type = fallbacks[media_type]
         if media_type in table:
             return table[media_type], media_type
         if media_type == "*/*" or media_type.endswith("/*"):

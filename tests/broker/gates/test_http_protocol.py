@@ -333,7 +333,11 @@ def expected_graph(ex: str) -> set[Triple]:
         ("application/sparql-results+json", "application/ld+json", RdfFormat.JSON_LD),
         ("application/json", "application/ld+json", RdfFormat.JSON_LD),
         ("application/sparql-results+xml", "application/rdf+xml", RdfFormat.RDF_XML),
-        ("text/turtle;q=0.5, application/json", "application/ld+json", RdfFormat.JSON_LD),
+        # a graph type the header names wins over the fallback, whatever its q (the dashboard's console)
+        ("application/sparql-results+json, text/turtle;q=0.9", "text/turtle", RdfFormat.TURTLE),
+        ("text/turtle;q=0.5, application/json", "text/turtle", RdfFormat.TURTLE),
+        # and the fallback wins over a wildcard: a JSON parser reads the body
+        ("application/sparql-results+json, */*;q=0.1", "application/ld+json", RdfFormat.JSON_LD),
     ],
 )
 def test_construct_as_rdf(
