@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyoxigraph import NamedNode
 
@@ -33,6 +34,9 @@ MAX_CONFIG_BYTES = 1 << 20
 # Why a bound: the query workers' replies are waited for with a poll whose timeout is a C int of
 # milliseconds; time_limit_s = 3e6 (35 days) made every query a 500 ("timeout is too large")
 MAX_QUERY_TIME_S = 86400.0
+# the shipper's uploader holds at most 4 connections (gateway.shipper.uploader); more workers only
+# queue for them, each with a segment in memory: 20,000,000 took the gateway to 5.5 GB
+MAX_UPLOADS_IN_FLIGHT = 4
 
 
 class ConfigError(Exception):
@@ -206,7 +210,7 @@ class ShipperConfig:
     upload_timeout_s: float = 30.0
     backoff_initial_s: float = 1.0  # retries back off exponentially, with jitter...
     backoff_max_s: float = 300.0  # ...up to this
-    uploads_in_flight: int = 2
+    uploads_in_flight: int = 2  # segments uploaded at once, 1..4 (the uploader's connections)
 
     def token(self) -> str:
         """The bearer token (token_file first, then the environment); ConfigError when there is none."""
@@ -398,15 +402,39 @@ class Config:
         shipper = self.shipper
         if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
             raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
+        _check_landing_url(shipper.url)
         if shipper.ca_file and not Path(shipper.ca_file).is_file():
             raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
         if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
             raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
         if min(shipper.segment_max_age_s, shipper.upload_timeout_s, shipper.backoff_initial_s) <= 0:
             raise ConfigError("shipper: segment_max_age_s, upload_timeout_s and backoff_initial_s must be positive")
-        if shipper.backoff_max_s < shipper.backoff_initial_s or shipper.uploads_in_flight < 1:
-            raise ConfigError("shipper: backoff_max_s must be >= backoff_initial_s and uploads_in_flight >= 1")
+        if shipper.backoff_max_s < shipper.backoff_initial_s:
+            raise ConfigError("shipper: backoff_max_s must be >= backoff_initial_s")
+        if not 1 <= shipper.uploads_in_flight <= MAX_UPLOADS_IN_FLIGHT:
+            raise ConfigError(
+                f"shipper.uploads_in_flight must be 1..{MAX_UPLOADS_IN_FLIGHT}, not {shipper.uploads_in_flight}"
+            )
         shipper.token()
+
+
+def _check_landing_url(url: str) -> None:
+    """shipper.url names a host and a valid port, and holds no credentials, white space or control
+    characters. Why: `user:pw@` made every upload fail while "shipper started" logged the password;
+    no host, `[::1` or port 99999 passed check-config and failed only at the first upload."""
+    if any(character.isspace() or not character.isprintable() for character in url):
+        raise ConfigError("shipper.url holds white space or a control character")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError as error:
+        raise ConfigError(f"shipper.url is not a valid URL: {error}") from None
+    if "@" in parts.netloc:
+        raise ConfigError("shipper.url must not hold credentials: the bearer token goes in shipper.token_file")
+    if not parts.hostname:
+        raise ConfigError("shipper.url names no host")
+    if parts.query or parts.fragment:
+        raise ConfigError("shipper.url must not hold a query or a fragment (batches go to <url>/v1/batches/<id>)")
 
 
 def _hosts_overlap(first: str, second: str) -> bool:
