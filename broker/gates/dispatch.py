@@ -55,7 +55,7 @@ from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
 from broker.gates.connections import ConnectionLimit
-from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, json_error
+from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, UnsupportedMediaType, json_error
 from broker.gates.slow import GuardedHandler, GuardedServer
 from broker.quiet_log import QuietLog
 
@@ -158,6 +158,7 @@ class Dispatcher:
         limit: ConnectionLimit | None = None,
         allowed_hosts: Sequence[str] = (),
         refuse_foreign_hosts: bool = True,
+        no_store: bool = False,
     ) -> None:
         self.routes = routes
         self.limit = limit  # connections held open, shared by every gate (broker.gates.connections)
@@ -172,6 +173,10 @@ class Dispatcher:
         # they count for the Host check and for the same-origin check of the origin policy
         self.allowed_hosts = frozenset(_bare_name(name) for name in allowed_hosts)
         self.refuse_foreign_hosts = refuse_foreign_hosts  # False on the secure gates (TLS checks the name)
+        # True on the secure gates: a reply without Cache-Control of its own gets `no-store`. Why: a
+        # token (RFC 6749 5.1 asks for no-store), results and rights behind a token were cacheable by
+        # a browser's disk cache or a proxy; the dashboard's pages keep their own `no-cache`
+        self.no_store = no_store
         self._hosts: dict[str, bool] = {}  # Host header value -> ours (at most HOSTS_CACHED)
         # what a client off this board can cause with every request: once a minute at most (broker.quiet_log)
         self._misdirected_log = QuietLog(
@@ -199,6 +204,7 @@ class Dispatcher:
             self,
             request_factory=make_request,
             access_log=None,
+            auto_decompress=False,  # a coded body is refused (_dispatch), never inflated
             keepalive_timeout=self.idle_timeout_s,
             head_timeout_s=self.request_timeout_s,
             on_timeout=self._timed_out,
@@ -206,6 +212,18 @@ class Dispatcher:
             on_unparsable=self._unparsable,
             limit=self.limit,
         )
+
+    def _coded(self, coding: str) -> web.Response:
+        """A body with a content coding (RFC 9110 8.4): 415, as RFC 7694 asks. Why not inflate it:
+        no SEPA client compresses a request, aiohttp took a gzip body cut short as the text it
+        inflated to (an update half-sent was applied), and a body that was not gzip at all was a
+        500 with a traceback in the log."""
+        error = UnsupportedMediaType(f"Content-Encoding {coding[:40]!r} is not taken: send the body as it is")
+        self.counters[f"{error.error}:{error.status_code}"] += 1
+        reply = json_error(error.error, error.description, error.status_code)
+        reply.headers["Accept-Encoding"] = "identity"
+        reply.force_close()  # the coded body is not read: the connection cannot carry another request
+        return reply
 
     def _timed_out(self) -> None:
         self.counters["request_timeout:408"] += 1
@@ -221,16 +239,23 @@ class Dispatcher:
         if isinstance(protocol, GuardedHandler):
             protocol.handling(True)
             try:
-                return await self._dispatch(request)
+                response = await self._dispatch(request)
             finally:
                 protocol.handling(False)
-        return await self._dispatch(request)
+        else:
+            response = await self._dispatch(request)
+        if self.no_store and not response.prepared:  # a WebSocket's headers are gone already
+            response.headers.setdefault(hdrs.CACHE_CONTROL, "no-store")
+        return response
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         if self.refuse_foreign_hosts:
             host = request.headers.get(hdrs.HOST)
             if host and not self._hosts.get(host, False) and not self.ours(host):
                 return self._misdirected(request, host)
+        coding = request.headers.get(hdrs.CONTENT_ENCODING)
+        if coding is not None and coding.strip().lower() not in ("", "identity"):
+            return self._coded(coding)
         if request.headers.get(hdrs.EXPECT):
             await _expect(request)  # before the JSON errors: an unknown expectation is aiohttp's plain 417
         origin = request.headers.get(hdrs.ORIGIN)

@@ -139,6 +139,7 @@ class Gates:
             limit=self.connections,
             allowed_hosts=self.settings.allowed_hosts,
             refuse_foreign_hosts=not secure,
+            no_store=secure,
         ).server()
 
     def http_server(self) -> web.Server:

@@ -72,6 +72,7 @@ class MessageWatch:
         self.in_message = False
         self.completed = 0  # data messages that ended so far
         self.other_frames = 0  # frames so far that did not end a data message
+        self.unmasked = False  # a frame came without a mask: RFC 6455 5.1, the connection must close
 
     def feed(self, data: bytes) -> None:
         position, size = 0, len(data)
@@ -97,6 +98,7 @@ class MessageWatch:
                 header.clear()
 
     def _frame_started(self, header: bytes) -> None:
+        self.unmasked |= not header[1] & 0x80
         length = header[1] & 0x7F
         if length == 126:
             length = int.from_bytes(header[2:4], "big")
@@ -164,10 +166,15 @@ class GuardedHandler(web.RequestHandler):
         super().set_parser(parser, data_received_cb)
 
     def _watch(self, data: bytes) -> bool:
-        """Follow `data`; False if it took the connection past its frame budget (then aborted)."""
+        """Follow `data`; False if it took the connection past its frame budget or held a frame
+        without a mask (then aborted: aiohttp took an unmasked frame as any other)."""
         assert self._ws_messages is not None
         completed = self._ws_messages.completed
         self._ws_messages.feed(data)
+        if self._ws_messages.unmasked and self.transport is not None:
+            self.on_unparsable()
+            self.transport.abort()
+            return False
         if self._ws_messages.other_frames != self._frames_seen and not self._within_frame_budget():
             return False
         if not self._ws_messages.in_message:

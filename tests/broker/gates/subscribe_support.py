@@ -104,17 +104,20 @@ class RawWebSocket:
     def send_json(self, message: Any) -> None:
         self.send_frame(0x1, json.dumps(message).encode("utf-8"))
 
-    def send_frame(self, opcode: int, payload: bytes) -> None:
-        mask = os.urandom(4)
+    def send_frame(self, opcode: int, payload: bytes, *, masked: bool = True) -> None:
+        """One frame; `masked=False` sends it as only a server may (RFC 6455 5.1)."""
+        mask = os.urandom(4) if masked else b""
+        bit = 0x80 if masked else 0
         header = bytearray([0x80 | opcode])
         if len(payload) < 126:
-            header.append(0x80 | len(payload))
+            header.append(bit | len(payload))
         elif len(payload) < 1 << 16:
-            header += bytes([0x80 | 126]) + len(payload).to_bytes(2, "big")
+            header += bytes([bit | 126]) + len(payload).to_bytes(2, "big")
         else:
-            header += bytes([0x80 | 127]) + len(payload).to_bytes(8, "big")
-        masked = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
-        self.sock.sendall(bytes(header) + mask + masked)
+            header += bytes([bit | 127]) + len(payload).to_bytes(8, "big")
+        if masked:
+            payload = bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
+        self.sock.sendall(bytes(header) + mask + payload)
 
     def _read_exactly(self, size: int) -> bytes:
         while len(self.buffer) < size:

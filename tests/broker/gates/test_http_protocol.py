@@ -11,6 +11,7 @@ survival of garbage input, and /metrics in Prometheus text with counters that mo
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import re
@@ -796,3 +797,21 @@ def test_a_request_the_parser_refuses_is_counted_and_its_header_never_logged(gat
     gateway.wait_for_metric('sepa_errors_total{error="invalid_request",status="400"}', lambda v: v == before + 3)
     log = gateway.log()[logged:]
     assert secret not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("form", [False, True], ids=["direct", "form"])
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br", "GZIP "])
+def test_a_coded_body_is_415_and_nothing_is_applied(gateway: RunningGateway, ex: str, form: bool, coding: str) -> None:
+    """No SEPA client compresses a request. aiohttp inflated a gzip body itself: a body cut short
+    was applied as the text it inflated to, and one that was not gzip was a 500 with a traceback."""
+    sparql = f"INSERT DATA {{ <{ex}s> <{ex}p> 1 }}"
+    text = (urlencode({"update": sparql}) if form else sparql).encode()
+    headers = {"Content-Type": FORM if form else "application/sparql-update", "Content-Encoding": coding}
+    for body in (gzip.compress(text), gzip.compress(text)[:-9], text, gzip.compress(text * 100_000)):
+        reply = gateway.request("POST", "/update", body, headers)
+        assert_error(reply, 415, "unsupported_media_type")
+        assert reply.headers["Accept-Encoding"] == "identity"
+    assert not gateway.ask(f"ASK {{ <{ex}s> ?p ?o }}")
+    identity = {"Content-Type": headers["Content-Type"], "Content-Encoding": "identity"}
+    assert gateway.request("POST", "/update", text, identity).status == 200
+    assert gateway.ask(f"ASK {{ <{ex}s> <{ex}p> 1 }}")

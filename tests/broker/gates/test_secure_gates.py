@@ -844,3 +844,30 @@ def test_the_service_logs_its_certificate_fingerprint_and_never_a_secret(start_g
 
 def _ids(document: dict[str, Any]) -> dict[str, str]:
     return {key: document["credentials"][key] for key in ("client_id", "client_secret")}
+
+
+def test_replies_behind_a_token_are_never_cached(secure_gateway) -> None:
+    """RFC 6749 5.1: a token reply carries `Cache-Control: no-store`; so does every reply of the
+    secure port (results, rights, delayed updates, metrics): a browser's disk cache or a proxy kept
+    them for the next user of the machine. The plain port is unchanged."""
+
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("admin")
+        credentials = Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+        url = client.https_url
+        async with client.session.post(
+            f"{url}/oauth/token", headers={"Authorization": credentials.basic()}, ssl=client.ssl
+        ) as reply:
+            assert reply.status == 201 and reply.headers.get("Cache-Control") == "no-store"
+            token = (await reply.json())["access_token"]
+        bearer = {"Authorization": f"Bearer {token}"}
+        for path in ("/secure/query?query=ASK%7B%7D", "/secure/rights", "/secure/scheduled", "/secure/metrics"):
+            async with client.session.get(f"{url}{path}", headers=bearer, ssl=client.ssl) as reply:
+                assert reply.status == 200, (path, await reply.text())
+                assert reply.headers.get("Cache-Control") == "no-store", path
+        async with client.session.get(f"{url}/secure/rights", ssl=client.ssl) as reply:
+            assert reply.status == 401 and reply.headers.get("Cache-Control") == "no-store"
+
+    run_secure(secure_gateway, test)
+    plain = secure_gateway.request("GET", "/query?query=ASK%7B%7D")
+    assert plain.status == 200 and "Cache-Control" not in plain.headers

@@ -41,6 +41,7 @@ import aiohttp
 import pytest
 
 from tests.broker.gates.subscribe_support import (
+    RawWebSocket,
     RunningGateway,
     post_update,
     receive_json,
@@ -815,3 +816,26 @@ def test_a_hostile_upgrade_is_refused_or_served_without_a_line_in_the_log(
     assert _upgrade(gateway.ws_port, b"dGhlIHNhbXBsZSBub25jZQ==", protocols).startswith(b"HTTP/1.1 101")
     time.sleep(0.2)
     assert "protocol-00001" not in gateway.log() and "Traceback" not in gateway.log(), gateway.log()[-2000:]
+
+
+def test_an_unmasked_client_frame_ends_the_connection(gateway: RunningGateway) -> None:
+    """RFC 6455 5.1: a server MUST close the connection on a client frame that is not masked.
+    aiohttp took one as any other; the frame watch (broker/gates/slow.py) now aborts the socket
+    before aiohttp parses it, counted as a request it could not parse."""
+    counter = 'sepa_errors_total{error="invalid_request",status="400"}'
+    before = gateway.metric(counter)
+    subscribe = {"subscribe": {"sparql": "SELECT * WHERE { ?s ?p ?o }", "alias": "unmasked"}}
+    client = RawWebSocket(gateway.ws_port)
+    try:
+        client.send_frame(0x1, json.dumps(subscribe).encode(), masked=False)
+        with pytest.raises(ConnectionError):
+            client.receive_json()
+    finally:
+        client.close()
+    assert gateway.metric(counter) == before + 1
+    masked = RawWebSocket(gateway.ws_port)
+    try:
+        masked.send_json(subscribe)
+        assert masked.receive_json()["notification"]["sequence"] == 0
+    finally:
+        masked.close()
