@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cloud.server import StartupError, serve
-from cloud.settings import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_MAX_BATCH_BYTES, LandingSettings
+from cloud.settings import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEAD_TIMEOUT_S,
+    DEFAULT_INFLATE_RATIO,
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_UPLOADS_PER_TOKEN,
+    LandingSettings,
+)
 from cloud.tokens import TOKENS_ENV, TokenError, load_tokens
 from gateway.appliance.logs import setup_logging
 
@@ -41,10 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
     landing.add_argument("--cert", type=Path, metavar="FILE", help="TLS certificate chain (PEM)")
     landing.add_argument("--key", type=Path, metavar="FILE", help="TLS private key (PEM)")
     landing.add_argument(
-        "--token-file", metavar="FILE", help=f"accepted bearer tokens, one a line (and/or ${TOKENS_ENV})"
+        "--token-file",
+        metavar="FILE",
+        help=f"accepted bearer tokens, one a line, each <gateway-slug>:<token> (and/or ${TOKENS_ENV}, comma separated)",
     )
     landing.add_argument(
         "--max-batch-bytes", type=int, default=DEFAULT_MAX_BATCH_BYTES, metavar="N", help="compressed size limit"
+    )
+    landing.add_argument(
+        "--inflate-ratio",
+        type=int,
+        default=DEFAULT_INFLATE_RATIO,
+        metavar="N",
+        help=f"how many times its own size a batch may inflate (default {DEFAULT_INFLATE_RATIO}; then 413)",
+    )
+    landing.add_argument(
+        "--max-uploads-per-token",
+        type=int,
+        default=DEFAULT_MAX_UPLOADS_PER_TOKEN,
+        metavar="N",
+        help=f"uploads in progress at once per token (default {DEFAULT_MAX_UPLOADS_PER_TOKEN}; then 429)",
     )
     landing.add_argument(
         "--max-connections",
@@ -109,6 +132,8 @@ def landing(args: argparse.Namespace) -> int:
         cert=args.cert,
         key=args.key,
         max_batch_bytes=args.max_batch_bytes,
+        inflate_ratio=args.inflate_ratio,
+        max_uploads_per_token=args.max_uploads_per_token,
         max_connections=args.max_connections,
         head_timeout_s=args.head_timeout,
         body_timeout_s=args.body_timeout,

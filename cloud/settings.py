@@ -10,8 +10,29 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+from cloud.tokens import TokenError, parse_tokens
+
 DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
-DEFAULT_INFLATE_RATIO = 16
+DEFAULT_INFLATE_RATIO = 96
+"""How many times its own size a batch may inflate (and at most :data:`DEFAULT_MAX_DECOMPRESSED_BYTES`).
+
+Why per batch and not one limit for all: with 1 GiB for any body, a 4.5 MB gzip body inflating to
+1 GiB cost ~34 CPU-seconds of record checking (35 MB/s of records checked), and 8 at once stalled
+other gateways' uploads for 200+ s; now the work is at most 96 times the bytes received.
+Why 96: the shipper's own 1 MiB segments (gzip level 1, records as the observation layer's batches
+make them) inflate 12.5 times (100 sensors, changing values), 16.9 (a door contact, always "false"),
+18.0 (one sensor, the same value every time) and 22.5 (the same, with a Homie device's long names),
+26.6 for that last one at gzip level 9: 96 is 4.3 times the worst measured at the shipper's level and
+3.6 times the worst at any level (``tests/cloud/cloud_support.py`` ``shipper_segment``; the margin is
+checked by ``tests/cloud/test_landing_inflate.py``). Observations a SPARQL client writes itself with
+numbered IRIs (``http://example.org/observation/1``, ``/2``...) compress further, 45.4 at level 1 and
+59.1 at level 9: within 96, by 2.1 and 1.6 times only; a deployment shipping such data may raise
+``--inflate-ratio``.
+"""
+DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30  # 1 GiB, any batch: the old 64 MiB x 16, ~30 CPU-seconds of checking
+# Why 2: the gateway's shipper has 2 uploads in flight by default ([shipper] uploads_in_flight,
+# gateway/appliance/config.py); this must stay >= that, so a gateway with its own token never meets 429
+DEFAULT_MAX_UPLOADS_PER_TOKEN = 2
 DEFAULT_HEAD_TIMEOUT_S = 20.0
 # Why 60 s: the shipper gives up on an upload after 30 s (upload_timeout_s), so no gateway sends
 # longer; a whole 64 MiB batch would need 9 Mbit/s, a default 1 MiB segment 140 kbit/s.
@@ -25,7 +46,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class LandingSettings:
-    """Everything the landing endpoint needs. ``tokens`` are secrets: ``repr`` shows only their count."""
+    """Everything the landing endpoint needs. ``tokens`` are the accepted entries, ``<gateway-slug>:<token>``
+    or a bare (unbound) ``<token>`` (:mod:`cloud.tokens`); secrets: ``repr`` shows only their count."""
 
     landing_dir: Path
     tokens: tuple[str, ...]
@@ -35,6 +57,9 @@ class LandingSettings:
     key: Path | None = None
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     inflate_ratio: int = DEFAULT_INFLATE_RATIO
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    # bodies held at once per token: a token holder's 24 concurrent 64 MiB uploads took the endpoint to 1.78 GB
+    max_uploads_per_token: int = DEFAULT_MAX_UPLOADS_PER_TOKEN
     # cloud.guards: connections open at once (0: half the open-file limit), and how long a request's
     # head, its body and an idle kept-alive connection may take
     max_connections: int = 0
@@ -46,13 +71,13 @@ class LandingSettings:
         return (
             f"LandingSettings(landing_dir={str(self.landing_dir)!r}, tokens=<{len(self.tokens)}>, "
             f"host={self.host!r}, port={self.port}, tls={self.cert is not None}, "
-            f"max_batch_bytes={self.max_batch_bytes})"
+            f"max_batch_bytes={self.max_batch_bytes}, inflate_ratio={self.inflate_ratio}, "
+            f"max_uploads_per_token={self.max_uploads_per_token})"
         )
 
-    @property
-    def max_decompressed_bytes(self) -> int:
-        """The gzip bomb guard: how far a batch may inflate."""
-        return self.max_batch_bytes * self.inflate_ratio
+    def inflate_limit(self, body_bytes: int) -> int:
+        """The gzip bomb guard: how far a batch of ``body_bytes`` may inflate (see :data:`DEFAULT_INFLATE_RATIO`)."""
+        return min(body_bytes * self.inflate_ratio, self.max_decompressed_bytes)
 
     def validate(self) -> None:
         """Raise :class:`SettingsError` for settings that cannot work."""
@@ -63,7 +88,15 @@ class LandingSettings:
         if self.max_batch_bytes < 1:
             raise SettingsError("--max-batch-bytes must be at least 1")
         if self.inflate_ratio < 1:
-            raise SettingsError("the inflate ratio must be at least 1")
+            raise SettingsError("--inflate-ratio must be at least 1")
+        if self.max_decompressed_bytes < 1:
+            raise SettingsError("the decompressed size limit must be at least 1")
+        if self.max_uploads_per_token < 1:
+            raise SettingsError("--max-uploads-per-token must be at least 1")
+        try:
+            parse_tokens(self.tokens)
+        except TokenError as error:
+            raise SettingsError(str(error)) from None
         if self.max_connections < 0:
             raise SettingsError("--max-connections must be 0 (half the open-file limit) or more")
         for name, value in (("head", self.head_timeout_s), ("body", self.body_timeout_s)):

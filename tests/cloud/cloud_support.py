@@ -1,5 +1,6 @@
-"""Helpers of the cloud tests: records and batches, a self-signed certificate, the landing endpoint on a
-free port in a thread of this process, and a small HTTPS client on real sockets."""
+"""Helpers of the cloud tests: records and batches (and segments as the gateway's shipper makes them), a
+self-signed certificate, the landing endpoint on a free port in a thread of this process, and a small
+HTTPS client on real sockets."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import ipaddress
 import json
 import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from pyoxigraph import NamedNode
 
+from broker.api import rfc3339
 from cloud.guards import GuardedSite
 from cloud.landing import LANDING, Landing, landing_app
 from cloud.settings import LandingSettings
+from gateway.observations.digest import DigestEntry, ObservationDigest
+from gateway.observations.iris import observation_iri
+from gateway.observations.reading import Reading
+from gateway.observations.vocabulary import GRAPH_OBSERVATIONS
+from gateway.shipper.records import assemble_digest, json_line
 
 TOKEN = "test-token-7f3a"
 NDJSON_HEADERS = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"}
@@ -58,6 +66,126 @@ def ndjson(records: Iterable[dict[str, Any]]) -> bytes:
 def batch(records: Iterable[dict[str, Any]]) -> bytes:
     """The shipper's encoding: gzip with mtime 0, so a batch always has the same bytes."""
     return gzip.compress(ndjson(records), mtime=0)
+
+
+SEGMENT_BYTES = 1 << 20  # [shipper] segment_max_bytes' default
+UPDATE_READINGS = 1000  # [mqtt] batch_max_readings: the readings of one update share its result time
+_START_US = 1_795_000_000_000_000
+_HOMIE = "living-room-north-wall-multisensor-v2"
+_NS = "http://w3id.org/sepa-gateway/ns#"
+_DEG_C = "http://qudt.org/vocab/unit/DEG_C"
+
+
+def _bench(k: int) -> tuple[Reading, int]:
+    """The MQTT benchmark's readings: 100 sensors in turn, a new value each time."""
+    sensor = f"gateway/bench{k % 100}"
+    topic = f"{sensor}/temperature"
+    urn = "urn:sepa-gateway:"
+    reading = Reading(
+        f"{urn}sensor:{sensor}", f"{_NS}temperature", f"{urn}feature:{sensor}", float(k), _DEG_C, topic, None, str(k)
+    )
+    return reading, k // 100 + 1
+
+
+def _constant(k: int) -> tuple[Reading, int]:
+    """One sensor, the same value every time: the most repetitive records the gateway writes."""
+    device = "urn:sepa-gateway:{}:zigbee2mqtt/kitchen"
+    reading = Reading(
+        device.format("sensor"),
+        f"{_NS}temperature",
+        device.format("feature"),
+        21.5,
+        _DEG_C,
+        "zigbee2mqtt/kitchen",
+        None,
+        str(k),
+    )
+    return reading, k + 1
+
+
+def _long_names(k: int) -> tuple[Reading, int]:
+    """As `_constant`, with the long names of a Homie device: the most repeated bytes a record holds."""
+    sensor = f"urn:sepa-gateway:sensor:homie/{_HOMIE}/environment"
+    unit = "http://qudt.org/vocab/unit/PERCENT_RH"
+    topic = f"homie/5/{_HOMIE}/environment/relative-humidity"
+    reading = Reading(
+        sensor, f"{_NS}relativeHumidity", f"urn:sepa-gateway:feature:homie/{_HOMIE}", 48.0, unit, topic, None, str(k)
+    )
+    return reading, k + 1
+
+
+def _door(k: int) -> tuple[Reading, int]:
+    """A contact sensor: a boolean (a literal in the record), always the same."""
+    device = "urn:sepa-gateway:{}:zigbee2mqtt/front-door"
+    reading = Reading(
+        device.format("sensor"),
+        f"{_NS}contact",
+        device.format("feature"),
+        False,
+        None,
+        "zigbee2mqtt/front-door",
+        None,
+        str(k),
+    )
+    return reading, k + 1
+
+
+GATEWAY_SEGMENTS: dict[str, Callable[[int], tuple[Reading, int]]] = {
+    "bench": _bench,
+    "constant": _constant,
+    "long-names": _long_names,
+    "door": _door,
+}
+"""The readings (and their sequence numbers) of the segments the gateway's own adapters fill."""
+
+
+def _digest_entry(gateway: str, reading: Reading, sequence: int) -> DigestEntry:
+    numeric = not isinstance(reading.value, (bool, str))
+    value = float(reading.value) if numeric else None
+    literal = None if numeric else str(reading.value).lower()
+    iri = observation_iri(gateway, reading)
+    unit = reading.unit if numeric else None
+    return DigestEntry(
+        iri, reading.sensor, reading.property, reading.feature, value, literal, unit, sequence, reading.source
+    )
+
+
+def shipper_lines(kind: str, gateway: str = "plant-room-1") -> bytes:
+    """The JSON lines of one full segment as the shipper spools them: records built by
+    ``assemble_digest`` (the shipper's path for the observation layer's batches, IRIs from
+    ``observation_iri``) in updates of :data:`UPDATE_READINGS`, written by ``json_line``, until the
+    segment reaches :data:`SEGMENT_BYTES`. ``kind`` is a :data:`GATEWAY_SEGMENTS` key, or
+    ``numbered-iris``: observations a SPARQL client wrote itself with numbered IRIs."""
+    if kind == "numbered-iris":
+        return _numbered_iris(gateway)
+    readings = GATEWAY_SEGMENTS[kind]
+    lines: list[bytes] = []
+    size = k = 0
+    while size < SEGMENT_BYTES:
+        entries = [_digest_entry(gateway, *readings(n)) for n in range(k, k + UPDATE_READINGS)]
+        k += UPDATE_READINGS
+        digest = ObservationDigest(NamedNode(GRAPH_OBSERVATIONS), tuple(entries))
+        for item in assemble_digest(digest, _START_US + k * 1000, gateway).records:
+            lines.append(json_line(item))
+            size += len(lines[-1])
+    return b"".join(lines)
+
+
+def _numbered_iris(gateway: str) -> bytes:
+    lines: list[bytes] = []
+    size = k = 0
+    while size < SEGMENT_BYTES:
+        result_time = rfc3339(_START_US + k // UPDATE_READINGS * 1000)
+        item = record(k, gateway=gateway, sensor=f"{EX}sensor/1", value=21.5, result_time=result_time, source="kitchen")
+        lines.append(json_line(item))
+        size += len(lines[-1])
+        k += 1
+    return b"".join(lines)
+
+
+def shipper_segment(kind: str, level: int = 1) -> bytes:
+    """:func:`shipper_lines` gzip'ed as the spool seals a segment (level 1, mtime 0; ``level`` for other clients)."""
+    return gzip.compress(shipper_lines(kind), compresslevel=level, mtime=0)
 
 
 def parse_time(text: str) -> datetime.datetime:

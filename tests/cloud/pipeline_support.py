@@ -18,6 +18,7 @@ from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto
 
 ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_ID = "pipeline-gw"  # its shipper's batch ids start with it: the landing's token is bound to it
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
@@ -53,7 +54,7 @@ class Pipeline:
         path.write_text(
             f'[mqtt]\nport = {self.mosquitto.port}\nclient_id = "pipeline-{self.mosquitto.port}"\n'
             'profiles = ["generic", "senml"]\n'
-            '[observations]\ngateway_id = "pipeline-gw"\nretain_count = 1000000\nprune_interval_s = 3600.0\n'
+            f'[observations]\ngateway_id = "{GATEWAY_ID}"\nretain_count = 1000000\nprune_interval_s = 3600.0\n'
             f'[shipper]\nenabled = true\nurl = "https://127.0.0.1:{self.landing_settings.port}"\n'
             f'token_file = "{token}"\nca_file = "{self.landing_settings.cert}"\n'
             "segment_max_bytes = 262144\nsegment_max_age_s = 0.5\nbackoff_initial_s = 0.1\nbackoff_max_s = 0.5\n"

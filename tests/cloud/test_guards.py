@@ -1,10 +1,13 @@
 """The landing endpoint's guards on real sockets: a slow head, a slow body (with a token or without)
 and a connection that sends nothing are cut within their limits while other clients are served;
-past the connection cap a new connection is closed at once and counted, the earlier ones go on."""
+past the connection cap a new connection is closed at once and counted, the earlier ones go on;
+past the uploads in progress per token one more is 429 before its body is read, other tokens go on,
+and an upload's slot comes back however it ended."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ from contextlib import ExitStack
 
 import pytest
 
+import cloud.landing
 from cloud.settings import LandingSettings
 from tests.cloud.cloud_support import TOKEN, LandingServer, batch, record
 
@@ -129,3 +133,104 @@ def test_past_the_cap_a_connection_is_closed_at_once_and_counted_the_others_go_o
         held.pop().close()
         time.sleep(0.2)
         assert server.client().metrics()["sepa_cloud_connections_refused_total"] == 1
+
+
+@pytest.fixture
+def one_upload_each(landing_settings: LandingSettings) -> Iterator[LandingServer]:
+    """One upload in progress per token, and 30 s for a body: a test's held upload is not cut."""
+    settings = dataclasses.replace(landing_settings, cert=None, key=None, max_uploads_per_token=1, body_timeout_s=30)
+    with LandingServer(settings) as server:
+        yield server
+
+
+def hold_upload(server: LandingServer, batch_id: str, body: bytes, token: str = TOKEN) -> socket.socket:
+    """A connection with an upload in progress: its head and the first half of its body sent, read
+    by the endpoint (its upload slot taken)."""
+    assert server.landing is not None
+    connection = connect(server)
+    received = server.client().metrics()["sepa_cloud_bytes_received_total"]
+    connection.sendall(head(batch_id, len(body), token) + body[: len(body) // 2])
+    deadline = time.monotonic() + 10
+    while server.client().metrics()["sepa_cloud_bytes_received_total"] < received + len(body) // 2:
+        assert time.monotonic() < deadline, "the held upload's first half was not read"
+        time.sleep(0.02)
+    assert server.landing.uploads.in_progress >= 1
+    return connection
+
+
+def test_past_the_uploads_per_token_one_more_is_429_before_its_body_other_tokens_go_on(
+    one_upload_each: LandingServer,
+) -> None:
+    """A token holder's bodies are held whole (24 concurrent 64 MiB uploads: 1.78 GB). With one upload
+    of a token in progress, another with the same token is 429 (Retry-After: 1, the shipper retries)
+    and its body is not read; another token's upload is stored; once the first ends the token works."""
+    server = one_upload_each
+    body = batch([record(n) for n in range(50)])
+    with hold_upload(server, "b1", body) as slow:
+        received = server.client().metrics()["sepa_cloud_bytes_received_total"]
+        reply = server.client(TOKEN).put("b2", body)
+        assert reply.status == 429, reply.body
+        assert reply.headers["retry-after"] == "1"
+        assert reply.json() == {
+            "error": "too_many_requests",
+            "status_code": 429,
+            "error_description": "this token's uploads in progress are at their limit (1); retry in a second",
+        }
+        assert server.client().metrics()["sepa_cloud_bytes_received_total"] == received
+        assert server.client("second-token").put("b3", body).status == 201
+        assert server.visible_files() == ["b3.json.gz"]
+        slow.sendall(body[len(body) // 2 :])
+        assert reply_of_one(slow).startswith(b"HTTP/1.1 201 ")
+    assert server.client(TOKEN).put("b2", body).status == 201
+    assert server.visible_files() == ["b1.json.gz", "b2.json.gz", "b3.json.gz"]
+    assert server.client().metrics()['sepa_cloud_batches_rejected_total{reason="too_many_uploads"}'] == 1
+
+
+@pytest.mark.parametrize("ending", ["client-disconnects", "body-times-out", "bad-content", "handler-fails"])
+def test_an_upload_slot_comes_back_however_the_upload_ends(
+    landing_settings: LandingSettings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    """Else one upload that went wrong would keep its token out for good (429 forever)."""
+    settings = dataclasses.replace(
+        landing_settings,
+        cert=None,
+        key=None,
+        max_uploads_per_token=1,
+        body_timeout_s=LIMIT_S if ending == "body-times-out" else 30,
+    )
+    body = batch([record(n) for n in range(50)]) if ending != "bad-content" else batch([record(1, sequence=0)] * 50)
+    with LandingServer(settings) as server:
+        assert server.landing is not None
+        with hold_upload(server, "b1", body) as slow:
+            if ending == "client-disconnects":
+                slow.close()
+            elif ending == "body-times-out":
+                assert reply_of_one(slow).startswith(b"HTTP/1.1 408 ")
+            else:
+                status = b"400" if ending == "bad-content" else b"500"
+                if ending == "handler-fails":
+                    monkeypatch.setattr(cloud.landing, "check_batch", _broken_check)
+                slow.sendall(body[len(body) // 2 :])
+                assert reply_of_one(slow).startswith(b"HTTP/1.1 " + status)
+                monkeypatch.undo()
+        deadline = time.monotonic() + 10
+        while server.landing.uploads.in_progress:
+            assert time.monotonic() < deadline, "the upload slot was not given back"
+            time.sleep(0.02)
+        assert server.client(TOKEN).put("b2", batch([record(1)])).status == 201
+        assert server.visible_files() == ["b2.json.gz"]
+        reason = {"client-disconnects": "disconnected", "bad-content": "bad_record"}.get(ending)
+        if reason:
+            assert server.client().metrics()[f'sepa_cloud_batches_rejected_total{{reason="{reason}"}}'] == 1
+    ours = [entry for entry in caplog.records if entry.name.startswith("cloud")]
+    errors = [entry.getMessage() for entry in ours if entry.levelno >= logging.ERROR]
+    assert errors == (["request failed"] if ending == "handler-fails" else [])
+
+
+def _broken_check(_body: bytes, _limit: int) -> int:
+    raise RuntimeError("a bug in the checker")
+
+
+def reply_of_one(connection: socket.socket) -> bytes:
+    """The first bytes of a reply on a connection kept alive."""
+    return connection.recv(65536)

@@ -7,6 +7,7 @@ import gzip
 import http.client
 import json
 import os
+import random
 import ssl
 import threading
 import time
@@ -113,6 +114,14 @@ def _with_header_flag(body: bytes, flag: int, extra: bytes = b"") -> bytes:
     return body[:3] + bytes([body[3] | flag]) + body[4:10] + extra + body[10:]
 
 
+def _deeply_nested(depth: int) -> bytes:
+    """A record `depth` arrays deep, with random JSON white space after each bracket: it inflates ~8
+    times, within the inflate ratio, so it reaches the parser (bare brackets inflate 800 times: 413)."""
+    spaces = random.Random(7)
+    opening = b"".join(b"[" + spaces.choice([b"", b" ", b"\t", b"  ", b" \t", b"\t\t"]) for _ in range(depth))
+    return b'{"id": ' + opening + b"]" * depth + b"}\n"
+
+
 # gzip that Python's GzipFile reads and Spark's Hadoop codec does not ("not a gzip file"): one such
 # file landed stopped the stream job at every restart (an attack pass)
 SPARK_UNREADABLE: list[tuple[str, bytes]] = [
@@ -154,7 +163,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("unknown-key", batch([record(1, extra=1)]), "line 1: unknown field 'extra'"),
     ("duplicate-key", _gz(b'{"id": "urn:a", "id": "urn:b"}\n'), "line 1: not JSON: duplicate key 'id'"),
     ("empty-batch", _gz(b""), "the batch holds no records"),
-    ("deep-nesting", _gz(b'{"id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"), "line 1: not JSON: nested too deep"),
+    ("deep-nesting", _gz(_deeply_nested(100_000)), "line 1: not JSON: nested too deep"),
     # Spark's line reader ends a line at a carriage return: the record became two corrupt rows, dropped
     ("carriage-return", _gz(ndjson(RECORDS[:1]).replace(b", ", b",\r", 1)), "line 1: not JSON: a carriage return"),
     *((f"gzip-{name}", body, "not a valid gzip stream") for name, body in SPARK_UNREADABLE),
@@ -217,7 +226,7 @@ def test_chunked_body_over_the_limit_is_413(landing: LandingServer) -> None:
 
 def test_gzip_bomb_is_413(landing: LandingServer) -> None:
     """Small compressed, huge inflated: refused once inflation passes the limit."""
-    bomb = _gz(ndjson(RECORDS) + b" " * (landing.settings.max_decompressed_bytes + 1))
+    bomb = _gz(ndjson(RECORDS) + b" " * (4 << 20))
     assert len(bomb) < landing.settings.max_batch_bytes
     reply = landing.client().put("b1", bomb)
     assert reply.status == 413
@@ -226,13 +235,16 @@ def test_gzip_bomb_is_413(landing: LandingServer) -> None:
     assert landing.all_files() == []
 
 
-def test_batch_just_under_the_inflate_limit_is_accepted(landing: LandingServer) -> None:
-    """Exactly at the limit (JSON white space padding a record) is fine: the guard is not off by one."""
-    padding = landing.settings.max_decompressed_bytes - len(ndjson(RECORDS))
+def test_batch_just_under_the_decompressed_cap_is_accepted(landing_settings: LandingSettings) -> None:
+    """Exactly at ``max_decompressed_bytes`` (JSON white space padding a record) is fine: the cap on any
+    batch is not off by one (the inflate ratio lifted here, so that the cap is the limit that holds)."""
+    settings = dataclasses.replace(landing_settings, inflate_ratio=1 << 20, max_decompressed_bytes=1 << 20)
+    padding = settings.max_decompressed_bytes - len(ndjson(RECORDS))
     inflated = json.dumps(RECORDS[0]).encode() + b" " * padding + b"\n" + ndjson(RECORDS[1:])
-    assert len(inflated) == landing.settings.max_decompressed_bytes
-    assert landing.client().put("b1", _gz(inflated)).status == 201
-    assert landing.client().put("b2", _gz(inflated + b" ")).status == 413
+    assert len(inflated) == settings.max_decompressed_bytes
+    with LandingServer(settings) as landing:
+        assert landing.client().put("b1", _gz(inflated)).status == 201
+        assert landing.client().put("b2", _gz(inflated + b" ")).status == 413
 
 
 def test_multi_member_gzip_counts_every_member(landing: LandingServer) -> None:
@@ -265,9 +277,10 @@ def test_same_id_other_bytes_is_409_and_keeps_the_first(landing: LandingServer) 
 
 
 @pytest.mark.parametrize("same_bytes", [True, False], ids=["same-bytes", "different-bytes"])
-def test_concurrent_puts_of_one_id_store_it_once(landing: LandingServer, same_bytes: bool) -> None:
+def test_concurrent_puts_of_one_id_store_it_once(landing_settings: LandingSettings, same_bytes: bool) -> None:
     bodies = [batch(RECORDS if same_bytes else [record(n)]) for n in range(8)]
-    with ThreadPoolExecutor(8) as pool:
+    settings = dataclasses.replace(landing_settings, max_uploads_per_token=8)
+    with LandingServer(settings) as landing, ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(lambda body: landing.client().put("b1", body), bodies))
     statuses = sorted(reply.status for reply in replies)
     assert statuses == ([200] * 7 + [201] if same_bytes else [201] + [409] * 7)
@@ -364,9 +377,9 @@ def test_a_line_spanning_many_inflated_chunks_is_checked_in_linear_time(
     """A record as long as the inflate limit allows arrives in many inflated chunks. Joining the line
     so far to each new chunk was quadratic: with the default limits a 1 GiB line (1 MiB of gzip) was
     1,024 chunks, and a 128 MiB one took 8.8 s of a thread. Lines are now at most MAX_LINE_BYTES (1 MiB):
-    the longest, in 512-byte chunks (2,000 chunks)."""
+    the longest, in 512-byte chunks (2,000 chunks; the inflate ratio lifted: the line inflates ~1,000 times)."""
     monkeypatch.setattr(cloud.contract, "_CHUNK", 512)
-    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10)
+    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10, inflate_ratio=1 << 12)
     line = json.dumps(record(1, value=None, literal="x" * (MAX_LINE_BYTES - 1000))).encode() + b"\n"
     assert MAX_LINE_BYTES - 1000 < len(line) <= MAX_LINE_BYTES
     with LandingServer(settings) as landing:
@@ -405,9 +418,10 @@ def test_gzip_forms_sparks_reader_takes_are_accepted(landing: LandingServer, bod
 )
 def test_a_line_past_the_bound_is_400(landing_settings: LandingSettings, body: bytes, problem: str) -> None:
     """A line is held whole to be parsed: a 1 MB upload inflating to one 1 GiB line of spaces took the
-    landing to 3.1 GB (an attack pass). Lines are refused past MAX_LINE_BYTES, under the inflate limit."""
-    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10)
-    assert settings.max_decompressed_bytes > 3 * MAX_LINE_BYTES
+    landing to 3.1 GB (an attack pass). Lines are refused past MAX_LINE_BYTES, under the inflate limit
+    (the inflate ratio lifted here: these bodies inflate ~1,000 times, 413 at the default ratio)."""
+    settings = dataclasses.replace(landing_settings, max_batch_bytes=256 << 10, inflate_ratio=1 << 16)
+    assert settings.inflate_limit(len(body)) > 3 * MAX_LINE_BYTES
     with LandingServer(settings) as landing:
         reply = landing.client().put("b1", body)
         assert reply.status == 400, reply.body

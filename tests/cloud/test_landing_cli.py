@@ -75,6 +75,30 @@ def test_https_with_token_file_then_clean_sigterm(tmp_path: Path, certificate: t
     assert "landing endpoint stopping" in stderr
     assert "file-token" not in stderr and "env-token" not in stderr
     assert "https://127.0.0.1" in stderr
+    assert stderr.count("tokens not bound to a gateway") == 1 and "count=2" in stderr
+
+
+def test_tokens_bound_to_gateways_from_file_and_environment(tmp_path: Path) -> None:
+    """The normal form, <gateway-slug>:<token>: each token writes its own gateway's batches only, and
+    nothing is warned about."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# plant room 1\nplant-room-1:file-secret\n")
+    port = free_port()
+    mine, theirs = "plant-room-1-0a1b2c3d-000000000001", "gw-b-0a1b2c3d-000000000001"
+    with running(
+        ["--landing-dir", str(tmp_path / "landing"), "--token-file", str(tokens)], "gw-b:env-secret", port
+    ) as process:
+        assert Client(port, None, "file-secret").put(theirs, batch([record(1)])).status == 403
+        assert Client(port, None, "env-secret").put(mine, batch([record(1)])).status == 403
+        assert Client(port, None, "file-secret").put(mine, batch([record(1)])).status == 201
+        assert Client(port, None, "env-secret").put(theirs, batch([record(1)])).status == 201
+        assert Client(port, None, "plant-room-1:file-secret").put(mine, batch([record(1)])).status == 401
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        stderr = process.stderr.read()
+    assert sorted(p.name for p in (tmp_path / "landing").iterdir()) == [f"{theirs}.json.gz", f"{mine}.json.gz"]
+    assert "not bound" not in stderr
+    assert "secret" not in stderr
 
 
 def test_plain_http_warns_and_listens_on_loopback_unless_told(tmp_path: Path) -> None:
@@ -116,10 +140,24 @@ def test_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--cert", "c.pem"], "t1", "--cert and --key go together"),
         (["--cert", "/nonexistent/c.pem", "--key", "/nonexistent/k.pem"], "t1", "cannot load the TLS certificate"),
         (["--max-batch-bytes", "0"], "t1", "--max-batch-bytes must be at least 1"),
+        (["--max-uploads-per-token", "0"], "t1", "--max-uploads-per-token must be at least 1"),
+        (["--inflate-ratio", "0"], "t1", "--inflate-ratio must be at least 1"),
+        ([], "gw/1:t1", "token number 1: the part before ':' is not a gateway"),
         (["--port", "70000"], "t1", "is not a TCP port"),
         (["--bogus"], "t1", "unrecognized arguments: --bogus"),
     ],
-    ids=["no-tokens", "token-file", "cert-without-key", "bad-cert", "max-bytes", "port", "unknown-argument"],
+    ids=[
+        "no-tokens",
+        "token-file",
+        "cert-without-key",
+        "bad-cert",
+        "max-bytes",
+        "max-uploads",
+        "inflate-ratio",
+        "bad-binding",
+        "port",
+        "unknown-argument",
+    ],  # fmt: skip
 )
 def test_bad_arguments_are_one_line_and_exit_2(
     tmp_path: Path, args: list[str], tokens: str | None, message: str

@@ -2,8 +2,8 @@
 observation exactly once, through outages of the landing endpoint and a kill -9 of the gateway.
 
 Real parts only: our own Mosquitto, `sepa-gateway run` as a process with an on-disk store, the
-landing endpoint over HTTPS (self-signed certificate, bearer token), a local Spark session running
-the streaming job. Exactly once is checked on the table: rows = distinct observation IRIs = the
+landing endpoint over HTTPS (self-signed certificate, a bearer token bound to the gateway), a local
+Spark session running the streaming job. Exactly once is checked on the table: rows = distinct observation IRIs = the
 readings published, with the published values all there.
 """
 
@@ -17,7 +17,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from cloud.settings import LandingSettings
-from tests.cloud.pipeline_support import Mosquitto, Pipeline, wait_for
+from tests.cloud.cloud_support import TOKEN
+from tests.cloud.pipeline_support import GATEWAY_ID, Mosquitto, Pipeline, wait_for
 from tools.launcher import free_port
 
 
@@ -32,7 +33,7 @@ def pipeline(tmp_path: Path, certificate: tuple[Path, Path]) -> Iterator[Pipelin
     broker.start()
     cert, key = certificate
     settings = LandingSettings(
-        landing_dir=tmp_path / "landing", tokens=("test-token-7f3a",), host="127.0.0.1", port=free_port(),
+        landing_dir=tmp_path / "landing", tokens=(f"{GATEWAY_ID}:{TOKEN}",), host="127.0.0.1", port=free_port(),
         cert=cert, key=key,
     )  # fmt: skip
     run = Pipeline(tmp_path, broker, settings)
