@@ -30,9 +30,10 @@ numbered IRIs (``http://example.org/observation/1``, ``/2``...) compress further
 ``--inflate-ratio``.
 """
 DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30  # 1 GiB, any batch: the old 64 MiB x 16, ~30 CPU-seconds of checking
-# Why 2: the gateway's shipper has 2 uploads in flight by default ([shipper] uploads_in_flight,
-# gateway/appliance/config.py); this must stay >= that, so a gateway with its own token never meets 429
-DEFAULT_MAX_UPLOADS_PER_TOKEN = 2
+# Why 4: a gateway's shipper has at most 4 uploads in flight ([shipper] uploads_in_flight, 1..4, 2 by
+# default: gateway/appliance/config.py MAX_UPLOADS_IN_FLIGHT); this must stay >= that, so a gateway
+# with its own token never meets 429. A token's uploads then hold 4 x 64 MiB at most.
+DEFAULT_MAX_UPLOADS_PER_TOKEN = 4
 DEFAULT_HEAD_TIMEOUT_S = 20.0
 # Why 60 s: the shipper gives up on an upload after 30 s (upload_timeout_s), so no gateway sends
 # longer; a whole 64 MiB batch would need 9 Mbit/s, a default 1 MiB segment 140 kbit/s.
