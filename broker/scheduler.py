@@ -24,7 +24,6 @@ import functools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -224,7 +223,6 @@ class Scheduler:
         self.shares = FairShare(max(1, slots - 1))
         # one client's queued serial calls at most: a quarter of the queue (see broker.serial_lanes)
         self._serial: SerialLanes[tuple[Callable[[], Any], asyncio.Future[Any]]] = SerialLanes(max(1, queue_size // 4))
-        self._due: deque[tuple[Callable[[], Any], asyncio.Future[Any]]] = deque()
         self._draining = False
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-sync")
         self._sync_waiters: list[asyncio.Future[None]] = []
@@ -306,17 +304,18 @@ class Scheduler:
     def _landed(self, _future: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
 
-    def submit_due(self, call: Callable[[], Any]) -> asyncio.Future[Any]:
-        """Queue a serial call that is due now, ahead of queued requests; call on the event loop.
+    def submit_due(self, call: Callable[[], Any], lane: str | None = None) -> asyncio.Future[Any]:
+        """Queue a serial call that is due now in `lane` (its owner's), ahead of that lane's other
+        calls; call on the event loop.
 
         For delayed updates falling due: they were admitted when scheduled, and their place in
-        the order of updates is their due time, which is earlier than the arrival of most requests
-        still queued (those can only have arrived in the last few milliseconds). Due calls run in
-        submission order, before any other queued serial call.
+        the order of a client's updates is their due time, which is earlier than the arrival of
+        most of its requests still queued. They take turns with the other lanes like any call
+        (:meth:`SerialLanes.append_due`).
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._due.append((call, future))
+        self._serial.append_due((call, future), lane)
         self._kick(loop)
         return future
 
@@ -338,21 +337,17 @@ class Scheduler:
         done: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         since = 0.0  # when the first call of `done` ended
         while True:
-            lane: str | None | bool = False  # False: a due call, which is in no lane
             try:
-                if self._due:
-                    call, future = self._due.popleft()
-                else:
-                    if done and self._serial.next_is_slow():
-                        self._acknowledge(loop, done)
-                        done = []
-                    lane, (call, future) = self._serial.pop()
+                if done and self._serial.next_is_slow():
+                    self._acknowledge(loop, done)
+                    done = []
+                lane, (call, future) = self._serial.pop()
             except IndexError:
                 if done:
                     self._acknowledge(loop, done)
                     done = []
                 self._draining = False
-                if not (self._serial or self._due):
+                if not self._serial:
                     return
                 self._draining = True  # something arrived between the two checks
                 continue
@@ -362,8 +357,7 @@ class Scheduler:
                     done.append((future, _clean_errors(call), None))
             except BaseException as error:  # delivered to the awaiting request
                 done.append((future, None, error))
-            if lane is not False:
-                self._serial.ran(lane, time.monotonic() - started > GROUP_COMMIT_MAX_S)
+            self._serial.ran(lane, time.monotonic() - started > GROUP_COMMIT_MAX_S)
             if len(done) == 1:
                 since = time.monotonic()
             if len(done) >= GROUP_COMMIT_MAX or time.monotonic() - since > GROUP_COMMIT_MAX_S:
@@ -477,13 +471,7 @@ class Scheduler:
         An inline update then yields to the loop once, unless the caller already goes back to the
         loop after each update (`yield_to_loop=False`).
         """
-        if (
-            isinstance(sparql, str)
-            and len(sparql) <= INLINE_MAX_CHARS
-            and not self._draining
-            and not self._serial
-            and not self._due
-        ):
+        if isinstance(sparql, str) and len(sparql) <= INLINE_MAX_CHARS and not self._draining and not self._serial:
             try:  # _clean_errors spelled out: this is the path of every small update
                 result: UpdateResult = self.engine.update(sparql, budget=INLINE_BUDGET, **options)
             except OverBudget:

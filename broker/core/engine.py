@@ -139,6 +139,7 @@ class Engine:
         self.base_iri = base_iri
         if workers is not None:
             self.updates.where_evaluator = functools.partial(workers.run, "where_solutions")
+            self.updates.time_limit_s = workers.time_limit_s
 
     # -- publishing ---------------------------------------------------------------------------
 
@@ -255,13 +256,16 @@ class Engine:
         using_graph_uri: Sequence[str] = (),
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
+        access: GraphAccess | None = None,
     ) -> None:
-        """Raise what :meth:`update` would for a malformed request, without running it."""
+        """Raise what :meth:`update` would for a malformed request, or (with `access`) for a WHERE
+        dataset naming a graph the client may not read, without running it."""
         self.updates.check(
             sparql,
             using_graph_uri=using_graph_uri,
             using_named_graph_uri=using_named_graph_uri,
             base_iri=self.base_iri if base_iri is None else base_iri,
+            readable=None if access is None else access.readable_terms(),
         )
 
     # -- querying -----------------------------------------------------------------------------

@@ -15,9 +15,11 @@ processing (removed results are computed on the old state, added ones on the new
 from __future__ import annotations
 
 import dataclasses
+import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
@@ -25,7 +27,7 @@ from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
 from broker.core.budget import Budget, BudgetedStore, OverBudget
 from broker.core.held import WEIGHED, quad_weight, row_weight
 from broker.core.query_processor import graph_list
-from broker.errors import Forbidden, InvalidRequest, UpdateFailed
+from broker.errors import Forbidden, InvalidRequest, TimeLimitExceeded, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.plan import plan_update
@@ -163,9 +165,24 @@ Solutions = list[dict[str, Term]]
 MAX_UPDATE_QUADS = 100_000
 # index lookups and quads a network client's plain-BGP WHERE may cost on the update thread (about
 # 0.3 s: a cartesian product spent 200,000 in 1.3 s); past them it is evaluated again in a query
-# worker, under the time limit
+# worker, under the time limit. One budget for all the operations of a request, as the time limit is
+# (see UpdateProcessor.compute)
 WHERE_STEPS = 50_000
-WhereEvaluator = Callable[[str, list[NamedNode | DefaultGraph] | None, list[NamedNode] | None, int | None], Solutions]
+
+
+class WhereEvaluator(Protocol):
+    """Evaluates a WHERE clause elsewhere (a query worker) within `time_limit_s`."""
+
+    def __call__(
+        self,
+        query: str,
+        default_graphs: list[NamedNode | DefaultGraph] | None,
+        named_graphs: list[NamedNode] | None,
+        limit: int | None,
+        /,
+        *,
+        time_limit_s: float | None = None,
+    ) -> Solutions: ...
 
 
 def where_solutions(
@@ -228,6 +245,7 @@ class UpdateProcessor:
         # evaluates the WHERE clauses that are not a plain BGP elsewhere (a query worker, where a
         # time limit can stop them: broker.workers); None evaluates them here
         self.where_evaluator: WhereEvaluator | None = None
+        self.time_limit_s: float | None = None  # of a request that is not trusted, all operations together
         self.trusted = False  # set by Engine.update for each request
         self.max_quads: int | None = None  # of a request that is not trusted (see MAX_UPDATE_QUADS)
         self._writable: frozenset[NamedNode | DefaultGraph] | None = None  # of the request being computed
@@ -237,6 +255,8 @@ class UpdateProcessor:
         # { GRAPH <write-only> { guess } } ; ...`: 400 over the limit if absent, else not). None:
         # the operation's effect is what it names (a graph operation on graphs the client may read)
         self._instantiated: int | None = None
+        self._deadline: float | None = None  # of the request being computed (see _time_left)
+        self._where_steps: Budget | None = None  # WHERE_STEPS of the request being computed
 
     def compute(
         self,
@@ -275,10 +295,31 @@ class UpdateProcessor:
         if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
             raise OverBudget
         self._writable = writable
+        if not self.trusted and self.time_limit_s is not None:
+            self._deadline = time.monotonic() + self.time_limit_s
+            self._where_steps = Budget(WHERE_STEPS)
         try:
             return self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
         finally:
             self._writable = None
+            self._deadline = None
+            self._where_steps = None
+
+    def _time_left(self) -> float | None:
+        """Seconds the request being computed has left (None: no limit); TimeLimitExceeded at 0.
+
+        Why one limit for the whole request: each operation's WHERE had `time_limit_s` of its own,
+        and nothing bounded their sum; one request of 20 operations of 0.56 s each held every other
+        client's updates for 7.9 s with a 2 s limit (a 1 MiB request holds hundreds)."""
+        if self._deadline is None:
+            return None
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeLimitExceeded(
+                f"the update ran past its limit of {self.time_limit_s:g} s ([engine] time_limit_s), "
+                "all its operations together; nothing was changed"
+            )
+        return left
 
     def _compute(
         self,
@@ -314,9 +355,11 @@ class UpdateProcessor:
         using_named_graph_uri: Sequence[str] = (),
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
+        readable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> tuple[list, list[NamedNode], list[NamedNode]]:
         """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
-        for a malformed request (delayed updates are checked when scheduled, not when due)."""
+        for a malformed request (delayed updates are checked when scheduled, not when due), and
+        with `readable` for a WHERE dataset naming a graph the client may not read."""
         if isinstance(sparql, Update):
             if any(isinstance(op, Modify) and "service" in op.where.lower() for op in sparql.operations):
                 check_services(sparql.to_sparql(), self.service_allow, base_iri, prefixes, where="updates")
@@ -334,6 +377,8 @@ class UpdateProcessor:
                     raise InvalidRequest("using-graph-uri/using-named-graph-uri cannot be combined with USING or WITH")
         if not self.allow_load and any(isinstance(operation, LoadOp) for operation in operations):
             raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
+        if readable is not None:
+            _check_dataset_readable(operations, [*protocol_using, *protocol_named], readable)
         return operations, protocol_using, protocol_named
 
     def _sequence(
@@ -350,6 +395,7 @@ class UpdateProcessor:
         charged = 0
         try:
             for operation in operations:
+                self._time_left()
                 self._instantiated = None
                 added, removed, created, dropped = self._operation(operation, sparql, using, named, None, readable)
                 check_size(len(added) + len(removed), self._limit)
@@ -477,7 +523,7 @@ class UpdateProcessor:
             ox = (
                 self.store.ox
                 if budget is None and not limited
-                else BudgetedStore(self.store.ox, budget or Budget(WHERE_STEPS))
+                else BudgetedStore(self.store.ox, budget or self._where_steps or Budget(WHERE_STEPS))
             )
             try:
                 if operation.where_values is None:
@@ -527,7 +573,8 @@ class UpdateProcessor:
         evaluate = None if self.trusted else self.where_evaluator
         try:
             if evaluate is not None:
-                return evaluate(operation.where_query, default_graphs, named_graphs, self._limit)
+                left = self._time_left()
+                return evaluate(operation.where_query, default_graphs, named_graphs, self._limit, time_limit_s=left)
             return where_solutions(self.store, operation.where_query, default_graphs, named_graphs, self._limit)
         except SyntaxError as error:
             text = sparql if isinstance(sparql, str) else sparql.to_sparql()

@@ -208,6 +208,7 @@ class HttpGate:
                 owner=owner,
                 registration=registration,
                 client=client,
+                access=access,
                 **options,  # type: ignore[arg-type]
             )
             self.counters["http_delayed_updates"] += 1

@@ -48,3 +48,29 @@ def test_a_lane_whose_last_call_ran_long_is_named_before_its_turn() -> None:
     assert lanes.next_is_slow()  # h2 is next
     lanes.ran("hog", slow=False)
     assert not lanes.next_is_slow()
+
+
+def test_due_calls_go_first_in_their_lane_and_take_turns_with_the_others() -> None:
+    """Delayed updates falling due: before, they ran ahead of every lane, so one client's due
+    updates that each ran to the time limit held everyone's updates behind all of them."""
+    lanes: SerialLanes[str] = SerialLanes(lane_limit=2)
+    lanes.append("o1", "other")
+    lanes.append("o2", "other")
+    lanes.append("h1", "hog")
+    lanes.append("h2", "hog")
+    lanes.append_due("d1", "hog")
+    lanes.append_due("d2", "hog")  # never refused, though the lane holds its limit
+    lanes.append_due("n1")  # a lane with nothing queued takes the next turn
+    with pytest.raises(LaneFull):
+        lanes.append("h3", "hog")
+    assert len(lanes) == 7
+    assert [lanes.pop() for _ in range(7)] == [
+        (None, "n1"),
+        ("other", "o1"),
+        ("hog", "d1"),
+        ("other", "o2"),
+        ("hog", "d2"),
+        ("hog", "h1"),
+        ("hog", "h2"),
+    ]
+    assert not lanes

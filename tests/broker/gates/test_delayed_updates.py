@@ -233,3 +233,15 @@ def test_a_long_list_is_a_thousand_updates_a_page_by_default(in_process_gateway)
     rest = gateway.request("GET", "/scheduled", params={"after": first["next"]}).json()
     assert len(rest["scheduled"]) == 1 and "next" not in rest
     assert rest["scheduled"][0]["update"] == stamp("q1000")
+
+
+def test_an_update_due_in_the_past_is_not_counted_late_by_centuries(in_process_gateway) -> None:
+    """Lateness counts from the due time, or from when the update was scheduled if that was later:
+    `at=0001-01-01T00:00:00Z` made sepa_delayed_lateness_max_seconds 63,932,092,480."""
+    gateway = in_process_gateway(Config())
+    reply = gateway.update(stamp("past"), params={"at": "0001-01-01T00:00:00Z"})
+    assert reply.status == 202, reply.body
+    wait_until(lambda: ran_at(gateway, "past") != [])
+    metrics = gateway.metrics()
+    assert metrics["sepa_delayed_fired_total"] == 1
+    assert 0 <= metrics["sepa_delayed_lateness_max_seconds"] < 60

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from gateway.appliance.config import Config
 from tests.broker.gates.secure_support import SecureClient, receive, secure_config
 from tests.broker.gates.test_secure_gates import run_secure
 from tools.launcher import InProcessGateway
@@ -17,6 +18,19 @@ HOG = {"identity": "hog", "read": ["*"], "write": []}
 OTHER = {"identity": "other", "read": ["*"], "write": ["*"]}
 ENDLESS = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15)) + " }"
 EX = "http://example.org/"
+_NUMBERS = " ".join(str(number) for number in range(400))
+# an update that runs to a 1 s time limit (a product of three VALUES of 400)
+SLOW_UPDATE = (
+    f"INSERT {{ <{EX}h> <{EX}p> ?a }} WHERE {{ VALUES ?a {{ {_NUMBERS} }} VALUES ?b {{ {_NUMBERS} }} "
+    f"VALUES ?c {{ {_NUMBERS} }} FILTER(?a + ?b + ?c < 0) }}"
+)
+
+
+def writers_with_a_1_s_limit() -> Config:
+    """The hog and the other client, both writers, with a 1 s time limit."""
+    config = secure_config(HOG | {"write": ["*"]}, OTHER)
+    config.engine.time_limit_s = 1.0
+    return config
 
 
 def test_a_client_sending_endless_queries_leaves_a_worker_to_the_others(
@@ -104,18 +118,11 @@ def test_a_client_sending_slow_updates_takes_turns_with_the_others(
     default limit); now the clients' queued updates take turns (broker.serial_lanes), so it waits
     for the running one and one more: ~1.7 s (its reply also waited for the hog's next one, in
     the same group commit, until the group ended before a lane whose last call ran long: 2.7 s)."""
-    config = secure_config(HOG | {"write": ["*"]}, OTHER)
-    config.engine.time_limit_s = 1.0
-    gateway = in_process_gateway(config)
-    numbers = " ".join(str(number) for number in range(400))
-    slow = f"VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} VALUES ?c {{ {numbers} }} FILTER(?a + ?b + ?c < 0)"
+    gateway = in_process_gateway(writers_with_a_1_s_limit())
 
     async def test(client: SecureClient) -> None:
         hog, other = await client.login("hog"), await client.login("other")
-        slow_updates = [
-            asyncio.create_task(client.update(hog, f"INSERT {{ <{EX}h> <{EX}p> ?a }} WHERE {{ {slow} }}"))
-            for _ in range(8)
-        ]
+        slow_updates = [asyncio.create_task(client.update(hog, SLOW_UPDATE)) for _ in range(8)]
         await asyncio.sleep(0.3)  # the hog's updates are queued
         started = time.monotonic()
         status, reply = await client.update(other, f"INSERT DATA {{ <{EX}o> <{EX}p> 1 }}")
@@ -124,5 +131,28 @@ def test_a_client_sending_slow_updates_takes_turns_with_the_others(
         assert status == 200, reply
         assert [(status, reply["error"]) for status, reply in hogged] == [(503, "timeout")] * 8, hogged
         assert waited < 2.4, waited  # in arrival order: ~7.7 s; replied with the hog's next call: 2.7 s
+
+    run_secure(gateway, test)
+
+
+def test_a_clients_delayed_updates_falling_due_together_take_turns_with_the_others(
+    in_process_gateway: Callable[..., InProcessGateway],
+) -> None:
+    """Delayed updates falling due ran ahead of every client's queued calls, 64 to a call: one
+    client's eight slow ones due at the same instant held another client's update 16 s with a
+    2 s limit. They go in their owner's lane now, and take turns like its other updates."""
+    gateway = in_process_gateway(writers_with_a_1_s_limit())
+
+    async def test(client: SecureClient) -> None:
+        hog, other = await client.login("hog"), await client.login("other")
+        for _ in range(8):
+            status, reply = await client.update(hog, SLOW_UPDATE, delay="PT1S")
+            assert status == 202, reply
+        await asyncio.sleep(1.5)  # all eight are due, and the first is running
+        started = time.monotonic()
+        status, reply = await client.update(other, f"INSERT DATA {{ <{EX}o> <{EX}p> 1 }}")
+        waited = time.monotonic() - started
+        assert status == 200, reply
+        assert waited < 2.4, waited  # ahead of every lane: ~7 s
 
     run_secure(gateway, test)

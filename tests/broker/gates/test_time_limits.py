@@ -128,3 +128,25 @@ def test_an_update_whose_plain_bgp_is_a_cartesian_product_is_stopped(start_gatew
     assert time.monotonic() - started < LIMIT_S + 1
     assert gateway.query(f"ASK {{ <{EX}n1> <{EX}x> 1 }}").body.find(b"true") >= 0
     assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
+
+
+def test_the_time_limit_bounds_a_request_of_many_operations_together(start_gateway) -> None:
+    """Each operation's WHERE had the whole limit of its own: one request of 20 operations of
+    ~0.2 s each held every other client's updates for seconds. The limit is the request's now."""
+    gateway = _seeded(start_gateway)
+    values = " ".join(str(i) for i in range(100))
+    slow = (
+        f"SELECT (COUNT(*) AS ?n) WHERE {{ VALUES ?a {{ {values} }} VALUES ?b {{ {values} }} "
+        f"VALUES ?c {{ {values} }} FILTER(?a + ?b > ?c) }}"
+    )
+    one = f"INSERT {{ <{EX}many> <{EX}p> ?n }} WHERE {{ {{ {slow} }} }}"
+    started = time.monotonic()
+    assert gateway.update(one).status == 200  # one operation alone is well within the limit
+    assert time.monotonic() - started < LIMIT_S
+    assert gateway.update(f"DELETE WHERE {{ <{EX}many> ?p ?o }}").status == 200
+    started = time.monotonic()
+    reply = gateway.update(" ;\n".join([one] * 20))
+    assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
+    assert time.monotonic() - started < LIMIT_S + 1
+    assert gateway.query(f"ASK {{ <{EX}many> ?p ?o }}").body.find(b"false") >= 0
+    assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
