@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 FILE = "scheduled.sqlite3"
 CHECKPOINT_INTERVAL_S = 1.0
+WAL_LIMIT_BYTES = 4 * 1024 * 1024  # past it, the WAL is emptied (see PendingUpdates._checkpoint)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS pending (
     id TEXT PRIMARY KEY,
@@ -90,14 +91,21 @@ class PendingUpdates:
 
         SQLite would otherwise checkpoint (and fsync) inside whichever commit crosses the WAL size
         limit: on the engine's update thread, stalling every update behind it for milliseconds.
-        A PASSIVE checkpoint never blocks the writer.
+        A PASSIVE checkpoint never blocks the writer. But a WAL starts again from its beginning only
+        when a write finds it wholly copied, which never happens while updates keep coming: it
+        grew without end (667 MB in 15 s of schedule-and-cancel on tmpfs, 121 MB in 40 s of a
+        soak on the gateway). Past WAL_LIMIT_BYTES a TRUNCATE checkpoint copies the rest and
+        empties it, holding the writer for that copy (4 MiB at most, a few ms).
         """
         assert self.path is not None
         connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         try:
+            wal = Path(f"{self.path}-wal")
             while not self._stop.wait(CHECKPOINT_INTERVAL_S):
                 try:
-                    connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    if wal.exists() and wal.stat().st_size > WAL_LIMIT_BYTES:
+                        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 except sqlite3.Error as error:
                     log.warning("pending-update checkpoint failed", extra={"error": str(error)})
         finally:
