@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from urllib.parse import parse_qs
 
 from aiohttp import hdrs, web
 
@@ -126,7 +127,8 @@ class SecureGate:
     async def token(self, request: web.BaseRequest) -> web.Response:
         if hdrs.AUTHORIZATION not in request.headers and request.content_type == "application/json":
             return await self.register(request)  # a registration sent here: see the module docstring
-        return _json(self.authority.token(request.headers.get(hdrs.AUTHORIZATION)), 201)
+        grant_type = _grant_type(request.content_type, await read_within(request, request.read()))
+        return _json(self.authority.token(request.headers.get(hdrs.AUTHORIZATION), grant_type), 201)
 
     def add_routes(self, routes: Routes, *, websocket: bool = True) -> None:
         """The HTTPS port's routes (with `websocket`, the WSS subscribe path too)."""
@@ -167,6 +169,21 @@ class SecureGate:
                         log.info("subscriptions of revoked clients ended", extra={"count": ended})
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
                 log.exception("revocation watch failed; trying again")
+
+
+def _grant_type(content_type: str, body: bytes) -> str | None:
+    """The ``grant_type`` a token request's body names (a form, or a JSON object), else None."""
+    if content_type == "application/x-www-form-urlencoded":
+        values = parse_qs(body.decode("utf-8", errors="replace")).get("grant_type")
+        return values[0] if values else None
+    if content_type == "application/json" and body.strip():
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        named = document.get("grant_type") if isinstance(document, dict) else None
+        return named if isinstance(named, str) or named is None else repr(named)
+    return None
 
 
 def _json(document: object, status: int) -> web.Response:

@@ -27,6 +27,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import SepaError
 from broker.gates.connections import Admission, ConnectionLimit
+from broker.gates.errors import json_error
 
 T = TypeVar("T")
 _SERVER_OPTIONS = ("request_factory", "handler_cancellation", "loop")  # web.Server's own, not the handler's
@@ -220,6 +221,24 @@ class GuardedHandler(web.RequestHandler):
             self.on_unparsable()
             return
         super().log_exception(*args, **kw)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's reply to a request its parser refused quoted the offending line back (a Basic
+        header's credentials, to whatever proxy logs reply bodies) in text/plain: the gates' JSON
+        error shape instead, naming only the status."""
+        response = super().handle_error(request, status, exc, message)
+        if not isinstance(exc, HttpProcessingError) or status >= 500:
+            return response
+        description = "the request could not be parsed as HTTP/1.1 (a line too long, a bad header or chunk...)"
+        refusal = json_error("invalid_request", description, status)
+        refusal.force_close()
+        return refusal
 
     def handling(self, busy: bool) -> None:
         """Called by the dispatcher: a head arrived whole (True), or its reply is done (False)."""

@@ -31,6 +31,13 @@ class UnauthorizedClient(SepaError):
     status_code = 401
 
 
+class UnsupportedGrantType(SepaError):
+    """A token request naming a grant other than client credentials (RFC 6749 5.2)."""
+
+    error = "unsupported_grant_type"
+    status_code = 400
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who sent a secure request, and what it may do."""
@@ -79,8 +86,14 @@ class Authority:
 
     # -- /oauth/token ---------------------------------------------------------------------------
 
-    def token(self, authorization: str | None) -> dict[str, Any]:
-        """The 201 reply to a token request with ``Authorization: Basic``, in both forms clients use."""
+    def token(self, authorization: str | None, grant_type: str | None = None) -> dict[str, Any]:
+        """The 201 reply to a token request with ``Authorization: Basic``, in both forms clients use.
+
+        `grant_type` is what the request's body named, if anything: SEPA clients send none (sepa-js
+        an empty body, sepy no body), so only a grant named and other than client credentials is
+        refused; a password or code grant was answered with a client-credentials token."""
+        if grant_type is not None and grant_type != "client_credentials":
+            raise UnsupportedGrantType("only the client_credentials grant is supported")
         client_id, secret = _basic(authorization)
         client = self.registry.by_client_id(client_id)
         stored = client.secret_sha256 if client is not None else None

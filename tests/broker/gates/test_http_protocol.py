@@ -782,7 +782,8 @@ def test_a_request_head_that_trickles_in_is_timed_out(start_gateway: Any) -> Non
 def test_a_request_the_parser_refuses_is_counted_and_its_header_never_logged(gateway: RunningGateway) -> None:
     """An Authorization header past aiohttp's 8 KB line limit: aiohttp answered 400 and logged an
     ERROR traceback quoting the start of the line, a Basic header's client id and most of its
-    secret; any client could add a traceback per request."""
+    secret; any client could add a traceback per request. Its text/plain reply quoted the line
+    back too (to whatever proxy logs reply bodies): now the gates' JSON error shape, quoting nothing."""
     secret = "U0VDUkVUU0VDUkVU"
     before = gateway.metric('sepa_errors_total{error="invalid_request",status="400"}')
     logged = len(gateway.log())
@@ -793,10 +794,21 @@ def test_a_request_the_parser_refuses_is_counted_and_its_header_never_logged(gat
                 + secret.encode() * 600
                 + b"\r\nContent-Length: 0\r\n\r\n"
             )
-            assert b" 400 " in sock.recv(4096).split(b"\r\n")[0]
+            head, _, body = _whole_reply(sock).partition(b"\r\n\r\n")
+            assert b" 400 " in head.split(b"\r\n")[0]
+            assert b"application/json" in head and b"U0VD" not in body, body
+            assert json.loads(body)["error"] == "invalid_request"
     gateway.wait_for_metric('sepa_errors_total{error="invalid_request",status="400"}', lambda v: v == before + 3)
     log = gateway.log()[logged:]
     assert secret not in log and "Traceback" not in log
+
+
+def _whole_reply(sock: socket.socket) -> bytes:
+    """What the gateway sent until it closed the connection (it closes after a parser's refusal)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
 
 
 @pytest.mark.parametrize("form", [False, True], ids=["direct", "form"])

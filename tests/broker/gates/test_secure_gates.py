@@ -132,6 +132,42 @@ def test_wrong_client_credentials_get_no_token(secure_gateway) -> None:
     run_secure(secure_gateway, test)
 
 
+def test_a_token_request_naming_another_grant_is_refused(secure_gateway) -> None:
+    """A request naming the password grant (and asking for an admin scope) got a client-credentials
+    token: RFC 6749 5.2 says unsupported_grant_type. Requests naming no grant, as SEPA clients send
+    them (sepa-js: an empty JSON body; sepy: no body), and those naming client_credentials still get one."""
+
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("viewer")
+        basic = Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"]).basic()
+        url = f"{client.https_url}/oauth/token"
+        form = "application/x-www-form-urlencoded"
+        refused = [
+            (form, "grant_type=password&username=a&password=b&scope=admin"),
+            (form, "grant_type=authorization_code&code=x"),
+            ("application/json", '{"grant_type": "password"}'),
+            ("application/json", '{"grant_type": ["client_credentials"]}'),
+        ]
+        granted = [
+            (form, "grant_type=client_credentials"),
+            (form, "grant_type=client_credentials&scope=anything"),
+            ("application/json", ""),
+            ("application/json", '{"grant_type": "client_credentials"}'),
+            (form, ""),
+        ]
+        for content_type, body in refused + granted:
+            headers = {"Authorization": basic, "Content-Type": content_type}
+            async with client.session.post(url, data=body, headers=headers, ssl=client.ssl) as reply:
+                answer = await reply.json()
+                expected = 400 if (content_type, body) in refused else 201
+                assert reply.status == expected, (body, answer)
+                if expected == 400:
+                    assert answer["error"] == "unsupported_grant_type" and "access_token" not in answer
+        assert (await client.token_reply(basic))[0] == 201
+
+    run_secure(secure_gateway, test)
+
+
 def test_secrets_are_stored_hashed_and_key_files_are_owner_only(secure_gateway, tmp_path: Path) -> None:
     secrets: list[str] = []
 
