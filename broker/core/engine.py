@@ -259,13 +259,15 @@ class Engine:
         access: GraphAccess | None = None,
     ) -> None:
         """Raise what :meth:`update` would for a malformed request, or (with `access`) for a WHERE
-        dataset naming a graph the client may not read, without running it."""
+        dataset naming a graph the client may not read or a graph named that it may not write,
+        without running it."""
         self.updates.check(
             sparql,
             using_graph_uri=using_graph_uri,
             using_named_graph_uri=using_named_graph_uri,
             base_iri=self.base_iri if base_iri is None else base_iri,
             readable=None if access is None else access.readable_terms(),
+            writable=None if access is None else access.writable_terms(),
         )
 
     # -- querying -----------------------------------------------------------------------------

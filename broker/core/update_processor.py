@@ -104,6 +104,33 @@ def _check_dataset_readable(
             raise Forbidden(f"this client may not read {shown}")
 
 
+def _check_named_writes(operations: list, writable: frozenset[NamedNode | DefaultGraph]) -> None:
+    """Refuse a request naming, in its own text, a graph the client may not write: DATA blocks,
+    template quads whose graph is not a variable (the default graph being WITH's), graph
+    operations and LOAD targets. For a delayed update, checked when it is scheduled: it was
+    accepted (202), then failed unseen when due, holding one of its client's pending places until
+    then. A template's ``GRAPH ?g`` is known only when it runs, where every write is checked."""
+    for operation in operations:
+        if isinstance(operation, DataOp):
+            graphs: list[object] = [quad.graph_name for quad in operation.quads]
+        elif isinstance(operation, ModifyOp):
+            patterns = [pattern.graph for pattern in (*operation.delete, *operation.insert)]
+            grounds = [quad.graph_name for quad in (*operation.delete_ground, *operation.insert_ground)]
+            default = operation.with_graph if operation.with_graph is not None else DEFAULT_GRAPH
+            graphs = [default if isinstance(graph, DefaultGraph) else graph for graph in (*patterns, *grounds)]
+        elif isinstance(operation, GraphOp):
+            if operation.target in ("NAMED", "ALL"):
+                raise Forbidden(f"{operation.verb} {operation.target} needs the right to write every graph")
+            moved = operation.source if operation.verb == "MOVE" else None
+            graphs = [DEFAULT_GRAPH if g == "DEFAULT" else g for g in (operation.target, moved) if g is not None]
+        else:
+            graphs = [operation.into if operation.into is not None else DEFAULT_GRAPH]
+        for graph in graphs:
+            if isinstance(graph, NamedNode | DefaultGraph) and graph not in writable:
+                shown = "DEFAULT" if isinstance(graph, DefaultGraph) else str(graph)
+                raise Forbidden(f"this client may not write to the graph {shown}")
+
+
 def _instantiate(
     pattern: QuadPattern, solution: dict[str, object], default_graph: object, fresh: dict | None
 ) -> Quad | None:
@@ -356,10 +383,12 @@ class UpdateProcessor:
         base_iri: str | None = None,
         prefixes: dict[str, str] | None = None,
         readable: frozenset[NamedNode | DefaultGraph] | None = None,
+        writable: frozenset[NamedNode | DefaultGraph] | None = None,
     ) -> tuple[list, list[NamedNode], list[NamedNode]]:
         """Parse `sparql` and its protocol graphs without touching the store: raises what `compute` would
-        for a malformed request (delayed updates are checked when scheduled, not when due), and
-        with `readable` for a WHERE dataset naming a graph the client may not read."""
+        for a malformed request (delayed updates are checked when scheduled, not when due), with
+        `readable` for a WHERE dataset naming a graph the client may not read, and with `writable`
+        for a graph named in the request that it may not write."""
         if isinstance(sparql, Update):
             if any(isinstance(op, Modify) and "service" in op.where.lower() for op in sparql.operations):
                 check_services(sparql.to_sparql(), self.service_allow, base_iri, prefixes, where="updates")
@@ -379,6 +408,8 @@ class UpdateProcessor:
             raise InvalidRequest("LOAD is disabled on this gateway (set [engine] allow_load = true to enable it)")
         if readable is not None:
             _check_dataset_readable(operations, [*protocol_using, *protocol_named], readable)
+        if writable is not None:
+            _check_named_writes(operations, writable)
         return operations, protocol_using, protocol_named
 
     def _sequence(
