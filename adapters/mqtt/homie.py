@@ -69,6 +69,7 @@ def _description(compiled: Compiled, message: Message) -> list[Reading]:
     if not isinstance(nodes, dict):
         raise PayloadError("a Homie $description's nodes must be an object")
     learned: dict[str, str] = {}
+    unknown: list[object] = []
     for node_id, node in nodes.items():
         properties = node.get("properties", {}) if isinstance(node, dict) else {}
         if not isinstance(properties, dict):
@@ -76,13 +77,18 @@ def _description(compiled: Compiled, message: Message) -> list[Reading]:
         for property_id, description in properties.items():
             symbol = description.get("unit") if isinstance(description, dict) else None
             unit = unit_named(symbol) if isinstance(symbol, str) else None
-            if unit is not None and "/" not in node_id and "/" not in property_id:
+            if unit is None and symbol is not None:
+                unknown.append(symbol)
+            elif unit is not None and "/" not in node_id and "/" not in property_id:
                 learned[f"{prefix}/{node_id}/{property_id}"] = unit
     # a description is the whole device: it replaces what the last one taught (not its `$unit` topics')
     owner = message.topic
     message.units.forget_device(owner)
     for topic, unit in learned.items():
         message.units.learn(owner, topic, unit)
+    if unknown:  # the others are learned; these properties' readings go without a unit, so say so
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        raise PayloadError(f"unknown Homie unit {shown(str(unknown[0]))}{more} in the $description")
     return []
 
 

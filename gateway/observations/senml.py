@@ -25,6 +25,7 @@ _RELATIVE_LIMIT = 2**28
 # login allows) grew the gateway by ~0.7 MB a reading, for good. Topics are bounded alike
 # (adapters/mqtt/ingest.py MAX_TOPIC_BYTES).
 MAX_NAME_BYTES = 256
+_DOT_SEGMENTS = frozenset({".", ".."})
 
 
 def _senml(compiled: Compiled, message: Message) -> list[Reading]:
@@ -54,6 +55,10 @@ def _senml(compiled: Compiled, message: Message) -> list[Reading]:
             raise PayloadError(f"SenML record {position} has no name (n or bn)")
         if len(name) > MAX_NAME_BYTES // 4 and len(name.encode("utf-8")) > MAX_NAME_BYTES:
             raise PayloadError(f"SenML record {position}: its name is longer than {MAX_NAME_BYTES} bytes")
+        if "." in name and _DOT_SEGMENTS.intersection(name.split("/")):
+            # kept verbatim in the sensor's IRI: `senml/alice/../bob/temperature` would be bob's
+            # sensor to anything downstream that normalises paths (RFC 3986 §5.2.4)
+            raise PayloadError(f"SenML record {position}: a name may not have a '.' or '..' segment")
         code = record.get("u", base_unit) if not isinstance(raw, bool | str) else None  # units qualify numbers
         unit = None
         if code is not None:

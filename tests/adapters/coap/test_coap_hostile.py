@@ -164,6 +164,32 @@ def test_a_senml_cbor_number_too_long_to_write_is_a_bad_request_on_both_paths() 
     asyncio.run(scenario())
 
 
+def test_a_senml_cbor_pack_of_shared_references_is_refused_before_it_is_resolved_on_both_paths() -> None:
+    """cbor2 resolves shared references (tags 28/29) while it decodes: a 64 KB pack of one 32 KB
+    string and ~11,000 references to it became ~360 MB of JSON text (1.56 s on the event loop,
+    +683 MB RSS) before the size limit refused it. Here a 3.6 KB pack that resolves to ~1 MB: 4.00
+    naming the tag, and the adapter allocates next to nothing for it."""
+    bomb = b"\x9f\xd8\x1c" + cbor2.dumps({0: "x" * 1500, 2: 1}) + b"\xd8\x1d\x00" * 700 + b"\xff"
+    assert len(bomb) < 4096 and len(json.dumps(cbor2.loads(bomb))) > 1_000_000
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            fast = datagrams.request(1, b"fast", "s/dev", bomb, SENML_CBOR)
+            slow = datagram(POST, 2, "s/dev", bomb, [(CONTENT_FORMAT, bytes((SENML_CBOR,)))], NON)
+            for request in (fast, slow):
+                tracemalloc.start()
+                try:
+                    answer = await peer.ask(request)
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                assert answer[1] == BAD_REQUEST and b"tag 28" in answer, answer
+                assert peak < 500_000, peak
+            assert adapter.metrics()["bad_input_by_resource"] == {"s/dev": 2}
+
+    asyncio.run(scenario())
+
+
 def test_with_security_an_unauthenticated_peer_cannot_list_the_subscriptions_through_well_known_core() -> None:
     """GET /q (the subscriptions' names) is 4.01 for a network peer without OSCORE; GET
     /.well-known/core listed the same names to it, and made a 25-byte request from a spoofable

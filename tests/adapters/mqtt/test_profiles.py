@@ -118,6 +118,11 @@ def test_unit_names_without_case_are_still_taken(read: Read) -> None:
     assert [reading.unit for reading in readings] == [UNIT + "DEG_C", UNIT + "KiloW-HR"]
 
 
+def test_senml_names_with_dots_inside_segments_are_read(read: Read) -> None:
+    (reading,) = read("senml/n", '[{"bn": "urn:dev:mac:0024befffe804ff1.", "n": "v1.2..x", "v": 3}]')
+    assert reading.sensor.endswith("0024befffe804ff1.v1.2..x") and reading.value == 3.0
+
+
 def test_senml_relative_times_are_not_source_times(read: Read) -> None:
     (reading,) = read("senml/n", '[{"n": "lux", "u": "lx", "v": 300, "t": -5}]')
     assert reading.source_time_us is None and reading.unit == UNIT + "LUX"
@@ -136,6 +141,10 @@ def test_senml_relative_times_are_not_source_times(read: Read) -> None:
         # a name becomes a sensor IRI kept in the store and the caches: 60 KB names were ~0.7 MB a reading
         (json.dumps([{"bn": "d" * 200, "n": "t" * 57, "u": "Cel", "v": 1}]), "longer than 256 bytes"),
         (json.dumps([{"n": "é" * 129, "v": 1}]), "longer than 256 bytes"),
+        # kept verbatim in the sensor IRI: bob's sensor to whatever normalises the path downstream
+        ('[{"bn": "alice/../bob/", "n": "temperature", "u": "Cel", "v": 1}]', "'..' segment"),
+        ('[{"n": "./temperature", "v": 1}]', "'..' segment"),
+        ('[{"bn": "a/", "n": "..", "v": 1}]', "'..' segment"),
     ],
 )
 def test_senml_bad_packs(read: Read, payload: str, message: str) -> None:
@@ -191,6 +200,14 @@ def test_one_homie_device_cannot_fill_the_units_of_every_other(read: Read) -> No
     assert table(read("homie/5/oven/n/temperature", "71.5")) == {"temperature": (71.5, "DEG_F")}
     (kept,) = read("homie/5/filler/n/p3-2", "20")  # the first ones of the last description were learned
     assert kept.unit == UNIT + "DEG_C"
+
+
+def test_an_unknown_unit_in_a_homie_description_is_bad_input_and_the_known_ones_are_learned(read: Read) -> None:
+    """It was ignored without a word, and that property's readings stored without a unit, where
+    an unknown `$unit` topic is counted as bad input."""
+    with pytest.raises(PayloadError, match="unknown Homie unit '°C\\\\x00' and 1 more in the \\$description"):
+        read("homie/5/odd/$description", describe({"temperature": "°F", "a": "°C\u0000", "b": "furlongs"}))
+    assert table(read("homie/5/odd/n/temperature", "70")) == {"temperature": (70.0, "DEG_F")}
 
 
 def test_a_homie_description_replaces_the_last_ones_units(read: Read) -> None:
