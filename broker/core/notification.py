@@ -161,6 +161,11 @@ class TsvRows(LazyRows):
         except KeyError:
             pass
         missing = [line for line in self.lines if line not in texts]
+        if sum(map(len, _line_texts.values())) + len(missing) > TEXT_CACHE_SIZE:
+            # all headers together: bounded per header only, 64 headers of 32,768 texts each could
+            # hold ~1 GB on a board of 1 GB (re-evaluated subscriptions of many variable lists)
+            _line_texts.clear()
+            texts = _line_texts[self.head] = {}
         rows = rows_from_tsv(self.head + b"\n" + b"".join(line + b"\n" for line in missing))
         written = {}
         for line, row in zip(missing, rows, strict=True):

@@ -56,3 +56,16 @@ def test_the_line_cache_is_bounded(monkeypatch) -> None:
             ]["results"]["bindings"]
         )
         assert len(notification_module._line_texts[lines[0]]) <= 4 + 2
+
+
+def test_the_line_cache_is_bounded_over_every_header_together(monkeypatch) -> None:
+    """Bounded per header only, 64 headers (variable lists) of TEXT_CACHE_SIZE texts each could be
+    held: ~1 GB at the default size, found by a memory soak's reading of the code."""
+    monkeypatch.setattr(notification_module, "TEXT_CACHE_SIZE", 6)
+    monkeypatch.setattr(notification_module, "_line_texts", {})
+    text = _tsv([NamedNode(f"urn:o:{i}") for i in range(12)])
+    lines = text.split(b"\n")
+    for number in range(20):
+        head = lines[0] + str(number).encode()  # another variable list (?o0, ?o1...), the same lines
+        TsvRows(head, lines[1:5]).json_text(("s", "o"))
+        assert sum(map(len, notification_module._line_texts.values())) <= 6
