@@ -47,6 +47,8 @@ class Principal:
     access: GraphAccess
 
 
+# the one reply to every refused registration, whatever the reason (the log has it)
+REGISTRATION_REFUSED = "this client identity may not register"
 # compared against when the client_id is unknown, so that the time taken does not tell
 _NO_SECRET = secret_digest("no client has this secret")
 
@@ -79,8 +81,10 @@ class Authority:
         try:
             client, secret = self.registry.register(identity, datetime.now(UTC).isoformat(timespec="seconds"))
         except RegistryError as error:
+            # the reason is logged only: told apart on the wire, "already registered" and "not
+            # allowed" said which identities exist to anyone who reaches the port
             self.registrations_refused(identity=identity[:128], reason=str(error))
-            raise UnauthorizedClient(str(error)) from None
+            raise UnauthorizedClient(REGISTRATION_REFUSED) from None
         log.info("client registered", extra={"identity": identity, "client_id": client.client_id})
         return {"credentials": {"client_id": client.client_id, "client_secret": secret, "signature": self.tokens.jwk()}}
 
