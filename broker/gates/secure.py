@@ -164,7 +164,7 @@ class SecureGate:
                 self.authority.registry.current()
                 if self.authority.registry.generation != seen:
                     seen = self.authority.registry.generation
-                    ended = await self.websocket.end_invalid(self.authority.still_valid)
+                    ended = await self.websocket.end_invalid(self.authority.validity())
                     if ended:
                         log.info("subscriptions of revoked clients ended", extra={"count": ended})
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
