@@ -63,7 +63,7 @@ from broker.headroom import Headroom, meminfo
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
-from broker.security.clients import ClientRegistry, RegistryError, configured_client, secret_digest
+from broker.security.clients import Client, ClientRegistry, RegistryError, configured_client, secret_digest
 from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
 from broker.security.owned_files import directory_owner, open_directory, write_file
 from broker.sparql.canonical import XSD, canonical
@@ -87,6 +87,7 @@ __all__ = [
     "PN_PREFIX",
     "XSD",
     "Authority",
+    "Client",
     "ClientRegistry",
     "ComponentHealth",
     "DeleteData",

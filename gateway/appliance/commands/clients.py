@@ -11,6 +11,12 @@ appliance's (``/etc/sepa-gateway/sepa-gateway.toml`` and ``/var/lib/sepa-gateway
 they exist, so on an installed gateway ``sudo sepa-gateway clients add dashboard --read '*'`` is
 all it takes. Identities and rights given in the TOML (``[[security.clients]]``) are listed too;
 the CLI adds to them and can revoke them, but removes only rights it gave.
+
+``reset`` registers the identity anew here, in the same locked edit, and prints the new
+credentials; ``reset --open`` only forgets the registration. Why not the other way round: a reset
+rotates a secret that may be stolen, and whoever stole it knows the name; polling /oauth/register
+for it, it registered first after every plain reset (/tmp/auth/t_race_register.py), so the
+rotation handed the thief a fresh secret. ``add --register`` is one locked edit for the same reason.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from broker.api import ClientRegistry, RegistryError
+from broker.api import Client, ClientRegistry, RegistryError
 from gateway.appliance.config import ConfigError, load_config
 
 INSTALLED_CONFIG = Path("/etc/sepa-gateway/sepa-gateway.toml")
@@ -56,8 +62,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                 action="store_true",
                 help="register it here and print its credentials (nobody on the network can register it first)",
             )
-    reset = actions.add_parser("reset", help="forget a client's registration so that it may register once more")
+    reset_text = (
+        "rotate a client's secret: forget its registration and register it anew here, printing the new "
+        "credentials (old tokens are refused)"
+    )
+    reset = actions.add_parser("reset", help=reset_text, description=reset_text)
     reset.add_argument("identity")
+    how = reset.add_mutually_exclusive_group()
+    how.add_argument(
+        "--register",
+        action="store_true",
+        help="register it anew here and print its credentials (the default: nobody on the network can take it)",
+    )
+    how.add_argument(
+        "--open",
+        action="store_true",
+        help="only forget the registration: the first to send its name to /oauth/register gets it, "
+        "whoever that is (whoever stole the old secret knows the name)",
+    )
     listing = actions.add_parser("list", help="every client with its rights and registration")
     listing.add_argument("--json", action="store_true", help="as JSON")
     parser.set_defaults(handler=run)
@@ -90,22 +112,32 @@ def run(args: argparse.Namespace) -> int:
         registry = ClientRegistry(security_dir(args), _configured(args))
         if args.action == "list":
             return _list(registry, args.json)
-        if args.action == "reset":
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        if args.action == "reset" and args.open:
             registry.reset(args.identity)
-            print(f"{args.identity}: registration forgotten; it may register once more (old tokens are refused)")
+            print(
+                f"{args.identity}: registration forgotten; old tokens are refused, and the first to send "
+                "its name to /oauth/register gets it, whoever that is"
+            )
             return 0
+        if args.action == "reset":
+            return _credentials(*registry.reset_and_register(args.identity, now), "registered anew")
+        if args.action == "add" and args.register:
+            return _credentials(*registry.add_and_register(args.identity, now, args.read, args.write), "registered")
         change = {"add": registry.add, "allow": registry.allow, "revoke": registry.revoke}[args.action]
         client = change(args.identity, args.read, args.write)
-        if getattr(args, "register", False):
-            client, secret = registry.register(args.identity, datetime.now(UTC).isoformat(timespec="seconds"))
-            print(json.dumps({"client_id": client.client_id, "client_secret": secret}))
-            print(f"{client.identity}: registered; keep these credentials: they are shown only once", file=sys.stderr)
-            return 0
     except (RegistryError, ConfigError, OSError) as error:
         print(f"sepa-gateway clients: {error}", file=sys.stderr)
         return 1
     state = "REVOKED" if client.revoked else ("registered" if client.client_id else "may register")
     print(f"{client.identity}: {state}; read {_graphs(client.read)}; write {_graphs(client.write)}")
+    return 0
+
+
+def _credentials(client: Client, secret: str, done: str) -> int:
+    """Print a registration made here: the credentials on stdout (for a script), the note on stderr."""
+    print(json.dumps({"client_id": client.client_id, "client_secret": secret}))
+    print(f"{client.identity}: {done}; keep these credentials: they are shown only once", file=sys.stderr)
     return 0
 
 

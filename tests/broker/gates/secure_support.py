@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ import aiohttp
 from gateway.appliance.config import Config
 
 ADMIN = {"identity": "admin", "read": ["*"], "write": ["*"]}
+# `sepa-gateway` of this checkout (the cwd first on sys.path), as the operator runs it
+CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
 
 def secure_config(*clients: dict[str, Any], data_dir: str = "") -> Config:
@@ -65,7 +68,12 @@ class SecureClient:
         """Register `identity` and return a fresh access token."""
         status, document = await self.register(identity)
         assert status == 201, document
-        credentials = Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+        return await self.token(
+            Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+        )
+
+    async def token(self, credentials: Credentials) -> str:
+        """A fresh access token for `credentials`."""
         status, document = await self.token_reply(credentials.basic())
         assert status == 201, document
         return str(document["access_token"])

@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from tests.broker.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
+from tests.broker.gates.secure_support import ADMIN, CLI, Credentials, SecureClient, receive, secure_config
 from tools.launcher import InProcessGateway
 
 EX = "http://example.org/"
@@ -86,7 +86,7 @@ def test_registration_is_limited_to_allowed_identities_once_each(secure_gateway)
         status, document = await client.register("viewer")
         # the same text as for a stranger: which identities exist is not told
         assert (status, document["error_description"]) == (401, "this client identity may not register")
-        secure_gateway.gateway.secure.authority.registry.reset("viewer")  # the operator's reset
+        secure_gateway.gateway.secure.authority.registry.reset("viewer")  # the operator's `reset --open`
         assert (await client.register("viewer"))[0] == 201
 
     run_secure(secure_gateway, test)
@@ -778,11 +778,14 @@ def test_a_client_pages_through_its_own_delayed_updates_only(secure_gateway) -> 
     run_secure(secure_gateway, test)
 
 
-async def operator(tmp_path: Path, verb: str, identity: str) -> None:
-    """The operator's `sepa-gateway clients VERB IDENTITY`, in another process, on the same registry file."""
-    command = [*_gateway_argv(), "clients", "--security-dir", str(tmp_path / "data" / "security"), verb, identity]
+async def operator(tmp_path: Path, *args: str) -> str:
+    """The operator's `sepa-gateway clients ARGS...`, in another process, on the same registry file;
+    its stdout. This checkout's CLI: the installed script may be another checkout's."""
+    command = [*CLI, "clients", "--security-dir", str(tmp_path / "data" / "security"), *args]
     process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
-    assert await process.wait() == 0
+    stdout, _ = await process.communicate()
+    assert process.returncode == 0
+    return stdout.decode()
 
 
 def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gateway, tmp_path: Path) -> None:
@@ -850,9 +853,10 @@ def test_a_reset_drops_the_delayed_updates_the_old_secret_scheduled(secure_gatew
         # loaded machine and the update ran before the reset (a CI run failed so)
         assert (await client.update(stolen, planted, delay="6000"))[0] == 202
         due = time.monotonic() + 6.0
-        await operator(tmp_path, "reset", "writer")
+        credentials = json.loads(await operator(tmp_path, "reset", "writer"))
         assert (await client.query(stolen, EVERYTHING))[0] == 401
-        rotated = await client.login("writer")
+        assert (await client.register("writer"))[0] == 401  # registered anew by the reset: nobody else can
+        rotated = await client.token(Credentials(credentials["client_id"], credentials["client_secret"]))
         kept = f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}kept> <{EX}p> 1 }} }}"
         assert (await client.update(rotated, kept, delay="500"))[0] == 202
         await asyncio.sleep(max(1.0, due + 1.0 - time.monotonic()))

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from broker.api import ClientRegistry
+from broker.api import ClientRegistry, RegistryError
 
 CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
 
@@ -53,8 +55,8 @@ def test_register_on_the_gateway_prints_credentials_once_and_stores_only_a_hash(
     assert client is not None and client.secret_matches(credentials["client_secret"])
     assert credentials["client_secret"] not in (security / "clients.json").read_text()
     again = clients(security, "add", "app", "--register")
-    assert again.returncode == 1 and "already registered" in again.stderr
-    assert clients(security, "reset", "app").returncode == 0
+    assert again.returncode == 1 and "already registered" in again.stderr  # the operator is told why
+    assert clients(security, "reset", "app", "--open").returncode == 0
     assert ClientRegistry(security).by_client_id(credentials["client_id"]) is None  # its tokens die with it
 
 
@@ -140,3 +142,66 @@ def test_root_cli_never_writes_reads_or_chowns_through_the_service_users_symlink
     assert "root-secret" not in (stored.read_text() if not stored.is_symlink() else "")
     for path in security.iterdir():  # what root left there is the service user's, and no link was followed
         assert path.is_symlink() or path.samefile(victim) or path.stat().st_uid == SERVICE_UID, path
+
+
+def test_reset_registers_anew_here_unless_opened_to_the_network(tmp_path: Path) -> None:
+    """A plain reset forgot the registration so that the client "may register once more" over the
+    network, where whoever stole the old secret knows the name and registered first every time:
+    rotating a stolen secret gave the thief a new one. `reset` now registers anew in the same
+    locked edit and prints the credentials; `reset --open` only forgets, and says who may take it."""
+    security = tmp_path / "security"
+    first = json.loads(clients(security, "add", "app", "--read", "*", "--register").stdout)
+    for args in (("reset", "app"), ("reset", "app", "--register")):
+        done = clients(security, *args)
+        assert done.returncode == 0, done.stderr
+        credentials = json.loads(done.stdout)
+        assert "shown only once" in done.stderr
+        client = ClientRegistry(security).get("app")
+        assert client is not None and client.client_id == credentials["client_id"] != first["client_id"]
+        assert client.secret_matches(credentials["client_secret"]) and not client.secret_matches(first["client_secret"])
+        first = credentials
+    opened = clients(security, "reset", "app", "--open")
+    assert opened.returncode == 0 and "the first to send its name to /oauth/register gets it" in opened.stdout
+    assert ClientRegistry(security).get("app").client_id is None  # type: ignore[union-attr]
+    both = clients(security, "reset", "app", "--open", "--register")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+    assert clients(security, "reset", "nobody").stderr.strip() == "sepa-gateway clients: no client 'nobody'"
+    assert "--open" in subprocess.run([*CLI, "clients", "reset", "--help"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("command", [("add", "--read", "*", "--register"), ("reset",)])
+def test_the_cli_registers_before_any_network_registrant_can(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: tuple[str, ...]
+) -> None:
+    """Attack pass: a LAN host polling /oauth/register for a name took it in 8 races of 10 against
+    `clients add NAME --register` (allowed, then registered: two locked edits), and after every
+    `clients reset`. A thread registers each name in a loop, as the gateway would for that host,
+    while the command runs in this process: the network never gets it."""
+    from gateway.appliance.cli import main
+
+    lost = []
+    for round in range(20):
+        security, name = tmp_path / str(round), f"app{round}"
+        security.mkdir(mode=0o700)
+        if command[0] == "reset":
+            ClientRegistry(security).add_and_register(name, "before")
+        gateway, stop = ClientRegistry(security), threading.Event()
+
+        def network(gateway: ClientRegistry = gateway, name: str = name, stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                with contextlib.suppress(RegistryError):
+                    gateway.register(name, "now")
+                    return
+
+        thread = threading.Thread(target=network)
+        thread.start()
+        try:
+            code = main(["clients", "--security-dir", str(security), command[0], name, *command[1:]])
+        finally:
+            stop.set()
+            thread.join()
+        printed = capsys.readouterr().out
+        client = ClientRegistry(security).get(name)
+        if code != 0 or client is None or json.loads(printed)["client_id"] != client.client_id:
+            lost.append(name)
+    assert lost == []
