@@ -69,7 +69,7 @@ class DelayedStats:
     scheduled: int = 0
     fired: int = 0
     failed: int = 0
-    cancelled: int = 0
+    cancelled: int = 0  # by their client, or dropped: the registration that scheduled them ended
     recovered: int = 0
     abandoned: int = 0  # the gateway died while running them, MAX_STARTS times (see _fire)
     lateness_us: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
@@ -110,11 +110,16 @@ class DelayedUpdates:
         self._clients: dict[str, str] = {}  # id -> client, for the per-client counts
         self._client_count: Counter[str] = Counter()
         self._client_bytes: Counter[str] = Counter()
+        # owner -> registration -> ids of the secure clients' pending updates: what a reset or a
+        # revocation leaves is found by registration, not by a scan of every pending update
+        self._owned: dict[str, dict[str | None, set[str]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._batches: set[asyncio.Future[object]] = set()
         # the current rights of a delayed update's owner (set by the secure gates); raises when revoked
         self.access_of: Callable[[str, str | None], GraphAccess] | None = None
+        # whether an (owner, registration) still stands, over the registry now (set by the secure gates)
+        self.standing: Callable[[], Callable[[str, str | None], bool]] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -137,8 +142,9 @@ class DelayedUpdates:
         self._clients.clear()
         self._client_count.clear()
         self._client_bytes.clear()
+        self._owned.clear()
         for _, _, entry in self._heap:
-            self._hold(entry.id, _size(entry.sparql), entry.owner)
+            self._hold(entry, _size(entry.sparql), entry.owner)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._timer(), name="delayed-updates")
 
@@ -188,6 +194,8 @@ class DelayedUpdates:
                     f"pending delayed updates would exceed {self.max_pending_bytes} bytes of SPARQL; retry later"
                 )
             holder = owner if owner is not None else client
+            if owner is not None and self._client_count[owner] >= self.max_pending_per_client:
+                dropped.extend(self._drop_unregistered(owner))  # a reset's leftovers do not count
             if holder is not None:
                 if self._client_count[holder] >= self.max_pending_per_client:
                     raise TooManyPending(f"this client has {self.max_pending_per_client} delayed updates pending")
@@ -209,47 +217,93 @@ class DelayedUpdates:
                 owner=owner,
                 registration=registration,
             )
-            self._hold(entry.id, size, holder)
+            self._hold(entry, size, holder)
             return entry
 
-        entry: PendingUpdate = await self.scheduler.serialized(check_and_store)
+        dropped: list[PendingUpdate] = []
+        try:
+            entry: PendingUpdate = await self.scheduler.serialized(check_and_store)
+        finally:
+            self._forget(dropped)
         self.stats.scheduled += 1
         self._push(entry)
         return entry
 
-    async def cancel(self, id: str, owner: str | None = None) -> PendingUpdate:
+    async def cancel(self, id: str, owner: str | None = None, registration: str | None = None) -> PendingUpdate:
         """Cancel a pending update; NotFound when it is unknown, already ran or was cancelled, or
-        (with `owner`) belongs to another client."""
-        entry = await self.scheduler.serialized(self._take, id, owner)
+        (with `owner`) belongs to another client, or (with `registration`) to another registration
+        of it (see :meth:`page`)."""
+        entry = await self.scheduler.serialized(self._take, id, owner, registration)
         if entry is None:
             raise NotFound(f"no pending delayed update {id!r}")
-        self.stats.cancelled += 1
+        self._forget([entry])
+        return entry
+
+    async def drop_unregistered(self) -> int:
+        """Drop the pending updates whose registration no longer stands (reset or revoked); how many.
+
+        Why: they fail when due anyway (access_of), but until then, for years if so scheduled, the
+        next registrant of the identity listed them with their text, could cancel them, and they
+        counted against its max_pending_per_client. Called when the registry changed."""
+        dropped = await self.scheduler.serialized(self._drop_unregistered)
+        self._forget(dropped)
+        if dropped:
+            log.info("delayed updates of ended registrations dropped", extra={"count": len(dropped)})
+        return len(dropped)
+
+    def _drop_unregistered(self, owner: str | None = None) -> list[PendingUpdate]:
+        """On the update thread: remove the pending updates (of `owner`, else of every owner) whose
+        registration no longer stands; the entries removed."""
+        if self.standing is None:
+            return []
+        stands = self.standing()
+        owners = [owner] if owner is not None else list(self._owned)
+        dropped: list[PendingUpdate] = []
+        for who in owners:
+            for registration, ids in list(self._owned.get(who, {}).items()):
+                if stands(who, registration):
+                    continue
+                for id in list(ids):
+                    entry = self.pending.get(id)
+                    if entry is not None and self.pending.remove(id):
+                        self._release(entry)
+                        dropped.append(entry)
+        return dropped
+
+    def _forget(self, entries: list[PendingUpdate]) -> None:
+        """On the loop: count updates cancelled or dropped, and let the timer's heap forget them."""
+        self.stats.cancelled += len(entries)
         # Why: the limits count pending updates only, so a client could schedule ten years ahead and
         # cancel, again and again; the heap kept every cancelled update and its text until its due
         # time (400 cycles of a 100 kB update: 400 entries, 40 MB, held for ten years). Rebuilt once
         # cancelled entries are half of it, the heap holds at most twice the pending updates.
-        self._cancelled.add(entry.id)
+        self._cancelled.update(entry.id for entry in entries)
         if len(self._cancelled) > max(COMPACT_MIN, len(self._heap) // 2):
             self._heap = [item for item in self._heap if item[2].id not in self._cancelled]
             heapq.heapify(self._heap)
             self._cancelled.clear()
-        return entry
 
-    def _take(self, id: str, owner: str | None = None) -> PendingUpdate | None:
+    def _take(self, id: str, owner: str | None = None, registration: str | None = None) -> PendingUpdate | None:
         entry = self.pending.get(id)
-        if entry is None or (owner is not None and entry.owner != owner) or not self.pending.remove(id):
+        if entry is None or (owner is not None and entry.owner != owner):
+            return None
+        if registration is not None and entry.registration not in (None, registration):
+            return None
+        if not self.pending.remove(id):
             return None
         self._release(entry)  # the heap entry is dropped when it falls due
         return entry
 
-    def _hold(self, id: str, size: int, client: str | None) -> None:
+    def _hold(self, entry: PendingUpdate, size: int, client: str | None) -> None:
         """Count a pending update against the limits (on the update thread, or before the timer starts)."""
         self._count += 1
         self._bytes += size
         if client is not None:
-            self._clients[id] = client
+            self._clients[entry.id] = client
             self._client_count[client] += 1
             self._client_bytes[client] += size
+        if entry.owner is not None:
+            self._owned.setdefault(entry.owner, {}).setdefault(entry.registration, set()).add(entry.id)
 
     def _release(self, entry: PendingUpdate) -> None:
         size = _size(entry.sparql)
@@ -261,14 +315,28 @@ class DelayedUpdates:
             self._client_bytes[client] -= size
             if self._client_count[client] <= 0:
                 del self._client_count[client], self._client_bytes[client]
+        registrations = self._owned.get(entry.owner) if entry.owner is not None else None
+        if registrations is not None:
+            ids = registrations.get(entry.registration, set())
+            ids.discard(entry.id)
+            if not ids:
+                registrations.pop(entry.registration, None)
+                if not registrations:
+                    del self._owned[entry.owner]  # type: ignore[arg-type]
 
     async def list(self) -> list[PendingUpdate]:
         """Every pending update, in due order."""
         return await self.scheduler.run_query(self.pending.all)
 
-    async def page(self, after: tuple[int, int] | None, limit: int, owner: str | None = None) -> list[PendingUpdate]:
-        """Up to `limit` pending updates in due order after the position `after` (see PendingUpdates.page)."""
-        return await self.scheduler.run_query(lambda: self.pending.page(after, limit, owner))
+    async def page(
+        self, after: tuple[int, int] | None, limit: int, owner: str | None = None, registration: str | None = None
+    ) -> list[PendingUpdate]:
+        """Up to `limit` pending updates in due order after the position `after` (see PendingUpdates.page).
+
+        With `registration` too, only what that registration of `owner` scheduled (and updates
+        scheduled before registrations were kept): after a reset the next registrant of the
+        identity saw the old registration's updates, text included, and could cancel them."""
+        return await self.scheduler.run_query(lambda: self.pending.page(after, limit, owner, registration))
 
     @property
     def count(self) -> int:

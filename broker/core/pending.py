@@ -174,9 +174,12 @@ class PendingUpdates:
             rows = self._db.execute("SELECT * FROM pending ORDER BY due_us, seq").fetchall()
         return [_pending(row) for row in rows]
 
-    def page(self, after: tuple[int, int] | None, limit: int, owner: str | None = None) -> list[PendingUpdate]:
+    def page(
+        self, after: tuple[int, int] | None, limit: int, owner: str | None = None, registration: str | None = None
+    ) -> list[PendingUpdate]:
         """Up to `limit` pending updates in due order, after the position `after` (due time, seq);
-        with `owner`, only that client's.
+        with `owner`, only that client's; with `registration` too, only those that registration
+        (client_id) of it scheduled, or that were scheduled before registrations were kept.
 
         Why a position rather than an id to start after: the last update of a page may run or be
         cancelled before the next page is asked for; its position still says where the next begins.
@@ -191,6 +194,9 @@ class PendingUpdates:
         if owner is not None:
             conditions.append("json_extract(options, '$.owner') = ?")
             parameters.append(owner)
+        if registration is not None:
+            conditions.append("COALESCE(json_extract(options, '$.registration'), ?) = ?")
+            parameters += [registration, registration]
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
         query += " ORDER BY due_us, seq LIMIT ?"

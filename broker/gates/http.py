@@ -223,8 +223,11 @@ class HttpGate:
         )
         return _update_reply(_shown_to(result, access), request)
 
-    async def scheduled(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
-        """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own), a
+    async def scheduled(
+        self, request: web.BaseRequest, owner: str | None = None, registration: str | None = None
+    ) -> web.Response:
+        """GET /scheduled: the pending delayed updates, in due order (with `owner`, only its own, and
+        with `registration`, only its current registration's: see DelayedUpdates.page), a
         page at a time: `limit` of them (1..SCHEDULED_MAX_LIMIT, that many by default) after the
         position `after`. When more follow, the reply's `next` is the `after` of the next page; a
         list that fits one page is the reply it always was."""
@@ -235,17 +238,19 @@ class HttpGate:
             raise InvalidRequest(f"limit must be an integer 1..{SCHEDULED_MAX_LIMIT}")
         limit = int(raw_limit)
         after = _position(request.query.get("after"))
-        entries = await self.scheduler.delayed.page(after, limit + 1, owner)
+        entries = await self.scheduler.delayed.page(after, limit + 1, owner, registration)
         document: dict[str, object] = {"scheduled": [scheduled_json(entry, full=True) for entry in entries[:limit]]}
         if len(entries) > limit:
             last = entries[limit - 1]
             document["next"] = f"{last.due_us}.{last.seq}"
         return _json(document)
 
-    async def cancel(self, request: web.BaseRequest, owner: str | None = None) -> web.Response:
+    async def cancel(
+        self, request: web.BaseRequest, owner: str | None = None, registration: str | None = None
+    ) -> web.Response:
         """DELETE /scheduled/{id}: cancel a pending delayed update (404 when unknown or already run,
-        and, with `owner`, when it is another client's)."""
-        entry = await self.scheduler.delayed.cancel(last_segment(request), owner=owner)
+        and, with `owner`, when it is another client's or another registration's)."""
+        entry = await self.scheduler.delayed.cancel(last_segment(request), owner=owner, registration=registration)
         return _json({"cancelled": scheduled_json(entry)})
 
     def add_routes(

@@ -87,10 +87,12 @@ class SecureGate:
         )
 
     async def scheduled(self, request: web.BaseRequest) -> web.Response:
-        return await self.http.scheduled(request, owner=self.principal(request).identity)
+        principal = self.principal(request)
+        return await self.http.scheduled(request, owner=principal.identity, registration=principal.client_id)
 
     async def cancel(self, request: web.BaseRequest) -> web.Response:
-        return await self.http.cancel(request, owner=self.principal(request).identity)
+        principal = self.principal(request)
+        return await self.http.cancel(request, owner=principal.identity, registration=principal.client_id)
 
     async def rights(self, request: web.BaseRequest) -> web.Response:
         """The requesting client's identity and current graph rights (``"*"``: every graph).
@@ -157,9 +159,12 @@ class SecureGate:
             self._watcher = None
 
     async def _watch(self) -> None:
-        seen = self.authority.registry.generation
+        """Every WATCH_INTERVAL_S, when the registry's clients changed: end the subscriptions whose
+        client was revoked or whose rights changed, and drop the delayed updates of registrations
+        that ended (reset, revoked); once at start too (the registry may have changed while the
+        gateway was down)."""
+        seen = -1
         while True:
-            await asyncio.sleep(WATCH_INTERVAL_S)
             try:
                 self.authority.registry.current()
                 if self.authority.registry.generation != seen:
@@ -167,8 +172,10 @@ class SecureGate:
                     ended = await self.websocket.end_invalid(self.authority.validity())
                     if ended:
                         log.info("subscriptions of revoked clients ended", extra={"count": ended})
+                    await self.http.scheduler.delayed.drop_unregistered()
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
                 log.exception("revocation watch failed; trying again")
+            await asyncio.sleep(WATCH_INTERVAL_S)
 
 
 def _grant_type(content_type: str, body: bytes) -> str | None:

@@ -107,6 +107,7 @@ class Gates:
                 "registrations_refused_total": authority.registrations_refused.total
             }
             scheduler.delayed.access_of = authority.access_of
+            scheduler.delayed.standing = authority.standing
 
     def add_page(self, path: str, handler: Handler) -> None:
         """Serve `handler` for GET (and HEAD) `path` on the HTTP port and, when secure, the HTTPS port.

@@ -141,6 +141,19 @@ class Authority:
         registrations = self.registry.registrations()
         return lambda principal: self.still_valid(principal, registrations)
 
+    def standing(self) -> Callable[[str, str | None], bool]:
+        """Whether a delayed update (owner, registration) may still run, as :meth:`access_of` decides
+        when it falls due, over the registry as it is now, looked at once."""
+        clients = self.registry.current()
+
+        def stands(identity: str, registration: str | None) -> bool:
+            client = clients.get(identity)
+            if client is None or client.revoked:
+                return False
+            return registration is None or client.client_id == registration
+
+        return stands
+
     def access_of(self, identity: str, registration: str | None = None) -> GraphAccess:
         """The current rights of `identity` (a delayed update runs with its owner's rights when due),
         if its `registration` (the client_id that scheduled the update) still stands. Why: a reset

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from pyoxigraph import Literal, NamedNode, Quad
 
 from broker.core.engine import Engine
 from broker.core.pending import WAL_LIMIT_BYTES, PendingUpdates
+from broker.errors import NotFound
 from broker.scheduler import Scheduler
 from broker.store import JOURNAL, RdfStore, encode_journal_entry
 from tests.polling import wait_until
@@ -176,3 +179,46 @@ def test_the_pending_tables_wal_stays_bounded_under_a_steady_stream_of_writes(tm
         assert len(table) == (number + 9) // 10
     finally:
         table.close()
+
+
+def test_the_updates_of_an_ended_registration_neither_show_nor_count_and_are_dropped() -> None:
+    """After a reset, the next registrant of the identity listed the old registration's pending
+    updates with their text, could cancel them, and they counted against its quota until due (up
+    to years), though they fail when due. Now a registration sees and cancels its own only, and the
+    old ones are dropped (counted as cancelled) when the registry changes or when they would count."""
+    from broker.delayed import now_micros
+
+    registered = {"app": "new-id"}
+
+    def standing() -> Callable[[str, str | None], bool]:
+        return lambda owner, registration: registration is None or registered.get(owner) == registration
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine(), max_pending_per_client=2)
+        delayed = scheduler.delayed
+        delayed.standing = standing
+        try:
+            later = now_micros() + 3_600_000_000
+            update = "INSERT DATA { <urn:s> <urn:p> 1 }"
+            old = [await delayed.schedule(update, later, owner="app", registration="old-id") for _ in range(2)]
+            legacy = await delayed.schedule(update, later + 1, owner="legacy")  # before registrations were kept
+            mine = await delayed.page(None, 10, "app", "new-id")
+            assert mine == []
+            with pytest.raises(NotFound):
+                await delayed.cancel(old[0].id, owner="app", registration="new-id")
+            assert [e.id for e in await delayed.page(None, 10, "legacy", "any-id")] == [legacy.id]
+            # at its quota with the old registration's two: they are dropped, not counted
+            new = await delayed.schedule(update, later, owner="app", registration="new-id")
+            assert [e.id for e in await delayed.page(None, 10, "app", "new-id")] == [new.id]
+            assert delayed.count == 2 and delayed.stats.cancelled == 2
+            assert {e.id for e in await delayed.list()} == {new.id, legacy.id}
+            registered.clear()  # revoked: what it scheduled goes when the gates see the change
+            assert await delayed.drop_unregistered() == 1
+            assert [e.id for e in await delayed.list()] == [legacy.id]
+            assert delayed.count == 1 and delayed.stats.cancelled == 3
+            assert await delayed.drop_unregistered() == 0
+        finally:
+            await delayed.stop()
+            scheduler.close()
+
+    asyncio.run(scenario())
