@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class PendingUpdates:
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.path = Path(directory) / FILE if directory is not None else None
+        self._wal = f"{self.path}-wal"
         self._db = sqlite3.connect(
             str(self.path) if self.path else ":memory:", check_same_thread=False, isolation_level=None
         )
@@ -98,7 +100,9 @@ class PendingUpdates:
         empties it, holding the writer for that copy (4 MiB at most, a few ms).
         """
         assert self.path is not None
-        connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        # timeout 0: a TRUNCATE that waited for the writer held the checkpoint lock meanwhile, and a
+        # writer that never paused then failed its own (see _bound_wal): neither ever ran
+        connection = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=0)
         try:
             wal = Path(f"{self.path}-wal")
             while not self._stop.wait(CHECKPOINT_INTERVAL_S):
@@ -138,6 +142,7 @@ class PendingUpdates:
                 (id, due_us, self._seq, created_us, sparql, json.dumps(options)),
             )
             seq = self._seq
+            self._bound_wal()
         return PendingUpdate(
             id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner, registration
         )
@@ -154,7 +159,22 @@ class PendingUpdates:
             if self._attempted:
                 self._db.execute("DELETE FROM attempts WHERE id = ?", (id,))
                 self._attempted.discard(id)
+            self._bound_wal()
             return removed
+
+    def _bound_wal(self) -> None:
+        """Empty the WAL here, on the writer's own connection, once it is past twice the limit: the
+        checkpoint thread's TRUNCATE waits on the writer, and a writer that never pauses starved it
+        (3,000 schedule-and-cancel writes as fast as they went: 45 MB of WAL with the thread alone).
+        One stat a write (~2 us); called with the lock held."""
+        if self.path is None:
+            return
+        try:
+            size = os.stat(self._wal).st_size
+        except FileNotFoundError:
+            return
+        if size > 2 * WAL_LIMIT_BYTES:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def attempt(self, id: str) -> int:
         """Record that the update `id` starts running now; how many times it has started, this one
