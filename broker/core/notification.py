@@ -166,6 +166,7 @@ class TsvRows(LazyRows):
             # hold ~1 GB on a board of 1 GB (re-evaluated subscriptions of many variable lists)
             _line_texts.clear()
             texts = _line_texts[self.head] = {}
+            missing = self.lines  # those it had are gone with it
         rows = rows_from_tsv(self.head + b"\n" + b"".join(line + b"\n" for line in missing))
         written = {}
         for line, row in zip(missing, rows, strict=True):

@@ -67,5 +67,11 @@ def test_the_line_cache_is_bounded_over_every_header_together(monkeypatch) -> No
     lines = text.split(b"\n")
     for number in range(20):
         head = lines[0] + str(number).encode()  # another variable list (?o0, ?o1...), the same lines
-        TsvRows(head, lines[1:5]).json_text(("s", "o"))
+        TsvRows(head, lines[1:3]).json_text(("s", "o"))
+        rows = TsvRows(head, lines[1:5])  # two lines cached, two not: the cache is emptied meanwhile
+        expected = Notification("x", None, 0, ("s", "o"), rows.rows()).to_json_text()
+        assert (
+            json.loads(rows.json_text(("s", "o")))
+            == json.loads(expected)["notification"]["addedResults"]["results"]["bindings"]
+        )
         assert sum(map(len, notification_module._line_texts.values())) <= 6
