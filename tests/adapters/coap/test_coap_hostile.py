@@ -23,6 +23,8 @@ from pathlib import Path
 import aiocoap
 import cbor2
 import pytest
+from aiocoap.optiontypes import BlockOption
+from aiocoap.oscore import FilesystemSecurityContext
 
 from adapters.coap import datagrams, queries
 from adapters.coap.adapter import CoapAdapter
@@ -39,6 +41,7 @@ GET, POST = 0x01, 0x02
 URI_PATH, CONTENT_FORMAT, URI_QUERY, SIZE1, OSCORE = 11, 12, 15, 60, 9
 SENML_CBOR = 112
 CHANGED, CONTENT, BAD_REQUEST, UNAUTHORIZED, BAD_OPTION, METHOD_NOT_ALLOWED = 0x44, 0x45, 0x80, 0x81, 0x82, 0x85
+CONTENT_OR_CONTINUE = 0x44  # an OSCORE response is 2.04 outside, whatever its inner code
 
 
 def _option(delta: int, value: bytes) -> bytes:
@@ -581,3 +584,35 @@ def test_a_block_that_does_not_continue_its_transfer_is_a_4_08_not_a_traceback(
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR], caplog.text[:500]
+
+
+def test_an_oscore_sensor_s_blocks_are_counted_not_a_log_line_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiocoap's OSCORE wrapper logs to its own logger ("coap-server.oscore-site"), which the quiet
+    filter was not on: each block of a sensor's block-wise request (2.31 Continue) was an INFO line,
+    300 blocks 300 lines (65 KB), 16-byte blocks ~21,000 lines in 247 s. Now once a minute, counted."""
+    directory = tmp_path / "coap-sensors"
+    settings = oscore_sensors.create_sensor(directory, "lamp")
+    side = tmp_path / "sensor-side"
+    side.mkdir()
+    (side / "settings.json").write_text(json.dumps(settings))
+    blocks = 300
+
+    async def scenario() -> None:
+        async with running_adapter(oscore_dir=directory) as (adapter, peer):
+            context = FilesystemSecurityContext(f"{side}/")
+            before = adapter.metrics()["aiocoap_notices"]
+            for number in range(blocks):
+                message = aiocoap.Message(code=aiocoap.POST, uri_path=("s", "lamp"), payload=b" " * 16)
+                message.opt.block1 = BlockOption.BlockwiseTuple(number, True, 0)
+                protected, _ = context.protect(message)
+                protected.mtype, protected.mid, protected.token = aiocoap.CON, number, os.urandom(4)
+                answer = await peer.ask(protected.encode())
+                assert answer[1] == CONTENT_OR_CONTINUE, answer[:2]  # protected: 2.04 outside, 2.31 inside
+            assert adapter.metrics()["aiocoap_notices"] - before >= blocks
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    lines = [record for record in caplog.records if record.name.startswith(("coap-server", "sepa-coap"))]
+    assert len(lines) <= 2, [record.getMessage()[:120] for record in lines[:5]]
