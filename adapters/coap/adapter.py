@@ -229,6 +229,7 @@ class CoapAdapter:
             "duplicates_skipped": self.batcher.deliveries.duplicates,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
             "oscore_malformed": self.oscore.malformed if self.oscore is not None else 0,
+            "oscore_ended_while_responding": self.oscore.ended_while_responding if self.oscore is not None else 0,
             **self.fast.metrics(),
             **self.queries.metrics(),
             **self.observer.metrics(),

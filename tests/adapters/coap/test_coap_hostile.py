@@ -19,15 +19,20 @@ from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import aiocoap
 import cbor2
 import pytest
 from aiocoap.optiontypes import BlockOption
 from aiocoap.oscore import FilesystemSecurityContext
+from aiocoap.oscore_sitewrapper import OscoreSiteWrapper
+from aiocoap.pipe import Pipe as AiocoapPipe
 
 from adapters.coap import datagrams, queries
 from adapters.coap.adapter import CoapAdapter
+from adapters.coap.credentials import SensorCredentials
 from adapters.coap.deliveries import delivery
 from broker.api import Engine, Scheduler
 from gateway.appliance import oscore_sensors
@@ -616,3 +621,33 @@ def test_an_oscore_sensor_s_blocks_are_counted_not_a_log_line_each(
         asyncio.run(scenario())
     lines = [record for record in caplog.records if record.name.startswith(("coap-server", "sepa-coap"))]
     assert len(lines) <= 2, [record.getMessage()[:120] for record in lines[:5]]
+
+
+def test_a_protected_observation_gone_while_a_response_is_added_ends_quietly(tmp_path: Path) -> None:
+    """aiocoap's pipe, ended by a callback while it dispatched a response, failed with "TypeError:
+    'bool' object is not iterable" out of the OSCORE wrapper's add_response, and logging that failed
+    again (Logger._log() got an unexpected keyword argument 'exception'): "Task exception was never
+    retrieved" ERROR tracebacks when an OSCORE observation was dropped mid-notification. The wrapper
+    counts it and ends quietly; while the pipe lives, a failure is still raised."""
+    directory = tmp_path / "coap-sensors"
+    oscore_sensors.create_sensor(directory, "lamp")
+    credentials = SensorCredentials(directory)
+    wrapped = credentials.wrap(SimpleNamespace())
+
+    async def failing(_self: Any, given: Any) -> None:
+        if given.request.payload == b"gone":
+            given._end()  # the peer went away while the response was being dispatched...
+        raise TypeError("'bool' object is not iterable")  # ...and aiocoap's pipe tripped over it
+
+    def pipe(payload: bytes) -> AiocoapPipe:
+        return AiocoapPipe(aiocoap.Message(code=aiocoap.POST, uri_path=("s",), payload=payload), logging.getLogger("t"))
+
+    async def scenario() -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(OscoreSiteWrapper, "render_to_pipe", failing)
+            await wrapped.render_to_pipe(pipe(b"gone"))
+            assert credentials.ended_while_responding == 1
+            with pytest.raises(TypeError):
+                await wrapped.render_to_pipe(pipe(b"here"))
+
+    asyncio.run(scenario())
