@@ -20,7 +20,7 @@ from adapters.coap import deliveries
 from adapters.coap.access import Access
 from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
-from adapters.coap.credentials import SensorCredentials
+from adapters.coap.credentials import OSCORE_REFUSALS, SensorCredentials
 from adapters.coap.fastpath import FastPath
 from adapters.coap.observer import Observer, ObserveTarget
 from adapters.coap.profiles import default_profiles
@@ -229,6 +229,10 @@ class CoapAdapter:
             "duplicates_skipped": self.batcher.deliveries.duplicates,
             "oscore_sensors": self.oscore.count if self.oscore is not None else 0,
             "oscore_malformed": self.oscore.malformed if self.oscore is not None else 0,
+            **{
+                f"oscore_refused_{reason}": self.oscore.refused[reason] if self.oscore is not None else 0
+                for reason in OSCORE_REFUSALS
+            },
             "oscore_ended_while_responding": self.oscore.ended_while_responding if self.oscore is not None else 0,
             **self.fast.metrics(),
             **self.queries.metrics(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,29 @@ RELOAD_INTERVAL_S = 2.0
 # the OSCORE option's first byte: its low three bits are the Partial IV length, 6 and 7 reserved
 PARTIAL_IV_LENGTH = 0x07
 RESERVED_PIV_LENGTHS = (6, 7)
+# why aiocoap's wrapper refuses a protected request (counted, sepa_coap_oscore_refused_<reason>): no
+# context for its kid (4.01), a replayed sequence number (4.01, or 4.01 with Echo), a COSE object it
+# cannot decode (4.02), one that does not decrypt (4.00), a method OSCORE does not carry outside (4.05)
+OSCORE_REFUSALS = ("unknown_context", "replay", "decode", "decryption", "method")
+REPLAY_DETECTED = b"Replay detected"  # the payload of aiocoap's unprotected 4.01 for a replay
+
+
+class RefusalCounter:
+    """What aiocoap's OSCORE wrapper is given instead of the request's pipe: the same pipe, with its
+    4.01 for a replay counted (the wrapper answers it itself, raising nothing)."""
+
+    def __init__(self, pipe: Any, refused: Counter[str]) -> None:
+        self._pipe = pipe
+        self.request = pipe.request
+        self._refused = refused
+
+    def add_response(self, response: Any, is_last: bool = False) -> None:
+        if response.opt.oscore is None and response.payload == REPLAY_DETECTED:
+            self._refused["replay"] += 1
+        self._pipe.add_response(response, is_last=is_last)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 class SensorCredentials:
@@ -35,6 +59,7 @@ class SensorCredentials:
         self.map = CredentialsMap()
         self.count = 0
         self.malformed = 0  # requests whose OSCORE option could not be decoded (answered 4.02)
+        self.refused: Counter[str] = Counter()  # protected requests aiocoap's wrapper refused, by OSCORE_REFUSALS
         self.ended_while_responding = 0  # protected responses that found their observation gone
         self.kids: frozenset[bytes] = frozenset()  # what the sensors' requests carry: their contexts' recipient ids
         self._stamp: int | None = None
@@ -49,6 +74,7 @@ class SensorCredentials:
         and marked authenticated; others pass through as they are), or `site` without OSCORE."""
         try:
             from aiocoap import error, oscore
+            from aiocoap.numbers.codes import FETCH, POST
             from aiocoap.oscore_sitewrapper import OscoreSiteWrapper
         except ImportError as missing:
             log.warning("coap: no OSCORE (%s): network peers cannot authenticate", missing)
@@ -66,21 +92,41 @@ class SensorCredentials:
 
             A protected observation whose peer went away while a notification was being added
             failed inside aiocoap's pipe (a TypeError, then a second one logging it) and left "Task
-            exception was never retrieved" ERROR tracebacks: it is counted and ends quietly."""
+            exception was never retrieved" ERROR tracebacks: it is counted and ends quietly.
+
+            The requests it refuses are counted by reason (OSCORE_REFUSALS): 49 replays and 50
+            unknown kids were 4.01s seen only as aiocoap notices."""
 
             async def render_to_pipe(self, pipe: Any) -> None:
                 try:
-                    oscore.verify_start(pipe.request)  # cheap: the option's fields, no cryptography
+                    unprotected = oscore.verify_start(pipe.request)  # cheap: the option's fields, no cryptography
                     reserved = (pipe.request.opt.oscore or b"\0")[0] & PARTIAL_IV_LENGTH in RESERVED_PIV_LENGTHS
                 except oscore.NotAProtectedMessage:
-                    reserved = False
+                    unprotected, reserved = None, False
                 except Exception:  # whatever a malformed option makes the parser raise
-                    reserved = True
+                    unprotected, reserved = None, True
                 if reserved:
                     owner.malformed += 1
                     raise error.BadOption("malformed OSCORE option") from None
+                if unprotected is not None and pipe.request.code in (FETCH, POST):
+                    try:
+                        self.server_credentials.find_oscore(unprotected)  # a lookup by kid
+                    except KeyError:
+                        owner.refused["unknown_context"] += 1  # NON ones too, which aiocoap drops unanswered
                 try:
-                    await super().render_to_pipe(pipe)
+                    await super().render_to_pipe(RefusalCounter(pipe, owner.refused))
+                except oscore.ReplayErrorWithEcho:
+                    owner.refused["replay"] += 1
+                    raise
+                except error.MethodNotAllowed:
+                    owner.refused["method"] += 1
+                    raise
+                except error.BadOption:
+                    owner.refused["decode"] += 1
+                    raise
+                except error.BadRequest:
+                    owner.refused["decryption"] += 1
+                    raise
                 except Exception:
                     if not pipe_ended(pipe):
                         raise
