@@ -355,12 +355,14 @@ def _same_owner_as(path: Path, directory: Path) -> None:
 
 def _make_directories(directory: Path) -> None:
     """Create `directory` and missing parents (0700), each owned like the one above it, so that a
-    CLI run as root before the service's first start leaves nothing the service cannot use."""
+    CLI run as root before the service's first start leaves nothing the service cannot use. One made
+    meanwhile by another process is fine: the CLI and the service (or two CLI runs) may both find it
+    missing, and the second failed with FileExistsError."""
     missing: list[Path] = []
     path = directory
     while not path.exists():
         missing.append(path)
         path = path.parent
     for path in reversed(missing):
-        path.mkdir(mode=0o700)
+        path.mkdir(mode=0o700, exist_ok=True)
         _same_owner_as(path, path.parent)
