@@ -33,6 +33,7 @@ from rdflib.plugins.sparql.parser import parseQuery
 from rdflib.plugins.sparql.parserutils import CompValue
 
 from broker.errors import SparqlSyntaxError
+from broker.sparql.limits import operator_count
 from broker.sparql.tokens import tokenize
 
 DEFAULT = "default"  # the query's default graph
@@ -58,6 +59,10 @@ SLOT = "urn:sepa-gateway:slot:"
 # Why: rdflib takes ~35 us a byte (a subscription of 1 MiB, the WebSocket message limit, ~40 s of
 # the GIL), and its cache would keep every abstract text it read
 MAX_CHARS = 64 * 1024
+# nor is a text of more operators than this in all (each within the per-chain limit of
+# broker.sparql.limits): pyparsing spends ~0.8 ms an operator, and 30 chains of 499 `+` (60 KB)
+# took 10.8 s, holding the parsing lock every other subscriber waits for (/tmp/rdfp.py); 1,000 take ~0.8 s
+MAX_OPERATORS = 1_000
 # one parse at a time: pyparsing's parser state is shared, and parses on two threads (probes of
 # subscriptions in the query threads) failed now and then, each failure a subscription woken by
 # every update
@@ -217,8 +222,9 @@ def cached_patterns(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[L
 
 
 def query_patterns(text: str, prefixes: dict[str, str] | None = None) -> tuple[LoosePattern, ...]:
-    """Conservative triple patterns of `text` (at least one); past MAX_CHARS, match everything."""
-    if len(text) > MAX_CHARS:
+    """Conservative triple patterns of `text` (at least one); past MAX_CHARS or MAX_OPERATORS, match
+    everything."""
+    if len(text) > MAX_CHARS or operator_count(text) > MAX_OPERATORS:
         return EVERYTHING
     abstract, iris = _abstracted(text)
     patterns = cached_patterns(abstract, tuple(sorted((prefixes or {}).items())))

@@ -284,3 +284,20 @@ def test_updates_go_on_while_a_coalescing_subscription_is_re_evaluated(
     assert time.monotonic() - started < 0.5  # before: ~1 s, behind the re-evaluation
     assert flushing.result(10) == 100.5  # the insert is due one interval after this re-evaluation
     assert [row[0] for row in seen[1].removed] == [node("lamp2")] and not seen[1].added
+
+
+def test_a_probe_checks_the_structure_limits_before_rdflib_reads_the_query(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A WebSocket subscribe of a chain of 10,000 `+` was refused after 15-32 s of rdflib's parser
+    (the probe read its LUTT patterns first); /query refused it in 8 ms."""
+    from broker.core import engine as engine_module
+    from broker.errors import InvalidRequest
+
+    read: list[str] = []
+    monkeypatch.setattr(engine_module, "query_patterns", lambda text, prefixes=None: read.append(text))
+    with pytest.raises(InvalidRequest, match="chains 9999 operators"):
+        engine.probe("ASK { FILTER(" + " + ".join(["1"] * 10_000) + " > 0) }")
+    assert read == []
+    engine.probe("ASK { FILTER(1 + 1 > 0) }")
+    assert len(read) == 1
