@@ -160,13 +160,16 @@ class Gateway:
         self.exit_status = 0  # 1 once the store failed: the service manager starts the gateway again
         # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
         self.client = SepaClient(InProcessTransport(self.scheduler))
-        self.retention = Retention(self.client, config.observations)
         self.shipper: Shipper | None = None
         if config.shipper.enabled:
             from gateway.appliance.shipping import build_shipper
 
             self.shipper = build_shipper(config, self.client, self.gateway_id)
             self.gates.metric_sources["shipper"] = self.shipper.metrics
+        shipper = self.shipper
+        self.retention = Retention(
+            self.client, config.observations, hold=None if shipper is None else lambda: shipper.holding
+        )
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
         writer = ObservationWriter(
             self.client,

@@ -56,7 +56,13 @@ def adapter_health(adapter: Adapter) -> ComponentHealth:
 
 
 def shipper_health(numbers: dict[str, Any], budget_bytes: int) -> ComponentHealth:
-    """Failing once the spool's backlog passes :data:`SHIPPER_BACKLOG_SHARE` of its budget."""
+    """Failing once the spool's backlog passes :data:`SHIPPER_BACKLOG_SHARE` of its budget, and
+    while the spool cannot be opened or written (its disk full: the store alone holds what is not
+    spooled)."""
+    if "backlog_bytes" not in numbers:
+        return ComponentHealth(False, "the spool cannot be opened (see the log); trying again", required=False)
+    if numbers.get("holding"):
+        return ComponentHealth(False, "the spool cannot be written (see the log); trying again", required=False)
     backlog = int(numbers.get("backlog_bytes", 0))
     last = float(numbers.get("last_success_timestamp") or 0)
     since = f"last upload {time.time() - last:.0f} s ago" if last else "nothing uploaded since start"

@@ -88,6 +88,12 @@ class Shipper:
         self.spool_failures = 0  # appends that failed (disk full...): spooled again from the store
         self._respool_at = 0.0  # when set (monotonic time), notifications are ignored until a resubscribe then
         self._respool_wait = 0.0
+        # True from a failed append (or a spool that cannot be opened) until observations are spooled
+        # again: the store alone holds what was not spooled, and retention holds off (see `holding`)
+        self.holding = False
+        self.lost_observations = 0  # found missing from the store when spooling resumed (pruned meanwhile)
+        self.start_failures = 0  # starts that could not open the spool (disk full, no such directory)
+        self._starting: asyncio.Task[None] | None = None
 
     async def _run_io(self, function: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, function, *args)
@@ -95,7 +101,34 @@ class Shipper:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the spool, check the store marker, subscribe, and start sealing and uploading."""
+        """Open the spool, check the store marker, subscribe, and start sealing and uploading.
+
+        A spool that cannot be opened (its disk full, its directory not creatable) is tried again,
+        5 s later, then doubling up to 300 s, and the gateway runs meanwhile: before, the start
+        failed with a traceback, and under systemd the whole gateway restarted every 2 s into the
+        same failure, MQTT, CoAP and SPARQL down for an optional component. Retention holds off
+        meanwhile (`holding`): the store alone has what is not spooled."""
+        try:
+            await self._start()
+        except OSError as error:
+            self.holding = True
+            self.start_failures += 1
+            log.error("shipper: cannot open the spool, trying again in %.0f s: %s", RESPOOL_INITIAL_S, error)
+            self._starting = asyncio.get_running_loop().create_task(self._start_later(), name="shipper-start")
+
+    async def _start_later(self) -> None:
+        wait = RESPOOL_INITIAL_S
+        while True:
+            await asyncio.sleep(wait)
+            try:
+                await self._start()
+                return
+            except OSError as error:
+                self.start_failures += 1
+                wait = min(RESPOOL_MAX_S, wait * 2)
+                log.error("shipper: cannot open the spool, trying again in %.0f s: %s", wait, error)
+
+    async def _start(self) -> None:
         settings = self.settings
         self.spool = await self._run_io(
             lambda: Spool.open(
@@ -119,6 +152,10 @@ class Shipper:
 
     async def stop(self) -> None:
         """Stop uploading and seal the open segment; what is spooled stays on disk and goes at the next start."""
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -174,11 +211,13 @@ class Shipper:
             # traceback per notification). The store still has them: from now on nothing is spooled,
             # and a new subscription, once the disk may have room, spools what the cursor lacks.
             self.spool_failures += 1
+            self.holding = True
             self._respool_wait = min(RESPOOL_MAX_S, max(RESPOOL_INITIAL_S, self._respool_wait * 2))
             self._respool_at = time.monotonic() + self._respool_wait
             log.error("shipper: cannot spool, trying again from the store in %.0f s: %s", self._respool_wait, error)
             return
         self._respool_wait = 0.0
+        self.holding = False
         if sealed:
             self._sealed.set()
 
@@ -206,11 +245,14 @@ class Shipper:
         cursor = spool.cursor
         lines: list[bytes] = []
         keys: dict[str, int] = {}
+        first: dict[str, int] = {}  # the lowest sequence number past the cursor, per key
         for record in assembled.records:
             key = key_of(record)
             sequence = record["sequence"]
             if sequence <= cursor.get(key, 0):
                 continue
+            if sequence < first.get(key, sequence + 1):
+                first[key] = sequence
             line = json_line(record)
             if len(line) > MAX_LINE_BYTES:  # the landing would refuse the segment it is in
                 self.incomplete_observations += 1
@@ -218,7 +260,13 @@ class Shipper:
             lines.append(line)
             if sequence > keys.get(key, 0):
                 keys[key] = sequence
-        return spool.append(lines, keys)
+        # the first result after a failure: what it lacks between the cursor and the store is lost
+        lost = sum(low - cursor[key] - 1 for key, low in first.items() if cursor.get(key, 0) and low > cursor[key] + 1)
+        sealed = spool.append(lines, keys)  # may move the cursor: `lost` is counted before
+        if self.holding and lost:
+            self.lost_observations += lost
+            log.warning("shipper: observations pruned from the store before they could be spooled: %d", lost)
+        return sealed
 
     async def _seal_by_age(self) -> None:
         spool = self.spool
@@ -320,6 +368,9 @@ class Shipper:
             "rejected_segments": self.rejected_segments,
             "incomplete_observations": self.incomplete_observations,
             "spool_failures": self.spool_failures,
+            "lost_observations": self.lost_observations,
+            "holding": int(self.holding),
+            "start_failures": self.start_failures,
             "digest_observations": self.digest_observations,
             "upload_rate_per_s": round(self.upload_rate(), 3),
             "last_success_timestamp": self.last_success,

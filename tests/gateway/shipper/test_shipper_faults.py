@@ -398,3 +398,67 @@ def test_a_segment_that_cannot_be_read_does_not_end_the_uploads(
     damaged.write_bytes(content)
     wait_until(lambda: cloud.landed == 30)
     wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
+
+
+def _stored(gateway: InProcessGateway) -> int:
+    rows = gateway.select(
+        f"SELECT (COUNT(?o) AS ?n) WHERE {{ GRAPH <{GRAPH_OBSERVATIONS}> {{ ?o a <{SOSA}Observation> }} }}"
+    )
+    return int(rows[0]["n"])
+
+
+def _shipper_health(gateway: InProcessGateway) -> str:
+    return gateway.request("GET", "/health").json()["components"]["shipper"]["status"]
+
+
+def test_retention_holds_off_while_the_spool_disk_is_full(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """The store alone holds what could not be spooled; retention pruned it meanwhile, and the
+    shipper, once there was room, found nothing to spool again (a 4 MB spool disk full for 40 s with
+    retain_count 30 at 10 Hz: 475 of 992 readings never landed, no counter moved). Here every
+    observation is past the age retention (8 days old, 1 hour kept), pruned a run every 0.2 s."""
+    config = shipping_config(tmp_path, cloud, spool=small_disk)
+    config.observations.retain_age_s, config.observations.prune_interval_s = 3600.0, 0.2
+    gateway = in_process_gateway(config)
+    observe(gateway, 1, 100)
+    wait_until(lambda: cloud.landed == 100)
+    wait_until(lambda: _stored(gateway) == 0)  # pruned once spooled
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as file:
+        while True:
+            file.write(b"\0" * 4096)
+            file.flush()
+    for first in range(101, 401, 100):
+        observe(gateway, first, 100)
+    wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
+    def runs() -> float:  # pruning runs, made or held off
+        metrics = gateway.metrics()
+        return metrics["sepa_retention_runs"] + metrics.get("sepa_retention_held_runs", 0)
+
+    before = runs()
+    wait_until(lambda: runs() >= before + 3)
+    assert _stored(gateway) == 300  # nothing pruned while it is not spooled
+    assert _shipper_health(gateway) == "failing"
+    filler.unlink()
+    wait_until(lambda: cloud.landed >= 400, timeout=30)
+    assert cloud.landed == 400
+    assert shipper_metrics(gateway)["lost_observations"] == 0
+    wait_until(lambda: _stored(gateway) == 0)  # and pruned again once spooled
+
+
+def test_a_gateway_starts_when_its_spool_cannot_be_opened_and_ships_once_it_can(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """A spool directory that cannot be made (here under a file; a full disk does the same) failed
+    the start with a traceback, and under systemd the whole gateway restarted every 2 s into it."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=blocker / "spool")
+    assert gateway.ask("ASK { }")  # the gateway answers
+    assert shipper_metrics(gateway)["start_failures"] >= 1
+    assert _shipper_health(gateway) == "failing"
+    observe(gateway, 1, 50)
+    blocker.unlink()
+    blocker.mkdir()
+    wait_until(lambda: cloud.landed == 50, timeout=30)  # tried again 5 s later: the store had them
