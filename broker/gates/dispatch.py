@@ -210,6 +210,7 @@ class Dispatcher:
             on_timeout=self._timed_out,
             on_flood=self._flooded,
             on_unparsable=self._unparsable,
+            on_stall=self._stalled,
             limit=self.limit,
         )
 
@@ -230,6 +231,9 @@ class Dispatcher:
 
     def _flooded(self) -> None:
         self.counters["ws_frame_floods"] += 1
+
+    def _stalled(self) -> None:
+        self.counters["write_stalls"] += 1
 
     def _unparsable(self) -> None:
         self.counters["invalid_request:400"] += 1

@@ -123,10 +123,19 @@ class MessageWatch:
 
 
 class GuardedHandler(web.RequestHandler):
-    """aiohttp's request handler, with a timer on the arrival of each request's head."""
+    """aiohttp's request handler, with a timer on the arrival of each request's head, and one on
+    the way out: a connection whose outgoing buffer stays full (the transport paused writing) for
+    the same limit is aborted, counted (``sepa_write_stalls_total``). Why: aiohttp has no send
+    timeout, and a reply or a WebSocket's messages wait on the drain for as long as the client
+    does not read. 20 HTTPS connections of one read-only token that asked for a 33 MB result and
+    never read it held the gateway at 2.2 GB of RSS (/tmp/atk-net/a_bigresp.py); 20 WebSockets that
+    never read a 99,000-row subscription 1.1 GB, kept alive by an unsolicited pong every 10 s. Only
+    a buffer that did not shrink at all in that time counts: a large reply is one write, above the
+    high-water mark until nearly all of it is read, and a slow reader of it is still reading."""
 
     head_timeout_s = 20.0
     on_timeout: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    on_stall: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
     on_flood: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
     on_unparsable: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
@@ -138,6 +147,8 @@ class GuardedHandler(web.RequestHandler):
         self._admitted: Admission | None = None  # counted by the limit until the connection is lost
         self._ws_messages: MessageWatch | None = None  # once upgraded to a WebSocket
         self._message_guard: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None  # armed while the transport has paused writing
+        self._stalled_at = 0  # the outgoing buffer's size when the stall timer was armed
         self._frame_tokens = float(FRAME_BURST)  # see FRAME_BURST
         self._frames_seen = 0
         self._tokens_at = 0.0
@@ -255,11 +266,40 @@ class GuardedHandler(web.RequestHandler):
         self.transport.write(_TIMEOUT_REPLY)
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._arm_stall()
+
+    def _arm_stall(self) -> None:
+        self._stalled_at = self._buffered()
+        self._stall = asyncio.get_running_loop().call_later(self.head_timeout_s, self._write_stalled)
+
+    def _buffered(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if isinstance(transport, asyncio.WriteTransport) else 0
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _write_stalled(self) -> None:
+        self._stall = None
+        if self.transport is None:
+            return
+        if self._buffered() < self._stalled_at:  # the client read some: still reading
+            self._arm_stall()
+            return
+        self.on_stall()
+        self.transport.abort()  # a close would wait for the unread data to drain, forever
+
     def connection_lost(self, exc: BaseException | None) -> None:
-        for guard in (self._guard, self._message_guard):
+        for guard in (self._guard, self._message_guard, self._stall):
             if guard is not None:
                 guard.cancel()
-        self._guard = self._message_guard = None
+        self._guard = self._message_guard = self._stall = None
         if self._admitted is not None and self._limit is not None:
             self._limit.release(self._admitted)
             self._admitted = None
@@ -276,12 +316,14 @@ class GuardedServer(web.Server):
         on_timeout: Callable[[], None],
         on_flood: Callable[[], None] = lambda: None,
         on_unparsable: Callable[[], None] = lambda: None,
+        on_stall: Callable[[], None] = lambda: None,
         limit: ConnectionLimit | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.head_timeout_s = head_timeout_s
         self.on_timeout = on_timeout
+        self.on_stall = on_stall
         self.on_flood = on_flood
         self.on_unparsable = on_unparsable
         self.limit = limit
@@ -291,6 +333,7 @@ class GuardedServer(web.Server):
         handler = GuardedHandler(self, loop=asyncio.get_running_loop(), limit=self.limit, **self.handler_options)
         handler.head_timeout_s = self.head_timeout_s
         handler.on_timeout = self.on_timeout
+        handler.on_stall = self.on_stall
         handler.on_flood = self.on_flood
         handler.on_unparsable = self.on_unparsable
         return handler

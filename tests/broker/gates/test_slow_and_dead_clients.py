@@ -20,13 +20,16 @@ then simply stop reading and never answer pings; a small SO_RCVBUF makes the sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -446,3 +449,50 @@ def test_a_flood_of_control_frames_is_cut_off_and_other_clients_are_served(gatew
     polite.send_frame(0x9, b"still here")
     assert polite.receive_json()["notification"]["sequence"] == 1  # the polite socket was kept
     polite.close()
+
+
+def _asking(port: int, sparql: str, *, receive_buffer: int | None = None) -> socket.socket:
+    """A raw connection that asked for `sparql`'s result and reads nothing yet."""
+    client = socket.socket()
+    if receive_buffer is not None:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    client.connect(("127.0.0.1", port))
+    target = "/query?" + urllib.parse.urlencode({"query": sparql})
+    client.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/tab-separated-values\r\n\r\n".encode())
+    return client
+
+
+def test_a_reply_never_read_is_cut_off_and_a_slow_reader_of_one_is_not(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """aiohttp has no send timeout: 20 HTTPS connections of one read-only token that asked for a
+    33 MB result and never read it held the gateway at 2.2 GB of RSS for as long as they stayed.
+    A connection whose outgoing buffer does not shrink for [http] request_timeout_s is aborted and
+    counted; one that reads a 10 MB reply slowly, over longer than that limit, gets all of it (more
+    than the kernel's socket buffers take, so the gateway's own buffer fills and writing pauses)."""
+    gateway = start_gateway(toml="[http]\nrequest_timeout_s = 1.0\n")
+    for index in range(25):
+        gateway.update(f'INSERT DATA {{ <{EX}s{index}> <{EX}big> "{"x" * 400_000}" }}')
+    sparql = f"SELECT ?o WHERE {{ ?s <{EX}big> ?o }}"
+    never = _asking(gateway.http_port, sparql, receive_buffer=TINY_RECEIVE_BUFFER)
+    slow = _asking(gateway.http_port, sparql)
+    received = bytearray()
+    started = time.monotonic()
+    try:
+        while not received.endswith(b"\n") or received.count(b"\n") < 27:  # head, blank, ?o, 25 rows
+            chunk = slow.recv(256 * 1024)
+            assert chunk, f"the slow reader was cut off after {len(received)} bytes"
+            received += chunk
+            time.sleep(0.05)
+        assert time.monotonic() - started > 1.0  # it read for longer than the limit
+        assert received.startswith(b"HTTP/1.1 200") and received.count(b"x" * 400_000) == 25
+        gateway.wait_for_metric("sepa_write_stalls_total", lambda value: value == 1, timeout=10.0)
+        never.settimeout(5.0)
+        got = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := never.recv(1 << 20):  # what the kernel held, then the end: not the whole reply
+                got += len(chunk)
+        assert got < 25 * 400_000
+    finally:
+        never.close()
+        slow.close()
