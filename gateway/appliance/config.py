@@ -39,6 +39,10 @@ MAX_QUERY_TIME_S = 86400.0
 MAX_UPLOADS_IN_FLIGHT = 4
 
 
+# aiohttp's WebSocket reader keeps the message size limit in a C int
+MAX_WEBSOCKET_MESSAGE_BYTES = (1 << 31) - 1
+
+
 class ConfigError(Exception):
     """A configuration problem, said in one line; found in a file, ``FILE:LINE: message`` when the
     line holding the setting is known (gateway.appliance.config_lines), else ``FILE: message``."""
@@ -292,6 +296,10 @@ class Config:
         ):
             if value < 1:
                 raise ConfigError(f"{name} must be at least 1, not {value}")
+        # aiohttp's WebSocket reader takes a C int: 2**63 - 1 passed, then every upgrade was a 500
+        # with an OverflowError traceback
+        if self.websocket.max_message_bytes > MAX_WEBSOCKET_MESSAGE_BYTES:
+            raise ConfigError(f"websocket.max_message_bytes must be at most {MAX_WEBSOCKET_MESSAGE_BYTES}")
         self._check_ports_apart()
         for position, name in enumerate(self.http.allowed_hosts):
             if not isinstance(name, str) or not _HOST_NAME.fullmatch(name.lower()):
@@ -306,8 +314,8 @@ class Config:
             or not 1 <= self.http.max_connections_per_address <= 1_000_000
         ):
             raise ConfigError("http.max_connections must be 0-1000000 and http.max_connections_per_address 1-1000000")
-        if self.websocket.heartbeat_s <= 0:
-            raise ConfigError("websocket.heartbeat_s must be positive")
+        if self.websocket.heartbeat_s < 1:  # 1e-9 passed: every WebSocket closed at once (1006)
+            raise ConfigError("websocket.heartbeat_s must be at least 1 second")
         if not 0 <= self.websocket.max_reeval_seconds_per_client <= MAX_QUERY_TIME_S:
             raise ConfigError("websocket.max_reeval_seconds_per_client must be 0 (no limit) or a number of seconds")
         if self.engine.base_iri:
@@ -392,9 +400,14 @@ class Config:
             raise ConfigError("security.token_lifetime_s must be at least 10")
         if not all(isinstance(name, str) for name in security.tls_names):
             raise ConfigError("security.tls_names must be a list of strings")
+        identities: set[str] = set()
         try:
             for position, entry in enumerate(security.clients):
-                configured_client(entry, position)
+                identity = configured_client(entry, position)[0]
+                # two entries of one identity: the last silently replaced the first's rights
+                if identity in identities:
+                    raise ConfigError(f"security.clients[{position}]: identity {identity!r} is given twice")
+                identities.add(identity)
         except RegistryError as error:
             raise ConfigError(str(error)) from None
 
@@ -409,6 +422,8 @@ class Config:
             raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
         if min(shipper.segment_max_age_s, shipper.upload_timeout_s, shipper.backoff_initial_s) <= 0:
             raise ConfigError("shipper: segment_max_age_s, upload_timeout_s and backoff_initial_s must be positive")
+        if shipper.segment_max_age_s < 0.1:  # 1e-300 passed: the sealer looped, 4.7 CPU-s in 5 s idle
+            raise ConfigError("shipper.segment_max_age_s must be at least 0.1")
         if shipper.backoff_max_s < shipper.backoff_initial_s:
             raise ConfigError("shipper: backoff_max_s must be >= backoff_initial_s")
         if not 1 <= shipper.uploads_in_flight <= MAX_UPLOADS_IN_FLIGHT:
@@ -433,6 +448,8 @@ def _check_landing_url(url: str) -> None:
         raise ConfigError("shipper.url must not hold credentials: the bearer token goes in shipper.token_file")
     if not parts.hostname:
         raise ConfigError("shipper.url names no host")
+    if parts.port == 0:
+        raise ConfigError("shipper.url names port 0")
     if parts.query or parts.fragment:
         raise ConfigError("shipper.url must not hold a query or a fragment (batches go to <url>/v1/batches/<id>)")
 

@@ -56,6 +56,25 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         3,
         "observations.max_properties_per_sensor",
     ),
+    # settings that passed the check and failed at run time (2026-12-05, an attack pass)
+    "heartbeat-too-short": ("[websocket]\nheartbeat_s = 1e-9\n", 2, "websocket.heartbeat_s must be at least 1"),
+    "message-bytes-past-c-int": (
+        "[websocket]\nmax_message_bytes = 9223372036854775807\n",
+        2,
+        "websocket.max_message_bytes must be at most 2147483647",
+    ),
+    "segment-age-too-short": (
+        '[shipper]\nenabled = true\nurl = "https://cloud.example"\nsegment_max_age_s = 1e-300\n',
+        4,
+        "shipper.segment_max_age_s must be at least 0.1",
+    ),
+    "landing-port-0": ('[shipper]\nenabled = true\nurl = "https://cloud.example:0"\n', 3, "shipper.url names port 0"),
+    "identity-twice": (
+        '[[security.clients]]\nidentity = "a"\nread = ["*"]\n\n[[security.clients]]\nidentity = "a"\n'
+        'write = ["*"]\n\n[security]\nenabled = true\n',
+        5,
+        "identity 'a' is given twice",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
