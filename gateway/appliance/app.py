@@ -32,7 +32,7 @@ from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
 from gateway.appliance.cores import pin_threads
 from gateway.appliance.health import ClockFloor, add_checks
-from gateway.appliance.listen import TimedTlsSite
+from gateway.appliance.listen import ACCEPT_ERRORS, TimedTlsSite, quiet_accept_errors
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
 from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
@@ -189,11 +189,13 @@ class Gateway:
                 self.adapters[name] = adapter = plugin.build(section, context)
                 self.gates.metric_sources[name] = adapter.metrics
         self.gates.metric_sources["retention"] = self.retention.metrics
+        self.gates.metric_sources["listen"] = lambda: {"accept_errors": ACCEPT_ERRORS.total}
         add_checks(self.gates, self.adapters, self.shipper, config.shipper.spool_budget_bytes, clock)
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
         returns the URLs served."""
+        quiet_accept_errors(asyncio.get_running_loop())
         await self.scheduler.delayed.start()
         await self.client.update(ontology_update())
         host = self.config.http.host

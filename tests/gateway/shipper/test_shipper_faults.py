@@ -432,6 +432,7 @@ def test_retention_holds_off_while_the_spool_disk_is_full(
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
+
     def runs() -> float:  # pruning runs, made or held off
         metrics = gateway.metrics()
         return metrics["sepa_retention_runs"] + metrics.get("sepa_retention_held_runs", 0)
