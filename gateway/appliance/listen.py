@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.quiet_log import QuietLog
+from broker.api import QuietLog
 
 log = logging.getLogger(__name__)
 
