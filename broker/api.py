@@ -54,6 +54,7 @@ from broker.errors import (
     Unauthorized,
     UpdateFailed,
 )
+from broker.gates.connections import peer_host
 from broker.gates.health import ComponentHealth
 from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
@@ -112,6 +113,7 @@ __all__ = [
     "SECURE_PATHS",
     "QueryResult",
     "QuietLog",
+    "peer_host",
     "RdfStore",
     "RegistryError",
     "Row",

@@ -37,7 +37,7 @@ def default_total() -> int:
     return max(64, (soft if soft != resource.RLIM_INFINITY else 65536) // 2)
 
 
-def _host(transport: Any) -> str | None:
+def peer_host(transport: Any) -> str | None:
     """The peer's address, or None for this board (loopback, a Unix socket)."""
     peer = transport.get_extra_info("peername")
     if not isinstance(peer, tuple) or not peer:
@@ -71,7 +71,7 @@ class ConnectionLimit:
 
     def admit(self, transport: Any) -> Admission | None:
         """The connection of `transport` counted until `release`, or None when it may not stay."""
-        host = _host(transport)
+        host = peer_host(transport)
         if self.open >= self.total or (host is not None and self.by_address[host] >= self.per_address):
             self.counters["connections_refused"] += 1
             now = time.monotonic()

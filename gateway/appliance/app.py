@@ -32,7 +32,7 @@ from gateway.appliance.collector import release_after_stop, settle_after_start
 from gateway.appliance.config import Config
 from gateway.appliance.cores import pin_threads
 from gateway.appliance.health import ClockFloor, add_checks
-from gateway.appliance.listen import ACCEPT_ERRORS, TimedTlsSite, quiet_accept_errors
+from gateway.appliance.listen import ACCEPT_ERRORS, Handshakes, TimedTlsSite, quiet_accept_errors
 from gateway.appliance.plugins import Adapter, AdapterContext, adapter_plugins
 from gateway.appliance.retention import Retention
 from gateway.appliance.security import SecureParts, secure_parts
@@ -189,7 +189,9 @@ class Gateway:
                 self.adapters[name] = adapter = plugin.build(section, context)
                 self.gates.metric_sources[name] = adapter.metrics
         self.gates.metric_sources["retention"] = self.retention.metrics
-        self.gates.metric_sources["listen"] = lambda: {"accept_errors": ACCEPT_ERRORS.total}
+        self.handshakes = Handshakes()
+        handshakes = self.handshakes
+        self.gates.metric_sources["listen"] = lambda: {"accept_errors": ACCEPT_ERRORS.total, **handshakes.metrics()}
         add_checks(self.gates, self.adapters, self.shipper, config.shipper.spool_budget_bytes, clock)
 
     async def start(self) -> list[str]:
@@ -223,7 +225,13 @@ class Gateway:
             try:
                 limit_s = self.config.http.request_timeout_s  # the TLS handshake's too
                 listening = TimedTlsSite(
-                    runner, address, port, reuse_address=True, ssl_context=context, handshake_timeout_s=limit_s
+                    runner,
+                    address,
+                    port,
+                    reuse_address=True,
+                    ssl_context=context,
+                    handshake_timeout_s=limit_s,
+                    handshakes=self.handshakes,
                 )
                 await listening.start()
             except OSError as error:
