@@ -20,7 +20,9 @@ And what a browser must not be able to do to a gateway on its user's network (th
 - CORS headers go only to origins the operator listed (``[http] cors_origins``), naming that
   origin; any other page gets none, so the browser keeps the replies from it;
 - a state-changing request (POST, DELETE) and a WebSocket upgrade that carry an ``Origin`` other
-  than the gateway's own (same host and port) or a listed one, or ``Sec-Fetch-Site: cross-site``,
+  than the gateway's own (same host and port: a name that is ours, see below; on the secure gates,
+  over TLS, ``https://`` and whatever ``Host`` the request names, since TLS checked that name) or a
+  listed one, or ``Sec-Fetch-Site: cross-site``,
   are refused with 403 before any handler runs: a cross-origin form post or ``fetch`` executes
   nothing, and a foreign page cannot subscribe. Clients that send no ``Origin`` (curl, SEPA
   clients, the adapters) are not affected. The common case, a request without ``Origin``, costs
@@ -304,13 +306,20 @@ class Dispatcher:
         if (
             origin is not None
             and _same_origin(origin, request.host)
-            and self.ours(request.host)
+            and (self.ours(request.host) or self._tls_origin(request, origin))
             and request.headers.get("Sec-Fetch-Site") != "cross-site"
         ):
             return None
         self.counters["forbidden:403"] += 1
         self._cross_origin_log(origin=(origin or "")[:200], path=request.path[:200])
         return json_error("forbidden", "cross-origin requests are refused (see [http] cors_origins)", 403)
+
+    def _tls_origin(self, request: web.BaseRequest, origin: str) -> bool:
+        """Whether a request on a secure gate, over TLS, comes from ``https://<its own Host>``: then
+        it is same-origin whatever the name. Why: a browser sends that Origin over TLS to us only
+        after our certificate named that host (a DNS-rebinding page fails at the handshake), so a
+        name of the operator's certificate needs no listing in ``allowed_hosts`` here either."""
+        return not self.refuse_foreign_hosts and request.secure and origin[:8].lower() == "https://"
 
     def ours(self, host: str) -> bool:
         """Whether `host` (a Host header: name or IP literal, and port) names this gateway: an IP

@@ -292,3 +292,32 @@ def test_the_secure_gates_leave_the_name_to_tls(in_process_gateway, tmp_path) ->
 
     run_secure(gateway, test)
     assert get(gateway.http_port, "/", f"gw.plant.example:{gateway.http_port}")[0] == 421
+
+
+def test_the_secure_gates_take_https_and_their_own_host_as_same_origin(in_process_gateway, tmp_path) -> None:
+    """The dashboard reached under a name of the certificate (not in allowed_hosts) logs in: its
+    POST /oauth/token carries Origin https://<Host>, which over TLS only a page of that name sends
+    (the tester's t3_session.py: 403 "cross-origin requests are refused"). Another origin is still refused."""
+    gateway = in_process_gateway(secure_config(data_dir=str(tmp_path / "data")))
+
+    async def test(client: SecureClient) -> None:
+        port = urlsplit(client.https_url).port
+        host = f"gw.plant.example:{port}"
+        for origin, expected in (
+            (f"https://{host}", 401),  # past the origin policy: the token endpoint wants credentials
+            (f"https://GW.Plant.Example:{port}", 401),
+            (f"http://{host}", 403),  # not what a page over TLS sends
+            (f"https://evil.example:{port}", 403),
+            (f"https://gw.plant.example:{port + 1}", 403),
+            ("null", 403),
+        ):
+            headers = {"Host": host, "Origin": origin, "Authorization": "Basic eDp5"}
+            async with client.session.post(client.https_url + "/oauth/token", headers=headers, ssl=client.ssl) as reply:
+                assert reply.status == expected, (origin, reply.status, await reply.text())
+        cross = {"Host": host, "Origin": f"https://{host}", "Sec-Fetch-Site": "cross-site"}
+        async with client.session.post(client.https_url + "/oauth/token", headers=cross, ssl=client.ssl) as reply:
+            assert reply.status == 403
+
+    run_secure(gateway, test)
+    # the plain port is as it was: the name is not ours there
+    assert get(gateway.http_port, "/", f"gw.plant.example:{gateway.http_port}")[0] == 421
