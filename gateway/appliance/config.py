@@ -42,6 +42,10 @@ MAX_UPLOADS_IN_FLIGHT = 4
 # aiohttp's WebSocket reader keeps the message size limit in a C int
 MAX_WEBSOCKET_MESSAGE_BYTES = (1 << 31) - 1
 
+# Why a bound: a token that lives longer is hardly revocable by waiting, and the dashboard renews at
+# 80 % of its life with a browser timer, which fires at once past 2^31-1 ms (~24.8 days)
+MAX_TOKEN_LIFETIME_S = 30 * 24 * 3600
+
 
 class ConfigError(Exception):
     """A configuration problem, said in one line; found in a file, ``FILE:LINE: message`` when the
@@ -396,8 +400,11 @@ class Config:
             path = getattr(security, name)
             if path and not Path(path).is_file():
                 raise ConfigError(f"security.{name}: no such file {path}")
-        if security.token_lifetime_s < 10:
-            raise ConfigError("security.token_lifetime_s must be at least 10")
+        if not 10 <= security.token_lifetime_s <= MAX_TOKEN_LIFETIME_S:
+            raise ConfigError(
+                f"security.token_lifetime_s must be 10 to {MAX_TOKEN_LIFETIME_S:,} (30 days), "
+                f"not {security.token_lifetime_s}"
+            )
         if not all(isinstance(name, str) for name in security.tls_names):
             raise ConfigError("security.tls_names must be a list of strings")
         identities: set[str] = set()

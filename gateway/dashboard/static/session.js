@@ -5,6 +5,9 @@
 
 const SCHEDULED_PAGE = 200; // rows a page of delayed updates shows: a phone renders them at once
 const TOKEN_KEY = "sepa-dashboard-token";
+// setTimeout takes at most 2^31-1 ms (~24.8 days): a longer delay fires at once, and a renewal
+// armed so looped on /oauth/token; a longer wait is made of timers of this length
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 export class HttpError extends Error {
   constructor(status, document) {
@@ -48,10 +51,20 @@ export class Session {
     this.token = { value: accessToken, expires: Date.now() + expiresIn * 1000 };
     sessionStorage.setItem(TOKEN_KEY, JSON.stringify(this.token));
     clearTimeout(this.renewal);
-    if (this.credentials) { // renew at 80 % of its life, while the page is open
-      this.renewal = setTimeout(() => this.login(this.credentials.clientId, this.credentials.clientSecret)
-        .catch(() => this.logout()), expiresIn * 800);
-    }
+    if (this.credentials) this.renewAt(Date.now() + expiresIn * 800); // at 80 % of its life
+  }
+
+  // Renew the token at `when` (ms since the epoch), with timers no longer than setTimeout holds.
+  renewAt(when) {
+    clearTimeout(this.renewal);
+    const wait = when - Date.now();
+    this.renewal = wait > MAX_TIMER_MS
+      ? setTimeout(() => this.renewAt(when), MAX_TIMER_MS)
+      : setTimeout(() => this.renew(), Math.max(0, wait));
+  }
+
+  renew() {
+    if (this.credentials) this.login(this.credentials.clientId, this.credentials.clientSecret).catch(() => this.logout());
   }
 
   logout() {

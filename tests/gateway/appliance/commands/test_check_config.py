@@ -75,6 +75,21 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         5,
         "identity 'a' is given twice",
     ),
+    "token-lifetime-bound": (  # the dashboard's renewal timer fired at once past ~24.8 days
+        "[security]\nenabled = true\ntoken_lifetime_s = 2592001\n",
+        3,
+        "security.token_lifetime_s must be 10 to 2,592,000 (30 days)",
+    ),
+    "token-lifetime-huge": (
+        "[security]\nenabled = true\ntoken_lifetime_s = 100000000000000000000\n",
+        3,
+        "security.token_lifetime_s must be 10 to 2,592,000",
+    ),
+    "token-lifetime-float": (
+        "[security]\nenabled = true\ntoken_lifetime_s = 1e20\n",
+        3,
+        "security.token_lifetime_s must be a int",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
