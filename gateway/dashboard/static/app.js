@@ -13,6 +13,14 @@ import { Tiles } from "./tiles.js";
 
 const $ = (id) => document.getElementById(id);
 
+async function reachable() {
+  try {
+    return (await fetch("/dashboard/config.json", { cache: "no-store" })).ok;
+  } catch {
+    return false;
+  }
+}
+
 function showLogin(session) {
   $("main").hidden = true;
   $("login").hidden = false;
@@ -48,9 +56,17 @@ async function start(session) {
     $("status").textContent = state;
     $("status").className = `status ${state}`;
   });
-  session.onLogout = () => {
+  session.onLogout = async () => {
     subscriptions.close();
-    location.reload(); // a clean start: no part of the page keeps what the last client could see
+    $("main").hidden = true; // nothing the last client could see stays shown
+    $("status").textContent = "logged out";
+    // a clean start, once the gateway answers: a reload while it is unreachable (the token expired
+    // during an outage) would leave the browser on its error page for good
+    for (let wait = 1000; !(await reachable()); wait = Math.min(wait * 2, 30000)) {
+      $("status").textContent = "logged out (gateway unreachable, waiting)";
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+    location.reload();
   };
   const tiles = new Tiles(session, subscriptions, $("tiles"), $("sensor-count"), session.config.stale_periods);
   new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));

@@ -8,6 +8,8 @@ const TOKEN_KEY = "sepa-dashboard-token";
 // setTimeout takes at most 2^31-1 ms (~24.8 days): a longer delay fires at once, and a renewal
 // armed so looped on /oauth/token; a longer wait is made of timers of this length
 const MAX_TIMER_MS = 2 ** 31 - 1;
+const RETRY_FIRST_MS = 1000; // a renewal the gateway did not answer is tried again after this,
+const RETRY_MAX_MS = 30000; // doubling up to this, while the token still lives
 
 export class HttpError extends Error {
   constructor(status, document) {
@@ -51,20 +53,35 @@ export class Session {
     this.token = { value: accessToken, expires: Date.now() + expiresIn * 1000 };
     sessionStorage.setItem(TOKEN_KEY, JSON.stringify(this.token));
     clearTimeout(this.renewal);
-    if (this.credentials) this.renewAt(Date.now() + expiresIn * 800); // at 80 % of its life
+    if (this.credentials) this.renewAt(Date.now() + expiresIn * 800, RETRY_FIRST_MS); // at 80 % of its life
   }
 
   // Renew the token at `when` (ms since the epoch), with timers no longer than setTimeout holds.
-  renewAt(when) {
+  renewAt(when, retryMs) {
     clearTimeout(this.renewal);
     const wait = when - Date.now();
     this.renewal = wait > MAX_TIMER_MS
-      ? setTimeout(() => this.renewAt(when), MAX_TIMER_MS)
-      : setTimeout(() => this.renew(), Math.max(0, wait));
+      ? setTimeout(() => this.renewAt(when, retryMs), MAX_TIMER_MS)
+      : setTimeout(() => this.renew(retryMs), Math.max(0, wait));
   }
 
-  renew() {
-    if (this.credentials) this.login(this.credentials.clientId, this.credentials.clientSecret).catch(() => this.logout());
+  // A renewal the gateway refuses (400, 401: the client was reset or revoked) logs out. One it does
+  // not answer (down, restarting: the fetch fails, or 5xx) is tried again with backoff while the
+  // token lives, the page left as it is: logging out reloads the page, and a reload while the
+  // gateway is unreachable left the browser on its error page for good.
+  async renew(retryMs) {
+    if (!this.credentials) return;
+    try {
+      await this.login(this.credentials.clientId, this.credentials.clientSecret);
+    } catch (error) {
+      if (!this.credentials) return; // logged out meanwhile
+      const left = this.token ? this.token.expires - Date.now() : 0;
+      if ((error instanceof HttpError && (error.status === 400 || error.status === 401)) || left <= 0) {
+        this.logout();
+        return;
+      }
+      this.renewAt(Date.now() + Math.min(retryMs, left), Math.min(retryMs * 2, RETRY_MAX_MS));
+    }
   }
 
   logout() {

@@ -13,7 +13,7 @@ import urllib.request
 from gateway.appliance.config import Config
 from gateway.dashboard.assets import load_assets
 from tests.broker.gates.secure_support import ADMIN, secure_config
-from tests.gateway.dashboard.dashboard_support import SL, lamp_state, lamp_update, log_in, wait_for
+from tests.gateway.dashboard.dashboard_support import SL, lamp_state, lamp_update, log_in, wait_for, wait_until_live
 from tests.support.browser import chromium, console_errors, trusting
 from tools.dashboard_bench.installed import Credentials
 
@@ -129,3 +129,37 @@ def test_a_token_longer_than_a_browser_timer_is_not_renewed_in_a_loop(in_process
         time.sleep(3)
         assert driver.execute_script(TOKEN_POSTS) == 1  # the login's, no renewal
         assert driver.execute_script("return document.getElementById('login').hidden") is True
+
+
+def test_a_renewal_while_the_gateway_is_unreachable_is_retried_and_the_page_stays(in_process_gateway, tmp_path) -> None:
+    """The renewal at 8 s of a 10 s token fails while the browser cannot reach the gateway (the
+    DevTools protocol's offline mode, from 6.5 s to 9.3 s: every request fails as against a stopped
+    gateway). It used to log out, which reloaded the page while the gateway was unreachable: the tab
+    stayed on Chromium's error page for good (t4_tokens.py). Now it is retried, the page is the same
+    one afterwards, with a new token, and live again."""
+    config = secure_config(ADMIN, data_dir=str(tmp_path / "data"))
+    config.security.token_lifetime_s = 10  # renewed at 80 %: after 8 s
+    gateway = in_process_gateway(config)
+    client, secret = gateway.gateway.secure.authority.registry.register("admin", "now")
+    with chromium(flags=trusting(gateway.gateway.secure.tls.cert)) as driver:
+        log_in(driver, gateway.https_url, Credentials(client.client_id, secret))
+        started = time.monotonic()
+        first = driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')")
+        driver.execute_script("window.sameDocument = true")  # gone if the page reloads
+        driver.execute_cdp_cmd("Network.enable", {})
+        offline = {"latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+        time.sleep(max(0.0, 6.5 - (time.monotonic() - started)))
+        driver.execute_cdp_cmd("Network.emulateNetworkConditions", {**offline, "offline": True})
+        time.sleep(max(0.0, 9.3 - (time.monotonic() - started)))
+        driver.execute_cdp_cmd("Network.emulateNetworkConditions", {**offline, "offline": False})
+        wait_for(
+            driver,
+            "const kept = sessionStorage.getItem('sepa-dashboard-token');"
+            "return window.sameDocument === true && kept !== null && kept !== arguments[0]",
+            first,
+            timeout=8,
+            what="a renewed token in the same page",
+        )
+        assert driver.execute_script("return document.getElementById('login').hidden") is True
+        wait_until_live(driver)
+        assert driver.execute_script("return window.sameDocument") is True
