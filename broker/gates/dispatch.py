@@ -56,6 +56,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
+from broker.gates.budget import AddressBudgets
 from broker.gates.connections import ConnectionLimit
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, UnsupportedMediaType, json_error
 from broker.gates.slow import GuardedHandler, GuardedServer
@@ -158,12 +159,14 @@ class Dispatcher:
         idle_timeout_s: float = 60.0,
         request_timeout_s: float = 20.0,
         limit: ConnectionLimit | None = None,
+        frame_budgets: AddressBudgets | None = None,
         allowed_hosts: Sequence[str] = (),
         refuse_foreign_hosts: bool = True,
         no_store: bool = False,
     ) -> None:
         self.routes = routes
         self.limit = limit  # connections held open, shared by every gate (broker.gates.connections)
+        self.frame_budgets = frame_budgets  # WebSocket control frames per address, every gate's (broker.gates.slow)
         self.counters = counters
         self.max_request_bytes = max_request_bytes
         # a kept-alive connection with no request for this long is closed (aiohttp's default, an hour,
@@ -214,6 +217,7 @@ class Dispatcher:
             on_unparsable=self._unparsable,
             on_stall=self._stalled,
             limit=self.limit,
+            frame_budgets=self.frame_budgets,
         )
 
     def _coded(self, coding: str) -> web.Response:

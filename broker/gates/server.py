@@ -18,6 +18,7 @@ from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
+from broker.gates.slow import frame_budgets
 from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
@@ -68,6 +69,7 @@ class Gates:
             total=self.settings.max_connections,
             per_address=self.settings.max_connections_per_address,
         )
+        self.frame_budgets = frame_budgets()  # WebSocket control frames per address (broker.gates.slow)
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
@@ -138,6 +140,7 @@ class Gates:
             idle_timeout_s=self.settings.idle_timeout_s,
             request_timeout_s=self.settings.request_timeout_s,
             limit=self.connections,
+            frame_budgets=self.frame_budgets,
             allowed_hosts=self.settings.allowed_hosts,
             refuse_foreign_hosts=not secure,
             no_store=secure,

@@ -73,12 +73,16 @@ class RawWebSocket:
     backs up into the gateway quickly.
     """
 
-    def __init__(self, port: int, path: str = "/subscribe", receive_buffer: int | None = None) -> None:
+    def __init__(
+        self, port: int, path: str = "/subscribe", receive_buffer: int | None = None, address: str = HOST
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if receive_buffer is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         self.sock.settimeout(5.0)
-        self.sock.connect((HOST, port))
+        if address != HOST:
+            self.sock.bind((address, 0))  # the peer the gateway sees: this address, not loopback
+        self.sock.connect((address, port))
         key = base64.b64encode(os.urandom(16)).decode("ascii")
         self.sock.sendall(
             (
