@@ -10,7 +10,7 @@ replies are the same on the wire (PROTOCOL.md "Errors"):
   encoded, GET routes also answering HEAD, 404 for an unknown path, 405 for a known one with
   another method (with an ``Allow`` header);
 - ``Expect`` is handled before any route runs, as aiohttp's default expect handler does (``100
-  Continue``, or a plain 417 for an unknown expectation);
+  Continue``), and an unknown expectation is a JSON 417 that does not echo it;
 - the request body limit (413) applies through the request factory;
 - the error middleware's duties: OPTIONS preflight answered 204, every failure turned into the
   protocol's JSON error and counted.
@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -72,6 +73,10 @@ _NOT_IN_SEGMENT = frozenset("/{}")
 # Host values whose decision (ours or not) a dispatcher keeps; past it the cache starts again, so a
 # client sending ever new names costs memory no more than this, and a decision a few microseconds
 HOSTS_CACHED = 256
+# A Host header as RFC 9110 7.2 has it: a name or IPv4 address, or a bracketed IPv6 literal, and an
+# optional port of digits. Why: a Host that is no such thing was read by its part before the last
+# colon, so `localhost:80@evil.example` (a URL's userinfo turned inside out) was ours
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{0,5})?")
 MISDIRECTED_LOG_EVERY_S = 60.0  # a refused Host is logged once a minute at most per gate (with the count)
 
 
@@ -266,8 +271,11 @@ class Dispatcher:
         coding = request.headers.get(hdrs.CONTENT_ENCODING)
         if coding is not None and coding.strip().lower() not in ("", "identity"):
             return self._coded(coding)
-        if request.headers.get(hdrs.EXPECT):
-            await _expect(request)  # before the JSON errors: an unknown expectation is aiohttp's plain 417
+        if request.headers.get(hdrs.EXPECT) and not await _expect(request):
+            self.counters["expectation_failed:417"] += 1
+            refusal = json_error("expectation_failed", "only the expectation 100-continue is understood", 417)
+            refusal.force_close()  # the body was not invited: the connection cannot carry another request
+            return refusal
         origin = request.headers.get(hdrs.ORIGIN)
         allowed = origin is not None and origin in self.cors_origins
         if request.method == "OPTIONS":
@@ -332,7 +340,7 @@ class Dispatcher:
         known = self._hosts.get(host)
         if known is None:
             name = _bare_name(_host_name(host))
-            known = name in self.allowed_hosts or _our_name(name)
+            known = _HOST.fullmatch(host) is not None and (name in self.allowed_hosts or _our_name(name))
             if len(self._hosts) >= HOSTS_CACHED:
                 self._hosts.clear()
             self._hosts[host] = known
@@ -395,14 +403,15 @@ def _with_port(authority: str, default: str | None) -> str:
     return authority
 
 
-async def _expect(request: web.BaseRequest) -> None:
+async def _expect(request: web.BaseRequest) -> bool:
     """What aiohttp's default expect handler does: ``100 Continue`` for ``Expect: 100-continue`` on
-    HTTP/1.1, 417 for any other expectation, nothing on HTTP/1.0."""
+    HTTP/1.1, nothing on HTTP/1.0; False for any other expectation (417). Why not aiohttp's 417: its
+    text/plain body echoed the header's value back, whatever a client put there."""
     if request.version != HttpVersion11:
-        return
-    expect = request.headers.get(hdrs.EXPECT, "")
-    if expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        return True
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        return False
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the interim reply is not part of the response's size
     await request.writer.drain()
+    return True

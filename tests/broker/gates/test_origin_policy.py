@@ -161,6 +161,7 @@ def test_a_page_under_a_rebound_dns_name_reads_nothing(gateway: InProcessGateway
             "attacker.example",
             f"ATTACKER.example.:{port}",
             f"127.0.0.1.nip.io:{port}",
+            f"localhost:{port}@attacker.example",
         ):
             status, reply = get(port, path, host)
             head, _, body = reply.partition(b"\r\n\r\n")
@@ -180,7 +181,7 @@ def test_a_page_under_a_rebound_dns_name_reads_nothing(gateway: InProcessGateway
     assert gateway.request("POST", "/update", f"INSERT DATA {{ <{EX}rebound> <{EX}p> 1 }}", expect).status == 421
     assert count(gateway, "rebound") == 0
     metrics = gateway.request("GET", "/metrics").body.decode()
-    assert 'sepa_errors_total{error="misdirected_request",status="421"} 31' in metrics
+    assert 'sepa_errors_total{error="misdirected_request",status="421"} 38' in metrics
 
 
 def test_a_flood_of_cross_origin_writes_is_counted_and_logged_once_a_minute(
@@ -256,6 +257,15 @@ def test_the_decisions_kept_are_bounded() -> None:
         assert not dispatcher.ours(f"n{number}.attacker.example:8000")
         assert len(dispatcher._hosts) <= HOSTS_CACHED
     assert dispatcher.ours("gw.example") and not dispatcher.ours("gw.example.attacker.example")
+
+
+def test_a_host_that_is_not_a_host_is_not_ours() -> None:
+    """`localhost:80@evil.example` was read by its part before the last colon, and so was ours."""
+    dispatcher = Dispatcher(Routes(), Counter(), max_request_bytes=1000)
+    for host in ("localhost:80@evil.example", "127.0.0.1:80/evil", "localhost:8000:80", "local host", "[::1]x:80"):
+        assert not dispatcher.ours(host), host
+    for host in ("localhost", "localhost:8000", "127.0.0.1:", "[::1]:8000", "[fe80::1]", "LOCALHOST."):
+        assert dispatcher.ours(host), host
 
 
 def test_allowed_hosts_from_the_toml_file(start_gateway) -> None:
