@@ -23,7 +23,7 @@ from aiohttp import web
 from cloud.settings import LandingSettings
 from gateway.appliance.config import Config
 from gateway.appliance.shipping import build_shipper
-from gateway.observations.vocabulary import GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
+from gateway.observations.vocabulary import GRAPH_LATEST, GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
 from gateway.shipper.records import json_line
 from gateway.shipper.spool import Spool
 from tests.cloud.cloud_support import TOKEN, LandingServer, record
@@ -446,6 +446,52 @@ def test_retention_holds_off_while_the_spool_disk_is_full(
     assert cloud.landed == 400
     assert shipper_metrics(gateway)["lost_observations"] == 0
     wait_until(lambda: _stored(gateway) == 0)  # and pruned again once spooled
+
+
+def _latest(gateway: InProcessGateway, sequence: int) -> None:
+    """The sensor's latest node, as the observation layer keeps it: retention counts from it."""
+    node = "<urn:sepa-gateway:latest:test>"
+    reply = gateway.update(
+        f"DELETE WHERE {{ GRAPH <{GRAPH_LATEST}> {{ {node} <{GW}sequenceNumber> ?n }} }} ;"
+        f"INSERT DATA {{ GRAPH <{GRAPH_LATEST}> {{ {node} <{GW}sensor> <urn:example:sensor> ; "
+        f"<{GW}property> <{GW}temperature> ; <{GW}sequenceNumber> {sequence} }} }}"
+    )
+    assert reply.status == 200, reply.body
+
+
+def test_what_retention_prunes_past_its_hold_is_counted_lost(
+    small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """Retention holds off while the spool disk is full only until the busiest sensor has sent
+    another `retain_count` readings (the store would grow without bound); what it prunes past
+    that point never lands, and is counted once spooling resumes, with a warning: landed and
+    lost add up to every observation made."""
+    config = shipping_config(tmp_path, cloud, spool=small_disk)
+    config.observations.retain_count, config.observations.prune_interval_s = 150, 0.2
+    config.observations.retain_age_s = 10 * 365 * 86400.0  # by count only
+    gateway = in_process_gateway(config)
+    observe(gateway, 1, 100)
+    wait_until(lambda: cloud.landed == 100)
+    filler = small_disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as file:
+        while True:
+            file.write(b"\0" * 4096)
+            file.flush()
+    for first in range(101, 401, 100):
+        observe(gateway, first, 100)
+    _latest(gateway, 400)
+    wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
+    wait_until(lambda: gateway.metrics().get("sepa_retention_held_runs", 0) >= 1)  # held from 400 at most
+    for first in range(401, 701, 100):
+        observe(gateway, first, 100)
+    _latest(gateway, 700)
+    wait_until(lambda: _stored(gateway) == 150)  # past the hold: the newest 150 are kept
+    assert shipper_metrics(gateway)["lost_observations"] == 0  # not known until spooling resumes
+    filler.unlink()
+    wait_until(lambda: cloud.landed >= 250, timeout=30)
+    wait_until(lambda: shipper_metrics(gateway)["lost_observations"] > 0)
+    assert cloud.landed == 250  # 1..100, then 551..700
+    assert shipper_metrics(gateway)["lost_observations"] == 450  # 101..550
 
 
 def test_a_gateway_starts_when_its_spool_cannot_be_opened_and_ships_once_it_can(
