@@ -1,13 +1,18 @@
-"""Token buckets: how much of something a client may do at once (`burst`) and then a second (`rate`).
+"""What an address may do or hold, all its connections together: token buckets (how much of
+something a client may do at once, `burst`, and then a second, `rate`) and shares per address.
 
-Why a module: the gates bound per connection and per address what costs the event loop without
-costing the client (control frames, and failed authentications), and a bound per connection alone
-is multiplied by the connections one host may open (256 by default).
+Why a module: the gates bound per connection what costs the gateway without costing the client
+(control frames, queued notifications), and a bound per connection alone is multiplied by the
+connections one host may open (256 by default).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -36,27 +41,27 @@ class TokenBucket:
         return False
 
 
-class AddressBudgets:
-    """One :class:`TokenBucket` per address, shared by that address's connections and kept while
-    any of them is open (so the table is bounded by the connection limit)."""
+class PerAddress(Generic[T]):
+    """One `T` per address (a :class:`TokenBucket`, a queue's totals...), shared by that address's
+    connections and kept while any of them is open (so the table is bounded by the connection
+    limit)."""
 
-    def __init__(self, burst: float, rate: float) -> None:
-        self.burst = burst
-        self.rate = rate
-        self._buckets: dict[str, tuple[TokenBucket, int]] = {}
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._shares: dict[str, tuple[T, int]] = {}
 
-    def join(self, host: str) -> TokenBucket:
-        """The bucket of `host`, for one more of its connections until :meth:`leave`."""
-        bucket, users = self._buckets.get(host) or (TokenBucket(self.burst, self.rate), 0)
-        self._buckets[host] = (bucket, users + 1)
-        return bucket
+    def join(self, host: str) -> T:
+        """The share of `host`, for one more of its connections until :meth:`leave`."""
+        share, users = self._shares.get(host) or (self._factory(), 0)
+        self._shares[host] = (share, users + 1)
+        return share
 
     def leave(self, host: str) -> None:
-        bucket, users = self._buckets[host]
+        share, users = self._shares[host]
         if users <= 1:
-            del self._buckets[host]
+            del self._shares[host]
         else:
-            self._buckets[host] = (bucket, users - 1)
+            self._shares[host] = (share, users - 1)
 
     def __len__(self) -> int:
-        return len(self._buckets)
+        return len(self._shares)

@@ -57,7 +57,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
-from broker.gates.budget import AddressBudgets
+from broker.gates.budget import PerAddress, TokenBucket
 from broker.gates.connections import ConnectionLimit
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, UnsupportedMediaType, json_error
 from broker.gates.slow import GuardedHandler, GuardedServer
@@ -164,7 +164,7 @@ class Dispatcher:
         idle_timeout_s: float = 60.0,
         request_timeout_s: float = 20.0,
         limit: ConnectionLimit | None = None,
-        frame_budgets: AddressBudgets | None = None,
+        frame_budgets: PerAddress[TokenBucket] | None = None,
         allowed_hosts: Sequence[str] = (),
         refuse_foreign_hosts: bool = True,
         no_store: bool = False,

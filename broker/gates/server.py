@@ -19,7 +19,7 @@ from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.slow import frame_budgets
-from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate
+from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate, queued_shares
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
 from broker.version import gateway_version
@@ -76,6 +76,7 @@ class Gates:
         self.health = Health(scheduler)
         self.http = HttpGate(scheduler, self.counters, max_result_bytes=self.settings.max_result_bytes)
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
+        self.queued_shares = queued_shares()  # what an address's sockets queue, plain and secure together
         self.websocket = WebSocketGate(
             scheduler,
             self.counters,
@@ -86,6 +87,7 @@ class Gates:
             heartbeat_s=self.settings.heartbeat_s,
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
+            shares=self.queued_shares,
         )
         # path -> GET handler of a page the appliance serves on the HTTP and HTTPS ports (add_page)
         self.pages: dict[str, Handler] = {}
@@ -103,6 +105,7 @@ class Gates:
                 authenticate=authority.authenticate,
                 still_valid=authority.still_valid,
                 quota=self.quota,
+                shares=self.queued_shares,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             self.metric_sources["security"] = lambda: {

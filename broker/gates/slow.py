@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import SepaError
-from broker.gates.budget import AddressBudgets, TokenBucket
+from broker.gates.budget import PerAddress, TokenBucket
 from broker.gates.connections import Admission, ConnectionLimit, peer_host
 from broker.gates.errors import json_error
 
@@ -54,9 +54,9 @@ FRAME_BURST = 1000
 FRAME_RATE = 1000.0
 
 
-def frame_budgets() -> AddressBudgets:
+def frame_budgets() -> PerAddress[TokenBucket]:
     """The frame budgets of the addresses off this board (see FRAME_BURST), one for all gates."""
-    return AddressBudgets(FRAME_BURST, FRAME_RATE)
+    return PerAddress(lambda: TokenBucket(FRAME_BURST, FRAME_RATE))
 
 
 def _header_size(second: int) -> int:
@@ -151,7 +151,7 @@ class GuardedHandler(web.RequestHandler):
         self,
         *args: Any,
         limit: ConnectionLimit | None = None,
-        frame_budgets: AddressBudgets | None = None,
+        frame_budgets: PerAddress[TokenBucket] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -336,7 +336,7 @@ class GuardedServer(web.Server):
         on_unparsable: Callable[[], None] = lambda: None,
         on_stall: Callable[[], None] = lambda: None,
         limit: ConnectionLimit | None = None,
-        frame_budgets: AddressBudgets | None = None,
+        frame_budgets: PerAddress[TokenBucket] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)

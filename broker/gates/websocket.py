@@ -16,13 +16,16 @@ import logging
 import re
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker.core.notification import Notification
 from broker.errors import InvalidRequest, NotFound, SepaError
+from broker.gates.budget import PerAddress
 from broker.gates.coalesce import MAX_COALESCE_MS, Coalescing, coalesce_interval
+from broker.gates.connections import peer_host
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
 from broker.handoff import loop_handoff
@@ -62,6 +65,24 @@ def _is_text(message: Any) -> bool:
     return True
 
 
+@dataclass(slots=True)
+class QueuedShare:
+    """What the sockets of one address have queued together, their messages being written included
+    (see :meth:`Connection.push`)."""
+
+    rows: int = 0
+    bytes: int = 0
+
+    def add(self, rows: int, characters: int) -> None:
+        self.rows += rows
+        self.bytes += characters
+
+
+def queued_shares() -> PerAddress[QueuedShare]:
+    """The queued shares of the addresses off this board, one for the plain and secure gates."""
+    return PerAddress(QueuedShare)
+
+
 class Connection:
     """One client socket: its subscriptions and its outgoing queue."""
 
@@ -73,14 +94,16 @@ class Connection:
         transport: asyncio.BaseTransport | None = None,
         row_limit: int | None = None,
         byte_limit: int | None = None,
+        share: QueuedShare | None = None,
     ) -> None:
         """`limit`, `row_limit`, `byte_limit`: the messages, the rows of the notifications, and the
         characters of their text, queued for this client before it is disconnected (see
-        :meth:`push`)."""
+        :meth:`push`); `share`: its address's, for the rows and characters of all its sockets."""
         self.ws = ws
         self.limit = limit
         self.row_limit = row_limit
         self.byte_limit = byte_limit
+        self.share = share
         self.queued_rows = 0
         self.queued_bytes = 0
         self.peer = peer
@@ -126,16 +149,33 @@ class Connection:
         removes 99,000 rows, queued 33 MB a second and stayed far below 10,000 messages
         (`/tmp/slowatk.py` pattern: a raw socket that never reads). Why characters: rows of 900 KB
         literals queued ~1 MB an update well within the rows. The text is written here rather
-        than by the writer so that it is known, on the same loop thread."""
+        than by the writer so that it is known, on the same loop thread.
+
+        The rows and characters are bounded for the sockets of an address together too (their
+        :class:`QueuedShare`; loopback: each socket alone), counting the message being written
+        until the transport took it: a host may open 256 sockets, and each one that never read held
+        its whole queue, and a message stuck in its writer, for the 20 s before its stalled write
+        cut it. The socket whose message would take its address past a bound is disconnected."""
         if self.closing:
             return
         if text is None:
             text = item.to_json_text() if isinstance(item, Notification) else json.dumps(item)
         rows = _rows(item)
-        if self.pending and (
-            len(self.pending) >= self.limit
-            or (self.row_limit is not None and self.queued_rows + rows > self.row_limit)
-            or (self.byte_limit is not None and self.queued_bytes + len(text) > self.byte_limit)
+        share = self.share
+        if (
+            self.pending
+            and (
+                len(self.pending) >= self.limit
+                or (self.row_limit is not None and self.queued_rows + rows > self.row_limit)
+                or (self.byte_limit is not None and self.queued_bytes + len(text) > self.byte_limit)
+            )
+        ) or (
+            share is not None
+            and share.bytes
+            and (
+                (self.row_limit is not None and share.rows + rows > self.row_limit)
+                or (self.byte_limit is not None and share.bytes + len(text) > self.byte_limit)
+            )
         ):
             self.closing = True
             SLOW_SUBSCRIBERS(
@@ -147,14 +187,22 @@ class Connection:
                     "subscriptions": len(self.subscriptions),
                 }
             )
-            self.pending.clear()
-            self.queued_rows = self.queued_bytes = 0
+            self.release()
             self.dropping = asyncio.ensure_future(self.drop())  # keep a reference: tasks are weakly held
             return
         self.pending.append((text, rows))
         self.queued_rows += rows
         self.queued_bytes += len(text)
+        if share is not None:
+            share.add(rows, len(text))
         self.ready.set()
+
+    def release(self) -> None:
+        """Drop what is queued, and give it back to the address's share."""
+        if self.share is not None:
+            self.share.add(-self.queued_rows, -self.queued_bytes)
+        self.pending.clear()
+        self.queued_rows = self.queued_bytes = 0
 
     async def drop(self) -> None:
         """Close with 1008; a client that stopped reading never takes the close frame, so then abort."""
@@ -172,7 +220,11 @@ class Connection:
                     text, rows = self.pending.popleft()
                     self.queued_rows -= rows
                     self.queued_bytes -= len(text)
-                    await self.ws.send_str(text)
+                    try:
+                        await self.ws.send_str(text)
+                    finally:
+                        if self.share is not None:  # the transport has it (or the socket is gone)
+                            self.share.add(-rows, -len(text))
 
 
 def _rows(item: Notification | dict[str, Any]) -> int:
@@ -197,6 +249,7 @@ class WebSocketGate:
         authenticate: Callable[[Any], Principal] | None = None,
         still_valid: Callable[[Principal], bool] | None = None,
         quota: SubscriptionQuota | None = None,
+        shares: PerAddress[QueuedShare] | None = None,
     ) -> None:
         """`authenticate` (secure gates): the principal of a message's ``authorization`` value, or
         Unauthorized; every subscribe and unsubscribe is then checked. `still_valid`: whether a
@@ -214,6 +267,7 @@ class WebSocketGate:
         self.max_message_bytes = max_message_bytes
         self.connections: set[Connection] = set()
         self.quota = quota if quota is not None else SubscriptionQuota()
+        self.shares = shares if shares is not None else queued_shares()  # by address (Connection.push)
 
     async def handle(self, request: web.BaseRequest) -> web.WebSocketResponse:
         # compress=False: no permessage-deflate. With it, 4 KB of deflate a client sends inflate to
@@ -224,8 +278,15 @@ class WebSocketGate:
             await ws.prepare(request)
         except ValueError:  # aiohttp decodes Sec-WebSocket-Key unguarded: non-ASCII was a 500 and a traceback
             raise InvalidRequest("malformed WebSocket handshake") from None
+        host = peer_host(request.transport) if request.transport is not None else None
         connection = Connection(
-            ws, self.queue_limit, request.remote or "?", request.transport, self.queue_rows, self.queue_bytes
+            ws,
+            self.queue_limit,
+            request.remote or "?",
+            request.transport,
+            self.queue_rows,
+            self.queue_bytes,
+            self.shares.join(host) if host else None,
         )
         self.connections.add(connection)
         self.counters["ws_connections"] += 1
@@ -246,6 +307,9 @@ class WebSocketGate:
         finally:
             connection.closing = True
             writer.cancel()
+            connection.release()
+            if host:
+                self.shares.leave(host)
             self.connections.discard(connection)
             if ws.close_code == WSCloseCode.ABNORMAL_CLOSURE and connection.transport is not None:
                 connection.transport.abort()  # unanswered pings: free the socket even with unsent data

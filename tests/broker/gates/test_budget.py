@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.gates.budget import AddressBudgets, TokenBucket
+from broker.gates.budget import PerAddress, TokenBucket
 
 
 def test_a_bucket_refills_at_its_rate_up_to_its_burst_and_an_overdraft_leaves_it_empty() -> None:
@@ -16,7 +16,7 @@ def test_a_bucket_refills_at_its_rate_up_to_its_burst_and_an_overdraft_leaves_it
 
 
 def test_an_addresses_connections_share_one_bucket_kept_while_any_is_open() -> None:
-    budgets = AddressBudgets(burst=10, rate=1)
+    budgets = PerAddress(lambda: TokenBucket(burst=10, rate=1))
     first, second = budgets.join("192.0.2.7"), budgets.join("192.0.2.7")
     assert first is second
     assert budgets.join("192.0.2.8") is not first

@@ -219,6 +219,40 @@ def test_a_stalled_subscriber_past_the_characters_it_may_have_queued_is_disconne
     assert int(queued.group(1)) < 60 and int(queued.group(2)) < 120 and int(queued.group(3)) > 1_500_000, line
 
 
+def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A host may open 256 sockets, and each that never read held its own `queue_bytes`: the
+    bound is now the address's, all its sockets together. Eight stalled sockets of a LAN host,
+    each notified ~200,000 characters an update: sockets are cut while their own queue is far
+    below `queue_bytes` = 2,000,000 (without the shared bound a socket is cut only past it), and
+    the loopback client reading as it should is served throughout."""
+    gateway = start_gateway("--host", "0.0.0.0", toml="[websocket]\nqueue_bytes = 2000000\n")
+    lan = host_address()
+    stalled = []
+    for number in range(8):
+        client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER, address=lan)
+        client.send_json({"subscribe": {"sparql": QUERY, "alias": f"stalled {number}"}})
+        assert client.receive_json()["notification"]["sequence"] == 0
+        stalled.append(client)
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            await updates_with_latency(session, gateway, ws, 0, 30, 100_000)
+            await wait_for_metric(session, gateway, "sepa_ws_slow_subscribers_disconnected_total", lambda v: v >= 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for client in stalled:
+            client.close()
+    lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
+    own = [int(match.group(1)) for line in lines if (match := re.search(r"queued_bytes=(\d+)", line))]
+    assert own and min(own) < 1_000_000, lines
+
+
 def dropped_once(gateway: RunningGateway, client: RawWebSocket, scenario: Callable[[], Awaitable[None]]) -> str:
     """Run `scenario` while `client` stalls; its socket must be freed and one line logged: returned."""
     try:
