@@ -44,6 +44,7 @@ SCHEDULED_PATH = "/secure/scheduled"
 SUBSCRIBE_PATH = "/secure/subscribe"
 REGISTER_PATH = "/oauth/register"
 TOKEN_PATH = "/oauth/token"
+REVOKE_PATH = "/oauth/revoke"
 RIGHTS_PATH = "/secure/rights"
 METRICS_PATH = "/secure/metrics"
 SPUS_PATH = "/secure/spus"
@@ -58,6 +59,7 @@ SECURE_PATHS = {
     "spus": SPUS_PATH,
     "register": REGISTER_PATH,
     "token": TOKEN_PATH,
+    "revoke": REVOKE_PATH,
 }
 
 
@@ -143,8 +145,26 @@ class SecureGate:
         routes.delete(SCHEDULED_PATH + "/{id}", self.cancel)
         routes.post(REGISTER_PATH, self.register)
         routes.post(TOKEN_PATH, self.token)
+        routes.post(REVOKE_PATH, self.revoke)
         if websocket:
             routes.get(SUBSCRIBE_PATH, self.websocket.handle)
+
+    async def revoke(self, request: web.BaseRequest) -> web.Response:
+        """RFC 7009: the token named by a form's ``token`` field, or else the request's own bearer
+        token, is refused from now on (a logout). 200 whether or not it was a valid token, as the
+        RFC asks: the reply tells nothing about a token."""
+        body = await read_within(request, request.read())
+        token = None
+        if request.content_type == "application/x-www-form-urlencoded":
+            named = parse_qs(body.decode("utf-8", errors="replace")).get("token")
+            token = named[0] if named else None
+        if token is None:
+            scheme, _, rest = request.headers.get(hdrs.AUTHORIZATION, "").strip().partition(" ")
+            token = rest.strip() if scheme.lower() == "bearer" else None
+        if not token:
+            raise InvalidRequest("name the token to revoke: a form's token field, or Authorization: Bearer <JWT>")
+        self.authority.revoke(token)
+        return _json({}, 200)
 
     # -- revocation ---------------------------------------------------------------------------
 

@@ -126,6 +126,12 @@ class Authority:
             raise Unauthorized("the client of this token is no longer registered")
         return Principal(client.identity, claims.sub, client.access)
 
+    def revoke(self, token: str) -> None:
+        """Refuse `token` from now on (RFC 7009; see broker.security.tokens); a token that is not
+        valid changes nothing."""
+        if self.tokens.revoke(token):
+            log.info("token revoked")
+
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
         """Whether `principal` is still registered with the same rights (revocation watch), in
         `registrations` (a :meth:`ClientRegistry.registrations` snapshot) or the registry now."""

@@ -11,6 +11,13 @@ the 2-core development machine), more than a whole small update. A token string 
 once verifies again until it expires, so the cache keeps the decoded claims (bounded, oldest
 evicted) and re-checks only the expiry; whether its client is still registered and not revoked is
 checked on every request by the caller.
+
+Why revocation of one token (RFC 7009, :meth:`TokenAuthority.revoke`): a token is good until it
+expires (an hour by default), and a dashboard's logout only forgot it in the browser, so a copy
+(a shared machine, a proxy's log) stayed good. A revoked token's ``jti`` is kept until it expires,
+at most REVOKED_PER_CLIENT a client; past that, every token of that client issued until then is
+refused (its ``iat`` is not after the client's cut-off), and its list starts again. Kept in memory:
+a restart forgets revocations (the tokens then live to their expiry).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from broker.errors import Unauthorized
 ALGORITHM = "ES256"
 CACHE_SIZE = 4096
 MAX_TOKEN_CHARS = 8192  # a token of ours is ~400 characters: anything far longer is garbage
+REVOKED_PER_CLIENT = 1000  # revoked live tokens kept by jti for one client (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class Claims:
     sub: str
     exp: int
     jti: str
+    iat: int = 0
 
 
 class TokenAuthority:
@@ -47,6 +56,8 @@ class TokenAuthority:
         self.issuer = issuer
         self.lifetime_s = lifetime_s
         self._verified: OrderedDict[str, Claims] = OrderedDict()
+        self._revoked: dict[str, dict[str, int]] = {}  # client_id -> jti -> exp, of revoked live tokens
+        self._cut_off: dict[str, int] = {}  # client_id -> tokens issued at or before this are refused
 
     def jwk(self) -> dict[str, Any]:
         """The public signing key as a JWK (the registration reply's ``signature``)."""
@@ -69,6 +80,27 @@ class TokenAuthority:
     def verify(self, token: str) -> Claims:
         """The claims of a valid token; Unauthorized for anything else (never says which check failed
         beyond a short reason, and never echoes the token)."""
+        claims = self._verified_claims(token)
+        if claims.jti in self._revoked.get(claims.sub, ()) or claims.iat <= self._cut_off.get(claims.sub, -1):
+            raise Unauthorized("the token was revoked")
+        return claims
+
+    def revoke(self, token: str, now: float | None = None) -> bool:
+        """Refuse `token` from now on; False if it was not a valid token (nothing to do)."""
+        try:
+            claims = self.verify(token)
+        except Unauthorized:
+            return False
+        at = time.time() if now is None else now
+        revoked = {jti: exp for jti, exp in self._revoked.get(claims.sub, {}).items() if exp > at}
+        revoked[claims.jti] = claims.exp
+        if len(revoked) > REVOKED_PER_CLIENT:
+            self._cut_off[claims.sub] = int(at)  # every token of it so far (one issued in this second too)
+            revoked = {}
+        self._revoked[claims.sub] = revoked
+        return True
+
+    def _verified_claims(self, token: str) -> Claims:
         now = time.time()
         cached = self._verified.get(token)
         if cached is not None:
@@ -92,10 +124,10 @@ class TokenAuthority:
             raise Unauthorized("the token was not issued by this gateway") from None
         except (jwt.PyJWTError, UnicodeError):  # UnicodeError: an unpaired surrogate in the text
             raise Unauthorized("the token is not valid") from None
-        sub, exp, jti = decoded.get("sub"), decoded.get("exp"), decoded.get("jti")
-        if not isinstance(sub, str) or not isinstance(exp, int) or not isinstance(jti, str):
+        sub, exp, jti, iat = decoded.get("sub"), decoded.get("exp"), decoded.get("jti"), decoded.get("iat")
+        if not isinstance(sub, str) or not isinstance(exp, int) or not isinstance(jti, str) or not isinstance(iat, int):
             raise Unauthorized("the token is not valid")
-        claims = Claims(sub, exp, jti)
+        claims = Claims(sub, exp, jti, iat)
         self._verified[token] = claims
         if len(self._verified) > CACHE_SIZE:
             self._verified.popitem(last=False)

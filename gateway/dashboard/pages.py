@@ -57,7 +57,15 @@ class Dashboard:
         graphs = {"latest": GRAPH_LATEST, "observations": GRAPH_OBSERVATIONS, "mappings": GRAPH_MAPPINGS}
         common = {"graphs": graphs, "stale_periods": STALE_PERIODS}
         # /health is the plain port's only (like /metrics there): the secure config has none
-        plain = {"secure": False, **vars(paths), "rights": None, "token": None, "health": "/health", **common}
+        plain = {
+            "secure": False,
+            **vars(paths),
+            "rights": None,
+            "token": None,
+            "revoke": None,
+            "health": "/health",
+            **common,
+        }
         secure = {"secure": True, **{key: SECURE_PATHS[key] for key in plain if key in SECURE_PATHS}, **common}
         secure["health"] = None
         self.configs = {

@@ -84,8 +84,14 @@ export class Session {
     }
   }
 
+  // The token is revoked at the gateway too (RFC 7009), not only forgotten here: a copy of it (a
+  // shared machine, a proxy's log) was good until it expired. Sent with keepalive: the page reloads.
   logout() {
     clearTimeout(this.renewal);
+    if (this.token && this.config.revoke) {
+      fetch(this.config.revoke, { method: "POST", headers: { Authorization: this.bearer }, keepalive: true })
+        .catch(() => {});
+    }
     this.token = null;
     this.credentials = null;
     sessionStorage.removeItem(TOKEN_KEY);

@@ -805,6 +805,35 @@ def test_revocation_refuses_the_next_request_and_ends_subscriptions(secure_gatew
     run_secure(secure_gateway, test)
 
 
+def test_a_revoked_token_is_refused_and_the_clients_other_tokens_are_not(secure_gateway) -> None:
+    """RFC 7009 at /oauth/revoke: the token a form names, or else the request's own bearer token,
+    is refused from then on (the dashboard's logout); 200 whatever was named, 400 for nothing."""
+
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("viewer")
+        assert status == 201, document
+        credentials = Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+        first, second, third = [await client.token(credentials) for _ in range(3)]
+        url, tls = f"{client.https_url}/oauth/revoke", client.ssl
+        async with client.session.post(url, headers={"Authorization": f"Bearer {first}"}, ssl=tls) as reply:
+            assert (reply.status, await reply.json()) == (200, {})
+        async with client.session.post(url, data={"token": second}, ssl=tls) as reply:
+            assert reply.status == 200
+        assert (await client.query(first, EVERYTHING))[0] == 401
+        assert (await client.query(second, EVERYTHING))[0] == 401
+        assert (await client.query(third, EVERYTHING))[0] == 200
+        async with client.session.post(url, data={"token": "not a token"}, ssl=tls) as reply:
+            assert reply.status == 200  # tells nothing about what was named
+        async with client.session.post(url, ssl=tls) as reply:
+            assert reply.status == 400
+        ws = await client.socket()
+        await ws.send_json({"subscribe": {"sparql": EVERYTHING, "alias": "v", "authorization": f"Bearer {first}"}})
+        assert (await receive(ws))["error"] == "invalid_grant"
+        await ws.close()
+
+    run_secure(secure_gateway, test)
+
+
 def test_a_subscribe_registered_after_the_revocation_sweep_is_ended_not_served(
     in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path
 ) -> None:

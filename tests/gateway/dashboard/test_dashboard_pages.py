@@ -8,6 +8,7 @@ import gzip
 import json
 import ssl
 import time
+import urllib.error
 import urllib.request
 
 from gateway.appliance.config import Config
@@ -163,3 +164,32 @@ def test_a_renewal_while_the_gateway_is_unreachable_is_retried_and_the_page_stay
         assert driver.execute_script("return document.getElementById('login').hidden") is True
         wait_until_live(driver)
         assert driver.execute_script("return window.sameDocument") is True
+
+
+def test_logging_out_revokes_the_token_at_the_gateway(in_process_gateway, tmp_path) -> None:
+    """Logout only forgot the token in the tab: a copy of it (a shared machine, a proxy's log) was
+    good until it expired, an hour by default. The page now revokes it (RFC 7009) as it logs out."""
+    gateway = in_process_gateway(secure_config(ADMIN, data_dir=str(tmp_path / "data")))
+    client, secret = gateway.gateway.secure.authority.registry.register("admin", "now")
+    context = ssl.create_default_context(cafile=str(gateway.gateway.secure.tls.cert))
+
+    def rights(token: str) -> int:
+        headers = {"Authorization": f"Bearer {token}"}
+        request = urllib.request.Request(gateway.https_url + "/secure/rights", headers=headers)
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+                return reply.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    with chromium(flags=trusting(gateway.gateway.secure.tls.cert)) as driver:
+        log_in(driver, gateway.https_url, Credentials(client.client_id, secret))
+        token = json.loads(driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')"))["value"]
+        assert rights(token) == 200
+        driver.find_element("id", "logout").click()
+        wait_for(driver, "return document.getElementById('login').hidden === false", what="the login form")
+        deadline = time.monotonic() + 10
+        while rights(token) != 401:
+            assert time.monotonic() < deadline, "the token is still good after the logout"
+            time.sleep(0.1)
+        assert console_errors(driver) == []

@@ -1,0 +1,62 @@
+"""Token revocation (RFC 7009): a revoked token is refused until it expires, and what is kept of
+revocations is bounded per client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from broker.errors import Unauthorized
+from broker.security import tokens
+from broker.security.tokens import TokenAuthority
+
+
+@pytest.fixture
+def authority() -> TokenAuthority:
+    return TokenAuthority(ec.generate_private_key(ec.SECP256R1()), "https://gw.test", 3600)
+
+
+def test_a_revoked_token_is_refused_and_the_clients_other_tokens_are_not(authority: TokenAuthority) -> None:
+    first, _ = authority.issue("client-a")
+    second, _ = authority.issue("client-a")
+    other, _ = authority.issue("client-b")
+    assert authority.verify(first).sub == "client-a"  # cached as verified: revocation must see past it
+    assert authority.revoke(first)
+    with pytest.raises(Unauthorized, match="revoked"):
+        authority.verify(first)
+    assert authority.verify(second).sub == "client-a"
+    assert authority.verify(other).sub == "client-b"
+
+
+def test_revoking_garbage_or_a_foreign_token_does_nothing(authority: TokenAuthority) -> None:
+    foreign = TokenAuthority(ec.generate_private_key(ec.SECP256R1()), "https://gw.test", 3600)
+    assert not authority.revoke("not a token")
+    assert not authority.revoke(foreign.issue("client-a")[0])
+    assert authority._revoked == {}
+
+
+def test_past_its_bound_a_client_has_every_token_so_far_revoked_and_its_list_emptied(
+    authority: TokenAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client revoking token after token must not grow the gateway's memory: past
+    REVOKED_PER_CLIENT live ones, a cut-off replaces its list."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 5)
+    issued = [authority.issue("client-a", now=time.time() - 10)[0] for _ in range(7)]
+    for token in issued[:6]:
+        assert authority.revoke(token, now=time.time() - 5)
+    assert len(authority._revoked["client-a"]) == 0  # the sixth took it past 5: a cut-off instead
+    for token in issued:  # the seventh, never revoked, was issued before the cut-off too
+        with pytest.raises(Unauthorized, match="revoked"):
+            authority.verify(token)
+    later, _ = authority.issue("client-a")
+    assert authority.verify(later).sub == "client-a"
+
+
+def test_expired_revocations_are_forgotten(authority: TokenAuthority) -> None:
+    old, _ = authority.issue("client-a", now=time.time() - 3590)  # expires in 10 s
+    assert authority.revoke(old)
+    fresh, _ = authority.issue("client-a")
+    assert authority.revoke(fresh, now=time.time() + 20)  # the old one has expired by then
+    assert list(authority._revoked["client-a"]) == [authority._verified[fresh].jti]
