@@ -142,7 +142,7 @@ else
     fi
     command=$(sed -n 's/^ExecStart=//p' "$src/systemd/sepa-gateway.service")
     environment=$(sed -n 's/^Environment=//p' "$src/systemd/sepa-gateway.service" | tr '\n' ' ')
-    pid=$(su -s /bin/sh sepa-gateway -c "nohup env $environment $command --log-file $state/sepa-gateway.log >>$state/sepa-gateway.stderr 2>&1 & echo \$!")
+    pid=$(su -s /bin/sh sepa-gateway -c "umask 027; nohup env $environment $command --log-file $state/sepa-gateway.log >>$state/sepa-gateway.stderr 2>&1 & echo \$!")
     started="$state/sepa-gateway.log (no systemd here: started in the background, pid $pid)"
 fi
 

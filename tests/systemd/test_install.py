@@ -297,6 +297,7 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+    assert_private(machine)
     assert "user boiler\ntopic write plant/boiler/#" in machine.ok("cat /etc/mosquitto/sepa-gateway.acl")
     assert "\nport = 1884\n" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
     deadline = time.monotonic() + 30
@@ -375,6 +376,15 @@ def test_install_as_a_user_who_may_use_sudo(tmp_path: Path, wheelhouse: Path, su
         assert ready_components(machine) == ALL_OK
 
 
+def assert_private(machine: Machine) -> None:
+    """The service's state (store, spool, client registry, logs) is not readable by other local
+    accounts: it was 0644 in a 0755 directory, every graph readable past the gates' rights."""
+    assert machine.ok("stat -c %a /var/lib/sepa-gateway").strip() == "750"
+    readable = machine.ok("find /var/lib/sepa-gateway -user sepa-gateway -perm /o=rwx")
+    assert readable == "", readable  # what the service writes (UMask=0027), should the directory open
+    assert machine.run("ls /var/lib/sepa-gateway/data", user=65534).returncode != 0
+
+
 def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path) -> None:
     """The README's first command where systemd runs the machine (Debian, Raspberry Pi OS): the
     installer's systemd branches, the unit's hardening with the gateway under it, journald."""
@@ -404,6 +414,7 @@ def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path
             time.sleep(0.5)
         assert ready_components(machine) == ALL_OK
         assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
+        assert_private(machine)
 
         # a start that fails: its reason from the journal, at once
         machine.ok("systemctl stop sepa-gateway")
