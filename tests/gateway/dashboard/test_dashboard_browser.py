@@ -217,12 +217,7 @@ def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
 
 def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, installed: InstalledGateway) -> None:
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
-    if not browser.find_element("id", "console-panel").get_attribute("open"):
-        browser.find_element("css selector", "#console-panel > summary").click()
-    box = browser.find_element("id", "sparql")
-    box.clear()
-    box.send_keys(f"SELECT ?o WHERE {{ <{subject}> <urn:dash:p> ?o }}")
-    browser.find_element("id", "run-subscribe").click()
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:p> ?o }}", "run-subscribe")
     wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
 
     def rows(selector: str) -> list[str]:
@@ -249,11 +244,7 @@ def test_a_console_table_draws_its_first_rows_and_counts_the_rest(browser: Any, 
     rows = SHOWN_ROWS + 100
     triples = " ".join(f'<{subject}> <urn:dash:many> "v{index}" .' for index in range(rows))
     assert installed.gateway.update(f"INSERT DATA {{ {triples} }}").status == 200
-    open_panel(browser, "console-panel")
-    box = browser.find_element("id", "sparql")
-    box.clear()
-    box.send_keys(f"SELECT ?o WHERE {{ <{subject}> <urn:dash:many> ?o }}")
-    browser.find_element("id", "run-subscribe").click()
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:many> ?o }}", "run-subscribe")
     note = f"const rows = (() => {{ {CONSOLE_ROWS} }})(); return rows && rows.length"
     wait_for(browser, note, subject, ".rows-left-out", what="the note of the rows left out")
     assert len(browser.execute_script(CONSOLE_ROWS, subject, "table.current tbody tr")) == SHOWN_ROWS
@@ -290,6 +281,17 @@ def test_a_sensor_iri_with_an_escape_that_is_not_utf8_stops_no_tile(
         assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
 
 
+def console_run(browser: Any, sparql: str, button: str, *, delay: str = "") -> None:
+    """Type `sparql` in the console and press `button` (run-query, run-update, run-subscribe)."""
+    open_panel(browser, "console-panel")
+    box = browser.find_element("id", "sparql")
+    box.clear()
+    box.send_keys(sparql)
+    if delay:
+        browser.find_element("id", "update-delay").send_keys(delay)
+    browser.find_element("id", button).click()
+
+
 def open_panel(browser: Any, panel: str) -> None:
     if not browser.find_element("id", panel).get_attribute("open"):
         browser.find_element("css selector", f"#{panel} > summary").click()
@@ -297,12 +299,7 @@ def open_panel(browser: Any, panel: str) -> None:
 
 def test_a_delayed_update_from_the_console_is_listed_and_cancelled(browser: Any, installed: InstalledGateway) -> None:
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
-    open_panel(browser, "console-panel")
-    box = browser.find_element("id", "sparql")
-    box.clear()
-    box.send_keys(f"INSERT DATA {{ <{subject}> <urn:dash:p> 1 }}")
-    browser.find_element("id", "update-delay").send_keys("PT1H")
-    browser.find_element("id", "run-update").click()
+    console_run(browser, f"INSERT DATA {{ <{subject}> <urn:dash:p> 1 }}", "run-update", delay="PT1H")
     scheduled = wait_for(
         browser,
         "const p = document.querySelector('#console-result .update-result');"
@@ -418,11 +415,7 @@ def test_what_a_form_takes_is_written_as_a_literal_never_as_sparql(browser: Any,
 
 
 def test_a_construct_in_the_console_shows_turtle(browser: Any, installed: InstalledGateway) -> None:
-    open_panel(browser, "console-panel")
-    box = browser.find_element("id", "sparql")
-    box.clear()
-    box.send_keys("CONSTRUCT { <urn:dash:c> <urn:dash:p> 7 } WHERE {}")
-    browser.find_element("id", "run-query").click()
+    console_run(browser, "CONSTRUCT { <urn:dash:c> <urn:dash:p> 7 } WHERE {}", "run-query")
     text = wait_for(browser, "return document.querySelector('#console-result pre')?.textContent", what="Turtle")
     assert "<urn:dash:c>" in text and "7" in text
 
@@ -450,11 +443,7 @@ def test_the_gateway_panel_lists_the_spus_with_their_queries_and_figures(
     browser: Any, installed: InstalledGateway
 ) -> None:
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
-    open_panel(browser, "console-panel")
-    box = browser.find_element("id", "sparql")
-    box.clear()
-    box.send_keys(f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}")
-    browser.find_element("id", "run-subscribe").click()
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:spu> ?o }}", "run-subscribe")
     wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
     assert installed.gateway.update(f"INSERT DATA {{ <{subject}> <urn:dash:spu> 1 }}").status == 200
     open_panel(browser, "gateway-panel")
