@@ -305,3 +305,20 @@ def test_a_replica_counts_the_removals_of_its_n_quads_deltas_by_subject_too() ->
         removed = serialize([Quad(hot, predicate, Literal(value))], format=RdfFormat.N_QUADS)
         store.apply_nquads(added, removed, (), ())
     assert store.garbage == 1_200 and store.hottest() >= 1_200
+
+
+def test_a_dead_long_literal_weighs_its_length_and_makes_a_compaction_due() -> None:
+    """Counted by quads alone, a client inserting and deleting a 900,000-character literal 300
+    times took a 588-quad store's gateway from 82 to 355 MB, and each replica to 448 MB, before a
+    compaction came: a dead version keeps its terms. It counts once more for each DEAD_CHARS
+    characters of its literal, so one such removal makes a compaction due, which frees it."""
+    store = RdfStore.memory()
+    live = [Quad(NamedNode(f"{EX}s{index}"), NamedNode(f"{EX}p"), Literal(str(index))) for index in range(588)]
+    store.apply(live, [])
+    compactor = Compactor(store, live=len(live))
+    big = Quad(NamedNode(f"{EX}big"), NamedNode(f"{EX}p"), Literal("x" * 900_000), DefaultGraph())
+    store.apply([big], [])
+    store.apply([], [big])
+    assert store.garbage == 1 + 900_000 // store_module.DEAD_CHARS
+    assert compactor.maybe_compact()
+    assert store.garbage == 0 and store.quads() == set(live)
