@@ -87,6 +87,11 @@ log = logging.getLogger(__name__)
 
 ABORT_WAIT_S = 1.0  # for a worker whose socket closed to be gone, to know whether it aborted
 READY_TIMEOUT_S = 300.0  # a replica of a large in-memory store takes a while to load
+# a worker given a job says it started within this: it applies the deltas it lacks first (its backlog
+# is under 32 MB, or it is replaced). Past it the worker is killed and replaced, the job refused as
+# past its time limit. Why not READY_TIMEOUT_S, as first: a worker stopped (SIGSTOP, a frozen
+# container) held every request given to it 300 s, against a time limit of 10 s
+STARTED_TIMEOUT_S = 60.0
 SUCCESSOR_WAIT_S = 60.0  # at most, in await_successor
 _PACKAGE_ROOT = str(Path(broker.__file__).resolve().parent.parent)
 
@@ -296,7 +301,7 @@ def _reply(worker: Worker, limit: float) -> tuple[Any, ...] | None:
     """`worker`'s reply to its oldest job: None past `limit` from the job's start, ("crashed",) if
     the worker is gone. The limit counts from the start of the evaluation, not from the catch-up."""
     try:
-        started = worker.connection.poll(READY_TIMEOUT_S) and worker.connection.recv() == ("started",)
+        started = worker.connection.poll(STARTED_TIMEOUT_S) and worker.connection.recv() == ("started",)
         if started and worker.connection.poll(limit):
             return worker.connection.recv()  # type: ignore[no-any-return]
     except (EOFError, OSError):

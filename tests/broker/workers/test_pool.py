@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
 
+import broker.workers.pool as pool_module
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
@@ -201,6 +202,31 @@ def test_a_worker_that_dies_is_an_error_for_its_job_and_is_replaced(workers: tup
             continue
     assert pool.stats["crashes"] >= 1 or pool.stats["timeouts"] >= 1
     assert engine.query("ASK { }").boolean is True
+
+
+def test_a_stopped_worker_holds_a_request_only_until_it_should_have_started(monkeypatch) -> None:
+    """A worker that reads nothing (SIGSTOP, a frozen container) held every request given to it for
+    READY_TIMEOUT_S (300 s) against a time limit of 10 s: it never says it started. It is given
+    STARTED_TIMEOUT_S (here 2 s) to start, then killed and replaced; the next request is served."""
+    monkeypatch.setattr(pool_module, "STARTED_TIMEOUT_S", 2.0)
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=1.0)
+    pool.start()
+    engine = Engine(store, workers=pool)
+    stopped = next(iter(pool._workers)).process.pid
+    try:
+        os.kill(stopped, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(TimeLimitExceeded):
+            engine.query("ASK { }")
+        assert time.monotonic() - started < 5
+        wait_until(lambda: not _alive(stopped))
+        wait_until(lambda: pool.ready)
+        assert engine.query("ASK { }").boolean is True  # its successor
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+        pool.close()
 
 
 def test_an_error_in_a_worker_comes_back_as_the_same_error(workers: tuple[Engine, QueryWorkers]) -> None:
