@@ -81,6 +81,9 @@ LOG_FLUSH_DELTAS = 256
 # attack pass). A job is one update's BOOSTER lookups, milliseconds; one past a minute comes from a
 # subscription whose lookups explode, and the recovery evaluates it again on the store anyway.
 REPLY_TIMEOUT_S = 60.0
+# how often the collector, while nothing is in flight, looks whether a send to a worker has been
+# stuck past REPLY_TIMEOUT_S (see _stuck_send)
+SEND_CHECK_S = 1.0
 # updates with fewer incremental hits than this are looked up on the engine's thread when nothing is
 # in flight: a job costs the engine ~0.1-0.2 ms (serializing, two thread wake-ups, the reply), about
 # as much as the lookups of ten quads
@@ -160,6 +163,7 @@ class PipelinedSpuManager(SpuManager):
         self._closed = False
         self._broken = False  # a worker died or failed a job: see _recover
         self._dead: set[Worker] = set()  # the workers found dead (each counted once)
+        self._sending: tuple[Worker, float] | None = None  # the engine's send under way, since when
         # updates whose solutions a failed worker lost: folded by no one, completed by _recover once
         # every SPU is evaluated again (see _collect_loop)
         self._unfinished: list[InFlight] = []
@@ -264,12 +268,25 @@ class PipelinedSpuManager(SpuManager):
         that thread cost the engine a wake-up and a GIL switch per job. Pickled here with plain
         pickle: Connection.send makes a ForkingPickler per message, a fifth of a small job's cost
         on the engine's side. A worker that is gone is found out by the collector, or by the next job."""
+        self._sending = (worker, time.monotonic())
         try:
             worker.connection.send_bytes(message if isinstance(message, bytes) else pickle.dumps(message, PROTOCOL))
         except OSError:
             # found dead here rather than by the collector, whose wait for its reply is then skipped:
             # counted all the same (sepa_parallel_died_total stayed 0 when a send found it first)
             self._found_dead(worker)
+        finally:
+            self._sending = None
+
+    def _stuck_send(self) -> None:
+        """Kill the worker a send has been stuck on past REPLY_TIMEOUT_S: the send then fails and
+        finds it dead. Why: a worker that reads nothing (SIGSTOP) fills its socket with the deltas
+        the engine feeds it, and the next send blocked the engine's thread for as long as the
+        worker was stopped (99.8 s in an attack pass, with a re-evaluated subscription, whose
+        updates feed the workers without a job the collector would wait for)."""
+        sending = self._sending
+        if sending is not None and time.monotonic() - sending[1] > REPLY_TIMEOUT_S:
+            sending[0].process.kill()
 
     def _found_dead(self, worker: Worker) -> None:
         """`worker` died or stopped answering: logged and counted once (both the engine's thread,
@@ -466,7 +483,8 @@ class PipelinedSpuManager(SpuManager):
         while True:
             with self._idle:
                 while not self._fifo and not self._closed:
-                    self._idle.wait()
+                    self._idle.wait(SEND_CHECK_S)
+                    self._stuck_send()
                 if not self._fifo:
                     return
                 entry = self._fifo[0]

@@ -207,6 +207,28 @@ def test_a_worker_that_stops_answering_is_given_up_after_the_reply_timeout(
             stopped.kill()
 
 
+def test_a_stopped_worker_cannot_hold_the_engine_on_a_send(parallel: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a re-evaluated subscription, updates feed the workers their deltas with no job the
+    collector waits for: a stopped worker (SIGSTOP) filled its socket, and the engine's next send
+    blocked every update for as long as it was stopped (99.8 s in an attack pass). A send stuck past
+    the reply timeout kills the worker; the updates complete and the subscriptions stay right."""
+    monkeypatch.setattr(pipeline, "REPLY_TIMEOUT_S", 1.0)
+    inboxes = subscribe_rooms(parallel)
+    count = Inbox()
+    parallel.subscribe(f"SELECT (COUNT(*) AS ?n) WHERE {{ ?s <{EX}value> ?v }}", count, alias="n", nonblocking=True)
+    stopped = parallel.spus.boosters[0].process  # type: ignore[attr-defined]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        for value in range(2 * pipeline.LOG_FLUSH_DELTAS):  # the log flushed, ~1.5 MB: past a socket's buffer
+            parallel.submit(set_room(value % ROOMS, value)).result(timeout=30)
+        for room in range(ROOMS):
+            assert inboxes[room].view() == current(parallel, room)
+        assert stopped.wait(10) == -signal.SIGKILL
+    finally:
+        if stopped.poll() is None:
+            stopped.kill()
+
+
 def test_an_update_under_a_budget_is_never_handed_to_the_workers(parallel: Engine) -> None:
     inboxes = subscribe_rooms(parallel)
     with pytest.raises(OverBudget):
