@@ -164,6 +164,7 @@ class PipelinedSpuManager(SpuManager):
         self._broken = False  # a worker died or failed a job: see _recover
         self._dead: set[Worker] = set()  # the workers found dead (each counted once)
         self._sending: tuple[Worker, float] | None = None  # the engine's send under way, since when
+        self._restarting = False  # _recover is stopping and starting the workers
         # updates whose solutions a failed worker lost: folded by no one, completed by _recover once
         # every SPU is evaluated again (see _collect_loop)
         self._unfinished: list[InFlight] = []
@@ -277,6 +278,18 @@ class PipelinedSpuManager(SpuManager):
             self._found_dead(worker)
         finally:
             self._sending = None
+
+    def _dead_while_idle(self) -> None:
+        """A worker that died while nothing was in flight (the OOM killer, an operator's kill): the
+        workers are recovered now, not at the next request (/health said "not ready" until then,
+        and the next update paid the recovery; an attack pass)."""
+        if self._broken or self._restarting or self.on_broken is None:
+            return
+        dead = [worker for worker in self.boosters if worker.process.poll() is not None]
+        for worker in dead:
+            self._found_dead(worker)
+        if dead:
+            self.on_broken()
 
     def _stuck_send(self) -> None:
         """Kill the worker a send has been stuck on past REPLY_TIMEOUT_S: the send then fails and
@@ -485,6 +498,7 @@ class PipelinedSpuManager(SpuManager):
                 while not self._fifo and not self._closed:
                     self._idle.wait(SEND_CHECK_S)
                     self._stuck_send()
+                    self._dead_while_idle()
                 if not self._fifo:
                     return
                 entry = self._fifo[0]
@@ -621,6 +635,7 @@ class PipelinedSpuManager(SpuManager):
             return
         self.wait_idle()
         self._broken = False
+        self._restarting = True
         self._stop_workers()
         self.counters["recovered"] += 1
         spus = [spu for group in self.groups.values() for spu in group.spus.values()]
@@ -634,6 +649,7 @@ class PipelinedSpuManager(SpuManager):
             self._complete(entry, notifications if index == len(unfinished) - 1 else 0)
         if self.groups and not self._closed:
             self._start()
+        self._restarting = False
 
     def recover(self) -> None:
         """:meth:`_recover`, for the engine to call under its lock when :attr:`on_broken` asks."""

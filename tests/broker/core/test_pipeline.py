@@ -229,6 +229,21 @@ def test_a_stopped_worker_cannot_hold_the_engine_on_a_send(parallel: Engine, mon
             stopped.kill()
 
 
+def test_a_worker_that_dies_while_the_gateway_is_idle_is_replaced_at_once(parallel: Engine) -> None:
+    """Found only at the next request before: /health said "not ready" meanwhile, and the next
+    update paid the recovery (an attack pass)."""
+    inboxes = subscribe_rooms(parallel)
+    manager = parallel.spus
+    victim = manager.boosters[0].process  # type: ignore[attr-defined]
+    victim.kill()
+    wait_until(lambda: manager.counters["recovered"] == 1, timeout=10)  # type: ignore[attr-defined]
+    wait_until(lambda: manager.metrics()["workers"] == 2, timeout=30)  # type: ignore[attr-defined]
+    assert manager.counters["died"] == 1  # type: ignore[attr-defined]
+    parallel.submit(set_room(2, 5)).result(timeout=30)
+    for room in range(ROOMS):
+        assert inboxes[room].view() == current(parallel, room)
+
+
 def test_an_update_under_a_budget_is_never_handed_to_the_workers(parallel: Engine) -> None:
     inboxes = subscribe_rooms(parallel)
     with pytest.raises(OverBudget):
