@@ -1,6 +1,6 @@
 // MQTT and CoAP mappings (the Topics Manager): the gw:TopicMapping nodes of the mappings graph and
 // the CoAP resources the gateway observes, viewed live (one subscription each) and added with an
-// INSERT DATA the adapters take up at once (gateway/observations/rdf.py is the shape).
+// INSERT (a mapping only if its id is new) the adapters take up at once (gateway/observations/rdf.py is the shape).
 
 import { schedule } from "./frames.js";
 import { mayWrite } from "./session.js";
@@ -56,6 +56,8 @@ export class Mappings {
     this.elements = elements;
     this.graph = session.config.graphs.mappings;
     elements.mappingForm.hidden = elements.coapForm.hidden = !mayWrite(rights, this.graph);
+    // an update's counts cover only graphs the client may read: only then does "added": 0 say something
+    this.readable = rights.read.includes("*") || rights.read.includes(this.graph);
     const graph = iri(this.graph);
     const mapping = "?node a gw:TopicMapping";
     live(subscriptions, `PREFIX gw: <${GW}> SELECT ?node ?id ?topic ?extract ?sensor ?property ?unit WHERE { GRAPH ${graph} {
@@ -71,17 +73,25 @@ export class Mappings {
     elements.coapForm.addEventListener("submit", (event) => { event.preventDefault(); this.addObservation(); });
   }
 
-  async run(sparql, form) {
+  // true: done (the form is emptied); false: `refused(reply)` said nothing was done (the form is
+  // kept); undefined: failed, the error shown
+  async run(sparql, form, refused = () => false) {
     this.elements.error.textContent = "";
     try {
-      await this.session.update(sparql);
+      const reply = await this.session.update(sparql);
+      if (refused(reply)) return false;
       form.reset();
+      return true;
     } catch (error) {
       this.elements.error.textContent = error.message;
+      return undefined;
     }
   }
 
-  addMapping() {
+  // Added only if no mapping has its node or its id: a second INSERT of one id gave the node two
+  // gw:topicFilter values (and more), the MQTT adapter then dropped the mapping (logged only) and the
+  // readings on its topic stopped being stored. The check and the insert are one update.
+  async addMapping() {
     const form = this.elements.mappingForm;
     const values = Object.fromEntries(new FormData(form));
     const node = iri(MAPPING_PREFIX + encodeURIComponent(values.id));
@@ -94,7 +104,17 @@ export class Mappings {
     for (const [field, predicate] of Object.entries(FIELDS)) {
       if (values[field]) triples.push(`${node} <${GW}${predicate}> ${literal(values[field])}`);
     }
-    this.run(`INSERT DATA { GRAPH ${iri(this.graph)} { ${triples.join(" . ")} } }`, form);
+    const graph = iri(this.graph);
+    const taken = `{ ${node} ?p ?o } UNION { ?other <${GW}mappingId> ${literal(values.id)} }`;
+    const reply = await this.run(
+      `INSERT { GRAPH ${graph} { ${triples.join(" . ")} } } WHERE { FILTER NOT EXISTS { GRAPH ${graph} { ${taken} } } }`,
+      form,
+      (result) => this.readable && result && result.added === 0,
+    );
+    if (reply === false) {
+      this.elements.error.textContent =
+        `A mapping with id "${values.id}" exists already; it is kept as it is. Choose another id.`;
+    }
   }
 
   addObservation() {

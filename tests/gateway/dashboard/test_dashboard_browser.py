@@ -37,6 +37,7 @@ from tests.gateway.dashboard.dashboard_support import (
 from tests.support.browser import chromium, console_errors, trusting
 from tools.dashboard_bench.installed import SENSOR, Credentials, InstalledGateway, installed_gateway
 
+GW = "http://w3id.org/sepa-gateway/ns#"
 PAGE_WEIGHT_LIMIT = 300 * 1024
 FIRST_RENDER_LIMIT_MS = 1000
 READING_LATENCY_LIMIT_MS = 1000
@@ -388,6 +389,52 @@ def test_a_mapping_added_in_the_page_maps_the_next_readings(
     publish(sensor, "plant/kiln7/heat", "480")
     wait_for(browser, "return [...document.querySelectorAll('.tile .sensor')].some((s) => s.textContent === 'kiln7')")
     assert tile_value(browser, "kiln7", "temperature") == "480"
+
+
+def add_mapping(browser: Any, fields: dict[str, str]) -> None:
+    form = browser.find_element("id", "mapping-form")
+    for name, value in fields.items():
+        form.find_element("name", name).clear()
+        form.find_element("name", name).send_keys(value)
+    form.find_element("css selector", "button[type=submit]").click()
+
+
+def test_a_mapping_id_that_exists_is_refused_in_the_form_and_the_mapping_keeps_working(
+    browser: Any, installed: InstalledGateway, sensor: mqtt.Client
+) -> None:
+    """The second add of an id gave its node two gw:topicFilter values: the MQTT adapter dropped the
+    mapping (a log line only), readings on its topic stopped being stored, the page said nothing
+    (the tester's t10_mapping.py)."""
+    open_panel(browser, "mappings-panel")
+    first = {
+        "id": "ovens",
+        "topic": "plant/{oven}/oven",
+        "sensor": "urn:example:oven/{oven}",
+        "property": "temperature",
+        "unit": "degC",
+    }
+    add_mapping(browser, first)
+    wait_for(
+        browser,
+        "return [...document.querySelectorAll('#mappings td')].some((td) => td.textContent === 'plant/{oven}/oven')",
+        what="the new mapping in the list",
+    )
+    publish(sensor, "plant/oven1/oven", "200")
+    wait_for(browser, f"return {TILE_VALUE} === '200'", "oven1", "temperature", what="the first reading's tile")
+    assert browser.execute_script("return document.getElementById('mappings-error').textContent") == ""
+
+    add_mapping(browser, {**first, "topic": "elsewhere/{oven}"})
+    error = wait_for(
+        browser, "return document.getElementById('mappings-error').textContent", what="an error in the form"
+    )
+    assert "ovens" in error and "exists already" in error
+    node = "urn:sepa-gateway:mapping:ovens"
+    topics = installed.gateway.select(f"SELECT ?t WHERE {{ GRAPH ?g {{ <{node}> <{GW}topicFilter> ?t }} }}")
+    assert [row["t"] for row in topics] == ["plant/{oven}/oven"]
+    publish(sensor, "plant/oven1/oven", "201")  # the mapping still maps
+    wait_for(browser, f"return {TILE_VALUE} === '201'", "oven1", "temperature", what="the next reading's tile")
+    # the refused form is kept as it was typed: emptied for the next test
+    browser.execute_script("document.getElementById('mapping-form').reset()")
 
 
 def test_what_a_form_takes_is_written_as_a_literal_never_as_sparql(browser: Any, installed: InstalledGateway) -> None:
