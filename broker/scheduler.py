@@ -235,6 +235,7 @@ class Scheduler:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flush_at = 0.0
         self._flushing = False
+        self._due_while_flushing: float | None = None  # the earliest due asked for while a flush ran
         self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sepa-flush")
         self.delayed = DelayedUpdates(
             self,
@@ -572,10 +573,20 @@ class Scheduler:
 
     def _arm_flush(self, due: float) -> None:
         """On the loop: the engine's deferred re-evaluations run on a thread of their own at `due`
-        (time.monotonic(), which is the loop's clock), unless a timer fires earlier already or
-        they are running (they tell when the next is due as they end)."""
+        (time.monotonic(), which is the loop's clock), unless a timer fires earlier already; while
+        they run, at the earliest of `due` and what they tell is due next as they end.
+
+        Why a due that comes while they run is kept: the flush tells what is due next from its
+        last look at the engine, and an update that made a subscription due after that look (the
+        engine asks once, when the subscription becomes due) came here before the flush's end
+        did. Dropped, that subscription stayed due with no timer and was told nothing more (the
+        dashboard's tiles froze while readings were stored) until another subscriber joined it."""
         loop = self._flush_loop
-        if loop is None or self._flushing:  # closed, or running
+        if loop is None:  # closed
+            return
+        if self._flushing:
+            if self._due_while_flushing is None or due < self._due_while_flushing:
+                self._due_while_flushing = due
             return
         if self._flush_timer is not None:
             if self._flush_at <= due:
@@ -594,8 +605,11 @@ class Scheduler:
 
     def _flushed(self, future: asyncio.Future[Any]) -> None:
         self._flushing = False
+        asked, self._due_while_flushing = self._due_while_flushing, None
         if future.cancelled():
             return
+        if asked is not None:
+            self._arm_flush(asked)
         if future.exception() is not None:  # the SPUs still waiting are tried again in a second
             log.error("deferred re-evaluations failed", extra={"error": repr(future.exception())[:300]})
             self._arm_flush(time.monotonic() + 1.0)

@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 from broker.core.engine import Engine
+from broker.core.notification import Notification
 from broker.scheduler import Scheduler, TooManyRequests
 
 EX = "http://example.org/"
@@ -147,3 +148,47 @@ def test_a_clients_calls_past_its_share_wait_and_count_as_in_flight() -> None:
             scheduler.close()
 
     assert asyncio.run(scenario()) == (3, 1, True, 429)
+
+
+def test_a_change_made_as_a_coalesced_flush_ends_is_still_notified() -> None:
+    """A coalescing subscription's re-evaluations (coalesce_ms, the dashboard's tiles) run when a
+    timer fires; the flush tells when the next is due by what it finds waiting as it ends. An
+    update that made the SPU due after that look, but before the loop heard the flush had ended,
+    asked for a timer while the flush still counted as running, and the request was dropped: the
+    SPU stayed due with no timer, and later updates ask for none (it is due already), so the
+    subscription was told nothing more until another subscriber joined it. In the dashboard's
+    browser tests the tiles froze from the fast sensor's readings on (5 tests failed, run as a
+    folder on a busy machine; widening this window by 50 ms failed the same 5 every run). Here the
+    update is made on the flush's thread, after the flush's last look, so it lands in that window."""
+    query = f"SELECT ?v WHERE {{ <{EX}s> <{EX}p> ?v }}"
+
+    async def scenario() -> set[str]:
+        scheduler = Scheduler(Engine())
+        loop = asyncio.get_running_loop()
+        seen: list[Notification] = []
+        flush = scheduler.engine.flush_deferred
+        landed: list[bool] = []
+
+        def flush_then_update() -> float | None:
+            due = flush()  # nothing was waiting when it looked
+            if not landed:
+                landed.append(True)
+                insert = scheduler.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 2 }}")
+                asyncio.run_coroutine_threadsafe(insert, loop).result(5)
+            return due
+
+        try:
+            await scheduler.engine_subscribe(query, seen.append, trusted=True, coalesce_s=0.25)
+            scheduler.engine.flush_deferred = flush_then_update  # type: ignore[method-assign]
+            await scheduler.update(f"INSERT DATA {{ <{EX}s> <{EX}p> 1 }}")
+            values: set[str] = set()
+            deadline = loop.time() + 3  # due 0.25 s after the flush that let it in
+            while "2" not in values and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+                values = {row[0].value for notification in list(seen) for row in notification.added}
+            assert landed, "no flush ran"
+            return values
+        finally:
+            scheduler.close()
+
+    assert asyncio.run(scenario()) == {"1", "2"}
