@@ -288,7 +288,11 @@ class Dispatcher:
             response = await self.routes.resolve(request.method, request.rel_url.path_safe)(request)
         except SepaError as error:
             self.counters[f"{error.error}:{error.status_code}"] += 1
-            return json_error(error.error, error.description, error.status_code)
+            reply = json_error(error.error, error.description, error.status_code)
+            headers = getattr(error, "headers", None)  # Retry-After of a refused authentication
+            if headers:
+                reply.headers.update(headers)
+            return reply
         except web.HTTPException as error:
             if error.status < 400:
                 raise

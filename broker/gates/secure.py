@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 from aiohttp import hdrs, web
 
 from broker.errors import Forbidden, InvalidRequest
+from broker.gates.connections import peer_host
 from broker.gates.dispatch import Routes
 from broker.gates.errors import UnsupportedMediaType
 from broker.gates.http import HttpGate
@@ -74,7 +75,7 @@ class SecureGate:
         self._watcher: asyncio.Task[None] | None = None
 
     def principal(self, request: web.BaseRequest) -> Principal:
-        return self.authority.authenticate(request.headers.get(hdrs.AUTHORIZATION))
+        return self.authority.authenticate(request.headers.get(hdrs.AUTHORIZATION), peer_of(request))
 
     async def query(self, request: web.BaseRequest) -> web.Response:
         principal = self.principal(request)
@@ -124,15 +125,18 @@ class SecureGate:
             document = json.loads(body)
         except (ValueError, RecursionError):
             raise InvalidRequest("the registration is not JSON") from None
+        # charged to the address's failure budget here, on the event loop (broker.security.failures);
         # the registry file is locked, read and written (fsync'd): not on the event loop
-        reply = await asyncio.get_running_loop().run_in_executor(None, self.authority.register, document)
+        with self.authority.attempt(peer_of(request), "registration_refused"):
+            reply = await asyncio.get_running_loop().run_in_executor(None, self.authority.register, document)
         return _json(reply, 201)
 
     async def token(self, request: web.BaseRequest) -> web.Response:
         if hdrs.AUTHORIZATION not in request.headers and request.content_type == "application/json":
             return await self.register(request)  # a registration sent here: see the module docstring
         grant_type = _grant_type(request.content_type, await read_within(request, request.read()))
-        return _json(self.authority.token(request.headers.get(hdrs.AUTHORIZATION), grant_type), 201)
+        reply = self.authority.token(request.headers.get(hdrs.AUTHORIZATION), grant_type, peer_of(request))
+        return _json(reply, 201)
 
     def add_routes(self, routes: Routes, *, websocket: bool = True) -> None:
         """The HTTPS port's routes (with `websocket`, the WSS subscribe path too)."""
@@ -196,6 +200,13 @@ class SecureGate:
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
                 log.exception("revocation watch failed; trying again")
             await asyncio.sleep(WATCH_INTERVAL_S)
+
+
+def peer_of(request: web.BaseRequest) -> str | None:
+    """The network address whose failure budget a request is charged to (None: this board). A
+    request whose connection is gone has no transport: charged to one shared key, its reply goes nowhere."""
+    transport = request.transport
+    return peer_host(transport) if transport is not None else "(connection lost)"
 
 
 def _grant_type(content_type: str, body: bytes) -> str | None:

@@ -109,7 +109,9 @@ class Gates:
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             self.metric_sources["security"] = lambda: {
-                "registrations_refused_total": authority.registrations_refused.total
+                "registrations_refused_total": authority.registrations_refused.total,
+                "auth_budget_addresses": len(authority.budget),  # addresses owing failures (at most 4,096)
+                "auth_throttled_addresses": authority.budget.throttled(),  # ...and those refused now
             }
             scheduler.delayed.access_of = authority.access_of
             scheduler.delayed.standing = authority.standing
@@ -274,6 +276,11 @@ class Gates:
         lines += [
             f'sepa_stage_seconds_total{{stage="{name[:-2]}"}} {value}' for name, value in engine.stats.timers.items()
         ]
+        if self.secure is not None:  # why authentications failed (broker.security.authority FAILURE_REASONS)
+            lines += [
+                f'sepa_security_auth_failures_total{{reason="{reason}"}} {count}'
+                for reason, count in sorted(self.secure.authority.failures.items())
+            ]
         for key, value in sorted(self.counters.items()):
             name, _, status = key.partition(":")
             if status:

@@ -32,6 +32,7 @@ from broker.handoff import loop_handoff
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler
 from broker.security.authority import Principal
+from broker.security.failures import TooManyFailures
 from broker.sparql.terms import TooLarge
 from broker.sparql.tokens import unescape_iris
 
@@ -108,6 +109,8 @@ class Connection:
         self.queued_bytes = 0
         self.peer = peer
         self.transport = transport
+        # the address its failed authentications are counted under (None: this board; peer_host)
+        self.host = peer_host(transport) if transport is not None else peer
         # the text of each message queued, and the rows it carries
         self.pending: deque[tuple[str, int]] = deque()
         # subscriptions ended (a notification too large, revoked rights, ended by the engine): what
@@ -246,13 +249,14 @@ class WebSocketGate:
         max_notification_bytes: int | None = None,
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
-        authenticate: Callable[[Any], Principal] | None = None,
+        authenticate: Callable[[Any, str | None], Principal] | None = None,
         still_valid: Callable[[Principal], bool] | None = None,
         quota: SubscriptionQuota | None = None,
         shares: PerAddress[QueuedShare] | None = None,
     ) -> None:
-        """`authenticate` (secure gates): the principal of a message's ``authorization`` value, or
-        Unauthorized; every subscribe and unsubscribe is then checked. `still_valid`: whether a
+        """`authenticate` (secure gates): the principal of a message's ``authorization`` value sent
+        from a network address (None: this board), or Unauthorized, or TooManyFailures when the
+        address sent too many failed ones; every subscribe and unsubscribe is then checked. `still_valid`: whether a
         principal is still registered with the same rights, checked again when a subscription is
         registered (see :meth:`subscribe`)."""
         self.authenticate = authenticate
@@ -456,10 +460,12 @@ class WebSocketGate:
                     if authorization is None:
                         authorization = message.get("authorization")
                     try:
-                        principal = self.authenticate(authorization)
+                        principal = self.authenticate(authorization, connection.host)
                     except SepaError as error:
                         alias = body.get("alias") if isinstance(body.get("alias"), str) else None
-                        self.reply_error(connection, error.error, error.description, error.status_code, alias)
+                        # a frame has no headers: a refused attempt's Retry-After is in its body
+                        extra = {"retry_after": error.retry_after_s} if isinstance(error, TooManyFailures) else {}
+                        self.reply_error(connection, error.error, error.description, error.status_code, alias, **extra)
                         return
                 if verb == "subscribe":
                     await self.subscribe(connection, body, principal, previous, mine)

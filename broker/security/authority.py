@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +21,7 @@ from broker.core.access import GraphAccess
 from broker.errors import Forbidden, InvalidRequest, SepaError, Unauthorized
 from broker.quiet_log import QuietLog
 from broker.security.clients import Client, ClientRegistry, RegistryError, secret_digest
+from broker.security.failures import BURST, PER_S, FailureBudget, TooManyFailures
 from broker.security.keys import signing_key
 from broker.security.tokens import TokenAuthority
 
@@ -52,17 +55,54 @@ class Principal:
 REGISTRATION_REFUSED = "this client identity may not register"
 # compared against when the client_id is unknown, so that the time taken does not tell
 _NO_SECRET = secret_digest("no client has this secret")
+# why an authentication failed, as /metrics counts it (sepa_security_auth_failures_total{reason}):
+# an unknown client or a wrong secret (or none) at /oauth/token, a refused registration, a missing,
+# forged, expired or revoked bearer token, and an attempt refused by the address's failure budget
+FAILURE_REASONS = ("wrong_secret", "registration_refused", "bad_token", "rate_limited")
 
 
 class Authority:
     """Registration, token issuance and request authentication of one gateway."""
 
-    def __init__(self, directory: Path, *, issuer: str, lifetime_s: int, configured: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        issuer: str,
+        lifetime_s: int,
+        configured: list[dict[str, Any]],
+        failure_burst: int = BURST,
+        failures_per_s: float = PER_S,
+    ) -> None:
         self.registry = ClientRegistry(directory, configured)
         self.tokens = TokenAuthority(signing_key(directory), issuer, lifetime_s)
+        # failed authentications per network address (broker.security.failures), and why each failed
+        self.budget = FailureBudget(failure_burst, failures_per_s)
+        self.failures: Counter[str] = Counter({reason: 0 for reason in FAILURE_REASONS})
         # any host that reaches the HTTPS port can be refused at will: counted (its `total` is
         # sepa_security_registrations_refused_total), logged once a minute at most (broker.quiet_log)
         self.registrations_refused = QuietLog(log, "registration refused", level=logging.WARNING)
+
+    @contextmanager
+    def attempt(self, peer: str | None, reason: str) -> Iterator[None]:
+        """One authentication attempt from `peer` (None: this board): refused with 429 before its
+        work when the address has no failure left (broker.security.failures); a 401 out of it is
+        counted under `reason` and keeps its token, anything else (success, a malformed request)
+        gives it back. On the event loop only."""
+        try:
+            self.budget.take(peer)
+        except TooManyFailures:
+            self.failures["rate_limited"] += 1
+            raise
+        try:
+            yield
+        except (UnauthorizedClient, Unauthorized):
+            self.failures[reason] += 1
+            raise
+        except BaseException:
+            self.budget.give_back(peer)
+            raise
+        self.budget.give_back(peer)
 
     # -- /oauth/register ------------------------------------------------------------------------
 
@@ -91,40 +131,55 @@ class Authority:
 
     # -- /oauth/token ---------------------------------------------------------------------------
 
-    def token(self, authorization: str | None, grant_type: str | None = None) -> dict[str, Any]:
+    def token(
+        self, authorization: str | None, grant_type: str | None = None, peer: str | None = None
+    ) -> dict[str, Any]:
         """The 201 reply to a token request with ``Authorization: Basic``, in both forms clients use.
 
         `grant_type` is what the request's body named, if anything: SEPA clients send none (sepa-js
         an empty body, sepy no body), so only a grant named and other than client credentials is
-        refused; a password or code grant was answered with a client-credentials token."""
+        refused; a password or code grant was answered with a client-credentials token. `peer`: the
+        request's network address (None: this board), whose failure budget is charged."""
         if grant_type is not None and grant_type != "client_credentials":
             raise UnsupportedGrantType("only the client_credentials grant is supported")
-        client_id, secret = _basic(authorization)
-        client = self.registry.by_client_id(client_id)
-        stored = client.secret_sha256 if client is not None else None
-        matches = hmac.compare_digest(secret_digest(secret), stored or _NO_SECRET)
-        # `stored` required: _NO_SECRET's text is in the source, so it must never be a secret itself
-        if client is None or not stored or not matches or client.revoked:
-            raise UnauthorizedClient("wrong client credentials")
-        token, expires_in = self.tokens.issue(client_id)
+        with self.attempt(peer, "wrong_secret"):
+            client_id, secret = _basic(authorization)
+            client = self.registry.by_client_id(client_id)
+            stored = client.secret_sha256 if client is not None else None
+            matches = hmac.compare_digest(secret_digest(secret), stored or _NO_SECRET)
+            # `stored` required: _NO_SECRET's text is in the source, so it must never be a secret itself
+            if client is None or not stored or not matches or client.revoked:
+                raise UnauthorizedClient("wrong client credentials")
+            token, expires_in = self.tokens.issue(client_id)
         reply = {"access_token": token, "token_type": "bearer", "expires_in": expires_in}
         return {"token": dict(reply), **reply}
 
     # -- secure requests ------------------------------------------------------------------------
 
-    def authenticate(self, authorization: Any) -> Principal:
+    def authenticate(self, authorization: Any, peer: str | None = None) -> Principal:
         """The principal of a request's ``Authorization`` value (``Bearer <JWT>`` or a bare JWT).
 
-        Every failure is 401 invalid_grant and names no detail an attacker could use."""
-        if not isinstance(authorization, str) or not authorization.strip():
-            raise Unauthorized("a bearer token is required (Authorization: Bearer <JWT>)")
-        scheme, _, rest = authorization.strip().partition(" ")
-        token = rest.strip() if scheme.lower() == "bearer" else authorization.strip()
-        claims = self.tokens.verify(token)
-        client = self.registry.by_client_id(claims.sub)
-        if client is None or client.revoked:
-            raise Unauthorized("the client of this token is no longer registered")
-        return Principal(client.identity, claims.sub, client.access)
+        Every failure is 401 invalid_grant and names no detail an attacker could use. `peer`: the
+        request's network address (None: this board). A token verified before (cached, unexpired)
+        of a client still registered passes whatever the address's failure budget: that check is
+        a lookup; any other attempt is charged to the budget (broker.security.failures)."""
+        token = None
+        if isinstance(authorization, str) and authorization.strip():
+            scheme, _, rest = authorization.strip().partition(" ")
+            token = rest.strip() if scheme.lower() == "bearer" else authorization.strip()
+            known = self.tokens.cached(token)
+            if known is not None:
+                client = self.registry.by_client_id(known.sub)
+                if client is not None and not client.revoked:
+                    return Principal(client.identity, known.sub, client.access)
+        with self.attempt(peer, "bad_token"):
+            if token is None:
+                raise Unauthorized("a bearer token is required (Authorization: Bearer <JWT>)")
+            claims = self.tokens.verify(token)
+            client = self.registry.by_client_id(claims.sub)
+            if client is None or client.revoked:
+                raise Unauthorized("the client of this token is no longer registered")
+            return Principal(client.identity, claims.sub, client.access)
 
     def revoke(self, token: str) -> None:
         """Refuse `token` from now on (RFC 7009; see broker.security.tokens); a token that is not

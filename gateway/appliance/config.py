@@ -45,6 +45,11 @@ MAX_WEBSOCKET_MESSAGE_BYTES = (1 << 31) - 1
 # Why a bound: a token that lives longer is hardly revocable by waiting, and the dashboard renews at
 # 80 % of its life with a browser timer, which fires at once past 2^31-1 ms (~24.8 days)
 MAX_TOKEN_LIFETIME_S = 30 * 24 * 3600
+# the failure budget's bounds ([security] auth_failure_burst, auth_failures_per_s): a burst of up to
+# 10,000 failures, given back at one in 100 s to 10,000 a second (as good as no limit)
+MAX_AUTH_FAILURE_BURST = 10_000
+MIN_AUTH_FAILURES_PER_S = 0.01
+MAX_AUTH_FAILURES_PER_S = 10_000.0
 
 
 class ConfigError(Exception):
@@ -177,6 +182,11 @@ class SecurityConfig:
     tls_key: str = ""  # its private key (PEM)
     tls_names: list = field(default_factory=list)  # extra DNS names / IP addresses for the generated certificate
     token_lifetime_s: int = 3600  # access tokens expire after this; clients renew them with their credentials
+    # failed authentications (wrong secret, refused registration, bad bearer token) one network address may
+    # send in a row, given back at auth_failures_per_s; past them its attempts get 429 with Retry-After
+    # (broker/security/failures.py; this board's own are not counted)
+    auth_failure_burst: int = 20
+    auth_failures_per_s: float = 2.0
     issuer: str = ""  # the tokens' "iss"; empty: sepa-gateway:<observations.gateway_id or host name>
     clients: list = field(default_factory=list)  # [[security.clients]]: identity, read, write (see the TOML file)
 
@@ -404,6 +414,16 @@ class Config:
             raise ConfigError(
                 f"security.token_lifetime_s must be 10 to {MAX_TOKEN_LIFETIME_S:,} (30 days), "
                 f"not {security.token_lifetime_s}"
+            )
+        if not 1 <= security.auth_failure_burst <= MAX_AUTH_FAILURE_BURST:
+            raise ConfigError(
+                f"security.auth_failure_burst must be 1 to {MAX_AUTH_FAILURE_BURST:,}, "
+                f"not {security.auth_failure_burst}"
+            )
+        if not MIN_AUTH_FAILURES_PER_S <= security.auth_failures_per_s <= MAX_AUTH_FAILURES_PER_S:
+            raise ConfigError(
+                f"security.auth_failures_per_s must be {MIN_AUTH_FAILURES_PER_S:g} to {MAX_AUTH_FAILURES_PER_S:,g}, "
+                f"not {security.auth_failures_per_s}"
             )
         if not all(isinstance(name, str) for name in security.tls_names):
             raise ConfigError("security.tls_names must be a list of strings")

@@ -52,5 +52,7 @@ def secure_parts(config: Config, gateway_id: str) -> SecureParts:
         issuer=security.issuer or f"sepa-gateway:{gateway_id}",
         lifetime_s=security.token_lifetime_s,
         configured=list(security.clients),
+        failure_burst=security.auth_failure_burst,
+        failures_per_s=security.auth_failures_per_s,
     )
     return SecureParts(authority, server_context(tls), tls, directory, temporary)

@@ -90,6 +90,16 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         3,
         "security.token_lifetime_s must be a int",
     ),
+    "auth-failure-burst-0": (  # 0 would refuse every attempt from the network
+        "[security]\nenabled = true\nauth_failure_burst = 0\n",
+        3,
+        "security.auth_failure_burst must be 1 to 10,000, not 0",
+    ),
+    "auth-failures-per-s-0": (  # never given back: an address locked out until the gateway restarts
+        "[security]\nenabled = true\nauth_failures_per_s = 0.0\n",
+        3,
+        "security.auth_failures_per_s must be 0.01 to 10,000, not 0.0",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
