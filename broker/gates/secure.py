@@ -167,7 +167,7 @@ class SecureGate:
             token = rest.strip() if scheme.lower() == "bearer" else None
         if not token:
             raise InvalidRequest("name the token to revoke: a form's token field, or Authorization: Bearer <JWT>")
-        self.authority.revoke(token)
+        self.authority.revoke(token, peer_of(request))
         return _json({}, 200)
 
     # -- revocation ---------------------------------------------------------------------------

@@ -181,11 +181,21 @@ class Authority:
                 raise Unauthorized("the client of this token is no longer registered")
             return Principal(client.identity, claims.sub, client.access)
 
-    def revoke(self, token: str) -> None:
+    def revoke(self, token: str, peer: str | None = None) -> None:
         """Refuse `token` from now on (RFC 7009; see broker.security.tokens); a token that is not
-        valid changes nothing."""
-        if self.tokens.revoke(token):
-            log.info("token revoked")
+        valid changes nothing. One not verified before costs a signature check: charged to `peer`'s
+        failure budget like any bearer token, counted as `bad_token` when it is not valid (the reply
+        is 200 all the same, as RFC 7009 asks), TooManyFailures (429) when the address has none left."""
+        if self.tokens.cached(token) is None:
+            try:
+                with self.attempt(peer, "bad_token"):
+                    if not self.tokens.revoke(token):
+                        raise Unauthorized("not a valid token")
+            except Unauthorized:
+                return
+        elif not self.tokens.revoke(token):
+            return
+        log.info("token revoked")
 
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
         """Whether `principal` is still registered with the same rights (revocation watch), in

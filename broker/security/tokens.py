@@ -78,16 +78,22 @@ class TokenAuthority:
         return jwt.encode(claims, self._key, algorithm=ALGORITHM), self.lifetime_s
 
     def cached(self, token: str) -> Claims | None:
-        """The claims of `token` if it verified before and has not expired, else None: no signature
-        is checked (the secure gates let such a token through an address's exhausted failure budget)."""
+        """The claims of `token` if it verified before, has not expired and is not revoked, else None:
+        no signature is checked (the secure gates let such a token through an address's exhausted
+        failure budget, broker.security.failures)."""
         claims = self._verified.get(token)
-        return claims if claims is not None and claims.exp > time.time() else None
+        if claims is None or claims.exp <= time.time() or self._is_revoked(claims):
+            return None
+        return claims
+
+    def _is_revoked(self, claims: Claims) -> bool:
+        return claims.jti in self._revoked.get(claims.sub, ()) or claims.iat <= self._cut_off.get(claims.sub, -1)
 
     def verify(self, token: str) -> Claims:
         """The claims of a valid token; Unauthorized for anything else (never says which check failed
         beyond a short reason, and never echoes the token)."""
         claims = self._verified_claims(token)
-        if claims.jti in self._revoked.get(claims.sub, ()) or claims.iat <= self._cut_off.get(claims.sub, -1):
+        if self._is_revoked(claims):
             raise Unauthorized("the token was revoked")
         return claims
 

@@ -135,6 +135,12 @@ class Client:
         async with self.session.get(url, params={"query": "ASK {}"}, headers=headers, ssl=self.ssl) as reply:
             return reply.status, dict(reply.headers), await reply.json(content_type=None)
 
+    async def revoke(self, token: str) -> tuple[int, dict[str, str]]:
+        url = f"{self.https}/oauth/revoke"
+        async with self.session.post(url, data={"token": token}, ssl=self.ssl) as reply:
+            await reply.read()
+            return reply.status, dict(reply.headers)
+
     async def subscribe(self, token: str) -> dict[str, Any]:
         async with self.session.ws_connect(f"{self.wss}/secure/subscribe", ssl=self.ssl) as ws:
             await ws.send_str(
@@ -298,11 +304,17 @@ def test_forged_bearer_tokens_past_the_burst_are_429_on_https_and_wss_and_verifi
             assert (frame["error"], frame["status_code"], frame["alias"]) == ("too_many_requests", 429, "a"), frame
             assert frame["retry_after"] >= 1
             assert "notification" in await attacker.subscribe(used)
+            # /oauth/revoke checks the signature of what it names: the same budget
+            status, headers = await attacker.revoke(forged(credentials[0]))
+            assert status == 429 and retry_after(headers) >= 1
+            assert (await board.revoke(forged(credentials[0])))[0] == 200  # RFC 7009: 200 whatever it names
         finally:
             await close([attacker, board])
 
     asyncio.run(main())
-    assert failures(gateway) == {"wrong_secret": 0, "rate_limited": 3, "registration_refused": 0, "bad_token": BURST}
+    # the board's forged revocation is counted too, though this board's attempts are not rationed
+    expected = {"wrong_secret": 0, "rate_limited": 4, "registration_refused": 0, "bad_token": BURST + 1}
+    assert failures(gateway) == expected
 
 
 def ipv6_sources() -> list[str]:
