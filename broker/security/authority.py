@@ -160,7 +160,7 @@ class Authority:
         """The principal of a request's ``Authorization`` value (``Bearer <JWT>`` or a bare JWT).
 
         Every failure is 401 invalid_grant and names no detail an attacker could use. `peer`: the
-        request's network address (None: this board). A token verified before (cached, unexpired)
+        request's network address (None: this board). A token verified before (cached, unexpired, not revoked)
         of a client still registered passes whatever the address's failure budget: that check is
         a lookup; any other attempt is charged to the budget (broker.security.failures)."""
         token = None
