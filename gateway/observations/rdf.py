@@ -15,6 +15,7 @@ separated by spaces), gw:timePath, gw:field (nodes with gw:key, gw:propertyTempl
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -107,6 +108,10 @@ def mappings_from_rdf(rows: Iterable[dict[str, Any]], errors: list[MappingError]
     A node without gw:mappingId, gw:topicFilter or gw:extract is not a mapping yet (being written)
     and is skipped. A mapping that cannot work raises MappingError naming it; with an `errors`
     list, it is appended there and skipped instead, so one bad edit does not stop the others.
+    Mappings of one id on several nodes are such an error, all of them (which one was meant is
+    not known): before, the Mapper refused the whole set, and the adapters ignored every later
+    change of the mappings graph until the duplicate went (any client that may write that graph
+    could so freeze the mappings).
     """
     grouped: dict[str, dict[str | None, dict[str, set[str]]]] = {}
     for row in rows:
@@ -125,7 +130,14 @@ def mappings_from_rdf(rows: Iterable[dict[str, Any]], errors: list[MappingError]
             if errors is None:
                 raise
             errors.append(error)
-    return mappings
+    nodes = Counter(mapping.id for mapping in mappings)
+    shared = sorted(identifier for identifier, count in nodes.items() if count > 1)
+    for identifier in shared:
+        error = MappingError(f"mapping id {identifier!r} is on {nodes[identifier]} mapping nodes: none of them is used")
+        if errors is None:
+            raise error
+        errors.append(error)
+    return [mapping for mapping in mappings if nodes[mapping.id] == 1] if shared else mappings
 
 
 def _one(values: dict[str, set[str]], name: str, what: str) -> str | None:

@@ -169,6 +169,33 @@ def test_topics_manager_edits_with_sparql() -> None:
     assert "zigbee2mqtt" not in remaining and "pepoli" in remaining
 
 
+def test_one_id_on_two_nodes_stops_those_mappings_and_no_other() -> None:
+    """Any client that may write the mappings graph could give a second node an existing id: the
+    Mapper refused the whole set, and the adapters ignored every later change of the graph."""
+    store = Store()
+    store.engine.update(mappings_update(default_profiles()))
+    twice = """PREFIX gw: <http://w3id.org/sepa-gateway/ns#>
+        INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> {
+          <urn:sepa-gateway:mapping:a> a gw:TopicMapping ; gw:mappingId "twin" ;
+            gw:topicFilter "a/{node}/t" ; gw:extract "number" ; gw:sensorTemplate "urn:a:{node}" ;
+            gw:propertyTemplate "temperature" .
+          <urn:sepa-gateway:mapping:b> a gw:TopicMapping ; gw:mappingId "twin" ;
+            gw:topicFilter "b/{node}/t" ; gw:extract "number" ; gw:sensorTemplate "urn:b:{node}" ;
+            gw:propertyTemplate "temperature" .
+          <urn:sepa-gateway:mapping:c> a gw:TopicMapping ; gw:mappingId "later" ;
+            gw:topicFilter "c/{node}/t" ; gw:extract "number" ; gw:sensorTemplate "urn:c:{node}" ;
+            gw:propertyTemplate "temperature" .
+        } }"""
+    store.engine.update(twice)
+    errors: list[MappingError] = []
+    mapper = Mapper(mappings_from_rdf(rows(store), errors))  # the Mapper takes the rest
+    assert [str(error) for error in errors] == ["mapping id 'twin' is on 2 mapping nodes: none of them is used"]
+    assert mapper.readings("c/n1/t", b"1.5", 1)[0].sensor == "urn:c:n1"
+    assert mapper.match("a/n1/t") is None and mapper.match("b/n1/t") is None
+    with pytest.raises(MappingError, match="twin"):
+        mappings_from_rdf(rows(store))
+
+
 def test_two_values_for_one_term_are_an_error() -> None:
     store = Store()
     store.engine.update(mappings_update(default_profiles()[-1:]))
