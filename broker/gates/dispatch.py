@@ -129,22 +129,32 @@ class Routes:
     def resolve(self, method: str, path: str) -> Handler:
         """The handler for `method` on `path` (the request's ``rel_url.path_safe``); raises aiohttp's
         404 or 405 (whose ``Allow`` lists the path's methods) when there is none."""
+        handler, allowed = self._lookup(method, path)
+        if handler is not None:
+            return handler
+        if allowed:
+            raise web.HTTPMethodNotAllowed(method, allowed)
+        raise web.HTTPNotFound()
+
+    def methods(self, path: str) -> set[str]:
+        """The methods routed on `path`; empty when no route matches it."""
+        return self._lookup("", path)[1]
+
+    def _lookup(self, method: str, path: str) -> tuple[Handler | None, set[str]]:
         allowed: set[str] = set()
         methods = self._exact.get(path)
         if methods is not None:
             handler = methods.get(method)
             if handler is not None:
-                return handler
+                return handler, allowed
             allowed.update(methods)
         for prefix, methods in self._parameterized:
             if path.startswith(prefix) and _is_segment(path[len(prefix) :]):
                 handler = methods.get(method)
                 if handler is not None:
-                    return handler
+                    return handler, allowed
                 allowed.update(methods)
-        if allowed:
-            raise web.HTTPMethodNotAllowed(method, allowed)
-        raise web.HTTPNotFound()
+        return None, allowed
 
 
 def _is_segment(text: str) -> bool:
@@ -225,6 +235,11 @@ class Dispatcher:
             frame_budgets=self.frame_budgets,
         )
 
+    def _options_on(self, path: str) -> set[str]:
+        """The methods OPTIONS names for `path` (``*``: the server as a whole). A path no route
+        matches has none: it answered 204, naming a resource that is not there."""
+        return {"GET", "HEAD", "POST", "DELETE"} if path == "*" else self.routes.methods(path)
+
     def _coded(self, coding: str) -> web.Response:
         """A body with a content coding (RFC 9110 8.4): 415, as RFC 7694 asks. Why not inflate it:
         no SEPA client compresses a request, aiohttp took a gzip body cut short as the text it
@@ -279,7 +294,10 @@ class Dispatcher:
         origin = request.headers.get(hdrs.ORIGIN)
         allowed = origin is not None and origin in self.cors_origins
         if request.method == "OPTIONS":
-            return web.Response(status=204, headers=_cors(origin) if allowed else None)
+            methods = self._options_on(request.rel_url.path_safe)
+            if methods:  # else a 404 below, as any other method on a path no route matches
+                headers = {"Allow": ", ".join(sorted(methods | {"OPTIONS"})), **(_cors(origin) if allowed else {})}
+                return web.Response(status=204, headers=headers)
         if (origin is not None or request.headers.get("Sec-Fetch-Site") == "cross-site") and not allowed:
             refusal = self._cross_origin(request, origin)
             if refusal is not None:

@@ -135,12 +135,28 @@ def test_get_routes_answer_head_without_a_body(gateway: RunningGateway) -> None:
     assert missing.status == 404 and missing.body == b""
 
 
-@pytest.mark.parametrize("path", ["/nowhere", "/scheduled", "*"])
-def test_preflight_is_204_on_any_path(gateway: RunningGateway, path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "allow"),
+    [
+        ("/scheduled", "GET, HEAD, OPTIONS"),
+        ("/scheduled/abc", "DELETE, OPTIONS"),
+        ("*", "DELETE, GET, HEAD, OPTIONS, POST"),
+    ],
+)
+def test_preflight_is_204_with_the_paths_methods(gateway: RunningGateway, path: str, allow: str) -> None:
     reply = raw_exchange(gateway.http_port, raw_request("OPTIONS", path))
     head = reply.split(b"\r\n\r\n", 1)[0].decode()
     assert head.startswith("HTTP/1.1 204 No Content\r\n"), head
+    assert f"\r\nAllow: {allow}\r\n" in head, head
     assert "Access-Control-Allow-Origin" not in head  # no origin named, none allowed
+
+
+def test_options_on_a_path_that_is_not_there_is_404(gateway: RunningGateway) -> None:
+    before = gateway.metric('sepa_errors_total{error="not_found",status="404"}')
+    reply = raw_exchange(gateway.http_port, raw_request("OPTIONS", "/nowhere"))
+    assert reply.startswith(b"HTTP/1.1 404 Not Found\r\n"), reply
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["error"] == "not_found"
+    assert gateway.metric('sepa_errors_total{error="not_found",status="404"}') == before + 1
 
 
 def test_expect_100_continue_gets_the_interim_reply_first(gateway: RunningGateway) -> None:
