@@ -250,12 +250,11 @@ class SpuManager:
             admit = functools.partial(self.held.admit, owner or "", probed.rows)
         spu: SpuBase | None = None
         deferred = coalesce_s >= MIN_DEFER_S and self.on_due is not None and self.defers and not self.naive
-        # an empty default graph (named-graph-uri alone) and merged default graphs are re-evaluated
-        if (
-            not deferred
-            and not self.naive
-            and (len(default_graph_uri) == 1 or not (default_graph_uri or named_graph_uri))
-        ):
+        # an empty default graph (named-graph-uri alone, or NO_GRAPH_IRI given as default-graph-uri by
+        # a client) and merged default graphs are re-evaluated: the IRIs are counted as graph_list reads
+        # them (NO_GRAPH_IRI counted as a graph read the store's default graph, past a reader's rights)
+        default_graphs = graph_list(default_graph_uri, "default-graph-uri")
+        if not deferred and not self.naive and (len(default_graphs) == 1 or not (default_graph_uri or named_graph_uri)):
             limit = self.max_rows if limited else None
             spu = self._incremental(sparql, variables, default_graph_uri, named_graph_uri, prefixes, admit, limit)
             if isinstance(spu, IncrementalSpu) and not limited and spu.group.bounded:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.core.access import NO_GRAPH_IRI
 from tests.broker.differential.strategies import G1, G2, PROLOGUE
 
 
@@ -187,6 +188,10 @@ POOL: tuple[PoolQuery, ...] = (
         named_graph_uri=(G1, G2),
     ),
     _q("dataset_ask", "ASK { ?s ex:p ?o }", default_graph_uri=(G1,)),
+    # the marker of an explicitly empty graph list, as a client may send it: no graph, not the store's
+    # default graph (counted as one graph, it was evaluated incrementally over the store's default graph)
+    _q("dataset_no_graph", "SELECT ?s ?o WHERE { ?s ex:p ?o }", default_graph_uri=(NO_GRAPH_IRI,)),
+    _q("dataset_no_graph_and_g1", "SELECT ?s ?o WHERE { ?s ex:p ?o }", default_graph_uri=(NO_GRAPH_IRI, G1)),
     _q(
         "from_and_from_named",
         "SELECT ?g ?s ?o FROM ex:g1 FROM NAMED ex:g2 WHERE { { ?s ex:p ?o } UNION { GRAPH ?g { ?s ex:p ?o } } }",
