@@ -61,7 +61,7 @@ from broker.core.spu_table import spu_table
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
-from broker.errors import EvaluationCrashed, InvalidRequest, NotFound, SepaError, TimeLimitExceeded, WorkerLost
+from broker.errors import EvaluationCrashed, InvalidRequest, NotFound, SepaError, WorkerLost
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_patterns import DEFAULT as LOOSE_DEFAULT
 from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
@@ -476,7 +476,7 @@ class SpuManager:
                 "ok",
                 *self.workers.run("subscription_rows", spu.sparql, spu.prefixes, spu.arguments, max_rows=self.max_rows),
             )
-        except (TimeLimitExceeded, EvaluationCrashed, InvalidRequest) as error:
+        except SepaError as error:  # a time or memory limit, a crash: it ends the subscription
             return error
         except Exception as error:  # noqa: BLE001 - reported with this subscription
             return ("failed", str(error)[:300])
@@ -983,7 +983,10 @@ class SpuManager:
         """Wait for each of `entry`'s jobs in turn and apply its outcome; the notifications sent.
 
         A job whose worker was lost (killed for the time limit of a job ahead of it, or dead) is run
-        again now, in a query worker: its notification then covers this update and those since. A
+        again now, in a query worker: its notification then covers this update and those since. So
+        is a job whose worker died under it: a worker killed from outside (an operator, the OOM
+        killer) ended the subscription with `evaluation_crashed`; a query that really crashes its
+        worker crashes the query worker too, and that ends it. A
         fault path only, and still a difference from the previous notification: with several
         re-evaluation workers, a later update's job that another worker ran on the store as that
         update left it may then step the result back, and the next ones forward again."""
@@ -992,8 +995,8 @@ class SpuManager:
         for spu, job in entry.jobs:
             started = time.perf_counter()
             outcome = _settle(job)
-            if isinstance(outcome, WorkerLost):
-                outcome = self._in_worker(spu) if self.workers is not None else outcome
+            if isinstance(outcome, WorkerLost | EvaluationCrashed) and self.workers is not None:
+                outcome = self._in_worker(spu)
             got = time.perf_counter()
             with self._state:
                 if self.reeval.get(spu.key) is spu:  # not ended by an earlier outcome
@@ -1097,7 +1100,7 @@ def _settle(job: Future[Any]) -> Outcome:
     """A dispatched re-evaluation's outcome, as :meth:`SpuManager._in_worker` gives it."""
     try:
         return ("ok", *job.result())
-    except (TimeLimitExceeded, EvaluationCrashed, WorkerLost, InvalidRequest) as error:
+    except SepaError as error:  # a memory limit too: it was logged and the subscription kept, un-notified
         return error
     except Exception as error:  # noqa: BLE001 - reported with this subscription
         return ("failed", str(error)[:300])

@@ -106,3 +106,34 @@ def test_a_subscription_past_the_limit_is_an_error_frame_and_the_socket_lives_on
     refused, accepted = asyncio.run(main())
     assert refused["error"] == "memory_limit" and refused["alias"] == "huge", refused
     assert accepted["notification"]["alias"] == "fine", accepted
+
+
+def test_a_subscription_the_data_takes_past_the_limit_ends_with_an_error_frame(start_gateway) -> None:
+    """Its first evaluation is small; an update then makes its re-evaluation sort a billion rows. It
+    ends with a memory_limit frame naming it, the update is answered, and the socket's other
+    subscription is notified. (A re-evaluation's memory limit was logged as a failure and the
+    subscription kept, silently missing that update's notification, at the cost of a worker at
+    every later update.)"""
+    gateway = _seeded(start_gateway)
+    growing = f"SELECT ?a ?b ?c WHERE {{ ?x <{EX}q> ?a . ?y <{EX}q> ?b . ?z <{EX}q> ?c }} ORDER BY DESC(?a) LIMIT 1"
+    fine = f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}"
+
+    async def main() -> tuple[list[dict], int]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{gateway.ws_url}/subscribe") as ws:
+            for alias, sparql in (("growing", growing), ("fine", fine)):
+                await ws.send_json({"subscribe": {"sparql": sparql, "alias": alias}})
+                assert "notification" in json.loads((await ws.receive(timeout=10)).data)
+            many = " ".join(f"<{EX}n{i}> <{EX}q> {i} ." for i in range(1000))
+            status = (await asyncio.to_thread(gateway.update, f"INSERT DATA {{ {many} }}")).status
+            frames = [json.loads((await ws.receive(timeout=30)).data)]
+            await asyncio.to_thread(gateway.update, f"INSERT DATA {{ <{EX}a> <{EX}p> 4 }}")
+            frames.append(json.loads((await ws.receive(timeout=10)).data))
+            return frames, status
+
+    (ended, notified), status = asyncio.run(main())
+    assert status == 200
+    assert ended["error"] == "memory_limit" and ended["alias"] == "growing" and ended["spuid"], ended
+    assert notified["notification"]["alias"] == "fine", notified
+    metrics = gateway.metrics()
+    assert metrics["sepa_subscriptions_ended_total"] == 1
+    assert metrics["sepa_query_worker_memory_limits_total"] >= 1

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiohttp
 
@@ -79,3 +82,41 @@ def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
         assert [sequence for alias, sequence in frames if alias == i] == [1, 2]
     assert matching > 1.0  # the re-evaluations were slow indeed...
     assert len(latencies) > 10 and max(latencies) < 0.3, (matching, sorted(latencies)[-5:])  # ...and held no one else
+
+
+def _youngest_child(pid: int) -> int:
+    """The process `pid` started last (the re-evaluation worker, started after the query workers)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()  # each thread's children: workers start from several
+    children = [int(child) for task in tasks for child in (task / "children").read_text().split()]
+    return max(children, key=lambda child: int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19]))
+
+
+def test_a_re_evaluation_worker_killed_from_outside_does_not_end_the_subscription(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """The OOM killer or an operator kills the re-evaluation worker while it re-evaluates: the
+    subscription is re-evaluated in a query worker and notified, not ended with evaluation_crashed."""
+    gateway = start_gateway(
+        toml="[engine]\nreeval_workers = 1\ntime_limit_s = 60\n[websocket]\nmax_reeval_seconds_per_client = 60\n"
+    )
+    slow = " ".join(f"<{EX}x{n}> <{EX}slow> {n} ." for n in range(20))
+    assert gateway.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 . {slow} }}").status == 200
+
+    async def main() -> tuple[dict, int]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{gateway.ws_url}/subscribe") as ws:
+            await ws.send_json({"subscribe": {"sparql": _view(0), "alias": "v"}})
+            assert json.loads((await ws.receive(timeout=60)).data)["notification"]["sequence"] == 0
+            await asyncio.to_thread(gateway.wait_for_metric, "sepa_reeval_workers", lambda n: n >= 1, 30)
+            worker = _youngest_child(gateway.process.pid)
+            more = " ".join(f"<{EX}y{n}> <{EX}slow> {n} ." for n in range(40))  # 60^4 rows counted: seconds
+            update = asyncio.create_task(asyncio.to_thread(gateway.update, f"INSERT DATA {{ {more} }}"))
+            await asyncio.sleep(0.5)
+            os.kill(worker, signal.SIGKILL)
+            frame = json.loads((await asyncio.wait_for(ws.receive(), 60)).data)  # pings restart receive's timeout
+            return frame, (await update).status
+
+    frame, status = asyncio.run(main())
+    assert status == 200
+    assert "error" not in frame, frame
+    assert frame["notification"]["sequence"] == 1, frame
+    assert gateway.metrics()["sepa_subscriptions_ended_total"] == 0
