@@ -41,6 +41,17 @@ class InvalidRequest(SepaError):
     status_code = 400
 
 
+class ResultTooLarge(SepaError):
+    """A result past a size limit of the gateway (a query's body, a subscription's rows, a
+    notification's characters). 413, not 400: the SEPA clients' secure wrappers (sepa-js
+    `SecureSubscriptionWrapper`) take any 400 for an expired token and subscribe again, so a
+    subscription ended at its row limit had a secure sepa-js application ask for hundreds of tokens
+    a second, then crash, the error never reaching it; a 413 is handed to the application."""
+
+    error = "result_too_large"
+    status_code = 413
+
+
 class UpdateFailed(SepaError):
     """An update operation failed at run time (e.g. CREATE of an existing graph); nothing changed."""
 

@@ -69,6 +69,8 @@ MAX_PENDING = 256  # notifications one observer may have waiting here before it 
 POLL_S = 0.05  # how often a waiting observer looks whether aiocoap caught up
 PARTS_CACHED = 8  # notifications whose parts a query keeps (per content format and sequence), shared by its observers
 _KEYS = {"name", "sparql"}
+# a refused subscribe (SEPA status) as the CoAP code of a refused creation; any other: 5.03
+_CREATE_CODES = {400: Code.BAD_REQUEST, 413: Code.REQUEST_ENTITY_TOO_LARGE}
 
 
 @dataclass(frozen=True)
@@ -572,7 +574,7 @@ class QueriesResource(Resource):
         try:
             await self._subscribe(query)
         except SepaClientError as error:
-            code = Code.BAD_REQUEST if error.status_code == 400 else Code.SERVICE_UNAVAILABLE
+            code = _CREATE_CODES.get(error.status_code, Code.SERVICE_UNAVAILABLE)
             raise Refused(code, error.error_description or error.error) from None
         finally:
             self.creating.discard(name)

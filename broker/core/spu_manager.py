@@ -61,7 +61,7 @@ from broker.core.spu_table import spu_table
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Delta
-from broker.errors import EvaluationCrashed, InvalidRequest, NotFound, SepaError, WorkerLost
+from broker.errors import EvaluationCrashed, InvalidRequest, NotFound, ResultTooLarge, SepaError, WorkerLost
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.query_patterns import DEFAULT as LOOSE_DEFAULT
 from broker.sparql.query_patterns import NAMED as LOOSE_NAMED
@@ -344,7 +344,7 @@ class SpuManager:
                 if not group.spus:
                     self._index_group(group, add=False)
                     del self.groups[key]
-                raise InvalidRequest(
+                raise ResultTooLarge(
                     f"the subscription's result has more than {limit} rows ({WEIGHED}; "
                     "the limit of one subscription: [websocket] max_subscription_rows)"
                 ) from None
@@ -1064,8 +1064,8 @@ class SpuManager:
             self._end(spu, error)
         return notifications, hits
 
-    def _too_many_rows(self) -> InvalidRequest:
-        return InvalidRequest(
+    def _too_many_rows(self) -> ResultTooLarge:
+        return ResultTooLarge(
             f"the subscription's result would have more than {self.max_rows} rows ({WEIGHED}; "
             "the limit of one subscription: [websocket] max_subscription_rows)"
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pyoxigraph import QueryBoolean, QueryResultsFormat, QuerySolutions, QueryTriples, RdfFormat
 
 from broker.core.bounded import BoundedBuffer, TooLarge
-from broker.errors import InvalidRequest, SepaError
+from broker.errors import InvalidRequest, ResultTooLarge, SepaError
 
 RESULT_FORMATS: dict[str, QueryResultsFormat] = {
     "application/sparql-results+json": QueryResultsFormat.JSON,
@@ -105,7 +105,7 @@ def serialize(
 ) -> tuple[bytes, str]:
     """Serialize a pyoxigraph result for the client; returns (body, content type).
 
-    Past `max_bytes` the serialization stops and InvalidRequest is raised. Why: one short query
+    Past `max_bytes` the serialization stops and ResultTooLarge is raised. Why: one short query
     (a product of a 1,000-triple store with itself) made a 225 MB JSON body in 4 s, the gateway's
     RSS 710 MB (the body is made in a query worker, sent to the gateway, then to the client): a
     reader could end a gateway on a 1 GB board."""
@@ -114,7 +114,7 @@ def serialize(
     try:
         result.serialize(output, format=result_format)  # type: ignore[arg-type]
     except TooLarge:
-        raise InvalidRequest(
+        raise ResultTooLarge(
             f"the result is larger than {max_bytes} bytes (the limit of one query: [http] max_result_bytes); "
             "ask for less, with LIMIT and OFFSET"
         ) from None

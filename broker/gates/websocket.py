@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from broker.core.notification import Notification
-from broker.errors import InvalidRequest, NotFound, SepaError
+from broker.errors import InvalidRequest, NotFound, ResultTooLarge, SepaError
 from broker.gates.budget import PerAddress
 from broker.gates.coalesce import MAX_COALESCE_MS, Coalescing, coalesce_interval
 from broker.gates.connections import peer_host
@@ -694,10 +694,10 @@ class WebSocketGate:
             self.counters["ws_notifications_too_large"] += 1
             self.reply_error(
                 connection,
-                "invalid_request",
+                ResultTooLarge.error,
                 f"subscription ended: its notification passed [websocket] max_notification_bytes "
                 f"({self.max_notification_bytes} characters of JSON)",
-                400,
+                ResultTooLarge.status_code,
                 alias,
                 spuid=notification.spuid,
             )

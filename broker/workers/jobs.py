@@ -20,7 +20,7 @@ from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
 from broker.core.spu import Mu, ShapeGroup
 from broker.core.update_processor import where_solutions
-from broker.errors import InvalidRequest
+from broker.errors import ResultTooLarge
 from broker.gates.negotiation import serialize
 
 
@@ -35,7 +35,7 @@ def serialized(
     max_bytes: int | None = None,
 ) -> tuple[bytes, str]:
     """A SPARQL Protocol query, serialized for the client's Accept header: (body, content type);
-    InvalidRequest past `max_bytes` of body."""
+    ResultTooLarge past `max_bytes` of body."""
     raw = processor.run(sparql, default_graph_uri=default_graph_uri, named_graph_uri=named_graph_uri, base_iri=base_iri)
     return serialize(raw, accept, max_bytes)
 
@@ -57,7 +57,7 @@ def probe(
 ) -> tuple[int, bytes | None]:
     """Evaluate a subscription's query once, in full: (its results' count, its result as SPARQL TSV
     when it is a SELECT with variables whose TSV takes at most `keep_bytes`, else None).
-    InvalidRequest when it has more than `max_rows` results.
+    ResultTooLarge when it has more than `max_rows` results.
 
     Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
     first where it can be, a query that never ends is refused before it gets there. The result
@@ -90,7 +90,7 @@ def probe(
 
 def _check_rows(rows: int, max_rows: int | None) -> None:
     if max_rows is not None and rows > max_rows:
-        raise InvalidRequest(
+        raise ResultTooLarge(
             f"the subscription's result has more than {max_rows} rows ({WEIGHED}; "
             "the limit of one subscription: [websocket] max_subscription_rows)"
         )
@@ -111,7 +111,7 @@ def subscription_rows(
     building term tuples and encoding them (codes, then pickle) cost 2.75 ms and pickled terms more;
     the engine reads it back in 0.85 ms. A result without variables has no TSV rows to count: its
     empty rows travel as they are. More than `max_rows` rows, weighed (broker.core.held.row_weight):
-    InvalidRequest, and the subscription is ended."""
+    ResultTooLarge, and the subscription is ended."""
     result = processor.store.query(sparql, prefixes=prefixes, **arguments)  # type: ignore[arg-type]
     if isinstance(result, QueryBoolean):
         return (), [], bool(result)

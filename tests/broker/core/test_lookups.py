@@ -19,7 +19,7 @@ import pytest
 import broker.core.spu
 from broker.api import Engine, Notification, RdfStore
 from broker.core.spu import ReevalSpu
-from broker.errors import InvalidRequest
+from broker.errors import ResultTooLarge
 from broker.workers.pool import QueryWorkers
 from tests.polling import wait_until
 from tools.launcher import RunningGateway
@@ -189,7 +189,7 @@ def test_a_subscription_the_store_outgrew_after_its_probe_is_refused_at_the_rows
     insert(engine, "q", 0, 200)  # 40,000 rows
     two = f"SELECT * WHERE {{ GRAPH <{G}> {{ ?a <{EX}p> ?x . ?b <{EX}q> ?y }} }}"
     made = count_evaluations(monkeypatch)
-    with pytest.raises(InvalidRequest, match="more than 10000 rows"):
+    with pytest.raises(ResultTooLarge, match="more than 10000 rows"):
         watch(engine, two)
     assert made == [10_001] and engine.spus.subscription_count == 0 and not engine.spus.groups
     trusted = watch(engine, two, limited=False)  # the gateway's own code is not bounded

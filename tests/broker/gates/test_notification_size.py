@@ -4,7 +4,7 @@ What it protects (`[websocket] max_notification_bytes`, broker/gates/websocket.p
 WebSocketGate._deliver): rows are bounded where a subscription's results are made, their size is
 not. One long literal joined with many triples made one notification of rows × literal: a
 500,000-character literal and 500 triples were a 250 MB frame, RSS 193 MB -> 1.29 GB, the event loop
-busy 4 s writing it. Past the limit the subscription ends with a 400 error frame naming the
+busy 4 s writing it. Past the limit the subscription ends with a 413 error frame naming the
 setting, its spuid and alias; the update applies, the socket and its other subscriptions live on.
 """
 
@@ -48,7 +48,7 @@ def test_a_notification_past_the_limit_ends_its_subscription_and_the_socket_live
             assert frame["notification"]["alias"] == "small", frame
             await post_update(session, gateway, f'INSERT DATA {{ <{EX}s> <{EX}big> "{"z" * 10_000}" }}')
             frame = await receive_json(ws)
-            assert frame.get("status_code") == 400 and frame["error"] == "invalid_request", frame
+            assert frame.get("status_code") == 413 and frame["error"] == "result_too_large", frame
             assert "max_notification_bytes" in frame["error_description"], frame
             assert frame["alias"] == "joined" and frame["spuid"] == joined["spuid"], frame
             await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 1)
@@ -83,7 +83,7 @@ def test_a_first_notification_past_the_limit_refuses_the_subscription(
             await post_update(session, gateway, f'INSERT DATA {{ {keys} <{EX}s> <{EX}big> "{"z" * 10_000}" }}')
             await ws.send_json({"subscribe": {"sparql": JOINED, "alias": "joined"}})
             frame = await receive_json(ws)
-            assert frame.get("status_code") == 400 and "max_notification_bytes" in frame["error_description"], frame
+            assert frame.get("status_code") == 413 and "max_notification_bytes" in frame["error_description"], frame
             assert frame["alias"] == "joined", frame
             await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 0)
             small = await subscribe(ws, {"sparql": SMALL, "alias": "small"})

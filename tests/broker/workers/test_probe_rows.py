@@ -3,7 +3,7 @@ broker.workers.jobs.probe, over real sockets at the end).
 
 What it protects: a subscription holds its result for as long as it lives and sends it whole in
 its first notification; a 60-byte product of a 700-triple store with itself was a 125 MB first
-notification and took the gateway's RSS to 877 MB. Past the limit the subscribe gets a 400 error
+notification and took the gateway's RSS to 877 MB. Past the limit the subscribe gets a 413 error
 frame and nothing is held; the probe still evaluates every result it keeps no text of (the time
 limit's guarantee), and keeps the text of a small one as before.
 """
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from pyoxigraph import NamedNode, Quad
 
-from broker.api import InvalidRequest, RdfStore
+from broker.api import RdfStore, ResultTooLarge
 from broker.core.query_processor import QueryProcessor
 from broker.workers.jobs import probe
 from tools.launcher import RunningGateway
@@ -49,7 +49,7 @@ def test_a_result_of_exactly_the_limit_is_taken_one_more_is_refused(
     counted, kept = probe(processor, product(side), keep_bytes=1 << 20, max_rows=rows)
     assert counted == rows
     assert (kept is not None) == (side == 10)  # the small one's text is kept, the large one's not
-    with pytest.raises(InvalidRequest, match=f"more than {rows - 1} rows .*max_subscription_rows"):
+    with pytest.raises(ResultTooLarge, match=f"more than {rows - 1} rows .*max_subscription_rows"):
         probe(processor, product(side), keep_bytes=1 << 20, max_rows=rows - 1)
 
 
@@ -80,6 +80,6 @@ def test_a_subscription_past_the_limit_over_real_sockets_gets_an_error_frame_and
             return frames[0], frames[1]
 
     refused, held = asyncio.run(main())
-    assert (refused["status_code"], refused["alias"]) == (400, "all"), refused
+    assert (refused["status_code"], refused["alias"]) == (413, "all"), refused
     assert "max_subscription_rows" in refused["error_description"]
     assert len(held["notification"]["addedResults"]["results"]["bindings"]) == 50

@@ -1,5 +1,6 @@
 // The SEPA project's JavaScript client (@arces-wot/sepa-js), unchanged, over the gateway's secure
-// gates: register, token, update, query, subscribe, a notification, unsubscribe. One JSON line per
+// gates: register, token, update, query, subscribe, a notification, unsubscribe, a subscription
+// ended at the gateway's row limit. One JSON line per
 // step on stdout; exit 1 on the first failure. The certificate is trusted through
 // NODE_EXTRA_CA_CERTS (set by the test): no verification is turned off.
 const { client } = require("@arces-wot/sepa-js");
@@ -36,6 +37,18 @@ async function main() {
   say("notification", { values: results.results.bindings.map((row) => row.o.value) });
   await new Promise((resolve) => { sub.on("unsubscribed", () => resolve()); sub.unsubscribe(); });
   say("unsubscribed", {});
+  // a subscription an update takes past the gateway's max_subscription_rows (5 in the test) ends:
+  // the application hears why (a 400 here sent the client's token renewal into a loop instead)
+  const big = sepa.subscribe(`SELECT ?n WHERE { <${EX}lamp> <${EX}n> ?n }`, undefined, "big");
+  const ended = new Promise((resolve, reject) => {
+    big.on("error", (error) => resolve(error));
+    big.on("connection-error", (error) => reject(error));
+    setTimeout(() => reject(new Error("no error event in 20 s")), 20000);
+  });
+  await new Promise((resolve) => big.on("subscribed", () => resolve()));
+  await sepa.update(`INSERT DATA { <${EX}lamp> <${EX}n> 1, 2, 3, 4, 5, 6, 7 }`);
+  const error = await ended;
+  say("ended", { error: error.error, status: error.status_code });
 }
 
 main().then(() => process.exit(0), (error) => {
