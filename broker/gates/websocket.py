@@ -504,8 +504,9 @@ class WebSocketGate:
         sparql = unescape_iris(sparql)  # as /query and /update take them (broker.sparql.tokens)
         graphs: dict[str, list[str]] = {}
         for member in ("default-graph-uri", "named-graph-uri"):
-            value = body.get(member, [])
-            value = [value] if isinstance(value, str) else value
+            value = body.get(member)
+            # null is no list given, as for alias and authorization (a JSAP with "graphs": null members)
+            value = [] if value is None else [value] if isinstance(value, str) else value
             if not isinstance(value, list) or not all(isinstance(iri, str) for iri in value):
                 self.reply_error(connection, "invalid_request", f"'{member}' must be an array of IRIs", 400, alias)
                 return

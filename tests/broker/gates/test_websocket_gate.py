@@ -223,6 +223,24 @@ def test_subscription_without_alias(gateway: RunningGateway, alias_member: dict[
     run(scenario)
 
 
+def test_null_graph_lists_are_no_lists(gateway: RunningGateway) -> None:
+    """`"default-graph-uri": null` (JSAP-driven clients send the members they have, null or not) is
+    no dataset, as a null alias is no alias: it was a 400."""
+    base = f"{EX}null-graphs/"
+
+    async def scenario(session: aiohttp.ClientSession) -> None:
+        async with session.ws_connect(gateway.subscribe_url) as ws:
+            sparql = f"SELECT ?o WHERE {{ <{base}s> <{base}p> ?o }}"
+            first = await subscribe(
+                ws, {"sparql": sparql, "alias": "n", "default-graph-uri": None, "named-graph-uri": None}
+            )
+            assert first["alias"] == "n" and SPUID.match(first["spuid"])
+            await post_update(session, gateway, f"INSERT DATA {{ <{base}s> <{base}p> 1 }}")
+            assert (await receive_json(ws))["notification"]["sequence"] == 1
+
+    run(scenario)
+
+
 def test_default_and_named_graph_uri_select_the_dataset(gateway: RunningGateway) -> None:
     base = f"{EX}graphs/"
     s, p, g1, g2 = (f"<{base}{name}>" for name in ("s", "p", "g1", "g2"))
