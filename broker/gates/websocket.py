@@ -249,7 +249,7 @@ class WebSocketGate:
         max_notification_bytes: int | None = None,
         heartbeat_s: float = 30.0,
         max_message_bytes: int = 1 << 20,
-        authenticate: Callable[[Any, str | None], Principal] | None = None,
+        authenticate: Callable[..., Principal] | None = None,
         still_valid: Callable[[Principal], bool] | None = None,
         quota: SubscriptionQuota | None = None,
         shares: PerAddress[QueuedShare] | None = None,
@@ -460,7 +460,8 @@ class WebSocketGate:
                     if authorization is None:
                         authorization = message.get("authorization")
                     try:
-                        principal = self.authenticate(authorization, connection.host)
+                        # an unsubscribe may carry an expired token of ours (Authority.authenticate)
+                        principal = self.authenticate(authorization, connection.host, expired_ok=verb == "unsubscribe")
                     except SepaError as error:
                         alias = body.get("alias") if isinstance(body.get("alias"), str) else None
                         # a frame has no headers: a refused attempt's Retry-After is in its body

@@ -156,13 +156,16 @@ class Authority:
 
     # -- secure requests ------------------------------------------------------------------------
 
-    def authenticate(self, authorization: Any, peer: str | None = None) -> Principal:
+    def authenticate(self, authorization: Any, peer: str | None = None, *, expired_ok: bool = False) -> Principal:
         """The principal of a request's ``Authorization`` value (``Bearer <JWT>`` or a bare JWT).
 
         Every failure is 401 invalid_grant and names no detail an attacker could use. `peer`: the
         request's network address (None: this board). A token verified before (cached, unexpired, not revoked)
         of a client still registered passes whatever the address's failure budget: that check is
-        a lookup; any other attempt is charged to the budget (broker.security.failures)."""
+        a lookup; any other attempt is charged to the budget (broker.security.failures).
+        `expired_ok`: a token of ours past its expiry is taken too (a WebSocket unsubscribe: sepy
+        never renews the token of its socket, and could not end its subscriptions once it expired;
+        ending a subscription only takes access away)."""
         token = None
         if isinstance(authorization, str) and authorization.strip():
             scheme, _, rest = authorization.strip().partition(" ")
@@ -175,7 +178,7 @@ class Authority:
         with self.attempt(peer, "bad_token"):
             if token is None:
                 raise Unauthorized("a bearer token is required (Authorization: Bearer <JWT>)")
-            claims = self.tokens.verify(token)
+            claims = self.tokens.verify(token, expired_ok=expired_ok)
             client = self.registry.by_client_id(claims.sub)
             if client is None or client.revoked:
                 raise Unauthorized("the client of this token is no longer registered")

@@ -89,10 +89,11 @@ class TokenAuthority:
     def _is_revoked(self, claims: Claims) -> bool:
         return claims.jti in self._revoked.get(claims.sub, ()) or claims.iat <= self._cut_off.get(claims.sub, -1)
 
-    def verify(self, token: str) -> Claims:
+    def verify(self, token: str, *, expired_ok: bool = False) -> Claims:
         """The claims of a valid token; Unauthorized for anything else (never says which check failed
-        beyond a short reason, and never echoes the token)."""
-        claims = self._verified_claims(token)
+        beyond a short reason, and never echoes the token). `expired_ok`: a token past its expiry
+        is taken (its signature, issuer and revocation still checked), for ending a subscription."""
+        claims = self._verified_claims(token, expired_ok)
         if self._is_revoked(claims):
             raise Unauthorized("the token was revoked")
         return claims
@@ -112,11 +113,11 @@ class TokenAuthority:
         self._revoked[claims.sub] = revoked
         return True
 
-    def _verified_claims(self, token: str) -> Claims:
+    def _verified_claims(self, token: str, expired_ok: bool = False) -> Claims:
         now = time.time()
         cached = self._verified.get(token)
         if cached is not None:
-            if cached.exp > now:
+            if cached.exp > now or expired_ok:
                 return cached
             del self._verified[token]
             raise Unauthorized("the token has expired")
@@ -128,7 +129,7 @@ class TokenAuthority:
                 self.public_key,
                 algorithms=[ALGORITHM],
                 issuer=self.issuer,
-                options={"require": ["iss", "sub", "iat", "exp", "jti"]},
+                options={"require": ["iss", "sub", "iat", "exp", "jti"], "verify_exp": not expired_ok},
             )
         except jwt.ExpiredSignatureError:
             raise Unauthorized("the token has expired") from None
@@ -140,6 +141,8 @@ class TokenAuthority:
         if not isinstance(sub, str) or not isinstance(exp, int) or not isinstance(jti, str) or not isinstance(iat, int):
             raise Unauthorized("the token is not valid")
         claims = Claims(sub, exp, jti, iat)
+        if exp <= now:  # taken with expired_ok: not kept, whatever asks next
+            return claims
         self._verified[token] = claims
         if len(self._verified) > CACHE_SIZE:
             self._verified.popitem(last=False)

@@ -86,3 +86,31 @@ def test_sepy_starting_with_a_query_and_a_reader_that_may_not_write(gateway: Run
     stranger = SEPA(sapObject=SAPObject(secure_profile(gateway), log=logging.ERROR), client_id="stranger")
     with pytest.raises(Exception):  # noqa: B017 - sepy's RegistrationFailedException: not allowed to register
         stranger.update("INSERT_GREETING")
+
+
+def test_sepy_ends_its_subscription_after_its_token_expired(tmp_path: Path) -> None:
+    """sepy never renews the token of its socket: its unsubscribe carries the token it subscribed
+    with. Once that expired, the unsubscribe was a 401 (which sepy cannot read) and the subscription
+    lived on, notified, until the socket closed. A token of ours past its expiry may end the
+    subscriptions of its own client (ending takes access away); anything else is still refused."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[security]\ntoken_lifetime_s = 10\nclients = [{identity = "sepy-app", read = ["*"], write = ["*"]}]\n'
+    )
+    gateway = launch_gateway("--secure", "--no-mqtt", config=config, data_dir=tmp_path / "data")
+    try:
+        sepa = SEPA(sapObject=SAPObject(secure_profile(gateway), log=logging.ERROR), client_id="sepy-app")
+        inbox: queue.Queue[tuple[list, list]] = queue.Queue()
+        spuid = sepa.subscribe(
+            "QUERY_GREETINGS", "greetings", handler=lambda added, removed: inbox.put((added, removed))
+        )
+        inbox.get(timeout=5)
+        assert gateway.metrics()["sepa_subscriptions"] == 1
+        time.sleep(11)  # past the token's 10 s
+        sepa.unsubscribe(spuid)
+        deadline = time.monotonic() + 5
+        while gateway.metrics()["sepa_subscriptions"] != 0:
+            assert time.monotonic() < deadline, "sepy's unsubscribe with its expired token was refused"
+            time.sleep(0.05)
+    finally:
+        assert gateway.stop() == 0

@@ -60,3 +60,20 @@ def test_expired_revocations_are_forgotten(authority: TokenAuthority) -> None:
     fresh, _ = authority.issue("client-a")
     assert authority.revoke(fresh, now=time.time() + 20)  # the old one has expired by then
     assert list(authority._revoked["client-a"]) == [authority._verified[fresh].jti]
+
+
+def test_an_expired_token_is_taken_only_when_asked_and_only_if_ours_and_not_revoked(authority: TokenAuthority) -> None:
+    """`expired_ok` (a WebSocket unsubscribe) relaxes the expiry and nothing else."""
+    old, _ = authority.issue("client-a", now=time.time() - 7200)
+    with pytest.raises(Unauthorized, match="expired"):
+        authority.verify(old)
+    assert authority.verify(old, expired_ok=True).sub == "client-a"
+    with pytest.raises(Unauthorized, match="expired"):  # not kept as verified by the relaxed check
+        authority.verify(old)
+    foreign = TokenAuthority(ec.generate_private_key(ec.SECP256R1()), "https://gw.test", 3600)
+    with pytest.raises(Unauthorized):
+        authority.verify(foreign.issue("client-a", now=time.time() - 7200)[0], expired_ok=True)
+    fresh, _ = authority.issue("client-b")
+    assert authority.revoke(fresh)
+    with pytest.raises(Unauthorized, match="revoked"):
+        authority.verify(fresh, expired_ok=True)
