@@ -508,7 +508,7 @@ def located_error(text: str, message: str, fallback: Token | None) -> SparqlSynt
         except SyntaxError as error:
             from broker.core.query_processor import syntax_error
 
-            return syntax_error(error)
+            return syntax_error(error, text)
         except Exception:  # noqa: BLE001 - any run-time failure means the syntax was fine
             pass
     return error_at(text, fallback, message.removeprefix("error at "))
