@@ -262,6 +262,21 @@ def check_size(quads: int, limit: int | None) -> None:
         raise UpdateFailed(f"the update would change more than {limit} quads ({WEIGHED}; {_LIMIT_SETTING})")
 
 
+# template instances tried (WHERE solutions x template patterns) a network client's operation may
+# have at most: max_update_quads, each try counted as a quad made (see UpdateProcessor._modify)
+TEMPLATE_CHECK = 4096  # solutions between two looks at the time limit while templates are made
+
+
+def check_tries(solutions: int, patterns: int, limit: int | None) -> None:
+    """UpdateFailed when `patterns` template patterns tried on each of `solutions` WHERE solutions
+    are more tries than `limit` (None: no limit)."""
+    if limit is not None and solutions * patterns > limit:
+        raise UpdateFailed(
+            f"the update's templates would be tried more than {limit} times ({solutions} WHERE solutions x "
+            f"{patterns} template patterns; {_LIMIT_SETTING})"
+        )
+
+
 class UpdateProcessor:
     """Computes and applies exact update deltas."""
 
@@ -639,11 +654,21 @@ class UpdateProcessor:
             to_delete.update(_in_graph(operation.delete_ground, operation.with_graph))
             to_insert.update(_in_graph(operation.insert_ground, operation.with_graph))
         limit = self._limit
+        # every template pattern is tried on every solution, and a try that makes nothing (a
+        # variable the WHERE never binds) or a quad already made is not counted below: 1,936
+        # solutions (within the limit) x 20,000 such patterns held the update thread, and every
+        # other client's updates, for 10.5 s with a 3 s time limit (/tmp/atk-j/tmpl_amp2.py). So
+        # a network client's tries are bounded as its quads are, before any is made, and the time
+        # limit is looked at every TEMPLATE_CHECK solutions
+        if limit is not None:
+            check_tries(len(solutions), len(operation.delete) + len(operation.insert), limit)
         # what the quads a template made weigh beyond one each (a network client's request): each
         # is a copy of its terms, and one 150-character INSERT WHERE that copied a 900,000-character
         # literal into 500 quads took the gateway from 193 to 1,058 MB (/tmp/atk2/m4_where.py)
         weight = 0
-        for solution in solutions:
+        for number, solution in enumerate(solutions, 1):
+            if not number % TEMPLATE_CHECK:
+                self._time_left()
             for index, pattern in enumerate(operation.delete):
                 where_index = matched[index] if matched else None
                 if where_index is not None and where_index in solution:
