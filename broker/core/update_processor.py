@@ -197,6 +197,17 @@ MAX_UPDATE_QUADS = 100_000
 WHERE_STEPS = 50_000
 
 
+# triple patterns (with those of OPTIONAL blocks) of a network client's plain-BGP WHERE that are
+# planned and evaluated on the update thread; a longer one goes to a query worker, under the time
+# limit, as a WHERE that is not a plain BGP does. Why: the join planner (broker.core.bgp.plan) is
+# quadratic in the patterns and runs before the step budget: 4,000 patterns held the update
+# thread, and every other client's updates, 6.97 s with a 3 s limit (/tmp/atk-j/bgp_plan2.py),
+# and the evaluation recurses once per pattern. Planning 128 takes 16 ms (64: 3.5 ms, 512: 0.25 s,
+# once per shape: plans are cached); real updates have a few to a few dozen (an observation
+# with its result and feature of interest: about a dozen)
+MAX_PLANNED_PATTERNS = 128
+
+
 class WhereEvaluator(Protocol):
     """Evaluates a WHERE clause elsewhere (a query worker) within `time_limit_s`."""
 
@@ -327,20 +338,22 @@ class UpdateProcessor:
         With a `budget`, only a single INSERT/DELETE DATA or a DELETE/INSERT with a plain BGP is
         computed, its lookups charged to the budget; anything else raises OverBudget.
         """
-        operations, protocol_using, protocol_named = self.check(
-            sparql,
-            using_graph_uri=using_graph_uri,
-            using_named_graph_uri=using_named_graph_uri,
-            base_iri=base_iri,
-            prefixes=prefixes,
-        )
-        if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
-            raise OverBudget
-        self._writable = writable
+        # the time limit starts before the request is parsed: parsing is not stopped, but what it
+        # took is not given again to the WHERE clauses and templates
         if not self.trusted and self.time_limit_s is not None:
             self._deadline = time.monotonic() + self.time_limit_s
             self._where_steps = Budget(WHERE_STEPS)
         try:
+            operations, protocol_using, protocol_named = self.check(
+                sparql,
+                using_graph_uri=using_graph_uri,
+                using_named_graph_uri=using_named_graph_uri,
+                base_iri=base_iri,
+                prefixes=prefixes,
+            )
+            if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
+                raise OverBudget
+            self._writable = writable
             return self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
         finally:
             self._writable = None
@@ -561,7 +574,11 @@ class UpdateProcessor:
             default_graphs = [g for g in (default_graphs or [DEFAULT_GRAPH]) if g in readable]
             named_graphs = [g for g in (readable if named_graphs is None else named_graphs) if g in readable]
             named_graphs = [g for g in named_graphs if isinstance(g, NamedNode)]
-        if operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1):
+        planned = operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1)
+        if planned and not self.trusted and (budget is not None or self.where_evaluator is not None):
+            # a network client's long BGP is not planned here (see MAX_PLANNED_PATTERNS)
+            planned = len(operation.where_bgp) + sum(map(len, operation.where_optionals)) <= MAX_PLANNED_PATTERNS  # type: ignore[arg-type]
+        if planned:
             dataset = Dataset(
                 default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
             )
