@@ -29,6 +29,7 @@ from broker.core.held import WEIGHED, quad_weight, row_weight
 from broker.core.query_processor import graph_list
 from broker.errors import Forbidden, InvalidRequest, TimeLimitExceeded, UpdateFailed
 from broker.sparql.canonical import canonical
+from broker.sparql.limits import DATA_QUAD_LIMIT
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.plan import plan_update
 from broker.sparql.service import check_services
@@ -343,14 +344,19 @@ class UpdateProcessor:
         if not self.trusted and self.time_limit_s is not None:
             self._deadline = time.monotonic() + self.time_limit_s
             self._where_steps = Budget(WHERE_STEPS)
+        # a network client's DATA block is read no further than its size limit (DATA_QUAD_LIMIT)
+        data_limit = DATA_QUAD_LIMIT.set(self._limit)
         try:
-            operations, protocol_using, protocol_named = self.check(
-                sparql,
-                using_graph_uri=using_graph_uri,
-                using_named_graph_uri=using_named_graph_uri,
-                base_iri=base_iri,
-                prefixes=prefixes,
-            )
+            try:
+                operations, protocol_using, protocol_named = self.check(
+                    sparql,
+                    using_graph_uri=using_graph_uri,
+                    using_named_graph_uri=using_named_graph_uri,
+                    base_iri=base_iri,
+                    prefixes=prefixes,
+                )
+            finally:
+                DATA_QUAD_LIMIT.reset(data_limit)
             if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
                 raise OverBudget
             self._writable = writable

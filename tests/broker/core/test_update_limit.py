@@ -222,3 +222,32 @@ def test_a_long_plain_where_goes_to_the_query_worker_not_the_planner() -> None:
     assert update(MAX_PLANNED_PATTERNS + 1) == 40 and len(sent) == 1
     engine.update(f"DELETE WHERE {{ ?s <{EX}q> ?o }}")
     assert update(MAX_PLANNED_PATTERNS + 1, trusted=True) == 40 and len(sent) == 1
+
+
+def test_a_data_block_is_read_no_further_than_the_limit(start_gateway: Callable[..., RunningGateway]) -> None:
+    """`INSERT DATA { <a> <b> ( 1 1 1 ... ) }`: two characters an item, two quads each. 300,000
+    items (600 KB) were parsed in full on the update thread, 2.3-2.5 s while a bystander's update
+    waited, before the size limit refused them; the DATA block is now read no further than the
+    limit (broker.sparql.limits.DATA_QUAD_LIMIT): 400 in about 0.3 s."""
+    import threading
+    import time
+
+    gateway = start_gateway(toml="[engine]\nmax_update_quads = 2000\n")
+    hostile = f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 400_000)} ) }}"
+    replies: list = []
+    attack = threading.Thread(target=lambda: replies.append(gateway.update(hostile)))
+    attack.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+    waited = time.monotonic() - started
+    attack.join()
+    assert waited < 1.5, waited  # 2.9 s before
+    assert replies[0].status == 400 and "max_update_quads" in json.loads(replies[0].body)["error_description"]
+    assert gateway.select(f"SELECT (COUNT(*) AS ?n) WHERE {{ <{EX}a> ?p ?o }}")[0]["n"] == "0"
+    # within the limit, and the gateway's own DATA blocks whatever their size, are read whole
+    assert gateway.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 999)} ) }}").status == 200
+    engine = Engine(max_update_quads=10)
+    assert len(engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}", trusted=True).added) == 13
+    with pytest.raises(UpdateFailed, match="more than 10 quads"):
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}")
