@@ -29,6 +29,7 @@ from broker.core.held import WEIGHED, quad_weight, row_weight
 from broker.core.query_processor import graph_list
 from broker.errors import Forbidden, InvalidRequest, TimeLimitExceeded, UpdateFailed
 from broker.sparql.canonical import canonical
+from broker.sparql.limits import DATA_QUAD_LIMIT
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.plan import plan_update
 from broker.sparql.service import check_services
@@ -197,6 +198,17 @@ MAX_UPDATE_QUADS = 100_000
 WHERE_STEPS = 50_000
 
 
+# triple patterns (with those of OPTIONAL blocks) of a network client's plain-BGP WHERE that are
+# planned and evaluated on the update thread; a longer one goes to a query worker, under the time
+# limit, as a WHERE that is not a plain BGP does. Why: the join planner (broker.core.bgp.plan) is
+# quadratic in the patterns and runs before the step budget: 4,000 patterns held the update
+# thread, and every other client's updates, 6.97 s with a 3 s limit (/tmp/atk-j/bgp_plan2.py),
+# and the evaluation recurses once per pattern. Planning 128 takes 16 ms (64: 3.5 ms, 512: 0.25 s,
+# once per shape: plans are cached); real updates have a few to a few dozen (an observation
+# with its result and feature of interest: about a dozen)
+MAX_PLANNED_PATTERNS = 128
+
+
 class WhereEvaluator(Protocol):
     """Evaluates a WHERE clause elsewhere (a query worker) within `time_limit_s`."""
 
@@ -262,6 +274,21 @@ def check_size(quads: int, limit: int | None) -> None:
         raise UpdateFailed(f"the update would change more than {limit} quads ({WEIGHED}; {_LIMIT_SETTING})")
 
 
+# template instances tried (WHERE solutions x template patterns) a network client's operation may
+# have at most: max_update_quads, each try counted as a quad made (see UpdateProcessor._modify)
+TEMPLATE_CHECK = 4096  # solutions between two looks at the time limit while templates are made
+
+
+def check_tries(solutions: int, patterns: int, limit: int | None) -> None:
+    """UpdateFailed when `patterns` template patterns tried on each of `solutions` WHERE solutions
+    are more tries than `limit` (None: no limit)."""
+    if limit is not None and solutions * patterns > limit:
+        raise UpdateFailed(
+            f"the update's templates would be tried more than {limit} times ({solutions} WHERE solutions x "
+            f"{patterns} template patterns; {_LIMIT_SETTING})"
+        )
+
+
 class UpdateProcessor:
     """Computes and applies exact update deltas."""
 
@@ -312,20 +339,27 @@ class UpdateProcessor:
         With a `budget`, only a single INSERT/DELETE DATA or a DELETE/INSERT with a plain BGP is
         computed, its lookups charged to the budget; anything else raises OverBudget.
         """
-        operations, protocol_using, protocol_named = self.check(
-            sparql,
-            using_graph_uri=using_graph_uri,
-            using_named_graph_uri=using_named_graph_uri,
-            base_iri=base_iri,
-            prefixes=prefixes,
-        )
-        if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
-            raise OverBudget
-        self._writable = writable
+        # the time limit starts before the request is parsed: parsing is not stopped, but what it
+        # took is not given again to the WHERE clauses and templates
         if not self.trusted and self.time_limit_s is not None:
             self._deadline = time.monotonic() + self.time_limit_s
             self._where_steps = Budget(WHERE_STEPS)
+        # a network client's DATA block is read no further than its size limit (DATA_QUAD_LIMIT)
+        data_limit = DATA_QUAD_LIMIT.set(self._limit)
         try:
+            try:
+                operations, protocol_using, protocol_named = self.check(
+                    sparql,
+                    using_graph_uri=using_graph_uri,
+                    using_named_graph_uri=using_named_graph_uri,
+                    base_iri=base_iri,
+                    prefixes=prefixes,
+                )
+            finally:
+                DATA_QUAD_LIMIT.reset(data_limit)
+            if budget is not None and (len(operations) != 1 or not isinstance(operations[0], DataOp | ModifyOp)):
+                raise OverBudget
+            self._writable = writable
             return self._compute(operations, sparql, protocol_using, protocol_named, budget, readable)
         finally:
             self._writable = None
@@ -546,7 +580,11 @@ class UpdateProcessor:
             default_graphs = [g for g in (default_graphs or [DEFAULT_GRAPH]) if g in readable]
             named_graphs = [g for g in (readable if named_graphs is None else named_graphs) if g in readable]
             named_graphs = [g for g in named_graphs if isinstance(g, NamedNode)]
-        if operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1):
+        planned = operation.where_bgp is not None and (default_graphs is None or len(default_graphs) == 1)
+        if planned and not self.trusted and (budget is not None or self.where_evaluator is not None):
+            # a network client's long BGP is not planned here (see MAX_PLANNED_PATTERNS)
+            planned = len(operation.where_bgp) + sum(map(len, operation.where_optionals)) <= MAX_PLANNED_PATTERNS  # type: ignore[arg-type]
+        if planned:
             dataset = Dataset(
                 default_graphs[0] if default_graphs else None, None if named_graphs is None else frozenset(named_graphs)
             )
@@ -639,11 +677,21 @@ class UpdateProcessor:
             to_delete.update(_in_graph(operation.delete_ground, operation.with_graph))
             to_insert.update(_in_graph(operation.insert_ground, operation.with_graph))
         limit = self._limit
+        # every template pattern is tried on every solution, and a try that makes nothing (a
+        # variable the WHERE never binds) or a quad already made is not counted below: 1,936
+        # solutions (within the limit) x 20,000 such patterns held the update thread, and every
+        # other client's updates, for 10.5 s with a 3 s time limit (/tmp/atk-j/tmpl_amp2.py). So
+        # a network client's tries are bounded as its quads are, before any is made, and the time
+        # limit is looked at every TEMPLATE_CHECK solutions
+        if limit is not None:
+            check_tries(len(solutions), len(operation.delete) + len(operation.insert), limit)
         # what the quads a template made weigh beyond one each (a network client's request): each
         # is a copy of its terms, and one 150-character INSERT WHERE that copied a 900,000-character
         # literal into 500 quads took the gateway from 193 to 1,058 MB (/tmp/atk2/m4_where.py)
         weight = 0
-        for solution in solutions:
+        for number, solution in enumerate(solutions, 1):
+            if not number % TEMPLATE_CHECK:
+                self._time_left()
             for index, pattern in enumerate(operation.delete):
                 where_index = matched[index] if matched else None
                 if where_index is not None and where_index in solution:

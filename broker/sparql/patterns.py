@@ -9,6 +9,7 @@ literal escapes, numbers, collections and prefixes are all handled by a real par
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, parse
 
@@ -169,10 +170,18 @@ def _position(term: NamedNode | BlankNode | Literal | DefaultGraph) -> Position:
     return canonical(term)  # type: ignore[return-value]
 
 
-def parse_quads(trig: str, prologue: str, base_iri: str | None) -> list[Quad]:
-    """Parse a block produced by :func:`block_to_trig` (or the fast scanner); raises SyntaxError."""
+def parse_quads(trig: str, prologue: str, base_iri: str | None, limit: int | None = None) -> list[Quad]:
+    """Parse a block produced by :func:`block_to_trig` (or the fast scanner); raises SyntaxError,
+    and UpdateFailed past `limit` quads, read no further (broker.sparql.limits.DATA_QUAD_LIMIT)."""
     document = f"{prologue}\n{trig}" if prologue else trig
-    return list(parse(document, format=RdfFormat.TRIG, base_iri=base_iri))
+    if limit is None:
+        return list(parse(document, format=RdfFormat.TRIG, base_iri=base_iri))
+    quads = list(islice(parse(document, format=RdfFormat.TRIG, base_iri=base_iri), limit + 1))
+    if len(quads) > limit:
+        from broker.sparql.limits import too_many_data_quads
+
+        raise too_many_data_quads(limit)
+    return quads
 
 
 def to_patterns(quads: list[Quad]) -> list[QuadPattern]:

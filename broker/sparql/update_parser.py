@@ -21,7 +21,7 @@ from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.errors import SparqlSyntaxError
 from broker.sparql.fast_blocks import blank_node_labels, group_end, scan_block
-from broker.sparql.limits import check_structure
+from broker.sparql.limits import DATA_QUAD_LIMIT, check_structure
 from broker.sparql.operations import DataOp, GraphOp, GraphRef, LoadOp, ModifyOp, Operation, ParsedUpdate
 from broker.sparql.patterns import (
     ALLOWED_NAMES,
@@ -268,7 +268,7 @@ class _Parser:
         except BlockSyntax as error:
             raise self.error(error.message, error.token) from None
         try:
-            quads = parse_quads(trig, "\n".join(self.prologue), self.base_iri)
+            quads = parse_quads(trig, "\n".join(self.prologue), self.base_iri, _data_limit(what))
         except SyntaxError as error:
             raise located_error(self.text, str(error), open_token) from None
         if what == "INSERT DATA":
@@ -284,7 +284,7 @@ class _Parser:
         if scanned is None:
             raise _Unsure
         try:
-            quads = parse_quads(scanned.trig, "\n".join(self.prologue), self.base_iri)
+            quads = parse_quads(scanned.trig, "\n".join(self.prologue), self.base_iri, _data_limit(what))
         except SyntaxError:
             raise _Unsure from None
         if what == "INSERT DATA" and scanned.has_labels:
@@ -535,6 +535,11 @@ def _second_sighting(key: object) -> bool:
         _SEEN.clear()
     _SEEN.add(digest)
     return False
+
+
+def _data_limit(what: str) -> int | None:
+    """The quads a block may have (see DATA_QUAD_LIMIT): a DATA block's only."""
+    return DATA_QUAD_LIMIT.get() if what.endswith(" DATA") else None
 
 
 # Only requests up to this size are cached or split into shapes: the IoT requests that repeat are

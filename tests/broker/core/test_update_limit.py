@@ -72,6 +72,23 @@ def test_a_product_over_real_sockets_is_refused_at_once_and_the_gateway_serves_o
     assert gateway.select(count)[0]["n"] == "1"
 
 
+def test_template_tries_that_make_nothing_are_bounded_too() -> None:
+    """Every template pattern is tried on every solution; a try that makes nothing (a variable the
+    WHERE never binds) was not counted, so 1,936 solutions x 20,000 such patterns held the update
+    thread for 10.5 s with a 3 s time limit. The tries are bounded as the quads are: refused before
+    any is made, nothing applied; the gateway's own requests are not bounded."""
+    engine = seeded(100)
+    before = engine.store.quads()
+    nothing = " ".join(f"?u{k} <{EX}q> ?o ." for k in range(5))  # ?u0..?u4 are never bound
+    update = f"INSERT {{ {nothing} }} WHERE {{ ?s <{EX}p> ?o }}"  # 40 solutions x 5 patterns = 200 tries
+    with pytest.raises(UpdateFailed, match=r"tried more than 100 times .*max_update_quads"):
+        engine.update(update)
+    assert engine.store.quads() == before
+    assert len(engine.update(update, trusted=True).added) == 0
+    within = f"INSERT {{ {' '.join(f'?u{k} <{EX}q> ?o .' for k in range(2))} }} WHERE {{ ?s <{EX}p> ?o }}"
+    assert len(engine.update(within).added) == 0  # 80 tries
+
+
 def test_the_where_solutions_stop_being_read_past_the_limit() -> None:
     """A WHERE clause's solutions are refused as soon as one more than the limit is read: they are
     what a query worker sends back, before any template makes quads of them."""
@@ -177,3 +194,60 @@ def test_a_graph_operation_over_long_terms_is_weighed_by_them() -> None:
     with pytest.raises(UpdateFailed, match=r"more than 100 .*max_update_quads"):
         engine.update(f"ADD <{EX}big> TO DEFAULT")
     assert engine.store.quads() == before
+
+
+def test_a_long_plain_where_goes_to_the_query_worker_not_the_planner() -> None:
+    """The update thread's join planner (broker.core.bgp.plan) is quadratic in the triple patterns
+    and ran before any budget or time limit: a WHERE of 4,000 held the update thread 6.97-12 s with
+    a 3 s limit. A network client's WHERE of more than MAX_PLANNED_PATTERNS goes to the query worker
+    (under the time limit) as a WHERE that is not a plain BGP does; shorter ones, and the gateway's
+    own, are evaluated here."""
+    from broker.core.update_processor import MAX_PLANNED_PATTERNS
+
+    engine = seeded(100_000)
+    sent: list[str] = []
+
+    def worker(query, default_graphs, named_graphs, limit, /, *, time_limit_s=None):  # noqa: ANN001, ANN202
+        sent.append(query)
+        return where_solutions(engine.store, query, default_graphs, named_graphs, limit)
+
+    engine.updates.where_evaluator = worker
+
+    def update(patterns: int, **trusted: bool) -> int:
+        where = " ".join(f"?s <{EX}p> ?o{k} ." for k in range(patterns))
+        return len(engine.update(f"INSERT {{ ?s <{EX}q> ?o0 }} WHERE {{ {where} }}", **trusted).added)
+
+    assert update(MAX_PLANNED_PATTERNS) == 40 and not sent
+    engine.update(f"DELETE WHERE {{ ?s <{EX}q> ?o }}")
+    assert update(MAX_PLANNED_PATTERNS + 1) == 40 and len(sent) == 1
+    engine.update(f"DELETE WHERE {{ ?s <{EX}q> ?o }}")
+    assert update(MAX_PLANNED_PATTERNS + 1, trusted=True) == 40 and len(sent) == 1
+
+
+def test_a_data_block_is_read_no_further_than_the_limit(start_gateway: Callable[..., RunningGateway]) -> None:
+    """`INSERT DATA { <a> <b> ( 1 1 1 ... ) }`: two characters an item, two quads each. 300,000
+    items (600 KB) were parsed in full on the update thread, 2.3-2.5 s while a bystander's update
+    waited, before the size limit refused them; the DATA block is now read no further than the
+    limit (broker.sparql.limits.DATA_QUAD_LIMIT): 400 in about 0.3 s."""
+    import threading
+    import time
+
+    gateway = start_gateway(toml="[engine]\nmax_update_quads = 2000\n")
+    hostile = f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 400_000)} ) }}"
+    replies: list = []
+    attack = threading.Thread(target=lambda: replies.append(gateway.update(hostile)))
+    attack.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+    waited = time.monotonic() - started
+    attack.join()
+    assert waited < 1.5, waited  # 2.9 s before
+    assert replies[0].status == 400 and "max_update_quads" in json.loads(replies[0].body)["error_description"]
+    assert gateway.select(f"SELECT (COUNT(*) AS ?n) WHERE {{ <{EX}a> ?p ?o }}")[0]["n"] == "0"
+    # within the limit, and the gateway's own DATA blocks whatever their size, are read whole
+    assert gateway.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 999)} ) }}").status == 200
+    engine = Engine(max_update_quads=10)
+    assert len(engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}", trusted=True).added) == 13
+    with pytest.raises(UpdateFailed, match="more than 10 quads"):
+        engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}")

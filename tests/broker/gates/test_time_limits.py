@@ -150,3 +150,44 @@ def test_the_time_limit_bounds_a_request_of_many_operations_together(start_gatew
     assert time.monotonic() - started < LIMIT_S + 1
     assert gateway.query(f"ASK {{ <{EX}many> ?p ?o }}").body.find(b"false") >= 0
     assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
+
+
+def test_template_tries_that_make_nothing_do_not_hold_other_clients(start_gateway) -> None:
+    """An INSERT template of 20,000 patterns over a variable the WHERE never binds, on 1,936 WHERE
+    solutions (within max_update_quads): the update thread tried every pattern on every solution,
+    counting none, past the time limit (10.5 s with a 3 s limit) while a bystander's one-triple
+    update waited. Now refused (400) before any try, nothing applied, the bystander served."""
+    gateway = start_gateway(toml=TOML + "max_update_quads = 2000\n")
+    values = " ".join(str(i) for i in range(44))
+    nothing = " ".join(f"?u{i} <{EX}p> ?x ." for i in range(20_000))
+    hostile = f"INSERT {{ {nothing} }} WHERE {{ VALUES ?x {{ {values} }} VALUES ?y {{ {values} }} }}"
+    replies: list = []
+    attack = threading.Thread(target=lambda: replies.append(gateway.update(hostile)))
+    attack.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+    waited = time.monotonic() - started
+    attack.join()
+    assert waited < 2, waited  # 10 s before
+    assert replies[0].status == 400 and "max_update_quads" in json.loads(replies[0].body)["error_description"]
+    assert gateway.query(f"ASK {{ ?s <{EX}p> 43 }}").body.find(b"false") >= 0
+
+
+def test_a_long_plain_where_does_not_hold_other_clients_while_it_is_planned(start_gateway) -> None:
+    """A WHERE of 4,000 plain triple patterns: the update thread's join planner, quadratic in them,
+    ran before the step budget and the time limit (6.97 s with a 3 s limit, a bystander's update
+    waiting as long). Now past MAX_PLANNED_PATTERNS it goes to a query worker, under the limit."""
+    gateway = _seeded(start_gateway)
+    where = " ".join(f"?s{i} <{EX}x> ?o{i} ." for i in range(4000))
+    hostile = f"INSERT {{ <{EX}z> <{EX}p> 1 }} WHERE {{ {where} }}"
+    replies: list = []
+    attack = threading.Thread(target=lambda: replies.append(gateway.update(hostile)))
+    attack.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+    waited = time.monotonic() - started
+    attack.join()
+    assert waited < LIMIT_S + 1.5, waited
+    assert replies[0].status in (200, 503), replies[0].body
