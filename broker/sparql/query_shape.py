@@ -84,11 +84,16 @@ class Shape:
     prologue: str
 
     def key(self) -> tuple[object, ...]:
+        """What subscriptions must have in common to share a group.
+
+        A branch's parameter variables are part of it: two queries whose patterns and filters
+        are the same may pin different variables (FILTER(?p = ex:q) and FILTER(?s = ex:s1)), and
+        a group binds each subscription's values to its shape's `param_vars` by position."""
         return (
             self.kind,
             self.distinct,
             self.prologue,
-            tuple((tuple(b.patterns), b.filters) for b in self.branches),
+            tuple((tuple(b.patterns), b.filters, b.param_vars) for b in self.branches),
         )
 
 

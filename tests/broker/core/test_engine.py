@@ -301,3 +301,39 @@ def test_a_probe_checks_the_structure_limits_before_rdflib_reads_the_query(
     assert read == []
     engine.probe("ASK { FILTER(1 + 1 > 0) }")
     assert len(read) == 1
+
+
+def _view(notifications: list[Notification]) -> list[tuple[str, ...]]:
+    """The rows a client holds after applying `notifications` in order, as sorted strings."""
+    rows: list[tuple[str, ...]] = []
+    for notification in notifications:
+        for row in notification.removed:
+            rows.remove(tuple(map(str, row)))
+        rows += [tuple(map(str, row)) for row in notification.added]
+    return sorted(rows)
+
+
+def test_subscriptions_that_pin_different_variables_do_not_share_a_group(engine: Engine) -> None:
+    """Shape.key() left out which variable a FILTER(?v = <iri>) pins: the second query below shared
+    the first one's group and was evaluated as ?p = ex:lamp1 (no rows, none notified), and a pin
+    added to an unpinned shape crashed the subscribe (zip() of the group's and the query's values)."""
+    prologue = f"PREFIX ex: <{EX}> "
+    by_predicate = prologue + "SELECT * WHERE { ?s ?p ?o FILTER(?p = ex:dim) }"
+    by_subject = prologue + "SELECT * WHERE { ?s ?p ?o FILTER(?s = ex:lamp1) }"
+    first: list[Notification] = []
+    second: list[Notification] = []
+    engine.subscribe(by_predicate, first.append)
+    engine.subscribe(by_subject, second.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:on true . ex:lamp3 ex:dim 5 }}")
+    for query, seen in ((by_predicate, first), (by_subject, second)):
+        result = engine.query(query)
+        assert _view(seen) == sorted(tuple(map(str, row)) for row in result.rows)
+    assert len(_view(second)) == 2
+    unpinned = prologue + "SELECT * WHERE { GRAPH ?g { ?s ?p ?o } }"
+    pinned = prologue + "SELECT * WHERE { GRAPH ?g { ?s ?p ?o } FILTER(?g = ex:g1) }"
+    engine.subscribe(unpinned, lambda n: None)
+    graph: list[Notification] = []
+    engine.subscribe(pinned, graph.append)
+    engine.update(prologue + "INSERT DATA { GRAPH ex:g1 { ex:a ex:b ex:c } GRAPH ex:g2 { ex:a ex:b ex:d } }")
+    assert _view(graph) == sorted(tuple(map(str, row)) for row in engine.query(pinned).rows)
+    assert len(_view(graph)) == 1

@@ -155,6 +155,11 @@ POOL: tuple[PoolQuery, ...] = (
     _q("twin_other_subject", "SELECT ?p ?o WHERE { ex:s2 ?p ?o }"),
     _q("twin_other_graph", "SELECT ?s ?o WHERE { GRAPH ex:g1 { ?s ?p ?o } }"),
     _q("twin_filter_other_value", "SELECT ?s ?o WHERE { ?s ?p ?o FILTER(?o = 2) }"),
+    # same patterns, a FILTER(?v = <iri>) pinning another variable (or none): not one group, whose
+    # values are bound to its parameter variables by position
+    _q("pinned_predicate", "SELECT * WHERE { ?s ?p ?o FILTER(?p = ex:q) }"),
+    _q("pinned_subject", "SELECT * WHERE { ?s ?p ?o FILTER(?s = ex:s1) }"),
+    _q("pinned_graph", "SELECT ?g ?s ?p ?o WHERE { GRAPH ?g { ?s ?p ?o } FILTER(?g = ex:g1) }"),
     _q("object_integer_1", "SELECT ?s WHERE { ?s ?p 1 }"),
     _q("object_integer_01", "SELECT ?s WHERE { ?s ?p 01 }"),
     _q("object_decimal_1", "SELECT ?s WHERE { ?s ?p 1.0 }"),
