@@ -102,6 +102,11 @@ POOL: tuple[PoolQuery, ...] = (
     ),
     _q("exists_in_graph", "SELECT ?g ?s WHERE { GRAPH ?g { ?s ex:p ?o FILTER EXISTS { ?o ex:q ?x } } }"),
     _q("exists_path", "SELECT ?s WHERE { ?s ex:p ?o FILTER EXISTS { ?o (ex:p|ex:q)+ ?z } }"),
+    # an EXISTS outside the WHERE clause keeps rdflib's parse tree, paths untranslated
+    _q(
+        "exists_path_in_projection",
+        "SELECT (EXISTS { ?x ^ex:p ex:s1 } AS ?e) (EXISTS { ex:s1 ex:p/ex:q ?z } AS ?f) WHERE { }",
+    ),
     # -- property paths
     _q("path_sequence", "SELECT ?s ?o WHERE { ?s ex:p/ex:q ?o }"),
     _q("path_alternative", "SELECT ?s ?o WHERE { ?s ex:p|ex:r ?o }"),
