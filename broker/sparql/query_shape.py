@@ -26,6 +26,9 @@ from broker.sparql.tokens import matching_brace, tokenize
 RDF_TYPE = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
 PARAM_PREFIX = "__sepa_p"
 BNODE_PREFIX = "__sepa_b_"
+# what the names above start with: a query with a variable of its own so named is re-evaluated,
+# its variable would otherwise be taken for a parameter or a blank node of the shape
+INTERNAL_PREFIX = "__sepa_"
 PATH_SYMBOLS = frozenset({"/", "|", "^", "*", "+", "?", "!", "("})
 
 
@@ -118,6 +121,8 @@ class _QueryParser:
 
     def parse(self) -> tuple[str, bool, list[_BranchPart]]:
         tokens = self.tokens
+        if any(token.kind == "VAR" and token.text[1:].startswith(INTERNAL_PREFIX) for token in tokens):
+            raise NotIncremental(f"a variable named ?{INTERNAL_PREFIX}...")
         index = 0
         while index < len(tokens) and tokens[index].kind == "NAME" and tokens[index].text.upper() in ("PREFIX", "BASE"):
             end = index + (3 if tokens[index].text.upper() == "PREFIX" else 2)

@@ -337,3 +337,20 @@ def test_subscriptions_that_pin_different_variables_do_not_share_a_group(engine:
     engine.update(prologue + "INSERT DATA { GRAPH ex:g1 { ex:a ex:b ex:c } GRAPH ex:g2 { ex:a ex:b ex:d } }")
     assert _view(graph) == sorted(tuple(map(str, row)) for row in engine.query(pinned).rows)
     assert len(_view(graph)) == 1
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["SELECT ?__sepa_p0 WHERE { ?__sepa_p0 ex:dim 10 }", "SELECT $__sepa_b_x WHERE { _:x ex:has $__sepa_b_x }"],
+)
+def test_a_variable_named_like_the_shapes_own_is_reevaluated(engine: Engine, query: str) -> None:
+    """The shape analyser names its parameters ?__sepa_p0... and blank nodes ?__sepa_b_<label>:
+    a query's own variable so named was taken for one (no rows at subscribe, none after), so such
+    a query is re-evaluated."""
+    query = f"PREFIX ex: <{EX}> {query}"
+    seen: list[Notification] = []
+    subscription = engine.subscribe(query, seen.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp3 ex:dim 10 . ex:road ex:has ex:lamp3 }}")
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp1 ex:dim 10 . ex:road ex:has ex:lamp1 }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows) == [(f"<{EX}lamp3>",)]
+    assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
