@@ -354,3 +354,35 @@ def test_a_variable_named_like_the_shapes_own_is_reevaluated(engine: Engine, que
     engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp1 ex:dim 10 . ex:road ex:has ex:lamp1 }}")
     assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows) == [(f"<{EX}lamp3>",)]
     assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
+
+
+@pytest.mark.parametrize("now", ["fn:nowMicros()", "<http://w3id.org/sepa-gateway/fn#nowMicros>()"])
+def test_a_filter_on_the_engine_clock_drops_rows_that_expired_at_the_next_update(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, now: str
+) -> None:
+    """An incremental subscription evaluated its FILTER once per solution and kept the verdict: a
+    row of FILTER(?until > now) stayed after its time had passed, the query run again dropping it.
+    Such a subscription is re-evaluated at each update its patterns see."""
+    clock = [1_000_000_000_000_000_000]  # ns
+    monkeypatch.setattr(engine.store.clock, "_source", lambda: clock[0])
+    micros = clock[0] // 1000
+    query = (
+        f"PREFIX ex: <{EX}> PREFIX fn: <http://w3id.org/sepa-gateway/fn#> "
+        f"SELECT ?s WHERE {{ ?s ex:until ?until FILTER(?until > {now}) }}"
+    )
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:soon ex:until {micros + 1_000_000} }}")
+    seen: list[Notification] = []
+    engine.subscribe(query, seen.append)
+    assert _view(seen) == [(f"<{EX}soon>",)]
+    clock[0] += 2_000_000_000
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:later ex:until {micros + 3_600_000_000} }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows) == [(f"<{EX}later>",)]
+
+
+@pytest.mark.parametrize("call", ["NOW()", "RAND()", "UUID()", "STRUUID()", "BNODE()"])
+def test_a_filter_on_time_or_chance_is_reevaluated(engine: Engine, call: str) -> None:
+    """NOW(), RAND() and fresh identifiers change between evaluations on the same data: the
+    verdict an incremental subscription keeps for a solution would go stale (see above)."""
+    query = f"PREFIX ex: <{EX}> SELECT ?l WHERE {{ ?l ex:dim ?v FILTER(STR({call}) != STR(?v)) }}"
+    subscription = engine.subscribe(query, lambda n: None)
+    assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
