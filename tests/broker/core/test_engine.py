@@ -386,3 +386,14 @@ def test_a_filter_on_time_or_chance_is_reevaluated(engine: Engine, call: str) ->
     query = f"PREFIX ex: <{EX}> SELECT ?l WHERE {{ ?l ex:dim ?v FILTER(STR({call}) != STR(?v)) }}"
     subscription = engine.subscribe(query, lambda n: None)
     assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
+
+
+def test_a_prefixed_name_with_an_escape_can_be_subscribed(engine: Engine) -> None:
+    """ex:lamp\\-4 is valid SPARQL (a local-name escape) that rdflib reads into an invalid IRI: the
+    subscribe of a re-evaluated query failed with a bare ValueError; it is now woken by every update."""
+    query = f"PREFIX ex: <{EX}> SELECT (COUNT(*) AS ?n) WHERE {{ ex:lamp\\-4 ex:dim ?v }}"
+    seen: list[Notification] = []
+    engine.subscribe(query, seen.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ <{EX}lamp-4> ex:dim 40 }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows)
+    assert [row[0].value for row in engine.query(query).rows] == ["1"]

@@ -81,3 +81,12 @@ def test_paths_of_an_exists_outside_the_where_clause_wake_on_every_step() -> Non
     # a one-step path is still an IRI: its constants narrow the pattern
     plain = query_patterns(prologue + "SELECT (EXISTS { ex:s1 ex:p ?z } AS ?e) WHERE { }")
     assert plain == (LoosePattern(DEFAULT, NamedNode(f"{EX}s1"), NamedNode(f"{EX}p"), None),)
+
+
+def test_an_iri_rdflib_makes_but_pyoxigraph_refuses_matches_everything() -> None:
+    """Valid SPARQL that rdflib reads into an invalid IRI (a prefixed name's escape kept, a relative
+    BASE not resolved against the one before): the subscribe failed with a bare ValueError."""
+    escaped = f"PREFIX ex: <{EX}> SELECT (COUNT(*) AS ?c) WHERE {{ ex:s\\-1 ex:p ?o }}"
+    relative_base = f"BASE <{EX}a/> BASE <../> SELECT (COUNT(*) AS ?c) WHERE {{ <s1> <p> ?o }}"
+    assert query_patterns(escaped) == EVERYTHING
+    assert query_patterns(relative_base) == EVERYTHING
