@@ -28,7 +28,7 @@ from pyoxigraph import NamedNode
 from pyparsing import ParseResults
 from rdflib import URIRef
 from rdflib.paths import AlternativePath, InvPath, MulPath, NegatedPath, Path, SequencePath
-from rdflib.plugins.sparql.algebra import translateQuery
+from rdflib.plugins.sparql.algebra import translatePath, translateQuery, traverse
 from rdflib.plugins.sparql.parser import parseQuery
 from rdflib.plugins.sparql.parserutils import CompValue
 
@@ -96,8 +96,29 @@ def _path_iris(path: object) -> tuple[list[NamedNode], bool]:
     return [], True
 
 
+def _parsed_path(predicate: object) -> object:
+    """A predicate rdflib left as a parse-tree node, as the algebra has it: an IRI or a Path.
+
+    rdflib translates paths only in the WHERE clause; an EXISTS in a projection, HAVING, ORDER BY
+    or GROUP BY expression keeps them as parse-tree nodes (a plain IRI too, as a one-step
+    PathAlternative). Read as an IRI with its subject and object constants, `?x ^ex:p ex:s1` was
+    keyed on the object ex:s1 and `ex:s1 ex:p/ex:q ?z` on the subject ex:s1, so the quads that
+    change them (ex:s1 ex:p ?x, ?y ex:q ?z) never woke the subscription. What cannot be
+    translated is returned as it is (a wildcard in _triple)."""
+    if not isinstance(predicate, CompValue | list | ParseResults):
+        return predicate
+    try:
+        return traverse(predicate, visitPost=translatePath)
+    except Exception:  # noqa: BLE001 - rdflib's own checks ("Denkfehler!"): match everything
+        return predicate
+
+
 def _triple(triple: object, graph: GraphKey) -> Iterator[LoosePattern]:
     subject, predicate, obj = triple  # type: ignore[misc]
+    predicate = _parsed_path(predicate)
+    if isinstance(predicate, CompValue | list | ParseResults):
+        yield LoosePattern(graph, None, None, None)
+        return
     if isinstance(predicate, Path):
         iris, wild = _path_iris(predicate)
         if wild:
@@ -122,9 +143,10 @@ def _walk(node: object, graph: GraphKey) -> Iterator[LoosePattern]:
         triples = node.get("triples")
         if isinstance(triples, list):
             for triple in triples:
-                # inside an EXISTS, rdflib leaves the parse tree: a subject with property and object
-                # lists is one flat list of 3k terms, its paths and prefixed names unresolved (both
-                # become wildcards in _triple: wider, never narrower)
+                # inside an EXISTS, rdflib may leave the parse tree: a subject with property and
+                # object lists is one flat list of 3k terms, its paths untranslated (_parsed_path
+                # translates them) and prefixed names unresolved (wildcards in _triple: wider,
+                # never narrower)
                 for start in range(0, len(triple) - 2, 3):
                     yield from _triple(triple[start : start + 3], graph)
         for key, value in node.items():
@@ -217,7 +239,14 @@ def cached_patterns(text: str, prefixes: tuple[tuple[str, str], ...]) -> tuple[L
         return EVERYTHING
     # FROM / FROM NAMED move the default graph: be conservative about graphs then
     graph = ANY if query.algebra.get("datasetClause") else DEFAULT
-    patterns = tuple(dict.fromkeys(_walk(query.algebra, graph)))
+    try:
+        patterns = tuple(dict.fromkeys(_walk(query.algebra, graph)))
+    except ValueError:
+        # an IRI rdflib made that pyoxigraph refuses, from valid SPARQL: rdflib keeps the escape of
+        # a prefixed name (ex:s\-1 as http://example.org/s\-1) and does not resolve a relative BASE
+        # against the one before; the subscribe failed with a bare ValueError. Such a query is
+        # woken by every update (correct, slower)
+        return EVERYTHING
     return patterns or EVERYTHING
 
 

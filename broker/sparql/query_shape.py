@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from pyoxigraph import DefaultGraph, Literal, NamedNode, RdfFormat, parse
 
+from broker.core.clock import FUNCTIONS_NS
 from broker.sparql.canonical import canonical
 from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.tokens import matching_brace, tokenize
@@ -26,6 +27,9 @@ from broker.sparql.tokens import matching_brace, tokenize
 RDF_TYPE = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
 PARAM_PREFIX = "__sepa_p"
 BNODE_PREFIX = "__sepa_b_"
+# what the names above start with: a query with a variable of its own so named is re-evaluated,
+# its variable would otherwise be taken for a parameter or a blank node of the shape
+INTERNAL_PREFIX = "__sepa_"
 PATH_SYMBOLS = frozenset({"/", "|", "^", "*", "+", "?", "!", "("})
 
 
@@ -36,6 +40,12 @@ PATH_SYMBOLS = frozenset({"/", "|", "^", "*", "+", "?", "!", "("})
 # levels took 1.26 GB for one quad. Such a subscription is re-evaluated instead: for a network
 # client, in a worker under the time limit, killed past it.
 STRING_BUILDERS = frozenset(("REPLACE", "CONCAT", "ENCODE_FOR_URI"))
+# functions whose value is not the data's: the time (and the gateway's own, FUNCTIONS_NS), random
+# numbers, fresh identifiers. An incremental subscription evaluates a FILTER once per solution, when
+# a quad of the solution changes, and keeps the verdict: a row of `FILTER(?d > NOW())` stayed after
+# ?d passed, while the query run again drops it. Such a subscription is re-evaluated at each update
+# its patterns see, as the contract has it (docs/protocol.md, "Notification semantics").
+NONDETERMINISTIC = frozenset(("NOW", "RAND", "UUID", "STRUUID", "BNODE"))
 
 
 class NotIncremental(Exception):
@@ -84,11 +94,16 @@ class Shape:
     prologue: str
 
     def key(self) -> tuple[object, ...]:
+        """What subscriptions must have in common to share a group.
+
+        A branch's parameter variables are part of it: two queries whose patterns and filters
+        are the same may pin different variables (FILTER(?p = ex:q) and FILTER(?s = ex:s1)), and
+        a group binds each subscription's values to its shape's `param_vars` by position."""
         return (
             self.kind,
             self.distinct,
             self.prologue,
-            tuple((tuple(b.patterns), b.filters) for b in self.branches),
+            tuple((tuple(b.patterns), b.filters, b.param_vars) for b in self.branches),
         )
 
 
@@ -106,6 +121,7 @@ class _QueryParser:
         self.tokens = tokenize(text)
         self.prologue: list[str] = [f"PREFIX {name}: <{iri}>" for name, iri in (prefixes or {}).items()]
         self.constants: list[str] = []
+        self.calls: list[str] = []  # the IRIs (as written) of the functions FILTERs call
 
     def constant(self, text: str) -> int:
         self.constants.append(text)
@@ -113,6 +129,8 @@ class _QueryParser:
 
     def parse(self) -> tuple[str, bool, list[_BranchPart]]:
         tokens = self.tokens
+        if any(token.kind == "VAR" and token.text[1:].startswith(INTERNAL_PREFIX) for token in tokens):
+            raise NotIncremental(f"a variable named ?{INTERNAL_PREFIX}...")
         index = 0
         while index < len(tokens) and tokens[index].kind == "NAME" and tokens[index].text.upper() in ("PREFIX", "BASE"):
             end = index + (3 if tokens[index].text.upper() == "PREFIX" else 2)
@@ -218,6 +236,13 @@ class _QueryParser:
                 raise NotIncremental("EXISTS")
             if token.kind == "NAME" and token.text.upper() in STRING_BUILDERS:
                 raise NotIncremental(f"{token.text.upper()} in a FILTER")
+            if token.kind == "NAME" and token.text.upper() in NONDETERMINISTIC:
+                raise NotIncremental(f"{token.text.upper()} in a FILTER")
+        self.calls += [
+            token.text
+            for token, after in zip(inner, inner[1:], strict=False)
+            if token.kind in ("IRI", "PNAME") and after.text == "("
+        ]
         variables = frozenset(token.text[1:] for token in inner if token.kind == "VAR")
         param = None
         texts = [token.text for token in inner]
@@ -315,6 +340,9 @@ def shape_query(text: str, prefixes: dict[str, str] | None = None) -> ShapedQuer
         # braces): the subscription was refused, and each logged an ERROR with a traceback
         raise NotIncremental("groups nested too deep to be shaped") from None
     prologue = "\n".join(parser.prologue)
+    for function in _resolve_constants(parser.calls, prologue):
+        if isinstance(function, NamedNode) and function.value.startswith(FUNCTIONS_NS):
+            raise NotIncremental(f"{function} in a FILTER")  # fn:now, fn:nowMicros: see NONDETERMINISTIC
     constants = _resolve_constants(parser.constants, prologue)
     branches: list[Branch] = []
     params: list[tuple[object, ...]] = []

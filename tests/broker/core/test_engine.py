@@ -321,3 +321,99 @@ def test_a_probe_checks_the_structure_limits_before_rdflib_reads_the_query(
     assert read == []
     engine.probe("ASK { FILTER(1 + 1 > 0) }")
     assert len(read) == 1
+
+
+def _view(notifications: list[Notification]) -> list[tuple[str, ...]]:
+    """The rows a client holds after applying `notifications` in order, as sorted strings."""
+    rows: list[tuple[str, ...]] = []
+    for notification in notifications:
+        for row in notification.removed:
+            rows.remove(tuple(map(str, row)))
+        rows += [tuple(map(str, row)) for row in notification.added]
+    return sorted(rows)
+
+
+def test_subscriptions_that_pin_different_variables_do_not_share_a_group(engine: Engine) -> None:
+    """Shape.key() left out which variable a FILTER(?v = <iri>) pins: the second query below shared
+    the first one's group and was evaluated as ?p = ex:lamp1 (no rows, none notified), and a pin
+    added to an unpinned shape crashed the subscribe (zip() of the group's and the query's values)."""
+    prologue = f"PREFIX ex: <{EX}> "
+    by_predicate = prologue + "SELECT * WHERE { ?s ?p ?o FILTER(?p = ex:dim) }"
+    by_subject = prologue + "SELECT * WHERE { ?s ?p ?o FILTER(?s = ex:lamp1) }"
+    first: list[Notification] = []
+    second: list[Notification] = []
+    engine.subscribe(by_predicate, first.append)
+    engine.subscribe(by_subject, second.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp1 ex:on true . ex:lamp3 ex:dim 5 }}")
+    for query, seen in ((by_predicate, first), (by_subject, second)):
+        result = engine.query(query)
+        assert _view(seen) == sorted(tuple(map(str, row)) for row in result.rows)
+    assert len(_view(second)) == 2
+    unpinned = prologue + "SELECT * WHERE { GRAPH ?g { ?s ?p ?o } }"
+    pinned = prologue + "SELECT * WHERE { GRAPH ?g { ?s ?p ?o } FILTER(?g = ex:g1) }"
+    engine.subscribe(unpinned, lambda n: None)
+    graph: list[Notification] = []
+    engine.subscribe(pinned, graph.append)
+    engine.update(prologue + "INSERT DATA { GRAPH ex:g1 { ex:a ex:b ex:c } GRAPH ex:g2 { ex:a ex:b ex:d } }")
+    assert _view(graph) == sorted(tuple(map(str, row)) for row in engine.query(pinned).rows)
+    assert len(_view(graph)) == 1
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["SELECT ?__sepa_p0 WHERE { ?__sepa_p0 ex:dim 10 }", "SELECT $__sepa_b_x WHERE { _:x ex:has $__sepa_b_x }"],
+)
+def test_a_variable_named_like_the_shapes_own_is_reevaluated(engine: Engine, query: str) -> None:
+    """The shape analyser names its parameters ?__sepa_p0... and blank nodes ?__sepa_b_<label>:
+    a query's own variable so named was taken for one (no rows at subscribe, none after), so such
+    a query is re-evaluated."""
+    query = f"PREFIX ex: <{EX}> {query}"
+    seen: list[Notification] = []
+    subscription = engine.subscribe(query, seen.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:lamp3 ex:dim 10 . ex:road ex:has ex:lamp3 }}")
+    engine.update(f"PREFIX ex: <{EX}> DELETE DATA {{ ex:lamp1 ex:dim 10 . ex:road ex:has ex:lamp1 }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows) == [(f"<{EX}lamp3>",)]
+    assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
+
+
+@pytest.mark.parametrize("now", ["fn:nowMicros()", "<http://w3id.org/sepa-gateway/fn#nowMicros>()"])
+def test_a_filter_on_the_engine_clock_drops_rows_that_expired_at_the_next_update(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, now: str
+) -> None:
+    """An incremental subscription evaluated its FILTER once per solution and kept the verdict: a
+    row of FILTER(?until > now) stayed after its time had passed, the query run again dropping it.
+    Such a subscription is re-evaluated at each update its patterns see."""
+    clock = [1_000_000_000_000_000_000]  # ns
+    monkeypatch.setattr(engine.store.clock, "_source", lambda: clock[0])
+    micros = clock[0] // 1000
+    query = (
+        f"PREFIX ex: <{EX}> PREFIX fn: <http://w3id.org/sepa-gateway/fn#> "
+        f"SELECT ?s WHERE {{ ?s ex:until ?until FILTER(?until > {now}) }}"
+    )
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:soon ex:until {micros + 1_000_000} }}")
+    seen: list[Notification] = []
+    engine.subscribe(query, seen.append)
+    assert _view(seen) == [(f"<{EX}soon>",)]
+    clock[0] += 2_000_000_000
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ ex:later ex:until {micros + 3_600_000_000} }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows) == [(f"<{EX}later>",)]
+
+
+@pytest.mark.parametrize("call", ["NOW()", "RAND()", "UUID()", "STRUUID()", "BNODE()"])
+def test_a_filter_on_time_or_chance_is_reevaluated(engine: Engine, call: str) -> None:
+    """NOW(), RAND() and fresh identifiers change between evaluations on the same data: the
+    verdict an incremental subscription keeps for a solution would go stale (see above)."""
+    query = f"PREFIX ex: <{EX}> SELECT ?l WHERE {{ ?l ex:dim ?v FILTER(STR({call}) != STR(?v)) }}"
+    subscription = engine.subscribe(query, lambda n: None)
+    assert isinstance(engine.spus.subscriptions[subscription.spuid][1], ReevalSpu)
+
+
+def test_a_prefixed_name_with_an_escape_can_be_subscribed(engine: Engine) -> None:
+    """ex:lamp\\-4 is valid SPARQL (a local-name escape) that rdflib reads into an invalid IRI: the
+    subscribe of a re-evaluated query failed with a bare ValueError; it is now woken by every update."""
+    query = f"PREFIX ex: <{EX}> SELECT (COUNT(*) AS ?n) WHERE {{ ex:lamp\\-4 ex:dim ?v }}"
+    seen: list[Notification] = []
+    engine.subscribe(query, seen.append)
+    engine.update(f"PREFIX ex: <{EX}> INSERT DATA {{ <{EX}lamp-4> ex:dim 40 }}")
+    assert _view(seen) == sorted(tuple(map(str, row)) for row in engine.query(query).rows)
+    assert [row[0].value for row in engine.query(query).rows] == ["1"]

@@ -103,6 +103,11 @@ POOL: tuple[PoolQuery, ...] = (
     ),
     _q("exists_in_graph", "SELECT ?g ?s WHERE { GRAPH ?g { ?s ex:p ?o FILTER EXISTS { ?o ex:q ?x } } }"),
     _q("exists_path", "SELECT ?s WHERE { ?s ex:p ?o FILTER EXISTS { ?o (ex:p|ex:q)+ ?z } }"),
+    # an EXISTS outside the WHERE clause keeps rdflib's parse tree, paths untranslated
+    _q(
+        "exists_path_in_projection",
+        "SELECT (EXISTS { ?x ^ex:p ex:s1 } AS ?e) (EXISTS { ex:s1 ex:p/ex:q ?z } AS ?f) WHERE { }",
+    ),
     # -- property paths
     _q("path_sequence", "SELECT ?s ?o WHERE { ?s ex:p/ex:q ?o }"),
     _q("path_alternative", "SELECT ?s ?o WHERE { ?s ex:p|ex:r ?o }"),
@@ -156,6 +161,11 @@ POOL: tuple[PoolQuery, ...] = (
     _q("twin_other_subject", "SELECT ?p ?o WHERE { ex:s2 ?p ?o }"),
     _q("twin_other_graph", "SELECT ?s ?o WHERE { GRAPH ex:g1 { ?s ?p ?o } }"),
     _q("twin_filter_other_value", "SELECT ?s ?o WHERE { ?s ?p ?o FILTER(?o = 2) }"),
+    # same patterns, a FILTER(?v = <iri>) pinning another variable (or none): not one group, whose
+    # values are bound to its parameter variables by position
+    _q("pinned_predicate", "SELECT * WHERE { ?s ?p ?o FILTER(?p = ex:q) }"),
+    _q("pinned_subject", "SELECT * WHERE { ?s ?p ?o FILTER(?s = ex:s1) }"),
+    _q("pinned_graph", "SELECT ?g ?s ?p ?o WHERE { GRAPH ?g { ?s ?p ?o } FILTER(?g = ex:g1) }"),
     _q("object_integer_1", "SELECT ?s WHERE { ?s ?p 1 }"),
     _q("object_integer_01", "SELECT ?s WHERE { ?s ?p 01 }"),
     _q("object_decimal_1", "SELECT ?s WHERE { ?s ?p 1.0 }"),

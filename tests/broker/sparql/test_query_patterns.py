@@ -49,3 +49,44 @@ def test_a_text_of_more_operators_than_rdflib_reads_in_a_second_matches_everythi
     assert query_patterns(f"SELECT * WHERE {{ ?s <{EX}p> ?o {few} }}") == (
         LoosePattern(DEFAULT, None, NamedNode(f"{EX}p"), None),
     )
+
+
+def _wakes(patterns: tuple[LoosePattern, ...], subject: str, predicate: str, obj: str) -> bool:
+    """Whether a change of the default-graph triple (subject, predicate, obj) hits one of `patterns`."""
+    terms = (NamedNode(EX + subject), NamedNode(EX + predicate), NamedNode(EX + obj))
+    return any(
+        pattern.graph in (DEFAULT, "any")
+        and all(
+            want is None or want == term
+            for want, term in zip((pattern.subject, pattern.predicate, pattern.object), terms, strict=True)
+        )
+        for pattern in patterns
+    )
+
+
+def test_paths_of_an_exists_outside_the_where_clause_wake_on_every_step() -> None:
+    """rdflib leaves an EXISTS in a projection, HAVING or ORDER BY expression as a parse tree, its
+    predicate a path node: it was read as an IRI keeping the subject and object constants, so the
+    subscription was keyed on ex:s1 and never woken by ex:s1 ex:p ex:a (behind ^) or ex:a ex:q ex:b
+    (the second step of a sequence)."""
+    prologue = f"PREFIX ex: <{EX}> "
+    inverse = query_patterns(prologue + "SELECT (EXISTS { ?x ^ex:p ex:s1 } AS ?e) WHERE { }")
+    assert _wakes(inverse, "s1", "p", "a")
+    for query in (
+        "SELECT (EXISTS { ex:s1 ex:p/ex:q ?z } AS ?e) WHERE { }",
+        "SELECT ?s WHERE { ?s ex:r ?o } GROUP BY ?s HAVING (EXISTS { ex:s1 ex:p/ex:q ?z })",
+        "SELECT ?s WHERE { ?s ex:r ?o } ORDER BY (EXISTS { ex:s1 ex:p/ex:q ?z })",
+    ):
+        assert _wakes(query_patterns(prologue + query), "a", "q", "b"), query
+    # a one-step path is still an IRI: its constants narrow the pattern
+    plain = query_patterns(prologue + "SELECT (EXISTS { ex:s1 ex:p ?z } AS ?e) WHERE { }")
+    assert plain == (LoosePattern(DEFAULT, NamedNode(f"{EX}s1"), NamedNode(f"{EX}p"), None),)
+
+
+def test_an_iri_rdflib_makes_but_pyoxigraph_refuses_matches_everything() -> None:
+    """Valid SPARQL that rdflib reads into an invalid IRI (a prefixed name's escape kept, a relative
+    BASE not resolved against the one before): the subscribe failed with a bare ValueError."""
+    escaped = f"PREFIX ex: <{EX}> SELECT (COUNT(*) AS ?c) WHERE {{ ex:s\\-1 ex:p ?o }}"
+    relative_base = f"BASE <{EX}a/> BASE <../> SELECT (COUNT(*) AS ?c) WHERE {{ <s1> <p> ?o }}"
+    assert query_patterns(escaped) == EVERYTHING
+    assert query_patterns(relative_base) == EVERYTHING
