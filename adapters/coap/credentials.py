@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -63,7 +64,7 @@ class SensorCredentials:
         self.ended_while_responding = 0  # protected responses that found their observation gone
         self.kids: frozenset[bytes] = frozenset()  # what the sensors' requests carry: their contexts' recipient ids
         self._stamp: int | None = None
-        self._loaded: dict[str, int] = {}  # label -> settings.json's mtime when loaded
+        self._loaded: dict[str, object] = {}  # label -> its key material when loaded (_key_material)
         self.paths: dict[str, tuple[str, ...]] = {}  # sensor -> its extra path patterns (paths.json)
         self._paths_stamps: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
@@ -185,8 +186,9 @@ class SensorCredentials:
             if label in self.map:
                 continue
             try:
+                material = self._key_material(label)
                 self.map.load_from_dict({label: entry})
-                self._loaded[label] = self._settings_stamp(label)
+                self._loaded[label] = material
             except Exception as error:  # a damaged context: said, and the other sensors still work
                 log.error("coap: cannot load an OSCORE context", extra={"sensor": label[1:], "error": str(error)[:200]})
         if len(self.map) != self.count:
@@ -196,14 +198,26 @@ class SensorCredentials:
         self.kids = frozenset(kid for kid in ids if isinstance(kid, bytes))
         self._reload_paths()
 
-    def _settings_stamp(self, label: str) -> int:
-        try:
-            return (self.directory / label[1:] / "settings.json").stat().st_mtime_ns
-        except OSError:
-            return -1
+    def _key_material(self, label: str) -> object:
+        """What a context is made of: its files' parsed content (ids, secret, salt, algorithm...),
+        or a fresh object (equal to nothing) when they cannot be read."""
+        folder = self.directory / label[1:]
+        material: list[Any] = []
+        for name in ("secret.json", "settings.json"):  # what aiocoap's context loads its keys from
+            try:
+                material.append(json.loads((folder / name).read_text()))
+            except FileNotFoundError:
+                material.append(None)
+            except (OSError, ValueError):
+                return object()
+        return material
 
     def _changed(self, label: str) -> bool:
-        return self._loaded.get(label) != self._settings_stamp(label)
+        """Whether the sensor's key changed (a reset): its key material, not its files' times. Why:
+        a settings.json touched, restored from a backup or copied by rsync without -t, then any
+        change of the directory, made the same key load again from sequence 0 (sequence.json
+        deleted), so replayed requests were accepted and the gateway reused its nonces."""
+        return self._loaded.get(label) != self._key_material(label)
 
     def _release(self, label: str) -> None:
         """Forget a removed or reset context. aiocoap writes its sequence numbers back and lets go of
