@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import quote
 
-from gateway.observations.errors import MappingError
+from gateway.observations.errors import MappingError, PayloadError
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+?)\}")
 # What an MQTT broker refuses in a UTF-8 string (MQTT 5 1.5.4; Mosquitto's mosquitto_validate_utf8):
@@ -30,6 +30,23 @@ def unsendable(text: str) -> str | None:
     if found is not None:
         return found.group()
     return next((char for char in text if ord(char) & 0xFFFE == 0xFFFE), None)  # U+1FFFE...
+
+
+# What a captured name may be, whatever gave it (a topic level, a Tasmota object, a SenML record):
+# at most MAX_NAME_BYTES of UTF-8, and no '.' or '..' segment. Kept verbatim in an IRI, a dot
+# segment names another sensor to anything downstream that normalises paths (RFC 3986 §5.2.4):
+# `tasmota/boiler/../kitchen/AM2301` is kitchen's; 60 KB names each became a sensor IRI.
+MAX_NAME_BYTES = 256
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def name_problem(text: str) -> str | None:
+    """Why `text` cannot name a sensor, feature or property (a PayloadError's message), or None."""
+    if len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"a name is longer than {MAX_NAME_BYTES} bytes"
+    if "." in text and DOT_SEGMENTS.intersection(text.split("/")):
+        return "a name may not have a '.' or '..' segment"
+    return None
 
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -153,11 +170,16 @@ class Template:
         self.names = tuple(part for is_name, part in self._parts if is_name)
 
     def fill(self, values: Mapping[str, str], *, encoded: bool = True) -> str:
-        """The template with each `{name}` replaced (percent-encoded unless `encoded` is False)."""
+        """The template with each `{name}` replaced (percent-encoded unless `encoded` is False);
+        PayloadError for a value no name may be (:func:`name_problem`), whatever captured it."""
         out = []
         for is_name, part in self._parts:
             if is_name:
                 value = values[part]
+                problem = name_problem(value)
+                if problem is not None:
+                    shown = value if len(value) <= 64 else value[:64] + "..."
+                    raise PayloadError(f"{{{part}}} {shown!r}: {problem}")
                 out.append(encode(value) if encoded else value)
             else:
                 out.append(part)

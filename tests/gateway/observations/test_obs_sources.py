@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.jsap.terms import iri_term
-from gateway.observations import MappingError
+from gateway.observations import MappingError, PayloadError
 from gateway.observations.sources import SourceFilter, Template
 
 
@@ -79,6 +79,11 @@ def test_captures_always_make_valid_iris(parts: list[str]) -> None:
         assert any(part == "" for part in parts)
         return
     assert found["rest"] == "/".join(parts)
-    iri = Template("urn:sepa-gateway:sensor:x/{rest}", ("rest",), "sensor").fill(found)
+    template = Template("urn:sepa-gateway:sensor:x/{rest}", ("rest",), "sensor")
+    if any(part in (".", "..") for part in parts):  # would name another sensor once normalised
+        with pytest.raises(PayloadError, match="segment"):
+            template.fill(found)
+        return
+    iri = template.fill(found)
     assert iri_term(iri).value == iri  # validated by the same code that writes updates
     assert iri.startswith("urn:sepa-gateway:sensor:x/")
