@@ -141,6 +141,47 @@ class SourceFilter:
         return first
 
 
+def covers(outer: str, inner: str) -> bool:
+    """Whether every topic MQTT filter `inner` matches also matches filter `outer` (neither shared)."""
+    a, b = outer.split("/"), inner.split("/")
+    if b[0].startswith("$") and a[0] in ("+", "#"):
+        return False  # a wildcard first level matches no `$` topic
+    for index, level in enumerate(a):
+        if level == "#":
+            return True  # the rest, and the parent level itself ("a/#" matches "a")
+        if index >= len(b) or b[index] == "#":
+            return False
+        if level != "+" and level != b[index]:
+            return False
+    return len(a) == len(b)
+
+
+def uncovered(filters: list[str]) -> list[str]:
+    """`filters` without those another one covers (of two that cover each other, the first stays).
+    Why: a broker delivers one copy of a message per matching subscription (Mosquitto does), so a
+    config mapping for `gateway/boiler/temperature` beside the profile's `gateway/+/+` stored every
+    message twice. Subscribed once, the message is mapped once, by the first mapping that matches.
+    Shared subscriptions (`$share/...`) stay as they are. Cost: each filter against the wildcard
+    filters of its first level (or of a wildcard first level)."""
+    wild: dict[str | None, list[tuple[int, str]]] = {}
+    for index, text in enumerate(filters):
+        levels = text.split("/")
+        if not text.startswith("$share/") and ("+" in levels or "#" in levels):
+            first = levels[0]
+            wild.setdefault(None if first in ("+", "#") else first, []).append((index, text))
+    kept = []
+    for index, text in enumerate(filters):
+        if not text.startswith("$share/"):
+            candidates = [*wild.get(text.split("/", 1)[0], ()), *wild.get(None, ())]
+            if any(
+                other != index and covers(outer, text) and (other < index or not covers(text, outer))
+                for other, outer in candidates
+            ):
+                continue
+        kept.append(text)
+    return kept
+
+
 def encode(text: str) -> str:
     """Captured text for an IRI: percent-encoded except unreserved characters and `/`."""
     return quote(text, safe="/", errors="strict")
