@@ -234,6 +234,7 @@ class CoapAdapter:
                 for reason in OSCORE_REFUSALS
             },
             "oscore_ended_while_responding": self.oscore.ended_while_responding if self.oscore is not None else 0,
+            "oscore_ended_released": self.oscore.ended_released if self.oscore is not None else 0,
             **self.fast.metrics(),
             **self.queries.metrics(),
             **self.observer.metrics(),

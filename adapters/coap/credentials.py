@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -31,6 +32,16 @@ RESERVED_PIV_LENGTHS = (6, 7)
 # cannot decode (4.02), one that does not decrypt (4.00), a method OSCORE does not carry outside (4.05)
 OSCORE_REFUSALS = ("unknown_context", "replay", "decode", "decryption", "method")
 REPLAY_DETECTED = b"Replay detected"  # the payload of aiocoap's unprotected 4.01 for a replay
+CONTEXT_GONE = b"Security context not found"  # what ends an observation whose sensor's context went
+
+
+class ContextReleased(Exception):
+    """A released context (its sensor removed or reset) was asked for a sequence number: what a
+    live observation of that sensor meets at its next notification."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self.label = label
 
 
 class RefusalCounter:
@@ -61,9 +72,11 @@ class SensorCredentials:
         self.malformed = 0  # requests whose OSCORE option could not be decoded (answered 4.02)
         self.refused: Counter[str] = Counter()  # protected requests aiocoap's wrapper refused, by OSCORE_REFUSALS
         self.ended_while_responding = 0  # protected responses that found their observation gone
+        self.ended_released = 0  # protected observations ended because their sensor was removed or reset
+        self._said_released: set[str] = set()  # the released sensors already named in the log
         self.kids: frozenset[bytes] = frozenset()  # what the sensors' requests carry: their contexts' recipient ids
         self._stamp: int | None = None
-        self._loaded: dict[str, int] = {}  # label -> settings.json's mtime when loaded
+        self._loaded: dict[str, object] = {}  # label -> its key material when loaded (_key_material)
         self.paths: dict[str, tuple[str, ...]] = {}  # sensor -> its extra path patterns (paths.json)
         self._paths_stamps: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
@@ -95,7 +108,12 @@ class SensorCredentials:
             exception was never retrieved" ERROR tracebacks: it is counted and ends quietly.
 
             The requests it refuses are counted by reason (OSCORE_REFUSALS): 49 replays and 50
-            unknown kids were 4.01s seen only as aiocoap notices."""
+            unknown kids were 4.01s seen only as aiocoap notices.
+
+            A protected observation whose sensor was removed or reset (its context released) ends at
+            its next notification with an unprotected 4.01, counted, one log line per sensor: it
+            wrote ~30 lines of ERROR traceback per observation (a FileNotFoundError of aiocoap's
+            sequence file, or an AttributeError of the destroyed context's keys)."""
 
             async def render_to_pipe(self, pipe: Any) -> None:
                 try:
@@ -127,12 +145,28 @@ class SensorCredentials:
                 except error.BadRequest:
                     owner.refused["decryption"] += 1
                     raise
+                except ContextReleased as released:
+                    owner.end_released(pipe, released.label)
                 except Exception:
                     if not pipe_ended(pipe):
                         raise
                     owner.ended_while_responding += 1
 
         return Wrapper(site, self.map)
+
+    def end_released(self, pipe: Any, label: str) -> None:
+        """End a protected observation whose context was released: counted, an unprotected 4.01
+        (what a request with that kid now gets), the sensor named once in the log."""
+        from aiocoap import Message
+        from aiocoap.numbers.codes import UNAUTHORIZED
+
+        self.ended_released += 1
+        if label not in self._said_released:
+            self._said_released.add(label)
+            log.info("coap: observations of a removed or reset sensor ended", extra={"sensor": label[1:]})
+        if not pipe_ended(pipe):
+            with contextlib.suppress(Exception):  # the peer may be gone meanwhile
+                pipe.add_response(Message(code=UNAUTHORIZED, max_age=0, payload=CONTEXT_GONE), is_last=True)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._watch(), name="coap-credentials")
@@ -185,8 +219,9 @@ class SensorCredentials:
             if label in self.map:
                 continue
             try:
+                material = self._key_material(label)
                 self.map.load_from_dict({label: entry})
-                self._loaded[label] = self._settings_stamp(label)
+                self._loaded[label] = material
             except Exception as error:  # a damaged context: said, and the other sensors still work
                 log.error("coap: cannot load an OSCORE context", extra={"sensor": label[1:], "error": str(error)[:200]})
         if len(self.map) != self.count:
@@ -196,24 +231,48 @@ class SensorCredentials:
         self.kids = frozenset(kid for kid in ids if isinstance(kid, bytes))
         self._reload_paths()
 
-    def _settings_stamp(self, label: str) -> int:
-        try:
-            return (self.directory / label[1:] / "settings.json").stat().st_mtime_ns
-        except OSError:
-            return -1
+    def _key_material(self, label: str) -> object:
+        """What a context is made of: its files' parsed content (ids, secret, salt, algorithm...),
+        or a fresh object (equal to nothing) when they cannot be read."""
+        folder = self.directory / label[1:]
+        material: list[Any] = []
+        for name in ("secret.json", "settings.json"):  # what aiocoap's context loads its keys from
+            try:
+                material.append(json.loads((folder / name).read_text()))
+            except FileNotFoundError:
+                material.append(None)
+            except (OSError, ValueError):
+                return object()
+        return material
 
     def _changed(self, label: str) -> bool:
-        return self._loaded.get(label) != self._settings_stamp(label)
+        """Whether the sensor's key changed (a reset): its key material, not its files' times. Why:
+        a settings.json touched, restored from a backup or copied by rsync without -t, then any
+        change of the directory, made the same key load again from sequence 0 (sequence.json
+        deleted), so replayed requests were accepted and the gateway reused its nonces."""
+        return self._loaded.get(label) != self._key_material(label)
 
     def _release(self, label: str) -> None:
         """Forget a removed or reset context. aiocoap writes its sequence numbers back and lets go of
         its lock file when the object goes; a reset sensor's new secret then starts from a clean state."""
         context = self.map.pop(label)
         self._loaded.pop(label, None)
+        self._said_released.discard(label)
+
+        def released() -> int:
+            raise ContextReleased(label)
+
+        # a live observation protected by it must not take another sequence number: aiocoap would
+        # write it to the sensor's folder (gone, or the new key's) and then fail on the destroyed keys
+        context.new_sequence_number = released
         destroy = getattr(context, "_destroy", None)  # aiocoap's own release (what its __del__ calls)
         if destroy is not None and getattr(context, "lockfile", None) is not None:
             with contextlib.suppress(OSError):  # the directory went with the sensor
                 destroy()
+            if getattr(context, "lockfile", None) is not None:  # destroy failed half way: not again at __del__
+                with contextlib.suppress(Exception):
+                    context.lockfile.release()
+                context.lockfile = None
         stale = self.directory / label[1:] / "sequence.json"
         if (self.directory / label[1:] / "settings.json").is_file():
             stale.unlink(missing_ok=True)  # written by the old context: not the new secret's

@@ -31,7 +31,7 @@ from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.profiles import default_profiles
 from adapters.mqtt.settings import MqttSettings
-from adapters.mqtt.shares import DeviceShares
+from adapters.mqtt.shares import DeviceShares, device_key
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
     MAPPINGS_QUERY,
@@ -89,7 +89,7 @@ class MqttAdapter:
         self.profiles = profiles(profile_names)
         self.actuators = list(actuators)
         self.gateway_id = gateway_id(gateway)
-        self.counters = SourceCounters()
+        self.counters = SourceCounters(device_of=device_key)  # a login's topics are one device
         self.connection = MqttConnection(settings)
         self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)

@@ -9,6 +9,13 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 OTHER_TOPICS = "(other topics)"
+MAX_PER_DEVICE = 100  # of the max_topics sources one device may hold (the rest of its sources share OTHER_TOPICS)
+
+
+def first_two_levels(source: str) -> str:
+    """The device of a source when the adapter knows no better: its first two levels
+    (`s/<sensor>` of a CoAP path, `<convention>/<device>` of most MQTT topics)."""
+    return "/".join(source.split("/", 2)[:2])
 
 
 class SourceCounters:
@@ -17,8 +24,11 @@ class SourceCounters:
 
     Fed by the adapters (oversize payloads, refused requests) and by the mapping layer (PayloadError,
     unmapped sources). At most `max_topics` sources are tracked, the rest under one shared entry, so
-    a client sending to endless source names cannot grow memory or the log. `label` names the
-    adapter and its kind of source in the log ("mqtt: bad input on topic").
+    a client sending to endless source names cannot grow memory or the log; and at most
+    `max_per_device` of them per device (`device_of(source)`: the MQTT adapter gives the login the
+    ACL ties a topic to), so one login's junk topics cannot take every slot and leave the other
+    devices' bad input uncounted by source (one login took all 1,000). `label` names the adapter and
+    its kind of source in the log ("mqtt: bad input on topic").
 
     At most `max_reports` lines are written per `log_interval_s` in all: one line per source
     still let a client that posts to 1,000 junk paths write 1,000 warnings a minute for as long
@@ -33,8 +43,13 @@ class SourceCounters:
         clock: Callable[[], float] = time.monotonic,
         label: str = "mqtt: bad input on topic",
         max_reports: int = 20,
+        max_per_device: int = MAX_PER_DEVICE,
+        device_of: Callable[[str], str] = first_two_levels,
     ) -> None:
         self.label = label
+        self.max_per_device = max_per_device
+        self._device_of = device_of
+        self._per_device: dict[str, int] = {}  # sources tracked per device
         self.log_interval_s = log_interval_s
         self.max_topics = max_topics
         self._clock = clock
@@ -49,8 +64,16 @@ class SourceCounters:
 
     def add(self, topic: str, reason: str) -> None:
         """Count one bad message on `topic`; `reason` says what was wrong with it (logged with the count)."""
-        if topic not in self.counts and len(self.counts) >= self.max_topics:
-            topic = OTHER_TOPICS
+        if topic not in self.counts:
+            if len(self.counts) >= self.max_topics:
+                topic = OTHER_TOPICS
+            else:
+                device = self._device_of(topic)
+                held = self._per_device.get(device, 0)
+                if held >= self.max_per_device:
+                    topic = OTHER_TOPICS
+                else:
+                    self._per_device[device] = held + 1
         self.total += 1
         self.counts[topic] = self.counts.get(topic, 0) + 1
         self._unlogged[topic] = self._unlogged.get(topic, 0) + 1

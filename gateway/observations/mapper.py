@@ -16,6 +16,7 @@ from gateway.observations.extractors import Compiled, Message
 from gateway.observations.learned_units import LearnedUnits
 from gateway.observations.mapping import Mapping
 from gateway.observations.reading import Reading
+from gateway.observations.sources import uncovered
 from gateway.observations.targets import Resolved
 
 TOPIC_CACHE_SIZE = 16_384
@@ -65,8 +66,9 @@ class Mapper:
         return Mapper(mappings, max_payload_bytes=self.max_payload_bytes, units=self.units)
 
     def subscriptions(self) -> list[str]:
-        """The MQTT filters to subscribe to (captures replaced by + and #), without repeats."""
-        return list(dict.fromkeys(item.filter.subscription for item in self._compiled))
+        """The MQTT filters to subscribe to (captures replaced by + and #), without repeats and
+        without those another one covers (`sources.uncovered`: one copy of each message)."""
+        return uncovered(list(dict.fromkeys(item.filter.subscription for item in self._compiled)))
 
     def match(self, topic: str) -> tuple[Compiled, dict[str, str], Resolved] | None:
         """The first mapping matching `topic`, its captures and its filled targets (cached)."""

@@ -16,16 +16,16 @@ from gateway.observations.extractors import Compiled, Extractor, Message, coerce
 from gateway.observations.kinds import kind_for_unit, kind_named, unit_named
 from gateway.observations.payloads import decode, number_of, parse_json, unix_us
 from gateway.observations.reading import Reading
-from gateway.observations.sources import encode
+from gateway.observations.sources import DOT_SEGMENTS as _DOT_SEGMENTS
+from gateway.observations.sources import MAX_NAME_BYTES, encode
 from gateway.observations.targets import PROPERTY_PREFIX
 
 _RELATIVE_LIMIT = 2**28
 # A record's full name becomes a sensor IRI (and maybe a property IRI) kept in the store, the latest
 # graph and the writer's caches: unbounded, one sensor publishing 60 KB names (on the one topic its
 # login allows) grew the gateway by ~0.7 MB a reading, for good. Topics are bounded alike
-# (adapters/mqtt/ingest.py MAX_TOPIC_BYTES).
-MAX_NAME_BYTES = 256
-_DOT_SEGMENTS = frozenset({".", ".."})
+# (adapters/mqtt/ingest.py MAX_TOPIC_BYTES). The same checks guard every template's captures
+# (sources.name_problem); here they name the record.
 
 
 def _senml(compiled: Compiled, message: Message) -> list[Reading]:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from urllib.parse import quote
 
-from gateway.observations.errors import MappingError
+from gateway.observations.errors import MappingError, PayloadError
 
 _CAPTURE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(\+?)\}")
 # What an MQTT broker refuses in a UTF-8 string (MQTT 5 1.5.4; Mosquitto's mosquitto_validate_utf8):
@@ -30,6 +30,23 @@ def unsendable(text: str) -> str | None:
     if found is not None:
         return found.group()
     return next((char for char in text if ord(char) & 0xFFFE == 0xFFFE), None)  # U+1FFFE...
+
+
+# What a captured name may be, whatever gave it (a topic level, a Tasmota object, a SenML record):
+# at most MAX_NAME_BYTES of UTF-8, and no '.' or '..' segment. Kept verbatim in an IRI, a dot
+# segment names another sensor to anything downstream that normalises paths (RFC 3986 §5.2.4):
+# `tasmota/boiler/../kitchen/AM2301` is kitchen's; 60 KB names each became a sensor IRI.
+MAX_NAME_BYTES = 256
+DOT_SEGMENTS = frozenset({".", ".."})
+
+
+def name_problem(text: str) -> str | None:
+    """Why `text` cannot name a sensor, feature or property (a PayloadError's message), or None."""
+    if len(text) > MAX_NAME_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"a name is longer than {MAX_NAME_BYTES} bytes"
+    if "." in text and DOT_SEGMENTS.intersection(text.split("/")):
+        return "a name may not have a '.' or '..' segment"
+    return None
 
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -124,6 +141,47 @@ class SourceFilter:
         return first
 
 
+def covers(outer: str, inner: str) -> bool:
+    """Whether every topic MQTT filter `inner` matches also matches filter `outer` (neither shared)."""
+    a, b = outer.split("/"), inner.split("/")
+    if b[0].startswith("$") and a[0] in ("+", "#"):
+        return False  # a wildcard first level matches no `$` topic
+    for index, level in enumerate(a):
+        if level == "#":
+            return True  # the rest, and the parent level itself ("a/#" matches "a")
+        if index >= len(b) or b[index] == "#":
+            return False
+        if level != "+" and level != b[index]:
+            return False
+    return len(a) == len(b)
+
+
+def uncovered(filters: list[str]) -> list[str]:
+    """`filters` without those another one covers (of two that cover each other, the first stays).
+    Why: a broker delivers one copy of a message per matching subscription (Mosquitto does), so a
+    config mapping for `gateway/boiler/temperature` beside the profile's `gateway/+/+` stored every
+    message twice. Subscribed once, the message is mapped once, by the first mapping that matches.
+    Shared subscriptions (`$share/...`) stay as they are. Cost: each filter against the wildcard
+    filters of its first level (or of a wildcard first level)."""
+    wild: dict[str | None, list[tuple[int, str]]] = {}
+    for index, text in enumerate(filters):
+        levels = text.split("/")
+        if not text.startswith("$share/") and ("+" in levels or "#" in levels):
+            first = levels[0]
+            wild.setdefault(None if first in ("+", "#") else first, []).append((index, text))
+    kept = []
+    for index, text in enumerate(filters):
+        if not text.startswith("$share/"):
+            candidates = [*wild.get(text.split("/", 1)[0], ()), *wild.get(None, ())]
+            if any(
+                other != index and covers(outer, text) and (other < index or not covers(text, outer))
+                for other, outer in candidates
+            ):
+                continue
+        kept.append(text)
+    return kept
+
+
 def encode(text: str) -> str:
     """Captured text for an IRI: percent-encoded except unreserved characters and `/`."""
     return quote(text, safe="/", errors="strict")
@@ -153,11 +211,16 @@ class Template:
         self.names = tuple(part for is_name, part in self._parts if is_name)
 
     def fill(self, values: Mapping[str, str], *, encoded: bool = True) -> str:
-        """The template with each `{name}` replaced (percent-encoded unless `encoded` is False)."""
+        """The template with each `{name}` replaced (percent-encoded unless `encoded` is False);
+        PayloadError for a value no name may be (:func:`name_problem`), whatever captured it."""
         out = []
         for is_name, part in self._parts:
             if is_name:
                 value = values[part]
+                problem = name_problem(value)
+                if problem is not None:
+                    shown = value if len(value) <= 64 else value[:64] + "..."
+                    raise PayloadError(f"{{{part}}} {shown!r}: {problem}")
                 out.append(encode(value) if encoded else value)
             else:
                 out.append(part)

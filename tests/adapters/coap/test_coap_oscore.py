@@ -7,14 +7,19 @@ directory), aiocoap's client speaking OSCORE to the gateway's network address ov
 from __future__ import annotations
 
 import asyncio
+import queue
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import aiocoap
+import pytest
 from aiocoap import Code
 
+from adapters.coap.credentials import RELOAD_INTERVAL_S
 from tests.support.coap import CLI, DEG_C, SENSOR, add_sensor, host_address, observations, post, sensor_side
 
 
@@ -158,3 +163,79 @@ def test_a_sensor_posts_to_its_own_resources_and_to_the_paths_it_is_allowed_only
     assert granted.code == Code.CHANGED, granted
     assert (SENSOR + "pump", 42.0, DEG_C) in observations(gateway)
     assert humidity.code == Code.FORBIDDEN, humidity  # the pattern, not more
+
+
+# an OSCORE sensor observing URI from its context DIR, in its own process: one stdout line per
+# notification ("notification"), "ended" when the observation ends. A process: aiocoap's client
+# raises the ending 4.01 again when its iterators are collected, and collected during a later
+# compile in the test process it broke pytest's assertion rewriting (SystemError)
+OBSERVER = """
+import asyncio, sys, aiocoap
+async def main():
+    context = await aiocoap.Context.create_client_context()
+    base = sys.argv[1].rsplit("/q/", 1)[0]
+    context.client_credentials.load_from_dict({base + "/*": {"oscore": {"basedir": sys.argv[2] + "/"}}})
+    request = context.request(aiocoap.Message(code=aiocoap.GET, uri=sys.argv[1], observe=0))
+    print("first", (await request.response).code, flush=True)
+    try:
+        async for notification in request.observation:
+            print("notification", notification.code, flush=True)
+    except Exception as error:
+        print("ended", type(error).__name__, flush=True)
+    else:
+        print("ended", flush=True)
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("change", ["remove", "reset"])
+def test_a_removed_sensors_observation_ends_quietly_and_its_key_is_refused(start_gateway, tmp_path, change) -> None:
+    """A sensor follows /q/open over OSCORE; its credential is removed (or reset) while it observes. The next
+    change ends the observation (an unprotected 4.01, counted in sepa_coap_oscore_ended_released),
+    with no ERROR traceback, the gateway's observer gone, and the key refused afterwards. Without
+    the fix each notification of a released context wrote ~30 lines of ERROR traceback (aiocoap
+    writing its sequence file into the removed folder, or using the destroyed keys)."""
+    data = tmp_path / "data"
+    settings = add_sensor(data / "coap-sensors", "valve")
+    toml = '[[coap.subscriptions]]\nname = "open"\nsparql = "SELECT ?v WHERE { ?v <urn:example:open> true }"\n'
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True, toml=toml)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    base = f"coap://{host_address()}:{port}"
+    side = sensor_side(tmp_path, "valve", settings)
+
+    def insert(number: int) -> None:
+        assert gateway.update(f"INSERT DATA {{ <urn:example:v{number}> <urn:example:open> true }}").status == 200
+
+    lines: queue.Queue[str] = queue.Queue()
+    observer = subprocess.Popen(
+        [sys.executable, "-c", OBSERVER, base + "/q/open", str(side)], stdout=subprocess.PIPE, text=True
+    )
+    assert observer.stdout is not None
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in observer.stdout], daemon=True).start()
+    try:
+        assert lines.get(timeout=30).startswith("first 2.05")
+        insert(1)
+        assert lines.get(timeout=30).startswith("notification 2.05")
+        how = ["remove", "valve"] if change == "remove" else ["add", "valve", "--reset"]
+        removed = subprocess.run(
+            [*CLI, "sensors", "--coap", "--coap-dir", str(data / "coap-sensors"), *how], capture_output=True, timeout=60
+        )
+        assert removed.returncode == 0, removed.stderr
+        if change == "remove":
+            gateway.wait_for_metric("sepa_coap_oscore_sensors", lambda count: count == 0, timeout=15)
+        else:
+            time.sleep(3 * RELOAD_INTERVAL_S)  # the same count: the reload is not seen in the metrics
+        insert(2)
+        assert lines.get(timeout=15).startswith("ended"), "the observation went on"
+    finally:
+        observer.kill()
+        observer.wait()
+    assert not [line for line in gateway.stderr_lines if "level=error" in line or "Traceback" in line]
+    assert gateway.metric("sepa_coap_oscore_ended_released") == 1
+    gateway.wait_for_metric("sepa_coap_q_observers", lambda count: count == 0)
+    try:  # the removed key is refused: an unprotected 4.01, not an answer of the sensor's context
+        refused = asyncio.run(post(base + "/s/valve/temperature", b"1", side)).code
+    except Exception as error:
+        refused = error
+    assert not isinstance(refused, Code) or not refused.is_successful(), refused
+    assert observations(gateway) == []  # the removed key wrote nothing

@@ -535,3 +535,37 @@ def test_readings_wait_in_mosquitto_while_the_store_may_not_grow(mosquitto: Mosq
         assert [float(row["v"]) for row in numeric_results(gateway, "zigbee2mqtt/boiler")] == [61.5]
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_mapping_overlapping_a_profile_stores_each_message_once(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """A config mapping for `gateway/boiler/temperature` beside the generic profile's `gateway/+/+`,
+    and one added to the mappings graph at run time: Mosquitto delivers one copy of a message per
+    matching subscription, so each message was stored twice. The gateway now subscribes only to
+    filters no other one covers: one observation per message, by the first mapping (the user's)."""
+    configured = (
+        '[[mqtt.mappings]]\nid = "boiler"\ntopic = "gateway/boiler/temperature"\nextract = "number"\n'
+        'property = "temperature"\nunit = "degC"\nsensor = "urn:example:boiler"\n'
+    )
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, configured))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        added = gateway.update(
+            PREFIXES + "INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
+            '<urn:sepa-gateway:mapping:pump> a gw:TopicMapping ; gw:mappingId "pump" ; '
+            'gw:topicFilter "gateway/pump/temperature" ; gw:extract "number" ; '
+            'gw:sensorTemplate "urn:example:pump" ; gw:propertyTemplate "temperature" ; gw:unit "degC" } }'
+        )
+        assert added.status == 200, added.body
+        time.sleep(0.5)  # the adapter rebuilds its mappings (and would subscribe)
+        mosquitto.pub("gateway/boiler/temperature", "61.5")
+        mosquitto.pub("gateway/pump/temperature", "40")
+        mosquitto.pub("gateway/kitchen/temperature", "21")  # the profile's: after the others in the queue
+        wait_for(lambda: numeric_results(gateway, "gateway/kitchen/temperature"))
+        time.sleep(0.5)  # a second copy, if any, came with the others
+        boiler = numeric_results(gateway, "gateway/boiler/temperature")
+        pump = numeric_results(gateway, "gateway/pump/temperature")
+        assert [(row["sensor"], float(row["v"])) for row in boiler] == [("urn:example:boiler", 61.5)]
+        assert [(row["sensor"], float(row["v"])) for row in pump] == [("urn:example:pump", 40.0)]
+        assert len(numeric_results(gateway, "gateway/kitchen/temperature")) == 1
+    finally:
+        assert gateway.stop() == 0

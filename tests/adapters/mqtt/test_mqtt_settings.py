@@ -8,7 +8,8 @@ import pytest
 
 from adapters.mqtt.connection import MqttError, check_filter
 from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
-from gateway.observations.counters import OTHER_TOPICS, SourceCounters
+from adapters.mqtt.shares import device_key
+from gateway.observations.counters import MAX_PER_DEVICE, OTHER_TOPICS, SourceCounters
 
 
 @pytest.mark.parametrize(
@@ -97,3 +98,25 @@ def test_topic_counters_do_not_grow_without_bound() -> None:
         counters.add(f"spam/{i}", "unmapped topic")
     assert len(counters.counts) == 4
     assert counters.counts[OTHER_TOPICS] == 97
+
+
+def test_one_device_cannot_take_every_source_slot() -> None:
+    """One login's junk topics took all 1,000 per-source slots, so every other device's bad input
+    went under OTHER_TOPICS: a device now holds at most MAX_PER_DEVICE of them. The MQTT adapter's
+    device is the login the ACL ties the topic to, whatever the convention (shares.device_key)."""
+    counters = SourceCounters()
+    for i in range(1200):
+        counters.add(f"gateway/boiler/junk{i}", "unknown property")
+    counters.add("gateway/kitchen/temperature", "not a number")
+    assert counters.counts.get("gateway/kitchen/temperature") == 1
+    assert len([source for source in counters.counts if "boiler" in source]) == MAX_PER_DEVICE
+    assert counters.counts[OTHER_TOPICS] == 1200 - MAX_PER_DEVICE
+
+    by_login = SourceCounters(device_of=device_key)
+    for i in range(300):
+        by_login.add(f"gateway/boiler/junk{i}", "unknown property")
+        by_login.add(f"homie/5/boiler/n/junk{i}", "unknown unit")
+    by_login.add("senml/pump", "not SenML")
+    assert by_login.counts["senml/pump"] == 1
+    assert len([source for source in by_login.counts if "boiler" in source]) == MAX_PER_DEVICE
+    assert by_login.total == 601

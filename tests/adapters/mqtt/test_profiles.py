@@ -89,6 +89,34 @@ def test_tasmota_fahrenheit(read: Read) -> None:
     assert reading.unit == UNIT + "DEG_F"
 
 
+@pytest.mark.parametrize(
+    ("topic", "payload"),
+    [
+        ("tele/boiler/SENSOR", '{"../kitchen/AM2301": {"Temperature": -40}}'),  # kitchen's sensor, normalised
+        ("tele/boiler/SENSOR", '{"AM2301/.": {"Temperature": -40}}'),
+        ("tele/boiler/SENSOR", json.dumps({"A" * 257: {"Temperature": 1}})),  # 60 KB names grew the gateway
+        ("homie/5/boiler/../temperature", "11"),
+        ("homie/5/boiler/./temperature", "12"),
+        ("homie/5/boiler/n/..", "13"),
+    ],
+)
+def test_captured_names_get_the_checks_senml_names_get(read: Read, topic: str, payload: str) -> None:
+    """A name captured from a topic level or a Tasmota object becomes a sensor IRI like a SenML
+    record's name: no '.' or '..' segment, at most MAX_NAME_BYTES; else bad input, no reading.
+    Before, `.../tasmota/boiler/../kitchen/AM2301` was stored, and 60 KB Tasmota names."""
+    with pytest.raises(PayloadError, match=r"'\.' or '\.\.' segment|longer than 256 bytes"):
+        read(topic, payload)
+
+
+def test_captured_names_with_dots_inside_levels_or_of_256_bytes_are_taken(read: Read) -> None:
+    (dotted,) = read("tele/t/SENSOR", '{"DS18B20-1.2": {"Temperature": 20}}')
+    assert dotted.sensor == "urn:sepa-gateway:sensor:tasmota/t/DS18B20-1.2"
+    (longest,) = read("tele/t/SENSOR", json.dumps({"A" * 256: {"Temperature": 20}}))
+    assert longest.sensor.endswith("A" * 256)
+    (homie,) = read("homie/5/b.1/n..x/temperature", "20")
+    assert homie.sensor == "urn:sepa-gateway:sensor:homie/b.1/n..x"
+
+
 def test_senml(read: Read) -> None:
     pack = [
         {"bn": "urn:dev:ow:10e2073a01080063:", "bt": 1.320067464e09, "bu": "Cel", "n": "temp", "v": 23.1},

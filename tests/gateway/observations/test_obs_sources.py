@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.jsap.terms import iri_term
-from gateway.observations import MappingError
-from gateway.observations.sources import SourceFilter, Template
+from gateway.observations import MappingError, PayloadError
+from gateway.observations.sources import SourceFilter, Template, covers, uncovered
 
 
 @pytest.mark.parametrize(
@@ -79,6 +79,34 @@ def test_captures_always_make_valid_iris(parts: list[str]) -> None:
         assert any(part == "" for part in parts)
         return
     assert found["rest"] == "/".join(parts)
-    iri = Template("urn:sepa-gateway:sensor:x/{rest}", ("rest",), "sensor").fill(found)
+    template = Template("urn:sepa-gateway:sensor:x/{rest}", ("rest",), "sensor")
+    if any(part in (".", "..") for part in parts):  # would name another sensor once normalised
+        with pytest.raises(PayloadError, match="segment"):
+            template.fill(found)
+        return
+    iri = template.fill(found)
     assert iri_term(iri).value == iri  # validated by the same code that writes updates
     assert iri.startswith("urn:sepa-gateway:sensor:x/")
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "expected"),
+    [
+        ("gateway/+/+", "gateway/boiler/temperature", True),
+        ("gateway/boiler/temperature", "gateway/+/+", False),
+        ("a/#", "a", True),  # '#' matches the parent level too
+        ("a/#", "a/+/#", True),
+        ("a/+", "a/#", False),
+        ("a/+/c", "a/b/+", False),  # a partial overlap: neither covers the other
+        ("#", "$SYS/broker", False),  # a wildcard first level matches no `$` topic
+        ("$SYS/#", "$SYS/broker", True),
+        ("a/b", "a/b/c", False),
+    ],
+)
+def test_covers(outer: str, inner: str, expected: bool) -> None:
+    assert covers(outer, inner) is expected
+
+
+def test_uncovered_keeps_one_filter_per_message() -> None:
+    filters = ["gateway/boiler/temperature", "homie/5/+/+/+", "gateway/+/+", "$share/g/gateway/x/y", "a/+/c", "a/b/+"]
+    assert uncovered(filters) == ["homie/5/+/+/+", "gateway/+/+", "$share/g/gateway/x/y", "a/+/c", "a/b/+"]
