@@ -138,7 +138,9 @@ def test_large_datagrams_from_the_network_count_as_several_requests(start_gatewa
     assert all(len(request) // 1024 == 3 for request in large)
     assert len(answers(host_address(), port, large)) == 60
     metrics = gateway.metrics()
-    assert metrics["sepa_coap_network_requests_shed_total"] == 40, metrics
+    # 40 shed, but under load the kernel may drop some of the 390 KB sent at once (over the socket's
+    # receive buffer) before the gateway reads them: 10-12 shed in two loaded runs, 60 answered in all
+    assert 0 < metrics["sepa_coap_network_requests_shed_total"] <= 40, metrics
     # 60 large ones spent the budget as 240 small ones would
     small = [datagram(GET, 1000 + mid, ".well-known/core") for mid in range(10)]
     assert len(answers(host_address(), port, small)) == 0
