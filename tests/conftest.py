@@ -9,6 +9,7 @@ The observation layer's `mapper` and `read` fixtures come from tests/support/rea
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -30,6 +31,12 @@ from tools.launcher import (
 )
 
 pytest_plugins = ("tests.support.readings", "tests.support.artifacts")
+
+# Every subprocess a test starts (`sepa-gateway run`, a CLI command) imports this checkout's code,
+# not the checkout the virtualenv's editable install points at: run from a git worktree, the tests
+# started main's gateway, and a "fails without the fix" check there proved nothing.
+ROOT = Path(__file__).resolve().parents[1]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def stop_and_check(gateway: RunningGateway) -> None:

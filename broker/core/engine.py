@@ -269,6 +269,7 @@ class Engine:
             base_iri=self.base_iri if base_iri is None else base_iri,
             readable=None if access is None else access.readable_terms(),
             writable=None if access is None else access.writable_terms(),
+            quad_limit=self.updates.max_quads,  # a delayed update runs as a network client's
         )
 
     # -- querying -----------------------------------------------------------------------------

@@ -242,3 +242,20 @@ def test_a_data_block_is_read_no_further_than_the_limit(start_gateway: Callable[
     assert len(engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}", trusted=True).added) == 13
     with pytest.raises(UpdateFailed, match="more than 10 quads"):
         engine.update(f"INSERT DATA {{ <{EX}a> <{EX}b> ( 1 2 3 4 5 6 ) }}")
+
+
+def test_a_delayed_data_block_is_read_no_further_than_the_limit_when_scheduled(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A delayed update is checked when it is scheduled, and runs as a network client's when due:
+    its DATA block was parsed in full at scheduling (2.3 s of the update thread for 300,000 items
+    while a bystander waited), before the size limit refused it when due, unseen. It is now read
+    no further than the limit, and refused at once."""
+    gateway = start_gateway(toml="[engine]\nmax_update_quads = 2000\n")
+    hostile = f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 400_000)} ) }}"
+    reply, waited = bystander_wait(gateway, hostile, head_start_s=0.2, params=[("delay", "60000")])
+    assert waited < 1.5, waited
+    assert reply.status == 400 and "max_update_quads" in json.loads(reply.body)["error_description"]
+    assert json.loads(gateway.request("GET", "/scheduled").body)["scheduled"] == []
+    within = f"INSERT DATA {{ <{EX}a> <{EX}b> ( {' '.join(['1'] * 999)} ) }}"
+    assert gateway.update(within, params=[("delay", "60000")]).status == 202
