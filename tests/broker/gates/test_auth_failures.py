@@ -192,12 +192,19 @@ def retry_after(headers: dict[str, str]) -> int:
     return value
 
 
-def test_wrong_secrets_past_the_burst_are_429_and_other_clients_get_their_tokens_at_once(
-    start_gateway, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+@pytest.fixture
+def attacked(start_gateway: Any, tmp_path: Path) -> tuple[Any, Path, str]:
+    """A secure gateway knowing the admin and the viewer, its data directory, and this machine's
+    LAN address, the attacker's."""
     lan = host_address()
     data = tmp_path / "data"
-    gateway = start_gateway("--secure", toml=secure_toml(lan, ADMIN, VIEWER), data_dir=data)
+    return start_gateway("--secure", toml=secure_toml(lan, ADMIN, VIEWER), data_dir=data), data, lan
+
+
+def test_wrong_secrets_past_the_burst_are_429_and_other_clients_get_their_tokens_at_once(
+    attacked: tuple[Any, Path, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway, data, lan = attacked
 
     async def main() -> None:
         attacker, board = await clients(gateway, data, [lan, None])
@@ -242,11 +249,9 @@ def test_wrong_secrets_past_the_burst_are_429_and_other_clients_get_their_tokens
 
 
 def test_refused_registrations_past_the_burst_are_429_and_counted_apart_from_wrong_secrets(
-    start_gateway, tmp_path: Path
+    attacked: tuple[Any, Path, str],
 ) -> None:
-    lan = host_address()
-    data = tmp_path / "data"
-    gateway = start_gateway("--secure", toml=secure_toml(lan, ADMIN, VIEWER), data_dir=data)
+    gateway, data, lan = attacked
 
     async def main() -> None:
         attacker, board = await clients(gateway, data, [lan, None])
@@ -273,11 +278,9 @@ def forged(client_id: str) -> str:
 
 
 def test_forged_bearer_tokens_past_the_burst_are_429_on_https_and_wss_and_verified_tokens_still_pass(
-    start_gateway, tmp_path: Path
+    attacked: tuple[Any, Path, str],
 ) -> None:
-    lan = host_address()
-    data = tmp_path / "data"
-    gateway = start_gateway("--secure", toml=secure_toml(lan, ADMIN, VIEWER), data_dir=data)
+    gateway, data, lan = attacked
 
     async def main() -> None:
         attacker, board = await clients(gateway, data, [lan, None])
