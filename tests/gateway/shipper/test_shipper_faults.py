@@ -325,6 +325,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(directory)], check=True)
 
 
+def fill(disk: Path) -> Path:
+    """Fill `disk` (something else, the store or the logs, takes its room); the file to remove."""
+    filler = disk / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as file:
+        while True:
+            file.write(b"\0" * 4096)
+            file.flush()
+    return filler
+
+
 def test_a_full_spool_disk_loses_no_observation(
     small_disk: Path, in_process_gateway, tmp_path: Path, cloud: Cloud
 ) -> None:
@@ -334,11 +344,7 @@ def test_a_full_spool_disk_loses_no_observation(
     gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk)
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
-    filler = small_disk / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb") as file:
-        while True:
-            file.write(b"\0" * 4096)
-            file.flush()
+    filler = fill(small_disk)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
@@ -424,11 +430,7 @@ def test_retention_holds_off_while_the_spool_disk_is_full(
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
     wait_until(lambda: _stored(gateway) == 0)  # pruned once spooled
-    filler = small_disk / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb") as file:
-        while True:
-            file.write(b"\0" * 4096)
-            file.flush()
+    filler = fill(small_disk)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
@@ -472,11 +474,7 @@ def test_what_retention_prunes_past_its_hold_is_counted_lost(
     gateway = in_process_gateway(config)
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
-    filler = small_disk / "filler"
-    with contextlib.suppress(OSError), open(filler, "wb") as file:
-        while True:
-            file.write(b"\0" * 4096)
-            file.flush()
+    filler = fill(small_disk)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     _latest(gateway, 400)
