@@ -141,6 +141,13 @@ def ack(mid: int, token: bytes, code: int = CHANGED) -> bytes:
     return bytes((VERSION << 6 | ACK << 4 | len(token), code)) + mid.to_bytes(2, "big") + token
 
 
+def reset_for(data: bytes) -> bytes | None:
+    """The Reset rejecting the confirmable message `data` (RFC 7252 §4.2), or None when it is not one."""
+    if len(data) < 4 or data[0] >> 4 != VERSION << 2 | CON:
+        return None
+    return bytes((VERSION << 6 | RST << 4, 0)) + data[2:4]
+
+
 def request(mid: int, token: bytes, path: str, payload: bytes, content_format: int = 0, code: int = POST) -> bytes:
     """A confirmable POST (or PUT) of `payload` to `path` (segments separated by "/")."""
     header = bytes((VERSION << 6 | CON << 4 | len(token), code)) + mid.to_bytes(2, "big") + token

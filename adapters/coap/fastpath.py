@@ -207,7 +207,7 @@ class FastPath:
         local, hostinfo = self._peer(interface, address)
         request = datagrams.parse(data)
         if request is None or not self.site.reads(request.path):
-            return self._slow(slow, local, data, ancdata, flags, address)
+            return self._slow(interface, slow, local, data, ancdata, flags, address)
         if self.secure and not local:
             # not OSCORE (parse takes no other option): what aiocoap's path would answer, without its record
             if not self.network.take():  # a 4.01 is twice the size of the request: no free amplifier
@@ -223,7 +223,7 @@ class FastPath:
         try:
             stored = self.resource.offer(request.path, request.content_format, request.payload, None, item)
         except Refused:
-            return self._slow(slow, local, data, ancdata, flags, address)
+            return self._slow(interface, slow, local, data, ancdata, flags, address)
         self.resource.requests += 1
         reply = partial(self._reply, interface, address, _pktinfo(ancdata), request, key)
         if stored is None:
@@ -274,7 +274,13 @@ class FastPath:
         transport.sendmsg(data, ancdata, 0, address)
         self.answered += 1
 
-    def _slow(self, slow: Callable[[bytes, Ancillary, int, Any], None], local: bool, *datagram: Any) -> None:
+    def _slow(
+        self,
+        interface: MessageInterfaceUDP6,
+        slow: Callable[[bytes, Ancillary, int, Any], None],
+        local: bool,
+        *datagram: Any,
+    ) -> None:
         """Hand the datagram to aiocoap, within the network budget (see the module docstring)."""
         if local or self._take_budget(datagram[0]):
             try:
@@ -282,8 +288,15 @@ class FastPath:
             except UnicodeDecodeError:
                 # A text option (Uri-Path, Uri-Query...) that is not UTF-8: aiocoap's decoder raises
                 # this out of its socket reader, an ERROR with a traceback per datagram, a log any peer
-                # could fill. A message format error, ignored (RFC 7252 §4.2), and counted.
+                # could fill. A message format error, counted; a confirmable one is rejected with a
+                # Reset (RFC 7252 §4.2), four bytes, no larger than what came: its sensor stops
+                # retransmitting at once instead of for ~45 s.
                 self.malformed += 1
+                data, ancdata, _flags, address = datagram
+                reset = datagrams.reset_for(data)
+                transport = getattr(interface, "transport", None)
+                if reset is not None and transport is not None:
+                    transport.sendmsg(reset, _pktinfo(ancdata), 0, address)
         else:
             self.network_shed += 1
 

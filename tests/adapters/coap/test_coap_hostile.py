@@ -406,23 +406,30 @@ def test_many_peers_getting_a_large_result_share_one_copy_of_it() -> None:
     asyncio.run(scenario())
 
 
-def test_a_datagram_aiocoap_cannot_decode_is_dropped_and_counted_not_a_traceback(
+def test_a_datagram_aiocoap_cannot_decode_is_rejected_and_counted_not_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A Uri-Path (or any text option) that is not UTF-8 made aiocoap's decoder raise
     UnicodeDecodeError out of its socket reader: each datagram an ERROR with a 2.5 KB traceback
     ("Exception in callback"), a log an attacker on the LAN fills at will. It is a message format
-    error (RFC 7252 §3): silently ignored, counted."""
-    bad = struct.pack("!BBH", 0x44, POST, 1) + b"tok1" + _option(URI_PATH, b"s") + _option(0, b"\xff\xfe")
-    bad += _option(0, b"temperature") + b"\xff20"
+    error: counted, and a confirmable one rejected with a Reset of its message ID (RFC 7252 §4.2;
+    it had no answer, and its sensor retransmitted for ~45 s); a non-confirmable one ignored."""
+
+    def bad(kind: int, mid: int) -> bytes:
+        data = struct.pack("!BBH", 0x44 | kind << 4, POST, mid) + b"tok1" + _option(URI_PATH, b"s")
+        return data + _option(0, b"\xff\xfe") + _option(0, b"temperature") + b"\xff20"
 
     async def scenario() -> None:
         async with running_adapter() as (adapter, peer):
             loop = asyncio.get_running_loop()
-            for _ in range(3):
-                await loop.sock_sendto(peer.sock, bad, ("127.0.0.1", adapter.bound_port))
+            await loop.sock_sendto(peer.sock, bad(datagrams.NON, 40), ("127.0.0.1", adapter.bound_port))
+            for mid in (41, 42, 43):
+                await loop.sock_sendto(peer.sock, bad(datagrams.CON, mid), ("127.0.0.1", adapter.bound_port))
+                async with asyncio.timeout(3):
+                    answer = await loop.sock_recv(peer.sock, 4096)
+                assert answer == struct.pack("!BBH", 0x70, 0, mid)  # RST, no token, the same message ID
             assert (await peer.ask(datagrams.request(2, b"next", "s/boiler/temperature", b"20")))[1] == CHANGED
-            assert adapter.metrics()["malformed_dropped"] == 3
+            assert adapter.metrics()["malformed_dropped"] == 4
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
