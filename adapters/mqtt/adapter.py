@@ -103,6 +103,7 @@ class MqttAdapter:
         self._stored: set[Message] = set()
         self.readings = 0
         self.retained_skipped = 0
+        self.empty_skipped = 0  # empty messages no extractor reads (a retained value cleared)
         self.observations_committed = 0
         self.largest_update = 0  # readings of the largest update (see batch_max_readings)
         self.mapping_errors = 0
@@ -178,7 +179,12 @@ class MqttAdapter:
             except UnmappedTopic as error:
                 self.counters.add(message.topic, str(error))
             except PayloadError as error:
-                self.counters.add(message.topic, str(error))
+                if message.payload:
+                    self.counters.add(message.topic, str(error))
+                else:
+                    # an empty message is how a retained value is cleared (MQTT 3.1.1 §3.3.1.3): the
+                    # broker forwards it to live subscribers, and it was counted and logged as bad input
+                    self.empty_skipped += 1
             else:
                 if message.retain and found:
                     self.retained_skipped += 1
@@ -309,6 +315,7 @@ class MqttAdapter:
             "readings": self.readings,
             "largest_update_readings": self.largest_update,
             "retained_skipped": self.retained_skipped,
+            "empty_skipped": self.empty_skipped,
             "duplicates_skipped": self.deliveries.duplicates,
             "over_share_dropped": self.shares.dropped,
             "mapping_errors": self.mapping_errors,

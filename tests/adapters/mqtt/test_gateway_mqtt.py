@@ -229,6 +229,14 @@ def test_a_retained_value_is_not_a_new_reading_at_each_start(
         assert [float(row["v"]) for row in numeric_results(gateway, "gateway/boiler/temperature")] == [51.0]
         (pump,) = numeric_results(gateway, "homie/5/pump/water/temperature")
         assert pump["unit"] == "http://qudt.org/vocab/unit/DEG_F"
+        # a retained value cleared (an empty message) is no bad input: counted apart, nothing stored
+        mosquitto.pub("gateway/pump/temperature", "7", extra=("-r",))
+        wait_for(lambda: numeric_results(gateway, "gateway/pump/temperature"))
+        clear = ["mosquitto_pub", "-p", str(mosquitto.port), "-q", "1", "-t", "gateway/pump/temperature", "-r", "-n"]
+        subprocess.run(clear, check=True, timeout=10)
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_empty_skipped") == 1.0)
+        assert gateway.metrics().get("sepa_mqtt_ingest_bad_input", 0) == 0
+        assert len(numeric_results(gateway, "gateway/pump/temperature")) == 1
     finally:
         assert gateway.stop() == 0
     restarted = launch_gateway(config=config, data_dir=data)  # subscribes again: both values are resent
