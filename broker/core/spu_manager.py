@@ -783,7 +783,7 @@ class SpuManager:
         removed_hits = self.lutt.match_all(delta.removed)
         added_hits = self.lutt.match_all(delta.added)
         reeval: set[ReevalSpu] = {ref for ref in (*removed_hits, *added_hits) if isinstance(ref, ReevalSpu)}
-        if delta.graphs_created or delta.graphs_dropped:
+        if delta.graphs_created or delta.graphs_dropped or (self.reeval and self._creates_graph(delta)):
             reeval.update(self.reeval.values())  # GRAPH ?g {} sees empty graphs come and go
         if self.on_due is not None and reeval:
             deferred = {spu for spu in reeval if spu.coalesce_s}
@@ -791,6 +791,27 @@ class SpuManager:
                 reeval -= deferred
                 self._defer(deferred)
         return removed_hits, added_hits, reeval
+
+    def _creates_graph(self, delta: Delta) -> bool:
+        """Whether `delta` adds the first quad of a named graph, which creates it (called before it
+        is applied).
+
+        Why: whether a graph exists is what `GRAPH ?g { }`, `GRAPH ?g { OPTIONAL {...} }`,
+        `FILTER EXISTS { GRAPH <g> { } }` test, and no LUTT key stands for it: with only
+        CREATE counted as a creation, `SELECT ?g ?l WHERE { ?g rdfs:label ?l . GRAPH ?g { } }`
+        got no notification when a reading's first quad made the graph (found by a differential
+        pass), and stayed wrong (pyoxigraph keeps an emptied graph). Dropping the last quad
+        removes no graph, so creation is all there is to see."""
+        contains = self.store.ox.contains_named_graph
+        seen: set[object] = set()
+        for quad in delta.added:
+            graph = quad.graph_name
+            if graph in seen or isinstance(graph, DefaultGraph):
+                continue
+            if not contains(graph):
+                return True
+            seen.add(graph)
+        return False
 
     def _defer(self, spus: set[ReevalSpu]) -> None:
         """Coalescing SPUs an update concerns: each due for a re-evaluation one interval after its

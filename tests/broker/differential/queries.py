@@ -207,3 +207,18 @@ POOL: tuple[PoolQuery, ...] = (
         "SELECT ?g ?s ?o FROM ex:g1 FROM NAMED ex:g2 WHERE { { ?s ex:p ?o } UNION { GRAPH ?g { ?s ex:p ?o } } }",
     ),
 )
+
+# Queries whose answer depends on which named graphs exist, not only on quads: CREATE GRAPH changes
+# it without a quad (so the main test's "no change, no notification" rule cannot hold for them),
+# and so does the first quad written into a graph, which creates it; nothing but the graph's
+# existence wakes them (an empty GRAPH group, OPTIONAL, MINUS, NOT EXISTS). The first quad went
+# unseen: found by a differential pass over real sockets, in sequential and parallel modes.
+GRAPH_POOL: tuple[PoolQuery, ...] = (
+    _q("graph_empty_group_joined", "SELECT ?g ?s WHERE { ?s ex:p ?o . GRAPH ?g { } }"),
+    _q("graph_optional", "SELECT ?g ?o WHERE { GRAPH ?g { OPTIONAL { ?s ex:p ?o } } }"),
+    _q("graph_not_exists", "SELECT ?g WHERE { GRAPH ?g { FILTER NOT EXISTS { ?s ex:p ?o } } }"),
+    _q("graph_minus", "SELECT ?g WHERE { GRAPH ?g { MINUS { ?s ex:p ?o } } }"),
+    _q("graph_bind", "SELECT ?g ?x WHERE { GRAPH ?g { BIND(1 AS ?x) } }"),
+    _q("graph_exists_filter", "SELECT ?s WHERE { ?s ex:p ?o FILTER EXISTS { GRAPH ex:g3 { } } }"),
+    _q("graph_ask", "ASK { ?s ex:p ?o . GRAPH ex:g3 { } }"),
+)

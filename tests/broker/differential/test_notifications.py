@@ -41,8 +41,8 @@ from broker.core.results import UpdateResult
 from broker.errors import NotFound, SepaError
 from broker.store import RdfStore
 from broker.workers.pool import QueryWorkers
-from tests.broker.differential.queries import POOL, PoolQuery
-from tests.broker.differential.strategies import Scenario, UpdateRequest, budget, scenarios
+from tests.broker.differential.queries import GRAPH_POOL, POOL, PoolQuery
+from tests.broker.differential.strategies import PROLOGUE, Scenario, UpdateRequest, budget, scenarios
 
 MODES = ("incremental", "naive", "parallel")
 
@@ -267,6 +267,43 @@ def test_notifications_rebuild_query_results(mode: str, scenario: Scenario) -> N
             view.check_against(engine)
         for request in scenario.updates:
             step(engine, request, views)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@budget(100)
+@given(scenario=scenarios(max_updates=8))
+def test_subscriptions_on_which_graphs_exist_rebuild_query_results(mode: str, scenario: Scenario) -> None:
+    """GRAPH_POOL (queries.py): rules (a)-(c) after every random update, including those that
+    create a graph by writing its first quad (ex:g3 starts out missing)."""
+    engine = Engine(mode=mode)
+    try:
+        engine.update(scenario.dataset)
+        views = [subscribe(engine, query, query.name)[1] for query in GRAPH_POOL]
+        for request in scenario.updates:
+            note(f"update: {request}")
+            apply_update(engine, request)
+            for view in views:
+                view.drain()
+                view.check_against(engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_first_quad_of_a_graph_wakes_the_subscriptions_on_which_graphs_exist(mode: str) -> None:
+    """The reproduction: a label becomes a row once its graph is made by a reading's first quad."""
+    engine = Engine(mode=mode)
+    try:
+        label = PoolQuery("labelled_graph", PROLOGUE + "SELECT ?g ?l WHERE { ?g ex:label ?l . GRAPH ?g { } }")
+        _, view = subscribe(engine, label, "labelled")
+        engine.update(PROLOGUE + 'INSERT DATA { ex:g3 ex:label "boiler room" }')
+        assert not view.drain()
+        engine.update(PROLOGUE + "INSERT DATA { GRAPH ex:g3 { ex:s1 ex:temperature 21 } }")
+        assert view.drain() == 1
+        view.check_against(engine)
+        assert sum(view.rows.values()) == 1
     finally:
         engine.close()
 
