@@ -39,8 +39,9 @@ import contextlib
 import logging
 import re
 import secrets
+import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,20 @@ PEER_WINDOW_BYTES = 65_536  # the same for all the observers of one network peer
 MAX_PENDING = 256  # notifications one observer may have waiting here before it gets the complete result instead
 POLL_S = 0.05  # how often a waiting observer looks whether aiocoap caught up
 PARTS_CACHED = 8  # notifications whose parts a query keeps (per content format and sequence), shared by its observers
+# An observer that nothing was sent to for CHECK_S gets the complete result again, confirmable (RFC
+# 7641 §4.5 asks for one at least every 24 h): aiocoap ends the observation when its peer is gone.
+# Every notification is confirmable, so only the observers of a quiet subscription need it; an
+# observation abandoned without a deregistration (a rebooted actuator observing again from a new
+# port) held its slot until the subscription next changed: 1,000 abandoned observations of a quiet
+# /q/NAME (a churn pass) filled every slot, and every later observer got 5.03 for good.
+CHECK_S = 86_400.0
+# When the slots are full, the observers idle for PROBE_IDLE_S are checked at once (at most once per
+# PROBE_EVERY_S, the Max-Age of the 5.03 the refused client gets, and each at most once per
+# PROBE_SPACING_S, so that a client refused again and again cannot have live observers sent their
+# complete result at its pace).
+PROBE_IDLE_S = 60.0
+PROBE_EVERY_S = 30.0
+PROBE_SPACING_S = 600.0
 _KEYS = {"name", "sparql"}
 # a refused subscribe (SEPA status) as the CoAP code of a refused creation; any other: 5.03
 _CREATE_CODES = {400: Code.BAD_REQUEST, 413: Code.REQUEST_ENTITY_TOO_LARGE}
@@ -249,6 +264,20 @@ class Observer:
         self.sizes: deque[int] = deque(maxlen=WINDOW + 1)  # payload sizes of the last messages sent
         self.final: aiocoap.Message | None = None
         self.wake = asyncio.Event()
+        self.last_sent = time.monotonic()  # the first message goes at once
+        self.probed_at = float("-inf")
+
+    def probe(self, now: float) -> bool:
+        """Send the complete result again, confirmable, unless this observer was probed within
+        PROBE_SPACING_S: a peer that is gone does not acknowledge it, and aiocoap ends the
+        observation (see CHECK_S). Whether it was probed."""
+        if now - self.probed_at < PROBE_SPACING_S:
+            return False
+        self.probed_at = now
+        self.outbox.clear()
+        self.resync = True
+        self.wake.set()
+        return True
 
     def offer(self, notification: Notification) -> None:
         if notification.sequence <= self.covered or self.resync:
@@ -313,7 +342,11 @@ class Observer:
             if not self.interested():
                 return
             if not self.outbox and not self.resync:
-                await self.wake.wait()
+                try:
+                    async with asyncio.timeout(CHECK_S):
+                        await self.wake.wait()
+                except TimeoutError:
+                    self.probe(time.monotonic())
                 self.wake.clear()
                 continue
             if self.messages and self.held() >= WINDOW:
@@ -346,6 +379,7 @@ class Observer:
                 )
                 self.messages += 1
                 self.sizes.append(len(payload))
+                self.last_sent = time.monotonic()
                 await asyncio.sleep(0)  # aiocoap (and OSCORE's wrapper) take it before the next is weighed
 
 
@@ -404,6 +438,8 @@ class QueriesResource(Resource):
         self.deleted = 0
         self.messages = 0  # notification messages handed to aiocoap, observers that ended included
         self.resyncs = 0
+        self.probed = 0  # observers sent the complete result to check that they are still there
+        self._probed_at = float("-inf")
         self.refused: Counter[str] = Counter()
         assemble_with_refusals(self, self.refused)
 
@@ -470,9 +506,11 @@ class QueriesResource(Resource):
         try:
             query, content_format = self._readable(request)
             if len(self.observers) >= self.limits.max_observers:
+                self._probe_idle(self.observers)
                 raise Refused(Code.SERVICE_UNAVAILABLE, f"{len(self.observers)} observations already")
             peer = network_peer(request)
             if peer is not None and self.observing[peer] >= self.limits.max_observers_per_peer:
+                self._probe_idle(self.shares[peer].observers)
                 raise Refused(Code.SERVICE_UNAVAILABLE, f"{self.observing[peer]} observations by this peer already")
         except Refused as refused:
             pipe.add_response(self._refusal(refused), is_last=True)
@@ -503,6 +541,16 @@ class QueriesResource(Resource):
                     del self.shares[peer]
             self.messages += observer.messages
             self.resyncs += observer.resyncs
+
+    def _probe_idle(self, observers: Iterable[Observer]) -> None:
+        """The slots are full: check the `observers` idle for PROBE_IDLE_S (see CHECK_S), so that
+        the refused client, coming back after the 5.03's Max-Age, finds the abandoned ones gone."""
+        now = time.monotonic()
+        if now - self._probed_at < PROBE_EVERY_S:
+            return
+        self._probed_at = now
+        idle = [observer for observer in observers if now - observer.last_sent >= PROBE_IDLE_S]
+        self.probed += sum(observer.probe(now) for observer in idle)
 
     async def render(self, request: aiocoap.Message) -> aiocoap.Message:
         self.requests += 1
@@ -620,5 +668,6 @@ class QueriesResource(Resource):
             "q_observers": len(self.observers),
             "q_messages": self.messages + sum(observer.messages for observer in self.observers),
             "q_resyncs": self.resyncs + sum(observer.resyncs for observer in self.observers),
+            "q_observers_probed": self.probed,
             **{f"q_refused_{code.replace('.', '_')}": count for code, count in sorted(self.refused.items())},
         }

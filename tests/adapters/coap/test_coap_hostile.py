@@ -40,6 +40,7 @@ from gateway.client import InProcessTransport, SepaClient
 from gateway.observations.vocabulary import GRAPH_LATEST, GRAPH_OBSERVATIONS, GW, SOSA
 from gateway.observations.writer import ObservationWriter
 from tests.support.coap import host_address
+from tools.mosquitto import until
 
 CON, NON = 0, 1
 GET, POST = 0x01, 0x02
@@ -689,5 +690,51 @@ def test_a_protected_observation_gone_while_a_response_is_added_ends_quietly(tmp
             assert credentials.ended_while_responding == 1
             with pytest.raises(TypeError):
                 await wrapped.render_to_pipe(pipe(b"here"))
+
+    asyncio.run(scenario())
+
+
+def test_abandoned_observations_are_checked_when_the_slots_are_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A churn pass: 1,000 observations of a quiet /q/NAME abandoned without a deregistration (each
+    from a port then closed) held every slot until the subscription next changed; every later
+    observer got 5.03. Now a refusal for full slots sends the idle observers the complete result
+    again, confirmable: those whose peer is gone end, and the refused client, back after the
+    5.03's Max-Age, observes."""
+    monkeypatch.setattr(queries, "PROBE_IDLE_S", 0.0)
+    monkeypatch.setattr(queries, "PROBE_EVERY_S", 0.0)
+    observe = 6
+
+    async def scenario() -> None:
+        limits = queries.QueryLimits(max_observers=3)
+        subscriptions = [("lamps", "SELECT ?s WHERE { ?s ?p ?o }")]
+        async with running_adapter(subscriptions=subscriptions, query_limits=limits) as (adapter, peer):
+            gone = [Peer(peer.port) for _ in range(3)]
+            for mid, each in enumerate(gone):
+                assert (await each.ask(datagram(GET, mid, "q/lamps", options=[(observe, b"")])))[1] == CONTENT
+                each.close()  # an actuator rebooted: its port answers no more
+            assert (await peer.ask(datagram(GET, 10, "q/lamps", options=[(observe, b"")])))[1] == 0xA3  # 5.03
+            await until(lambda: not adapter.queries.observers, timeout=30)
+            assert adapter.queries.probed == 3
+            assert (await peer.ask(datagram(GET, 11, "q/lamps", options=[(observe, b"")])))[1] == CONTENT
+            assert len(adapter.queries.observers) == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_observer_of_a_quiet_subscription_is_checked_every_check_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RFC 7641 §4.5: a confirmable notification at least every CHECK_S (24 h) to an observer
+    nothing was sent to: the complete result again, and a peer that is gone ends its observation
+    (it held its slot for as long as the subscription stayed quiet)."""
+    monkeypatch.setattr(queries, "CHECK_S", 0.5)
+    observe = 6
+
+    async def scenario() -> None:
+        subscriptions = [("lamps", "SELECT ?s WHERE { ?s ?p ?o }")]
+        async with running_adapter(subscriptions=subscriptions) as (adapter, peer):
+            assert (await peer.ask(datagram(GET, 1, "q/lamps", options=[(observe, b"")])))[1] == CONTENT
+            (observer,) = adapter.queries.observers
+            peer.sock.close()
+            await until(lambda: not adapter.queries.observers, timeout=30)
+            assert observer.messages >= 2  # the first result, and the check
 
     asyncio.run(scenario())
