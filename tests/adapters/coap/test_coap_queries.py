@@ -631,6 +631,43 @@ def test_an_observation_whose_pipe_ended_stops_sending() -> None:
     asyncio.run(scenario())
 
 
+def test_an_observation_whose_send_fails_at_once_ends_without_a_traceback() -> None:
+    """A peer whose port closed: aiocoap's send fails at once (the socket holds the ICMP error), the
+    pipe ends inside add_response and aiocoap 0.4.17 then reads its ended callback list: a
+    TypeError out of the observation's task and "Task exception was never retrieved", two
+    tracebacks in the log for each such observer (seen when the observers of a quiet subscription
+    are checked). The observer ends quietly."""
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        client = SepaClient(InProcessTransport(scheduler))
+        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
+        await resource.start()
+        await client.update(many_lamps(500))
+        pipe = AiocoapPipe(incoming(("lamps",), observe=0), logging.getLogger("test"))
+        sent: list[aiocoap.Message] = []
+
+        def failing_send(event: Any) -> bool:
+            if event.message is None:
+                return False  # the end of the pipe
+            sent.append(event.message)
+            if len(sent) == 2:
+                pipe._end()  # what aiocoap's exchange does when the send fails: still "interested"
+            return True
+
+        pipe.on_event(failing_send)
+        observer = Observer(resource.queries["lamps"], pipe, results.JSON, lambda: 0)
+        try:
+            await asyncio.wait_for(observer.run(), 5)  # it returns, without raising
+            assert len(sent) == 2
+        finally:
+            await resource.stop()
+            await client.close()
+            scheduler.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_observers_of_one_peer_share_its_window() -> None:
     """One sensor may observe from up to max_observers_per_peer (100) ports, each address with its own
     window of ~17 KB: together they are held to PEER_WINDOW_BYTES, and their parts are cut once. Once
