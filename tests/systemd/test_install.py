@@ -460,6 +460,10 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
     installed = (ROOT / "systemd" / "sepa-gateway.toml").read_text()
     security_section = slice(installed.index("\n[security]\n") + 1, installed.index("\n[mqtt]\n") + 1)
     before_security = installed[: security_section.start] + installed[security_section.stop :]
+    # as every older installer wrote it: each default shown, the plain gates on every address
+    plain_host = '\nhost = "127.0.0.1"          # INSTALLED'
+    assert plain_host in before_security
+    before_security = before_security.replace(plain_host, '\nhost = "0.0.0.0"            # INSTALLED')
     (tmp_path / "old.toml").write_text(before_security + "this line is not TOML\n")
     (tmp_path / "fixed.toml").write_text(before_security)
     config = "/etc/sepa-gateway/sepa-gateway.toml"
@@ -472,7 +476,13 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
     machine.ok(f"install -m 0644 {tmp_path}/fixed.toml {config}")
     upgraded = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
-    assert "the plain gates now listen on 127.0.0.1 only, unless [http] host says otherwise" in upgraded.stderr
+    # the plain gates on 127.0.0.1: the upgrade moved the old file's 0.0.0.0, where they stayed,
+    # unauthenticated, while the installer said "127.0.0.1 only"
+    listening = machine.ok("ss -Hltn").split()
+    assert "0.0.0.0:8000" not in listening and "0.0.0.0:9000" not in listening, listening
+    assert "127.0.0.1:8000" in listening and "127.0.0.1:9000" in listening, listening
+    assert '\nhost = "127.0.0.1"          # set by the upgrade (was "0.0.0.0")' in machine.ok(f"cat {config}")
+    assert "the plain gates (no authentication) now listen on 127.0.0.1 only" in upgraded.stderr
     assert "\n[security]\nenabled = true" in machine.ok(f"cat {config}")
     assert machine.ok(f"readlink /proc/$(pgrep -f {GATEWAY})/cwd") == "/\n"
     password = machine.ok("cat /etc/sepa-gateway/mqtt-password")
