@@ -9,9 +9,14 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then
-        # sudo starts from a clean environment: hand the installer's own settings (SEPA_GATEWAY_*) over
-        mapfile -t settings < <(env | grep '^SEPA_GATEWAY_' || true)
-        exec sudo -- env "${settings[@]}" "$0" "$@"
+        # sudo starts from a clean environment: keep the installer's own settings, by name only. Their
+        # values on sudo's command line (`sudo env NAME=VALUE`) were in `ps` for every local user while
+        # it ran and in sudo's log, with every other SEPA_GATEWAY_* (a shipper's token: attack pass)
+        keep=()
+        for name in SEPA_GATEWAY_CLOUD SEPA_GATEWAY_MQTT_TLS_CERT SEPA_GATEWAY_MQTT_TLS_KEY; do
+            [ -z "${!name+set}" ] || keep+=("--preserve-env=$name")
+        done
+        exec sudo "${keep[@]}" -- "$0" "$@"
     fi
     echo "install.sh: run it as root (e.g. su -c '$0'): there is no sudo here" >&2
     exit 1

@@ -360,12 +360,36 @@ def test_install_as_a_user_who_may_use_sudo(tmp_path: Path, wheelhouse: Path, su
         machine.ok(f"dpkg -i {sudo_package}")
         machine.ok("useradd -M -d /var/tmp/alice -s /bin/bash alice && install -d -o alice /var/tmp/alice")
         # sudo starts root from a clean environment; it keeps pip's settings (the wheelhouse: no network here)
-        sudoers = 'Defaults env_keep += \\"PIP_NO_INDEX PIP_FIND_LINKS\\"\\nalice ALL=(ALL:ALL) NOPASSWD: ALL\\n'
+        # (and logs each command line to a file, as it logs them to syslog on a Debian)
+        sudoers = (
+            'Defaults env_keep += \\"PIP_NO_INDEX PIP_FIND_LINKS\\"\\nDefaults logfile=/var/log/sudo.log\\n'
+            "alice ALL=(ALL:ALL) NOPASSWD: ALL\\n"
+        )
         machine.ok(f"printf '{sudoers}' > /etc/sudoers.d/alice && chmod 440 /etc/sudoers.d/alice && visudo -c")
         machine.ok(f"cp -r {clone} /var/tmp/clone && chown -R alice /var/tmp/clone")
         alice = int(machine.ok("id -u alice"))
-        done = machine.run("cd /var/tmp/clone && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S, user=alice)
+        # alice's shell has a shipper's token (the documented alternative to token_file) and the MQTT
+        # TLS listener's certificate: sudo gets the installer's settings, and no value on its command
+        # line (`sudo env NAME=VALUE ...` showed the token in `ps` to every local user, and in the log)
+        tls = "/var/tmp/alice/mqtt"
+        made = machine.run(
+            f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=board"
+            f" -keyout {tls}.key -out {tls}.pem",
+            user=alice,
+        )
+        assert made.returncode == 0, made.stderr
+        settings = (
+            f"SEPA_GATEWAY_SHIPPER_TOKEN=s3cr3t-token SEPA_GATEWAY_MQTT_TLS_CERT={tls}.pem"
+            f" SEPA_GATEWAY_MQTT_TLS_KEY={tls}.key"
+        )
+        done = machine.run(
+            f"cd /var/tmp/clone && {settings} ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S, user=alice
+        )
         assert done.returncode == 0, done.stdout + done.stderr
+        log = machine.ok("cat /var/log/sudo.log")
+        assert "COMMAND=./systemd/install.sh\n" in log, log  # nothing on sudo's command line
+        assert "s3cr3t-token" not in log and "SHIPPER" not in log, log  # the installer's settings only
+        assert "listener 8883" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")  # the settings came
         assert " is running: http://localhost:8000/query" in done.stdout, done.stdout
         assert machine.ok("command -v sepa-gateway") == "/usr/local/bin/sepa-gateway\n"
         assert machine.ok("stat -c '%U' /opt/sepa-gateway /etc/sepa-gateway/sepa-gateway.toml").split() == [
