@@ -56,6 +56,14 @@ done
 install -d -m 0755 "$etc"
 [ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+# What a CLI run as root left in it before the service made it (`sensors add --coap` made data/
+# root's, 0777 under umask 000: the service could not open its store, and installing again did not
+# help): the service's, by descriptors, never through the service user's symlinks.
+given=$("$prefix/bin/python" -I -c 'import pwd, sys
+from broker.api import give_root_entries
+user = pwd.getpwnam("sepa-gateway")
+print(give_root_entries(sys.argv[1], (user.pw_uid, user.pw_gid)))' "$state")
+[ "$given" = 0 ] || echo "install.sh: $given entries that root made in $state (a CLI run as root before the service) are now sepa-gateway's" >&2
 # A bad configuration is said now, with its line, by the code just installed: the service is not
 # restarted on it (an upgrade leaves the running gateway as it is until the file is fixed). Checked
 # before the upgrade amends it below: the operator's file is left as it was until it is valid.

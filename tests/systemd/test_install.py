@@ -248,9 +248,23 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
         "install.sh: run it as root (e.g. su -c '/var/tmp/clone/systemd/install.sh'): there is no sudo here\n"
     )
 
+    # a CLI run as root before the installer (`sensors add --coap`, umask 000) left the service's
+    # state directories root's, 0777: the service could not open its store (attack pass)
+    state = "/var/lib/sepa-gateway"
+    machine.ok(
+        f"umask 000 && mkdir -p {state}/data/coap-sensors && chmod 0700 {state}/data/coap-sensors"
+        f" && touch {state}/data/root-made && printf 'ROOT-ONLY\\n' >/var/tmp/victim && chmod 0600 /var/tmp/victim"
+        f" && ln -s /var/tmp/victim {state}/data/link"
+    )
+
     out = machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert " is running: http://localhost:8000/query" in out, out
     assert "/var/lib/sepa-gateway/sepa-gateway.log" in out
+    assert machine.ok(f"find {state} -user root") == ""  # the service's now, modes as its UMask=0027
+    owners = machine.ok(f"stat -c '%U:%a' {state}/data {state}/data/coap-sensors {state}/data/root-made")
+    assert owners.split() == ["sepa-gateway:750", "sepa-gateway:700", "sepa-gateway:640"]
+    assert machine.ok("stat -c '%U:%a' /var/tmp/victim; cat /var/tmp/victim") == "root:600\nROOT-ONLY\n"  # not followed
+    machine.ok(f"rm {state}/data/link")  # (a link's mode is 0777: assert_private below would count it)
     assert machine.ok("command -v sepa-gateway sepa-cloud").split() == [
         "/usr/local/bin/sepa-gateway",
         "/usr/local/bin/sepa-cloud",
