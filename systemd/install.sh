@@ -45,6 +45,12 @@ id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --she
 
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
 "$prefix/bin/python" -I -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -I -m venv "$prefix"; }
+# The version installed now, kept until the new one accepts the configuration (below): the service
+# is not restarted on a file the new code rejects, but the query workers it starts later, and the
+# next boot, ran the new code from here on that file (attack pass).
+previous="$prefix.previous"
+rm -rf "$previous" "$prefix.rejected"  # left by an interrupted run
+[ ! -x "$prefix/bin/sepa-gateway" ] || cp -a "$prefix" "$previous"
 "$prefix/bin/pip" install -q --upgrade pip
 # the examples are in the package too: $prefix/bin/python -m examples.chat.chat runs without the clone
 "$prefix/bin/pip" install -q "$src$([ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || echo '[cloud]')"
@@ -65,12 +71,18 @@ user = pwd.getpwnam("sepa-gateway")
 print(give_root_entries(sys.argv[1], (user.pw_uid, user.pw_gid)))' "$state")
 [ "$given" = 0 ] || echo "install.sh: $given entries that root made in $state (a CLI run as root before the service) are now sepa-gateway's" >&2
 # A bad configuration is said now, with its line, by the code just installed: the service is not
-# restarted on it (an upgrade leaves the running gateway as it is until the file is fixed). Checked
-# before the upgrade amends it below: the operator's file is left as it was until it is valid.
+# restarted on it, and the version installed before is put back (an upgrade leaves the running
+# gateway as it is until the file is fixed). Checked before the upgrade amends it below: the
+# operator's file is left as it was until it is valid.
 if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null; then
-    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted)" >&2
+    if [ -d "$previous" ]; then
+        mv "$prefix" "$prefix.rejected" && mv "$previous" "$prefix" && rm -rf "$prefix.rejected"
+        kept=", and keeps the version installed before"
+    fi
+    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted${kept:-})" >&2
     exit 2
 fi
+rm -rf "$previous"
 if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
     # an installation from before the secure gates: an upgrade turns them on (secure by default)
     printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"

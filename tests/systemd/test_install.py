@@ -323,11 +323,19 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     pid_before = machine.ok(f"pgrep -f {GATEWAY}")
     machine.ok("sed -i 's/^port = 8000 /port = 80000 /' /etc/sepa-gateway/sepa-gateway.toml")
     line = machine.ok("grep -n '^port = 80000' /etc/sepa-gateway/sepa-gateway.toml").split(":")[0]
+    # ...and the code it runs stays the version installed before: the new one was left in /opt, where
+    # the query workers the running gateway starts later (and the next boot) ran it on that file
+    installed = "/opt/sepa-gateway/lib/python3*/site-packages/gateway/__init__.py"
+    with (clone / "gateway" / "__init__.py").open("a") as module:
+        module.write("# the newer version\n")
     bad = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert bad.returncode == 2
     assert f"sepa-gateway: bad configuration: /etc/sepa-gateway/sepa-gateway.toml:{line}: http.port" in bad.stderr
     assert "the service was not restarted" in bad.stderr and "did not answer" not in bad.stderr
     assert machine.ok(f"pgrep -f {GATEWAY}") == pid_before
+    assert "the newer version" not in machine.ok(f"cat {installed}")
+    assert "keeps the version installed before" in bad.stderr
+    assert machine.run("ls -d /opt/sepa-gateway.*").returncode != 0  # no copy left behind
     machine.ok("sed -i 's/^port = 80000 /port = 8000 /' /etc/sepa-gateway/sepa-gateway.toml")
 
     # a start that fails (another program took the WebSocket port while the gateway was stopped): its
@@ -341,6 +349,7 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
         "cannot listen on 127.0.0.1:9000" in failed.stderr and "did not start (above: its last words)" in failed.stderr
     )
     machine.ok("kill $(cat /run/squatter)")
+    assert "the newer version" in machine.ok(f"cat {installed}")  # a valid file: the new version installed
 
     # uninstall keeps data and configuration; a new install finds them
     out = machine.ok(f"{clone}/systemd/uninstall.sh")
