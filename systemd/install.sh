@@ -60,7 +60,9 @@ for command in sepa-gateway sepa-cloud; do
     ln -sf "$prefix/bin/$command" "/usr/local/bin/$command"  # the operator's CLI (clients, query, check-config...) on PATH
 done
 install -d -m 0755 "$etc"
-[ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+# readable by the service, not by every local user: [mqtt] password may be written in it (it was 0644)
+[ -f "$etc/sepa-gateway.toml" ] || install -m 0640 -g sepa-gateway "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+chgrp sepa-gateway "$etc/sepa-gateway.toml" && chmod g+r,g-w,o= "$etc/sepa-gateway.toml"
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
 # What a CLI run as root left in it before the service made it (`sensors add --coap` made data/
 # root's, 0777 under umask 000: the service could not open its store, and installing again did not
@@ -106,14 +108,41 @@ fi
 # get theirs from `sepa-gateway sensors add NAME`), the gateway logging in with its own. Its
 # persistent sessions hold the readings sent while the gateway restarts.
 passwords=/etc/mosquitto/sepa-gateway.passwd
+# The operator's certificate or key for Mosquitto, read once and copied only if it is one: root's
+# `install` copied whatever the path named (a root-only file, through a symlink, 0644 for the
+# certificate: attack pass). A symlink is followed (Let's Encrypt's live/ names are symlinks), a
+# FIFO is not read, and a certificate file with a private key in it is refused (it becomes 0644).
+read_pem='import os, stat, sys
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+kind, path = sys.argv[1:]
+try:
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        pem = file.read(1 << 20)
+    if kind == "key":
+        load_pem_private_key(pem, None)
+    elif b"PRIVATE KEY" in pem or not x509.load_pem_x509_certificates(pem):
+        raise ValueError("a private key is in it")
+except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as error:
+    sys.exit(f"install.sh: {path} not copied: not a PEM {kind} Mosquitto can use ({error})")
+sys.stdout.buffer.write(pem)'
+copy_pem() {  # KIND SOURCE TARGET MODE
+    (umask 077; "$prefix/bin/python" -I -c "$read_pem" "$1" "$2" >"$3.new") || { rm -f "$3.new"; exit 1; }
+    chown mosquitto:mosquitto "$3.new"
+    chmod "$4" "$3.new"
+    mv -f "$3.new" "$3"
+}
 install -d -m 0755 /etc/mosquitto/conf.d
 tls=()
 certs=/etc/mosquitto/certs
 if [ -n "${SEPA_GATEWAY_MQTT_TLS_CERT:-}" ] && [ -n "${SEPA_GATEWAY_MQTT_TLS_KEY:-}" ]; then
     # the optional TLS listener (8883): the operator's certificate and key, readable by mosquitto only
     install -d -m 0755 "$certs"
-    install -m 0644 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_CERT" "$certs/sepa-gateway.pem"
-    install -m 0600 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_KEY" "$certs/sepa-gateway.key"
+    copy_pem certificate "$SEPA_GATEWAY_MQTT_TLS_CERT" "$certs/sepa-gateway.pem" 0644
+    copy_pem key "$SEPA_GATEWAY_MQTT_TLS_KEY" "$certs/sepa-gateway.key" 0600
     tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")
 elif grep -q '^listener 8883' /etc/mosquitto/conf.d/sepa-gateway.conf 2>/dev/null; then
     tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")  # turned on by an earlier run: an upgrade keeps it
@@ -194,11 +223,18 @@ stopped() {
     echo "sepa-gateway did not start (above: its last words); logs: $started" >&2
 }
 
-port=$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$etc/sepa-gateway.toml" | head -n 1)
-port=${port:-8000}
+# Where the plain gates listen, as the service reads the file: the first `port =` line of any
+# section was taken, and 127.0.0.1 asked whatever [http] host said (attack pass).
+listen=$("$prefix/bin/python" -I -c 'import sys
+from gateway.appliance.config import load_config
+config = load_config(sys.argv[1])
+print(config.http.host, config.http.port, config.websocket.port)' "$etc/sepa-gateway.toml")
+read -r host port ws_port <<<"$listen"
+case "$host" in 0.0.0.0 | "") host=127.0.0.1 ;; ::) host=::1 ;; esac
 # /health/live, not a connect: another program listening on the port must not pass for the gateway
 alive='import json, sys, urllib.request
-sys.exit(json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health/live", timeout=1)) != {"status": "alive"})'
+host = f"[{sys.argv[1]}]" if ":" in sys.argv[1] else sys.argv[1]
+sys.exit(json.load(urllib.request.urlopen(f"http://{host}:{sys.argv[2]}/health/live", timeout=1)) != {"status": "alive"})'
 read_cert='import os, sys
 from broker.security.keys import fingerprint
 try:
@@ -210,8 +246,8 @@ except (OSError, ValueError) as error:
 sys.stdout.buffer.write(pem)'
 for _ in $(seq 1 60); do
     ! stopped || exit 1
-    if "$prefix/bin/python" -I -c "$alive" "$port" 2>/dev/null; then
-        echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+    if "$prefix/bin/python" -I -c "$alive" "$host" "$port" 2>/dev/null; then
+        echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:$ws_port/subscribe"
         echo "  health: curl http://localhost:$port/health; commands: sepa-gateway --help, sepa-cloud --help"
         cert="$state/data/security/tls-cert.pem"
         for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done

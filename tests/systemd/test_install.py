@@ -265,6 +265,8 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     assert owners.split() == ["sepa-gateway:750", "sepa-gateway:700", "sepa-gateway:640"]
     assert machine.ok("stat -c '%U:%a' /var/tmp/victim; cat /var/tmp/victim") == "root:600\nROOT-ONLY\n"  # not followed
     machine.ok(f"rm {state}/data/link")  # (a link's mode is 0777: assert_private below would count it)
+    # the configuration may hold [mqtt] password: the service's group reads it, other users do not
+    assert machine.ok("stat -c '%U:%G:%a' /etc/sepa-gateway/sepa-gateway.toml") == "root:sepa-gateway:640\n"
     assert machine.ok("command -v sepa-gateway sepa-cloud").split() == [
         "/usr/local/bin/sepa-gateway",
         "/usr/local/bin/sepa-cloud",
@@ -308,8 +310,10 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     # an upgrade keeps the data and the configuration
     machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
     machine.ok("sed -i 's/^retain_count = 1000 /retain_count = 77 /' /etc/sepa-gateway/sepa-gateway.toml")
+    machine.ok("chmod 0644 /etc/sepa-gateway/sepa-gateway.toml && chgrp root /etc/sepa-gateway/sepa-gateway.toml")
     machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
+    assert machine.ok("stat -c '%U:%G:%a' /etc/sepa-gateway/sepa-gateway.toml") == "root:sepa-gateway:640\n"
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
     assert_private(machine)
     assert "user boiler\ntopic write plant/boiler/#" in machine.ok("cat /etc/mosquitto/sepa-gateway.acl")
@@ -551,5 +555,21 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
     assert machine.ok("cat /etc/sepa-gateway/tls-cert.pem") == copy_before
     assert "ROOT-ONLY" not in copy_before
     assert machine.ok("cat /etc/sepa-gateway/mqtt-password") == password  # the gateway's login kept
+
+    # the installer's health check asks where [http] says: it took the file's first `port =` line,
+    # whatever its section, and asked 127.0.0.1 only (then "did not answer" after 30 s, exit 1)
+    http = '/^\\[http\\]/,/^\\[/ { s/^host = .*/host = "127.0.0.2"/; s/^port = 8000 /port = 8001 /; }'
+    machine.ok(f"sed -i '{http}' {config}")
+    moved = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert " is running: http://localhost:8001/query" in moved.stdout, moved.stdout
+
+    # the operator's certificate for Mosquitto's TLS listener names a root-only file (a symlink in a
+    # directory another user writes): root's `install` copied it 0644 into /etc/mosquitto/certs
+    machine.ok(f"ln -s /var/tmp/victim {hostile}/mqtt.pem && ln -s /var/tmp/victim {hostile}/mqtt.key")
+    tls = f"SEPA_GATEWAY_MQTT_TLS_CERT={hostile}/mqtt.pem SEPA_GATEWAY_MQTT_TLS_KEY={hostile}/mqtt.key"
+    refused = machine.run(f"cd {hostile} && {tls} {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert "ROOT-ONLY" not in machine.run("cat /etc/mosquitto/certs/sepa-gateway.*").stdout
+    assert refused.returncode == 1 and f"{hostile}/mqtt.pem not copied: not a PEM certificate" in refused.stderr
 
     assert machine.ok(f"cat {hostile}/ran") == ""  # the planted json.py never ran, as root or as the service
