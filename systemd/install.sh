@@ -85,19 +85,27 @@ if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null
     exit 2
 fi
 rm -rf "$previous"
+security_added=""
 if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
     # an installation from before the secure gates: an upgrade turns them on (secure by default)
     printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"
+    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml (HTTPS on 8443, WSS on 9443)" >&2
+    security_added=1
+fi
+if grep -q '^enabled = true *# added by the upgrade' "$etc/sepa-gateway.toml"; then
     # and the plain gates, which have no authentication, to this board: every older installer wrote
     # [http] host = "0.0.0.0" (its file showed each default), which kept them on every address
-    # while this said "127.0.0.1 only" (attack pass). An address the operator chose stays, said.
+    # while this said "127.0.0.1 only" (attack pass); so also in a file an earlier installer
+    # upgraded (the line above says so). An address the operator chose stays, said.
+    before=$(cksum <"$etc/sepa-gateway.toml")
     sed -i "/^\[http\]/,/^\[/ s/^host *= *\(\"\(0\.0\.0\.0\|::\|\)\"\|'\(0\.0\.0\.0\|::\|\)'\).*$/host = \"127.0.0.1\"          # set by the upgrade (was \1): the plain gates have no authentication/" "$etc/sepa-gateway.toml"
-    plain_host=$("$prefix/bin/python" -I -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get("http", {}).get("host", "127.0.0.1"))' "$etc/sepa-gateway.toml")
-    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml (HTTPS on 8443, WSS on 9443)" >&2
-    case "$plain_host" in
-        127.* | ::1 | localhost) echo "upgrade: the plain gates (no authentication) now listen on $plain_host only" >&2 ;;
-        *) echo "upgrade: WARNING: the plain gates have no authentication and still listen on $plain_host ([http] host in $etc/sepa-gateway.toml): anyone who reaches them reads and writes the whole store; set host = \"127.0.0.1\" unless that is what you want" >&2 ;;
-    esac
+    if [ -n "$security_added" ] || [ "$(cksum <"$etc/sepa-gateway.toml")" != "$before" ]; then
+        plain_host=$("$prefix/bin/python" -I -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get("http", {}).get("host", "127.0.0.1"))' "$etc/sepa-gateway.toml")
+        case "$plain_host" in
+            127.* | ::1 | localhost) echo "upgrade: the plain gates (no authentication) now listen on $plain_host only" >&2 ;;
+            *) echo "upgrade: WARNING: the plain gates have no authentication and still listen on $plain_host ([http] host in $etc/sepa-gateway.toml): anyone who reaches them reads and writes the whole store; set host = \"127.0.0.1\" unless that is what you want" >&2 ;;
+        esac
+    fi
 fi
 if ! grep -q '^password_file' "$etc/sepa-gateway.toml"; then
     # from before the LAN listener: the gateway now logs in to Mosquitto like every sensor

@@ -549,8 +549,13 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
         f" && ln -sf /var/tmp/victim {security}/tls-cert.pem"
     )
     copy_before = machine.ok("cat /etc/sepa-gateway/tls-cert.pem")
+    # as an earlier installer upgraded the file: [security] added, the plain gates left on 0.0.0.0
+    machine.ok(f"sed -i '/^\\[http\\]/,/^\\[/ s/^host = .*/host = \"0.0.0.0\"/' {config}")
     again = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert again.returncode == 0, again.stdout + again.stderr
+    listening = machine.ok("ss -Hltn").split()
+    assert "0.0.0.0:8000" not in listening and "127.0.0.1:8000" in listening, listening
+    assert "the plain gates (no authentication) now listen on 127.0.0.1 only" in again.stderr
     assert "Traceback" not in again.stderr and f"{security}/tls-cert.pem not copied" in again.stderr, again.stderr
     assert machine.ok("cat /etc/sepa-gateway/tls-cert.pem") == copy_before
     assert "ROOT-ONLY" not in copy_before
