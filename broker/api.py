@@ -67,7 +67,13 @@ from broker.scheduler import Scheduler, TooManyRequests
 from broker.security.authority import Authority
 from broker.security.clients import Client, ClientRegistry, RegistryError, configured_client, secret_digest
 from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
-from broker.security.owned_files import directory_owner, open_directory, write_file
+from broker.security.owned_files import (
+    directory_owner,
+    give_root_entries,
+    make_directories,
+    open_directory,
+    write_file,
+)
 from broker.sparql.canonical import XSD, canonical
 from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
 from broker.sparql.patterns import QuadPattern
@@ -151,8 +157,10 @@ __all__ = [
     "due_micros",
     "fingerprint",
     "gateway_version",
+    "give_root_entries",
     "line_column",
     "loop_handoff",
+    "make_directories",
     "matching_brace",
     "micros_to_datetime",
     "now_micros",

@@ -9,9 +9,14 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then
-        # sudo starts from a clean environment: hand the installer's own settings (SEPA_GATEWAY_*) over
-        mapfile -t settings < <(env | grep '^SEPA_GATEWAY_' || true)
-        exec sudo -- env "${settings[@]}" "$0" "$@"
+        # sudo starts from a clean environment: keep the installer's own settings, by name only. Their
+        # values on sudo's command line (`sudo env NAME=VALUE`) were in `ps` for every local user while
+        # it ran and in sudo's log, with every other SEPA_GATEWAY_* (a shipper's token: attack pass)
+        keep=()
+        for name in SEPA_GATEWAY_CLOUD SEPA_GATEWAY_MQTT_TLS_CERT SEPA_GATEWAY_MQTT_TLS_KEY; do
+            [ -z "${!name+set}" ] || keep+=("--preserve-env=$name")
+        done
+        exec sudo "${keep[@]}" -- "$0" "$@"
     fi
     echo "install.sh: run it as root (e.g. su -c '$0'): there is no sudo here" >&2
     exit 1
@@ -40,6 +45,12 @@ id -u sepa-gateway >/dev/null 2>&1 || useradd --system --home-dir "$state" --she
 
 # Debian's own interpreter: the service user must be able to run it (not a per-user Python).
 "$prefix/bin/python" -I -c 'import sys; assert sys.base_prefix == "/usr"' 2>/dev/null || { rm -rf "$prefix"; /usr/bin/python3 -I -m venv "$prefix"; }
+# The version installed now, kept until the new one accepts the configuration (below): the service
+# is not restarted on a file the new code rejects, but the query workers it starts later, and the
+# next boot, ran the new code from here on that file (attack pass).
+previous="$prefix.previous"
+rm -rf "$previous" "$prefix.rejected"  # left by an interrupted run
+[ ! -x "$prefix/bin/sepa-gateway" ] || cp -a "$prefix" "$previous"
 "$prefix/bin/pip" install -q --upgrade pip
 # the examples are in the package too: $prefix/bin/python -m examples.chat.chat runs without the clone
 "$prefix/bin/pip" install -q "$src$([ "${SEPA_GATEWAY_CLOUD:-}" != 1 ] || echo '[cloud]')"
@@ -49,19 +60,52 @@ for command in sepa-gateway sepa-cloud; do
     ln -sf "$prefix/bin/$command" "/usr/local/bin/$command"  # the operator's CLI (clients, query, check-config...) on PATH
 done
 install -d -m 0755 "$etc"
-[ -f "$etc/sepa-gateway.toml" ] || install -m 0644 "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+# readable by the service, not by every local user: [mqtt] password may be written in it (it was 0644)
+[ -f "$etc/sepa-gateway.toml" ] || install -m 0640 -g sepa-gateway "$src/systemd/sepa-gateway.toml" "$etc/sepa-gateway.toml"
+chgrp sepa-gateway "$etc/sepa-gateway.toml" && chmod g+r,g-w,o= "$etc/sepa-gateway.toml"
 install -d -o sepa-gateway -g sepa-gateway -m 0750 "$state"
+# What a CLI run as root left in it before the service made it (`sensors add --coap` made data/
+# root's, 0777 under umask 000: the service could not open its store, and installing again did not
+# help): the service's, by descriptors, never through the service user's symlinks.
+given=$("$prefix/bin/python" -I -c 'import pwd, sys
+from broker.api import give_root_entries
+user = pwd.getpwnam("sepa-gateway")
+print(give_root_entries(sys.argv[1], (user.pw_uid, user.pw_gid)))' "$state")
+[ "$given" = 0 ] || echo "install.sh: $given entries that root made in $state (a CLI run as root before the service) are now sepa-gateway's" >&2
 # A bad configuration is said now, with its line, by the code just installed: the service is not
-# restarted on it (an upgrade leaves the running gateway as it is until the file is fixed). Checked
-# before the upgrade amends it below: the operator's file is left as it was until it is valid.
+# restarted on it, and the version installed before is put back (an upgrade leaves the running
+# gateway as it is until the file is fixed). Checked before the upgrade amends it below: the
+# operator's file is left as it was until it is valid.
 if ! "$prefix/bin/sepa-gateway" check-config "$etc/sepa-gateway.toml" >/dev/null; then
-    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted)" >&2
+    if [ -d "$previous" ]; then
+        mv "$prefix" "$prefix.rejected" && mv "$previous" "$prefix" && rm -rf "$prefix.rejected"
+        kept=", and keeps the version installed before"
+    fi
+    echo "install.sh: fix $etc/sepa-gateway.toml as said above, then run the installer again (the service was not restarted${kept:-})" >&2
     exit 2
 fi
+rm -rf "$previous"
+security_added=""
 if ! grep -q '^\[security\]' "$etc/sepa-gateway.toml"; then
     # an installation from before the secure gates: an upgrade turns them on (secure by default)
     printf '\n[security]\nenabled = true              # added by the upgrade: HTTPS + WSS, OAuth 2.0, JWT\n' >>"$etc/sepa-gateway.toml"
-    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml (HTTPS on 8443, WSS on 9443); the plain gates now listen on 127.0.0.1 only, unless [http] host says otherwise" >&2
+    echo "upgrade: [security] enabled in $etc/sepa-gateway.toml (HTTPS on 8443, WSS on 9443)" >&2
+    security_added=1
+fi
+if grep -q '^enabled = true *# added by the upgrade' "$etc/sepa-gateway.toml"; then
+    # and the plain gates, which have no authentication, to this board: every older installer wrote
+    # [http] host = "0.0.0.0" (its file showed each default), which kept them on every address
+    # while this said "127.0.0.1 only" (attack pass); so also in a file an earlier installer
+    # upgraded (the line above says so). An address the operator chose stays, said.
+    before=$(cksum <"$etc/sepa-gateway.toml")
+    sed -i "/^\[http\]/,/^\[/ s/^host *= *\(\"\(0\.0\.0\.0\|::\|\)\"\|'\(0\.0\.0\.0\|::\|\)'\).*$/host = \"127.0.0.1\"          # set by the upgrade (was \1): the plain gates have no authentication/" "$etc/sepa-gateway.toml"
+    if [ -n "$security_added" ] || [ "$(cksum <"$etc/sepa-gateway.toml")" != "$before" ]; then
+        plain_host=$("$prefix/bin/python" -I -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get("http", {}).get("host", "127.0.0.1"))' "$etc/sepa-gateway.toml")
+        case "$plain_host" in
+            127.* | ::1 | localhost) echo "upgrade: the plain gates (no authentication) now listen on $plain_host only" >&2 ;;
+            *) echo "upgrade: WARNING: the plain gates have no authentication and still listen on $plain_host ([http] host in $etc/sepa-gateway.toml): anyone who reaches them reads and writes the whole store; set host = \"127.0.0.1\" unless that is what you want" >&2 ;;
+        esac
+    fi
 fi
 if ! grep -q '^password_file' "$etc/sepa-gateway.toml"; then
     # from before the LAN listener: the gateway now logs in to Mosquitto like every sensor
@@ -72,14 +116,41 @@ fi
 # get theirs from `sepa-gateway sensors add NAME`), the gateway logging in with its own. Its
 # persistent sessions hold the readings sent while the gateway restarts.
 passwords=/etc/mosquitto/sepa-gateway.passwd
+# The operator's certificate or key for Mosquitto, read once and copied only if it is one: root's
+# `install` copied whatever the path named (a root-only file, through a symlink, 0644 for the
+# certificate: attack pass). A symlink is followed (Let's Encrypt's live/ names are symlinks), a
+# FIFO is not read, and a certificate file with a private key in it is refused (it becomes 0644).
+read_pem='import os, stat, sys
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+kind, path = sys.argv[1:]
+try:
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise ValueError("not a regular file")
+        pem = file.read(1 << 20)
+    if kind == "key":
+        load_pem_private_key(pem, None)
+    elif b"PRIVATE KEY" in pem or not x509.load_pem_x509_certificates(pem):
+        raise ValueError("a private key is in it")
+except (OSError, ValueError, TypeError, UnsupportedAlgorithm) as error:
+    sys.exit(f"install.sh: {path} not copied: not a PEM {kind} Mosquitto can use ({error})")
+sys.stdout.buffer.write(pem)'
+copy_pem() {  # KIND SOURCE TARGET MODE
+    (umask 077; "$prefix/bin/python" -I -c "$read_pem" "$1" "$2" >"$3.new") || { rm -f "$3.new"; exit 1; }
+    chown mosquitto:mosquitto "$3.new"
+    chmod "$4" "$3.new"
+    mv -f "$3.new" "$3"
+}
 install -d -m 0755 /etc/mosquitto/conf.d
 tls=()
 certs=/etc/mosquitto/certs
 if [ -n "${SEPA_GATEWAY_MQTT_TLS_CERT:-}" ] && [ -n "${SEPA_GATEWAY_MQTT_TLS_KEY:-}" ]; then
     # the optional TLS listener (8883): the operator's certificate and key, readable by mosquitto only
     install -d -m 0755 "$certs"
-    install -m 0644 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_CERT" "$certs/sepa-gateway.pem"
-    install -m 0600 -o mosquitto -g mosquitto "$SEPA_GATEWAY_MQTT_TLS_KEY" "$certs/sepa-gateway.key"
+    copy_pem certificate "$SEPA_GATEWAY_MQTT_TLS_CERT" "$certs/sepa-gateway.pem" 0644
+    copy_pem key "$SEPA_GATEWAY_MQTT_TLS_KEY" "$certs/sepa-gateway.key" 0600
     tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")
 elif grep -q '^listener 8883' /etc/mosquitto/conf.d/sepa-gateway.conf 2>/dev/null; then
     tls=(8883 "$certs/sepa-gateway.pem" "$certs/sepa-gateway.key")  # turned on by an earlier run: an upgrade keeps it
@@ -160,11 +231,18 @@ stopped() {
     echo "sepa-gateway did not start (above: its last words); logs: $started" >&2
 }
 
-port=$(sed -n 's/^port *= *\([0-9]*\).*/\1/p' "$etc/sepa-gateway.toml" | head -n 1)
-port=${port:-8000}
+# Where the plain gates listen, as the service reads the file: the first `port =` line of any
+# section was taken, and 127.0.0.1 asked whatever [http] host said (attack pass).
+listen=$("$prefix/bin/python" -I -c 'import sys
+from gateway.appliance.config import load_config
+config = load_config(sys.argv[1])
+print(config.http.host, config.http.port, config.websocket.port)' "$etc/sepa-gateway.toml")
+read -r host port ws_port <<<"$listen"
+case "$host" in 0.0.0.0 | "") host=127.0.0.1 ;; ::) host=::1 ;; esac
 # /health/live, not a connect: another program listening on the port must not pass for the gateway
 alive='import json, sys, urllib.request
-sys.exit(json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health/live", timeout=1)) != {"status": "alive"})'
+host = f"[{sys.argv[1]}]" if ":" in sys.argv[1] else sys.argv[1]
+sys.exit(json.load(urllib.request.urlopen(f"http://{host}:{sys.argv[2]}/health/live", timeout=1)) != {"status": "alive"})'
 read_cert='import os, sys
 from broker.security.keys import fingerprint
 try:
@@ -176,8 +254,8 @@ except (OSError, ValueError) as error:
 sys.stdout.buffer.write(pem)'
 for _ in $(seq 1 60); do
     ! stopped || exit 1
-    if "$prefix/bin/python" -I -c "$alive" "$port" 2>/dev/null; then
-        echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:9000/subscribe"
+    if "$prefix/bin/python" -I -c "$alive" "$host" "$port" 2>/dev/null; then
+        echo "sepa-gateway $("$prefix/bin/sepa-gateway" --version | cut -d' ' -f2) is running: http://localhost:$port/query, http://localhost:$port/update, ws://localhost:$ws_port/subscribe"
         echo "  health: curl http://localhost:$port/health; commands: sepa-gateway --help, sepa-cloud --help"
         cert="$state/data/security/tls-cert.pem"
         for _ in $(seq 1 20); do [ -f "$cert" ] && break; sleep 0.5; done

@@ -33,7 +33,7 @@ for command in sepa-gateway sepa-cloud; do
     # only our own links: a command of that name installed otherwise stays
     [ "$(readlink "/usr/local/bin/$command" 2>/dev/null)" != "$prefix/bin/$command" ] || rm -f "/usr/local/bin/$command"
 done
-rm -rf "$prefix"
+rm -rf "$prefix" "$prefix.previous" "$prefix.rejected"  # the last two: left by an interrupted install
 
 # Mosquitto goes back to its own configuration (no LAN listener); the logins stay unless --purge
 if [ -f /etc/mosquitto/conf.d/sepa-gateway.conf ]; then

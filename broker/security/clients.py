@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.access import DEFAULT_GRAPH_IRI, GraphAccess
-from broker.security.owned_files import open_lock, read_file, write_file
+from broker.security.owned_files import make_directories, open_lock, read_file, write_file
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class ClientRegistry:
 
         The lock and the file are owned like the directory (the service user's) and never opened
         through a symlink: the CLI runs as root in a directory that user controls (owned_files)."""
-        _make_directories(self.directory)
+        make_directories(self.directory)
         with os.fdopen(open_lock(self.directory / LOCK_FILE), "r+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             stored = self._read_file()
@@ -341,28 +341,3 @@ def configured_client(entry: Any, position: int) -> tuple[str, list[str], list[s
         except RegistryError as error:
             raise RegistryError(f"{where}.{key}: {error}") from None
     return identity, rights[0], rights[1]
-
-
-def _same_owner_as(path: Path, directory: Path) -> None:
-    """Keep a directory just made owned by its parent's owner (the CLI may run as root beside the
-    service user); not through a symlink that user may have put in its place since (lchown)."""
-    if os.geteuid() != 0:
-        return
-    stat = directory.stat()
-    with contextlib.suppress(OSError):
-        os.chown(path, stat.st_uid, stat.st_gid, follow_symlinks=False)
-
-
-def _make_directories(directory: Path) -> None:
-    """Create `directory` and missing parents (0700), each owned like the one above it, so that a
-    CLI run as root before the service's first start leaves nothing the service cannot use. One made
-    meanwhile by another process is fine: the CLI and the service (or two CLI runs) may both find it
-    missing, and the second failed with FileExistsError."""
-    missing: list[Path] = []
-    path = directory
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for path in reversed(missing):
-        path.mkdir(mode=0o700, exist_ok=True)
-        _same_owner_as(path, path.parent)

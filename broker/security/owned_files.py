@@ -47,6 +47,78 @@ def directory_owner(descriptor: int) -> tuple[int, int] | None:
     return status.st_uid, status.st_gid
 
 
+def make_directories(directory: Path) -> None:
+    """Create `directory` and its missing parents (0700 whatever the umask), each owned like the one
+    above it, so that a CLI run as root before the service's first start leaves nothing the service
+    cannot use: `sensors add --coap` made `data/` root's (0777 under umask 000), the service then
+    could not open its store and a later `clients add` made `security/` root's too (attack pass).
+    One made meanwhile by another process is fine: the CLI and the service (or two CLI runs) may
+    both find it missing, and the second failed with FileExistsError."""
+    missing: list[Path] = []
+    path = directory
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        path.mkdir(mode=0o700, exist_ok=True)
+        _same_owner_as(path, path.parent)
+
+
+def _same_owner_as(path: Path, directory: Path) -> None:
+    """Keep a directory just made owned by its parent's owner (the CLI may run as root beside the
+    service user); not through a symlink that user may have put in its place since (lchown)."""
+    if os.geteuid() != 0:
+        return
+    status = directory.stat()
+    with contextlib.suppress(OSError):
+        os.chown(path, status.st_uid, status.st_gid, follow_symlinks=False)
+
+
+def give_root_entries(path: Path | str, owner: tuple[int, int]) -> int:
+    """Give `owner` what root left under directory `path`; returns how many entries it gave.
+
+    Why: `sepa-gateway sensors add --coap` run as root before the installer made the service's
+    state directory left `data/` root's: the service could not open its store ("Permission
+    denied"), and installing again did not help (attack pass). Root's entries become the owner's,
+    less the group write and other bits the service's UMask=0027 never sets (umask 000 had made
+    `data/` 0777). Walked by descriptors, never through a symlink (a link is given itself, lchown),
+    and a file is changed on its open descriptor only if it is a plain file with one link: the
+    service user, who owns the tree, must not get root to chown or chmod another file."""
+    with open_directory(path) as descriptor:
+        return _give_root_entries(descriptor, owner)
+
+
+def _give_root_entries(directory: int, owner: tuple[int, int]) -> int:
+    given = 0
+    for name in os.listdir(directory):
+        status = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        if stat.S_ISLNK(status.st_mode):
+            if status.st_uid == 0:
+                os.chown(name, *owner, dir_fd=directory, follow_symlinks=False)
+                given += 1
+        elif stat.S_ISDIR(status.st_mode):
+            with open_directory(name, at=directory) as child:
+                given += _take(child, owner) + _give_root_entries(child, owner)
+        elif stat.S_ISREG(status.st_mode) and status.st_uid == 0:
+            file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+            try:
+                given += _take(file, owner)
+            finally:
+                os.close(file)
+    return given
+
+
+def _take(descriptor: int, owner: tuple[int, int]) -> int:
+    """Give open directory or plain file `descriptor` to `owner` if root owns it: 1 if given."""
+    status = os.fstat(descriptor)
+    plain = stat.S_ISDIR(status.st_mode) or (stat.S_ISREG(status.st_mode) and status.st_nlink == 1)
+    if status.st_uid != 0 or not plain:
+        return 0
+    os.fchown(descriptor, *owner)
+    os.fchmod(descriptor, stat.S_IMODE(status.st_mode) & ~0o027)
+    return 1
+
+
 def write_file(path: Path, data: bytes, mode: int = 0o600, owner: tuple[int, int] | None = None) -> None:
     """Replace `path` atomically with a new file holding `data`, `mode`, owned by `owner` (when root;
     by default the directory's owner). A reader never sees half a file, and a symlink or hard link

@@ -35,7 +35,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from broker.api import open_directory, write_file
+from broker.api import directory_owner, make_directories, open_directory, write_file
 
 OSCORE_DIR = "coap-sensors"  # in the data directory, unless [coap] oscore_dir says otherwise
 PATHS_FILE = "paths.json"  # the sensor's extra path patterns, beside its context
@@ -61,8 +61,9 @@ def sensors(directory: Path) -> list[str]:
 def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[str, Any]:
     """Make the security context of sensor `name`; returns the sensor's side of it (its settings).
 
-    The directory and the context are 0700 / 0600 and owned like `directory`'s parent (the data
-    directory of the service: the gateway must write the sequence numbers). The context is written
+    The directory (and its missing parents) and the context are 0700 / 0600 and owned like the
+    nearest directory above that exists (the service's: the gateway must write the sequence
+    numbers). The context is written
     in a hidden folder and renamed into place, so the running gateway, which reloads when the
     directory changes, never sees a folder without its settings (under load it did, and then
     never looked again).
@@ -77,13 +78,13 @@ def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[st
     while sensor_id in taken:
         sensor_id = secrets.token_hex(6)
     secret, salt = secrets.token_hex(16), secrets.token_hex(8)
-    owner = _owner(directory)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_directories(directory)
     settings = {"sender-id_hex": GATEWAY_ID, "recipient-id_hex": sensor_id, "secret_hex": secret, "salt_hex": salt}
     # Every name below is opened relative to the directory's descriptor, without following a
     # symlink, and owned by fchown: root runs this in a directory the service user owns, who could
     # otherwise swap a name for a link between two calls and have root chown or write its target.
     with open_directory(directory) as base:
+        owner = directory_owner(base)
         making = f".{name}.new"
         _remove(making, base)
         os.mkdir(making, 0o700, dir_fd=base)
@@ -93,7 +94,6 @@ def create_sensor(directory: Path, name: str, *, reset: bool = False) -> dict[st
                 _give(out.fileno(), owner)
                 json.dump(settings, out, indent=1)
             _give(folder_descriptor, owner)
-        _give(base, owner)
         _remove(name, base)
         os.rename(making, name, src_dir_fd=base, dst_dir_fd=base)
     return {"sender-id_hex": sensor_id, "recipient-id_hex": GATEWAY_ID, "secret_hex": secret, "salt_hex": salt}
@@ -188,11 +188,3 @@ def _remove(name: str, base: int) -> None:
         shutil.rmtree(name, dir_fd=base)
     else:
         os.unlink(name, dir_fd=base)
-
-
-def _owner(directory: Path) -> tuple[int, int] | None:
-    for candidate in (directory, directory.parent):
-        if candidate.exists():
-            status = candidate.stat()
-            return status.st_uid, status.st_gid
-    return None

@@ -248,9 +248,25 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
         "install.sh: run it as root (e.g. su -c '/var/tmp/clone/systemd/install.sh'): there is no sudo here\n"
     )
 
+    # a CLI run as root before the installer (`sensors add --coap`, umask 000) left the service's
+    # state directories root's, 0777: the service could not open its store (attack pass)
+    state = "/var/lib/sepa-gateway"
+    machine.ok(
+        f"umask 000 && mkdir -p {state}/data/coap-sensors && chmod 0700 {state}/data/coap-sensors"
+        f" && touch {state}/data/root-made && printf 'ROOT-ONLY\\n' >/var/tmp/victim && chmod 0600 /var/tmp/victim"
+        f" && ln -s /var/tmp/victim {state}/data/link"
+    )
+
     out = machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert " is running: http://localhost:8000/query" in out, out
     assert "/var/lib/sepa-gateway/sepa-gateway.log" in out
+    assert machine.ok(f"find {state} -user root") == ""  # the service's now, modes as its UMask=0027
+    owners = machine.ok(f"stat -c '%U:%a' {state}/data {state}/data/coap-sensors {state}/data/root-made")
+    assert owners.split() == ["sepa-gateway:750", "sepa-gateway:700", "sepa-gateway:640"]
+    assert machine.ok("stat -c '%U:%a' /var/tmp/victim; cat /var/tmp/victim") == "root:600\nROOT-ONLY\n"  # not followed
+    machine.ok(f"rm {state}/data/link")  # (a link's mode is 0777: assert_private below would count it)
+    # the configuration may hold [mqtt] password: the service's group reads it, other users do not
+    assert machine.ok("stat -c '%U:%G:%a' /etc/sepa-gateway/sepa-gateway.toml") == "root:sepa-gateway:640\n"
     assert machine.ok("command -v sepa-gateway sepa-cloud").split() == [
         "/usr/local/bin/sepa-gateway",
         "/usr/local/bin/sepa-cloud",
@@ -294,8 +310,10 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     # an upgrade keeps the data and the configuration
     machine.ok("sepa-gateway update 'INSERT DATA { <urn:kept> <urn:p> 1 }'")
     machine.ok("sed -i 's/^retain_count = 1000 /retain_count = 77 /' /etc/sepa-gateway/sepa-gateway.toml")
+    machine.ok("chmod 0644 /etc/sepa-gateway/sepa-gateway.toml && chgrp root /etc/sepa-gateway/sepa-gateway.toml")
     machine.ok(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert "retain_count = 77" in machine.ok("cat /etc/sepa-gateway/sepa-gateway.toml")
+    assert machine.ok("stat -c '%U:%G:%a' /etc/sepa-gateway/sepa-gateway.toml") == "root:sepa-gateway:640\n"
     assert "urn:kept" in machine.ok("sepa-gateway query 'SELECT ?s WHERE { ?s <urn:p> 1 }'")
     assert_private(machine)
     assert "user boiler\ntopic write plant/boiler/#" in machine.ok("cat /etc/mosquitto/sepa-gateway.acl")
@@ -309,11 +327,19 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     pid_before = machine.ok(f"pgrep -f {GATEWAY}")
     machine.ok("sed -i 's/^port = 8000 /port = 80000 /' /etc/sepa-gateway/sepa-gateway.toml")
     line = machine.ok("grep -n '^port = 80000' /etc/sepa-gateway/sepa-gateway.toml").split(":")[0]
+    # ...and the code it runs stays the version installed before: the new one was left in /opt, where
+    # the query workers the running gateway starts later (and the next boot) ran it on that file
+    installed = "/opt/sepa-gateway/lib/python3*/site-packages/gateway/__init__.py"
+    with (clone / "gateway" / "__init__.py").open("a") as module:
+        module.write("# the newer version\n")
     bad = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert bad.returncode == 2
     assert f"sepa-gateway: bad configuration: /etc/sepa-gateway/sepa-gateway.toml:{line}: http.port" in bad.stderr
     assert "the service was not restarted" in bad.stderr and "did not answer" not in bad.stderr
     assert machine.ok(f"pgrep -f {GATEWAY}") == pid_before
+    assert "the newer version" not in machine.ok(f"cat {installed}")
+    assert "keeps the version installed before" in bad.stderr
+    assert machine.run("ls -d /opt/sepa-gateway.*").returncode != 0  # no copy left behind
     machine.ok("sed -i 's/^port = 80000 /port = 8000 /' /etc/sepa-gateway/sepa-gateway.toml")
 
     # a start that fails (another program took the WebSocket port while the gateway was stopped): its
@@ -327,6 +353,7 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
         "cannot listen on 127.0.0.1:9000" in failed.stderr and "did not start (above: its last words)" in failed.stderr
     )
     machine.ok("kill $(cat /run/squatter)")
+    assert "the newer version" in machine.ok(f"cat {installed}")  # a valid file: the new version installed
 
     # uninstall keeps data and configuration; a new install finds them
     out = machine.ok(f"{clone}/systemd/uninstall.sh")
@@ -360,12 +387,36 @@ def test_install_as_a_user_who_may_use_sudo(tmp_path: Path, wheelhouse: Path, su
         machine.ok(f"dpkg -i {sudo_package}")
         machine.ok("useradd -M -d /var/tmp/alice -s /bin/bash alice && install -d -o alice /var/tmp/alice")
         # sudo starts root from a clean environment; it keeps pip's settings (the wheelhouse: no network here)
-        sudoers = 'Defaults env_keep += \\"PIP_NO_INDEX PIP_FIND_LINKS\\"\\nalice ALL=(ALL:ALL) NOPASSWD: ALL\\n'
+        # (and logs each command line to a file, as it logs them to syslog on a Debian)
+        sudoers = (
+            'Defaults env_keep += \\"PIP_NO_INDEX PIP_FIND_LINKS\\"\\nDefaults logfile=/var/log/sudo.log\\n'
+            "alice ALL=(ALL:ALL) NOPASSWD: ALL\\n"
+        )
         machine.ok(f"printf '{sudoers}' > /etc/sudoers.d/alice && chmod 440 /etc/sudoers.d/alice && visudo -c")
         machine.ok(f"cp -r {clone} /var/tmp/clone && chown -R alice /var/tmp/clone")
         alice = int(machine.ok("id -u alice"))
-        done = machine.run("cd /var/tmp/clone && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S, user=alice)
+        # alice's shell has a shipper's token (the documented alternative to token_file) and the MQTT
+        # TLS listener's certificate: sudo gets the installer's settings, and no value on its command
+        # line (`sudo env NAME=VALUE ...` showed the token in `ps` to every local user, and in the log)
+        tls = "/var/tmp/alice/mqtt"
+        made = machine.run(
+            f"openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj /CN=board"
+            f" -keyout {tls}.key -out {tls}.pem",
+            user=alice,
+        )
+        assert made.returncode == 0, made.stderr
+        settings = (
+            f"SEPA_GATEWAY_SHIPPER_TOKEN=s3cr3t-token SEPA_GATEWAY_MQTT_TLS_CERT={tls}.pem"
+            f" SEPA_GATEWAY_MQTT_TLS_KEY={tls}.key"
+        )
+        done = machine.run(
+            f"cd /var/tmp/clone && {settings} ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S, user=alice
+        )
         assert done.returncode == 0, done.stdout + done.stderr
+        log = machine.ok("cat /var/log/sudo.log")
+        assert "COMMAND=./systemd/install.sh\n" in log, log  # nothing on sudo's command line
+        assert "s3cr3t-token" not in log and "SHIPPER" not in log, log  # the installer's settings only
+        assert "listener 8883" in machine.ok("cat /etc/mosquitto/conf.d/sepa-gateway.conf")  # the settings came
         assert " is running: http://localhost:8000/query" in done.stdout, done.stdout
         assert machine.ok("command -v sepa-gateway") == "/usr/local/bin/sepa-gateway\n"
         assert machine.ok("stat -c '%U' /opt/sepa-gateway /etc/sepa-gateway/sepa-gateway.toml").split() == [
@@ -460,6 +511,10 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
     installed = (ROOT / "systemd" / "sepa-gateway.toml").read_text()
     security_section = slice(installed.index("\n[security]\n") + 1, installed.index("\n[mqtt]\n") + 1)
     before_security = installed[: security_section.start] + installed[security_section.stop :]
+    # as every older installer wrote it: each default shown, the plain gates on every address
+    plain_host = '\nhost = "127.0.0.1"          # INSTALLED'
+    assert plain_host in before_security
+    before_security = before_security.replace(plain_host, '\nhost = "0.0.0.0"            # INSTALLED')
     (tmp_path / "old.toml").write_text(before_security + "this line is not TOML\n")
     (tmp_path / "fixed.toml").write_text(before_security)
     config = "/etc/sepa-gateway/sepa-gateway.toml"
@@ -472,7 +527,13 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
     machine.ok(f"install -m 0644 {tmp_path}/fixed.toml {config}")
     upgraded = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
-    assert "the plain gates now listen on 127.0.0.1 only, unless [http] host says otherwise" in upgraded.stderr
+    # the plain gates on 127.0.0.1: the upgrade moved the old file's 0.0.0.0, where they stayed,
+    # unauthenticated, while the installer said "127.0.0.1 only"
+    listening = machine.ok("ss -Hltn").split()
+    assert "0.0.0.0:8000" not in listening and "0.0.0.0:9000" not in listening, listening
+    assert "127.0.0.1:8000" in listening and "127.0.0.1:9000" in listening, listening
+    assert '\nhost = "127.0.0.1"          # set by the upgrade (was "0.0.0.0")' in machine.ok(f"cat {config}")
+    assert "the plain gates (no authentication) now listen on 127.0.0.1 only" in upgraded.stderr
     assert "\n[security]\nenabled = true" in machine.ok(f"cat {config}")
     assert machine.ok(f"readlink /proc/$(pgrep -f {GATEWAY})/cwd") == "/\n"
     password = machine.ok("cat /etc/sepa-gateway/mqtt-password")
@@ -488,11 +549,32 @@ def test_install_trusts_neither_its_directory_nor_the_service_users_files(machin
         f" && ln -sf /var/tmp/victim {security}/tls-cert.pem"
     )
     copy_before = machine.ok("cat /etc/sepa-gateway/tls-cert.pem")
+    # as an earlier installer upgraded the file: [security] added, the plain gates left on 0.0.0.0
+    machine.ok(f"sed -i '/^\\[http\\]/,/^\\[/ s/^host = .*/host = \"0.0.0.0\"/' {config}")
     again = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert again.returncode == 0, again.stdout + again.stderr
+    listening = machine.ok("ss -Hltn").split()
+    assert "0.0.0.0:8000" not in listening and "127.0.0.1:8000" in listening, listening
+    assert "the plain gates (no authentication) now listen on 127.0.0.1 only" in again.stderr
     assert "Traceback" not in again.stderr and f"{security}/tls-cert.pem not copied" in again.stderr, again.stderr
     assert machine.ok("cat /etc/sepa-gateway/tls-cert.pem") == copy_before
     assert "ROOT-ONLY" not in copy_before
     assert machine.ok("cat /etc/sepa-gateway/mqtt-password") == password  # the gateway's login kept
+
+    # the installer's health check asks where [http] says: it took the file's first `port =` line,
+    # whatever its section, and asked 127.0.0.1 only (then "did not answer" after 30 s, exit 1)
+    http = '/^\\[http\\]/,/^\\[/ { s/^host = .*/host = "127.0.0.2"/; s/^port = 8000 /port = 8001 /; }'
+    machine.ok(f"sed -i '{http}' {config}")
+    moved = machine.run(f"cd {hostile} && {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert " is running: http://localhost:8001/query" in moved.stdout, moved.stdout
+
+    # the operator's certificate for Mosquitto's TLS listener names a root-only file (a symlink in a
+    # directory another user writes): root's `install` copied it 0644 into /etc/mosquitto/certs
+    machine.ok(f"ln -s /var/tmp/victim {hostile}/mqtt.pem && ln -s /var/tmp/victim {hostile}/mqtt.key")
+    tls = f"SEPA_GATEWAY_MQTT_TLS_CERT={hostile}/mqtt.pem SEPA_GATEWAY_MQTT_TLS_KEY={hostile}/mqtt.key"
+    refused = machine.run(f"cd {hostile} && {tls} {clone}/systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
+    assert "ROOT-ONLY" not in machine.run("cat /etc/mosquitto/certs/sepa-gateway.*").stdout
+    assert refused.returncode == 1 and f"{hostile}/mqtt.pem not copied: not a PEM certificate" in refused.stderr
 
     assert machine.ok(f"cat {hostile}/ran") == ""  # the planted json.py never ran, as root or as the service

@@ -69,3 +69,29 @@ def test_root_cli_never_writes_or_chowns_through_the_service_users_symlinks(tmp_
     assert json.loads((folder / "paths.json").read_text()) == ["s/foo/#"]
     for path in (folder / "paths.json", directory / "pump", directory / "pump" / "settings.json"):
         assert not path.is_symlink() and path.stat().st_uid == SERVICE_UID, path
+
+
+def test_root_cli_before_the_service_leaves_it_directories_it_can_use(tmp_path: Path) -> None:
+    """Attack pass: root's `sensors add --coap` before the service ever made `data/` created it
+    root's (and 0777 under umask 000): the service then could not open its store, and a later
+    `clients add` made `security/` and `clients.json` root's too. Every directory the CLI makes is
+    the service's (the nearest existing one's owner) and 0700, whatever the umask."""
+    if os.geteuid() != 0:
+        pytest.fail("what root's CLI leaves to the service user needs root: the tests run as root", pytrace=False)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    os.chown(state, SERVICE_UID, SERVICE_UID)
+    data = state / "data"
+    for argv in (
+        ["sensors", "--coap", "--coap-dir", str(data / "coap-sensors"), "add", "boiler"],
+        ["clients", "--data-dir", str(data), "add", "dashboard", "--read", "*"],
+    ):
+        done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60, umask=0)
+        assert done.returncode == 0, done.stderr
+
+    made = [data, data / "coap-sensors", data / "coap-sensors" / "boiler", data / "security"]
+    made += [data / "security" / "clients.json", data / "coap-sensors" / "boiler" / "settings.json"]
+    for path in made:
+        status = path.lstat()
+        assert (status.st_uid, status.st_gid) == (SERVICE_UID, SERVICE_UID), path
+        assert stat.S_IMODE(status.st_mode) & 0o077 == 0, (path, oct(status.st_mode))
