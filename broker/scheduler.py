@@ -288,15 +288,19 @@ class Scheduler:
         """Queue a serial call now, on the event loop; the future of its result. The serial calls of
         a lane run in the order they were queued (:meth:`serialized` is this, awaited)."""
         self._admit()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
         try:
-            self._serial.append((functools.partial(call, *args, **kwargs), future), lane)
+            return self._enqueue(functools.partial(call, *args, **kwargs), lane)
         except LaneFull:
             self.rejected += 1
             raise TooManyRequests(
                 f"this client has {self._serial.lane_limit} requests queued already; retry later"
             ) from None
+
+    def _enqueue(self, call: Callable[[], Any], lane: str | None) -> asyncio.Future[Any]:
+        """Queue `call` in `lane` without admission (LaneFull past a client's lane limit)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._serial.append((call, future), lane)
         self.in_flight += 1
         future.add_done_callback(self._landed)  # first: before whoever awaits it resumes
         self._kick(loop)
@@ -618,7 +622,17 @@ class Scheduler:
             self._arm_flush(future.result())
 
     async def unsubscribe(self, spuid: str) -> Subscription:
-        return await self.serialized(self.engine.unsubscribe, spuid)
+        """End a subscription on the update thread, in the shared lane's order; never refused.
+
+        Why no admission (429): an unsubscribe frees what its subscription holds, and a subscription
+        is ended once (twice when two paths race to end it: the second is NotFound), so they are
+        bounded by the subscriptions (max_subscriptions). Refused, the subscription of a socket
+        that had gone lived on with no client: 3,000 sockets reset with five subscribes in flight
+        each filled the queue with their probes, 10,490 calls got 429, among them the unsubscribes
+        of their subscriptions, and 119 subscriptions were left behind, re-evaluated at every update
+        and counted toward max_subscriptions until a restart (the churn pass;
+        `tests/broker/gates/test_websocket_reset.py`)."""
+        return await self._enqueue(functools.partial(self.engine.unsubscribe, spuid), None)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Finish queued updates, then stop the threads. Queries change nothing: those still queued

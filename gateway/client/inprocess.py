@@ -232,7 +232,7 @@ class InProcessTransport:
         for handle in list(self._subscriptions.values()):
             handle.active = False
             with contextlib.suppress(SepaError):
-                await self.scheduler.serialized(self.engine.unsubscribe, handle.spuid)
+                await self.scheduler.unsubscribe(handle.spuid)
         self._subscriptions.clear()
         if self._owns_scheduler:
             await self.scheduler.delayed.stop()  # pending updates stay in its table, not run

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,11 @@ class RawWebSocket:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+    def reset(self) -> None:
+        """Close with a TCP RST (SO_LINGER 0), not a FIN: a client whose Wi-Fi dropped, or killed."""
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
 
 
 # -- asyncio helpers (aiohttp clients) ------------------------------------------------------------
