@@ -167,9 +167,6 @@ class Gateway:
             self.shipper = build_shipper(config, self.client, self.gateway_id)
             self.gates.metric_sources["shipper"] = self.shipper.metrics
         shipper = self.shipper
-        self.retention = Retention(
-            self.client, config.observations, hold=None if shipper is None else lambda: shipper.holding
-        )
         # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
         writer = ObservationWriter(
             self.client,
@@ -177,6 +174,12 @@ class Gateway:
             max_nodes=config.observations.max_sensor_properties,
             max_nodes_per_sensor=config.observations.max_properties_per_sensor,
             max_nodes_per_device=config.observations.max_properties_per_device,
+        )
+        self.retention = Retention(
+            self.client,
+            config.observations,
+            hold=None if shipper is None else lambda: shipper.holding,
+            writer=writer,
         )
         self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
         context = AdapterContext(

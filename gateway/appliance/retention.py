@@ -6,7 +6,9 @@ beyond the retention with read-only queries on the query pool (gateway.observati
 the join over the whole observations graph runs there, without the GIL, instead of holding the
 update thread), then *deletes* those observations by IRI in small updates through the normal
 update path, so subscriptions see every deletion. Each delete update is awaited before the next
-is queued: readings queued meanwhile go first, and wait behind at most one small delete.
+is queued: readings queued meanwhile go first, and wait behind at most one small delete. Last,
+it deletes the latest nodes silent for longer than the age retention, through the adapters' one
+writer so that its mirror follows (gateway.observations.pruning says why).
 
 Nothing is kept between runs: every run derives its work from the store (sequence numbers in
 the latest nodes, result times), so a restart, a failed run or a race with the adapters leaves
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from gateway.appliance.config import ObservationsConfig
@@ -33,7 +35,10 @@ from gateway.observations.pruning import (
     age_candidates_query,
     count_candidates_query,
     delete_update,
+    evict_update,
+    silent_latest_query,
 )
+from gateway.observations.writer import ObservationWriter
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,12 @@ PACED_SHARE = 0.5
 
 class Retention:
     def __init__(
-        self, client: SepaClient, config: ObservationsConfig, *, hold: Callable[[], bool] | None = None
+        self,
+        client: SepaClient,
+        config: ObservationsConfig,
+        *,
+        hold: Callable[[], bool] | None = None,
+        writer: ObservationWriter | None = None,
     ) -> None:
         """`hold`: whether the store alone holds observations not shipped yet (the shipper's spool
         failed: its disk full). Retention then holds off, until the newest sensor's sequence has
@@ -74,8 +84,12 @@ class Retention:
         shipper spools what it missed from the store once it can, and retention had pruned them
         meanwhile: a 4 MB spool disk full for 40 s with retain_count 30 at 10 Hz lost 475 of 992
         readings, uncounted (/tmp/atk-dash/t5b_prune.py); now what it prunes past the hold is lost
-        and counted (`sepa_shipper_lost_observations`)."""
+        and counted (`sepa_shipper_lost_observations`).
+
+        `writer`: the adapters' one writer, through which silent latest nodes are deleted so that its
+        mirror follows (gateway.observations.writer); without one, they are deleted directly."""
         self.client = client
+        self.writer = writer
         self.config = config
         self.hold = hold
         self.held_runs = 0  # runs skipped while the shipper could not spool
@@ -121,6 +135,11 @@ class Retention:
         if newest > self.config.retain_count:
             removed += await self._drain(count_candidates_query(self.config.retain_count, limit=FIND_LIMIT))
         removed += await self._drain(age_candidates_query(self.config.retain_age_s, limit=FIND_LIMIT))
+        removed += await self._drain(
+            silent_latest_query(self.config.retain_age_s, limit=FIND_LIMIT),
+            lambda rows: evict_update((row[0] for row in rows), self.config.retain_age_s),
+            self._update if self.writer is None else self.writer.evict,
+        )
         self.runs += 1
         if self.chunk == chunk and loop.time() < self._late_at:
             self.chunk = max(DELETE_CHUNK, self.chunk // 2)
@@ -148,8 +167,18 @@ class Retention:
         except ValueError:
             return 0
 
-    async def _drain(self, find: str) -> int:
-        """Find and delete until a find comes back short (all found) or deletes nothing."""
+    async def _update(self, text: str) -> int:
+        return (await self.client.update(text)).removed
+
+    async def _drain(
+        self,
+        find: str,
+        build: Callable[[Sequence[Sequence[Any]]], str | None] | None = None,
+        send: Callable[[str], Awaitable[int]] | None = None,
+    ) -> int:
+        """Find and delete until a find comes back short (all found) or deletes nothing. `build` makes
+        the deletion of some rows of the find (default: observations and their result nodes, the
+        find's two columns), `send` runs it and returns the quads removed (default: the client)."""
         removed = 0
         while True:
             rows = (await self.client.query(find)).rows
@@ -159,10 +188,14 @@ class Retention:
                 # each observation with its result node (the find's second column, None for none)
                 chunk = rows[start : start + self.chunk]
                 start += len(chunk)
-                text = delete_update(term for row in chunk for term in row if term is not None)
+                text = (
+                    delete_update(term for row in chunk for term in row if term is not None)
+                    if build is None
+                    else build(chunk)
+                )
                 began = asyncio.get_running_loop().time()
                 if text is not None:
-                    deleted = (await self.client.update(text)).removed
+                    deleted = await (send or self._update)(text)
                     self.deletes += 1
                     self.pruned += deleted
                     step += deleted

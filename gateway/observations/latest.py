@@ -12,7 +12,11 @@ keeps the mirror exact with two calls:
 Without a complete mirror, `unknown(latest IRIs of a batch)` + `nodes_query` + `learn` fetch just
 the nodes a batch touches before its update is built.
 
-This is exact as long as nobody else writes the latest graph (it belongs to the adapters). When a
+This is exact as long as nobody else writes the latest graph (it belongs to the adapters; retention
+deletes silent nodes through the writer, which applies that delta too). A node deleted by anyone
+else (an operator's SPARQL update) stays in the mirror until the writer notices at a refusal
+(gateway.observations.writer) and loads it again: until then its next reading writes it whole
+anyway (every update inserts a node's fixed triples), so the store stays right. When a
 commit's outcome is unknown, or no delta is available (network transport), `clear()`: updates
 then fall back to OPTIONAL patterns, slower but exact, until the next `load`.
 """
@@ -30,6 +34,8 @@ from gateway.observations.iris import device_of
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, RDF_TYPE
 
 LATEST_QUERY = f"SELECT ?latest ?p ?o WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest ?p ?o }} }}"
+# The gw:sensor triples of the latest graph, as many as the mirror's `per_sensor.total()` while it is exact.
+SENSOR_COUNT_QUERY = f"SELECT (COUNT(*) AS ?n) WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest <{GW}sensor> ?sensor }} }}"
 
 
 def nodes_query(iris: Iterable[str]) -> str:
@@ -158,6 +164,8 @@ class LatestCache:
                 quads = self.nodes.get(quad.subject.value)
                 if quads is not None:
                     self._discard(quads, quad)
+                    if not quads:  # a node deleted whole (retention's eviction) frees its slot
+                        del self.nodes[quad.subject.value]
         for quad in added:
             if quad.graph_name != _GRAPH or not isinstance(quad.subject, NamedNode):
                 continue

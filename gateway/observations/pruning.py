@@ -12,8 +12,14 @@ The find queries return each candidate observation with its result node (`?resul
 boolean and string readings), at most `limit` rows, so converting the rows to Python (which does
 hold the GIL) stays bounded too. Deleting an observation that is already gone deletes nothing, so
 a find racing with anything else is harmless; and candidates only ever stay candidates (sequence
-numbers and the engine clock only grow). The latest view is not touched (after an age prune, a
-silent sensor's gw:observation may name a pruned observation: its value stays).
+numbers and the engine clock only grow).
+
+The latest view loses a node once its sensor and property have been silent for longer than the
+age retention (`silent_latest_query`, then `evict_update`): its observations are gone by then, and
+a node kept for ever held one of the `max_sensor_properties` slots for ever, so sensor churn
+(devices replaced or renamed over months, or ~10 logins each naming 1,000 properties) left every
+new sensor refused until a restart (13,361 refusals counted in one churn pass). The eviction is
+conditional on the node being still silent when it runs, so a reading racing with it keeps its node.
 """
 
 from __future__ import annotations
@@ -71,16 +77,46 @@ def age_candidates_query(retain_age_s: float, *, limit: int) -> str:
     it 10x slower: 140 ms against 14 ms at 30k observations, measured).
     """
     _check(1, retain_age_s, limit)
-    age = f'"PT{retain_age_s:.6f}S"^^x:dayTimeDuration'
     return f"""{PROLOGUE}SELECT ?obs ?result WHERE {{
   {{ SELECT ?obs WHERE {{
-    BIND(<{FN}now>() - {age} AS ?cutoff)
+    BIND({_cutoff(retain_age_s)} AS ?cutoff)
     {_OBS} {{ ?obs s:resultTime ?time }}
     FILTER(?time < ?cutoff)
   }} LIMIT {limit} }}
   OPTIONAL {{ {_OBS} {{ ?obs s:hasResult ?result }} }}
 }}
 """
+
+
+def silent_latest_query(retain_age_s: float, *, limit: int) -> str:
+    """Latest nodes whose gw:resultTime (the last reading's arrival) is older than `retain_age_s`
+    seconds before the engine clock: one scan of the latest graph's resultTime triples."""
+    _check(1, retain_age_s, limit)
+    return f"""{PROLOGUE}SELECT ?latest WHERE {{
+  BIND({_cutoff(retain_age_s)} AS ?cutoff)
+  GRAPH <{GRAPH_LATEST}> {{ ?latest g:resultTime ?time }}
+  FILTER(?time < ?cutoff)
+}} LIMIT {limit}
+"""
+
+
+def evict_update(nodes: Iterable[object], retain_age_s: float) -> str | None:
+    """One update deleting these latest nodes whole, each only if it is still silent for longer than
+    `retain_age_s` (a reading since the find keeps it); None when there is nothing to delete."""
+    _check(1, retain_age_s, 1)
+    iris = _iris(nodes)
+    if not iris:
+        return None
+    return (
+        f"{PROLOGUE}DELETE {{ GRAPH <{GRAPH_LATEST}> {{ ?s ?p ?o }} }}\nWHERE {{ VALUES ?s {{ {' '.join(iris)} }}\n"
+        f"  BIND({_cutoff(retain_age_s)} AS ?cutoff)\n"
+        f"  GRAPH <{GRAPH_LATEST}> {{ ?s g:resultTime ?time . ?s ?p ?o }}\n  FILTER(?time < ?cutoff) }}\n"
+    )
+
+
+def _cutoff(retain_age_s: float) -> str:
+    """The SPARQL expression of the age cutoff (the engine clock less the age)."""
+    return f'<{FN}now>() - "PT{retain_age_s:.6f}S"^^x:dayTimeDuration'
 
 
 def delete_update(subjects: Iterable[object]) -> str | None:
@@ -91,10 +127,15 @@ def delete_update(subjects: Iterable[object]) -> str | None:
     gateway never writes observations as blank nodes), and so are IRIs a SPARQL update could not
     carry (a writer other than the gateway's may have used one): pruning must never stop on them.
     """
-    iris = [text for term in dict.fromkeys(subjects) if isinstance(term, NamedNode) and (text := _iri(term))]
+    iris = _iris(subjects)
     if not iris:
         return None
     return f"DELETE {{ {_OBS} {{ ?s ?p ?o }} }}\nWHERE {{ VALUES ?s {{ {' '.join(iris)} }} {_OBS} {{ ?s ?p ?o }} }}\n"
+
+
+def _iris(terms: Iterable[object]) -> list[str]:
+    """The distinct IRIs among `terms` as SPARQL text (see `delete_update` for what is skipped)."""
+    return [text for term in dict.fromkeys(terms) if isinstance(term, NamedNode) and (text := _iri(term))]
 
 
 def _iri(term: NamedNode) -> str | None:

@@ -7,17 +7,23 @@ transports to one sensor: two latest values. So the appliance makes one writer a
 adapter (``AdapterContext.observations``); its commits are serialized by a lock, each built from the
 mirror as the previous commit left it.
 
-It also bounds the latest view, the one part of the store retention does not prune (a silent
-sensor's last value stays): a reading whose sensor and property have no latest node yet is refused
-when the store holds `max_nodes` of them, its sensor `max_nodes_per_sensor`, or its device
-`max_nodes_per_device`. Why: one sensor login can name endless properties within its own topics (a
-SenML pack's record names, a JSON payload's keys, Homie nodes), each a latest node for ever; at
-1,000 readings/s of new names that is ~8,000 quads a second the gateway keeps until its memory runs
-out. The per-sensor bound alone did not hold one login: SenML, Tasmota and Homie mint a sensor per
-record name or node, so one SenML login filled all 10,000 nodes with 40 names of 256 properties,
-and every new sensor was refused for good after (on a disk store). A device is what
+It also bounds the latest view, which retention prunes only by age (a sensor's last value stays
+until it has been silent for `retain_age_s`): a reading whose sensor and property have no latest
+node yet is refused when the store holds `max_nodes` of them, its sensor `max_nodes_per_sensor`, or
+its device `max_nodes_per_device`. Why: one sensor login can name endless properties within its own
+topics (a SenML pack's record names, a JSON payload's keys, Homie nodes), each a latest node for
+days; at 1,000 readings/s of new names that is ~8,000 quads a second the gateway keeps until its
+memory runs out. The per-sensor bound alone did not hold one login: SenML, Tasmota and Homie mint a
+sensor per record name or node, so one SenML login filled all 10,000 nodes with 40 names of 256
+properties, and every new sensor was refused for good after (on a disk store). A device is what
 :func:`~gateway.observations.iris.device_of` says. Readings of known nodes are never refused, so
 the sensors in place go on whatever a newcomer sends.
+
+Slots come back. Retention deletes the node of a sensor and property silent for longer than
+`retain_age_s` through `evict`, so the mirror follows in the same update; and a refusal first
+checks, at most once per RESYNC_INTERVAL_S, whether someone else deleted nodes (`_resync`). Before,
+the mirror only ever grew: sensor churn filled the 10,000 slots (13,361 refusals in one pass), and
+even deleting the whole latest graph by SPARQL left new sensors refused until a restart.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from broker.api import Update
 from gateway.client import SepaClient, SepaClientError, UpdateSummary
 from gateway.observations.errors import NodeLimit, PayloadError
 from gateway.observations.iris import device_of, latest_iri
-from gateway.observations.latest import LATEST_QUERY, LatestCache
+from gateway.observations.latest import LATEST_QUERY, SENSOR_COUNT_QUERY, LatestCache
 from gateway.observations.quads import observation_quads, stored_query, stored_terms
 from gateway.observations.reading import Reading
 from gateway.observations.updates import observation_update
@@ -41,6 +47,13 @@ Refused = Callable[[Reading, NodeLimit], None]
 MAX_NODES = 10_000  # latest nodes (sensor and property pairs) in all: ~8 quads each, a few MB
 MAX_NODES_PER_SENSOR = 256
 MAX_NODES_PER_DEVICE = 1_000  # a tenth of MAX_NODES: it takes ten device logins to fill the view
+# A refusal checks the store's node count at most this often (see `_resync`): under a flood of new
+# names, one COUNT over the latest graph's gw:sensor triples a second, not one per refused batch.
+RESYNC_INTERVAL_S = 1.0
+# After a reload (1.2 s of event loop at 10,000 nodes on the 2-core test machine, loaded), the next
+# check waits this many times as long: a latest graph someone else keeps changing, under a flood of
+# refused names, costs at most a tenth of the loop in reloads.
+RELOAD_SHARE_INVERSE = 10
 
 
 class ObservationWriter:
@@ -64,6 +77,7 @@ class ObservationWriter:
         self.refused = 0  # readings refused by the bounds (see the module docstring)
         self._lock = asyncio.Lock()
         self._stale = False  # a commit failed with an unknown outcome: reload the mirror before the next
+        self._resync_at = 0.0  # the loop time before which a refusal does not check the store again
 
     async def load(self) -> None:
         """Load the mirror from the store (once is enough; later loads only repair it)."""
@@ -94,7 +108,10 @@ class ObservationWriter:
             if self._stale:  # built from a cleared mirror, the batch would skip the bounds and need OPTIONALs
                 await self._reload()
                 self._stale = False
-            readings, over = self._admit(readings)
+            admitted, over = self._admit(readings)
+            if over and await self._resync():
+                admitted, over = self._admit(readings)
+            readings = admitted
             if over:
                 self.refused += len(over)
                 if refused is None:
@@ -128,6 +145,40 @@ class ObservationWriter:
             if not self.cache.complete:
                 await self._reload()
             return summary
+
+    async def evict(self, update: str) -> int:
+        """Run a deletion of latest nodes (retention's `evict_update`) between two commits and move
+        the mirror with its delta, so the slots it frees are free for the next reading; returns the
+        quads removed. Outside the lock, a commit built from the mirror before the deletion would
+        write back a node's changing triples without its fixed ones."""
+        async with self._lock:
+            try:
+                summary = await self.client.update(update, quads=True)
+            except BaseException:
+                self._forget()
+                raise
+            assert summary.result is not None  # asked for: every transport returns the quads
+            self.cache.apply(summary.result.added, summary.result.removed)
+            return summary.removed
+
+    async def _resync(self) -> bool:
+        """Reload the mirror if the store holds another number of latest nodes than it does (someone
+        deleted some by SPARQL: the whole latest graph, 90,000 triples, still left every new sensor
+        refused until a restart); whether it did. At most once per RESYNC_INTERVAL_S, so a flood of
+        refused names costs one COUNT query a second (24 ms at 10,000 nodes, measured), and the accepted
+        readings none; after a reload, the next check waits RELOAD_SHARE_INVERSE times the reload."""
+        loop = asyncio.get_running_loop()
+        if not self.cache.complete or loop.time() < self._resync_at:
+            return False
+        self._resync_at = loop.time() + RESYNC_INTERVAL_S
+        result = await self.client.query(SENSOR_COUNT_QUERY)
+        count = result.rows[0][0] if result.rows else None
+        if count is not None and int(count.value) == self.cache.per_sensor.total():
+            return False
+        began = loop.time()
+        await self._reload()
+        self._resync_at = max(self._resync_at, loop.time() + RELOAD_SHARE_INVERSE * (loop.time() - began))
+        return True
 
     def _forget(self) -> None:
         """The outcome is unknown: the mirror is cleared, and loaded again before the next commit."""

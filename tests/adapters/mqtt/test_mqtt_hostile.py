@@ -20,7 +20,7 @@ from adapters.mqtt.adapter import MqttAdapter
 from adapters.mqtt.settings import MqttSettings
 from broker.api import Engine, Scheduler
 from gateway.client import InProcessTransport, SepaClient
-from gateway.observations.writer import ObservationWriter
+from gateway.observations.writer import RESYNC_INTERVAL_S, ObservationWriter
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, until
 
@@ -29,6 +29,7 @@ PREFIXES = (
     "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
 )
 MAPPINGS = "<http://w3id.org/sepa-gateway/graph/mappings>"
+LATEST = "<http://w3id.org/sepa-gateway/graph/latest>"
 
 
 def config_file(tmp_path: Path, broker: Mosquitto, extra: str = "") -> Path:
@@ -398,6 +399,69 @@ def test_new_sensor_properties_past_the_bounds_are_counted_and_dropped_not_the_b
         assert [values(gateway, f"gateway/{topic}") for topic in ("s1/humidity", "s2/temperature")] == [[2], [4]]
         metrics = gateway.metrics()
         assert metrics.get("sepa_mqtt_ingest_commit_failures", 0) == 0 and metrics["sepa_mqtt_ingest_acked"] == 8
+    finally:
+        assert gateway.stop() == 0
+
+
+def latest_sensors(gateway: RunningGateway) -> list[str]:
+    rows = gateway.select(PREFIXES + f"SELECT ?s WHERE {{ GRAPH {LATEST} {{ ?n gw:sensor ?s }} }}")
+    return sorted(row["s"].rsplit("/", 1)[-1] for row in rows)
+
+
+def full_view(broker: Mosquitto, tmp_path: Path, sensors: list[str], extra: str = "") -> RunningGateway:
+    """A gateway of two latest slots, both taken by `sensors`, that has refused sensor `new`."""
+    bounds = "batch_wait_ms = 100\n[observations]\nmax_sensor_properties = 2\nmax_properties_per_sensor = 1\n"
+    gateway = launch_gateway(config=config_file(tmp_path, broker, bounds + extra))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(broker.port, [(f"gateway/{sensor}/temperature", b"1") for sensor in sensors])
+        wait_for(lambda: latest_sensors(gateway) == sorted(sensors))
+        publish(broker.port, [("gateway/new/temperature", b"3")])
+        wait_for(lambda: "gateway/new/temperature" in bad_by_topic(gateway))
+    except BaseException:
+        gateway.stop()
+        raise
+    return gateway
+
+
+def test_the_latest_graph_deleted_by_sparql_frees_the_slots_without_a_restart(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Sensor churn filled the latest view (13,361 refusals in one churn pass), and the operator's
+    fix, deleting the latest graph by SPARQL, left every new sensor refused until a restart: the
+    writer admitted by its mirror, which never saw the deletion. Now a refused new sensor makes
+    the writer check the store (at most once a second) and it is stored; the sensors in place
+    write their latest values whole again."""
+    gateway = full_view(mosquitto, tmp_path, ["s1", "s2"])
+    try:
+        assert gateway.update(f"DELETE WHERE {{ GRAPH {LATEST} {{ ?s ?p ?o }} }}").status == 200
+        time.sleep(RESYNC_INTERVAL_S)  # past the refusal's own check
+        publish(mosquitto.port, [("gateway/new/temperature", b"4"), ("gateway/s1/temperature", b"5")])
+        wait_for(lambda: values(gateway, "gateway/s1/temperature") == [1, 5])
+        assert values(gateway, "gateway/new/temperature") == [4]
+        assert latest_sensors(gateway) == ["new", "s1"]
+        assert bad_by_topic(gateway) == {"gateway/new/temperature": 1}
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_sensors_silent_for_longer_than_the_retention_age_free_their_slots(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Retention pruned observations but never a latest node, so devices replaced or renamed over
+    months (or ~10 logins of 1,000 names each) filled max_sensor_properties for good. A sensor
+    silent for longer than retain_age_s now loses its latest value too (its observations are
+    gone already) and a new sensor takes its slot; a sensor that speaks keeps its node."""
+    gateway = full_view(mosquitto, tmp_path, ["kept", "old"], "retain_age_s = 3\nprune_interval_s = 0.5\n")
+    try:
+        deadline = time.monotonic() + 10
+        while latest_sensors(gateway) != ["kept"]:  # kept speaks every second, old is silent
+            assert time.monotonic() < deadline, latest_sensors(gateway)
+            publish(mosquitto.port, [("gateway/kept/temperature", b"2")])
+            time.sleep(1)
+        publish(mosquitto.port, [("gateway/new/temperature", b"4")])
+        wait_for(lambda: values(gateway, "gateway/new/temperature") == [4])
+        assert latest_sensors(gateway) == ["kept", "new"]
     finally:
         assert gateway.stop() == 0
 
