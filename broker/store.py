@@ -55,7 +55,15 @@ writes a reading, so on disk the gateway could not keep up with 1,000 readings/s
 runs at a fraction of a core (docs/architecture.md, "The store"). Cost: the whole store in memory,
 in the gateway and in each replica (on RocksDB a replica is a checkpoint sharing its files).
 
-Layout of a data directory: `store/` (Oxigraph/RocksDB) and `apply.journal`, or, resident,
+One process at a time: :meth:`RdfStore.open` takes an exclusive flock on `gateway.lock` in the data
+directory and refuses, naming the directory and the holder's pid, when another process holds it.
+Without it two gateways on one directory both ran: on a fresh directory the second's journal,
+opened from its start, was written over by the first's records, a checkpoint of either marked the
+other's synced deltas covered, and acknowledged updates were gone after a restart (found by the
+durability attack pass). The lock goes with the process (a kill -9 too); the query workers and the
+sync helper are exec'd children, which do not inherit it (Python's descriptors are close-on-exec).
+
+Layout of a data directory: `gateway.lock`, `store/` (Oxigraph/RocksDB) and `apply.journal`, or, resident,
 `snapshot.nq`, `apply.journal.0` and `apply.journal.1`; `replicas/` (the query workers'
 checkpoints, hard links to RocksDB's files) and `replicas-reeval/` (the re-evaluation worker's).
 A RocksDB data directory opened resident is converted once: its journal replayed, the store written
@@ -66,10 +74,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
+import fcntl
 import logging
 import os
 import shutil
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +97,11 @@ from broker.headroom import Headroom
 log = logging.getLogger(__name__)
 
 JOURNAL = "apply.journal"
+# the file a process holding the data directory keeps locked (flock), its pid written in it
+LOCK = "gateway.lock"
+# how long an open waits for the lock before refusing: a gateway still stopping (a checkpoint at
+# close) lets go of it within seconds, and a refusal at once would spend one of systemd's starts
+LOCK_WAIT_S = 5.0
 # resident: the store's snapshot, and the two journals that alternate (see the module docstring)
 SNAPSHOT = "snapshot.nq"
 JOURNALS = ("apply.journal.0", "apply.journal.1")
@@ -483,6 +500,58 @@ def _load_snapshot(snapshot: Path, target: Store) -> int:
     return covered
 
 
+class _Claim:
+    """This process's hold on a data directory (see the module docstring): one flock per directory
+    and process, shared by the stores this process opens there (the tests reopen a directory in
+    one process), let go of once the last of them closed or was dropped."""
+
+    _held: dict[Path, tuple[BinaryIO, int]] = {}
+    _guard = threading.Lock()
+
+    def __init__(self, directory: Path) -> None:
+        self.key = directory.resolve()
+        with self._guard:
+            file, count = self._held.get(self.key) or (_locked(directory), 0)
+            self._held[self.key] = (file, count + 1)
+        self.released = False
+
+    def release(self) -> None:
+        with self._guard:
+            if self.released:
+                return
+            self.released = True
+            file, count = self._held.pop(self.key)
+            if count > 1:
+                self._held[self.key] = (file, count - 1)
+            else:
+                file.close()  # the flock goes with the last descriptor of its open file
+
+
+def _locked(directory: Path) -> BinaryIO:
+    """`directory`'s lock file, flocked by this process, its pid written in it; StoreFailed if
+    another process holds it past LOCK_WAIT_S."""
+    file = (directory / LOCK).open("a+b")  # not "w": the holder's pid stays readable until we hold it
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as error:
+            if error.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                file.seek(0)
+                holder = file.read(32).decode(errors="replace").strip() or "unknown"
+                file.close()
+                raise StoreFailed(
+                    f"{directory} is in use by another process (pid {holder}, holding {directory / LOCK}): "
+                    "stop it first, two gateways on one data directory lose each other's updates"
+                ) from None
+            time.sleep(0.1)
+    file.truncate(0)
+    file.write(b"%d\n" % os.getpid())
+    file.flush()
+    return file
+
+
 def _convert(directory: Path) -> None:
     """Write a RocksDB data directory's store (its journal replayed first) as a resident snapshot."""
     log.warning("converting the data directory to a resident store", extra={"directory": str(directory)})
@@ -532,6 +601,7 @@ class RdfStore:
         # the floor of available memory under which the store may not grow (None: no floor)
         self.headroom: Headroom | None = None
         self.sync_mark = (0, 0)  # (records written, the journal they are in): read whole by a syncer
+        self._claim: _Claim | None = None  # the data directory's lock (set by open)
         if path is not None:
             if self.resident:
                 unsettled = self._recover_resident()
@@ -556,12 +626,25 @@ class RdfStore:
         """Open (creating if needed) a store in the data directory `path`: on RocksDB, or resident
         (see the module docstring; a RocksDB directory is converted once)."""
         directory = Path(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        claim = _Claim(directory)  # before anything in the directory is read or written
+        try:
+            store = cls._opened(directory, resident)
+        except BaseException:
+            claim.release()
+            raise
+        store._claim = claim
+        weakref.finalize(store, claim.release)  # a store dropped unclosed lets go of it too
+        return store
+
+    @classmethod
+    def _opened(cls, directory: Path, resident: bool) -> RdfStore:
+        """:meth:`open`'s work, once the directory is this process's."""
         if not resident:
             if (directory / SNAPSHOT).exists():
                 raise StoreFailed(f"{directory} holds a resident store ({SNAPSHOT}): open it resident")
-            (directory / "store").mkdir(parents=True, exist_ok=True)
+            (directory / "store").mkdir(exist_ok=True)
             return cls(Store(str(directory / "store")), directory)
-        directory.mkdir(parents=True, exist_ok=True)
         if (directory / "store").is_dir():
             if not (directory / SNAPSHOT).exists():
                 _convert(directory)
@@ -1049,3 +1132,5 @@ class RdfStore:
                     self._journal.close()
                     self._journal = None
         self.flush()
+        if self._claim is not None:
+            self._claim.release()

@@ -252,3 +252,26 @@ def test_coap_readings_are_acknowledged_only_once_their_journal_is_synced(start_
     # the checker can fail: the same trace with the journal's syncs taken out
     unsynced = "\n".join(line for line in text.splitlines() if "sync" not in line)
     assert acknowledged_before_synced(unsynced, values) == values
+
+
+def test_a_second_gateway_on_the_same_data_directory_is_refused(
+    start_gateway, gateway_command: list[str], tmp_path: Path
+) -> None:
+    """Two gateways on one directory both ran, and one's acknowledged updates were gone after a
+    restart (the first wrote its journal records over the second's); the second is refused, naming
+    the directory and the first's pid, and a kill -9 of the first frees the directory at once."""
+    data = tmp_path / "data"
+    first = start_gateway(data_dir=data)
+    assert first.update('INSERT DATA { <urn:a> <urn:p> "via the first" }').status == 200
+    argv = [*gateway_command, "run", "--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0"]
+    argv += ["--https-port", "0", "--wss-port", "0", "--no-mqtt", "--no-coap", "--data-dir", str(data)]
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert f"{data} is in use by another process (pid {first.process.pid}," in second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.update('INSERT DATA { <urn:c> <urn:p> "via the first again" }').status == 200
+    first.process.kill()
+    first.process.wait()
+    restarted = start_gateway(data_dir=data)
+    rows = restarted.query("SELECT ?s WHERE { ?s <urn:p> ?o }").json()["results"]["bindings"]
+    assert sorted(row["s"]["value"] for row in rows) == ["urn:a", "urn:c"]

@@ -274,3 +274,33 @@ def test_a_damaged_snapshot_is_a_clear_error(tmp_path: Path) -> None:
     snapshot.write_bytes(b"not a snapshot\n")
     with pytest.raises(StoreFailed, match="not a snapshot"):
         _open(tmp_path)
+
+
+_HOLDER = """
+import sys
+from broker.store import RdfStore
+store = RdfStore.open({path!r}, resident={resident})
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "rocksdb"])
+def test_a_data_directory_is_one_processs_until_that_process_ends(tmp_path: Path, resident: bool) -> None:
+    """A second process opening the directory is refused, naming it and the holder's pid (two stores
+    on one directory overwrote each other's journal records and dropped each other's synced
+    deltas at a checkpoint); the holder's kill -9 frees it, and so does a close."""
+    child = _HOLDER.format(path=str(tmp_path), resident=resident)
+    holder = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+    started = time.monotonic()
+    with pytest.raises(StoreFailed, match=rf"{tmp_path} is in use by another process \(pid {holder.pid},"):
+        RdfStore.open(tmp_path, resident=resident)
+    assert time.monotonic() - started >= broker.store.LOCK_WAIT_S  # it waited for a holder still stopping
+    holder.kill()
+    holder.wait()
+    store = RdfStore.open(tmp_path, resident=resident)
+    store.close()
+    del store  # RocksDB's own lock goes with the store
+    done = subprocess.run([sys.executable, "-c", child], input="\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
