@@ -254,6 +254,14 @@ def test_coap_readings_are_acknowledged_only_once_their_journal_is_synced(start_
     assert acknowledged_before_synced(unsynced, values) == values
 
 
+def _start_on(gateway_command: list[str], data: Path) -> subprocess.CompletedProcess[str]:
+    """`sepa-gateway run` on `data`, for a start that must be refused (it exits; one that serves
+    runs until the timeout)."""
+    argv = [*gateway_command, "run", "--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0"]
+    argv += ["--https-port", "0", "--wss-port", "0", "--no-mqtt", "--no-coap", "--data-dir", str(data)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
 def test_a_second_gateway_on_the_same_data_directory_is_refused(
     start_gateway, gateway_command: list[str], tmp_path: Path
 ) -> None:
@@ -263,9 +271,7 @@ def test_a_second_gateway_on_the_same_data_directory_is_refused(
     data = tmp_path / "data"
     first = start_gateway(data_dir=data)
     assert first.update('INSERT DATA { <urn:a> <urn:p> "via the first" }').status == 200
-    argv = [*gateway_command, "run", "--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0"]
-    argv += ["--https-port", "0", "--wss-port", "0", "--no-mqtt", "--no-coap", "--data-dir", str(data)]
-    second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    second = _start_on(gateway_command, data)
     assert second.returncode != 0
     assert f"{data} is in use by another process (pid {first.process.pid}," in second.stderr
     assert "Traceback" not in second.stderr
@@ -275,3 +281,26 @@ def test_a_second_gateway_on_the_same_data_directory_is_refused(
     restarted = start_gateway(data_dir=data)
     rows = restarted.query("SELECT ?s WHERE { ?s <urn:p> ?o }").json()["results"]["bindings"]
     assert sorted(row["s"]["value"] for row in rows) == ["urn:a", "urn:c"]
+
+
+def test_a_damaged_journal_is_refused_in_one_line_naming_the_file_and_the_offset(
+    start_gateway, gateway_command: list[str], tmp_path: Path
+) -> None:
+    """One byte of a quad changed in the middle of the journal: the start was a raw traceback
+    (SyntaxError: Invalid IRI code point, from the journal's decoding), naming neither the file nor
+    where, and systemd restarted it in a loop; a damaged header silently cut the journal there."""
+    data = tmp_path / "data"
+    gateway = start_gateway(data_dir=data)
+    for index in range(5):
+        assert gateway.update(f"INSERT DATA {{ <urn:s{index}> <urn:p> {index} }}").status == 200
+    gateway.process.kill()
+    gateway.process.wait()
+    journal = max(data.glob("apply.journal.*"), key=lambda path: path.stat().st_size)
+    text = journal.read_bytes()
+    at = text.index(b"<urn:s2>")
+    journal.write_bytes(text[: at + 1] + b" " + text[at + 2 :])
+    refused = _start_on(gateway_command, data)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    record = text.rindex(b"SEPA-DELTA", 0, at)
+    assert f"{journal} is damaged at byte {record} of {len(text)} (" in refused.stderr
+    assert journal.read_bytes() == text[: at + 1] + b" " + text[at + 2 :]

@@ -304,3 +304,76 @@ def test_a_data_directory_is_one_processs_until_that_process_ends(tmp_path: Path
     del store  # RocksDB's own lock goes with the store
     done = subprocess.run([sys.executable, "-c", child], input="\n", capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def _journalled(path: Path, count: int) -> tuple[Path, list[int]]:
+    """A store of `count` synced deltas left as a kill leaves it: its journal and its records' offsets."""
+    store = _open(path)
+    for index in range(count):
+        store.apply([_quad(index)], [])
+        store.sync()
+    del store
+    journal = path / JOURNALS[0]
+    data = journal.read_bytes()
+    return journal, [index for index in range(len(data)) if data.startswith(b"SEPA-DELTA ", index)]
+
+
+def _damaged(data: bytes, at: int, how: str) -> bytes:
+    """`data` with one byte changed in the record at `at`: its magic, a size, or a quad of it."""
+    spot = {"magic": at + 9, "size": data.index(b" ", at + 11) - 1, "body": data.index(b"<", at) + 1}[how]
+    return (
+        data[:spot]
+        + bytes([data[spot] ^ 0x01 if how == "magic" else ord("9" if how == "size" else " ")])
+        + data[spot + 1 :]
+    )
+
+
+@pytest.mark.parametrize("how", ["magic", "size", "body"])
+def test_one_damaged_byte_in_a_journal_record_refuses_the_start_and_keeps_the_file(tmp_path: Path, how: str) -> None:
+    """A bit flipped in the header of the 11th of 100 acknowledged records was taken for a record
+    cut by a crash: the start went on with 10 of 100 quads, said 'the journal ends in a cut record' and
+    truncated the file from 4,715 to 440 bytes; a damaged quad was a raw SyntaxError traceback.
+    Now the start is refused with the file and the offset named and the file kept as it was; the
+    truncation the message proposes starts with the records before the damage."""
+    journal, records = _journalled(tmp_path, 100)
+    damaged = _damaged(journal.read_bytes(), records[11], how)
+    journal.write_bytes(damaged)
+    with pytest.raises(
+        StoreFailed, match=rf"^{journal} is damaged at byte {records[11]} of {len(damaged)} \("
+    ) as refused:
+        _open(tmp_path)
+    assert f"truncate -s {records[11]} {journal}" in str(refused.value) and "\n" not in str(refused.value)
+    assert journal.read_bytes() == damaged
+    os.truncate(journal, records[11])
+    assert _open(tmp_path).quads() == {_quad(index) for index in range(10)}
+
+
+@pytest.mark.parametrize("zeros", [0, 4096], ids=["cut", "cut-then-zeros"])
+def test_a_record_cut_at_the_end_is_still_cut_off(tmp_path: Path, zeros: int) -> None:
+    """What a crash while appending leaves (a record's start; after a power cut, maybe zeros after
+    it) is cut off as before, the records before it kept; a record whose data a power cut turned to
+    zeros too."""
+    journal, records = _journalled(tmp_path, 20)
+    data = journal.read_bytes()
+    for cut in (records[-1] + 5, records[-1] + 30, len(data) - 3):
+        journal.write_bytes(data[:cut] + bytes(zeros))
+        assert _open(tmp_path).quads() == {_quad(index) for index in range(19)}
+        assert journal.read_bytes() == data[: records[-1]]
+    zeroed = data[: len(data) - 10] + bytes(10 + zeros)  # the record's size written, its last bytes not
+    journal.write_bytes(zeroed)
+    assert _open(tmp_path).quads() == {_quad(index) for index in range(19)}
+
+
+def test_a_stale_journal_is_not_read_past_its_generation(tmp_path: Path) -> None:
+    """A journal the snapshot holds is not decoded (nor truncated): damage there loses nothing, and
+    its start (a raw traceback, then a restart loop under systemd) is not refused."""
+    journal, records = _journalled(tmp_path, 20)
+    store = _open(tmp_path)
+    assert store.checkpoint()
+    store.apply([_quad(20)], [])
+    store.sync()
+    del store
+    damaged = _damaged(journal.read_bytes(), records[5], "body")
+    journal.write_bytes(damaged)
+    assert _open(tmp_path).quads() == {_quad(index) for index in range(21)}
+    assert journal.read_bytes() == damaged
