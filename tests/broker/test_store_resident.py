@@ -377,3 +377,54 @@ def test_a_stale_journal_is_not_read_past_its_generation(tmp_path: Path) -> None
     journal.write_bytes(damaged)
     assert _open(tmp_path).quads() == {_quad(index) for index in range(21)}
     assert journal.read_bytes() == damaged
+
+
+def _checkpointed(path: Path, count: int) -> Path:
+    """A closed store of `count` quads, checkpointed twice (its journals at generations 1 and 2),
+    then one more delta in its journal; its snapshot."""
+    store = _open(path)
+    store.apply([_quad(index) for index in range(count - 1)], [])
+    assert store.checkpoint()
+    store.apply([_quad(count - 1)], [])
+    assert store.checkpoint()
+    store.apply([_quad(count)], [])
+    store.close()
+    return path / SNAPSHOT
+
+
+def test_a_snapshot_cut_short_at_a_line_boundary_is_refused(tmp_path: Path) -> None:
+    """Cut at a line (a copy or a restore cut short), it loaded without a word (495 of 1,000 quads),
+    and the next checkpoint made the loss permanent."""
+    snapshot = _checkpointed(tmp_path, 1_000)
+    data = snapshot.read_bytes()
+    cut = data[: data.rindex(b"\n", 0, len(data) // 2) + 1]
+    snapshot.write_bytes(cut)
+    with pytest.raises(StoreFailed, match=rf"^{snapshot} is cut short or lengthened: \d+ bytes after its header"):
+        _open(tmp_path)
+    assert snapshot.read_bytes() == cut
+    snapshot.write_bytes(data)
+    assert _open(tmp_path).quads() == {_quad(index) for index in range(1_001)}
+
+
+def test_a_missing_snapshot_is_refused_once_the_journals_no_longer_start_at_generation_0(tmp_path: Path) -> None:
+    """Removed, the store started from the journals alone (22 of 30 quads), silently. (With the
+    journals at generations 0 and 1, the first one still holds every delta: that start is whole.)"""
+    snapshot = _checkpointed(tmp_path, 20)
+    snapshot.unlink()
+    with pytest.raises(StoreFailed, match=rf"^{snapshot} is missing: the journals beside it start at generation 1"):
+        _open(tmp_path)
+    fresh = tmp_path / "fresh"  # a directory never checkpointed has no snapshot, and that is fine
+    store = _open(fresh)
+    store.apply([_quad(1)], [])
+    store.close()
+    assert _open(fresh).quads() == {_quad(1)}
+
+
+def test_a_snapshot_written_before_its_byte_count_is_read_and_rewritten_with_one(tmp_path: Path) -> None:
+    snapshot = _checkpointed(tmp_path, 50)
+    header, rest = snapshot.read_bytes().split(b"\n", 1)
+    snapshot.write_bytes(b" ".join(header.split()[:3]) + b"\n" + rest)  # the format before this change
+    store = _open(tmp_path)
+    assert store.quads() == {_quad(index) for index in range(51)}
+    assert store.checkpoint()
+    assert len(snapshot.read_bytes().split(b"\n", 1)[0].split()) == 4
