@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.errors import StoreFailed
+
 log = logging.getLogger(__name__)
 
 FILE = "scheduled.sqlite3"
@@ -75,18 +77,32 @@ class PendingUpdates:
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
         with self._lock:
-            if self.path is not None:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                # FULL: a delayed update is acknowledged (202) only once its row is on stable storage
-                self._db.execute("PRAGMA synchronous=FULL")
-                self._db.execute("PRAGMA wal_autocheckpoint=0")
-            self._db.executescript(_SCHEMA)
-            (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()
-            self._attempted = {id for (id,) in self._db.execute("SELECT id FROM attempts")}
+            try:
+                last = self._prepare()
+            except sqlite3.DatabaseError as error:
+                self._db.close()
+                raise StoreFailed(
+                    f"{self.path} cannot be read ({error}): restore it from a copy, or move it away to start without "
+                    "the delayed updates it held"
+                ) from None
         self._seq = int(last)
         if self.path is not None:
             self._checkpointer = threading.Thread(target=self._checkpoint, name="sepa-pending-checkpoint", daemon=True)
             self._checkpointer.start()
+
+    def _prepare(self) -> int:
+        """Set the database up (the pragmas, the tables); the last sequence number. A damaged file
+        raises sqlite3.DatabaseError here (at the first pragma): it was a raw traceback, 'file is
+        not a database', naming no file."""
+        if self.path is not None:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a delayed update is acknowledged (202) only once its row is on stable storage
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+        self._db.executescript(_SCHEMA)
+        (last,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM pending").fetchone()
+        self._attempted = {id for (id,) in self._db.execute("SELECT id FROM attempts")}
+        return int(last)
 
     def _checkpoint(self) -> None:
         """Copy the WAL into the database file every second, on this thread.

@@ -23,10 +23,13 @@ import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -37,6 +40,7 @@ SIGNING_KEY_FILE = "token-signing-key.pem"
 CERT_FILE = "tls-cert.pem"
 CERT_KEY_FILE = "tls-key.pem"
 CERT_VALID_DAYS = 3650  # an appliance's self-signed certificate is pinned by fingerprint, not renewed
+T = TypeVar("T")
 
 
 def private_directory(path: Path) -> Path:
@@ -60,11 +64,27 @@ def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _loaded(path: Path, load: Callable[[bytes], T], what: str) -> T:
+    """`load` of the file at `path`; ValueError naming the file if it is not `what`. Why: a damaged
+    key or certificate stopped the start with cryptography's words alone ('Unable to load PEM
+    file ... MalformedFraming'), naming none of the three files it could be."""
+    data = path.read_bytes()
+    try:
+        return load(data)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as error:
+        reason = " ".join(str(error).split("See https://")[0].split())[:120]
+        raise ValueError(f"{path} is not {what} ({reason}): restore it, or remove it to have a new one made") from None
+
+
+def _private_key(data: bytes) -> object:
+    return serialization.load_pem_private_key(data, password=None)
+
+
 def signing_key(directory: Path) -> ec.EllipticCurvePrivateKey:
     """The token signing key kept in `directory`, generated on first use."""
     path = directory / SIGNING_KEY_FILE
     if path.exists():
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        key = _loaded(path, _private_key, "a PEM private key")
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise ValueError(f"{path} is not an EC private key")
         return key
@@ -87,15 +107,21 @@ def fingerprint(cert_pem: bytes) -> str:
     return cert.fingerprint(hashes.SHA256()).hex(":").upper()
 
 
+def _kept(cert: Path, key: Path) -> TlsFiles:
+    """A certificate pair on disk, each file read (ValueError naming the one that does not load)."""
+    _loaded(key, _private_key, "a PEM private key")
+    return TlsFiles(cert, key, _loaded(cert, fingerprint, "a PEM certificate"), generated=False)
+
+
 def tls_files(directory: Path, cert: str = "", key: str = "", names: list[str] | None = None) -> TlsFiles:
     """The certificate and key of the secure gates: the operator's, or a self-signed pair in `directory`."""
     if cert or key:
         if not (cert and key):
             raise ValueError("security.tls_cert and security.tls_key go together")
-        return TlsFiles(Path(cert), Path(key), fingerprint(Path(cert).read_bytes()), generated=False)
+        return _kept(Path(cert), Path(key))
     cert_path, key_path = directory / CERT_FILE, directory / CERT_KEY_FILE
     if cert_path.exists() and key_path.exists():
-        return TlsFiles(cert_path, key_path, fingerprint(cert_path.read_bytes()), generated=False)
+        return _kept(cert_path, key_path)
     private_directory(directory)
     private_key = ec.generate_private_key(ec.SECP256R1())
     pem = self_signed(private_key, names or [])

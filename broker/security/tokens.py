@@ -108,10 +108,20 @@ class TokenAuthority:
         revoked = {jti: exp for jti, exp in self._revoked.get(claims.sub, {}).items() if exp > at}
         revoked[claims.jti] = claims.exp
         if len(revoked) > REVOKED_PER_CLIENT:
-            self._cut_off[claims.sub] = int(at)  # every token of it so far (one issued in this second too)
+            self._cut_off[claims.sub] = self._new_cut_off(claims.sub, int(at), revoked)
             revoked = {}
         self._revoked[claims.sub] = revoked
         return True
+
+    def _new_cut_off(self, sub: str, at: int, revoked: dict[str, int]) -> int:
+        """The cut-off replacing `sub`'s list of `revoked` tokens (jti -> exp): every token of it
+        issued so far, one issued in this second too. Never earlier than the last cut-off nor than
+        the newest revoked token's ``iat`` (its ``exp`` less the lifetime): after the clock stepped
+        back (a board without a real-time clock, NTP correcting its boot time by 50 minutes), a
+        cut-off set to the new time made the tokens revoked before the step valid again. It fails
+        closed: the client's tokens issued before the clock is back past it are refused too."""
+        newest = max(exp - self.lifetime_s for exp in revoked.values())
+        return max(self._cut_off.get(sub, -1), at, newest)
 
     def _verified_claims(self, token: str, expired_ok: bool = False) -> Claims:
         now = time.time()

@@ -39,7 +39,10 @@ def server_context(tls: TlsFiles) -> ssl.SSLContext:
     """The ssl module's server defaults (TLS 1.2 at least, its cipher choice), with our pair loaded."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(str(tls.cert), str(tls.key))
+    try:
+        context.load_cert_chain(str(tls.cert), str(tls.key))
+    except ssl.SSLError as error:  # each loads alone (keys.tls_files): they do not go together
+        raise ValueError(f"{tls.cert} and {tls.key} are not a pair ({error.reason or error})") from None
     return context
 
 

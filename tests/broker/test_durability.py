@@ -252,3 +252,80 @@ def test_coap_readings_are_acknowledged_only_once_their_journal_is_synced(start_
     # the checker can fail: the same trace with the journal's syncs taken out
     unsynced = "\n".join(line for line in text.splitlines() if "sync" not in line)
     assert acknowledged_before_synced(unsynced, values) == values
+
+
+def _start_on(gateway_command: list[str], data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sepa-gateway run` on `data`, for a start that must be refused (it exits; one that serves
+    runs until the timeout)."""
+    argv = [*gateway_command, "run", "--host", "127.0.0.1", "--http-port", "0", "--ws-port", "0"]
+    argv += ["--https-port", "0", "--wss-port", "0", "--no-mqtt", "--no-coap", "--data-dir", str(data), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_a_second_gateway_on_the_same_data_directory_is_refused(
+    start_gateway, gateway_command: list[str], tmp_path: Path
+) -> None:
+    """Two gateways on one directory both ran, and one's acknowledged updates were gone after a
+    restart (the first wrote its journal records over the second's); the second is refused, naming
+    the directory and the first's pid, and a kill -9 of the first frees the directory at once."""
+    data = tmp_path / "data"
+    first = start_gateway(data_dir=data)
+    assert first.update('INSERT DATA { <urn:a> <urn:p> "via the first" }').status == 200
+    second = _start_on(gateway_command, data)
+    assert second.returncode != 0
+    assert f"{data} is in use by another process (pid {first.process.pid}," in second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.update('INSERT DATA { <urn:c> <urn:p> "via the first again" }').status == 200
+    first.process.kill()
+    first.process.wait()
+    restarted = start_gateway(data_dir=data)
+    rows = restarted.query("SELECT ?s WHERE { ?s <urn:p> ?o }").json()["results"]["bindings"]
+    assert sorted(row["s"]["value"] for row in rows) == ["urn:a", "urn:c"]
+
+
+def test_a_damaged_journal_is_refused_in_one_line_naming_the_file_and_the_offset(
+    start_gateway, gateway_command: list[str], tmp_path: Path
+) -> None:
+    """One byte of a quad changed in the middle of the journal: the start was a raw traceback
+    (SyntaxError: Invalid IRI code point, from the journal's decoding), naming neither the file nor
+    where, and systemd restarted it in a loop; a damaged header silently cut the journal there."""
+    data = tmp_path / "data"
+    gateway = start_gateway(data_dir=data)
+    for index in range(5):
+        assert gateway.update(f"INSERT DATA {{ <urn:s{index}> <urn:p> {index} }}").status == 200
+    gateway.process.kill()
+    gateway.process.wait()
+    journal = max(data.glob("apply.journal.*"), key=lambda path: path.stat().st_size)
+    text = journal.read_bytes()
+    at = text.index(b"<urn:s2>")
+    journal.write_bytes(text[: at + 1] + b" " + text[at + 2 :])
+    refused = _start_on(gateway_command, data)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    record = text.rindex(b"SEPA-DELTA", 0, at)
+    assert f"{journal} is damaged at byte {record} of {len(text)} (" in refused.stderr
+    assert journal.read_bytes() == text[: at + 1] + b" " + text[at + 2 :]
+
+
+_GARBAGE = b"\x8f garbage " * 20
+_KEYS = ["security/token-signing-key.pem", "security/tls-cert.pem", "security/tls-key.pem"]
+
+
+# an empty scheduled.sqlite3 is an empty database (SQLite's own), and it starts
+@pytest.mark.parametrize(
+    ("name", "damage"),
+    [("scheduled.sqlite3", _GARBAGE)] + [(key, damage) for key in _KEYS for damage in (b"", _GARBAGE)],
+)
+def test_a_damaged_file_of_the_data_directory_is_refused_in_one_line_naming_it(
+    start_gateway, gateway_command: list[str], tmp_path: Path, name: str, damage: bytes
+) -> None:
+    """The delayed updates' database was a raw traceback (sqlite3.DatabaseError: file is not a
+    database); a damaged key or certificate said cryptography's 'Unable to load PEM file ...
+    MalformedFraming', naming none of the three files it could be."""
+    data = tmp_path / "data"
+    start_gateway("--secure", data_dir=data).stop(signal.SIGTERM)
+    (data / name).write_bytes(damage)
+    refused = _start_on(gateway_command, data, "--secure")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    said = [line for line in refused.stderr.splitlines() if line.startswith("sepa-gateway: ")]
+    assert len(said) == 1 and str(data / name) in said[0], refused.stderr
+    assert (data / name).read_bytes() == damage  # refused, not replaced

@@ -77,3 +77,23 @@ def test_an_expired_token_is_taken_only_when_asked_and_only_if_ours_and_not_revo
     assert authority.revoke(fresh)
     with pytest.raises(Unauthorized, match="revoked"):
         authority.verify(fresh, expired_ok=True)
+
+
+def test_a_cut_off_never_moves_back_when_the_clock_steps_back(
+    authority: TokenAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token revoked, then the clock stepped back 50 minutes (NTP correcting a board's boot time)
+    and the client's revocations passed the bound: the cut-off was set to the new, earlier time and
+    the token revoked before the step was valid again."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 5)
+    now = time.time()
+    stolen, _ = authority.issue("client-a", now=now)
+    assert authority.revoke(stolen, now=now)
+    for _ in range(tokens.REVOKED_PER_CLIENT):
+        assert authority.revoke(authority.issue("client-a", now=now - 3000)[0], now=now - 3000)
+    assert authority._revoked["client-a"] == {}  # the list replaced by a cut-off
+    with pytest.raises(Unauthorized, match="revoked"):
+        authority.verify(stolen)
+    # the price: its tokens issued before the clock is back past the cut-off are refused too
+    with pytest.raises(Unauthorized, match="revoked"):
+        authority.verify(authority.issue("client-a", now=now - 2990)[0])
