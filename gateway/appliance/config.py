@@ -314,6 +314,8 @@ class Config:
         # with an OverflowError traceback
         if self.websocket.max_message_bytes > MAX_WEBSOCKET_MESSAGE_BYTES:
             raise ConfigError(f"websocket.max_message_bytes must be at most {MAX_WEBSOCKET_MESSAGE_BYTES}")
+        for name, host in (("http.host", self.http.host), ("security.host", self.security.host)):
+            _check_listening_host(name, host)
         self._check_ports_apart()
         for position, name in enumerate(self.http.allowed_hosts):
             if not isinstance(name, str) or not _HOST_NAME.fullmatch(name.lower()):
@@ -479,6 +481,21 @@ def _check_landing_url(url: str) -> None:
         raise ConfigError("shipper.url names port 0")
     if parts.query or parts.fragment:
         raise ConfigError("shipper.url must not hold a query or a fragment (batches go to <url>/v1/batches/<id>)")
+
+
+def _check_listening_host(name: str, host: str) -> None:
+    """A gate's listening address is an IP address or a host name, nothing else. Why: `host = ""`
+    passed, and asyncio reads "" as every address: the unauthenticated plain gates answered an update
+    from the LAN with 200, [security] on too; "127.0.0.1:8000", " 127.0.0.1" or "http://127.0.0.1"
+    passed as well, and `run` then died with "Name or service not known"."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(host.lower()):
+            raise ConfigError(
+                f"{name} must be an IP address or a host name without scheme, port or spaces "
+                f'(e.g. "127.0.0.1", "::" or "0.0.0.0" for every address), not {host!r}'
+            ) from None
 
 
 def _hosts_overlap(first: str, second: str) -> bool:

@@ -100,6 +100,17 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         3,
         "security.auth_failures_per_s must be 0.01 to 10,000, not 0.0",
     ),
+    # an empty host bound the unauthenticated plain gates on every address, [security] on too; the
+    # others passed and `run` died with "Name or service not known" (2026-12-06, an attack pass)
+    "http-host-empty": (
+        '[http]\nhost = ""\n\n[security]\nenabled = true\n',
+        2,
+        "http.host must be an IP address or a host name without scheme, port or spaces",
+    ),
+    "http-host-with-port": ('[http]\nport = 8000\nhost = "127.0.0.1:8000"\n', 3, "http.host must be an IP address"),
+    "http-host-url": ('[http]\nhost = "http://127.0.0.1"\n', 2, "http.host must be an IP address"),
+    "http-host-space": ('[http]\nhost = " 127.0.0.1"\n', 2, "not ' 127.0.0.1'"),
+    "security-host-empty": ('[security]\nenabled = true\nhost = ""\n', 3, "security.host must be an IP address"),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
@@ -196,6 +207,26 @@ def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[st
         "",
         "sepa-gateway: bad configuration: /dev/zero: cannot read /dev/zero: not a regular file\n",
     )
+
+
+@pytest.mark.parametrize("host", ["localhost", "gateway.plant.example", "::1", "0.0.0.0", "192.168.1.20"])
+def test_an_address_or_a_host_name_passes_as_a_listening_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    path = tmp_path / "host.toml"
+    path.write_text(f'[http]\nhost = "{host}"\n')
+    assert check(path, capsys) == (0, f"{path}: ok\n", "")
+
+
+def test_run_refuses_an_empty_host_option(gateway_command: list[str]) -> None:
+    """`run --host ""` is the file's `host = ""`: every address, refused before any socket is opened."""
+    argv = [*gateway_command, "run", "--host", "", "--http-port", "0", "--ws-port", "0", "--no-mqtt", "--no-coap"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail('`run --host ""` served instead of refusing the address')
+    assert done.returncode == 2
+    assert "bad configuration: http.host must be an IP address or a host name" in done.stderr
 
 
 def test_gates_on_one_port_but_apart_in_address_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
