@@ -534,19 +534,20 @@ def _section(cls: type, name: str, values: Any) -> Any:
     return instance
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Defaults, overridden by the TOML file at `path` when given."""
+def load_config(path: str | Path | None, *, secure: bool = False) -> Config:
+    """Defaults, overridden by the TOML file at `path` when given; `secure` enables [security] as the
+    file's `enabled = true` does (`run --secure`), before the hosts left unnamed are chosen."""
     if path is None:
-        return Config().validate()
+        return _from_data({}, secure=secure)
     try:
-        return _load(path)
+        return _load(path, secure=secure)
     except ConfigError as error:  # every problem of a file names it, with its line or without
         if error.path is None:
             error.path = path
         raise
 
 
-def _load(path: str | Path) -> Config:
+def _load(path: str | Path, *, secure: bool = False) -> Config:
     raw = _read(path)
     try:
         text = raw.decode("utf-8")
@@ -566,7 +567,7 @@ def _load(path: str | Path) -> Config:
     except RecursionError:  # tomllib recurses once per level: 900 nested arrays were a traceback
         raise ConfigError("not valid TOML: arrays or inline tables nested too deeply") from None
     try:
-        return _from_data(data)
+        return _from_data(data, secure=secure)
     except ConfigError as error:  # said where: the line of the setting it names, when the file holds it
         error.path, error.line = path, setting_line(text, error.message)
         raise
@@ -588,7 +589,7 @@ def _read(path: str | Path) -> bytes:
     return raw
 
 
-def _from_data(data: dict[str, Any]) -> Config:
+def _from_data(data: dict[str, Any], *, secure: bool = False) -> Config:
     config = Config()
     own = [f.name for f in fields(Config) if f.name != "adapters"]
     for name, values in data.items():
@@ -598,9 +599,37 @@ def _from_data(data: dict[str, Any]) -> Config:
             config.adapters[name] = _section(type(config.adapters[name]), name, values)
         else:
             raise ConfigError(f"unknown section [{name}] (known: {', '.join([*own, *config.adapters])})")
-    if config.security.enabled and "host" not in data.get("http", {}):
+    if secure:
+        config.security.enabled = True
+    named = {section for section in ("http", "coap") if isinstance(data.get(section), dict) and "host" in data[section]}
+    if config.security.enabled and "http" not in named:
         # Why: the plain gates have no authentication. A file of an older version upgraded to
         # [security] without [http] host served the whole store, read and write, on every address
-        # (an attack pass); with the secure gates on, the plain ones are this board's own.
+        # (an attack pass); with the secure gates on, the plain ones are this board's own. Why
+        # `secure` here: `run --secure`, set after loading, left them on 0.0.0.0 (an update from
+        # the LAN got 200)
         config.http.host = SECURE_PLAIN_HOST
+    if "coap" in config.adapters and not config.security.enabled and "coap" not in named:
+        # Why: without [security], CoAP is as unauthenticated as the plain gates (readings in, POST /q
+        # reads every graph), yet `[http] host = "127.0.0.1"` left it on "::": a LAN host read the
+        # whole store (an attack pass). With [security], network peers must use OSCORE: it stays on "::"
+        config.adapters["coap"].host = coap_host_of(config.http.host)
     return config.validate()
+
+
+def coap_host_of(plain_host: str) -> str:
+    """Where CoAP listens when it follows the plain gates' host: the same address (0.0.0.0 is every
+    address: "::", which takes IPv4 too), localhost's IPv4 loopback; it listens on an address only,
+    so another host name must be matched by naming [coap] host."""
+    if plain_host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(plain_host)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(plain_host.lower()):
+            return "::"  # no host at all: validate() says what is wrong with the plain gates' one
+        raise ConfigError(
+            f"coap.host must be named (an IP address) when http.host is the host name {plain_host!r}: "
+            "CoAP listens where the plain gates do, on an address"
+        ) from None
+    return "::" if address.is_unspecified else plain_host

@@ -214,7 +214,7 @@ def test_an_address_or_a_host_name_passes_as_a_listening_host(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str
 ) -> None:
     path = tmp_path / "host.toml"
-    path.write_text(f'[http]\nhost = "{host}"\n')
+    path.write_text(f'[http]\nhost = "{host}"\n[coap]\nhost = "::"\n')  # CoAP follows addresses only
     assert check(path, capsys) == (0, f"{path}: ok\n", "")
 
 
