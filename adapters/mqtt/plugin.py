@@ -121,10 +121,28 @@ def check(config: MqttConfig) -> tuple[MqttSettings, list[Mapping], list[Actuato
         actuators = [Actuator.from_config(entry, position) for position, entry in enumerate(config.actuators)]
     except (MqttSettingsError, MappingError, ActuatorError) as error:
         raise ConfigError(str(error)) from None
+    if config.tls:
+        _check_tls_files(config)
     unknown = [name for name in config.profiles if name not in PROFILE_IDS]
     if unknown:
         raise ConfigError(f"mqtt.profiles: unknown {', '.join(map(repr, unknown))} (known: {', '.join(PROFILE_IDS)})")
     return mqtt_settings, mappings, actuators
+
+
+def _check_tls_files(config: MqttConfig) -> None:
+    """Why: a missing tls_ca passed check-config, and `run` then served its gates and died at the
+    MQTT start with a 45-line traceback, restarted by systemd in a loop."""
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(config, name)
+        if path and not _is_file(path):
+            raise ConfigError(f"mqtt.{name}: no such file {path}")
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name longer than NAME_MAX, a NUL
+        return False
 
 
 def password(config: MqttConfig) -> str:

@@ -111,6 +111,13 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
     "http-host-url": ('[http]\nhost = "http://127.0.0.1"\n', 2, "http.host must be an IP address"),
     "http-host-space": ('[http]\nhost = " 127.0.0.1"\n', 2, "not ' 127.0.0.1'"),
     "security-host-empty": ('[security]\nenabled = true\nhost = ""\n', 3, "security.host must be an IP address"),
+    # passed, and `run` died at the MQTT start with a 45-line traceback (an attack pass)
+    "mqtt-tls-ca-missing": ('[mqtt]\ntls = true\ntls_ca = "/nonexistent/ca.pem"\n', 3, "mqtt.tls_ca: no such file"),
+    "mqtt-tls-key-missing": (
+        '[mqtt]\ntls = true\ntls_cert = "/etc/hostname"\ntls_key = "/nonexistent/key.pem"\n',
+        4,
+        "mqtt.tls_key: no such file /nonexistent/key.pem",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,

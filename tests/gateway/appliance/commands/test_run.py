@@ -454,3 +454,21 @@ def test_coap_cannot_follow_a_host_name(tmp_path: Path, capsys: pytest.CaptureFi
     path.write_text('[http]\nhost = "gw.plant.example"\n', encoding="utf-8")
     assert cli_main(["check-config", str(path)]) == 2
     assert f"{path}:2: coap.host must be named (an IP address)" in capsys.readouterr().err
+
+
+def test_an_adapter_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path, gateway_command: list[str]) -> None:
+    """A TLS file MQTT cannot load (here not PEM) passes check-config (the file is there): its
+    MqttError escaped as a 45-line traceback at start, systemd restarting the gateway in a loop."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nhost = "127.0.0.1"\ntls = true\ntls_ca = "{not_pem}"\n', encoding="utf-8")
+    done = subprocess.run(
+        [*gateway_command, "run", "--config", str(path), *LOCAL, "--no-coap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    line = assert_one_line_exit_2(done, "mqtt: cannot load the TLS files")
+    assert "mqtt: mqtt:" not in line
