@@ -235,8 +235,9 @@ class ShipperConfig:
         if self.token_file:
             try:
                 token = Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as error:
-                raise ConfigError(f"shipper.token_file: cannot read {self.token_file}: {error.strerror}") from None
+            except (OSError, ValueError) as error:  # ValueError: a NUL in the name, or not UTF-8
+                reason = error.strerror if isinstance(error, OSError) else "not a file name, or not UTF-8 text"
+                raise ConfigError(f"shipper.token_file: cannot read {self.token_file!r}: {reason}") from None
         else:
             token = os.environ.get("SEPA_GATEWAY_SHIPPER_TOKEN", "").strip()
         if not token or any(character.isspace() for character in token):
@@ -410,7 +411,7 @@ class Config:
             raise ConfigError("security.tls_cert and security.tls_key go together")
         for name in ("tls_cert", "tls_key"):
             path = getattr(security, name)
-            if path and not Path(path).is_file():
+            if path and not is_file(path):
                 raise ConfigError(f"security.{name}: no such file {path}")
         if not 10 <= security.token_lifetime_s <= MAX_TOKEN_LIFETIME_S:
             raise ConfigError(
@@ -445,7 +446,7 @@ class Config:
         if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
             raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
         _check_landing_url(shipper.url)
-        if shipper.ca_file and not Path(shipper.ca_file).is_file():
+        if shipper.ca_file and not is_file(shipper.ca_file):
             raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
         if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
             raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
@@ -460,6 +461,16 @@ class Config:
                 f"shipper.uploads_in_flight must be 1..{MAX_UPLOADS_IN_FLIGHT}, not {shipper.uploads_in_flight}"
             )
         shipper.token()
+
+
+def is_file(path: str) -> bool:
+    """Whether `path` names a regular file (or a link to one). Why not Path.is_file alone: it raises
+    for a name longer than NAME_MAX (OSError) and one holding a NUL (ValueError), which check-config
+    printed as tracebacks."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _check_landing_url(url: str) -> None:
@@ -549,6 +560,12 @@ def load_config(path: str | Path | None, *, secure: bool = False) -> Config:
 
 def _load(path: str | Path, *, secure: bool = False) -> Config:
     raw = _read(path)
+    if raw.startswith(b"\xef\xbb\xbf"):  # tomllib said only "Invalid statement (at line 1, column 1)"
+        raise ConfigError(
+            "not valid TOML: the file starts with a byte order mark (BOM): save it as UTF-8 without one",
+            path=path,
+            line=1,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -576,9 +593,10 @@ def _load(path: str | Path, *, secure: bool = False) -> Config:
 
 
 def _read(path: str | Path) -> bytes:
-    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, no more read than that."""
+    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, no more read than that. Opened
+    without blocking: a FIFO blocked `check-config` forever in open(), before it could be refused."""
     try:
-        with open(path, "rb") as file:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise ConfigError(f"cannot read {path}: not a regular file")
             raw = file.read(MAX_CONFIG_BYTES + 1)

@@ -8,6 +8,7 @@ names the same line; an error that no line of the file holds is still one line n
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -190,6 +191,25 @@ BAD_FILES: dict[str, tuple[bytes, int | None, str]] = {  # file bytes, line (Non
         "security.wss_port must differ from http.port (8000)",
     ),
     "websocket-on-the-http-port": (b"[websocket]\nport = 8000\n", 2, "websocket.port must differ from http.port"),
+    # tracebacks, or a message that did not say what was wrong (2026-12-06, an attack pass)
+    "byte-order-mark": (b"\xef\xbb\xbf[http]\nport = 8000\n", 1, "starts with a byte order mark (BOM)"),
+    "nul-in-token-file": (
+        b'[shipper]\nenabled = true\nurl = "https://cloud.example.org"\ntoken_file = "/tmp/x\\u0000y"\n',
+        4,
+        "shipper.token_file: cannot read '/tmp/x\\x00y'",
+    ),
+    "ca-file-past-name-max": (
+        b'[shipper]\nenabled = true\nurl = "https://cloud.example.org"\nca_file = "' + b"a" * 300 + b'"\n',
+        4,
+        "shipper.ca_file: no such file",
+    ),
+    "tls-cert-past-name-max": (
+        b'[security]\nenabled = true\ntls_cert = "' + b"a" * 300 + b'"\ntls_key = "/etc/hostname"\n',
+        3,
+        "security.tls_cert: no such file",
+    ),
+    "mqtt-profiles-list": (b"[mqtt]\nprofiles = [[]]\n", 2, "mqtt.profiles must be a list of profile names"),
+    "mqtt-profiles-table": (b"[mqtt]\nprofiles = [{a=1}]\n", 2, "mqtt.profiles must be a list of profile names"),
 }
 
 
@@ -204,6 +224,20 @@ def test_an_attacked_file_is_one_line_without_a_traceback(
     where = f"{path}:{line}: " if line is not None else f"{path}: "
     assert (code, out) == (2, "") and err.count("\n") == 1, err
     assert err.startswith(f"sepa-gateway: bad configuration: {where}") and fragment in err, err
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path, gateway_command: list[str]) -> None:
+    """open() of a FIFO waits for a writer: `check-config` blocked forever before its file-type check."""
+    fifo = tmp_path / "gateway.toml"
+    os.mkfifo(fifo)
+    try:
+        done = subprocess.run([*gateway_command, "check-config", str(fifo)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("check-config waited for a writer of the FIFO")
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"sepa-gateway: bad configuration: {fifo}: cannot read {fifo}: not a regular file\n",
+    )
 
 
 def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[str]) -> None:
