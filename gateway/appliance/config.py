@@ -28,6 +28,9 @@ from gateway.observations.latest import MAX_ENTRIES as MAX_LATEST_NODES
 _HOST_NAME = re.compile(
     r"(?=.{1,253}\.?$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?"
 )
+# settings whose value a message never shows: `password = 73915526` (unquoted) was echoed in
+# "mqtt.password must be a str, not int (73915526)", into the installer's output and its logs
+_SECRET_KEY = re.compile(r"password|secret|passphrase|(^|_)token$|credential")
 # Why a bound: a configuration is a few KB (the annotated systemd file, every setting, is 18 KB), and
 # the file was read whole: `check-config /dev/zero` grew to 21 GB and was OOM-killed
 MAX_CONFIG_BYTES = 1 << 20
@@ -534,13 +537,14 @@ def _section(cls: type, name: str, values: Any) -> Any:
         expected = type(getattr(instance, key))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        shown = "a secret, not shown" if _SECRET_KEY.search(key) else repr(value)
         if type(value) is not expected:
-            raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({value!r})")
+            raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({shown})")
         # Why here, for every float setting: TOML has nan and inf, and `nan <= 0` is False, so
         # `time_limit_s = nan` passed the range check and every query was then a 500
         # ("cannot convert float NaN to integer"); inf, the same ("float infinity")
         if expected is float and not math.isfinite(value):
-            raise ConfigError(f"{name}.{key} must be a finite number, not {value!r}")
+            raise ConfigError(f"{name}.{key} must be a finite number, not {shown}")
         setattr(instance, key, value)
     return instance
 

@@ -226,6 +226,18 @@ def test_an_attacked_file_is_one_line_without_a_traceback(
     assert err.startswith(f"sepa-gateway: bad configuration: {where}") and fragment in err, err
 
 
+@pytest.mark.parametrize("value", ["73915526", '["hunter2-secret"]', "{ a = 73915526 }"])
+def test_a_secret_of_the_wrong_type_is_not_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """`password = 73915526` (unquoted) was echoed: "mqtt.password must be a str, not int (73915526)"."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nusername = "gw"\npassword = {value}\n')
+    code, _, err = check(path, capsys)
+    assert code == 2 and f"{path}:3: mqtt.password must be a str, not " in err and "(a secret, not shown)" in err
+    assert "73915526" not in err and "hunter2" not in err
+
+
 def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path, gateway_command: list[str]) -> None:
     """open() of a FIFO waits for a writer: `check-config` blocked forever before its file-type check."""
     fifo = tmp_path / "gateway.toml"
