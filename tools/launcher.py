@@ -323,8 +323,11 @@ def launch_gateway(
     coap_port: int = 0,
     file_size_limit: int | None = None,
     environment: Mapping[str, str] | None = None,
+    host: str | None = "127.0.0.1",
 ) -> RunningGateway:
     """Start `sepa-gateway run --http-port P --ws-port Q [...]` and wait until it answers.
+
+    `host`: the `--host` option; None gives none, so that the config file and the defaults choose.
 
     `file_size_limit`: the process may write no file past this many bytes (RLIMIT_FSIZE; a write
     past it fails with EFBIG, Python ignoring SIGXFSZ): a full disk, without root to mount one.
@@ -336,7 +339,8 @@ def launch_gateway(
     `coap_port` (0: a free one, see `RunningGateway.coap_url`).
     `environment`: variables set for the gateway (the installed unit's, tools/dashboard_bench/installed.py).
     """
-    argv = [*gateway_argv(), "run", "--host", "127.0.0.1", "--http-port", str(http_port), "--ws-port", str(ws_port)]
+    argv = [*gateway_argv(), "run", *(("--host", host) if host is not None else ()), "--http-port", str(http_port)]
+    argv += ["--ws-port", str(ws_port)]
     argv += ["--https-port", "0", "--wss-port", "0"]  # used only when a test's config or flag enables [security]
     if mqtt is False or (mqtt is None and config is None):
         argv.append("--no-mqtt")
@@ -365,6 +369,7 @@ def launch_gateway(
         "mqtt": mqtt,
         "coap": coap,
         "environment": environment,
+        "host": host,
     }
     gateway = RunningGateway(process=process, launch=launch)
     gateway._reader = threading.Thread(target=gateway._drain, name="gateway-stderr", daemon=True)

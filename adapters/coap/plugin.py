@@ -19,7 +19,9 @@ from gateway.observations import Mapping, MappingError, mappings_from_config
 @dataclass
 class CoapConfig:
     enabled: bool = True  # the CoAP adapter: sensor readings in over UDP (RFC 7252)
-    host: str = "::"  # every address, IPv6 and IPv4; with [security] on, peers off this board must authenticate
+    # every address, IPv6 and IPv4; with [security] on, peers off this board must authenticate. Not
+    # named and [security] off: where the plain gates listen (gateway.appliance.config.coap_host_of)
+    host: str = "::"
     port: int = 5683
     max_payload_bytes: int = 65536  # larger payloads (block-wise ones too) get 4.13
     batch_max: int = 500  # readings committed by one update at most

@@ -16,7 +16,7 @@ from pathlib import Path
 from adapters.mqtt.actuators import Actuator, ActuatorError
 from adapters.mqtt.adapter import PROFILE_IDS, MqttAdapter
 from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
-from gateway.appliance.config import ConfigError
+from gateway.appliance.config import ConfigError, is_file
 from gateway.appliance.plugins import AdapterContext
 from gateway.client import SepaClient
 from gateway.observations import Mapping, MappingError, mappings_from_config
@@ -121,10 +121,23 @@ def check(config: MqttConfig) -> tuple[MqttSettings, list[Mapping], list[Actuato
         actuators = [Actuator.from_config(entry, position) for position, entry in enumerate(config.actuators)]
     except (MqttSettingsError, MappingError, ActuatorError) as error:
         raise ConfigError(str(error)) from None
+    if config.tls:
+        _check_tls_files(config)
+    if not all(isinstance(name, str) for name in config.profiles):  # [[]] was a TypeError traceback
+        raise ConfigError(f"mqtt.profiles must be a list of profile names (known: {', '.join(PROFILE_IDS)})")
     unknown = [name for name in config.profiles if name not in PROFILE_IDS]
     if unknown:
         raise ConfigError(f"mqtt.profiles: unknown {', '.join(map(repr, unknown))} (known: {', '.join(PROFILE_IDS)})")
     return mqtt_settings, mappings, actuators
+
+
+def _check_tls_files(config: MqttConfig) -> None:
+    """Why: a missing tls_ca passed check-config, and `run` then served its gates and died at the
+    MQTT start with a 45-line traceback, restarted by systemd in a loop."""
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(config, name)
+        if path and not is_file(path):
+            raise ConfigError(f"mqtt.{name}: no such file {path}")
 
 
 def password(config: MqttConfig) -> str:

@@ -248,9 +248,12 @@ class Gateway:
         for name, adapter in self.adapters.items():
             try:
                 await adapter.start()
-            except OSError as error:  # a port taken, an address not on this host: said in one line, exit 2
+            except Exception as error:  # noqa: BLE001 - a port taken, TLS files it cannot load...: one line, exit 2
+                # Why every exception: the MQTT adapter's MqttError (a TLS file it could not load)
+                # escaped as a 45-line traceback, and systemd restarted the gateway in a loop
                 await self.stop()
-                raise StartupError(f"{name}: {error}") from error
+                said = str(error)
+                raise StartupError(said if said.startswith(f"{name}:") else f"{name}: {said}") from error
         self.retention.start()
         # from now on (broker.headroom): the start-up's own writes (the ontology, the adapters'
         # mappings) are not refused, so a board short of memory at boot still starts and serves

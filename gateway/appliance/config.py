@@ -28,6 +28,9 @@ from gateway.observations.latest import MAX_ENTRIES as MAX_LATEST_NODES
 _HOST_NAME = re.compile(
     r"(?=.{1,253}\.?$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?"
 )
+# settings whose value a message never shows: `password = 73915526` (unquoted) was echoed in
+# "mqtt.password must be a str, not int (73915526)", into the installer's output and its logs
+_SECRET_KEY = re.compile(r"password|secret|passphrase|(^|_)token$|credential")
 # Why a bound: a configuration is a few KB (the annotated systemd file, every setting, is 18 KB), and
 # the file was read whole: `check-config /dev/zero` grew to 21 GB and was OOM-killed
 MAX_CONFIG_BYTES = 1 << 20
@@ -235,8 +238,9 @@ class ShipperConfig:
         if self.token_file:
             try:
                 token = Path(self.token_file).read_text(encoding="utf-8").strip()
-            except OSError as error:
-                raise ConfigError(f"shipper.token_file: cannot read {self.token_file}: {error.strerror}") from None
+            except (OSError, ValueError) as error:  # ValueError: a NUL in the name, or not UTF-8
+                reason = error.strerror if isinstance(error, OSError) else "not a file name, or not UTF-8 text"
+                raise ConfigError(f"shipper.token_file: cannot read {self.token_file!r}: {reason}") from None
         else:
             token = os.environ.get("SEPA_GATEWAY_SHIPPER_TOKEN", "").strip()
         if not token or any(character.isspace() for character in token):
@@ -314,6 +318,8 @@ class Config:
         # with an OverflowError traceback
         if self.websocket.max_message_bytes > MAX_WEBSOCKET_MESSAGE_BYTES:
             raise ConfigError(f"websocket.max_message_bytes must be at most {MAX_WEBSOCKET_MESSAGE_BYTES}")
+        for name, host in (("http.host", self.http.host), ("security.host", self.security.host)):
+            _check_listening_host(name, host)
         self._check_ports_apart()
         for position, name in enumerate(self.http.allowed_hosts):
             if not isinstance(name, str) or not _HOST_NAME.fullmatch(name.lower()):
@@ -408,7 +414,7 @@ class Config:
             raise ConfigError("security.tls_cert and security.tls_key go together")
         for name in ("tls_cert", "tls_key"):
             path = getattr(security, name)
-            if path and not Path(path).is_file():
+            if path and not is_file(path):
                 raise ConfigError(f"security.{name}: no such file {path}")
         if not 10 <= security.token_lifetime_s <= MAX_TOKEN_LIFETIME_S:
             raise ConfigError(
@@ -443,7 +449,7 @@ class Config:
         if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
             raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
         _check_landing_url(shipper.url)
-        if shipper.ca_file and not Path(shipper.ca_file).is_file():
+        if shipper.ca_file and not is_file(shipper.ca_file):
             raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
         if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
             raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
@@ -458,6 +464,16 @@ class Config:
                 f"shipper.uploads_in_flight must be 1..{MAX_UPLOADS_IN_FLIGHT}, not {shipper.uploads_in_flight}"
             )
         shipper.token()
+
+
+def is_file(path: str) -> bool:
+    """Whether `path` names a regular file (or a link to one). Why not Path.is_file alone: it raises
+    for a name longer than NAME_MAX (OSError) and one holding a NUL (ValueError), which check-config
+    printed as tracebacks."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def _check_landing_url(url: str) -> None:
@@ -479,6 +495,21 @@ def _check_landing_url(url: str) -> None:
         raise ConfigError("shipper.url names port 0")
     if parts.query or parts.fragment:
         raise ConfigError("shipper.url must not hold a query or a fragment (batches go to <url>/v1/batches/<id>)")
+
+
+def _check_listening_host(name: str, host: str) -> None:
+    """A gate's listening address is an IP address or a host name, nothing else. Why: `host = ""`
+    passed, and asyncio reads "" as every address: the unauthenticated plain gates answered an update
+    from the LAN with 200, [security] on too; "127.0.0.1:8000", " 127.0.0.1" or "http://127.0.0.1"
+    passed as well, and `run` then died with "Name or service not known"."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(host.lower()):
+            raise ConfigError(
+                f"{name} must be an IP address or a host name without scheme, port or spaces "
+                f'(e.g. "127.0.0.1", "::" or "0.0.0.0" for every address), not {host!r}'
+            ) from None
 
 
 def _hosts_overlap(first: str, second: str) -> bool:
@@ -506,31 +537,39 @@ def _section(cls: type, name: str, values: Any) -> Any:
         expected = type(getattr(instance, key))
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
+        shown = "a secret, not shown" if _SECRET_KEY.search(key) else repr(value)
         if type(value) is not expected:
-            raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({value!r})")
+            raise ConfigError(f"{name}.{key} must be a {expected.__name__}, not {type(value).__name__} ({shown})")
         # Why here, for every float setting: TOML has nan and inf, and `nan <= 0` is False, so
         # `time_limit_s = nan` passed the range check and every query was then a 500
         # ("cannot convert float NaN to integer"); inf, the same ("float infinity")
         if expected is float and not math.isfinite(value):
-            raise ConfigError(f"{name}.{key} must be a finite number, not {value!r}")
+            raise ConfigError(f"{name}.{key} must be a finite number, not {shown}")
         setattr(instance, key, value)
     return instance
 
 
-def load_config(path: str | Path | None) -> Config:
-    """Defaults, overridden by the TOML file at `path` when given."""
+def load_config(path: str | Path | None, *, secure: bool = False) -> Config:
+    """Defaults, overridden by the TOML file at `path` when given; `secure` enables [security] as the
+    file's `enabled = true` does (`run --secure`), before the hosts left unnamed are chosen."""
     if path is None:
-        return Config().validate()
+        return _from_data({}, secure=secure)
     try:
-        return _load(path)
+        return _load(path, secure=secure)
     except ConfigError as error:  # every problem of a file names it, with its line or without
         if error.path is None:
             error.path = path
         raise
 
 
-def _load(path: str | Path) -> Config:
+def _load(path: str | Path, *, secure: bool = False) -> Config:
     raw = _read(path)
+    if raw.startswith(b"\xef\xbb\xbf"):  # tomllib said only "Invalid statement (at line 1, column 1)"
+        raise ConfigError(
+            "not valid TOML: the file starts with a byte order mark (BOM): save it as UTF-8 without one",
+            path=path,
+            line=1,
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -549,7 +588,7 @@ def _load(path: str | Path) -> Config:
     except RecursionError:  # tomllib recurses once per level: 900 nested arrays were a traceback
         raise ConfigError("not valid TOML: arrays or inline tables nested too deeply") from None
     try:
-        return _from_data(data)
+        return _from_data(data, secure=secure)
     except ConfigError as error:  # said where: the line of the setting it names, when the file holds it
         error.path, error.line = path, setting_line(text, error.message)
         raise
@@ -558,9 +597,10 @@ def _load(path: str | Path) -> Config:
 
 
 def _read(path: str | Path) -> bytes:
-    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, no more read than that."""
+    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, no more read than that. Opened
+    without blocking: a FIFO blocked `check-config` forever in open(), before it could be refused."""
     try:
-        with open(path, "rb") as file:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
             if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
                 raise ConfigError(f"cannot read {path}: not a regular file")
             raw = file.read(MAX_CONFIG_BYTES + 1)
@@ -571,7 +611,7 @@ def _read(path: str | Path) -> bytes:
     return raw
 
 
-def _from_data(data: dict[str, Any]) -> Config:
+def _from_data(data: dict[str, Any], *, secure: bool = False) -> Config:
     config = Config()
     own = [f.name for f in fields(Config) if f.name != "adapters"]
     for name, values in data.items():
@@ -581,9 +621,37 @@ def _from_data(data: dict[str, Any]) -> Config:
             config.adapters[name] = _section(type(config.adapters[name]), name, values)
         else:
             raise ConfigError(f"unknown section [{name}] (known: {', '.join([*own, *config.adapters])})")
-    if config.security.enabled and "host" not in data.get("http", {}):
+    if secure:
+        config.security.enabled = True
+    named = {section for section in ("http", "coap") if isinstance(data.get(section), dict) and "host" in data[section]}
+    if config.security.enabled and "http" not in named:
         # Why: the plain gates have no authentication. A file of an older version upgraded to
         # [security] without [http] host served the whole store, read and write, on every address
-        # (an attack pass); with the secure gates on, the plain ones are this board's own.
+        # (an attack pass); with the secure gates on, the plain ones are this board's own. Why
+        # `secure` here: `run --secure`, set after loading, left them on 0.0.0.0 (an update from
+        # the LAN got 200)
         config.http.host = SECURE_PLAIN_HOST
+    if "coap" in config.adapters and not config.security.enabled and "coap" not in named:
+        # Why: without [security], CoAP is as unauthenticated as the plain gates (readings in, POST /q
+        # reads every graph), yet `[http] host = "127.0.0.1"` left it on "::": a LAN host read the
+        # whole store (an attack pass). With [security], network peers must use OSCORE: it stays on "::"
+        config.adapters["coap"].host = coap_host_of(config.http.host)
     return config.validate()
+
+
+def coap_host_of(plain_host: str) -> str:
+    """Where CoAP listens when it follows the plain gates' host: the same address (0.0.0.0 is every
+    address: "::", which takes IPv4 too), localhost's IPv4 loopback; it listens on an address only,
+    so another host name must be matched by naming [coap] host."""
+    if plain_host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(plain_host)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(plain_host.lower()):
+            return "::"  # no host at all: validate() says what is wrong with the plain gates' one
+        raise ConfigError(
+            f"coap.host must be named (an IP address) when http.host is the host name {plain_host!r}: "
+            "CoAP listens where the plain gates do, on an address"
+        ) from None
+    return "::" if address.is_unspecified else plain_host

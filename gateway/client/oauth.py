@@ -19,6 +19,7 @@ import base64
 import json
 import os
 import ssl
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,12 +68,19 @@ class Credentials:
             ) from error
 
     def save(self, path: Path) -> None:
+        """Written into a new file of this user's, 0600, then renamed into place. Why a fresh name
+        (mkstemp: O_EXCL, 0600): PATH.tmp opened with O_CREAT|O_TRUNC reused one left there, or planted
+        by another user in a shared directory, keeping its owner and mode: the secret ended up 0666,
+        owned by that user."""
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump({"client_id": self.client_id, "client_secret": self.client_secret}, out)
-        os.replace(temporary, path)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump({"client_id": self.client_id, "client_secret": self.client_secret}, out)
+            os.replace(name, path)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
 
     def basic(self) -> str:
         return "Basic " + base64.b64encode(f"{self.client_id}:{self.client_secret}".encode()).decode("ascii")

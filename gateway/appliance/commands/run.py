@@ -11,7 +11,7 @@ import sys
 from broker.api import StoreFailed
 from gateway.appliance.allocator import limit_malloc_arenas
 from gateway.appliance.app import Gateway, StartupError
-from gateway.appliance.config import ConfigError, load_config
+from gateway.appliance.config import ConfigError, coap_host_of, load_config
 from gateway.appliance.logs import setup_logging
 
 
@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("run", help="run the gateway (HTTP + WebSocket gates)")
     parser.add_argument("--config", metavar="FILE", help="TOML configuration (see systemd/sepa-gateway.toml)")
     parser.add_argument("--data-dir", metavar="DIR", help="on-disk store directory (default: in-memory store)")
-    parser.add_argument("--host", help="listen address of the plain gates and CoAP (default 0.0.0.0, and :: for CoAP)")
+    parser.add_argument(
+        "--host", help="listen address of the plain gates and CoAP (default 0.0.0.0, with [security] 127.0.0.1)"
+    )
     parser.add_argument("--http-port", type=int, help="SPARQL 1.1 Protocol port (default 8000)")
     parser.add_argument("--ws-port", type=int, help="subscription WebSocket port (default 9000)")
     parser.add_argument("--https-port", type=int, help="secure HTTPS port, with [security] enabled (default 8443)")
@@ -37,13 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before any thread: see gateway.appliance.allocator
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, secure=args.secure)
         if args.data_dir is not None:
             config.store.data_dir = args.data_dir
         if args.host is not None:
             config.http.host = args.host
             if "coap" in config.adapters:  # the CoAP adapter listens where the gateway does
-                config.adapter("coap").host = args.host
+                config.adapter("coap").host = coap_host_of(args.host)
         if args.http_port is not None:
             config.http.port = args.http_port
         if args.ws_port is not None:
@@ -52,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
             config.security.https_port = args.https_port
         if args.wss_port is not None:
             config.security.wss_port = args.wss_port
-        if args.secure:
-            config.security.enabled = True
         if args.no_mqtt:
             config.adapter("mqtt").enabled = False
         if args.coap_port is not None:

@@ -31,10 +31,12 @@ from typing import Any
 
 from broker.api import write_file
 from gateway.appliance import mqtt_acl, oscore_sensors
+from gateway.appliance.commands.clients import INSTALLED_CONFIG, INSTALLED_DATA_DIR
+from gateway.appliance.config import ConfigError, load_config
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 
 PASSWORD_FILE = Path("/etc/mosquitto/sepa-gateway.passwd")
-COAP_DIR = Path("/var/lib/sepa-gateway/data") / OSCORE_DIR  # the installed service's data directory
+COAP_DIR = INSTALLED_DATA_DIR / OSCORE_DIR  # the installed service's, when no configuration is found
 PID_FILE = Path("/run/mosquitto/mosquitto.pid")  # pid_file of Debian's /etc/mosquitto/mosquitto.conf
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -142,12 +144,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--pid-file", type=Path, default=PID_FILE, help=f"Mosquitto's pid file, for the reload (default {PID_FILE})"
     )
     parser.add_argument("--host", default="", help="the host name sensors use, in the printed example")
-    _coap_options(parser, COAP_DIR, False)
+    _coap_options(parser, None, False)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     # the CoAP options after the action too (`sensors add boiler --coap`, as the README writes it):
     # SUPPRESS keeps the ones given before it
     after = argparse.ArgumentParser(add_help=False)
-    _coap_options(after, argparse.SUPPRESS, argparse.SUPPRESS)
+    _coap_options(after, argparse.SUPPRESS, argparse.SUPPRESS, argparse.SUPPRESS)
     add = actions.add_parser("add", parents=[after], help="create a login and print its password (shown only once)")
     add.add_argument("name")
     add.add_argument("--reset", action="store_true", help="give an existing login a new password")
@@ -173,12 +175,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _coap_options(parser: argparse.ArgumentParser, directory: Any, coap: Any) -> None:
+def _coap_options(parser: argparse.ArgumentParser, directory: Any, coap: Any, config: Any = None) -> None:
     parser.add_argument(
         "--coap", action="store_true", default=coap, help="CoAP credentials (OSCORE contexts), not MQTT logins"
     )
     parser.add_argument(
-        "--coap-dir", type=Path, default=directory, help=f"where the CoAP credentials are kept (default {COAP_DIR})"
+        "--coap-dir",
+        type=Path,
+        default=directory,
+        help="where the CoAP credentials are kept (default: the configuration's [coap] oscore_dir, else "
+        f"<[store] data_dir>/{OSCORE_DIR}; {COAP_DIR} when there is no configuration)",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=config,
+        help=f"the gateway's TOML, for --coap (default: {INSTALLED_CONFIG} if present)",
+    )
+
+
+def coap_directory(args: argparse.Namespace) -> Path:
+    """Where the gateway reads its sensors' OSCORE contexts, as its CoAP plug-in builds it. Why not a
+    fixed directory: a gateway with [coap] oscore_dir or another [store] data_dir never saw the
+    contexts `sensors --coap add` wrote into /var/lib/sepa-gateway/data/coap-sensors."""
+    if args.coap_dir is not None:
+        return Path(args.coap_dir)
+    config_path = args.config or (str(INSTALLED_CONFIG) if INSTALLED_CONFIG.is_file() else None)
+    if config_path is None:
+        return COAP_DIR
+    config = load_config(config_path)
+    coap = config.adapter("coap")
+    if coap.oscore_dir:
+        return Path(coap.oscore_dir)
+    if config.store.data_dir:
+        return Path(config.store.data_dir) / OSCORE_DIR
+    if Path(config_path) == INSTALLED_CONFIG:  # the installed unit gives its data directory as --data-dir
+        return INSTALLED_DATA_DIR / OSCORE_DIR
+    raise ConfigError(
+        f"{config_path}: the store is in memory and [coap] oscore_dir is not set: the gateway keeps no CoAP "
+        "credentials (set one of them, or give --coap-dir)"
     )
 
 
@@ -241,7 +276,11 @@ def _print_names(names: list[str]) -> int:
 
 def _run_coap(args: argparse.Namespace) -> int:
     """The CoAP side of the command: OSCORE contexts the running gateway picks up within seconds."""
-    directory: Path = args.coap_dir
+    try:
+        directory = coap_directory(args)
+    except ConfigError as error:
+        print(f"sepa-gateway sensors: {error}", file=sys.stderr)
+        return 2
     try:
         if args.action == "list":
             return _print_names(oscore_sensors.sensors(directory))

@@ -8,6 +8,7 @@ names the same line; an error that no line of the file holds is still one line n
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -100,6 +101,24 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         3,
         "security.auth_failures_per_s must be 0.01 to 10,000, not 0.0",
     ),
+    # an empty host bound the unauthenticated plain gates on every address, [security] on too; the
+    # others passed and `run` died with "Name or service not known" (2026-12-06, an attack pass)
+    "http-host-empty": (
+        '[http]\nhost = ""\n\n[security]\nenabled = true\n',
+        2,
+        "http.host must be an IP address or a host name without scheme, port or spaces",
+    ),
+    "http-host-with-port": ('[http]\nport = 8000\nhost = "127.0.0.1:8000"\n', 3, "http.host must be an IP address"),
+    "http-host-url": ('[http]\nhost = "http://127.0.0.1"\n', 2, "http.host must be an IP address"),
+    "http-host-space": ('[http]\nhost = " 127.0.0.1"\n', 2, "not ' 127.0.0.1'"),
+    "security-host-empty": ('[security]\nenabled = true\nhost = ""\n', 3, "security.host must be an IP address"),
+    # passed, and `run` died at the MQTT start with a 45-line traceback (an attack pass)
+    "mqtt-tls-ca-missing": ('[mqtt]\ntls = true\ntls_ca = "/nonexistent/ca.pem"\n', 3, "mqtt.tls_ca: no such file"),
+    "mqtt-tls-key-missing": (
+        '[mqtt]\ntls = true\ntls_cert = "/etc/hostname"\ntls_key = "/nonexistent/key.pem"\n',
+        4,
+        "mqtt.tls_key: no such file /nonexistent/key.pem",
+    ),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
@@ -172,6 +191,25 @@ BAD_FILES: dict[str, tuple[bytes, int | None, str]] = {  # file bytes, line (Non
         "security.wss_port must differ from http.port (8000)",
     ),
     "websocket-on-the-http-port": (b"[websocket]\nport = 8000\n", 2, "websocket.port must differ from http.port"),
+    # tracebacks, or a message that did not say what was wrong (2026-12-06, an attack pass)
+    "byte-order-mark": (b"\xef\xbb\xbf[http]\nport = 8000\n", 1, "starts with a byte order mark (BOM)"),
+    "nul-in-token-file": (
+        b'[shipper]\nenabled = true\nurl = "https://cloud.example.org"\ntoken_file = "/tmp/x\\u0000y"\n',
+        4,
+        "shipper.token_file: cannot read '/tmp/x\\x00y'",
+    ),
+    "ca-file-past-name-max": (
+        b'[shipper]\nenabled = true\nurl = "https://cloud.example.org"\nca_file = "' + b"a" * 300 + b'"\n',
+        4,
+        "shipper.ca_file: no such file",
+    ),
+    "tls-cert-past-name-max": (
+        b'[security]\nenabled = true\ntls_cert = "' + b"a" * 300 + b'"\ntls_key = "/etc/hostname"\n',
+        3,
+        "security.tls_cert: no such file",
+    ),
+    "mqtt-profiles-list": (b"[mqtt]\nprofiles = [[]]\n", 2, "mqtt.profiles must be a list of profile names"),
+    "mqtt-profiles-table": (b"[mqtt]\nprofiles = [{a=1}]\n", 2, "mqtt.profiles must be a list of profile names"),
 }
 
 
@@ -188,6 +226,32 @@ def test_an_attacked_file_is_one_line_without_a_traceback(
     assert err.startswith(f"sepa-gateway: bad configuration: {where}") and fragment in err, err
 
 
+@pytest.mark.parametrize("value", ["73915526", '["hunter2-secret"]', "{ a = 73915526 }"])
+def test_a_secret_of_the_wrong_type_is_not_echoed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """`password = 73915526` (unquoted) was echoed: "mqtt.password must be a str, not int (73915526)"."""
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nusername = "gw"\npassword = {value}\n')
+    code, _, err = check(path, capsys)
+    assert code == 2 and f"{path}:3: mqtt.password must be a str, not " in err and "(a secret, not shown)" in err
+    assert "73915526" not in err and "hunter2" not in err
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path, gateway_command: list[str]) -> None:
+    """open() of a FIFO waits for a writer: `check-config` blocked forever before its file-type check."""
+    fifo = tmp_path / "gateway.toml"
+    os.mkfifo(fifo)
+    try:
+        done = subprocess.run([*gateway_command, "check-config", str(fifo)], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("check-config waited for a writer of the FIFO")
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"sepa-gateway: bad configuration: {fifo}: cannot read {fifo}: not a regular file\n",
+    )
+
+
 def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[str]) -> None:
     """`check-config /dev/zero` read the endless file whole: 21 GB, then killed by the OOM killer."""
     code, out, err = check(Path("/dev/zero"), capsys)
@@ -196,6 +260,26 @@ def test_a_device_is_refused_without_reading_it(capsys: pytest.CaptureFixture[st
         "",
         "sepa-gateway: bad configuration: /dev/zero: cannot read /dev/zero: not a regular file\n",
     )
+
+
+@pytest.mark.parametrize("host", ["localhost", "gateway.plant.example", "::1", "0.0.0.0", "192.168.1.20"])
+def test_an_address_or_a_host_name_passes_as_a_listening_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], host: str
+) -> None:
+    path = tmp_path / "host.toml"
+    path.write_text(f'[http]\nhost = "{host}"\n[coap]\nhost = "::"\n')  # CoAP follows addresses only
+    assert check(path, capsys) == (0, f"{path}: ok\n", "")
+
+
+def test_run_refuses_an_empty_host_option(gateway_command: list[str]) -> None:
+    """`run --host ""` is the file's `host = ""`: every address, refused before any socket is opened."""
+    argv = [*gateway_command, "run", "--host", "", "--http-port", "0", "--ws-port", "0", "--no-mqtt", "--no-coap"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail('`run --host ""` served instead of refusing the address')
+    assert done.returncode == 2
+    assert "bad configuration: http.host must be an IP address or a host name" in done.stderr
 
 
 def test_gates_on_one_port_but_apart_in_address_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

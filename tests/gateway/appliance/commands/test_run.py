@@ -373,3 +373,102 @@ def test_plain_gates_on_a_network_address_are_logged_as_insecure_with_security_t
         assert any("INSECURE" in line for line in running.stderr_lines), running.stderr_lines
     finally:
         assert running.stop() == 0
+
+
+def coap_pong(address: str, port: int) -> bool:
+    """Whether a CoAP ping (an empty confirmable message) to address:port gets its reset back."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.settimeout(2)
+        probe.sendto(b"\x40\x00\x12\x34", (address, port))
+        try:
+            return probe.recvfrom(64)[0][:4] == b"\x70\x00\x12\x34"
+        except OSError:  # a timeout, or ICMP port unreachable
+            return False
+
+
+def reaches(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_coap_follows_the_plain_gates_host_named_in_the_file(tmp_path: Path) -> None:
+    """[security] off and `[http] host = "127.0.0.1"`: CoAP stayed on "::", and a LAN host could POST
+    /q and read every graph (an attack pass). It now listens where the plain gates do, as `--host` does."""
+    from tests.support.coap import host_address
+    from tools.launcher import launch_gateway
+
+    lan = host_address()
+    path = tmp_path / "gateway.toml"
+    for toml, coap_on_lan in (('[http]\nhost = "127.0.0.1"\n', False), ("[http]\nport = 8000\n", True)):
+        path.write_text(toml, encoding="utf-8")
+        running = launch_gateway(config=path, host=None, mqtt=False, coap=True)
+        try:
+            port = urlsplit(running.coap_url).port
+            assert port is not None and coap_pong("127.0.0.1", port)
+            assert coap_pong(lan, port) is coap_on_lan, (toml, running.stderr_lines)
+        finally:
+            assert running.stop() == 0
+
+
+def test_run_secure_keeps_the_plain_gates_on_this_board(tmp_path: Path) -> None:
+    """`run --secure` set [security] after the file was loaded: the plain gates stayed on 0.0.0.0 and
+    an update from the LAN address got 200 (an attack pass). Now as the file's `enabled = true`."""
+    from tests.support.coap import host_address
+    from tools.launcher import launch_gateway
+
+    lan = host_address()
+    running = launch_gateway("--secure", host=None, data_dir=tmp_path / "data", mqtt=False)
+    try:
+        assert running.https_url and reaches("127.0.0.1", running.http_port)
+        assert not reaches(lan, running.http_port) and not reaches(lan, running.ws_port)
+        assert reaches(lan, urlsplit(running.https_url).port or 0)  # the secure gates, on every address
+    finally:
+        assert running.stop() == 0
+
+
+@pytest.mark.parametrize(
+    ("toml", "coap_host"),
+    [
+        ('[http]\nhost = "127.0.0.1"\n', "127.0.0.1"),
+        ('[http]\nhost = "::1"\n', "::1"),
+        ('[http]\nhost = "localhost"\n', "127.0.0.1"),
+        ('[http]\nhost = "0.0.0.0"\n', "::"),
+        ("[http]\nport = 8000\n", "::"),
+        ('[http]\nhost = "127.0.0.1"\n[coap]\nhost = "::"\n', "::"),  # named: kept
+        ('[http]\nhost = "127.0.0.1"\n[security]\nenabled = true\n', "::"),  # network peers use OSCORE
+    ],
+)
+def test_coap_host_left_unnamed_follows_the_plain_gates_without_security(
+    tmp_path: Path, toml: str, coap_host: str
+) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(toml, encoding="utf-8")
+    assert load_config(path).adapter("coap").host == coap_host
+
+
+def test_coap_cannot_follow_a_host_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text('[http]\nhost = "gw.plant.example"\n', encoding="utf-8")
+    assert cli_main(["check-config", str(path)]) == 2
+    assert f"{path}:2: coap.host must be named (an IP address)" in capsys.readouterr().err
+
+
+def test_an_adapter_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path, gateway_command: list[str]) -> None:
+    """A TLS file MQTT cannot load (here not PEM) passes check-config (the file is there): its
+    MqttError escaped as a 45-line traceback at start, systemd restarting the gateway in a loop."""
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate\n")
+    path = tmp_path / "gateway.toml"
+    path.write_text(f'[mqtt]\nhost = "127.0.0.1"\ntls = true\ntls_ca = "{not_pem}"\n', encoding="utf-8")
+    done = subprocess.run(
+        [*gateway_command, "run", "--config", str(path), *LOCAL, "--no-coap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    line = assert_one_line_exit_2(done, "mqtt: cannot load the TLS files")
+    assert "mqtt: mqtt:" not in line

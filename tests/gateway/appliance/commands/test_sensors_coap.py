@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
@@ -95,3 +96,36 @@ def test_root_cli_before_the_service_leaves_it_directories_it_can_use(tmp_path: 
         status = path.lstat()
         assert (status.st_uid, status.st_gid) == (SERVICE_UID, SERVICE_UID), path
         assert stat.S_IMODE(status.st_mode) & 0o077 == 0, (path, oct(status.st_mode))
+
+
+def test_coap_credentials_go_where_the_configured_gateway_reads_them(tmp_path: Path) -> None:
+    """`sensors --coap` wrote into /var/lib/sepa-gateway/data/coap-sensors whatever the configuration
+    said: a gateway with [coap] oscore_dir or another [store] data_dir never saw the sensor."""
+    oscore_dir, data_dir = tmp_path / "oscore", tmp_path / "data"
+    by_coap = tmp_path / "by-coap.toml"
+    by_coap.write_text(f'[store]\ndata_dir = "{data_dir}"\n[coap]\noscore_dir = "{oscore_dir}"\n')
+    by_store = tmp_path / "by-store.toml"
+    by_store.write_text(f'[store]\ndata_dir = "{data_dir}"\n')
+    assert sensors("add", "boiler", "--coap", "--config", str(by_coap)).returncode == 0
+    assert sensors("--coap", "--config", str(by_store), "add", "pump").returncode == 0
+    assert sensors("list", "--coap", "--config", str(by_coap)).stdout.split() == ["boiler"]
+    assert sensors("list", "--coap", "--config", str(by_store)).stdout.split() == ["pump"]
+    assert (oscore_dir / "boiler").is_dir() and (data_dir / "coap-sensors" / "pump").is_dir()
+    in_memory = tmp_path / "in-memory.toml"
+    in_memory.write_text("[engine]\nmode = 'sequential'\n")
+    refused = sensors("add", "valve", "--coap", "--config", str(in_memory))
+    assert refused.returncode == 2 and "the gateway keeps no CoAP credentials" in refused.stderr
+
+
+def test_the_installed_file_goes_with_the_installed_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed unit runs the file (data_dir = "") with --data-dir /var/lib/sepa-gateway/data:
+    `sudo sepa-gateway sensors add boiler --coap` keeps writing there."""
+    from gateway.appliance.commands import sensors as command
+
+    installed = tmp_path / "sepa-gateway.toml"
+    installed.write_text((Path(__file__).resolve().parents[4] / "systemd" / "sepa-gateway.toml").read_text())
+    monkeypatch.setattr(command, "INSTALLED_CONFIG", installed)
+    found = command.coap_directory(argparse.Namespace(coap_dir=None, config=None))
+    assert found == Path("/var/lib/sepa-gateway/data/coap-sensors")
