@@ -44,12 +44,23 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
         if context.get("message") == _ACCEPT_FAILED:
             error = context.get("exception")
             ACCEPT_ERRORS(error=str(error) if error is not None else "")
+        elif _retry_of_a_closed_listener(context):
+            # asyncio's accept, tried again a second after it failed, on a listening socket closed
+            # meanwhile (the gateway stopping): a ValueError traceback per socket, nothing to accept
+            log.debug("accept retried on a closed listening socket")
         elif previous is not None:
             previous(loop, context)
         else:
             loop.default_exception_handler(context)
 
     loop.set_exception_handler(handle)
+
+
+def _retry_of_a_closed_listener(context: dict[str, Any]) -> bool:
+    """Whether the loop's error is asyncio's `_start_serving` timer (set after an accept failed for
+    want of descriptors) firing on a socket closed since: "Invalid file descriptor: -1" (CPython 3.11)."""
+    callback = getattr(context.get("handle"), "_callback", None)
+    return isinstance(context.get("exception"), ValueError) and getattr(callback, "__name__", "") == "_start_serving"
 
 
 # TLS handshakes under way at once from one network address, and from all. Why: each holds
