@@ -10,6 +10,7 @@ behind are exercised on the resource itself, where the peer address and aiocoap'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
@@ -18,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -181,6 +182,24 @@ async def request(uri: str, code: Code = Code.GET, **options: Any) -> aiocoap.Me
         return await context.request(aiocoap.Message(code=code, uri=uri, **options)).response
     finally:
         await context.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def in_process_resource(
+    *, secure: bool = False, configured: list[tuple[str, str]] | None = None, started: bool = True
+) -> AsyncIterator[tuple[QueriesResource, SepaClient]]:
+    """The `/q` resource of an in-process broker (its clients and peers set by the test), stopped after."""
+    scheduler = Scheduler(Engine())
+    client = SepaClient(InProcessTransport(scheduler))
+    resource = QueriesResource(client, Access(secure=secure), configured=configured or [])
+    if started:
+        await resource.start()
+    try:
+        yield resource, client
+    finally:
+        await resource.stop()
+        await client.close()
+        scheduler.close()
 
 
 # -- against a running gateway ------------------------------------------------------------------
@@ -416,11 +435,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 def test_peers_on_the_network_are_refused_when_secure() -> None:
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=True), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        try:
+        async with in_process_resource(secure=True, configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
             remote = "192.0.2.7"
             for message in (
                 incoming(("lamps",), host=remote),
@@ -433,10 +448,6 @@ def test_peers_on_the_network_are_refused_when_secure() -> None:
             assert [(response.code, last) for response, last in pipe.responses] == [(Code.UNAUTHORIZED, True)]
             assert (await resource.render(incoming(("lamps",)))).code == Code.CONTENT  # this board: trusted
             assert resource.refused["4.01"] == 4
-        finally:
-            await resource.stop()
-            await client.close()
-            scheduler.close()
 
     asyncio.run(scenario())
 
@@ -447,56 +458,47 @@ def test_an_observer_that_falls_behind_gets_the_complete_result_again(monkeypatc
     monkeypatch.setattr(queries, "MAX_PENDING", 3)
 
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        query = resource.queries["lamps"]
-        held = [queries.WINDOW]  # the peer acknowledges nothing for now
-        pipe = Pipe(incoming(("lamps",), observe=0))
-        observer = Observer(query, pipe, results.JSON, lambda: held[0])  # type: ignore[arg-type]
-        query.observers.add(observer)
-        task = asyncio.create_task(observer.run())
-        follower = Follower()
-        try:
-            await until(lambda: len(pipe.responses) == 1)  # the first message never waits
-            for number in range(6):
-                await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp(str(number), True)} }} }}")
-            await asyncio.sleep(0.2)
-            assert len(pipe.responses) == 1 and observer.resyncs == 1
-            held[0] = 0  # caught up
-            await until(lambda: observer.covered == 6 and not observer.outbox)
-            await client.update(f"DELETE DATA {{ GRAPH <{LIGHTS}> {{ {lamp('0', True)} }} }}")
-            await until(lambda: observer.covered == 7)
-            for response, last in pipe.responses:
-                assert response.code == Code.CONTENT and not last
-                follower.apply(json.loads(response.payload))
-            shape = [(m["sequence"], m.get("complete", False), m.get("more", False)) for m in follower.messages]
-            assert shape[0] == (0, True, False) and shape[-1] == (7, False, False)
-            resent = shape[1:-1]  # the complete result at sequence 6, in as many parts as it takes
-            assert resent[0] == (6, True, len(resent) > 1) and all(seq == 6 for seq, _, _ in resent)
-            assert [response.opt.observe for response, _ in pipe.responses] == list(range(len(pipe.responses)))
-            assert query.subscription is not None and query.subscription.view is not None
-            expected = Counter(
-                row({name: {"value": term.value} for name, term in binding.items()})
-                for binding in query.subscription.view.bindings()
-            )
-            assert follower.view == expected and len(expected) == 5
-        finally:
-            task.cancel()
-            await resource.stop()
-            await client.close()
-            scheduler.close()
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            query = resource.queries["lamps"]
+            held = [queries.WINDOW]  # the peer acknowledges nothing for now
+            pipe = Pipe(incoming(("lamps",), observe=0))
+            observer = Observer(query, pipe, results.JSON, lambda: held[0])  # type: ignore[arg-type]
+            query.observers.add(observer)
+            task = asyncio.create_task(observer.run())
+            follower = Follower()
+            try:
+                await until(lambda: len(pipe.responses) == 1)  # the first message never waits
+                for number in range(6):
+                    await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp(str(number), True)} }} }}")
+                await asyncio.sleep(0.2)
+                assert len(pipe.responses) == 1 and observer.resyncs == 1
+                held[0] = 0  # caught up
+                await until(lambda: observer.covered == 6 and not observer.outbox)
+                await client.update(f"DELETE DATA {{ GRAPH <{LIGHTS}> {{ {lamp('0', True)} }} }}")
+                await until(lambda: observer.covered == 7)
+                for response, last in pipe.responses:
+                    assert response.code == Code.CONTENT and not last
+                    follower.apply(json.loads(response.payload))
+                shape = [(m["sequence"], m.get("complete", False), m.get("more", False)) for m in follower.messages]
+                assert shape[0] == (0, True, False) and shape[-1] == (7, False, False)
+                resent = shape[1:-1]  # the complete result at sequence 6, in as many parts as it takes
+                assert resent[0] == (6, True, len(resent) > 1) and all(seq == 6 for seq, _, _ in resent)
+                assert [response.opt.observe for response, _ in pipe.responses] == list(range(len(pipe.responses)))
+                assert query.subscription is not None and query.subscription.view is not None
+                expected = Counter(
+                    row({name: {"value": term.value} for name, term in binding.items()})
+                    for binding in query.subscription.view.bindings()
+                )
+                assert follower.view == expected and len(expected) == 5
+            finally:
+                task.cancel()
 
     asyncio.run(scenario())
 
 
 def test_an_ask_subscription_sends_its_boolean() -> None:
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False))
-        try:
+        async with in_process_resource(started=False) as (resource, client):
             ask = f"ASK {{ GRAPH <{LIGHTS}> {{ ?lamp <{ON}> true }} }}"
             created = await resource.render(incoming((), Code.POST, payload=ask.encode(), uri_query=("name=any-on",)))
             assert created.code == Code.CREATED and created.opt.location_path == ("q", "any-on")
@@ -523,10 +525,6 @@ def test_an_ask_subscription_sends_its_boolean() -> None:
             assert deleted.code == Code.DELETED
             await asyncio.wait_for(task, 5)  # the observation ended with a 4.04
             assert pipe.responses[-1][0].code == Code.NOT_FOUND and pipe.responses[-1][1]
-        finally:
-            await resource.stop()
-            await client.close()
-            scheduler.close()
 
     asyncio.run(scenario())
 
@@ -562,38 +560,32 @@ def test_a_large_result_is_sent_a_window_at_a_time_with_the_loop_running_between
     worth (WINDOW messages, WINDOW_BYTES), and the loop runs between parts."""
 
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        await client.update(many_lamps(2000))
-        query = resource.queries["lamps"]
-        pipe = Pipe(incoming(("lamps",), observe=0))
-        # nothing is acknowledged: all but the first (piggybacked) and the one in flight stay held
-        observer = Observer(query, pipe, results.JSON, lambda: max(len(pipe.responses) - 2, 0))  # type: ignore[arg-type]
-        ticks = 0
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(2000))
+            query = resource.queries["lamps"]
+            pipe = Pipe(incoming(("lamps",), observe=0))
+            # nothing is acknowledged: all but the first (piggybacked) and the one in flight stay held
+            observer = Observer(query, pipe, results.JSON, lambda: max(len(pipe.responses) - 2, 0))  # type: ignore[arg-type]
+            ticks = 0
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
+            async def ticker() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await asyncio.sleep(0)
 
-        beat = asyncio.create_task(ticker())
-        task = asyncio.create_task(observer.run())
-        try:
-            await asyncio.sleep(0.5)
-            parts = len(results.notification_parts(query.complete(), results.JSON, complete=True))
-            assert parts > 50, parts
-            assert len(pipe.responses) <= queries.WINDOW + 2, len(pipe.responses)
-            assert observer.unacknowledged() <= queries.WINDOW_BYTES
-            assert ticks >= len(pipe.responses)  # the loop ran between the parts
-        finally:
-            task.cancel()
-            beat.cancel()
-            await resource.stop()
-            await client.close()
-            scheduler.close()
+            beat = asyncio.create_task(ticker())
+            task = asyncio.create_task(observer.run())
+            try:
+                await asyncio.sleep(0.5)
+                parts = len(results.notification_parts(query.complete(), results.JSON, complete=True))
+                assert parts > 50, parts
+                assert len(pipe.responses) <= queries.WINDOW + 2, len(pipe.responses)
+                assert observer.unacknowledged() <= queries.WINDOW_BYTES
+                assert ticks >= len(pipe.responses)  # the loop ran between the parts
+            finally:
+                task.cancel()
+                beat.cancel()
 
     asyncio.run(scenario())
 
@@ -604,29 +596,21 @@ def test_an_observation_whose_pipe_ended_stops_sending() -> None:
     traceback). The observer stops at the next part, without waiting to be cancelled."""
 
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        await client.update(many_lamps(500))
-        query = resource.queries["lamps"]
-        pipe = AiocoapPipe(incoming(("lamps",), observe=0), logging.getLogger("test"))
-        received: list[aiocoap.Message] = []
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(500))
+            query = resource.queries["lamps"]
+            pipe = AiocoapPipe(incoming(("lamps",), observe=0), logging.getLogger("test"))
+            received: list[aiocoap.Message] = []
 
-        def collect(event: Any) -> bool:
-            if event.message is not None:
-                received.append(event.message)
-            return len(received) < 3  # the client loses interest at the third part
+            def collect(event: Any) -> bool:
+                if event.message is not None:
+                    received.append(event.message)
+                return len(received) < 3  # the client loses interest at the third part
 
-        pipe.on_event(collect)
-        observer = Observer(query, pipe, results.JSON, lambda: 0)
-        try:
+            pipe.on_event(collect)
+            observer = Observer(query, pipe, results.JSON, lambda: 0)
             await asyncio.wait_for(observer.run(), 5)  # it returns: nothing left to send to
             assert len(received) == 3 and observer.messages == 3
-        finally:
-            await resource.stop()
-            await client.close()
-            scheduler.close()
 
     asyncio.run(scenario())
 
@@ -639,31 +623,23 @@ def test_an_observation_whose_send_fails_at_once_ends_without_a_traceback() -> N
     are checked). The observer ends quietly."""
 
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        await client.update(many_lamps(500))
-        pipe = AiocoapPipe(incoming(("lamps",), observe=0), logging.getLogger("test"))
-        sent: list[aiocoap.Message] = []
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(500))
+            pipe = AiocoapPipe(incoming(("lamps",), observe=0), logging.getLogger("test"))
+            sent: list[aiocoap.Message] = []
 
-        def failing_send(event: Any) -> bool:
-            if event.message is None:
-                return False  # the end of the pipe
-            sent.append(event.message)
-            if len(sent) == 2:
-                pipe._end()  # what aiocoap's exchange does when the send fails: still "interested"
-            return True
+            def failing_send(event: Any) -> bool:
+                if event.message is None:
+                    return False  # the end of the pipe
+                sent.append(event.message)
+                if len(sent) == 2:
+                    pipe._end()  # what aiocoap's exchange does when the send fails: still "interested"
+                return True
 
-        pipe.on_event(failing_send)
-        observer = Observer(resource.queries["lamps"], pipe, results.JSON, lambda: 0)
-        try:
+            pipe.on_event(failing_send)
+            observer = Observer(resource.queries["lamps"], pipe, results.JSON, lambda: 0)
             await asyncio.wait_for(observer.run(), 5)  # it returns, without raising
             assert len(sent) == 2
-        finally:
-            await resource.stop()
-            await client.close()
-            scheduler.close()
 
     asyncio.run(scenario())
 
@@ -675,43 +651,37 @@ def test_the_observers_of_one_peer_share_its_window() -> None:
     waited, kept the peer's share full for good)."""
 
     async def scenario() -> None:
-        scheduler = Scheduler(Engine())
-        client = SepaClient(InProcessTransport(scheduler))
-        resource = QueriesResource(client, Access(secure=False), configured=[("lamps", LAMPS_QUERY)])
-        await resource.start()
-        await client.update(many_lamps(150))
-        pipes = [Pipe(incoming(("lamps",), host="192.0.2.7", observe=0)) for _ in range(100)]
-        for number, pipe in enumerate(pipes):  # each from its own port: aiocoap queues per address
-            pipe.request.remote.as_response_address = lambda number=number: number
-        resource.context = lambda: SimpleNamespace(  # type: ignore[assignment]
-            request_interfaces=[SimpleNamespace(token_interface=SimpleNamespace(_backlogs=backlogs))]
-        )
-        backlogs: dict[int, list[None]] = {}
-        tasks = [asyncio.create_task(resource.render_to_pipe(pipe)) for pipe in pipes]  # type: ignore[arg-type]
-        try:
-            for _ in range(50):
-                await asyncio.sleep(0.02)
-                for number, pipe in enumerate(pipes):  # nothing acknowledged: all but one in flight held
-                    backlogs[number] = [None] * max(len(pipe.responses) - 2, 0)
-            sent = sum(len(pipe.responses) for pipe in pipes)
-            first = len(pipes)  # each observation's first message never waits
-            assert sent - first <= queries.PEER_WINDOW_BYTES // 512 + first, sent  # ~1 KB parts, one in flight each
-            assert sum(observer.unacknowledged() for observer in resource.observers) <= (
-                queries.PEER_WINDOW_BYTES + first * results.MESSAGE_BYTES
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(150))
+            pipes = [Pipe(incoming(("lamps",), host="192.0.2.7", observe=0)) for _ in range(100)]
+            for number, pipe in enumerate(pipes):  # each from its own port: aiocoap queues per address
+                pipe.request.remote.as_response_address = lambda number=number: number
+            resource.context = lambda: SimpleNamespace(  # type: ignore[assignment]
+                request_interfaces=[SimpleNamespace(token_interface=SimpleNamespace(_backlogs=backlogs))]
             )
-            assert len(resource.queries["lamps"]._parts) == 1  # one cut, shared
-            for number in backlogs:  # all acknowledged now: every observation gets the rest
-                backlogs[number] = []
-            query = resource.queries["lamps"]
-            parts = len(query.parts(query.complete(), results.JSON, complete=True))
-            await until(lambda: all(len(pipe.responses) == parts for pipe in pipes))
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            assert not resource.shares and not resource.observing
-            await resource.stop()
-            await client.close()
-            scheduler.close()
+            backlogs: dict[int, list[None]] = {}
+            tasks = [asyncio.create_task(resource.render_to_pipe(pipe)) for pipe in pipes]  # type: ignore[arg-type]
+            try:
+                for _ in range(50):
+                    await asyncio.sleep(0.02)
+                    for number, pipe in enumerate(pipes):  # nothing acknowledged: all but one in flight held
+                        backlogs[number] = [None] * max(len(pipe.responses) - 2, 0)
+                sent = sum(len(pipe.responses) for pipe in pipes)
+                first = len(pipes)  # each observation's first message never waits
+                assert sent - first <= queries.PEER_WINDOW_BYTES // 512 + first, sent  # ~1 KB parts, one in flight each
+                assert sum(observer.unacknowledged() for observer in resource.observers) <= (
+                    queries.PEER_WINDOW_BYTES + first * results.MESSAGE_BYTES
+                )
+                assert len(resource.queries["lamps"]._parts) == 1  # one cut, shared
+                for number in backlogs:  # all acknowledged now: every observation gets the rest
+                    backlogs[number] = []
+                query = resource.queries["lamps"]
+                parts = len(query.parts(query.complete(), results.JSON, complete=True))
+                await until(lambda: all(len(pipe.responses) == parts for pipe in pipes))
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                assert not resource.shares and not resource.observing
 
     asyncio.run(scenario())
