@@ -475,6 +475,11 @@ def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path
         assert failed.returncode == 1, failed.stdout + failed.stderr
         assert "cannot listen on 127.0.0.1:9000" in failed.stderr, failed.stderr
         assert "did not start (above: its last words)" in failed.stderr
+        # and it stays stopped: systemd restarted a refused start every 2 s, for ever
+        restarts = machine.ok("systemctl show -p NRestarts --value sepa-gateway").strip()
+        time.sleep(6)
+        assert machine.ok("systemctl show -p NRestarts --value sepa-gateway").strip() == restarts
+        assert machine.ok("systemctl show -p ActiveState --value sepa-gateway").strip() == "failed"
         machine.ok("kill $(cat /run/squatter)")
 
         # an upgrade keeps the data; uninstall takes the service and Mosquitto's drop-in away
