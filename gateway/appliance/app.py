@@ -4,6 +4,7 @@ until SIGTERM/SIGINT, then finish in-flight updates, close sockets cleanly and f
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import os
@@ -48,7 +49,27 @@ log = logging.getLogger("sepa_gateway")
 
 
 class StartupError(Exception):
-    """The gateway cannot start (port in use, data directory unusable...): one line for the operator."""
+    """The gateway cannot start (port in use, data directory unusable...): one line for the operator.
+
+    `transient` when starting again may succeed with nothing changed: the installed unit restarts
+    exit 1 and not exit 2 (RestartPreventExitStatus=2), so a bad configuration is not retried for
+    ever, while an address the board does not hold yet (DHCP still at work at boot) or a fork the
+    board had no memory for is."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.transient else 2
+
+
+TRANSIENT_ERRNOS = frozenset({errno.EADDRNOTAVAIL, errno.EAGAIN, errno.ENOMEM})
+
+
+def _transient(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS
 
 
 class Gateway:
@@ -239,7 +260,9 @@ class Gateway:
                 await listening.start()
             except OSError as error:
                 await self.stop()
-                raise StartupError(f"cannot listen on {address}:{port}: {error.strerror or error}") from error
+                raise StartupError(
+                    f"cannot listen on {address}:{port}: {error.strerror or error}", transient=_transient(error)
+                ) from error
             bound.append(runner.addresses[0][1] if runner.addresses else port)  # port 0: the one the OS chose
         http_port, ws_port = bound[:2]
         self.ports = {"http": http_port, "websocket": ws_port}
@@ -253,7 +276,8 @@ class Gateway:
                 # escaped as a 45-line traceback, and systemd restarted the gateway in a loop
                 await self.stop()
                 said = str(error)
-                raise StartupError(said if said.startswith(f"{name}:") else f"{name}: {said}") from error
+                line = said if said.startswith(f"{name}:") else f"{name}: {said}"
+                raise StartupError(line, transient=_transient(error)) from error
         self.retention.start()
         # from now on (broker.headroom): the start-up's own writes (the ontology, the adapters'
         # mappings) are not refused, so a board short of memory at boot still starts and serves
@@ -380,7 +404,7 @@ def _started_pool(store: RdfStore, config: Config, count: int, name: str, *, on_
         pool.start()
     except OSError as error:
         pool.close()
-        raise StartupError(f"cannot start the {name} pool: {error}") from error
+        raise StartupError(f"cannot start the {name} pool: {error}", transient=_transient(error)) from error
     return pool
 
 

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(gateway.serve())
     except StartupError as error:
         print(f"sepa-gateway: {error}", file=sys.stderr)
-        return 2
+        return error.exit_status
     if gateway.scheduler.queries_running:
         # stopped cleanly (store flushed, sockets closed), but a query thread is blocked in pyoxigraph
         # on a SERVICE endpoint that never answered: the interpreter would wait for it forever

@@ -472,3 +472,18 @@ def test_an_adapter_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path, gat
     )
     line = assert_one_line_exit_2(done, "mqtt: cannot load the TLS files")
     assert "mqtt: mqtt:" not in line
+
+
+def test_an_address_the_board_does_not_hold_yet_is_exit_1_for_systemd_to_retry(gateway_command: list[str]) -> None:
+    """The installed unit does not restart exit 2 (a refused start: retried every ~3 s for ever),
+    but an address the board does not hold yet (DHCP still at work at boot) may be there at the next
+    try: exit 1, which it restarts. 192.0.2.1 is TEST-NET-1, on no interface."""
+    done = subprocess.run(
+        [*gateway_command, "run", "--host", "192.0.2.1", *LOCAL[2:], "--no-mqtt", "--no-coap"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stderr.splitlines()[-1].startswith("sepa-gateway: cannot listen on 192.0.2.1:0: "), done.stderr
