@@ -67,10 +67,12 @@ class Tile {
 }
 
 export class Tiles {
-  constructor(session, subscriptions, container, counter, periods) {
+  // elements: `tiles` (the container), `counter`, `error` (why the view stopped, when it did)
+  constructor(session, subscriptions, elements, periods) {
     this.session = session;
-    this.container = container;
-    this.counter = counter;
+    this.container = elements.tiles;
+    this.counter = elements.counter;
+    this.error = elements.error;
     this.periods = periods;
     this.tiles = new Map(); // node IRI -> Tile
     this.placed = []; // the tiles in the container, in their order
@@ -80,7 +82,11 @@ export class Tiles {
     this.select = null; // what a click on a tile does (the chart sets it)
     this.counted = -1;
     this.render = () => this.draw();
-    subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n), undefined, TILES_COALESCE_MS);
+    // An error ends the subscription (past [websocket] max_subscription_rows, about 25,000 values):
+    // said in the panel, or the tiles froze at their last values with nothing to tell why
+    subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n), (error) => {
+      this.error.textContent = `The sensors are no longer updated: ${error}`;
+    }, TILES_COALESCE_MS);
     setInterval(() => this.markStale(), 1000);
   }
 
@@ -97,6 +103,7 @@ export class Tiles {
 
   apply({ reset, added, removed }) {
     if (reset) {
+      this.error.textContent = "";
       for (const tile of this.tiles.values()) tile.element?.remove();
       this.tiles.clear();
     }

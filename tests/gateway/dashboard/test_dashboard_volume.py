@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.appliance.config import Config
 from gateway.observations.vocabulary import GRAPH_LATEST
-from tests.gateway.dashboard.dashboard_support import wait_for, wait_until_live
+from tests.gateway.dashboard.dashboard_support import SL, SMART_LIGHTING, wait_for, wait_until_live
 from tests.support.browser import chromium
 
 GW = "http://w3id.org/sepa-gateway/ns#"
@@ -53,3 +53,39 @@ def test_twenty_thousand_new_tiles_do_not_freeze_the_page(in_process_gateway) ->
         assert order == ["0", "1", "10"]  # in sensor order (as text)
         longest = max(driver.execute_script("return window.longTasks"), default=0)
         assert longest < LONGEST_TASK_LIMIT_MS, f"the page's main thread was held {longest:.0f} ms in one task"
+
+
+def test_a_sensors_view_the_gateway_ends_says_so(in_process_gateway) -> None:
+    """Past `[websocket] max_subscription_rows` (100,000: about 25,000 sensor values) the gateway
+    ends the tiles' subscription with a 413 error frame. The page dropped it: every tile froze at
+    its last value with nothing to say why, and after a reload the panel was empty, silently (a
+    publisher allowed a templated topic did it to every operator's page with 26,000 sensors). The
+    actuators' lists the same."""
+    config = Config()
+    config.websocket.max_subscription_rows = 50  # 20 sensors: 80 rows
+    gateway = in_process_gateway(config)
+    rows = " ".join(
+        f"<urn:node:{index}> gw:sensor <urn:sensor:{index}> ; gw:property <urn:p:t> ; gw:value {index} ;"
+        f" gw:resultTime {TIME} ."
+        for index in range(20)
+    )
+    error = "return document.getElementById('sensors-error').textContent"
+    with chromium() as driver:
+        driver.get(gateway.http_url + "/")
+        wait_until_live(driver)
+        assert driver.execute_script(error) == ""
+        assert gateway.update(f"PREFIX gw: <{GW}> INSERT DATA {{ GRAPH <{GRAPH_LATEST}> {{ {rows} }} }}").status == 200
+        shown = wait_for(driver, error, what="the sensors' error")
+        assert "no longer updated" in shown and "max_subscription_rows" in shown
+        lamps = " ".join(f"sl:Lamp{index} a sl:Lamp ; sl:status sl:OFF ." for index in range(60))  # a row each
+        assert (
+            gateway.update(f"PREFIX sl: <{SL}> INSERT DATA {{ GRAPH <{SMART_LIGHTING}> {{ {lamps} }} }}").status == 200
+        )
+        shown = wait_for(
+            driver, "return document.getElementById('actuators-error').textContent", what="the lamps' error"
+        )
+        assert "no longer updated" in shown and "max_subscription_rows" in shown
+        driver.refresh()  # subscribed again: refused at once
+        wait_until_live(driver)
+        shown = wait_for(driver, error, what="the sensors' error after a reload")
+        assert "max_subscription_rows" in shown
