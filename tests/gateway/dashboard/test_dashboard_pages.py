@@ -166,6 +166,32 @@ def test_a_renewal_while_the_gateway_is_unreachable_is_retried_and_the_page_stay
         assert driver.execute_script("return window.sameDocument") is True
 
 
+def test_a_page_reloaded_with_its_token_logs_out_when_the_token_expires(in_process_gateway, tmp_path) -> None:
+    """A reload keeps the token (sessionStorage) but not the secret, so nothing renews it; and the
+    gateway does not end a subscription at its token's expiry. The page stayed live past the
+    token's life, every new reading shown, for as long as the tab was open (measured: still live and
+    updating 5 s after a 10 s token expired, no login form). It now logs out at the expiry."""
+    config = secure_config(ADMIN, data_dir=str(tmp_path / "data"))
+    config.security.token_lifetime_s = 10
+    gateway = in_process_gateway(config)
+    client, secret = gateway.gateway.secure.authority.registry.register("admin", "now")
+    with chromium(flags=trusting(gateway.gateway.secure.tls.cert)) as driver:
+        log_in(driver, gateway.https_url, Credentials(client.client_id, secret))
+        expires = json.loads(driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')"))["expires"]
+        driver.refresh()
+        wait_until_live(driver)
+        left_s = expires / 1000 - driver.execute_script("return Date.now()") / 1000
+        assert left_s > 3  # still good after the reload: the page is live on it
+        wait_for(
+            driver,
+            "return document.getElementById('login').hidden === false",
+            timeout=left_s + 5,
+            what="the login form",
+        )
+        assert driver.execute_script("return document.getElementById('main').hidden") is True
+        assert driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')") is None
+
+
 def test_logging_out_revokes_the_token_at_the_gateway(in_process_gateway, tmp_path) -> None:
     """Logout only forgot the token in the tab: a copy of it (a shared machine, a proxy's log) was
     good until it expired, an hour by default. The page now revokes it (RFC 7009) as it logs out."""
