@@ -43,7 +43,9 @@ export class Actuators {
     const values = `VALUES (?target ?new) { (${iri(target)} ${iri(state)}) }`;
     this.error.textContent = "";
     try {
-      await this.session.update(kind.set.replace("VALUES_TARGET_NEW", values));
+      // a function, not the string: `$$`, `$&`, `$'` in a replacement string are patterns, and an
+      // IRI may hold them (a lamp named `...Lamp9$$` had the click set `...Lamp9$`)
+      await this.session.update(kind.set.replace("VALUES_TARGET_NEW", () => values));
     } catch (error) {
       this.error.textContent = `${shortName(target)} not set: ${error.message}`;
     }

@@ -87,6 +87,25 @@ def test_on_the_plain_port_the_page_works_without_a_login(in_process_gateway) ->
         assert console_errors(driver) == []
 
 
+def test_an_actuator_control_sets_the_actuator_it_names_whatever_its_iri(in_process_gateway) -> None:
+    """The control's update was made with String.replace and the VALUES clause as a string, where
+    `$$`, `$&` and `$'` are patterns: a lamp whose IRI ends in `$$` (legal in an IRI, as a hostile
+    writer of the lamps' graph may name one) had a click on its ON set the lamp ending in `$`."""
+    gateway = in_process_gateway(Config())
+    graph = "http://sepa-gateway.example/smart-lighting"
+    lamps = " ".join(f"<{SL}{name}> a <{SL}Lamp> ; <{SL}status> <{SL}OFF> ." for name in ("Lamp9$", "Lamp9$$"))
+    assert gateway.update(f"INSERT DATA {{ GRAPH <{graph}> {{ {lamps} }} }}").status == 200
+    with chromium() as driver:
+        driver.get(gateway.http_url + "/")
+        wait_until_live(driver)
+        line = f"document.querySelector('.actuator[data-target=\"{SL}Lamp9$$\"]')"
+        wait_for(driver, f"return {line}?.dataset.state === '{SL}OFF'", what="the lamp's control")
+        driver.execute_script(f"{line}.querySelector('button[data-state=\"{SL}ON\"]').click()")
+        wait_for(driver, f"return {line}?.dataset.state === '{SL}ON'", what="the lamp switched on")
+        assert lamp_state(gateway, "Lamp9$$") == "ON"
+        assert lamp_state(gateway, "Lamp9$") == "OFF"
+
+
 def test_the_dashboard_can_be_turned_off(in_process_gateway) -> None:
     config = Config()
     config.http.dashboard = False
