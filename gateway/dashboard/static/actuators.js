@@ -12,9 +12,11 @@ import { schedule } from "./frames.js";
 import { iri, shortName } from "./terms.js";
 
 export class Actuators {
-  constructor(session, subscriptions, panel, container, rights) {
+  // `error`: why a control's update was refused, or why the list stopped (it showed nothing)
+  constructor(session, subscriptions, panel, container, error, rights) {
     this.session = session;
     this.container = container;
+    this.error = error;
     this.kinds = [];
     this.rows = new Map(); // kind id -> Map(target -> state)
     this.render = () => this.draw();
@@ -33,16 +35,19 @@ export class Actuators {
         for (const row of removed) if (rows.get(row.target.value) === row.state.value) rows.delete(row.target.value);
         for (const row of added) rows.set(row.target.value, row.state.value);
         schedule(this.render);
-      });
+      }, (error) => { this.error.textContent = `${kind.title}: no longer updated: ${error}`; });
     }
   }
 
   async set(kind, target, state) {
     const values = `VALUES (?target ?new) { (${iri(target)} ${iri(state)}) }`;
+    this.error.textContent = "";
     try {
-      await this.session.update(kind.set.replace("VALUES_TARGET_NEW", values));
+      // a function, not the string: `$$`, `$&`, `$'` in a replacement string are patterns, and an
+      // IRI may hold them (a lamp named `...Lamp9$$` had the click set `...Lamp9$`)
+      await this.session.update(kind.set.replace("VALUES_TARGET_NEW", () => values));
     } catch (error) {
-      this.container.dataset.error = error.message;
+      this.error.textContent = `${shortName(target)} not set: ${error.message}`;
     }
   }
 

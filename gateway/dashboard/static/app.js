@@ -68,9 +68,11 @@ async function start(session) {
     }
     location.reload();
   };
-  const tiles = new Tiles(session, subscriptions, $("tiles"), $("sensor-count"), session.config.stale_periods);
+  const tiles = new Tiles(session, subscriptions, {
+    tiles: $("tiles"), counter: $("sensor-count"), error: $("sensors-error"),
+  }, session.config.stale_periods);
   new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));
-  new Actuators(session, subscriptions, $("actuators-panel"), $("actuators"), rights);
+  new Actuators(session, subscriptions, $("actuators-panel"), $("actuators"), $("actuators-error"), rights);
   new SparqlConsole(session, subscriptions, {
     sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"), delay: $("update-delay"),
     error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),

@@ -24,9 +24,11 @@ export class Session {
     this.clockOffsetMs = clockOffsetMs; // gateway clock minus ours, refined by the tiles
     this.credentials = null;
     this.renewal = null;
+    this.expiry = null;
     this.onLogout = () => {};
     const kept = JSON.parse(sessionStorage.getItem(TOKEN_KEY) || "null");
     this.token = kept && kept.expires > Date.now() + 5000 ? kept : null;
+    if (this.token) this.expireAt(this.token.expires); // nothing renews a kept token: no secret
   }
 
   static async load() {
@@ -56,13 +58,19 @@ export class Session {
     if (this.credentials) this.renewAt(Date.now() + expiresIn * 800, RETRY_FIRST_MS); // at 80 % of its life
   }
 
-  // Renew the token at `when` (ms since the epoch), with timers no longer than setTimeout holds.
+  // Renew the token at `when` (ms since the epoch).
   renewAt(when, retryMs) {
     clearTimeout(this.renewal);
-    const wait = when - Date.now();
-    this.renewal = wait > MAX_TIMER_MS
-      ? setTimeout(() => this.renewAt(when, retryMs), MAX_TIMER_MS)
-      : setTimeout(() => this.renew(retryMs), Math.max(0, wait));
+    at(when, () => this.renew(retryMs), (timer) => { this.renewal = timer; });
+  }
+
+  // Log out when a token kept from before a reload expires. Why: the reload dropped the secret, so
+  // nothing renews it, and the gateway does not end a subscription at its token's expiry: the page
+  // stayed live, showing every new reading, for as long as the tab was open (an operator's screen
+  // left logged in for good). A token the page renews is logged out by renew() when it must be.
+  expireAt(when) {
+    clearTimeout(this.expiry);
+    at(when, () => this.logout(), (timer) => { this.expiry = timer; });
   }
 
   // A renewal the gateway refuses (400, 401: the client was reset or revoked) logs out. One it does
@@ -88,6 +96,7 @@ export class Session {
   // shared machine, a proxy's log) was good until it expired. Sent with keepalive: the page reloads.
   logout() {
     clearTimeout(this.renewal);
+    clearTimeout(this.expiry);
     if (this.token && this.config.revoke) {
       fetch(this.config.revoke, { method: "POST", headers: { Authorization: this.bearer }, keepalive: true })
         .catch(() => {});
@@ -158,6 +167,13 @@ export class Session {
   }
 
   gatewayNow() { return Date.now() + this.clockOffsetMs; }
+}
+
+// `action` at `when` (ms since the epoch), through timers no longer than setTimeout holds; `keep`
+// is given each timer, to clear it
+function at(when, action, keep) {
+  const wait = when - Date.now();
+  keep(wait > MAX_TIMER_MS ? setTimeout(() => at(when, action, keep), MAX_TIMER_MS) : setTimeout(action, Math.max(0, wait)));
 }
 
 export function mayWrite(rights, graph) {

@@ -87,6 +87,25 @@ def test_on_the_plain_port_the_page_works_without_a_login(in_process_gateway) ->
         assert console_errors(driver) == []
 
 
+def test_an_actuator_control_sets_the_actuator_it_names_whatever_its_iri(in_process_gateway) -> None:
+    """The control's update was made with String.replace and the VALUES clause as a string, where
+    `$$`, `$&` and `$'` are patterns: a lamp whose IRI ends in `$$` (legal in an IRI, as a hostile
+    writer of the lamps' graph may name one) had a click on its ON set the lamp ending in `$`."""
+    gateway = in_process_gateway(Config())
+    graph = "http://sepa-gateway.example/smart-lighting"
+    lamps = " ".join(f"<{SL}{name}> a <{SL}Lamp> ; <{SL}status> <{SL}OFF> ." for name in ("Lamp9$", "Lamp9$$"))
+    assert gateway.update(f"INSERT DATA {{ GRAPH <{graph}> {{ {lamps} }} }}").status == 200
+    with chromium() as driver:
+        driver.get(gateway.http_url + "/")
+        wait_until_live(driver)
+        line = f"document.querySelector('.actuator[data-target=\"{SL}Lamp9$$\"]')"
+        wait_for(driver, f"return {line}?.dataset.state === '{SL}OFF'", what="the lamp's control")
+        driver.execute_script(f"{line}.querySelector('button[data-state=\"{SL}ON\"]').click()")
+        wait_for(driver, f"return {line}?.dataset.state === '{SL}ON'", what="the lamp switched on")
+        assert lamp_state(gateway, "Lamp9$$") == "ON"
+        assert lamp_state(gateway, "Lamp9$") == "OFF"
+
+
 def test_the_dashboard_can_be_turned_off(in_process_gateway) -> None:
     config = Config()
     config.http.dashboard = False
@@ -164,6 +183,32 @@ def test_a_renewal_while_the_gateway_is_unreachable_is_retried_and_the_page_stay
         assert driver.execute_script("return document.getElementById('login').hidden") is True
         wait_until_live(driver)
         assert driver.execute_script("return window.sameDocument") is True
+
+
+def test_a_page_reloaded_with_its_token_logs_out_when_the_token_expires(in_process_gateway, tmp_path) -> None:
+    """A reload keeps the token (sessionStorage) but not the secret, so nothing renews it; and the
+    gateway does not end a subscription at its token's expiry. The page stayed live past the
+    token's life, every new reading shown, for as long as the tab was open (measured: still live and
+    updating 5 s after a 10 s token expired, no login form). It now logs out at the expiry."""
+    config = secure_config(ADMIN, data_dir=str(tmp_path / "data"))
+    config.security.token_lifetime_s = 10
+    gateway = in_process_gateway(config)
+    client, secret = gateway.gateway.secure.authority.registry.register("admin", "now")
+    with chromium(flags=trusting(gateway.gateway.secure.tls.cert)) as driver:
+        log_in(driver, gateway.https_url, Credentials(client.client_id, secret))
+        expires = json.loads(driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')"))["expires"]
+        driver.refresh()
+        wait_until_live(driver)
+        left_s = expires / 1000 - driver.execute_script("return Date.now()") / 1000
+        assert left_s > 3  # still good after the reload: the page is live on it
+        wait_for(
+            driver,
+            "return document.getElementById('login').hidden === false",
+            timeout=left_s + 5,
+            what="the login form",
+        )
+        assert driver.execute_script("return document.getElementById('main').hidden") is True
+        assert driver.execute_script("return sessionStorage.getItem('sepa-dashboard-token')") is None
 
 
 def test_logging_out_revokes_the_token_at_the_gateway(in_process_gateway, tmp_path) -> None:

@@ -1,0 +1,91 @@
+"""What a large or hostile amount of data does to the operator's view, in real Chromium on the
+plain port (no login): the page must stay usable, and say so when the gateway ends a view."""
+
+from __future__ import annotations
+
+from gateway.appliance.config import Config
+from gateway.observations.vocabulary import GRAPH_LATEST
+from tests.gateway.dashboard.dashboard_support import SL, SMART_LIGHTING, wait_for, wait_until_live
+from tests.support.browser import chromium
+
+GW = "http://w3id.org/sepa-gateway/ns#"
+TIME = '"2026-12-06T12:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
+# the longest task of the page's main thread while it shows MANY_TILES new tiles at once
+MANY_TILES = 20_000
+LONGEST_TASK_LIMIT_MS = 5000
+TILE_COUNT = "document.getElementById('tiles').childElementCount"
+LONG_TASKS = (
+    "window.longTasks = [];"
+    "new PerformanceObserver((list) => {"
+    " for (const entry of list.getEntries()) window.longTasks.push(entry.duration); })"
+    ".observe({ type: 'longtask' });"
+)
+
+
+def latest_nodes(count: int) -> str:
+    """One small update that writes `count` sensors into the latest view (a product of two VALUES):
+    one notification of the tiles' subscription brings them all."""
+    tens = " ".join(str(index) for index in range(100))
+    hundreds = " ".join(str(index) for index in range(count // 100))
+    return f"""PREFIX gw: <{GW}> INSERT {{ GRAPH <{GRAPH_LATEST}> {{
+      ?node gw:sensor ?sensor ; gw:property <urn:p:temperature> ; gw:value ?value ; gw:resultTime {TIME} }} }}
+    WHERE {{ VALUES ?high {{ {hundreds} }} VALUES ?low {{ {tens} }}
+      BIND(?high * 100 + ?low AS ?value)
+      BIND(IRI(CONCAT("urn:node:", STR(?value))) AS ?node)
+      BIND(IRI(CONCAT("urn:sensor:", STR(?value))) AS ?sensor) }}"""
+
+
+def test_twenty_thousand_new_tiles_do_not_freeze_the_page(in_process_gateway) -> None:
+    """Each new tile found its place by bisection of the container's children, and an index into
+    them after an insertion walks the list again: 20,000 sensors arriving in one notification held
+    the main thread 17.1 s in one task (a publisher allowed a templated topic makes that many).
+    Now they are merged in one pass and off-screen tiles are not laid out: 2.8-2.9 s."""
+    gateway = in_process_gateway(Config())
+    with chromium() as driver:
+        driver.get(gateway.http_url + "/")
+        wait_until_live(driver)
+        driver.execute_script(LONG_TASKS)
+        assert gateway.update(latest_nodes(MANY_TILES)).status == 200
+        wait_for(driver, f"return {TILE_COUNT} === {MANY_TILES}", timeout=120, what="every tile")
+        order = driver.execute_script(
+            "return [...document.querySelectorAll('#tiles .tile .sensor')].slice(0, 3).map((s) => s.textContent)"
+        )
+        assert order == ["0", "1", "10"]  # in sensor order (as text)
+        longest = max(driver.execute_script("return window.longTasks"), default=0)
+        assert longest < LONGEST_TASK_LIMIT_MS, f"the page's main thread was held {longest:.0f} ms in one task"
+
+
+def test_a_sensors_view_the_gateway_ends_says_so(in_process_gateway) -> None:
+    """Past `[websocket] max_subscription_rows` (100,000: about 25,000 sensor values) the gateway
+    ends the tiles' subscription with a 413 error frame. The page dropped it: every tile froze at
+    its last value with nothing to say why, and after a reload the panel was empty, silently (a
+    publisher allowed a templated topic did it to every operator's page with 26,000 sensors). The
+    actuators' lists the same."""
+    config = Config()
+    config.websocket.max_subscription_rows = 50  # 20 sensors: 80 rows
+    gateway = in_process_gateway(config)
+    rows = " ".join(
+        f"<urn:node:{index}> gw:sensor <urn:sensor:{index}> ; gw:property <urn:p:t> ; gw:value {index} ;"
+        f" gw:resultTime {TIME} ."
+        for index in range(20)
+    )
+    error = "return document.getElementById('sensors-error').textContent"
+    with chromium() as driver:
+        driver.get(gateway.http_url + "/")
+        wait_until_live(driver)
+        assert driver.execute_script(error) == ""
+        assert gateway.update(f"PREFIX gw: <{GW}> INSERT DATA {{ GRAPH <{GRAPH_LATEST}> {{ {rows} }} }}").status == 200
+        shown = wait_for(driver, error, what="the sensors' error")
+        assert "no longer updated" in shown and "max_subscription_rows" in shown
+        lamps = " ".join(f"sl:Lamp{index} a sl:Lamp ; sl:status sl:OFF ." for index in range(60))  # a row each
+        assert (
+            gateway.update(f"PREFIX sl: <{SL}> INSERT DATA {{ GRAPH <{SMART_LIGHTING}> {{ {lamps} }} }}").status == 200
+        )
+        shown = wait_for(
+            driver, "return document.getElementById('actuators-error').textContent", what="the lamps' error"
+        )
+        assert "no longer updated" in shown and "max_subscription_rows" in shown
+        driver.refresh()  # subscribed again: refused at once
+        wait_until_live(driver)
+        shown = wait_for(driver, error, what="the sensors' error after a reload")
+        assert "max_subscription_rows" in shown
