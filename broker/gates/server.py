@@ -19,7 +19,7 @@ from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.slow import frame_budgets
-from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate, queued_shares
+from broker.gates.websocket import QUEUES_FULL, SLOW_SUBSCRIBERS, Connection, QueuedTotal, WebSocketGate, queued_shares
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
 from broker.version import gateway_version
@@ -41,6 +41,7 @@ class GateSettings:
     queue_limit: int = 10_000
     queue_rows: int | None = 200_000  # rows of the notifications queued for one client (Connection.push)
     queue_bytes: int | None = 64 << 20  # ...and characters of the messages queued
+    queue_bytes_total: int | None = 64 << 20  # ...and of every socket's together (QueuedTotal)
     max_notification_bytes: int | None = 32 << 20  # characters of one notification's JSON text, at most
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
@@ -77,6 +78,7 @@ class Gates:
         self.http = HttpGate(scheduler, self.counters, max_result_bytes=self.settings.max_result_bytes)
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.queued_shares = queued_shares()  # what an address's sockets queue, plain and secure together
+        self.queued_total = QueuedTotal(self.settings.queue_bytes_total)  # ...and every socket, loopback too
         self.websocket = WebSocketGate(
             scheduler,
             self.counters,
@@ -88,6 +90,7 @@ class Gates:
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
             shares=self.queued_shares,
+            total=self.queued_total,
         )
         # path -> GET handler of a page the appliance serves on the HTTP and HTTPS ports (add_page)
         self.pages: dict[str, Handler] = {}
@@ -106,6 +109,7 @@ class Gates:
                 still_valid=authority.still_valid,
                 quota=self.quota,
                 shares=self.queued_shares,
+                total=self.queued_total,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             self.metric_sources["security"] = lambda: {
@@ -244,6 +248,8 @@ class Gates:
             f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
             f"sepa_ws_slow_subscribers_disconnected_total {SLOW_SUBSCRIBERS.total}",
+            f"sepa_ws_queued_bytes {self.queued_total.bytes}",
+            f"sepa_ws_queues_full_disconnected_total {QUEUES_FULL.total}",
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",

@@ -124,6 +124,7 @@ class Gateway:
                 queue_limit=config.websocket.queue_limit,
                 queue_rows=config.websocket.queue_rows,
                 queue_bytes=config.websocket.queue_bytes,
+                queue_bytes_total=config.websocket.queue_bytes_total,
                 max_notification_bytes=config.websocket.max_notification_bytes,
                 max_message_bytes=config.websocket.max_message_bytes,
                 subscription_limits=QuotaLimits(

@@ -148,6 +148,11 @@ class WebSocketConfig:
     queue_limit: int = 10_000  # notifications queued for one slow client before it is disconnected
     queue_rows: int = 200_000  # ...or rows of notifications (one alone is taken whatever its size)
     queue_bytes: int = 64 << 20  # ...or characters of the messages' JSON text
+    # characters of every socket's queued messages together (plain and secure, this board's too);
+    # past it the sockets holding the most are disconnected (1008). ~2.5 bytes of RSS a character
+    # (the text, the transport's copy of what is being written, the allocator): 64 MiB took the
+    # gateway to ~320 MB at most, within the ~600 MB a 1 GB board has for it and its query workers
+    queue_bytes_total: int = 64 << 20
     # characters of one notification's JSON text; past it the subscription ends with a 400 error frame
     max_notification_bytes: int = 32 << 20
     max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
@@ -296,6 +301,7 @@ class Config:
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.queue_rows", self.websocket.queue_rows),
             ("websocket.queue_bytes", self.websocket.queue_bytes),
+            ("websocket.queue_bytes_total", self.websocket.queue_bytes_total),
             ("websocket.max_notification_bytes", self.websocket.max_notification_bytes),
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
             ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),

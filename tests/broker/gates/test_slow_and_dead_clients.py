@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.appliance.config import Config
+from tests.broker.gates.secure_support import secure_config
 from tests.broker.gates.subscribe_support import (
     RawWebSocket,
     RunningGateway,
@@ -48,6 +51,7 @@ from tests.broker.gates.subscribe_support import (
     wait_for_metric,
 )
 from tests.support.coap import host_address
+from tools.launcher import InProcessGateway
 
 EX = "http://example.org/slow/"
 SUBJECT, PREDICATE = f"<{EX}s>", f"<{EX}p>"
@@ -219,6 +223,24 @@ def test_a_stalled_subscriber_past_the_characters_it_may_have_queued_is_disconne
     assert int(queued.group(1)) < 60 and int(queued.group(2)) < 120 and int(queued.group(3)) > 1_500_000, line
 
 
+def beside_stalled(
+    gateway: RunningGateway, count: int, scenario: Callable[[], Awaitable[None]], **options: Any
+) -> None:
+    """Run `scenario` beside `count` sockets (RawWebSocket `options`) that subscribe to QUERY, read
+    their first notification and never read again."""
+    stalled = []
+    try:
+        for number in range(count):
+            client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER, **options)
+            stalled.append(client)
+            client.send_json({"subscribe": {"sparql": QUERY, "alias": f"stalled {number}"}})
+            assert client.receive_json()["notification"]["sequence"] == 0
+        asyncio.run(scenario())
+    finally:
+        for client in stalled:
+            client.close()
+
+
 def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
     start_gateway: Callable[..., RunningGateway],
 ) -> None:
@@ -228,13 +250,6 @@ def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
     below `queue_bytes` = 2,000,000 (without the shared bound a socket is cut only past it), and
     the loopback client reading as it should is served throughout."""
     gateway = start_gateway("--host", "0.0.0.0", toml="[websocket]\nqueue_bytes = 2000000\n")
-    lan = host_address()
-    stalled = []
-    for number in range(8):
-        client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER, address=lan)
-        client.send_json({"subscribe": {"sparql": QUERY, "alias": f"stalled {number}"}})
-        assert client.receive_json()["notification"]["sequence"] == 0
-        stalled.append(client)
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
@@ -243,14 +258,64 @@ def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
             await wait_for_metric(session, gateway, "sepa_ws_slow_subscribers_disconnected_total", lambda v: v >= 1)
             await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        for client in stalled:
-            client.close()
+    beside_stalled(gateway, 8, scenario, address=host_address())
     lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
     own = [int(match.group(1)) for line in lines if (match := re.search(r"queued_bytes=(\d+)", line))]
     assert own and min(own) < 1_000_000, lines
+
+
+class PeakResident:
+    """The peak VmRSS (MB) of a process, sampled every 50 ms on a thread while in the block."""
+
+    def __init__(self, pid: int) -> None:
+        self.status = Path(f"/proc/{pid}/status")
+        self.start = self.peak = self._now()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _now(self) -> float:
+        line = next(line for line in self.status.read_text().splitlines() if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.05):
+            self.peak = max(self.peak, self._now())
+
+    def __enter__(self) -> PeakResident:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_every_sockets_queues_together_are_bounded_loopback_included(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Each socket's queue is bounded, and an address's sockets together, but a loopback socket is
+    a share of its own: 100 loopback sockets that subscribed and never read took the gateway to
+    2.97 GB of RSS (each under its own 64 MiB) before their stalled writes cut them. Now every
+    socket's characters together are at most `queue_bytes_total`, past which the sockets holding
+    the most are cut (1008, counted, logged). Twelve stalled loopback sockets, 40 updates of two
+    ~200,000-character literals (the stalled writes are given 120 s here, so they cut nothing):
+    peak RSS +180 MB without the bound, +50 MB with a 4 MB bound; the client reading as it should
+    is served throughout and never cut."""
+    gateway = start_gateway(toml="[websocket]\nqueue_bytes_total = 4000000\n[http]\nrequest_timeout_s = 120\n")
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            with PeakResident(gateway.process.pid) as resident:
+                await updates_with_latency(session, gateway, ws, 0, 40, 200_000)
+            assert resident.peak - resident.start < 100, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+            await wait_for_metric(session, gateway, "sepa_ws_queues_full_disconnected_total", lambda v: v >= 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
+
+    beside_stalled(gateway, 12, scenario)
+    lines = [line for line in gateway.log().splitlines() if "outgoing queues are full" in line]
+    assert lines and "queued_bytes=" in lines[0], gateway.log()
 
 
 def dropped_once(gateway: RunningGateway, client: RawWebSocket, scenario: Callable[[], Awaitable[None]]) -> str:
@@ -575,3 +640,16 @@ def test_a_reply_never_read_is_cut_off_and_a_slow_reader_of_one_is_not(
     finally:
         never.close()
         slow.close()
+
+
+def test_the_secure_sockets_are_counted_in_the_same_total_as_the_plain_ones(
+    in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
+) -> None:
+    """WSS sockets queue into the one `queue_bytes_total` of the plain sockets, as their addresses'
+    shares are one: a bound per gate would let each gate hold it."""
+    config = secure_config(data_dir=str(tmp_path / "data"))
+    config.websocket.queue_bytes_total = 3_000_000
+    gates = in_process_gateway(config).gateway.gates
+    assert gates.secure is not None
+    assert gates.secure.websocket.total is gates.websocket.total
+    assert gates.websocket.total.limit == 3_000_000
