@@ -24,6 +24,7 @@ from broker.delayed import now_micros
 from broker.errors import InvalidRequest
 from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
+from broker.gates.replies import HeldReplies, HeldReply
 from broker.gates.slow import read_within
 from broker.scheduler import Scheduler
 from broker.sparql.tokens import unescape_iris
@@ -106,11 +107,19 @@ async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple
 class HttpGate:
     """Handlers of /query and /update over one scheduler."""
 
-    def __init__(self, scheduler: Scheduler, counters: Counter[str], *, max_result_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        counters: Counter[str],
+        *,
+        max_result_bytes: int | None = None,
+        reply_bytes_total: int | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.counters = counters
         self.max_result_bytes = max_result_bytes  # a query's body at most (broker.gates.negotiation.serialize)
+        self.replies = HeldReplies(reply_bytes_total)  # every query body being written (broker.gates.replies)
 
     async def query(
         self, request: web.BaseRequest, access: GraphAccess | None = None, client: str | None = None
@@ -150,7 +159,7 @@ class HttpGate:
 
         if not calls_service:
             body, content_type = await self.scheduler.run_query(run, client=client)
-            return web.Response(body=body, headers={"Content-Type": content_type})
+            return HeldReply(body, content_type, self.replies, request)
         limit = self.engine.queries.service_timeout_s
         try:
             body, content_type = await asyncio.wait_for(self.scheduler.run_query(run, client=client), limit)
@@ -159,7 +168,7 @@ class HttpGate:
             # when the endpoint answers or fails; the client has its answer now
             self.counters["service_timeouts"] += 1
             raise ServiceTimeout(f"a SERVICE endpoint did not answer within {limit:g} s") from None
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return HeldReply(body, content_type, self.replies, request)
 
     async def update(
         self,

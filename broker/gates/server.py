@@ -17,6 +17,7 @@ from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
+from broker.gates.replies import REPLIES_CUT
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.slow import frame_budgets
 from broker.gates.websocket import QUEUES_FULL, SLOW_SUBSCRIBERS, Connection, QueuedTotal, WebSocketGate, queued_shares
@@ -37,6 +38,7 @@ class GateSettings:
     subscribe_path: str = "/subscribe"
     max_request_bytes: int = 1 << 20
     max_result_bytes: int = 32 << 20  # a query's response body at most (broker.gates.negotiation.serialize)
+    reply_bytes_total: int | None = 64 << 20  # ...and left to write of every one together (broker.gates.replies)
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
     queue_rows: int | None = 200_000  # rows of the notifications queued for one client (Connection.push)
@@ -75,7 +77,12 @@ class Gates:
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
         self.health = Health(scheduler)
-        self.http = HttpGate(scheduler, self.counters, max_result_bytes=self.settings.max_result_bytes)
+        self.http = HttpGate(
+            scheduler,
+            self.counters,
+            max_result_bytes=self.settings.max_result_bytes,
+            reply_bytes_total=self.settings.reply_bytes_total,
+        )
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.queued_shares = queued_shares()  # what an address's sockets queue, plain and secure together
         self.queued_total = QueuedTotal(self.settings.queue_bytes_total)  # ...and every socket, loopback too
@@ -250,6 +257,8 @@ class Gates:
             f"sepa_ws_slow_subscribers_disconnected_total {SLOW_SUBSCRIBERS.total}",
             f"sepa_ws_queued_bytes {self.queued_total.bytes}",
             f"sepa_ws_queues_full_disconnected_total {QUEUES_FULL.total}",
+            f"sepa_http_reply_bytes {self.http.replies.bytes}",
+            f"sepa_http_replies_cut_total {REPLIES_CUT.total}",
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",

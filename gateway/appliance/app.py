@@ -120,6 +120,7 @@ class Gateway:
                 subscribe_path=config.websocket.path,
                 max_request_bytes=config.http.max_request_bytes,
                 max_result_bytes=config.http.max_result_bytes,
+                reply_bytes_total=config.http.reply_bytes_total,
                 heartbeat_s=config.websocket.heartbeat_s,
                 queue_limit=config.websocket.queue_limit,
                 queue_rows=config.websocket.queue_rows,

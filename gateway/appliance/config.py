@@ -129,6 +129,9 @@ class HttpConfig:
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
     max_result_bytes: int = 32 << 20  # a query whose result is larger gets 400 (~3x this in memory while it runs)
+    # bytes left to write of every query reply together (HTTP and HTTPS); a reply that would pass it
+    # cuts the connection with the most left to write, or is refused 429 when that is its own
+    reply_bytes_total: int = 64 << 20
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     # DNS names the plain gates answer to besides IP addresses, localhost and this machine's name (and
     # <name>.local); a request whose Host names another gets 421 (DNS rebinding: docs/security.md)
@@ -298,6 +301,7 @@ class Config:
         for name, value in (
             ("http.max_request_bytes", self.http.max_request_bytes),
             ("http.max_result_bytes", self.http.max_result_bytes),
+            ("http.reply_bytes_total", self.http.reply_bytes_total),
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.queue_rows", self.websocket.queue_rows),
             ("websocket.queue_bytes", self.websocket.queue_bytes),

@@ -642,6 +642,42 @@ def test_a_reply_never_read_is_cut_off_and_a_slow_reader_of_one_is_not(
         slow.close()
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_the_replies_being_written_are_bounded_together(start_gateway: Callable[..., RunningGateway]) -> None:
+    """A reply's body is bounded (`max_result_bytes`), and one never read is cut once its write
+    stalled, but not many of them together: 30 loopback connections that asked for a 30 MB result
+    and read it slowly took the gateway from 115 MB to 1.93 GB of RSS within 15 s (each body held
+    twice, the transport's buffer filled by one write). Now bodies are written a chunk at a time
+    and what is left to write of them all is at most `[http] reply_bytes_total`: here 12 readers
+    that never read a 10 MB result (their stalls given 120 s) get one reply written and 429 with
+    Retry-After for the others (peak RSS +233 MB before, +44 MB now); a bystander's small query
+    is served at once, cutting the reply with the most left to write."""
+    gateway = start_gateway(toml="[http]\nreply_bytes_total = 12000000\nrequest_timeout_s = 120\n")
+    for index in range(25):
+        gateway.update(f'INSERT DATA {{ <{EX}s{index}> <{EX}big> "{"x" * 400_000}" }}')
+    sparql = f"SELECT ?o WHERE {{ ?s <{EX}big> ?o }}"
+    readers: list[socket.socket] = []
+    try:
+        with PeakResident(gateway.process.pid) as resident:
+            for _ in range(12):
+                readers.append(_asking(gateway.http_port, sparql, receive_buffer=TINY_RECEIVE_BUFFER))
+                time.sleep(0.3)  # its reply made and held (or refused) before the next asks
+        assert resident.peak - resident.start < 80, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        heads = []
+        for reader in readers:
+            reader.settimeout(5.0)
+            heads.append(reader.recv(4096))
+        refused = [head for head in heads if head.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 10 and all(b"Retry-After: 1" in head for head in refused), heads
+        started = time.monotonic()
+        assert gateway.ask(f"ASK {{ <{EX}s0> <{EX}big> ?o }}")
+        assert time.monotonic() - started < 5.0
+        assert gateway.metrics()["sepa_http_replies_cut_total"] >= 1
+    finally:
+        for reader in readers:
+            reader.close()
+
+
 def test_the_secure_sockets_are_counted_in_the_same_total_as_the_plain_ones(
     in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
 ) -> None:
