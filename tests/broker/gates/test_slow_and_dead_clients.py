@@ -678,6 +678,47 @@ def test_the_replies_being_written_are_bounded_together(start_gateway: Callable[
             reader.close()
 
 
+def _updating(port: int, sparql: str) -> socket.socket:
+    """A raw connection that sent `sparql` as an update asking for its quads back, and reads nothing yet."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, TINY_RECEIVE_BUFFER)
+    client.connect(("127.0.0.1", port))
+    body = sparql.encode()
+    head = (
+        "POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
+        f"Prefer: return=representation\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    client.sendall(head.encode() + body)
+    return client
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_update_replies_with_their_quads_count_in_the_replies_being_written(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """An update's reply with its quads (`Prefer: return=representation`) is as large as what it
+    changed: 20 connections that each sent an update of ~18 MB of quads and did not read took the
+    gateway from 105 to 844 MB. It counts in `reply_bytes_total` too, but is never refused (the
+    update is applied): the others are cut. Here 12 such updates of ~10 MB, never read: peak RSS
+    +343 MB before, +181 MB now (the rest is the updates' own copies of their quads as they run)."""
+    gateway = start_gateway(toml="[http]\nreply_bytes_total = 12000000\nrequest_timeout_s = 120\n")
+    for index in range(25):
+        gateway.update(f'INSERT DATA {{ <{EX}s{index}> <{EX}big> "{"x" * 400_000}" }}')
+    toggles = [f"INSERT {{ ?s <{EX}copy> ?o }} WHERE {{ ?s <{EX}big> ?o }}", f"DELETE WHERE {{ ?s <{EX}copy> ?o }}"]
+    writers: list[socket.socket] = []
+    try:
+        with PeakResident(gateway.process.pid) as resident:
+            for number in range(12):
+                writers.append(_updating(gateway.http_port, toggles[number % 2]))
+                time.sleep(0.5)
+            gateway.wait_for_metric("sepa_updates_total", lambda value: value >= 25 + 12, timeout=30.0)
+        assert resident.peak - resident.start < 260, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        assert gateway.metrics()["sepa_http_reply_bytes"] <= 12_000_000 + 10_500_000
+    finally:
+        for writer in writers:
+            writer.close()
+
+
 def test_the_secure_sockets_are_counted_in_the_same_total_as_the_plain_ones(
     in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
 ) -> None:
