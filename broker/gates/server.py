@@ -12,6 +12,7 @@ from aiohttp import hdrs, web
 
 from broker.delayed import DelayedUpdates
 from broker.errors import Forbidden, InvalidRequest
+from broker.gates.bodies import HeldBodies
 from broker.gates.connections import ConnectionLimit
 from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.health import Health
@@ -37,6 +38,7 @@ class GateSettings:
     scheduled_path: str = "/scheduled"
     subscribe_path: str = "/subscribe"
     max_request_bytes: int = 1 << 20
+    request_bytes_total: int | None = 32 << 20  # ...of every request in flight together (broker.gates.bodies)
     max_result_bytes: int = 32 << 20  # a query's response body at most (broker.gates.negotiation.serialize)
     reply_bytes_total: int | None = 64 << 20  # ...and left to write of every one together (broker.gates.replies)
     heartbeat_s: float = 30.0
@@ -73,6 +75,8 @@ class Gates:
             per_address=self.settings.max_connections_per_address,
         )
         self.frame_budgets = frame_budgets()  # WebSocket control frames per address (broker.gates.slow)
+        # request bodies in flight on every gate (broker.gates.bodies)
+        self.bodies = HeldBodies(self.settings.request_bytes_total, self.settings.max_request_bytes)
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
@@ -157,6 +161,7 @@ class Gates:
             request_timeout_s=self.settings.request_timeout_s,
             limit=self.connections,
             frame_budgets=self.frame_budgets,
+            bodies=self.bodies,
             allowed_hosts=self.settings.allowed_hosts,
             refuse_foreign_hosts=not secure,
             no_store=secure,
@@ -258,6 +263,7 @@ class Gates:
             f"sepa_ws_queued_bytes {self.queued_total.bytes}",
             f"sepa_ws_queues_full_disconnected_total {QUEUES_FULL.total}",
             f"sepa_http_reply_bytes {self.http.replies.bytes}",
+            f"sepa_http_request_bytes {self.bodies.bytes}",
             f"sepa_http_replies_cut_total {REPLIES_CUT.total}",
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",

@@ -119,6 +119,7 @@ class Gateway:
                 scheduled_path=config.http.scheduled_path,
                 subscribe_path=config.websocket.path,
                 max_request_bytes=config.http.max_request_bytes,
+                request_bytes_total=config.http.request_bytes_total,
                 max_result_bytes=config.http.max_result_bytes,
                 reply_bytes_total=config.http.reply_bytes_total,
                 heartbeat_s=config.websocket.heartbeat_s,
