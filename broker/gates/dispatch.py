@@ -57,6 +57,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
 
 from broker.errors import SepaError
+from broker.gates.bodies import BodiesFull, HeldBodies
 from broker.gates.budget import PerAddress, TokenBucket
 from broker.gates.connections import ConnectionLimit
 from broker.gates.errors import CORS_HEADERS, HTTP_ERRORS, UnsupportedMediaType, json_error
@@ -175,6 +176,7 @@ class Dispatcher:
         request_timeout_s: float = 20.0,
         limit: ConnectionLimit | None = None,
         frame_budgets: PerAddress[TokenBucket] | None = None,
+        bodies: HeldBodies | None = None,
         allowed_hosts: Sequence[str] = (),
         refuse_foreign_hosts: bool = True,
         no_store: bool = False,
@@ -184,6 +186,8 @@ class Dispatcher:
         self.frame_budgets = frame_budgets  # WebSocket control frames per address, every gate's (broker.gates.slow)
         self.counters = counters
         self.max_request_bytes = max_request_bytes
+        # request bodies in flight, shared by every gate (broker.gates.bodies)
+        self.bodies = bodies if bodies is not None else HeldBodies(None, max_request_bytes)
         # a kept-alive connection with no request for this long is closed (aiohttp's default, an hour,
         # let idle clients hold descriptors indefinitely); a WebSocket is held by its heartbeat instead
         self.idle_timeout_s = idle_timeout_s
@@ -266,14 +270,23 @@ class Dispatcher:
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol
-        if isinstance(protocol, GuardedHandler):
-            protocol.handling(True)
-            try:
-                response = await self._dispatch(request)
-            finally:
-                protocol.handling(False)
+        try:
+            body = self.bodies.take(request)
+        except BodiesFull as error:
+            response = self._refused(error)
+            response.force_close()  # its body is not read: the connection cannot carry another request
         else:
-            response = await self._dispatch(request)
+            try:
+                if isinstance(protocol, GuardedHandler):
+                    protocol.handling(True)
+                    try:
+                        response = await self._dispatch(request)
+                    finally:
+                        protocol.handling(False)
+                else:
+                    response = await self._dispatch(request)
+            finally:
+                self.bodies.give_back(body)
         if self.no_store and not response.prepared:  # a WebSocket's headers are gone already
             response.headers.setdefault(hdrs.CACHE_CONTROL, "no-store")
         return response
@@ -305,12 +318,7 @@ class Dispatcher:
         try:
             response = await self.routes.resolve(request.method, request.rel_url.path_safe)(request)
         except SepaError as error:
-            self.counters[f"{error.error}:{error.status_code}"] += 1
-            reply = json_error(error.error, error.description, error.status_code)
-            headers = getattr(error, "headers", None)  # Retry-After of a refused authentication
-            if headers:
-                reply.headers.update(headers)
-            return reply
+            return self._refused(error)
         except web.HTTPException as error:
             if error.status < 400:
                 raise
@@ -331,6 +339,15 @@ class Dispatcher:
         if allowed and not isinstance(response, web.WebSocketResponse):
             response.headers.update(_cors(origin))  # type: ignore[arg-type]
         return response
+
+    def _refused(self, error: SepaError) -> web.Response:
+        """The error reply of `error`, counted."""
+        self.counters[f"{error.error}:{error.status_code}"] += 1
+        reply = json_error(error.error, error.description, error.status_code)
+        headers = getattr(error, "headers", None)  # Retry-After of a refused authentication, a full budget
+        if headers:
+            reply.headers.update(headers)
+        return reply
 
     def _cross_origin(self, request: web.BaseRequest, origin: str | None) -> web.Response | None:
         """403 for a state-changing request or a WebSocket upgrade from another site; None if fine."""

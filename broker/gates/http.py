@@ -24,6 +24,7 @@ from broker.delayed import now_micros
 from broker.errors import InvalidRequest
 from broker.gates.dispatch import Routes, last_segment
 from broker.gates.errors import BadRequest, ServiceTimeout, UnsupportedMediaType
+from broker.gates.replies import HeldReplies, HeldReply
 from broker.gates.slow import read_within
 from broker.scheduler import Scheduler
 from broker.sparql.tokens import unescape_iris
@@ -35,6 +36,10 @@ UPDATE_TYPE = "application/sparql-update"
 # what web.Response(text=..., content_type="application/json") sends; a CIMultiDict, which the
 # Response copies faster than it builds one from a dict
 UPDATE_REPLY_HEADERS = CIMultiDict({"Content-Type": "application/json; charset=utf-8"})
+REPRESENTATION_HEADERS = {
+    "Content-Type": "application/json; charset=utf-8",
+    "Preference-Applied": "return=representation",
+}
 # GET /scheduled: pending updates in one reply at most (and by default). Why a limit: the list was
 # one reply, bounded only by max_pending_bytes (64 MiB of SPARQL, more as JSON).
 SCHEDULED_MAX_LIMIT = 1000
@@ -106,11 +111,19 @@ async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple
 class HttpGate:
     """Handlers of /query and /update over one scheduler."""
 
-    def __init__(self, scheduler: Scheduler, counters: Counter[str], *, max_result_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        counters: Counter[str],
+        *,
+        max_result_bytes: int | None = None,
+        reply_bytes_total: int | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.engine: Engine = scheduler.engine
         self.counters = counters
         self.max_result_bytes = max_result_bytes  # a query's body at most (broker.gates.negotiation.serialize)
+        self.replies = HeldReplies(reply_bytes_total)  # every query body being written (broker.gates.replies)
 
     async def query(
         self, request: web.BaseRequest, access: GraphAccess | None = None, client: str | None = None
@@ -150,7 +163,7 @@ class HttpGate:
 
         if not calls_service:
             body, content_type = await self.scheduler.run_query(run, client=client)
-            return web.Response(body=body, headers={"Content-Type": content_type})
+            return HeldReply(body, {"Content-Type": content_type}, self.replies, request)
         limit = self.engine.queries.service_timeout_s
         try:
             body, content_type = await asyncio.wait_for(self.scheduler.run_query(run, client=client), limit)
@@ -159,7 +172,7 @@ class HttpGate:
             # when the endpoint answers or fails; the client has its answer now
             self.counters["service_timeouts"] += 1
             raise ServiceTimeout(f"a SERVICE endpoint did not answer within {limit:g} s") from None
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        return HeldReply(body, {"Content-Type": content_type}, self.replies, request)
 
     async def update(
         self,
@@ -189,7 +202,7 @@ class HttpGate:
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
             result = await self.scheduler.update(sparql, yield_to_loop=False, client=owner, access=access)
-            return _update_reply(_shown_to(result, access), request)
+            return _update_reply(_shown_to(result, access), request, self.replies)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
@@ -221,7 +234,7 @@ class HttpGate:
             access=access,
             **options,  # type: ignore[arg-type]
         )
-        return _update_reply(_shown_to(result, access), request)
+        return _update_reply(_shown_to(result, access), request, self.replies)
 
     async def scheduled(
         self, request: web.BaseRequest, owner: str | None = None, registration: str | None = None
@@ -304,24 +317,23 @@ def _shown_to(result: UpdateResult, access: GraphAccess | None) -> UpdateResult:
     return replace(result, added=added, removed=removed, notifications=0)
 
 
-def _update_reply(result: UpdateResult, request: web.BaseRequest) -> web.Response:
+def _update_reply(result: UpdateResult, request: web.BaseRequest, replies: HeldReplies) -> web.Response:
     """200 with the counts, as ``json.dumps(result.to_json())`` spells them, formatted directly (the
     reply of every update: json.dumps and text encoding cost more than the formatting).
 
     With ``Prefer: return=representation`` (RFC 7240) the reply also holds the quads really added
     and removed, as N-Quads text (docs/protocol.md): what an in-process client reads from its
     UpdateResult, for every transport. Only the client's own update is shown, whose WHERE clause
-    could read only what the client may read."""
+    could read only what the client may read. That body counts in `replies` while it is written,
+    and is never refused there: the update is applied (broker.gates.replies)."""
     prefer = request.headers.get("Prefer")
     if prefer is not None and "return=representation" in prefer.replace(" ", "").lower():
         document = {
             **result.to_json(),
             "quads": {"added": _nquads(result.added), "removed": _nquads(result.removed)},
         }
-        return web.Response(
-            text=json.dumps(document),
-            content_type="application/json",
-            headers={"Preference-Applied": "return=representation"},
+        return HeldReply(
+            json.dumps(document).encode("utf-8"), REPRESENTATION_HEADERS, replies, request, refusable=False
         )
     body = b'{"added": %d, "removed": %d, "notifications": %d}' % (
         len(result.added),

@@ -12,14 +12,16 @@ from aiohttp import hdrs, web
 
 from broker.delayed import DelayedUpdates
 from broker.errors import Forbidden, InvalidRequest
+from broker.gates.bodies import HeldBodies
 from broker.gates.connections import ConnectionLimit
 from broker.gates.dispatch import Dispatcher, Handler, Routes
 from broker.gates.health import Health
 from broker.gates.http import HttpGate
 from broker.gates.quota import QuotaLimits, SubscriptionQuota
+from broker.gates.replies import REPLIES_CUT
 from broker.gates.secure import METRICS_PATH, SPUS_PATH, SUBSCRIBE_PATH, SecureGate
 from broker.gates.slow import frame_budgets
-from broker.gates.websocket import SLOW_SUBSCRIBERS, Connection, WebSocketGate, queued_shares
+from broker.gates.websocket import QUEUES_FULL, SLOW_SUBSCRIBERS, Connection, QueuedTotal, WebSocketGate, queued_shares
 from broker.scheduler import Scheduler
 from broker.security.authority import Authority
 from broker.version import gateway_version
@@ -36,11 +38,14 @@ class GateSettings:
     scheduled_path: str = "/scheduled"
     subscribe_path: str = "/subscribe"
     max_request_bytes: int = 1 << 20
+    request_bytes_total: int | None = 32 << 20  # ...of every request in flight together (broker.gates.bodies)
     max_result_bytes: int = 32 << 20  # a query's response body at most (broker.gates.negotiation.serialize)
+    reply_bytes_total: int | None = 64 << 20  # ...and left to write of every one together (broker.gates.replies)
     heartbeat_s: float = 30.0
     queue_limit: int = 10_000
     queue_rows: int | None = 200_000  # rows of the notifications queued for one client (Connection.push)
     queue_bytes: int | None = 64 << 20  # ...and characters of the messages queued
+    queue_bytes_total: int | None = 64 << 20  # ...and of every socket's together (QueuedTotal)
     max_notification_bytes: int | None = 32 << 20  # characters of one notification's JSON text, at most
     max_message_bytes: int = 1 << 20
     cors_origins: tuple[str, ...] = ()
@@ -70,13 +75,21 @@ class Gates:
             per_address=self.settings.max_connections_per_address,
         )
         self.frame_budgets = frame_budgets()  # WebSocket control frames per address (broker.gates.slow)
+        # request bodies in flight on every gate (broker.gates.bodies)
+        self.bodies = HeldBodies(self.settings.request_bytes_total, self.settings.max_request_bytes)
         # name -> numbers of the gateway's other parts (adapters...), shown as sepa_<name>_<key>
         self.metric_sources: dict[str, Callable[[], dict[str, object]]] = {}
         # /health: the store's check; the gateway's other parts add theirs (broker.gates.health)
         self.health = Health(scheduler)
-        self.http = HttpGate(scheduler, self.counters, max_result_bytes=self.settings.max_result_bytes)
+        self.http = HttpGate(
+            scheduler,
+            self.counters,
+            max_result_bytes=self.settings.max_result_bytes,
+            reply_bytes_total=self.settings.reply_bytes_total,
+        )
         self.quota = SubscriptionQuota(self.settings.subscription_limits)  # plain and secure together
         self.queued_shares = queued_shares()  # what an address's sockets queue, plain and secure together
+        self.queued_total = QueuedTotal(self.settings.queue_bytes_total)  # ...and every socket, loopback too
         self.websocket = WebSocketGate(
             scheduler,
             self.counters,
@@ -88,6 +101,7 @@ class Gates:
             max_message_bytes=self.settings.max_message_bytes,
             quota=self.quota,
             shares=self.queued_shares,
+            total=self.queued_total,
         )
         # path -> GET handler of a page the appliance serves on the HTTP and HTTPS ports (add_page)
         self.pages: dict[str, Handler] = {}
@@ -106,6 +120,7 @@ class Gates:
                 still_valid=authority.still_valid,
                 quota=self.quota,
                 shares=self.queued_shares,
+                total=self.queued_total,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             self.metric_sources["security"] = lambda: {
@@ -146,6 +161,7 @@ class Gates:
             request_timeout_s=self.settings.request_timeout_s,
             limit=self.connections,
             frame_budgets=self.frame_budgets,
+            bodies=self.bodies,
             allowed_hosts=self.settings.allowed_hosts,
             refuse_foreign_hosts=not secure,
             no_store=secure,
@@ -244,6 +260,11 @@ class Gates:
             f"sepa_subscriptions_max {stats.subscriptions_max}",
             f"sepa_ws_connections {len(self.websocket_connections)}",
             f"sepa_ws_slow_subscribers_disconnected_total {SLOW_SUBSCRIBERS.total}",
+            f"sepa_ws_queued_bytes {self.queued_total.bytes}",
+            f"sepa_ws_queues_full_disconnected_total {QUEUES_FULL.total}",
+            f"sepa_http_reply_bytes {self.http.replies.bytes}",
+            f"sepa_http_request_bytes {self.bodies.bytes}",
+            f"sepa_http_replies_cut_total {REPLIES_CUT.total}",
             f"sepa_connections_open {self.connections.open}",
             f"sepa_scheduler_in_flight {self.scheduler.in_flight}",
             f"sepa_scheduler_rejected_total {self.scheduler.rejected}",

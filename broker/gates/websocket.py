@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 # one line a minute at most, with the count since: a client that opens socket after socket and never
 # reads them wrote a warning for each (sepa_ws_slow_subscribers_disconnected_total counts them all)
 SLOW_SUBSCRIBERS = QuietLog(log, "disconnecting slow subscriber: outgoing queue full", level=logging.WARNING)
+# the sockets cut because every socket's queues together reached [websocket] queue_bytes_total (QueuedTotal)
+QUEUES_FULL = QuietLog(
+    log,
+    "disconnecting the subscriber holding the most queued: the gateway's outgoing queues are full",
+    level=logging.WARNING,
+)
 # messages of one socket handled at once; past it the socket is not read (see Connection.turn).
 # 3 and 8 subscribed as fast (`bench reeval`: 11-12.5 s and 10.6-11.4 s); fewer probes of one socket
 # in the query pool leave more of it to other clients
@@ -84,6 +90,41 @@ def queued_shares() -> PerAddress[QueuedShare]:
     return PerAddress(QueuedShare)
 
 
+class QueuedTotal:
+    """The characters every socket has queued, plain and secure, loopback included, their messages
+    being written counted until the transport took them; at most `limit` (None: no bound).
+
+    Why: each socket's queue is bounded (`queue_bytes`), and an address's sockets together, but not
+    all of them: a socket of this board (loopback: a reverse proxy, a local tool) is a share of its
+    own, and 100 loopback sockets that subscribed and never read took the gateway to 2.97 GB of RSS
+    before their stalled writes cut them 20 s later (500,000-character notifications, 60 updates:
+    /tmp/atk-exhaust/f4.py, 2026-12-06). Past the bound, the socket holding the most is cut (the
+    one a message is for, counting that message), until the message fits: whoever queues the most
+    pays, a client reading as it should holds next to nothing and is not touched."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self.connections: set[Connection] = set()
+
+    def make_room(self, pusher: Connection, characters: int) -> bool:
+        """Cut the sockets holding the most until `characters` more for `pusher` fit; False when
+        `pusher` was cut. It is cut when it would then hold the most; a message is taken whatever
+        its size when nothing else is held (its characters are bounded where it is written,
+        `max_notification_bytes`)."""
+        limit = self.limit
+        while limit is not None and self.bytes + characters > limit:
+            victim = max(self.connections, key=lambda connection: connection.held_bytes, default=pusher)
+            if pusher.held_bytes + characters >= victim.held_bytes:
+                victim = pusher
+            if victim is pusher and self.bytes == 0:
+                return True
+            victim.overflow(QUEUES_FULL, b"the gateway's outgoing queues are full: read faster")
+            if victim is pusher:
+                return False
+        return True
+
+
 class Connection:
     """One client socket: its subscriptions and its outgoing queue."""
 
@@ -96,17 +137,21 @@ class Connection:
         row_limit: int | None = None,
         byte_limit: int | None = None,
         share: QueuedShare | None = None,
+        total: QueuedTotal | None = None,
     ) -> None:
         """`limit`, `row_limit`, `byte_limit`: the messages, the rows of the notifications, and the
         characters of their text, queued for this client before it is disconnected (see
-        :meth:`push`); `share`: its address's, for the rows and characters of all its sockets."""
+        :meth:`push`); `share`: its address's, for the rows and characters of all its sockets;
+        `total`: every socket's characters together."""
         self.ws = ws
         self.limit = limit
         self.row_limit = row_limit
         self.byte_limit = byte_limit
         self.share = share
+        self.total = total
         self.queued_rows = 0
         self.queued_bytes = 0
+        self.writing: tuple[int, int] = (0, 0)  # the rows and characters of the message being written
         self.peer = peer
         self.transport = transport
         # the address its failed authentications are counted under (None: this board; peer_host)
@@ -141,6 +186,11 @@ class Connection:
         mine = self._last_turn = asyncio.get_running_loop().create_future()
         return previous, mine
 
+    @property
+    def held_bytes(self) -> int:
+        """The characters this socket holds: its queue and the message being written."""
+        return self.queued_bytes + self.writing[1]
+
     def push(self, item: Notification | dict[str, Any], text: str | None = None) -> None:
         """Queue a message (`text`, its JSON text when already written); on overflow, disconnect
         this client (never drop silently).
@@ -158,7 +208,9 @@ class Connection:
         :class:`QueuedShare`; loopback: each socket alone), counting the message being written
         until the transport took it: a host may open 256 sockets, and each one that never read held
         its whole queue, and a message stuck in its writer, for the 20 s before its stalled write
-        cut it. The socket whose message would take its address past a bound is disconnected."""
+        cut it. The socket whose message would take its address past a bound is disconnected.
+        Every socket's characters together are bounded as well (:class:`QueuedTotal`): past that
+        bound the sockets holding the most are disconnected, whichever they are."""
         if self.closing:
             return
         if text is None:
@@ -180,37 +232,51 @@ class Connection:
                 or (self.byte_limit is not None and share.bytes + len(text) > self.byte_limit)
             )
         ):
-            self.closing = True
-            SLOW_SUBSCRIBERS(
-                **{
-                    "peer": self.peer,
-                    "queued": len(self.pending),
-                    "queued_rows": self.queued_rows,
-                    "queued_bytes": self.queued_bytes,
-                    "subscriptions": len(self.subscriptions),
-                }
-            )
-            self.release()
-            self.dropping = asyncio.ensure_future(self.drop())  # keep a reference: tasks are weakly held
+            self.overflow(SLOW_SUBSCRIBERS, b"outgoing queue overflow: read faster")
+            return
+        if self.total is not None and not self.total.make_room(self, len(text)):
             return
         self.pending.append((text, rows))
         self.queued_rows += rows
         self.queued_bytes += len(text)
-        if share is not None:
-            share.add(rows, len(text))
+        self._count(rows, len(text))
         self.ready.set()
 
-    def release(self) -> None:
-        """Drop what is queued, and give it back to the address's share."""
+    def overflow(self, reason: QuietLog, close_message: bytes) -> None:
+        """Disconnect this client for what it queued: logged (`reason`, which counts it), its queue
+        dropped, closed with 1008 and `close_message`."""
+        self.closing = True
+        reason(
+            **{
+                "peer": self.peer,
+                "queued": len(self.pending),
+                "queued_rows": self.queued_rows,
+                "queued_bytes": self.held_bytes,
+                "subscriptions": len(self.subscriptions),
+            }
+        )
+        self.release()
+        self.dropping = asyncio.ensure_future(self.drop(close_message))  # keep a reference: tasks are weakly held
+
+    def _count(self, rows: int, characters: int) -> None:
+        """Add to (or, negative, take from) what this socket's address and all sockets hold."""
         if self.share is not None:
-            self.share.add(-self.queued_rows, -self.queued_bytes)
+            self.share.add(rows, characters)
+        if self.total is not None:
+            self.total.bytes += characters
+
+    def release(self) -> None:
+        """Drop what is queued and the message being written (its transport is aborted, or gone),
+        and give them back to the address's share and the total."""
+        self._count(-self.queued_rows - self.writing[0], -self.queued_bytes - self.writing[1])
         self.pending.clear()
         self.queued_rows = self.queued_bytes = 0
+        self.writing = (0, 0)
 
-    async def drop(self) -> None:
+    async def drop(self, message: bytes) -> None:
         """Close with 1008; a client that stopped reading never takes the close frame, so then abort."""
         with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
-            await asyncio.wait_for(self.ws.close(code=1008, message=b"outgoing queue overflow: read faster"), 1.0)
+            await asyncio.wait_for(self.ws.close(code=1008, message=message), 1.0)
         if self.transport is not None:
             self.transport.abort()  # a plain close() would wait for the unread data to drain, forever
 
@@ -223,11 +289,12 @@ class Connection:
                     text, rows = self.pending.popleft()
                     self.queued_rows -= rows
                     self.queued_bytes -= len(text)
+                    self.writing = (rows, len(text))
                     try:
                         await self.ws.send_str(text)
-                    finally:
-                        if self.share is not None:  # the transport has it (or the socket is gone)
-                            self.share.add(-rows, -len(text))
+                    finally:  # the transport has it (or the socket is gone; release() gave it back then)
+                        self._count(-self.writing[0], -self.writing[1])
+                        self.writing = (0, 0)
 
 
 def _rows(item: Notification | dict[str, Any]) -> int:
@@ -253,6 +320,7 @@ class WebSocketGate:
         still_valid: Callable[[Principal], bool] | None = None,
         quota: SubscriptionQuota | None = None,
         shares: PerAddress[QueuedShare] | None = None,
+        total: QueuedTotal | None = None,
     ) -> None:
         """`authenticate` (secure gates): the principal of a message's ``authorization`` value sent
         from a network address (None: this board), or Unauthorized, or TooManyFailures when the
@@ -272,6 +340,7 @@ class WebSocketGate:
         self.connections: set[Connection] = set()
         self.quota = quota if quota is not None else SubscriptionQuota()
         self.shares = shares if shares is not None else queued_shares()  # by address (Connection.push)
+        self.total = total if total is not None else QueuedTotal(None)  # every socket's (QueuedTotal)
 
     async def handle(self, request: web.BaseRequest) -> web.WebSocketResponse:
         # compress=False: no permessage-deflate. With it, 4 KB of deflate a client sends inflate to
@@ -291,8 +360,10 @@ class WebSocketGate:
             self.queue_rows,
             self.queue_bytes,
             self.shares.join(host) if host else None,
+            self.total,
         )
         self.connections.add(connection)
+        self.total.connections.add(connection)
         self.counters["ws_connections"] += 1
         writer = asyncio.create_task(connection.writer())
         try:
@@ -315,6 +386,7 @@ class WebSocketGate:
             if host:
                 self.shares.leave(host)
             self.connections.discard(connection)
+            self.total.connections.discard(connection)
             if ws.close_code == WSCloseCode.ABNORMAL_CLOSURE and connection.transport is not None:
                 connection.transport.abort()  # unanswered pings: free the socket even with unsent data
             await self.end_all(connection)

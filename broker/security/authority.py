@@ -26,6 +26,9 @@ from broker.security.keys import signing_key
 from broker.security.tokens import TokenAuthority
 
 log = logging.getLogger(__name__)
+# a line per revoked token let a client with credentials write the log at its own pace (a token
+# request and a revocation a line); one line a minute at most, with the count since (`refused`)
+REVOKED = QuietLog(log, "token revoked")
 
 
 class UnauthorizedClient(SepaError):
@@ -198,7 +201,7 @@ class Authority:
                 return
         elif not self.tokens.revoke(token):
             return
-        log.info("token revoked")
+        REVOKED()
 
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
         """Whether `principal` is still registered with the same rights (revocation watch), in

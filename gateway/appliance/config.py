@@ -128,7 +128,13 @@ class HttpConfig:
     update_path: str = "/update"
     scheduled_path: str = "/scheduled"  # GET lists pending delayed updates, DELETE <path>/<id> cancels one
     max_request_bytes: int = 1 << 20  # larger request bodies get 413
+    # bytes of the bodies of every request in flight together (every port); past it a request is
+    # refused 429 before its body is read (a 1 MiB body cost ~1.6 MB of RSS while it waited)
+    request_bytes_total: int = 32 << 20
     max_result_bytes: int = 32 << 20  # a query whose result is larger gets 400 (~3x this in memory while it runs)
+    # bytes left to write of every query reply together (HTTP and HTTPS); a reply that would pass it
+    # cuts the connection with the most left to write, or is refused 429 when that is its own
+    reply_bytes_total: int = 64 << 20
     cors_origins: list = field(default_factory=list)  # web origins allowed to call the gateway from a browser
     # DNS names the plain gates answer to besides IP addresses, localhost and this machine's name (and
     # <name>.local); a request whose Host names another gets 421 (DNS rebinding: docs/security.md)
@@ -148,6 +154,11 @@ class WebSocketConfig:
     queue_limit: int = 10_000  # notifications queued for one slow client before it is disconnected
     queue_rows: int = 200_000  # ...or rows of notifications (one alone is taken whatever its size)
     queue_bytes: int = 64 << 20  # ...or characters of the messages' JSON text
+    # characters of every socket's queued messages together (plain and secure, this board's too);
+    # past it the sockets holding the most are disconnected (1008). ~2.5 bytes of RSS a character
+    # (the text, the transport's copy of what is being written, the allocator): 64 MiB took the
+    # gateway to ~320 MB at most, within the ~600 MB a 1 GB board has for it and its query workers
+    queue_bytes_total: int = 64 << 20
     # characters of one notification's JSON text; past it the subscription ends with a 400 error frame
     max_notification_bytes: int = 32 << 20
     max_message_bytes: int = 1 << 20  # larger subscribe/unsubscribe messages get a 413 error
@@ -292,10 +303,13 @@ class Config:
                 raise ConfigError(f"{name} must be between 0 and 65535, not {port}")
         for name, value in (
             ("http.max_request_bytes", self.http.max_request_bytes),
+            ("http.request_bytes_total", self.http.request_bytes_total),
             ("http.max_result_bytes", self.http.max_result_bytes),
+            ("http.reply_bytes_total", self.http.reply_bytes_total),
             ("websocket.queue_limit", self.websocket.queue_limit),
             ("websocket.queue_rows", self.websocket.queue_rows),
             ("websocket.queue_bytes", self.websocket.queue_bytes),
+            ("websocket.queue_bytes_total", self.websocket.queue_bytes_total),
             ("websocket.max_notification_bytes", self.websocket.max_notification_bytes),
             ("websocket.max_message_bytes", self.websocket.max_message_bytes),
             ("websocket.max_subscriptions_per_client", self.websocket.max_subscriptions_per_client),

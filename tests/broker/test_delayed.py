@@ -21,6 +21,7 @@ from broker.errors import NotFound
 from broker.scheduler import Scheduler
 from broker.store import JOURNAL, RdfStore, encode_journal_entry
 from tests.polling import wait_until
+from tools.launcher import RunningGateway
 
 EX = "http://example.org/"
 RAN = Quad(NamedNode(f"{EX}lamp"), NamedNode(f"{EX}status"), Literal("OFF"))
@@ -218,3 +219,20 @@ def test_the_updates_of_an_ended_registration_neither_show_nor_count_and_are_dro
             scheduler.close()
 
     asyncio.run(scenario())
+
+
+def test_delayed_updates_failing_when_due_write_one_log_line_a_minute(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A warning per delayed update that failed when due let one client write the log at its own
+    pace: 2,000 scheduled with delay=1 in 11 s were 2,000 lines, 582 KB. Now each is counted
+    (sepa_delayed_failed_total) and the log gets one line a minute, with the count since."""
+    gateway = start_gateway(toml="[engine]\nmax_update_quads = 10\n")
+    subjects = " ".join(f"<http://example.org/s{index}>" for index in range(20))
+    too_large = f"INSERT {{ ?s <http://example.org/p> ?o }} WHERE {{ VALUES ?s {{ {subjects} }} VALUES ?o {{ 1 }} }}"
+    for _ in range(100):
+        assert gateway.update(too_large, params=[("delay", "1")]).status == 202
+    gateway.wait_for_metric("sepa_delayed_failed_total", lambda value: value == 100, timeout=20.0)
+    lines = [line for line in gateway.log().splitlines() if "delayed update failed" in line]
+    assert len(lines) == 1, lines[:3]
+    assert "max_update_quads" in lines[0]

@@ -1034,3 +1034,25 @@ def test_replies_behind_a_token_are_never_cached(secure_gateway) -> None:
     run_secure(secure_gateway, test)
     plain = secure_gateway.request("GET", "/query?query=ASK%7B%7D")
     assert plain.status == 200 and "Cache-Control" not in plain.headers
+
+
+def test_revoking_tokens_writes_one_log_line_a_minute(secure_gateway, caplog: pytest.LogCaptureFixture) -> None:
+    """Each revoked token was an info line: a client with credentials wrote the log at its own pace
+    (a token request and a revocation a line). Now one line a minute, with the count since."""
+
+    async def test(client: SecureClient) -> None:
+        status, document = await client.register("viewer")
+        assert status == 201, document
+        credentials = Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+        for _ in range(30):
+            token = await client.token(credentials)
+            async with client.session.post(
+                f"{client.https_url}/oauth/revoke", data={"token": token}, ssl=client.ssl
+            ) as reply:
+                assert reply.status == 200
+            assert (await client.query(token, EVERYTHING))[0] == 401
+
+    with caplog.at_level(logging.INFO, logger="broker.security.authority"):
+        run_secure(secure_gateway, test)
+    lines = [record for record in caplog.records if record.getMessage() == "token revoked"]
+    assert len(lines) <= 1, len(lines)  # none when another test of this process logged one this minute

@@ -28,6 +28,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.appliance.config import Config
+from tests.broker.gates.secure_support import secure_config
 from tests.broker.gates.subscribe_support import (
     RawWebSocket,
     RunningGateway,
@@ -48,6 +51,7 @@ from tests.broker.gates.subscribe_support import (
     wait_for_metric,
 )
 from tests.support.coap import host_address
+from tools.launcher import InProcessGateway
 
 EX = "http://example.org/slow/"
 SUBJECT, PREDICATE = f"<{EX}s>", f"<{EX}p>"
@@ -219,6 +223,24 @@ def test_a_stalled_subscriber_past_the_characters_it_may_have_queued_is_disconne
     assert int(queued.group(1)) < 60 and int(queued.group(2)) < 120 and int(queued.group(3)) > 1_500_000, line
 
 
+def beside_stalled(
+    gateway: RunningGateway, count: int, scenario: Callable[[], Awaitable[None]], **options: Any
+) -> None:
+    """Run `scenario` beside `count` sockets (RawWebSocket `options`) that subscribe to QUERY, read
+    their first notification and never read again."""
+    stalled = []
+    try:
+        for number in range(count):
+            client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER, **options)
+            stalled.append(client)
+            client.send_json({"subscribe": {"sparql": QUERY, "alias": f"stalled {number}"}})
+            assert client.receive_json()["notification"]["sequence"] == 0
+        asyncio.run(scenario())
+    finally:
+        for client in stalled:
+            client.close()
+
+
 def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
     start_gateway: Callable[..., RunningGateway],
 ) -> None:
@@ -228,13 +250,6 @@ def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
     below `queue_bytes` = 2,000,000 (without the shared bound a socket is cut only past it), and
     the loopback client reading as it should is served throughout."""
     gateway = start_gateway("--host", "0.0.0.0", toml="[websocket]\nqueue_bytes = 2000000\n")
-    lan = host_address()
-    stalled = []
-    for number in range(8):
-        client = RawWebSocket(gateway.ws_port, receive_buffer=TINY_RECEIVE_BUFFER, address=lan)
-        client.send_json({"subscribe": {"sparql": QUERY, "alias": f"stalled {number}"}})
-        assert client.receive_json()["notification"]["sequence"] == 0
-        stalled.append(client)
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
@@ -243,14 +258,64 @@ def test_the_sockets_of_one_address_share_the_characters_they_may_have_queued(
             await wait_for_metric(session, gateway, "sepa_ws_slow_subscribers_disconnected_total", lambda v: v >= 1)
             await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        for client in stalled:
-            client.close()
+    beside_stalled(gateway, 8, scenario, address=host_address())
     lines = [line for line in gateway.log().splitlines() if "slow subscriber" in line]
     own = [int(match.group(1)) for line in lines if (match := re.search(r"queued_bytes=(\d+)", line))]
     assert own and min(own) < 1_000_000, lines
+
+
+class PeakResident:
+    """The peak VmRSS (MB) of a process, sampled every 50 ms on a thread while in the block."""
+
+    def __init__(self, pid: int) -> None:
+        self.status = Path(f"/proc/{pid}/status")
+        self.start = self.peak = self._now()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _now(self) -> float:
+        line = next(line for line in self.status.read_text().splitlines() if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+
+    def _sample(self) -> None:
+        while not self._done.wait(0.05):
+            self.peak = max(self.peak, self._now())
+
+    def __enter__(self) -> PeakResident:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_every_sockets_queues_together_are_bounded_loopback_included(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """Each socket's queue is bounded, and an address's sockets together, but a loopback socket is
+    a share of its own: 100 loopback sockets that subscribed and never read took the gateway to
+    2.97 GB of RSS (each under its own 64 MiB) before their stalled writes cut them. Now every
+    socket's characters together are at most `queue_bytes_total`, past which the sockets holding
+    the most are cut (1008, counted, logged). Twelve stalled loopback sockets, 40 updates of two
+    ~200,000-character literals (the stalled writes are given 120 s here, so they cut nothing):
+    peak RSS +180 MB without the bound, +50 MB with a 4 MB bound; the client reading as it should
+    is served throughout and never cut."""
+    gateway = start_gateway(toml="[websocket]\nqueue_bytes_total = 4000000\n[http]\nrequest_timeout_s = 120\n")
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
+            await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
+            with PeakResident(gateway.process.pid) as resident:
+                await updates_with_latency(session, gateway, ws, 0, 40, 200_000)
+            assert resident.peak - resident.start < 100, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+            await wait_for_metric(session, gateway, "sepa_ws_queues_full_disconnected_total", lambda v: v >= 1)
+            await updates_with_latency(session, gateway, ws, 100, 5, 10)  # the healthy one is served on
+
+    beside_stalled(gateway, 12, scenario)
+    lines = [line for line in gateway.log().splitlines() if "outgoing queues are full" in line]
+    assert lines and "queued_bytes=" in lines[0], gateway.log()
 
 
 def dropped_once(gateway: RunningGateway, client: RawWebSocket, scenario: Callable[[], Awaitable[None]]) -> str:
@@ -575,3 +640,130 @@ def test_a_reply_never_read_is_cut_off_and_a_slow_reader_of_one_is_not(
     finally:
         never.close()
         slow.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_the_replies_being_written_are_bounded_together(start_gateway: Callable[..., RunningGateway]) -> None:
+    """A reply's body is bounded (`max_result_bytes`), and one never read is cut once its write
+    stalled, but not many of them together: 30 loopback connections that asked for a 30 MB result
+    and read it slowly took the gateway from 115 MB to 1.93 GB of RSS within 15 s (each body held
+    twice, the transport's buffer filled by one write). Now bodies are written a chunk at a time
+    and what is left to write of them all is at most `[http] reply_bytes_total`: here 12 readers
+    that never read a 10 MB result (their stalls given 120 s) get one reply written and 429 with
+    Retry-After for the others (peak RSS +233 MB before, +44 MB now); a bystander's small query
+    is served at once, cutting the reply with the most left to write."""
+    gateway = start_gateway(toml="[http]\nreply_bytes_total = 12000000\nrequest_timeout_s = 120\n")
+    for index in range(25):
+        gateway.update(f'INSERT DATA {{ <{EX}s{index}> <{EX}big> "{"x" * 400_000}" }}')
+    sparql = f"SELECT ?o WHERE {{ ?s <{EX}big> ?o }}"
+    readers: list[socket.socket] = []
+    try:
+        with PeakResident(gateway.process.pid) as resident:
+            for _ in range(12):
+                readers.append(_asking(gateway.http_port, sparql, receive_buffer=TINY_RECEIVE_BUFFER))
+                time.sleep(0.3)  # its reply made and held (or refused) before the next asks
+        assert resident.peak - resident.start < 80, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        heads = []
+        for reader in readers:
+            reader.settimeout(5.0)
+            heads.append(reader.recv(4096))
+        refused = [head for head in heads if head.startswith(b"HTTP/1.1 429")]
+        assert len(refused) >= 10 and all(b"Retry-After: 1" in head for head in refused), heads
+        started = time.monotonic()
+        assert gateway.ask(f"ASK {{ <{EX}s0> <{EX}big> ?o }}")
+        assert time.monotonic() - started < 5.0
+        assert gateway.metrics()["sepa_http_replies_cut_total"] >= 1
+    finally:
+        for reader in readers:
+            reader.close()
+
+
+def _updating(port: int, sparql: str) -> socket.socket:
+    """A raw connection that sent `sparql` as an update asking for its quads back, and reads nothing yet."""
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, TINY_RECEIVE_BUFFER)
+    client.connect(("127.0.0.1", port))
+    body = sparql.encode()
+    head = (
+        "POST /update HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
+        f"Prefer: return=representation\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    client.sendall(head.encode() + body)
+    return client
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_update_replies_with_their_quads_count_in_the_replies_being_written(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """An update's reply with its quads (`Prefer: return=representation`) is as large as what it
+    changed: 20 connections that each sent an update of ~18 MB of quads and did not read took the
+    gateway from 105 to 844 MB. It counts in `reply_bytes_total` too, but is never refused (the
+    update is applied): the others are cut. Here 12 such updates of ~10 MB, never read: peak RSS
+    +343 MB before, +181 MB now (the rest is the updates' own copies of their quads as they run)."""
+    gateway = start_gateway(toml="[http]\nreply_bytes_total = 12000000\nrequest_timeout_s = 120\n")
+    for index in range(25):
+        gateway.update(f'INSERT DATA {{ <{EX}s{index}> <{EX}big> "{"x" * 400_000}" }}')
+    toggles = [f"INSERT {{ ?s <{EX}copy> ?o }} WHERE {{ ?s <{EX}big> ?o }}", f"DELETE WHERE {{ ?s <{EX}copy> ?o }}"]
+    writers: list[socket.socket] = []
+    try:
+        with PeakResident(gateway.process.pid) as resident:
+            for number in range(12):
+                writers.append(_updating(gateway.http_port, toggles[number % 2]))
+                time.sleep(0.5)
+            gateway.wait_for_metric("sepa_updates_total", lambda value: value >= 25 + 12, timeout=30.0)
+        assert resident.peak - resident.start < 260, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        assert gateway.metrics()["sepa_http_reply_bytes"] <= 12_000_000 + 10_500_000
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_the_request_bodies_in_flight_are_bounded_together(start_gateway: Callable[..., RunningGateway]) -> None:
+    """A body is bounded (`max_request_bytes`), but not the bodies of many requests waiting for the
+    query pool: 1,000 loopback connections that each POSTed a 1 MB query took the gateway from 85 MB
+    to 1.59 GB of RSS, none refused. Now the bodies in flight are at most `request_bytes_total`,
+    past which a request is refused 429 with Retry-After before its body is read. Here 150
+    connections POST a 500 KB query (a comment and a product that runs to the time limit): most are
+    refused, peak RSS +35 MB (+127 MB before), and a bystander's small update is served meanwhile."""
+    gateway = start_gateway(toml="[http]\nrequest_bytes_total = 4000000\n[engine]\ntime_limit_s = 2\n")
+    gateway.update("INSERT DATA { " + " ".join(f"<{EX}s{index}> <{EX}p> {index} ." for index in range(1000)) + " }")
+    body = ("# " + "x" * 500_000 + "\nSELECT (COUNT(*) AS ?n) WHERE { ?a ?b ?c . ?d ?e ?f . ?g ?h ?i }").encode()
+    head = (
+        "POST /query HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-query\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    askers: list[socket.socket] = []
+    try:
+        with PeakResident(gateway.process.pid) as resident:
+            for _ in range(150):
+                asker = socket.create_connection(("127.0.0.1", gateway.http_port))
+                asker.sendall(head + body)
+                askers.append(asker)
+            started = time.monotonic()
+            assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+            assert time.monotonic() - started < 5.0
+        assert resident.peak - resident.start < 70, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        refused = 0
+        for asker in askers:
+            asker.settimeout(30.0)
+            head_line = asker.recv(4096)
+            refused += head_line.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in head_line
+        assert refused >= 100, refused
+    finally:
+        for asker in askers:
+            asker.close()
+
+
+def test_the_secure_sockets_are_counted_in_the_same_total_as_the_plain_ones(
+    in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
+) -> None:
+    """WSS sockets queue into the one `queue_bytes_total` of the plain sockets, as their addresses'
+    shares are one: a bound per gate would let each gate hold it."""
+    config = secure_config(data_dir=str(tmp_path / "data"))
+    config.websocket.queue_bytes_total = 3_000_000
+    gates = in_process_gateway(config).gateway.gates
+    assert gates.secure is not None
+    assert gates.secure.websocket.total is gates.websocket.total
+    assert gates.websocket.total.limit == 3_000_000
