@@ -235,8 +235,10 @@ class Dispatcher:
             on_flood=self._flooded,
             on_unparsable=self._unparsable,
             on_stall=self._stalled,
+            on_incoming_full=self._incoming_full,
             limit=self.limit,
             frame_budgets=self.frame_budgets,
+            bodies=self.bodies,
         )
 
     def _options_on(self, path: str) -> set[str]:
@@ -261,6 +263,9 @@ class Dispatcher:
 
     def _flooded(self) -> None:
         self.counters["ws_frame_floods"] += 1
+
+    def _incoming_full(self) -> None:
+        self.counters["ws_incoming_cut"] += 1
 
     def _stalled(self) -> None:
         self.counters["write_stalls"] += 1

@@ -19,6 +19,7 @@ message in progress, so :class:`MessageWatch` follows the frame headers of the i
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from broker.errors import SepaError
+from broker.gates.bodies import SMALL_BODY_BYTES, HeldBodies
 from broker.gates.budget import PerAddress, TokenBucket
 from broker.gates.connections import Admission, ConnectionLimit, peer_host
 from broker.gates.errors import json_error
@@ -82,6 +84,10 @@ class MessageWatch:
         self.completed = 0  # data messages that ended so far
         self.other_frames = 0  # frames so far that did not end a data message
         self.unmasked = False  # a frame came without a mask: RFC 6455 5.1, the connection must close
+        self.data_bytes = 0  # payload bytes of data frames so far
+        self.message_sizes: deque[int] = deque()  # payload bytes of each data message that ended, not yet taken
+        self._data_frame = False  # the current frame is a data frame
+        self._message_bytes = 0  # payload bytes of the data message in progress
 
     def feed(self, data: bytes) -> None:
         position, size = 0, len(data)
@@ -90,6 +96,9 @@ class MessageWatch:
             if self._payload_left:
                 step = min(self._payload_left, size - position)
                 self._payload_left -= step
+                if self._data_frame:
+                    self.data_bytes += step
+                    self._message_bytes += step
                 position += step
                 if not self._payload_left:
                     self._frame_ended()
@@ -114,6 +123,7 @@ class MessageWatch:
         elif length == 127:
             length = int.from_bytes(header[2:10], "big")
         data = header[0] & 0x0F in _DATA_OPCODES
+        self._data_frame = data
         if data:
             self.in_message = True
         self._ends_message = data and bool(header[0] & 0x80)
@@ -128,6 +138,8 @@ class MessageWatch:
             self.in_message = False
             self.completed += 1
             self._ends_message = False
+            self.message_sizes.append(self._message_bytes)
+            self._message_bytes = 0
 
 
 class GuardedHandler(web.RequestHandler):
@@ -146,12 +158,14 @@ class GuardedHandler(web.RequestHandler):
     on_stall: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
     on_flood: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
     on_unparsable: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
+    on_incoming_full: Callable[[], None] = staticmethod(lambda: None)  # type: ignore[assignment]
 
     def __init__(
         self,
         *args: Any,
         limit: ConnectionLimit | None = None,
         frame_budgets: PerAddress[TokenBucket] | None = None,
+        bodies: HeldBodies | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -167,6 +181,9 @@ class GuardedHandler(web.RequestHandler):
         self._frames = TokenBucket(FRAME_BURST, FRAME_RATE)  # this socket's, or its address's once upgraded
         self._frames_host: str | None = None  # the address whose budget _frames is
         self._frames_seen = 0
+        self._bodies = bodies  # request bodies and incoming WebSocket messages of every gate, held together
+        self._ws_counted = 0  # the MessageWatch's data_bytes already held against _bodies
+        self._ws_held = 0  # incoming message bytes of this socket held against _bodies
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -208,6 +225,8 @@ class GuardedHandler(web.RequestHandler):
             return False
         if self._ws_messages.other_frames != self._frames_seen and not self._within_frame_budget():
             return False
+        if self._ws_messages.data_bytes != self._ws_counted and not self._within_held_bytes():
+            return False
         if not self._ws_messages.in_message:
             if self._message_guard is not None:
                 self._message_guard.cancel()
@@ -227,6 +246,43 @@ class GuardedHandler(web.RequestHandler):
         self.on_flood()
         self.transport.abort()
         return False
+
+    def _within_held_bytes(self) -> bool:
+        """Hold the new incoming message bytes against `[http] request_bytes_total`; False (the
+        connection aborted, counted) when the total is past it and this socket holds more than a
+        small message (:data:`SMALL_BODY_BYTES`).
+
+        Why: aiohttp assembles a message up to 4 x `[websocket] max_message_bytes` before the gate
+        sees it, and the gate stops taking a socket's messages while its slots are busy: 100
+        loopback sockets that held their 3 slots with slow subscribes and then sent a 3.9 MB
+        message each took the gateway from 85 to 568 MB, held while the probes ran (a read token on
+        the secure port: 256 sockets per address, ~1.2 GB; /tmp/atk-exhaust/wsbig.py). The bytes
+        are given back as the gate is done with each message (:meth:`give_back_message`)."""
+        assert self._ws_messages is not None
+        grown = self._ws_messages.data_bytes - self._ws_counted
+        self._ws_counted = self._ws_messages.data_bytes
+        if self._bodies is None:
+            return True
+        self._ws_held += grown
+        self._bodies.bytes += grown
+        limit = self._bodies.limit
+        if limit is None or self._bodies.bytes <= limit or self._ws_held <= SMALL_BODY_BYTES or self.transport is None:
+            return True
+        self.on_incoming_full()
+        self.transport.abort()
+        return False
+
+    def take_message(self) -> int:
+        """The payload bytes of the oldest incoming data message, which the gate now handles; give
+        them back with :meth:`give_back_message` once it is done with it."""
+        sizes = self._ws_messages.message_sizes if self._ws_messages is not None else None
+        return sizes.popleft() if sizes else 0
+
+    def give_back_message(self, size: int) -> None:
+        size = min(size, self._ws_held)  # all of it was given back when the connection was lost
+        self._ws_held -= size
+        if self._bodies is not None:
+            self._bodies.bytes -= size
 
     def _message_too_slow(self) -> None:
         self._message_guard = None
@@ -321,6 +377,7 @@ class GuardedHandler(web.RequestHandler):
         if self._frames_host is not None and self._frame_budgets is not None:
             self._frame_budgets.leave(self._frames_host)
             self._frames_host = None
+        self.give_back_message(self._ws_held)
         super().connection_lost(exc)
 
 
@@ -335,12 +392,16 @@ class GuardedServer(web.Server):
         on_flood: Callable[[], None] = lambda: None,
         on_unparsable: Callable[[], None] = lambda: None,
         on_stall: Callable[[], None] = lambda: None,
+        on_incoming_full: Callable[[], None] = lambda: None,
         limit: ConnectionLimit | None = None,
         frame_budgets: PerAddress[TokenBucket] | None = None,
+        bodies: HeldBodies | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.frame_budgets = frame_budgets
+        self.bodies = bodies
+        self.on_incoming_full = on_incoming_full
         self.head_timeout_s = head_timeout_s
         self.on_timeout = on_timeout
         self.on_stall = on_stall
@@ -355,8 +416,10 @@ class GuardedServer(web.Server):
             loop=asyncio.get_running_loop(),
             limit=self.limit,
             frame_budgets=self.frame_budgets,
+            bodies=self.bodies,
             **self.handler_options,
         )
+        handler.on_incoming_full = self.on_incoming_full
         handler.head_timeout_s = self.head_timeout_s
         handler.on_timeout = self.on_timeout
         handler.on_stall = self.on_stall

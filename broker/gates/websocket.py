@@ -28,6 +28,7 @@ from broker.gates.coalesce import MAX_COALESCE_MS, Coalescing, coalesce_interval
 from broker.gates.connections import peer_host
 from broker.gates.errors import error_body
 from broker.gates.quota import SubscriptionQuota
+from broker.gates.slow import GuardedHandler
 from broker.handoff import loop_handoff
 from broker.quiet_log import QuietLog
 from broker.scheduler import Scheduler
@@ -352,6 +353,7 @@ class WebSocketGate:
         except ValueError:  # aiohttp decodes Sec-WebSocket-Key unguarded: non-ASCII was a 500 and a traceback
             raise InvalidRequest("malformed WebSocket handshake") from None
         host = peer_host(request.transport) if request.transport is not None else None
+        protocol = request.protocol
         connection = Connection(
             ws,
             self.queue_limit,
@@ -368,12 +370,19 @@ class WebSocketGate:
         writer = asyncio.create_task(connection.writer())
         try:
             async for message in ws:
+                # its bytes stay held against [http] request_bytes_total until it is handled (broker.gates.slow)
+                size = protocol.take_message() if isinstance(protocol, GuardedHandler) else 0
                 if message.type == WSMsgType.TEXT:
                     await connection.slots.acquire()
                     task = asyncio.create_task(self.on_message(connection, message.data, *connection.turn()))
                     connection.tasks.add(task)
                     task.add_done_callback(connection.tasks.discard)
-                elif message.type == WSMsgType.BINARY:
+                    if size:
+                        task.add_done_callback(lambda _, size=size: protocol.give_back_message(size))
+                    continue
+                if size:
+                    protocol.give_back_message(size)
+                if message.type == WSMsgType.BINARY:
                     self.reply_error(
                         connection, "invalid_request", "binary frames are not supported: send JSON text", 400
                     )

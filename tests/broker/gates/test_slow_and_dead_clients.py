@@ -756,6 +756,45 @@ def test_the_request_bodies_in_flight_are_bounded_together(start_gateway: Callab
             asker.close()
 
 
+SLOW_PRODUCT = "SELECT (COUNT(*) AS ?n) WHERE { ?a ?b ?c . ?d ?e ?f . ?g ?h ?i }"
+
+
+def test_incoming_websocket_messages_count_in_the_request_bodies_held_together(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """aiohttp assembles a WebSocket message (up to 4 x max_message_bytes) before the gate sees it,
+    and the gate takes no more of a socket's messages while its 3 slots are busy: 100 loopback
+    sockets that held their slots with slow subscribes, then sent a 3.9 MB message each, took the
+    gateway from 85 to 568 MB. Now those bytes are held against `[http] request_bytes_total` until
+    the gate is done with the message; past it, a socket holding more than a small message is cut
+    (counted). Here 40 sockets send a 3 MB message behind 3 slow probes each, with a 4 MB bound:
+    peak RSS +10 MB (+152 MB without), and a bystander's update is served meanwhile."""
+    gateway = start_gateway(toml="[http]\nrequest_bytes_total = 4000000\n[engine]\ntime_limit_s = 5\n")
+    gateway.update("INSERT DATA { " + " ".join(f"<{EX}s{index}> <{EX}p> {index} ." for index in range(1000)) + " }")
+    big = frame(0x1, json.dumps({"subscribe": {"sparql": "#" + "x" * 3_000_000, "alias": "big"}}).encode())
+    senders: list[RawWebSocket] = []
+    try:
+        for index in range(40):
+            sender = RawWebSocket(gateway.ws_port)
+            for slot in range(3):
+                sender.send_json({"subscribe": {"sparql": SLOW_PRODUCT, "alias": f"slow-{index}-{slot}"}})
+            senders.append(sender)
+        time.sleep(0.5)
+        with PeakResident(gateway.process.pid) as resident:
+            for sender in senders:
+                with contextlib.suppress(OSError):  # cut already
+                    sender.sock.sendall(big)
+            started = time.monotonic()
+            assert gateway.update(f"INSERT DATA {{ <{EX}bystander> <{EX}p> 1 }}").status == 200
+            assert time.monotonic() - started < 5.0
+            time.sleep(1.0)
+        assert resident.peak - resident.start < 60, f"RSS {resident.start:.0f} -> {resident.peak:.0f} MB"
+        gateway.wait_for_metric("sepa_ws_incoming_cut_total", lambda value: value >= 30)
+    finally:
+        for sender in senders:
+            sender.close()
+
+
 def test_the_secure_sockets_are_counted_in_the_same_total_as_the_plain_ones(
     in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
 ) -> None:
