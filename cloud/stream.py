@@ -13,6 +13,11 @@ What it does, and why:
   skipped by Spark) with an EXPLICIT schema, :data:`RECORD_SCHEMA`, mirroring
   :data:`gateway.shipper.contract.FIELDS`: no inference pass over the files, and a stray file with other keys
   cannot change the table's columns.
+* ``ignoreCorruptFiles``: a landing file that does not inflate (a gzip cut short, an empty file: a copy
+  interrupted, a disk's damage; the endpoint writes neither) is read up to its damage and the rest
+  skipped, with Spark's WARN "Skipped the rest of the content in the corrupted file" naming it.
+  Without it, one such file failed the query at every start (FAILED_READ_FILE), and no gateway's
+  observations reached the table again until someone removed the file by hand.
 * Times are read as strings and parsed with ``try_to_timestamp`` on the one pattern the endpoint
   accepts (:data:`TIME_FORMAT`, microseconds kept); ``try_`` because Spark 4's ANSI mode would
   otherwise fail the whole query on one bad time. The endpoint already refused such records, so
@@ -92,6 +97,7 @@ def observations(spark: SparkSession, options: StreamOptions) -> DataFrame:
         .option("maxFilesPerTrigger", options.max_files_per_trigger)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .option("ignoreCorruptFiles", "true")
         .json(options.landing)
     )
     parsed = raw.withColumns({parsed: _timestamp(name) for name, parsed in _PARSED.items()})

@@ -220,6 +220,24 @@ def test_stats_refuses_a_missing_table(tmp_path: Path, spark: Any, capsys: pytes
     assert "Path does not exist" in capsys.readouterr().err
 
 
+def test_a_damaged_file_in_the_landing_directory_does_not_stop_the_stream(
+    landing: LandingServer, spark: Any, tmp_path: Path
+) -> None:
+    """A gzip cut short and an empty file (a copy interrupted, a disk's damage: the endpoint never
+    writes either) beside the endpoint's batches: the stream goes on, then and at its next run."""
+    landing.client().put("gw-1.0001", batch([record(n) for n in range(3)]))
+    directory = landing.settings.landing_dir
+    (directory / "copied.json.gz").write_bytes(batch([record(n) for n in range(10, 400)])[:200])
+    (directory / "empty.json.gz").write_bytes(b"")
+    uris = {name: (tmp_path / name).as_uri() for name in ("table", "checkpoint")}
+    pipeline = Pipeline(landing, uris["table"], uris["checkpoint"], (tmp_path / "stats").as_uri())
+    pipeline.run(spark)
+    assert {record(n)["id"] for n in range(3)} <= {row["id"] for row in pipeline.rows(spark)}
+    pipeline.upload("gw-1.0002", [record(n) for n in range(3, 6)])
+    pipeline.run(spark)
+    assert {record(n)["id"] for n in range(6)} <= {row["id"] for row in pipeline.rows(spark)}
+
+
 def test_readme_spark_submit_command(landing: LandingServer, spark: Any, tmp_path: Path) -> None:
     """The README's command, run as written (spark-submit of the pyspark wheel, the file path)."""
     landing.client().put("a", batch([record(n) for n in range(4)]))
