@@ -13,6 +13,11 @@ What it does, and why:
   skipped by Spark) with an EXPLICIT schema, :data:`RECORD_SCHEMA`, mirroring
   :data:`gateway.shipper.contract.FIELDS`: no inference pass over the files, and a stray file with other keys
   cannot change the table's columns.
+* ``ignoreCorruptFiles``: a landing file that does not inflate (a gzip cut short, an empty file: a copy
+  interrupted, a disk's damage; the endpoint writes neither) is read up to its damage and the rest
+  skipped, with Spark's WARN "Skipped the rest of the content in the corrupted file" naming it.
+  Without it, one such file failed the query at every start (FAILED_READ_FILE), and no gateway's
+  observations reached the table again until someone removed the file by hand.
 * Times are read as strings and parsed with ``try_to_timestamp`` on the one pattern the endpoint
   accepts (:data:`TIME_FORMAT`, microseconds kept); ``try_`` because Spark 4's ANSI mode would
   otherwise fail the whole query on one bad time. The endpoint already refused such records, so
@@ -44,6 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -92,6 +98,7 @@ def observations(spark: SparkSession, options: StreamOptions) -> DataFrame:
         .option("maxFilesPerTrigger", options.max_files_per_trigger)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", "_corrupt_record")
+        .option("ignoreCorruptFiles", "true")
         .json(options.landing)
     )
     parsed = raw.withColumns({parsed: _timestamp(name) for name, parsed in _PARSED.items()})
@@ -289,15 +296,32 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         stop.install()
         try:
             run(query, min(options.trigger_seconds, 5.0), stop)
-        except PySparkException as error:
-            print(f"sepa-cloud stream: the query failed: {_first_line(error)}", file=sys.stderr)
-            return 1
+        except (PySparkException, Py4JError, OSError) as error:
+            if not stop.requested:
+                print(f"sepa-cloud stream: the query failed: {_first_line(error)}", file=sys.stderr)
+                return 1
+            log.debug("the JVM stopped first", extra={"error": _first_line(error)})
         log.info("stream stopped", extra={"table": options.table})
         return 0
     finally:
         stop.uninstall()
         if owned:
-            spark.stop()
+            _stop_session(spark, stop.requested)
+
+
+def _stop_session(spark: SparkSession, stop_requested: bool) -> None:
+    """Stop the session this job made. Why a stop signal's errors are let go: systemd's stop (its
+    KillMode=control-group), ``kill -- -PGID`` or a container's stop signal the JVM as well as this
+    process, and the JVM's shutdown hook stops the SparkContext itself meanwhile. Every call into it
+    then fails: the query "failed" (exit 1, "Cannot invoke ... dagScheduler() is null"), then a
+    traceback from this stop (Py4JNetworkError, or ConnectionRefusedError once the JVM is gone).
+    The checkpoint makes a micro-batch cut short run again at the next start, so it is the stop
+    asked for, and exits 0."""
+    try:
+        spark.stop()
+    except (Py4JError, OSError):
+        if not stop_requested:
+            raise
 
 
 class _StopFlag:
@@ -321,6 +345,9 @@ class _StopFlag:
 
     def _handle(self, _signum: int, _frame: Any) -> None:
         self.requested = True
+        # the JVM may be stopping too (see _stop_session): py4j's own tracebacks of its lost connection
+        # ("Exception while sending command.") would be logged to stderr meanwhile
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
 
 
 def _first_line(error: BaseException) -> str:

@@ -8,7 +8,9 @@ adds a check for every other part it runs, in :func:`add_checks`. What each one 
   ready, yet alive: readings wait in Mosquitto's session, and a restart would not bring it back.
 - ``shipper`` is *not* required: its spool exists to ride out cloud outages, and the gateway does
   its job meanwhile. It is failing once its backlog fills half of ``spool_budget_bytes``: past the
-  budget the oldest observations are dropped, so a monitor should hear of it well before.
+  budget the oldest observations are dropped, so a monitor should hear of it well before; and while
+  the cloud's last answer was a refusal only the operator ends (a token refused, 401/403; a URL not
+  served, 404/405; a batch refused for good, 400/409/413), whatever the backlog.
 - ``clock`` is required: the wall clock must not be before the installation of this code nor the
   last write into the data directory. A Raspberry Pi has no real-time clock: it boots at 1970, or
   at the time fake-hwclock saved at the last shutdown, until NTP sets it, and every observation
@@ -43,7 +45,7 @@ def add_checks(
     for name, adapter in adapters.items():
         gates.health.checks[name] = lambda adapter=adapter: adapter_health(adapter)
     if shipper is not None:
-        gates.health.checks["shipper"] = lambda: shipper_health(shipper.metrics(), budget_bytes)
+        gates.health.checks["shipper"] = lambda: shipper_health(shipper.metrics(), budget_bytes, shipper.refusal)
 
 
 def adapter_health(adapter: Adapter) -> ComponentHealth:
@@ -55,10 +57,12 @@ def adapter_health(adapter: Adapter) -> ComponentHealth:
     return ComponentHealth(bool(report.get("ok")), detail)
 
 
-def shipper_health(numbers: dict[str, Any], budget_bytes: int) -> ComponentHealth:
-    """Failing once the spool's backlog passes :data:`SHIPPER_BACKLOG_SHARE` of its budget, and
-    while the spool cannot be opened or written (its disk full: the store alone holds what is not
-    spooled)."""
+def shipper_health(numbers: dict[str, Any], budget_bytes: int, refusal: str | None = None) -> ComponentHealth:
+    """Failing once the spool's backlog passes :data:`SHIPPER_BACKLOG_SHARE` of its budget, while
+    the spool cannot be opened or written (its disk full: the store alone holds what is not
+    spooled), and while the cloud's last answer was a refusal only the operator ends (`refusal`,
+    :attr:`gateway.shipper.Shipper.refusal`: a token refused, a URL not served, a batch refused
+    for good)."""
     if "backlog_bytes" not in numbers:
         return ComponentHealth(False, "the spool cannot be opened (see the log); trying again", required=False)
     if numbers.get("holding"):
@@ -70,7 +74,21 @@ def shipper_health(numbers: dict[str, Any], budget_bytes: int) -> ComponentHealt
         f"backlog {numbers.get('backlog_observations', 0)} observations, {_size(backlog)} of the "
         f"{_size(budget_bytes)} spool budget; {since}"
     )
+    if refusal is not None:
+        return ComponentHealth(
+            False, f"the cloud refuses the uploads ({_refused(refusal)}; see the log); {detail}", required=False
+        )
     return ComponentHealth(backlog < SHIPPER_BACKLOG_SHARE * budget_bytes, detail, required=False)
+
+
+def _refused(reason: str) -> str:
+    """A refusal's reason (``http_401``) as the health detail says it."""
+    status = reason.removeprefix("http_")
+    if status in ("401", "403"):
+        return f"HTTP {status}: the token is not accepted for this gateway"
+    if status in ("404", "405"):
+        return f"HTTP {status}: the URL is not the landing endpoint's"
+    return f"HTTP {status}: batches set aside in spool/rejected/"
 
 
 class ClockFloor:

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 60.0
 RESPOOL_INITIAL_S = 5.0  # after a failed append, the first try at spooling again (then doubling)
 RESPOOL_MAX_S = 300.0
+# Retried like any failure, but only the operator ends them: a token refused (revoked, expired, not
+# bound to this gateway) or a URL the endpoint does not serve (see gateway.shipper.uploader)
+OPERATOR_REASONS = frozenset({"http_401", "http_403", "http_404", "http_405"})
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,12 @@ class Shipper:
         self.holding = False
         self.lost_observations = 0  # found missing from the store when spooling resumed (pruned meanwhile)
         self.start_failures = 0  # starts that could not open the spool (disk full, no such directory)
+        # The cloud's last answer when it was a refusal only the operator ends (OPERATOR_REASONS, or a
+        # batch refused for good): /health fails meanwhile. Why not the backlog alone: a revoked token
+        # kept /health "ok" until the spool was half full (days at the default budget), and batches
+        # refused for good are set aside, so every observation went to spool/rejected/ (and, past the
+        # budget, was deleted) with the backlog at 0 and /health "ok" throughout.
+        self.refusal: str | None = None
         self._starting: asyncio.Task[None] | None = None
 
     async def _run_io(self, function: Any, *args: Any) -> Any:
@@ -321,6 +330,8 @@ class Shipper:
             duplicate = await self.uploader.put(batch, body, segment.records)
         except UploadError as error:
             self._count_failure(error.reason)
+            if not error.retry or error.reason in OPERATOR_REASONS:
+                self.refusal = error.reason
             if not error.retry:
                 self.rejected_segments += 1
                 kept = await self._run_io(spool.reject, segment)
@@ -332,6 +343,7 @@ class Shipper:
             await asyncio.sleep(delay)
             return
         self._backoff = 0.0
+        self.refusal = None
         await self._run_io(spool.confirmed, segment)
         now = time.monotonic()
         self.last_success = time.time()
@@ -370,6 +382,7 @@ class Shipper:
             "spool_failures": self.spool_failures,
             "lost_observations": self.lost_observations,
             "holding": int(self.holding),
+            "refusing": int(self.refusal is not None),
             "start_failures": self.start_failures,
             "digest_observations": self.digest_observations,
             "upload_rate_per_s": round(self.upload_rate(), 3),

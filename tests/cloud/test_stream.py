@@ -10,9 +10,11 @@ import datetime
 import gzip
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -218,6 +220,55 @@ def test_stream_refuses_bad_arguments_in_one_line(
 def test_stats_refuses_a_missing_table(tmp_path: Path, spark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["stats", "--table", (tmp_path / "none").as_uri(), "--out", (tmp_path / "o").as_uri()]) == 2
     assert "Path does not exist" in capsys.readouterr().err
+
+
+def test_a_damaged_file_in_the_landing_directory_does_not_stop_the_stream(
+    landing: LandingServer, spark: Any, tmp_path: Path
+) -> None:
+    """A gzip cut short and an empty file (a copy interrupted, a disk's damage: the endpoint never
+    writes either) beside the endpoint's batches: the stream goes on, then and at its next run."""
+    landing.client().put("gw-1.0001", batch([record(n) for n in range(3)]))
+    directory = landing.settings.landing_dir
+    (directory / "copied.json.gz").write_bytes(batch([record(n) for n in range(10, 400)])[:200])
+    (directory / "empty.json.gz").write_bytes(b"")
+    uris = {name: (tmp_path / name).as_uri() for name in ("table", "checkpoint")}
+    pipeline = Pipeline(landing, uris["table"], uris["checkpoint"], (tmp_path / "stats").as_uri())
+    pipeline.run(spark)
+    assert {record(n)["id"] for n in range(3)} <= {row["id"] for row in pipeline.rows(spark)}
+    pipeline.upload("gw-1.0002", [record(n) for n in range(3, 6)])
+    pipeline.run(spark)
+    assert {record(n)["id"] for n in range(6)} <= {row["id"] for row in pipeline.rows(spark)}
+
+
+def test_sigterm_to_the_process_group_stops_the_stream_cleanly(
+    landing: LandingServer, spark: Any, tmp_path: Path
+) -> None:
+    """systemd's stop (KillMode=control-group), `kill -- -PGID`, a container's stop signal the whole
+    process group: the JVM shuts its SparkContext down by itself while the job asks the query to
+    stop. Both are the stop asked for: exit 0 and the stop logged, no traceback."""
+    landing.client().put("a", batch([record(n) for n in range(4)]))
+    table, checkpoint = (tmp_path / "table").as_uri(), (tmp_path / "checkpoint").as_uri()
+    command = [sys.executable, "-m", "cloud.stream", "--master", "local[1]", "--trigger-seconds", "1"]
+    command += ["--landing", landing.settings.landing_dir.as_uri(), "--table", table, "--checkpoint", checkpoint]
+    command += ["--state-partitions", "1"]
+    environ = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    log = tmp_path / "stream.log"
+    with open(log, "wb") as output:
+        job = subprocess.Popen(command, env=environ, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 240
+            while "msg=micro-batch" not in log.read_text(errors="replace") and job.poll() is None:
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.5)
+            os.killpg(job.pid, signal.SIGTERM)
+            code = job.wait(120)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    assert code == 0, text[-3000:]
+    assert "Traceback" not in text and 'msg="stream stopped"' in text, text[-3000:]
+    assert sorted(row["sequence"] for row in spark.read.parquet(table).collect()) == [1, 2, 3, 4]
 
 
 def test_readme_spark_submit_command(landing: LandingServer, spark: Any, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from cloud.settings import LandingSettings
+from cloud.tokens import BearerCheck
 from gateway.appliance.config import Config
 from gateway.appliance.shipping import build_shipper
 from gateway.observations.vocabulary import GRAPH_LATEST, GRAPH_OBSERVATIONS, GW, QUDT, SOSA, XSD
@@ -507,3 +508,51 @@ def test_a_gateway_starts_when_its_spool_cannot_be_opened_and_ships_once_it_can(
     blocker.unlink()
     blocker.mkdir()
     wait_until(lambda: cloud.landed == 50, timeout=30)  # tried again 5 s later: the store had them
+
+
+def _shipper_component(gateway: InProcessGateway) -> dict[str, object]:
+    return gateway.request("GET", "/health").json()["components"]["shipper"]
+
+
+def test_health_fails_while_the_cloud_refuses_the_token_and_recovers_once_it_takes_it(
+    in_process_gateway, tmp_path: Path, cloud: Cloud
+) -> None:
+    """The gateway's token revoked mid-stream (the endpoint's real check, its accepted tokens changed):
+    every upload is a 401 until the operator acts, however small the backlog, so /health must say so."""
+    landing = cloud.server.landing
+    assert landing is not None
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 30)
+    wait_until(lambda: cloud.landed == 30)
+    assert _shipper_component(gateway)["status"] == "ok"
+    accepted = landing._bearer
+    landing._bearer = BearerCheck(("another-gateways-token",))  # revoked
+    observe(gateway, 31, 30)
+    wait_until(lambda: shipper_metrics(gateway).get("upload_failures_http_401", 0) >= 3)
+    component = _shipper_component(gateway)
+    assert component["status"] == "failing", component
+    assert "401" in str(component["detail"]), component
+    landing._bearer = accepted  # the operator gave the token back
+    wait_until(lambda: cloud.landed == 60)
+    assert _shipper_component(gateway)["status"] == "ok"
+
+
+def test_health_fails_while_the_cloud_refuses_every_batch(in_process_gateway, tmp_path: Path, cloud: Cloud) -> None:
+    """Batches refused for good are set aside, so the backlog stays empty: the backlog alone said "ok"
+    while every observation went to spool/rejected/ and, past the budget, was deleted."""
+
+    async def refuse(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "invalid_request"}, status=400)
+
+    cloud.fault.reply = refuse
+    gateway = shipping_gateway(in_process_gateway, tmp_path, cloud)
+    observe(gateway, 1, 15)
+    observe(gateway, 16, 15)
+    wait_until(lambda: shipper_metrics(gateway).get("rejected_segments", 0) >= 2)
+    component = _shipper_component(gateway)
+    assert component["status"] == "failing", component
+    assert "400" in str(component["detail"]), component
+    cloud.fault.reply = None
+    observe(gateway, 31, 30)
+    wait_until(lambda: cloud.landed > 0 and shipper_metrics(gateway)["backlog_observations"] == 0)
+    assert _shipper_component(gateway)["status"] == "ok"
