@@ -12,8 +12,8 @@ and 173 ms (2 pairs alternated, 2026-12-04: 100 sensors, 1,000 MQTT readings/s f
 without the browser). A copy then takes 1.1-1.8 s instead of 0.4-0.9 s, which costs nothing but
 the memory of the dead versions meanwhile. What is left of a compaction's stall holds the GIL and
 cannot move here: replaying the deltas that came during the copy (~1 ms each; under the store's
-lock only the last few, broker.store REPLAY_LOCKED_MAX) and freeing the old store (~105 ms for ~240,000 quads, live and
-dead: pyoxigraph frees it under the GIL).
+lock only the last few, broker.store.rdf_store REPLAY_LOCKED_MAX) and freeing the old store (~105 ms
+for ~240,000 quads, live and dead: pyoxigraph frees it under the GIL).
 
 Only native calls belong here: a thread at low priority that holds the GIL when it is preempted
 holds up every other thread of the process."""

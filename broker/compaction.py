@@ -22,7 +22,7 @@ with retention that ran away (a longer wait, more dead quads, a longer compactio
 quads and 1.7 GB after 11 minutes of bench soak).
 
 A removal counts once, and once more for each 256 characters of a long literal it removed
-(`broker.store._dead_weight`): a dead version keeps its terms, and counted by quads alone, a client
+(`broker.store.delta.dead_weight`): a dead version keeps its terms, and counted by quads alone, a client
 inserting and deleting a 900,000-character literal 300 times took a 588-quad store's gateway from
 82 to 355 MB and each query worker's replica to 448 MB before a compaction came; weighed, 92-99 MB
 and 55-60 MB throughout (`/tmp/atk-p/p9_dead_bytes.py`, 181 small compactions). So the dead

@@ -184,7 +184,7 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
     Dead versions grow in a replica as in the store, and a thread of its own compacts it, as in the
     gateway (:mod:`broker.compaction`): deltas and jobs go on meanwhile, and the jobs' memory limit
     leaves room for the copy (:class:`MemoryBound`); the deltas that come meanwhile are loaded and
-    kept for the copy as N-Quads (:class:`broker.store._Recording`). Measured as installed, at 1,000
+    kept for the copy as N-Quads (:class:`broker.store.live_copy.Recording`). Measured as installed, at 1,000
     readings/s with a SPARQL query every 100 ms for 60 s (4 compactions; 2 runs alternated with the
     build before, where the replica compacted between messages): the slowest query 277 and 397 ms
     against 1,526 and 1,550; p99 130 and 174 ms against 1,029 and 652; queries past 500 ms 0 and 0

@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, serialize
 
-import broker.store as store_module
+import broker.store.rdf_store as store_module
 from broker.compaction import HOT_MIN_S, HOT_REMOVALS, REPLICA_DEAD_PER_LIVE, Compactor
 from broker.store import RdfStore
+from broker.store.delta import DEAD_CHARS
 
 EX = "http://example.org/"
 GRAPHS = [DefaultGraph(), NamedNode(f"{EX}g1"), NamedNode(f"{EX}g2")]
@@ -186,7 +187,7 @@ def test_a_compaction_replays_the_deltas_of_its_copy_mostly_without_the_lock(mon
     update path's time in a microbenchmark of 150,000 live quads and a 1.5 s copy)."""
     store = RdfStore.memory()
     store.apply([_quad(n, 1) for n in range(200)], [])
-    real_copy_live, real_replay = store_module.copy_live, store_module._replay
+    real_copy_live, real_replay = store_module.copy_live, store_module.replay
     under_lock = []
 
     def copy_live(source, target) -> int:
@@ -201,7 +202,7 @@ def test_a_compaction_replays_the_deltas_of_its_copy_mostly_without_the_lock(mon
         return real_replay(ox, delta)
 
     monkeypatch.setattr(store_module, "copy_live", copy_live)
-    monkeypatch.setattr(store_module, "_replay", replay)
+    monkeypatch.setattr(store_module, "replay", replay)
     store.compact()
     assert len(under_lock) <= 4
     assert len(store.ox) == len({_quad(n, 1) for n in range(200)}) + 50
@@ -228,7 +229,7 @@ def test_a_replica_compacting_applies_and_replays_n_quads_deltas_as_they_came(mo
         reference.apply_nquads(*delta)
     real_copy_live = store_module.copy_live
     as_nquads = []
-    real_nquads = store_module._Recording.nquads
+    real_nquads = store_module.Recording.nquads
 
     def copy_live(source, target) -> int:
         copied = real_copy_live(source, target)
@@ -241,7 +242,7 @@ def test_a_replica_compacting_applies_and_replays_n_quads_deltas_as_they_came(mo
         real_nquads(self, *delta)
 
     monkeypatch.setattr(store_module, "copy_live", copy_live)
-    monkeypatch.setattr(store_module._Recording, "nquads", record)
+    monkeypatch.setattr(store_module.Recording, "nquads", record)
     store.compact()
     assert store.quads() == reference.quads()
     assert set(store.ox.named_graphs()) == set(reference.ox.named_graphs())
@@ -319,6 +320,6 @@ def test_a_dead_long_literal_weighs_its_length_and_makes_a_compaction_due() -> N
     big = Quad(NamedNode(f"{EX}big"), NamedNode(f"{EX}p"), Literal("x" * 900_000), DefaultGraph())
     store.apply([big], [])
     store.apply([], [big])
-    assert store.garbage == 1 + 900_000 // store_module.DEAD_CHARS
+    assert store.garbage == 1 + 900_000 // DEAD_CHARS
     assert compactor.maybe_compact()
     assert store.garbage == 0 and store.quads() == set(live)

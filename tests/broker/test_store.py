@@ -22,7 +22,8 @@ from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFor
 
 import broker.store
 from broker.core.engine import Engine
-from broker.store import JOURNAL, RdfStore, encode_journal_entry
+from broker.store import JOURNAL, RdfStore, encode_journal_entry, rdf_store
+from broker.store import delta as store_delta
 
 EX = "http://example.org/"
 
@@ -139,11 +140,11 @@ def test_the_journal_is_emptied_at_a_checkpoint(tmp_path: Path) -> None:
     engine = Engine(RdfStore.open(tmp_path))
     engine.update(f"INSERT DATA {{ <{EX}a> <{EX}p> 1 }}")
     assert (tmp_path / JOURNAL).read_bytes().startswith(b"SEPA-DELTA")  # kept until a checkpoint
-    limit, broker.store.CHECKPOINT_BYTES = broker.store.CHECKPOINT_BYTES, 1
+    limit, rdf_store.CHECKPOINT_BYTES = rdf_store.CHECKPOINT_BYTES, 1
     try:
         engine.update(f"DELETE DATA {{ <{EX}a> <{EX}p> 1 }}")
     finally:
-        broker.store.CHECKPOINT_BYTES = limit
+        rdf_store.CHECKPOINT_BYTES = limit
     assert (tmp_path / JOURNAL).read_bytes() == b""
     engine.store.close()
 
@@ -333,14 +334,14 @@ _deltas = st.lists(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(deltas=_deltas, one_write=st.sampled_from([2, broker.store.ONE_WRITE_QUADS]))
+@given(deltas=_deltas, one_write=st.sampled_from([2, store_delta.ONE_WRITE_QUADS]))
 def test_on_disk_deltas_written_as_updates_leave_the_store_a_quad_by_quad_apply_does(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, deltas: list, one_write: int
 ) -> None:
     """Any term a delta can hold, on disk (one SPARQL update per delta, or per piece of a large one;
     blank nodes quad by quad) against in memory (quad by quad), after every delta and once the
     store is opened again."""
-    monkeypatch.setattr(broker.store, "ONE_WRITE_QUADS", one_write)
+    monkeypatch.setattr(store_delta, "ONE_WRITE_QUADS", one_write)
     directory = tmp_path_factory.mktemp("store")
     disk, memory = RdfStore.open(directory), RdfStore.memory()
     seen: list[Quad] = []

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from pyoxigraph import BlankNode, Literal, NamedNode, Quad
 
-import broker.store
 from broker.compaction import Compactor
 from broker.core.engine import Engine
 from broker.errors import StoreFailed
-from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry
+from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry, lock, rdf_store
 
 EX = "http://example.org/"
 
@@ -129,11 +128,11 @@ def test_a_checkpoint_empties_what_a_start_replays(tmp_path: Path) -> None:
     for index in range(20):
         store.apply([_quad(index)], [])
     assert not compactor.maybe_checkpoint()  # under CHECKPOINT_BYTES
-    limit, broker.store.CHECKPOINT_BYTES = broker.store.CHECKPOINT_BYTES, 100
+    limit, rdf_store.CHECKPOINT_BYTES = rdf_store.CHECKPOINT_BYTES, 100
     try:
         assert compactor.maybe_checkpoint()
     finally:
-        broker.store.CHECKPOINT_BYTES = limit
+        rdf_store.CHECKPOINT_BYTES = limit
     assert compactor.stats["checkpoints"] == 1
     store.apply([_quad(20)], [])
     store.sync()
@@ -154,19 +153,19 @@ def test_a_checkpoint_waits_for_twice_the_snapshot_in_journal(tmp_path: Path) ->
     store.apply([_quad(index) for index in range(1_000)], [])
     assert store.checkpoint()
     size = (tmp_path / SNAPSHOT).stat().st_size
-    limit, broker.store.CHECKPOINT_BYTES = broker.store.CHECKPOINT_BYTES, 100
+    limit, rdf_store.CHECKPOINT_BYTES = rdf_store.CHECKPOINT_BYTES, 100
     try:
         index = 1_000
         while store._journal_bytes <= size:  # past CHECKPOINT_BYTES and the snapshot's size
             store.apply([_latest(index)], [_latest(index - 1)])
             index += 1
         assert not store.checkpoint_due
-        while store._journal_bytes <= broker.store.SNAPSHOT_RATIO * size:
+        while store._journal_bytes <= rdf_store.SNAPSHOT_RATIO * size:
             store.apply([_latest(index)], [_latest(index - 1)])
             index += 1
         assert store.checkpoint_due
     finally:
-        broker.store.CHECKPOINT_BYTES = limit
+        rdf_store.CHECKPOINT_BYTES = limit
     store.close()
 
 
@@ -296,7 +295,7 @@ def test_a_data_directory_is_one_processs_until_that_process_ends(tmp_path: Path
     started = time.monotonic()
     with pytest.raises(StoreFailed, match=rf"{tmp_path} is in use by another process \(pid {holder.pid},"):
         RdfStore.open(tmp_path, resident=resident)
-    assert time.monotonic() - started >= broker.store.LOCK_WAIT_S  # it waited for a holder still stopping
+    assert time.monotonic() - started >= lock.LOCK_WAIT_S  # it waited for a holder still stopping
     holder.kill()
     holder.wait()
     store = RdfStore.open(tmp_path, resident=resident)

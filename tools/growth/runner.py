@@ -1,6 +1,6 @@
 """Store growth: one value replaced N times over HTTP; lookup and update cost as it goes.
 
-pyoxigraph keeps dead versions (broker/store.py): without compaction, a value replaced 50,000
+pyoxigraph keeps dead versions (broker/store/): without compaction, a value replaced 50,000
 times made its lookup 55x slower in memory and 250x on disk. The gateway is started as for the
 wire benchmark (in memory, or with a data directory), `filler` unrelated triples are loaded (1,000;
 more, a large store: a compaction due at twice its live quads came late for one hot key, see

@@ -22,7 +22,7 @@ def nquads(numbers: Iterable[int]) -> bytes:
 def held_compaction(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, ...]]:
     """A compaction whose copy waits until released (a copy takes ~1 s at 1,000 readings/s, and 23 s
     with two busy processes on a 2-core board, at its lowest priority): (copying, release, compacted)."""
-    import broker.store as store_module
+    import broker.store.rdf_store as store_module
 
     copying, release, compacted = threading.Event(), threading.Event(), threading.Event()
     copy_live, compact = store_module.copy_live, RdfStore.compact
