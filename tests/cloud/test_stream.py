@@ -267,7 +267,11 @@ def test_sigterm_to_the_process_group_stops_the_stream_cleanly(
                 os.killpg(job.pid, signal.SIGKILL)
     text = log.read_text(errors="replace")
     assert code == 0, text[-3000:]
-    assert "Traceback" not in text and 'msg="stream stopped"' in text, text[-3000:]
+    # a traceback of this process starts its line; the JVM's own ERROR lines, which stopping it mid
+    # micro-batch writes (in every run), may quote one of the batch's Python callback after an
+    # exception's name: the likely cause, not proven, of 2 failures in ~30 runs on a loaded machine
+    own_tracebacks = [line for line in text.splitlines() if line.startswith("Traceback")]
+    assert not own_tracebacks and 'msg="stream stopped"' in text, text[-3000:]
     assert sorted(row["sequence"] for row in spark.read.parquet(table).collect()) == [1, 2, 3, 4]
 
 
