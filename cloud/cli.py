@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             module = importlib.import_module(SPARK_COMMANDS[args.command])
         except ModuleNotFoundError as error:
-            if (error.name or "").partition(".")[0] != "pyspark":
+            if (error.name or "").partition(".")[0] not in ("pyspark", "py4j"):  # py4j comes with pyspark
                 raise
             print(f"sepa-cloud: {args.command} {SPARK_MISSING}", file=sys.stderr)
             return 2
