@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.api import QuietLog, peer_host
+from broker.api import Admission, QuietLog, Shares, peer_host
 
 log = logging.getLogger(__name__)
 
@@ -73,67 +73,26 @@ HANDSHAKES_PER_ADDRESS = 32
 HANDSHAKES = 256
 
 
-class Handshake:
-    """One connection in its TLS handshake: its peer (None: this board) and its transport."""
-
-    __slots__ = ("host", "transport", "counted")
-
-    def __init__(self, host: str | None, transport: asyncio.BaseTransport) -> None:
-        self.host, self.transport, self.counted = host, transport, True
-
-
-class Handshakes:
-    """The TLS handshakes under way, by peer address; past the bounds a connection is closed at once.
-
-    When all :data:`HANDSHAKES` are under way, a newcomer from an address holding fewer than the
-    address holding the most takes the place of that address's oldest handshake (aborted). Why:
-    refusing the newcomer let 8 LAN addresses of 32 silent connections each (256 sockets, sending
-    nothing, opened again every `request_timeout_s`) keep every other client, this board's too, out
-    of both secure ports (/tmp/atk-tls/halfopen.py: each token request reset at its accept). Now
-    such a host can keep out only addresses holding as many handshakes as its own, and an honest
-    handshake, done in milliseconds, is never the oldest of an address holding many."""
+class Handshakes(Shares):
+    """The TLS handshakes under way, by peer address (:class:`broker.api.Shares`); past the bounds a
+    connection is closed at once. Why a newcomer takes the oldest place of the address holding the
+    most once all :data:`HANDSHAKES` are under way: refusing it let 8 LAN addresses of 32 silent
+    connections each (256 sockets, sending nothing, opened again every `request_timeout_s`) keep
+    every other client, this board's too, out of both secure ports (/tmp/atk-tls/halfopen.py: each
+    token request reset at its accept). An honest handshake, done in milliseconds, is never the
+    oldest of an address holding many."""
 
     def __init__(self, per_address: int = HANDSHAKES_PER_ADDRESS, total: int = HANDSHAKES) -> None:
-        self.per_address, self.total = per_address, total
-        self.open = 0
-        # the handshakes of each address, oldest first (dicts keep their insertion order)
-        self.by_address: dict[str | None, dict[Handshake, None]] = {}
+        super().__init__(total, per_address)
         self.refused = QuietLog(log, "TLS handshakes refused: too many under way", level=logging.WARNING)
-        self.evicted = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def admit(self, host: str | None, transport: asyncio.BaseTransport) -> Handshake | None:
+    def admit(self, host: str | None, transport: asyncio.BaseTransport) -> Admission | None:
         """The handshake of `transport` counted until `release`, or None when it may not start."""
-        held = len(self.by_address.get(host, ()))
-        if (host is not None and held >= self.per_address) or (self.open >= self.total and not self._evict(held)):
+        handshake = self.take(host, transport)
+        if handshake is None:
             self.refused(peer=host, under_way=self.open)
-            return None
-        handshake = Handshake(host, transport)
-        self.by_address.setdefault(host, {})[handshake] = None
-        self.open += 1
         return handshake
-
-    def _evict(self, held: int) -> bool:
-        """Abort the oldest handshake of the address holding the most, if it holds more than `held`."""
-        victims = max(self.by_address.values(), key=len, default={})
-        if len(victims) <= held:
-            return False
-        oldest = next(iter(victims))
-        self.release(oldest)
-        oldest.transport.abort()
-        self.evicted += 1
-        return True
-
-    def release(self, handshake: Handshake) -> None:
-        """Uncount `handshake` (once: an evicted one is released again when its task ends)."""
-        if not handshake.counted:
-            return
-        handshake.counted = False
-        self.open -= 1
-        mine = self.by_address[handshake.host]
-        del mine[handshake]
-        if not mine:
-            del self.by_address[handshake.host]
 
     def metrics(self) -> dict[str, int]:
         return {"handshakes": self.open, "handshakes_refused": self.refused.total, "handshakes_evicted": self.evicted}
@@ -193,7 +152,7 @@ class _AdmittedTls(asyncio.Protocol):
         self.handshakes.tasks.add(task)
         task.add_done_callback(self.handshakes.tasks.discard)
 
-    async def _handshake(self, transport: asyncio.Transport, handshake: Handshake) -> None:
+    async def _handshake(self, transport: asyncio.Transport, handshake: Admission) -> None:
         protocol = self.app()
         try:
             tls = await _start_tls(transport, protocol, self.context, self.timeout_s)
