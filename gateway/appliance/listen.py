@@ -63,12 +63,12 @@ def _retry_of_a_closed_listener(context: dict[str, Any]) -> bool:
     return isinstance(context.get("exception"), ValueError) and getattr(callback, "__name__", "") == "_start_serving"
 
 
-# TLS handshakes under way at once from one network address, and from all. Why: each holds
-# asyncio's 256 KiB buffer from the moment its connection is accepted, and the gates' connection
-# limit sees a connection only once its handshake is done: one LAN host opening ~340 connections a
-# second to the HTTPS port and sending nothing held 7,640 of them, RSS 291 -> 2,553 MB (1.7 GB
-# after), and took every descriptor (/tmp/atk-net/a_conn.py). An honest handshake takes
-# milliseconds; this board's own (loopback) count only toward the total.
+# TLS handshakes under way at once from one network address, and from all. Why: each held
+# asyncio's 256 KiB buffer (32 KiB since _LeanTls) from the moment its connection is accepted, and
+# the gates' connection limit sees a connection only once its handshake is done: one LAN host
+# opening ~340 connections a second to the HTTPS port and sending nothing held 7,640 of them, RSS
+# 291 -> 2,553 MB (1.7 GB after), and took every descriptor (/tmp/atk-net/a_conn.py). An honest
+# handshake takes milliseconds; this board's own (loopback) count only toward the total.
 HANDSHAKES_PER_ADDRESS = 32
 HANDSHAKES = 256
 
