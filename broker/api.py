@@ -55,7 +55,7 @@ from broker.errors import (
     Unauthorized,
     UpdateFailed,
 )
-from broker.gates.connections import peer_host
+from broker.gates.connections import Admission, Shares, peer_host
 from broker.gates.health import ComponentHealth
 from broker.gates.quota import QuotaLimits, TooManySubscriptions
 from broker.gates.secure import SECURE_PATHS
@@ -120,6 +120,8 @@ __all__ = [
     "SECURE_PATHS",
     "QueryResult",
     "QuietLog",
+    "Admission",
+    "Shares",
     "peer_host",
     "RdfStore",
     "RegistryError",

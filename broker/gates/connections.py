@@ -7,7 +7,9 @@ sockets. Measured with the gateway limited to 1024 descriptors (the unit allows 
 TCP connections from one host, each kept until `idle_timeout_s`, took all of them; new clients
 timed out, and asyncio logged a traceback for every failed accept. Here a connection past a limit
 is closed as soon as it is accepted (its descriptor back at once), counted
-(`sepa_connections_refused_total`), and logged once a minute at most. `total` defaults to half the
+(`sepa_connections_refused_total`), and logged once a minute at most; past `total`, a connection
+from an address holding fewer than another takes that one's oldest place instead
+(`sepa_connections_evicted_total`, :class:`ConnectionLimit`). `total` defaults to half the
 open-file limit, leaving the other half to everything else; loopback clients (this board's tools,
 the adapters) are held to `total` only. A burst holds more for a moment: asyncio accepts up to the
 listen backlog (aiohttp's 128) in one pass of its loop before the first of them is seen here, and
@@ -23,7 +25,6 @@ import logging
 import resource
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -51,28 +52,86 @@ def peer_host(transport: Any) -> str | None:
     return None if address.is_loopback else str(address)
 
 
-@dataclass(frozen=True, slots=True)
 class Admission:
-    """One admitted connection: the peer it is counted under (None: this board)."""
+    """One admitted connection: the peer it is counted under (None: this board) and its transport."""
 
-    host: str | None
+    __slots__ = ("host", "transport", "counted")
+
+    def __init__(self, host: str | None, transport: Any) -> None:
+        self.host, self.transport, self.counted = host, transport, True
 
 
-class ConnectionLimit:
-    """Admission of the gates' connections (see the module docstring)."""
+class Shares:
+    """Connections counted by peer address: at most `per_address` from one network address and
+    `total` in all. When all `total` are held, a newcomer from an address holding fewer than the
+    address holding the most takes the place of that address's oldest (aborted, whatever it is
+    doing), so a host holding many keeps out only addresses holding as many: each address keeps an
+    equal share at worst. Used for the gates' connections (:class:`ConnectionLimit`) and for the TLS
+    handshakes under way (gateway/appliance/listen.py)."""
+
+    def __init__(self, total: int, per_address: int) -> None:
+        self.total, self.per_address = total, per_address
+        self.open = 0
+        # the connections of each address, oldest first (dicts keep their insertion order)
+        self.by_address: dict[str | None, dict[Admission, None]] = {}
+        self.evicted = 0
+
+    def take(self, host: str | None, transport: Any) -> Admission | None:
+        """`transport`'s place, counted until `release`, or None when it may not have one."""
+        held = len(self.by_address.get(host, ()))
+        if (host is not None and held >= self.per_address) or (self.open >= self.total and not self._evict(held)):
+            return None
+        admission = Admission(host, transport)
+        self.by_address.setdefault(host, {})[admission] = None
+        self.open += 1
+        return admission
+
+    def _evict(self, held: int) -> bool:
+        """Abort the oldest connection of the address holding the most, if it holds more than `held`."""
+        most = max(self.by_address.values(), key=len, default={})
+        if len(most) <= held:
+            return False
+        oldest = next(iter(most))
+        self.release(oldest)
+        oldest.transport.abort()
+        self.evicted += 1
+        return True
+
+    def release(self, admission: Admission) -> None:
+        """Uncount `admission` (once: an evicted one is released again as its connection is lost).
+        Why the admission and not the transport: a transport being lost may no longer say its
+        peer (an exception out of connection_lost, seen in a test run), and the address counted at
+        admission would then never be released: its 256th connection refused for ever."""
+        if not admission.counted:
+            return
+        admission.counted = False
+        self.open -= 1
+        mine = self.by_address[admission.host]
+        del mine[admission]
+        if not mine:
+            del self.by_address[admission.host]
+
+
+class ConnectionLimit(Shares):
+    """Admission of the gates' connections (see the module docstring and :class:`Shares`). Why a
+    newcomer takes the oldest place of the address holding the most rather than being refused:
+    16 LAN addresses of 256 idle HTTPS connections each (4,096, reopened every `idle_timeout_s`)
+    reset every other client's connection on every port, this board's tools on the plain port
+    too (/tmp/atk-tls/idle_tls.py). Whatever the victim is doing: a WebSocket upgrade needs no
+    token, so sparing busy connections would spare an attacker's."""
 
     def __init__(self, counters: Counter[str], *, total: int = 0, per_address: int = 256) -> None:
+        super().__init__(total or default_total(), per_address)
         self.counters = counters
-        self.total = total or default_total()
-        self.per_address = per_address
-        self.open = 0
-        self.by_address: Counter[str] = Counter()
         self._logged_at = float("-inf")
 
     def admit(self, transport: Any) -> Admission | None:
         """The connection of `transport` counted until `release`, or None when it may not stay."""
         host = peer_host(transport)
-        if self.open >= self.total or (host is not None and self.by_address[host] >= self.per_address):
+        evicted = self.evicted
+        admission = self.take(host, transport)
+        self.counters["connections_evicted"] += self.evicted - evicted
+        if admission is None:
             self.counters["connections_refused"] += 1
             now = time.monotonic()
             if now - self._logged_at >= LOG_EVERY_S:
@@ -81,19 +140,4 @@ class ConnectionLimit:
                     "connections refused",
                     extra={"open": self.open, "total": self.total, "per_address": self.per_address, "peer": host},
                 )
-            return None
-        self.open += 1
-        if host is not None:
-            self.by_address[host] += 1
-        return Admission(host)
-
-    def release(self, admission: Admission) -> None:
-        """Why the admission and not the transport: a transport being lost may no longer say its
-        peer (an exception out of connection_lost, seen in a test run), and the address counted at
-        admission would then never be released: its 256th connection refused for ever."""
-        self.open -= 1
-        host = admission.host
-        if host is not None:
-            self.by_address[host] -= 1
-            if self.by_address[host] <= 0:
-                del self.by_address[host]
+        return admission

@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from aiohttp import StreamReader, hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpVersion11, RawRequestMessage
+from multidict import CIMultiDict
 
 from broker.errors import SepaError
 from broker.gates.bodies import BodiesFull, HeldBodies
@@ -292,9 +293,20 @@ class Dispatcher:
                     response = await self._dispatch(request)
             finally:
                 self.bodies.give_back(body)
-        if self.no_store and not response.prepared:  # a WebSocket's headers are gone already
-            response.headers.setdefault(hdrs.CACHE_CONTROL, "no-store")
+        if not response.prepared:  # a WebSocket's headers are gone already
+            self._protect(response.headers)
         return response
+
+    def _protect(self, headers: CIMultiDict[str]) -> None:
+        """Headers every reply carries, a handler's own kept. Why: the API replies had none of the
+        dashboard's: a legacy browser sniffed a reply whose text a client chose (a literal in a
+        result, an error quoting a request) as HTML without `nosniff`, and framed the dashboard
+        (IE 11 ignores CSP frame-ancestors) without `X-Frame-Options`. `Pragma: no-cache` beside
+        `no-store`: RFC 6749 5.1 asks for both on a token reply (HTTP/1.0 caches know only Pragma)."""
+        headers.setdefault(hdrs.X_CONTENT_TYPE_OPTIONS, "nosniff")
+        headers.setdefault(hdrs.X_FRAME_OPTIONS, "DENY")
+        if self.no_store and headers.setdefault(hdrs.CACHE_CONTROL, "no-store") == "no-store":
+            headers.setdefault(hdrs.PRAGMA, "no-cache")
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         if self.refuse_foreign_hosts:

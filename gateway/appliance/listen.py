@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import Counter
+from asyncio import sslproto
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
-from broker.api import QuietLog, peer_host
+from broker.api import Admission, QuietLog, Shares, peer_host
 
 log = logging.getLogger(__name__)
 
@@ -63,44 +63,73 @@ def _retry_of_a_closed_listener(context: dict[str, Any]) -> bool:
     return isinstance(context.get("exception"), ValueError) and getattr(callback, "__name__", "") == "_start_serving"
 
 
-# TLS handshakes under way at once from one network address, and from all. Why: each holds
-# asyncio's 256 KiB buffer from the moment its connection is accepted, and the gates' connection
-# limit sees a connection only once its handshake is done: one LAN host opening ~340 connections a
-# second to the HTTPS port and sending nothing held 7,640 of them, RSS 291 -> 2,553 MB (1.7 GB
-# after), and took every descriptor (/tmp/atk-net/a_conn.py). An honest handshake takes
-# milliseconds; this board's own (loopback) count only toward the total.
+# TLS handshakes under way at once from one network address, and from all. Why: each held
+# asyncio's 256 KiB buffer (32 KiB since _LeanTls) from the moment its connection is accepted, and
+# the gates' connection limit sees a connection only once its handshake is done: one LAN host
+# opening ~340 connections a second to the HTTPS port and sending nothing held 7,640 of them, RSS
+# 291 -> 2,553 MB (1.7 GB after), and took every descriptor (/tmp/atk-net/a_conn.py). An honest
+# handshake takes milliseconds; this board's own (loopback) count only toward the total.
 HANDSHAKES_PER_ADDRESS = 32
 HANDSHAKES = 256
 
 
-class Handshakes:
-    """The TLS handshakes under way, by peer address; past the bounds a connection is closed at once."""
+class Handshakes(Shares):
+    """The TLS handshakes under way, by peer address (:class:`broker.api.Shares`); past the bounds a
+    connection is closed at once. Why a newcomer takes the oldest place of the address holding the
+    most once all :data:`HANDSHAKES` are under way: refusing it let 8 LAN addresses of 32 silent
+    connections each (256 sockets, sending nothing, opened again every `request_timeout_s`) keep
+    every other client, this board's too, out of both secure ports (/tmp/atk-tls/halfopen.py: each
+    token request reset at its accept). An honest handshake, done in milliseconds, is never the
+    oldest of an address holding many."""
 
     def __init__(self, per_address: int = HANDSHAKES_PER_ADDRESS, total: int = HANDSHAKES) -> None:
-        self.per_address, self.total = per_address, total
-        self.open = 0
-        self.by_address: Counter[str] = Counter()
+        super().__init__(total, per_address)
         self.refused = QuietLog(log, "TLS handshakes refused: too many under way", level=logging.WARNING)
         self.tasks: set[asyncio.Task[None]] = set()
 
-    def admit(self, host: str | None) -> bool:
-        if self.open >= self.total or (host is not None and self.by_address[host] >= self.per_address):
+    def admit(self, host: str | None, transport: asyncio.BaseTransport) -> Admission | None:
+        """The handshake of `transport` counted until `release`, or None when it may not start."""
+        handshake = self.take(host, transport)
+        if handshake is None:
             self.refused(peer=host, under_way=self.open)
-            return False
-        self.open += 1
-        if host is not None:
-            self.by_address[host] += 1
-        return True
-
-    def release(self, host: str | None) -> None:
-        self.open -= 1
-        if host is not None:
-            self.by_address[host] -= 1
-            if not self.by_address[host]:
-                del self.by_address[host]
+        return handshake
 
     def metrics(self) -> dict[str, int]:
-        return {"handshakes": self.open, "handshakes_refused": self.refused.total}
+        return {"handshakes": self.open, "handshakes_refused": self.refused.total, "handshakes_evicted": self.evicted}
+
+
+class _LeanTls(sslproto.SSLProtocol):
+    """asyncio's TLS protocol reading 32 KiB at a time instead of 256 KiB. Why: it keeps a buffer of
+    that size for as long as its connection is open, and the gates hold up to 4,096 connections (256
+    an address): 16 LAN addresses each holding 256 idle HTTPS connections after their handshake took
+    the gateway from 87 to 1,220 MB of RSS (/tmp/atk-tls/idle_tls.py; ~0.28 MB a connection). A TLS
+    record is at most ~16.6 KB, so 32 KiB still takes two at a time."""
+
+    max_size = 32 * 1024
+
+
+async def _start_tls(
+    transport: asyncio.Transport, protocol: asyncio.Protocol, context: ssl.SSLContext, timeout_s: float
+) -> asyncio.Transport:
+    """`loop.start_tls(server_side=True)` (CPython 3.11-3.13) with :class:`_LeanTls` for its protocol:
+    the loop's own takes no protocol class."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    tls = _LeanTls(
+        loop, protocol, context, waiter, server_side=True, ssl_handshake_timeout=timeout_s, call_connection_made=False
+    )
+    transport.pause_reading()
+    transport.set_protocol(tls)
+    made = loop.call_soon(tls.connection_made, transport)
+    resumed = loop.call_soon(transport.resume_reading)
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        made.cancel()
+        resumed.cancel()
+        raise
+    return tls._app_transport
 
 
 class _AdmittedTls(asyncio.Protocol):
@@ -113,22 +142,20 @@ class _AdmittedTls(asyncio.Protocol):
         self.app, self.context, self.timeout_s, self.handshakes = app, context, timeout_s, handshakes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        host = peer_host(transport)
-        if not self.handshakes.admit(host):
+        handshake = self.handshakes.admit(peer_host(transport), transport)
+        if handshake is None:
             transport.abort()  # at once: its descriptor and buffer are what the bound keeps
             return
         assert isinstance(transport, asyncio.Transport)
         transport.pause_reading()  # before the first read: start_tls takes the bytes from here
-        task = asyncio.get_running_loop().create_task(self._handshake(transport, host))
+        task = asyncio.get_running_loop().create_task(self._handshake(transport, handshake))
         self.handshakes.tasks.add(task)
         task.add_done_callback(self.handshakes.tasks.discard)
 
-    async def _handshake(self, transport: asyncio.Transport, host: str | None) -> None:
+    async def _handshake(self, transport: asyncio.Transport, handshake: Admission) -> None:
         protocol = self.app()
         try:
-            tls = await asyncio.get_running_loop().start_tls(
-                transport, protocol, self.context, server_side=True, ssl_handshake_timeout=self.timeout_s
-            )
+            tls = await _start_tls(transport, protocol, self.context, self.timeout_s)
         except asyncio.CancelledError:
             transport.abort()
             raise
@@ -136,7 +163,7 @@ class _AdmittedTls(asyncio.Protocol):
             transport.abort()
             return
         finally:
-            self.handshakes.release(host)
+            self.handshakes.release(handshake)
         if tls is None:
             transport.abort()
             return

@@ -69,6 +69,33 @@ def test_one_host_holds_at_most_its_share_and_this_board_still_gets_in(start_gat
             connection.close()
 
 
+def test_connections_filling_the_total_keep_no_other_address_out(start_gateway) -> None:
+    """16 LAN addresses of 256 idle HTTPS connections each filled the 4,096 of the installed unit, and
+    every other client was reset at its accept, this board's tools on the plain port too, for as
+    long as they were held (reopened every `idle_timeout_s`). This board's connections count only
+    toward the total, so they fill it here. Now a newcomer from an address holding fewer takes the
+    place of the oldest connection of the address holding the most; one from that address is refused."""
+    gateway = start_gateway("--host", "0.0.0.0", toml="[http]\nmax_connections = 40\n")
+    lan = host_address()
+    wait_until(lambda: gateway.metrics()["sepa_connections_open"] == 1)  # its own: no other left
+    idle = open_idle("127.0.0.1", gateway.http_port, 40)
+    try:
+        while still_open(idle[-1:]):  # until one is refused: the total is full
+            idle += open_idle("127.0.0.1", gateway.http_port, 1)
+        connection = http.client.HTTPConnection(lan, gateway.http_port, timeout=10, source_address=(lan, 0))
+        connection.request("GET", "/query?query=ASK%7B%7D")
+        assert connection.getresponse().status == 200  # served: the oldest connection made room
+        connection.close()
+        metrics = gateway.metrics()
+        assert metrics["sepa_connections_evicted_total"] == 1, metrics
+        time.sleep(0.5)  # the metrics' connection closed
+        idle += open_idle("127.0.0.1", gateway.http_port, 2)  # the room the LAN client left, then one more
+        assert still_open(idle[-1:]) == 0  # from the address holding the most: refused
+    finally:
+        for connection in idle:
+            connection.close()
+
+
 def test_idle_connections_leave_the_process_its_descriptors(start_gateway, tmp_path) -> None:
     """The gateway held to 700 descriptors, 1,000 idle connections from this board: past
     max_connections each is closed at once, the descriptors stay below the limit (without the

@@ -1032,6 +1032,7 @@ def test_replies_behind_a_token_are_never_cached(secure_gateway) -> None:
             f"{url}/oauth/token", headers={"Authorization": credentials.basic()}, ssl=client.ssl
         ) as reply:
             assert reply.status == 201 and reply.headers.get("Cache-Control") == "no-store"
+            assert reply.headers.get("Pragma") == "no-cache"  # RFC 6749 5.1, for HTTP/1.0 caches
             token = (await reply.json())["access_token"]
         bearer = {"Authorization": f"Bearer {token}"}
         for path in ("/secure/query?query=ASK%7B%7D", "/secure/rights", "/secure/scheduled", "/secure/metrics"):
@@ -1066,3 +1067,28 @@ def test_revoking_tokens_writes_one_log_line_a_minute(secure_gateway, caplog: py
         run_secure(secure_gateway, test)
     lines = [record for record in caplog.records if record.getMessage() == "token revoked"]
     assert len(lines) <= 1, len(lines)  # none when another test of this process logged one this minute
+
+
+def test_every_reply_says_nosniff_and_deny_framing(secure_gateway) -> None:
+    """The API replies carried none of the dashboard's headers: without `nosniff` a legacy browser
+    could sniff a reply whose text a client chose (a literal in a result, an error quoting the
+    request) as HTML, and without `X-Frame-Options` frame the dashboard (IE 11 ignores CSP
+    frame-ancestors). Both ports, errors included; the dashboard's own `Cache-Control` is kept."""
+
+    async def test(client: SecureClient) -> None:
+        token, url = await client.login("admin"), client.https_url
+        for path, bearer in (("/secure/query?query=ASK%7B%7D", token), ("/secure/rights", "forged"), ("/nowhere", "")):
+            async with client.session.get(
+                f"{url}{path}", headers={"Authorization": f"Bearer {bearer}"}, ssl=client.ssl
+            ) as reply:
+                assert reply.headers.get("X-Content-Type-Options") == "nosniff", path
+                assert reply.headers.get("X-Frame-Options") == "DENY", path
+        async with client.session.get(f"{url}/", ssl=client.ssl) as reply:
+            assert reply.headers.get("X-Frame-Options") == "DENY"
+            assert reply.headers.get("Cache-Control") == "no-cache" and "Pragma" not in reply.headers
+
+    run_secure(secure_gateway, test)
+    for path in ("/query?query=ASK%7B%7D", "/nowhere", "/"):
+        plain = secure_gateway.request("GET", path)
+        assert plain.headers.get("X-Content-Type-Options") == "nosniff", path
+        assert plain.headers.get("X-Frame-Options") == "DENY", path
