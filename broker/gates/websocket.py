@@ -421,14 +421,17 @@ class WebSocketGate:
 
     async def end_invalid(self, still_valid: Callable[[Principal], bool]) -> int:
         """End every subscription whose client is revoked or whose rights changed (told with a 401
-        error frame naming it); returns how many ended."""
+        error frame naming it, once the engine no longer has it: a client reading the frame and then
+        the subscriptions gauge saw it still counted under load); returns how many ended."""
         ended = 0
         for connection in list(self.connections):
             for spuid, principal in list(connection.owners.items()):
                 if still_valid(principal):
                     continue
-                self._revoked(connection, spuid, self.forget(connection, spuid))
+                alias = self.forget(connection, spuid)
+                connection.ended.add(spuid)  # what the engine still sends for it is dropped
                 await self._unsubscribe_quietly(spuid)
+                self._revoked(connection, spuid, alias)
                 ended += 1
         return ended
 
