@@ -58,6 +58,9 @@ class PendingUpdate:
     base_iri: str | None = None
     owner: str | None = None  # the secure client that scheduled it: it runs with that client's rights
     registration: str | None = None  # the owner's client_id then: a reset since drops it (None: before 2026-11)
+    # scheduled with `delay` (a length of time), not `at` (an instant): its due time follows a step
+    # of the wall clock (broker.delayed.DelayedUpdates._rebase)
+    relative: bool = False
 
     def order(self) -> tuple[int, int]:
         """Due order: by due time, then by the order they were scheduled in."""
@@ -153,6 +156,7 @@ class PendingUpdates:
         base_iri: str | None = None,
         owner: str | None = None,
         registration: str | None = None,
+        relative: bool = False,
     ) -> PendingUpdate:
         options = {"using_graph_uri": list(using_graph_uri), "using_named_graph_uri": list(using_named_graph_uri)}
         if base_iri is not None:
@@ -161,6 +165,8 @@ class PendingUpdates:
             options["owner"] = owner  # type: ignore[assignment]
         if registration is not None:
             options["registration"] = registration  # type: ignore[assignment]
+        if relative:
+            options["relative"] = True  # type: ignore[assignment]
         with self._lock:
             self._seq += 1
             self._db.execute(
@@ -170,8 +176,26 @@ class PendingUpdates:
             seq = self._seq
             self._bound_wal()
         return PendingUpdate(
-            id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner, registration
+            id,
+            due_us,
+            seq,
+            created_us,
+            sparql,
+            using_graph_uri,
+            using_named_graph_uri,
+            base_iri,
+            owner,
+            registration,
+            relative,
         )
+
+    def reschedule(self, moves: list[tuple[str, int]]) -> None:
+        """Set new due times (id, due_us), in one transaction; ids no longer pending are skipped."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("UPDATE pending SET due_us = ? WHERE id = ?", [(due, id) for id, due in moves])
+            self._db.execute("COMMIT")
+            self._bound_wal()
 
     def get(self, id: str) -> PendingUpdate | None:
         with self._lock:
@@ -284,4 +308,5 @@ def _pending(row: tuple) -> PendingUpdate:
         options.get("base_iri"),
         options.get("owner"),
         options.get("registration"),
+        bool(options.get("relative", False)),
     )

@@ -8,8 +8,11 @@ its delta with its tag. At start-up the update must count as run, not run again.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -20,8 +23,10 @@ from broker.core.pending import WAL_LIMIT_BYTES, PendingUpdates
 from broker.errors import NotFound
 from broker.scheduler import Scheduler
 from broker.store import JOURNAL, RdfStore, encode_journal_entry
+from tests.conftest import stop_and_check
 from tests.polling import wait_until
-from tools.launcher import RunningGateway
+from tests.support.clock import SteppedClock
+from tools.launcher import RunningGateway, launch_gateway
 
 EX = "http://example.org/"
 RAN = Quad(NamedNode(f"{EX}lamp"), NamedNode(f"{EX}status"), Literal("OFF"))
@@ -251,3 +256,41 @@ def test_delayed_updates_failing_when_due_write_one_log_line_a_minute(
     lines = [line for line in gateway.log().splitlines() if "delayed update failed" in line]
     assert len(lines) == 1, lines[:3]
     assert "max_update_quads" in lines[0]
+
+
+def _ran(gateway: RunningGateway, name: str) -> bool:
+    return gateway.ask(f"ASK {{ <{EX}{name}> <{EX}ran> true }}")
+
+
+def test_a_step_of_the_wall_clock_moves_delay_updates_but_not_at_updates(
+    tmp_path: Path, stepped_clock: SteppedClock
+) -> None:
+    """A Raspberry Pi boots at fake-hwclock's last save and NTP steps it forward by days. Before,
+    every `delay` update ran within a second of the step (+30 days: one due in an hour ran 3 s
+    later), and a step back held them for as long as the step. Now a `delay` is a length of time
+    (CLOCK_BOOTTIME), moved with the step in the table too; an `at` is an instant and stays."""
+    gateway = launch_gateway(data_dir=tmp_path / "data", environment=stepped_clock.environment)
+    try:
+        insert = "INSERT DATA {{ <{EX}{name}> <{EX}ran> true }}"
+        in_an_hour = gateway.update(insert.format(EX=EX, name="hour"), params=[("delay", "PT1H")]).json()
+        instant = (datetime.now(UTC) + timedelta(days=10)).isoformat(timespec="seconds")
+        assert gateway.update(insert.format(EX=EX, name="at"), params=[("at", instant)]).status == 202
+        stepped_clock.step("+30d")
+        wait_until(lambda: _ran(gateway, "at"))  # its instant is past now
+        time.sleep(2.0)  # the offset file is read once a second, the timer wakes once a second
+        assert not _ran(gateway, "hour"), "an update due in an hour ran at a step of the wall clock"
+        (listed,) = gateway.request("GET", "/scheduled").json()["scheduled"]
+        moved = datetime.fromisoformat(listed["due"]) - datetime.fromisoformat(in_an_hour["scheduled"]["due"])
+        assert abs(moved - timedelta(days=30)) < timedelta(seconds=2), moved
+
+        stepped_clock.step("-30d")  # and back: a `delay` of two seconds runs two seconds later
+        time.sleep(2.0)
+        assert gateway.update(insert.format(EX=EX, name="soon"), params=[("delay", "PT2S")]).status == 202
+        stepped_clock.step("-60d")
+        wait_until(lambda: _ran(gateway, "soon"), timeout=15.0)
+        assert not _ran(gateway, "hour")
+        steps = re.findall(r'msg="wall clock stepped" step_s=(\S+) delayed_updates_moved=(\d+)', gateway.log())
+        days = [(round(float(step) / 86_400), int(moved)) for step, moved in steps]
+        assert days == [(30, 1), (-60, 1), (-30, 2)], steps  # the operator reads each step in the log
+    finally:
+        stop_and_check(gateway)
