@@ -25,7 +25,10 @@ under libfaketime, a step of +30 days: an update due in an hour ran 3 s later), 
 held them for as long as the step. The timer measures the wall clock against that clock each time
 it wakes; past STEP_US apart from the last time, it moves every `delay` update by the step, in its
 heap and in the table (`GET /scheduled` shows the new due time, a restart keeps it). An update
-given `at` keeps its instant. A step while the gateway is down cannot be told from time passing.
+given `at` keeps its instant, and so does a `delay` update a previous run scheduled: its due time
+was set on that run's clock, which NTP had set (a board off for ten days boots at fake-hwclock's
+time, ten days behind: moved by NTP's step, an update due an hour after the shutdown ran ten days
+late). A step while the gateway is down cannot be told from time passing.
 """
 
 from __future__ import annotations
@@ -177,8 +180,10 @@ class DelayedUpdates:
         store.recovered_tags.clear()
         self._heap = [(entry.due_us, entry.seq, entry) for entry in self.pending.all()]
         heapq.heapify(self._heap)
+        # updates a previous run scheduled are instants now: their due time was set on that run's
+        # clock, which NTP had set, whereas this run's may be fake-hwclock's until NTP steps it
         self._offset = clock_offset_us()
-        self._frames = {entry.id: self._offset for _, _, entry in self._heap if entry.relative}
+        self._frames.clear()
         self._count = self._bytes = 0
         self._clients.clear()
         self._client_count.clear()
@@ -262,7 +267,6 @@ class DelayedUpdates:
                 base_iri=base_iri,
                 owner=owner,
                 registration=registration,
-                relative=relative,
             )
             if relative:
                 self._frames[entry.id] = frame
@@ -469,7 +473,7 @@ class DelayedUpdates:
         for entry in batch:
             if self.pending.get(entry.id) is None:
                 continue  # cancelled
-            if not entry.relative and now_micros() < entry.due_us:
+            if entry.id not in self._frames and now_micros() < entry.due_us:
                 # an instant not reached yet: the wall clock was stepped back. A `delay` update
                 # the timer found due is due: the timer measured it in one frame of the clock
                 early.append(entry)

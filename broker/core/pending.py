@@ -58,9 +58,6 @@ class PendingUpdate:
     base_iri: str | None = None
     owner: str | None = None  # the secure client that scheduled it: it runs with that client's rights
     registration: str | None = None  # the owner's client_id then: a reset since drops it (None: before 2026-11)
-    # scheduled with `delay` (a length of time), not `at` (an instant): its due time follows a step
-    # of the wall clock (broker.delayed.DelayedUpdates._rebase)
-    relative: bool = False
 
     def order(self) -> tuple[int, int]:
         """Due order: by due time, then by the order they were scheduled in."""
@@ -156,7 +153,6 @@ class PendingUpdates:
         base_iri: str | None = None,
         owner: str | None = None,
         registration: str | None = None,
-        relative: bool = False,
     ) -> PendingUpdate:
         options = {"using_graph_uri": list(using_graph_uri), "using_named_graph_uri": list(using_named_graph_uri)}
         if base_iri is not None:
@@ -165,8 +161,6 @@ class PendingUpdates:
             options["owner"] = owner  # type: ignore[assignment]
         if registration is not None:
             options["registration"] = registration  # type: ignore[assignment]
-        if relative:
-            options["relative"] = True  # type: ignore[assignment]
         with self._lock:
             self._seq += 1
             self._db.execute(
@@ -186,7 +180,6 @@ class PendingUpdates:
             base_iri,
             owner,
             registration,
-            relative,
         )
 
     def reschedule(self, moves: list[tuple[str, int]]) -> None:
@@ -308,5 +301,4 @@ def _pending(row: tuple) -> PendingUpdate:
         options.get("base_iri"),
         options.get("owner"),
         options.get("registration"),
-        bool(options.get("relative", False)),
     )

@@ -294,3 +294,28 @@ def test_a_step_of_the_wall_clock_moves_delay_updates_but_not_at_updates(
         assert days == [(30, 1), (-60, 1), (-30, 2)], steps  # the operator reads each step in the log
     finally:
         stop_and_check(gateway)
+
+
+def test_a_delay_update_of_a_previous_run_keeps_its_instant_when_ntp_steps_the_clock_at_boot(
+    tmp_path: Path, stepped_clock: SteppedClock
+) -> None:
+    """A board off for ten days boots at fake-hwclock's time, ten days behind, and NTP then steps
+    it forward. An update a previous run (on a clock NTP had set) scheduled with `delay=PT1H` is due
+    at an instant: moved by that step, it would run ten days and an hour late."""
+    data = tmp_path / "data"
+    gateway = launch_gateway(data_dir=data, environment=stepped_clock.environment)
+    try:
+        insert = f"INSERT DATA {{ <{EX}hour> <{EX}ran> true }}"
+        due = gateway.update(insert, params=[("delay", "PT1H")]).json()["scheduled"]["due"]
+    finally:
+        stop_and_check(gateway)
+    stepped_clock.step("-10d")  # fake-hwclock's time at boot
+    gateway = launch_gateway(data_dir=data, environment=stepped_clock.environment)
+    try:
+        stepped_clock.step("+0")  # NTP reached
+        time.sleep(2.5)  # the offset file is read once a second, the timer wakes once a second
+        (listed,) = gateway.request("GET", "/scheduled").json()["scheduled"]
+        assert listed["due"] == due, "the step at boot moved an update of the previous run"
+        assert not _ran(gateway, "hour")
+    finally:
+        stop_and_check(gateway)
