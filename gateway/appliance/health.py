@@ -16,6 +16,8 @@ adds a check for every other part it runs, in :func:`add_checks`. What each one 
   at the time fake-hwclock saved at the last shutdown, until NTP sets it, and every observation
   stored meanwhile would carry that time (the cloud would file it decades or days back). Both
   bounds are read once, before the store opens (so the store's own writes do not move them).
+  A clock the kernel says is synchronised is ready even before them: they were written while the
+  clock ran ahead (set by hand, a bad RTC), and NTP has corrected it since.
 - ``clock_sync`` is *not* required: it is failing while the kernel says the wall clock is not
   synchronised (adjtimex(2) answers TIME_ERROR: what ``timedatectl show -p NTPSynchronized``
   reads). Why: fake-hwclock restores the time of the last shutdown, which is after the data
@@ -107,7 +109,9 @@ class ClockFloor:
     """The earliest the wall clock may say: the newer of this code's installation and the data
     directory's last write, taken when the gateway is built."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, synchronised: Callable[[], bool | None] | None = None) -> None:
+        """`synchronised`: the kernel's account of the clock (kernel_synchronised by default)."""
+        self.synchronised = synchronised or kernel_synchronised
         self.floor, self.source = Path(__file__).stat().st_mtime, "the installation of this code"
         if data_dir:
             written = newest_write(Path(data_dir))
@@ -118,6 +122,14 @@ class ClockFloor:
         now = time.time()
         if now >= self.floor:
             return ComponentHealth(True, f"{_utc(now)}, after {_utc(self.floor)} ({self.source})")
+        if self.synchronised():
+            # Why: a clock that ran ahead (set by hand, a bad RTC) and was then corrected by NTP left
+            # files stamped in the future, and the gateway was not ready until the clock reached them
+            return ComponentHealth(
+                True,
+                f"{_utc(now)}, synchronised; before {_utc(self.floor)} ({self.source}), written while the "
+                "clock was ahead",
+            )
         return ComponentHealth(
             False,
             f"the wall clock says {_utc(now)}, before {_utc(self.floor)} ({self.source}): it is not set "
