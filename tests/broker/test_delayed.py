@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from pyoxigraph import Literal, NamedNode, Quad
 
+from broker import delayed as delayed_module
 from broker.core.engine import Engine
 from broker.core.pending import WAL_LIMIT_BYTES, PendingUpdates
+from broker.delayed import now_micros
 from broker.errors import NotFound
 from broker.scheduler import Scheduler
 from broker.store import JOURNAL, RdfStore, encode_journal_entry
@@ -319,3 +321,35 @@ def test_a_delay_update_of_a_previous_run_keeps_its_instant_when_ntp_steps_the_c
         assert not _ran(gateway, "hour")
     finally:
         stop_and_check(gateway)
+
+
+def test_a_step_while_the_update_queue_is_full_leaves_the_timer_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `delay` updates a step moves are stored through the update thread. Through the admitted
+    path, a full request queue (429) at that moment ended the timer task, and no delayed update
+    ran again. A full queue at the very step cannot be caused on purpose: it is set, and the
+    step is given through the clocks' offset."""
+    offset = [delayed_module.clock_offset_us()]
+    monkeypatch.setattr(delayed_module, "clock_offset_us", lambda: offset[0])
+    scheduler = Scheduler(Engine(), pending=PendingUpdates())
+
+    async def scenario() -> None:
+        delayed = scheduler.delayed
+        try:
+            hour = now_micros() + 3_600_000_000
+            await delayed.schedule(f"INSERT DATA {{ <{EX}later> <{EX}ran> 1 }}", hour, relative=True)
+            queue_size, scheduler.queue_size = scheduler.queue_size, 0  # every admission refused
+            offset[0] += 30 * 86_400_000_000
+            await asyncio.sleep(1.5)  # the timer wakes at least once a second
+            scheduler.queue_size = queue_size
+            assert delayed._task is not None and not delayed._task.done(), "the step ended the timer"
+            await delayed.schedule(f"INSERT DATA {{ <{EX}soon> <{EX}ran> 1 }}", now_micros(), relative=True)
+            for _ in range(200):
+                if delayed.stats.fired:
+                    break
+                await asyncio.sleep(0.01)
+            assert delayed.stats.fired == 1 and delayed.count == 1
+        finally:
+            await delayed.stop()
+
+    asyncio.run(scenario())
+    scheduler.close()
