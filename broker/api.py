@@ -40,7 +40,7 @@ from broker.core.notification import Notification, QuadRows
 from broker.core.pending import PendingUpdate, PendingUpdates
 from broker.core.results import QueryResult, UpdateResult
 from broker.core.subscription import Subscription
-from broker.delayed import now_micros
+from broker.delayed import clock_offset_us, now_micros
 from broker.errors import (
     EvaluationCrashed,
     Forbidden,
@@ -156,6 +156,7 @@ __all__ = [
     "check_structure",
     "configured_client",
     "directory_owner",
+    "clock_offset_us",
     "due_micros",
     "fingerprint",
     "gateway_version",

@@ -13,8 +13,22 @@ update that has not run, and a row that is gone has run (or was cancelled). Upda
 while the gateway was down run at start-up, in due order.
 
 Never early: the timer compares the wall clock (the engine clock's source) with the due time
-before handing an update over, and the update thread checks again; the timer also wakes at least
-once a second, so a wall clock stepped by NTP (a Raspberry Pi has no RTC) is noticed.
+before handing an update over, and the update thread checks again an update due at an instant
+(`at`); the timer also wakes at least once a second, so a wall clock stepped by NTP (a Raspberry Pi
+has no RTC) is noticed.
+
+A step of the wall clock moves what was scheduled with `delay`: a length of time from when it was
+asked, measured by the clock that steps do not move (CLOCK_BOOTTIME). Why: a Raspberry Pi boots at
+fake-hwclock's last save or at 1970 and NTP then steps it forward by days or decades; every `delay`
+update (event negation: "no reading for 3 periods") then ran within a second of the step (measured
+under libfaketime, a step of +30 days: an update due in an hour ran 3 s later), and a step back
+held them for as long as the step. The timer measures the wall clock against that clock each time
+it wakes; past STEP_US apart from the last time, it moves every `delay` update by the step, in its
+heap and in the table (`GET /scheduled` shows the new due time, a restart keeps it). An update
+given `at` keeps its instant, and so does a `delay` update a previous run scheduled: its due time
+was set on that run's clock, which NTP had set (a board off for ten days boots at fake-hwclock's
+time, ten days behind: moved by NTP's step, an update due an hour after the shutdown ran ten days
+late). A step while the gateway is down cannot be told from time passing.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from broker.core.access import GraphAccess
@@ -48,6 +62,13 @@ log = logging.getLogger(__name__)
 FAILED = QuietLog(log, "delayed update failed", level=logging.WARNING)
 
 MAX_SLEEP_S = 1.0  # wake at least this often, to notice wall-clock steps
+# a change of the wall clock against CLOCK_BOOTTIME larger than this between two wakes of the timer
+# is a step (NTP's slewing moves it by 0.5 ms a second at most); a smaller step moves no update
+STEP_US = 1_000_000
+# a reading of the clocks' offset whose two steady readings are further apart than this was
+# interrupted (the thread lost the CPU between them) and is taken again
+OFFSET_READ_US = 10_000
+_STEADY = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)  # BOOTTIME counts a suspend too
 # A delayed update is started at most this many times: once, and once more after a restart (the
 # process may have died of something else, a kill -9 or a power cut). Started a third time, the
 # process died while running it twice: it is abandoned, not replayed into a crash loop.
@@ -68,6 +89,17 @@ def now_micros() -> int:
     return time.time_ns() // 1000
 
 
+def clock_offset_us() -> int:
+    """The wall clock less the steady clock (CLOCK_BOOTTIME), in microseconds: it changes only
+    when the wall clock is set (stepped), or by NTP's slewing."""
+    while True:
+        before = time.clock_gettime_ns(_STEADY)
+        wall = time.time_ns()
+        after = time.clock_gettime_ns(_STEADY)
+        if after - before <= OFFSET_READ_US * 1000:
+            return (wall - (before + after) // 2) // 1000
+
+
 @dataclass
 class DelayedStats:
     """What the timer did since start-up (on /metrics and in the scheduling benchmark)."""
@@ -78,6 +110,7 @@ class DelayedStats:
     cancelled: int = 0  # by their client, or dropped: the registration that scheduled them ended
     recovered: int = 0
     abandoned: int = 0  # the gateway died while running them, MAX_STARTS times (see _fire)
+    clock_steps: int = 0  # wall-clock steps seen by the timer (each moved the `delay` updates)
     lateness_us: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
     max_lateness_us: int = 0
 
@@ -119,6 +152,9 @@ class DelayedUpdates:
         # owner -> registration -> ids of the secure clients' pending updates: what a reset or a
         # revocation leaves is found by registration, not by a scan of every pending update
         self._owned: dict[str, dict[str | None, set[str]]] = {}
+        # id -> the clock offset (clock_offset_us) a pending `delay` update's due time was set in
+        self._frames: dict[str, int] = {}
+        self._offset = clock_offset_us()
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._batches: set[asyncio.Future[object]] = set()
@@ -144,6 +180,10 @@ class DelayedUpdates:
         store.recovered_tags.clear()
         self._heap = [(entry.due_us, entry.seq, entry) for entry in self.pending.all()]
         heapq.heapify(self._heap)
+        # updates a previous run scheduled are instants now: their due time was set on that run's
+        # clock, which NTP had set, whereas this run's may be fake-hwclock's until NTP steps it
+        self._offset = clock_offset_us()
+        self._frames.clear()
         self._count = self._bytes = 0
         self._clients.clear()
         self._client_count.clear()
@@ -178,8 +218,12 @@ class DelayedUpdates:
         registration: str | None = None,
         client: str | None = None,
         access: GraphAccess | None = None,
+        relative: bool = False,
     ) -> PendingUpdate:
         """Check and store an update due at `due_us`; raises what the update would raise if malformed.
+
+        `relative`: `due_us` is the time of the request plus a `delay`, just read from the wall
+        clock; a step of the wall clock moves it (see the module docstring).
 
         An `owner` (a secure client's identity) must still hold its rights when the update falls due,
         under the same `registration` (its client_id then): a reset of its secret drops what the old
@@ -187,6 +231,7 @@ class DelayedUpdates:
         The per-client limits count it for `owner`, else for `client` (an address). With `access`
         (the owner's rights now), a WHERE dataset naming a graph it may not read is refused now
         (403), as for an update now: it was accepted (202) and failed unseen when due."""
+        frame = clock_offset_us()  # before any wait: the caller read the wall clock just now
         await self.start()
         engine = self.scheduler.engine
         using, named = tuple(using_graph_uri), tuple(using_named_graph_uri)
@@ -223,6 +268,8 @@ class DelayedUpdates:
                 owner=owner,
                 registration=registration,
             )
+            if relative:
+                self._frames[entry.id] = frame
             self._hold(entry, size, holder)
             return entry
 
@@ -312,6 +359,7 @@ class DelayedUpdates:
             self._owned.setdefault(entry.owner, {}).setdefault(entry.registration, set()).add(entry.id)
 
     def _release(self, entry: PendingUpdate) -> None:
+        self._frames.pop(entry.id, None)
         size = _size(entry.sparql)
         self._count -= 1
         self._bytes -= size
@@ -359,6 +407,10 @@ class DelayedUpdates:
         assert self._wake is not None
         while True:
             self._wake.clear()
+            offset = clock_offset_us()
+            if abs(offset - self._offset) > STEP_US:
+                await self._rebase(offset)
+            self._offset = offset
             now = now_micros()
             due: list[PendingUpdate] = []
             while self._heap and self._heap[0][0] <= now:
@@ -374,6 +426,33 @@ class DelayedUpdates:
             sleep_s = min((self._heap[0][0] - now) / 1_000_000, MAX_SLEEP_S) if self._heap else MAX_SLEEP_S
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), sleep_s)
+
+    async def _rebase(self, offset: int) -> None:
+        """The wall clock was stepped to `offset`: move each pending `delay` update by the step
+        since its due time was set, in the heap and then in the table."""
+        self.stats.clock_steps += 1
+        moves: list[tuple[str, int]] = []
+        for index, (due_us, seq, entry) in enumerate(self._heap):
+            frame = self._frames.get(entry.id)
+            if frame is None or abs(offset - frame) <= STEP_US:
+                continue
+            moved = replace(entry, due_us=due_us + offset - frame)
+            self._frames[entry.id] = offset
+            self._heap[index] = (moved.due_us, seq, moved)
+            moves.append((entry.id, moved.due_us))
+        heapq.heapify(self._heap)
+        log.warning(
+            "wall clock stepped",
+            extra={"step_s": round((offset - self._offset) / 1e6, 3), "delayed_updates_moved": len(moves)},
+        )
+        if not moves:
+            return
+        # not through `serialized`: its admission refuses a full queue (429), and an error here
+        # would end the timer, and every delayed update with it
+        try:
+            await self.scheduler.submit_due(lambda: self.pending.reschedule(moves))
+        except Exception:
+            log.exception("delayed updates moved by the step could not be stored: a restart finds them unmoved")
 
     def _hand_over(self, entry: PendingUpdate) -> None:
         """One serial call per due update, in its owner's lane: each may run to the time limit, and
@@ -400,7 +479,9 @@ class DelayedUpdates:
         for entry in batch:
             if self.pending.get(entry.id) is None:
                 continue  # cancelled
-            if now_micros() < entry.due_us:
+            if entry.id not in self._frames and now_micros() < entry.due_us:
+                # an instant not reached yet: the wall clock was stepped back. A `delay` update
+                # the timer found due is due: the timer measured it in one frame of the clock
                 early.append(entry)
                 continue
             if self.pending.attempt(entry.id) > MAX_STARTS:

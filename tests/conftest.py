@@ -30,7 +30,7 @@ from tools.launcher import (
     start_in_process,
 )
 
-pytest_plugins = ("tests.support.readings", "tests.support.artifacts")
+pytest_plugins = ("tests.support.readings", "tests.support.artifacts", "tests.support.clock")
 
 # Every subprocess a test starts (`sepa-gateway run`, a CLI command) imports this checkout's code,
 # not the checkout the virtualenv's editable install points at: run from a git worktree, the tests

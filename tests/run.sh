@@ -12,9 +12,10 @@ sudo_cmd=()
 # the syncs of the durability test (tests/broker/test_durability.py); libcoap3-bin is libcoap's coap-client,
 # the real client of the CoAP tests (tests/adapters/coap); util-linux (unshare, nsenter, setpriv), iproute2
 # and curl run systemd/install.sh in namespaces of its own (tests/systemd/test_install.py, as root);
-# libmimalloc2.0 is the installed service's malloc (systemd/sepa-gateway.service; tools/launcher.py).
+# libmimalloc2.0 is the installed service's malloc (systemd/sepa-gateway.service; tools/launcher.py); faketime
+# steps the wall clock of a gateway process (tests/support/clock.py).
 packages=(python3 python3-venv python3-pip mosquitto mosquitto-clients openjdk-17-jre-headless chromium chromium-driver strace
-    libcoap3-bin util-linux iproute2 curl libmimalloc2.0)
+    libcoap3-bin util-linux iproute2 curl libmimalloc2.0 faketime)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

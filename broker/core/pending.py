@@ -170,8 +170,25 @@ class PendingUpdates:
             seq = self._seq
             self._bound_wal()
         return PendingUpdate(
-            id, due_us, seq, created_us, sparql, using_graph_uri, using_named_graph_uri, base_iri, owner, registration
+            id,
+            due_us,
+            seq,
+            created_us,
+            sparql,
+            using_graph_uri,
+            using_named_graph_uri,
+            base_iri,
+            owner,
+            registration,
         )
+
+    def reschedule(self, moves: list[tuple[str, int]]) -> None:
+        """Set new due times (id, due_us), in one transaction; ids no longer pending are skipped."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.executemany("UPDATE pending SET due_us = ? WHERE id = ?", [(due, id) for id, due in moves])
+            self._db.execute("COMMIT")
+            self._bound_wal()
 
     def get(self, id: str) -> PendingUpdate | None:
         with self._lock:

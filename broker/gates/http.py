@@ -212,12 +212,14 @@ class HttpGate:
             "base_iri": self.engine.base_iri,
         }
         if "delay" in params or "at" in params:
-            due = due_micros(_single(params, "delay"), _single(params, "at"), now_micros())
+            delay = _single(params, "delay")
+            due = due_micros(delay, _single(params, "at"), now_micros())
             assert due is not None
             client = f"address {request.remote}"
             entry = await self.scheduler.delayed.schedule(
                 sparql,
                 due,
+                relative=delay is not None,
                 owner=owner,
                 registration=registration,
                 client=client,

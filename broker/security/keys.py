@@ -157,6 +157,19 @@ def interface_addresses() -> list[str]:
     return [str(each) for each in usable if not (each.is_loopback or each.is_link_local or each.is_unspecified)]
 
 
+def validity_bounds() -> tuple[datetime.datetime, datetime.datetime]:
+    """The earlier and the later of the wall clock and this code's installation (its file's time).
+
+    Why: a board without a real-time clock (and without fake-hwclock) starts at 1970 until NTP sets
+    its clock; a certificate generated then was valid from 1970 to 1980, expired for every client
+    once the clock was set (under libfaketime at 1970: notAfter 1979-12-31). Counted from the later
+    of the two, it is valid for CERT_VALID_DAYS from the installation at least; from the earlier,
+    a clock ahead of the true time does not make it valid only from then."""
+    now = datetime.datetime.now(datetime.UTC)
+    installed = datetime.datetime.fromtimestamp(Path(__file__).stat().st_mtime, datetime.UTC)
+    return min(now, installed), max(now, installed)
+
+
 def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> bytes:
     """A self-signed server certificate for this host's names, its interfaces' addresses (as the
     gateway first starts: an address that changes later needs `tls_names`, or a new certificate)
@@ -181,15 +194,15 @@ def self_signed(private_key: ec.EllipticCurvePrivateKey, names: list[str]) -> by
         for name in alternatives
     ]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"sepa-gateway {host}"[:64])])
-    now = datetime.datetime.now(datetime.UTC)
+    earliest, latest = validity_bounds()
     certificate = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
         .public_key(private_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=CERT_VALID_DAYS))
+        .not_valid_before(earliest - datetime.timedelta(minutes=5))
+        .not_valid_after(latest + datetime.timedelta(days=CERT_VALID_DAYS))
         .add_extension(x509.SubjectAlternativeName(alternatives), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(x509.NameConstraints(permitted_subtrees=permitted, excluded_subtrees=None), critical=True)

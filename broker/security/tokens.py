@@ -82,7 +82,7 @@ class TokenAuthority:
         no signature is checked (the secure gates let such a token through an address's exhausted
         failure budget, broker.security.failures)."""
         claims = self._verified.get(token)
-        if claims is None or claims.exp <= time.time() or self._is_revoked(claims):
+        if claims is None or not _current(claims, time.time()) or self._is_revoked(claims):
             return None
         return claims
 
@@ -127,6 +127,9 @@ class TokenAuthority:
         now = time.time()
         cached = self._verified.get(token)
         if cached is not None:
+            if cached.iat > now:  # see _current
+                del self._verified[token]
+                raise Unauthorized("the token is not valid yet")
             if cached.exp > now or expired_ok:
                 return cached
             del self._verified[token]
@@ -151,9 +154,22 @@ class TokenAuthority:
         if not isinstance(sub, str) or not isinstance(exp, int) or not isinstance(jti, str) or not isinstance(iat, int):
             raise Unauthorized("the token is not valid")
         claims = Claims(sub, exp, jti, iat)
+        if iat > now:  # pyjwt checks it too, on its own reading of the clock
+            raise Unauthorized("the token is not valid yet")
         if exp <= now:  # taken with expired_ok: not kept, whatever asks next
             return claims
         self._verified[token] = claims
         if len(self._verified) > CACHE_SIZE:
             self._verified.popitem(last=False)
         return claims
+
+
+def _current(claims: Claims, now: float) -> bool:
+    """Whether a verified token is within its lifetime at `now`: issued (``iat``) and not expired.
+
+    Why ``iat`` too: pyjwt refuses a token issued after now, but the cache re-checked only the
+    expiry. After the wall clock stepped back (NTP correcting a board's clock, which had run ahead),
+    a token verified before the step was taken for as long as the step plus its hour (stepped back
+    30 days: 30 days), while the same token verified afresh, after a restart, was refused. Refused
+    now, its client fetches another, issued and expiring on the corrected clock."""
+    return claims.iat <= now < claims.exp

@@ -16,12 +16,23 @@ adds a check for every other part it runs, in :func:`add_checks`. What each one 
   at the time fake-hwclock saved at the last shutdown, until NTP sets it, and every observation
   stored meanwhile would carry that time (the cloud would file it decades or days back). Both
   bounds are read once, before the store opens (so the store's own writes do not move them).
+  A clock the kernel says is synchronised is ready even before them: they were written while the
+  clock ran ahead (set by hand, a bad RTC), and NTP has corrected it since.
+- ``clock_sync`` is *not* required: it is failing while the kernel says the wall clock is not
+  synchronised (adjtimex(2) answers TIME_ERROR: what ``timedatectl show -p NTPSynchronized``
+  reads). Why: fake-hwclock restores the time of the last shutdown, which is after the data
+  directory's last write, so ``clock`` is ok while the clock is as far behind as the board was off,
+  and every observation stored until NTP steps it carries that time. Not required: a board with no
+  NTP server in reach (a plant network) or with a real-time clock and no NTP is never
+  synchronised, and would never be ready.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +46,8 @@ if TYPE_CHECKING:
 
 # the shipper fails its check past this share of its spool budget (the oldest data goes at 100 %)
 SHIPPER_BACKLOG_SHARE = 0.5
+TIME_ERROR = 5  # adjtimex(2)'s answer while the clock is not synchronised (STA_UNSYNC and others)
+TIMEX_BYTES = 512  # more than struct timex takes on any ABI (208 bytes on 64-bit Linux)
 
 
 def add_checks(
@@ -42,6 +55,7 @@ def add_checks(
 ) -> None:
     """Register the appliance's checks on the gates' ``/health``."""
     gates.health.checks["clock"] = clock.check
+    gates.health.checks["clock_sync"] = clock_sync_health
     for name, adapter in adapters.items():
         gates.health.checks[name] = lambda adapter=adapter: adapter_health(adapter)
     if shipper is not None:
@@ -95,7 +109,9 @@ class ClockFloor:
     """The earliest the wall clock may say: the newer of this code's installation and the data
     directory's last write, taken when the gateway is built."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, synchronised: Callable[[], bool | None] | None = None) -> None:
+        """`synchronised`: the kernel's account of the clock (kernel_synchronised by default)."""
+        self.synchronised = synchronised or kernel_synchronised
         self.floor, self.source = Path(__file__).stat().st_mtime, "the installation of this code"
         if data_dir:
             written = newest_write(Path(data_dir))
@@ -106,11 +122,46 @@ class ClockFloor:
         now = time.time()
         if now >= self.floor:
             return ComponentHealth(True, f"{_utc(now)}, after {_utc(self.floor)} ({self.source})")
+        if self.synchronised():
+            # Why: a clock that ran ahead (set by hand, a bad RTC) and was then corrected by NTP left
+            # files stamped in the future, and the gateway was not ready until the clock reached them
+            return ComponentHealth(
+                True,
+                f"{_utc(now)}, synchronised; before {_utc(self.floor)} ({self.source}), written while the "
+                "clock was ahead",
+            )
         return ComponentHealth(
             False,
             f"the wall clock says {_utc(now)}, before {_utc(self.floor)} ({self.source}): it is not set "
             "(no real-time clock, no NTP yet?) and observations would carry wrong times",
         )
+
+
+def kernel_synchronised() -> bool | None:
+    """Whether the kernel says the wall clock is synchronised (adjtimex(2) read-only: modes 0),
+    None where it cannot be asked. Only its answer is used, so no field of struct timex, whose
+    layout differs between ABIs, is read."""
+    try:
+        adjtimex = ctypes.CDLL(None).adjtimex  # the C library the process has loaded already
+    except (OSError, AttributeError):
+        return None
+    state = adjtimex(ctypes.create_string_buffer(TIMEX_BYTES))
+    return None if state < 0 else state != TIME_ERROR
+
+
+def clock_sync_health(synchronised: Callable[[], bool | None] = kernel_synchronised) -> ComponentHealth:
+    """Failing (not required) while the kernel says the wall clock is not synchronised."""
+    state = synchronised()
+    if state is None:
+        return ComponentHealth(True, "unknown: the kernel cannot be asked (adjtimex)", required=False)
+    if state:
+        return ComponentHealth(True, f"synchronised, {_utc(time.time())}", required=False)
+    return ComponentHealth(
+        False,
+        f"the kernel says the wall clock ({_utc(time.time())}) is not synchronised (no NTP server reached "
+        "yet? timedatectl show -p NTPSynchronized): observations stored meanwhile carry its time",
+        required=False,
+    )
 
 
 def newest_write(directory: Path, depth: int = 2) -> float:

@@ -14,6 +14,9 @@ Nothing is kept between runs: every run derives its work from the store (sequenc
 the latest nodes, result times), so a restart, a failed run or a race with the adapters leaves
 nothing behind for good; the next run finds it again.
 
+A forward step of the wall clock adds its size to the age, for `retain_age_s` after it (see
+:meth:`Retention._age_s`): the observations stored before it carry the old clock's times.
+
 A failed run, whatever the error, is logged, counted (`failures` on /metrics) and followed by the
 next one on time. Retention is what bounds the store: when an unexpected error (a SystemError
 raised inside a query's row conversion, seen once in `bench soak`) ended the task, nothing was
@@ -25,9 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from broker.api import clock_offset_us
 from gateway.appliance.config import ObservationsConfig
 from gateway.client import SepaClient, SepaClientError
 from gateway.observations.pruning import (
@@ -67,6 +72,9 @@ CATCH_UP_CHUNK = 500
 # the 2-core test machine, 4 runs alternated with the build before, 2026-11-27: NL p99 26-39 ms
 # against 42-52 ms. A run that falls behind stops pausing.
 PACED_SHARE = 0.5
+# a change of the wall clock against the steady clock larger than this between two runs is a step
+# (NTP's slewing moves it by 30 ms a minute at most)
+STEP_S = 1.0
 
 
 class Retention:
@@ -103,6 +111,8 @@ class Retention:
         self._late_at = 0.0  # when the run under way is late (the next one is due)
         self._paced = False  # the run under way spreads its deletes (see PACED_SHARE)
         self._task: asyncio.Task[None] | None = None
+        self._offset = clock_offset_us()  # the wall clock less the steady one at the last run
+        self._steps: list[tuple[float, float]] = []  # (time.monotonic(), seconds) of forward steps
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="retention")
@@ -134,16 +144,40 @@ class Retention:
             self._held_from = None
         if newest > self.config.retain_count:
             removed += await self._drain(count_candidates_query(self.config.retain_count, limit=FIND_LIMIT))
-        removed += await self._drain(age_candidates_query(self.config.retain_age_s, limit=FIND_LIMIT))
+        age_s = self._age_s()
+        removed += await self._drain(age_candidates_query(age_s, limit=FIND_LIMIT))
         removed += await self._drain(
-            silent_latest_query(self.config.retain_age_s, limit=FIND_LIMIT),
-            lambda rows: evict_update((row[0] for row in rows), self.config.retain_age_s),
+            silent_latest_query(age_s, limit=FIND_LIMIT),
+            lambda rows: evict_update((row[0] for row in rows), age_s),
             self._update if self.writer is None else self.writer.evict,
         )
         self.runs += 1
         if self.chunk == chunk and loop.time() < self._late_at:
             self.chunk = max(DELETE_CHUNK, self.chunk // 2)
         return removed
+
+    def _age_s(self) -> float:
+        """The age past which observations and silent latest nodes go: `retain_age_s`, plus each
+        forward step of the wall clock seen less than `retain_age_s` ago.
+
+        Why: a Raspberry Pi boots at fake-hwclock's last save, NTP then steps its clock forward, and
+        the observations stored before the step carry the old clock's times. Under libfaketime,
+        a gateway whose clock stepped +30 days deleted the 5 observations and the 5 latest nodes
+        stored in the 5 s before the step at its next run, all younger than a minute. Their true age
+        is their apparent age less the step; once `retain_age_s` has passed since it, they are past
+        the age anyway. A step back is not subtracted: what it leaves in the future is kept longer
+        (`retain_count` still bounds it) rather than delete what is younger than the age."""
+        offset = clock_offset_us()
+        step_s = (offset - self._offset) / 1e6
+        self._offset = offset
+        now = time.monotonic()
+        if step_s > STEP_S:
+            self._steps.append((now, step_s))
+            log.warning(
+                "retention: wall clock stepped forward, the age counts from before it", extra={"step_s": step_s}
+            )
+        self._steps = [(at, size) for at, size in self._steps if now - at < self.config.retain_age_s]
+        return self.config.retain_age_s + sum(size for _, size in self._steps)
 
     def metrics(self) -> dict[str, Any]:
         """Counters for /metrics."""

@@ -139,7 +139,11 @@ class InProcessTransport:
             if due is None:
                 raise SepaClientError("invalid_request", "a delayed update needs a delay or an at", 400)
             entry = await self.scheduler.delayed.schedule(
-                sparql, due, using_graph_uri=tuple(using_graph_uri), using_named_graph_uri=tuple(using_named_graph_uri)
+                sparql,
+                due,
+                relative=delay is not None,
+                using_graph_uri=tuple(using_graph_uri),
+                using_named_graph_uri=tuple(using_named_graph_uri),
             )
         except SepaError as error:
             raise SepaClientError.from_engine(error) from error

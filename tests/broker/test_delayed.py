@@ -8,20 +8,27 @@ its delta with its tag. At start-up the update must count as run, not run again.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from pyoxigraph import Literal, NamedNode, Quad
 
+from broker import delayed as delayed_module
 from broker.core.engine import Engine
 from broker.core.pending import WAL_LIMIT_BYTES, PendingUpdates
+from broker.delayed import now_micros
 from broker.errors import NotFound
 from broker.scheduler import Scheduler
 from broker.store import JOURNAL, RdfStore, encode_journal_entry
+from tests.conftest import stop_and_check
 from tests.polling import wait_until
-from tools.launcher import RunningGateway
+from tests.support.clock import SteppedClock
+from tools.launcher import RunningGateway, launch_gateway
 
 EX = "http://example.org/"
 RAN = Quad(NamedNode(f"{EX}lamp"), NamedNode(f"{EX}status"), Literal("OFF"))
@@ -251,3 +258,98 @@ def test_delayed_updates_failing_when_due_write_one_log_line_a_minute(
     lines = [line for line in gateway.log().splitlines() if "delayed update failed" in line]
     assert len(lines) == 1, lines[:3]
     assert "max_update_quads" in lines[0]
+
+
+def _ran(gateway: RunningGateway, name: str) -> bool:
+    return gateway.ask(f"ASK {{ <{EX}{name}> <{EX}ran> true }}")
+
+
+def test_a_step_of_the_wall_clock_moves_delay_updates_but_not_at_updates(
+    tmp_path: Path, stepped_clock: SteppedClock
+) -> None:
+    """A Raspberry Pi boots at fake-hwclock's last save and NTP steps it forward by days. Before,
+    every `delay` update ran within a second of the step (+30 days: one due in an hour ran 3 s
+    later), and a step back held them for as long as the step. Now a `delay` is a length of time
+    (CLOCK_BOOTTIME), moved with the step in the table too; an `at` is an instant and stays."""
+    gateway = launch_gateway(data_dir=tmp_path / "data", environment=stepped_clock.environment)
+    try:
+        insert = "INSERT DATA {{ <{EX}{name}> <{EX}ran> true }}"
+        in_an_hour = gateway.update(insert.format(EX=EX, name="hour"), params=[("delay", "PT1H")]).json()
+        instant = (datetime.now(UTC) + timedelta(days=10)).isoformat(timespec="seconds")
+        assert gateway.update(insert.format(EX=EX, name="at"), params=[("at", instant)]).status == 202
+        stepped_clock.step("+30d")
+        wait_until(lambda: _ran(gateway, "at"))  # its instant is past now
+        time.sleep(2.0)  # the offset file is read once a second, the timer wakes once a second
+        assert not _ran(gateway, "hour"), "an update due in an hour ran at a step of the wall clock"
+        (listed,) = gateway.request("GET", "/scheduled").json()["scheduled"]
+        moved = datetime.fromisoformat(listed["due"]) - datetime.fromisoformat(in_an_hour["scheduled"]["due"])
+        assert abs(moved - timedelta(days=30)) < timedelta(seconds=2), moved
+
+        stepped_clock.step("-30d")  # and back: a `delay` of two seconds runs two seconds later
+        time.sleep(2.0)
+        assert gateway.update(insert.format(EX=EX, name="soon"), params=[("delay", "PT2S")]).status == 202
+        stepped_clock.step("-60d")
+        wait_until(lambda: _ran(gateway, "soon"), timeout=15.0)
+        assert not _ran(gateway, "hour")
+        steps = re.findall(r'msg="wall clock stepped" step_s=(\S+) delayed_updates_moved=(\d+)', gateway.log())
+        days = [(round(float(step) / 86_400), int(moved)) for step, moved in steps]
+        assert days == [(30, 1), (-60, 1), (-30, 2)], steps  # the operator reads each step in the log
+    finally:
+        stop_and_check(gateway)
+
+
+def test_a_delay_update_of_a_previous_run_keeps_its_instant_when_ntp_steps_the_clock_at_boot(
+    tmp_path: Path, stepped_clock: SteppedClock
+) -> None:
+    """A board off for ten days boots at fake-hwclock's time, ten days behind, and NTP then steps
+    it forward. An update a previous run (on a clock NTP had set) scheduled with `delay=PT1H` is due
+    at an instant: moved by that step, it would run ten days and an hour late."""
+    data = tmp_path / "data"
+    gateway = launch_gateway(data_dir=data, environment=stepped_clock.environment)
+    try:
+        insert = f"INSERT DATA {{ <{EX}hour> <{EX}ran> true }}"
+        due = gateway.update(insert, params=[("delay", "PT1H")]).json()["scheduled"]["due"]
+    finally:
+        stop_and_check(gateway)
+    stepped_clock.step("-10d")  # fake-hwclock's time at boot
+    gateway = launch_gateway(data_dir=data, environment=stepped_clock.environment)
+    try:
+        stepped_clock.step("+0")  # NTP reached
+        time.sleep(2.5)  # the offset file is read once a second, the timer wakes once a second
+        (listed,) = gateway.request("GET", "/scheduled").json()["scheduled"]
+        assert listed["due"] == due, "the step at boot moved an update of the previous run"
+        assert not _ran(gateway, "hour")
+    finally:
+        stop_and_check(gateway)
+
+
+def test_a_step_while_the_update_queue_is_full_leaves_the_timer_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `delay` updates a step moves are stored through the update thread. Through the admitted
+    path, a full request queue (429) at that moment ended the timer task, and no delayed update
+    ran again. A full queue at the very step cannot be caused on purpose: it is set, and the
+    step is given through the clocks' offset."""
+    offset = [delayed_module.clock_offset_us()]
+    monkeypatch.setattr(delayed_module, "clock_offset_us", lambda: offset[0])
+    scheduler = Scheduler(Engine(), pending=PendingUpdates())
+
+    async def scenario() -> None:
+        delayed = scheduler.delayed
+        try:
+            hour = now_micros() + 3_600_000_000
+            await delayed.schedule(f"INSERT DATA {{ <{EX}later> <{EX}ran> 1 }}", hour, relative=True)
+            queue_size, scheduler.queue_size = scheduler.queue_size, 0  # every admission refused
+            offset[0] += 30 * 86_400_000_000
+            await asyncio.sleep(1.5)  # the timer wakes at least once a second
+            scheduler.queue_size = queue_size
+            assert delayed._task is not None and not delayed._task.done(), "the step ended the timer"
+            await delayed.schedule(f"INSERT DATA {{ <{EX}soon> <{EX}ran> 1 }}", now_micros(), relative=True)
+            for _ in range(200):
+                if delayed.stats.fired:
+                    break
+                await asyncio.sleep(0.01)
+            assert delayed.stats.fired == 1 and delayed.count == 1
+        finally:
+            await delayed.stop()
+
+    asyncio.run(scenario())
+    scheduler.close()

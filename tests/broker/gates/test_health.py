@@ -39,7 +39,7 @@ def test_ready_with_its_components_and_alive(in_process_gateway: Callable[..., I
     status, body = health(gateway)
     assert status == 200, body
     assert body["status"] == "ready" and body["version"] == VERSION and body["uptime_s"] >= 0
-    assert set(body["components"]) == {"store", "engine", "clock"}  # MQTT and CoAP are off in this gateway
+    assert set(body["components"]) == {"store", "engine", "clock", "clock_sync"}  # MQTT and CoAP are off here
     assert body["components"]["store"] == {"status": "ok", "required": True, "detail": "in memory"}
     assert body["components"]["clock"]["status"] == "ok"
     assert body["components"]["engine"] == {"status": "ok", "required": True, "detail": "sequential mode"}

@@ -17,7 +17,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from broker.security.keys import self_signed
+from broker.security.keys import CERT_FILE, self_signed
+from tests.conftest import stop_and_check
+from tests.support.clock import SteppedClock
+from tools.launcher import launch_gateway
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -119,3 +122,18 @@ def test_the_generated_certificate_serves_this_machines_addresses(tmp_path: Path
     assert set(addresses) <= carried, (addresses, carried)
     for address in addresses:
         _handshake(tmp_path, pem, _pem_key(key), pem, address)
+
+
+def test_a_certificate_generated_at_1970_is_valid_once_ntp_sets_the_clock(
+    tmp_path: Path, stepped_clock: SteppedClock
+) -> None:
+    """A board without a real-time clock nor fake-hwclock starts at 1970 until NTP sets its clock:
+    the certificate generated on the secure gates' first start then was valid from 1970 to 1980,
+    expired for every client once the clock was set (libfaketime at 1970: notAfter 1979-12-31)."""
+    stepped_clock.step("@1970-01-02 00:00:00")
+    gateway = launch_gateway("--secure", data_dir=tmp_path / "data", environment=stepped_clock.environment)
+    stop_and_check(gateway)
+    certificate = x509.load_pem_x509_certificate((tmp_path / "data" / "security" / CERT_FILE).read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    assert certificate.not_valid_before_utc < now - datetime.timedelta(days=365 * 50)  # valid at 1970 too
+    assert certificate.not_valid_after_utc > now + datetime.timedelta(days=365 * 9), certificate.not_valid_after_utc

@@ -97,3 +97,21 @@ def test_a_cut_off_never_moves_back_when_the_clock_steps_back(
     # the price: its tokens issued before the clock is back past the cut-off are refused too
     with pytest.raises(Unauthorized, match="revoked"):
         authority.verify(authority.issue("client-a", now=now - 2990)[0])
+
+
+def test_a_token_issued_after_now_is_refused_from_the_cache_too(
+    authority: TokenAuthority, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock stepped back 30 days (NTP correcting a board's clock that ran ahead): a token
+    verified before the step stayed good from the cache for 30 days and an hour, while pyjwt refuses
+    the same token verified afresh (issued after now). Both ways refuse it now; its client fetches
+    a new one."""
+    now = time.time()
+    token, _ = authority.issue("client-a", now=now)
+    assert authority.verify(token).sub == "client-a"  # verified, cached
+    monkeypatch.setattr(tokens.time, "time", lambda: now - 30 * 86_400)
+    assert authority.cached(token) is None
+    with pytest.raises(Unauthorized, match="not valid yet"):
+        authority.verify(token)
+    with pytest.raises(Unauthorized):  # and again, no longer from the cache
+        authority.verify(token)
