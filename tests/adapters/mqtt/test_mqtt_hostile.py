@@ -526,6 +526,28 @@ def test_a_publisher_granted_a_templated_topic_cannot_take_every_latest_slot(
         assert gateway.stop() == 0
 
 
+def test_a_publishers_junk_on_a_templated_topic_leaves_the_other_sensors_counted_by_topic(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Bad input is counted per topic for 1,000 topics, 100 a device, the rest as `(other topics)`. A
+    topic of a deployment's own mapping was a device of its own (its first two levels), so 1,100 junk
+    readings on `plant/<n>/temperature` took every slot, and another sensor's bad reading was only
+    part of `(other topics)`: the operator could not see which sensor failed. Now a mapping's topics
+    are one device."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 100\n" + PLANT_MAPPING))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [(f"plant/r{room}/temperature", b"junk") for room in range(1_100)])
+        publish(mosquitto.port, [("gateway/bob/temperature", b"junk")])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_bad_input", 0) >= 1_101, timeout=30)
+        counted = bad_by_topic(gateway)
+        assert counted.get("gateway/bob/temperature") == 1
+        assert len([topic for topic in counted if topic.startswith("plant/")]) == 100
+        assert counted["(other topics)"] == 1_000
+    finally:
+        assert gateway.stop() == 0
+
+
 def senml_pack(device: int, records: int) -> tuple[str, bytes]:
     """One SenML pack of `records` timestamped temperature readings (distinct times: each its own observation)."""
     pack = [{"bn": f"urn:dev:{device}:", "bt": 1_900_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]
