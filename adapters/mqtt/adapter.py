@@ -31,7 +31,7 @@ from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.profiles import default_profiles
 from adapters.mqtt.settings import MqttSettings
-from adapters.mqtt.shares import DeviceShares, device_key
+from adapters.mqtt.shares import LOGIN_DEVICE, DeviceShares, device_key
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
     MAPPINGS_QUERY,
@@ -46,6 +46,7 @@ from gateway.observations import (
     mappings_update,
 )
 from gateway.observations.counters import SourceCounters
+from gateway.observations.iris import MAPPING_DEVICE
 from gateway.observations.writer import ObservationWriter
 
 log = logging.getLogger(__name__)
@@ -89,13 +90,14 @@ class MqttAdapter:
         self.profiles = profiles(profile_names)
         self.actuators = list(actuators)
         self.gateway_id = gateway_id(gateway)
-        self.counters = SourceCounters(device_of=device_key)  # a login's topics are one device
+        self.counters = SourceCounters(device_of=self._device)  # a login's topics are one device
         self.connection = MqttConnection(settings)
         self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
         self.shares = DeviceShares(settings.device_readings_per_s)
+        self._profile_ids = frozenset(mapping.id for mapping in self.profiles)
         self._delivering: int | None = None  # the connection that delivered the last batch (shares' catch-up)
         # Messages of the batch being committed that one of its updates stored: a batch is stored in
         # groups of batch_max_readings (and in halves when the writer refuses one), and a store failure
@@ -253,6 +255,23 @@ class MqttAdapter:
         self.observations_committed += len(readings) - len(refused)
 
     # -- the Topics Manager --------------------------------------------------------------------
+
+    def _device(self, topic: str) -> str:
+        """The device a topic's bad input is counted under: its login by the ACL's conventions, else the
+        deployment's mapping that takes it. Why: a login granted a templated topic (`plant/+/temperature`)
+        made each topic a device of its own (its first two levels), so its junk took all 1,000 counted
+        sources and another sensor's refused reading was only part of `(other topics)`, on /metrics and
+        in the log. The match is the one `Mapper.readings` makes next (cached per topic)."""
+        key = device_key(topic)
+        if key.startswith(LOGIN_DEVICE):
+            return key
+        try:
+            found = self.mapper.match(topic)
+        except PayloadError:
+            return key
+        if found is None or found[0].mapping.id in self._profile_ids:
+            return key
+        return MAPPING_DEVICE + found[0].mapping.id
 
     def _mappings_changed(self, _notification: Any) -> None:
         if self._mappings is None:

@@ -59,15 +59,16 @@ OWN_CONVENTIONS = frozenset({"gateway", "tele", "stat", "zigbee2mqtt", "senml"})
 # dropped. A legitimate pack carries far more readings than this (a SenML record is ~20-30 bytes).
 BYTES_PER_READING = 100
 MAX_DEVICES = 10_000  # buckets kept; past it the idle, full ones go (a full bucket is the default)
+LOGIN_DEVICE = "login:"  # a device key naming the login the ACL ties the topic to
 
 
 def device_key(topic: str) -> str:
     """The device a topic belongs to, by the ACL's conventions (see the module docstring)."""
     levels = topic.split("/", 3)
     if levels[0] == "homie" and len(levels) > 2:
-        return "login:" + levels[2]
+        return LOGIN_DEVICE + levels[2]
     if levels[0] in OWN_CONVENTIONS and len(levels) > 1:
-        return "login:" + levels[1]
+        return LOGIN_DEVICE + levels[1]
     return "/".join(levels[:2])
 
 

@@ -198,6 +198,7 @@ class Gateway:
             max_nodes=config.observations.max_sensor_properties,
             max_nodes_per_sensor=config.observations.max_properties_per_sensor,
             max_nodes_per_device=config.observations.max_properties_per_device,
+            max_nodes_per_mapping=config.observations.max_properties_per_mapping,
         )
         self.retention = Retention(
             self.client,

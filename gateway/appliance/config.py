@@ -226,6 +226,7 @@ class ObservationsConfig:
     max_sensor_properties: int = 10_000
     max_properties_per_sensor: int = 256
     max_properties_per_device: int = 1000  # a SenML, Tasmota or Homie device mints a sensor per name or node
+    max_properties_per_mapping: int = 1000  # one of your own mappings' sensors: a publisher granted a templated topic
 
 
 @dataclass
@@ -394,6 +395,8 @@ class Config:
             raise ConfigError("observations.max_properties_per_sensor must be 1 to max_sensor_properties")
         if self.observations.max_properties_per_device < 1:  # past max_sensor_properties it bounds nothing
             raise ConfigError("observations.max_properties_per_device must be >= 1")
+        if self.observations.max_properties_per_mapping < 1:
+            raise ConfigError("observations.max_properties_per_mapping must be >= 1")
         if self.shipper.enabled:
             self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

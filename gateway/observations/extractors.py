@@ -75,6 +75,7 @@ class Message:
     arrival_us: int
     resolved: Resolved
     units: LearnedUnits  # the Mapper's learned units per value topic (Homie `$unit`), shared
+    mapping: str = ""  # the id of the mapping reading it
 
     def reading(
         self,
@@ -97,6 +98,7 @@ class Message:
             self.topic,
             time_us,
             f"{self.topic}|{self.arrival_us}|{index}",
+            self.mapping,
         )
 
 

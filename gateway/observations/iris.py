@@ -18,6 +18,7 @@ from gateway.observations.vocabulary import LATEST_PREFIX, OBSERVATION_PREFIX, U
 SENSOR_PREFIX = URN + "sensor:"  # the ready-made profiles' sensors: <profile>/<device>[/<name>]
 # the first level of the MQTT profiles' sensor IRIs (adapters/mqtt/profiles.py), whose second is the login
 MQTT_PROFILES = frozenset({"homie", "zigbee2mqtt", "tasmota", "senml", "gateway"})
+MAPPING_DEVICE = "mapping:"  # the device of the sensors a deployment's own mapping makes: `mapping:<id>`
 
 
 def _digest(text: str) -> str:
@@ -51,7 +52,7 @@ def device_of(sensor: str) -> str:
     or the CoAP path. The MQTT profiles' devices are the login's, whichever convention it used:
     one login publishing SenML, Tasmota, Homie and generic readings is one device, not four
     (`mqtt:<login>`); a CoAP device is `coap/<device>`. Any other IRI (a deployment's own template)
-    is its own device: only the per-sensor bound and the total apply.
+    is its own device here: :func:`device_of_reading` counts it against its mapping.
     """
     if not sensor.startswith(SENSOR_PREFIX):
         return sensor
@@ -59,3 +60,17 @@ def device_of(sensor: str) -> str:
     if levels[0] in MQTT_PROFILES and len(levels) > 1:
         return "mqtt:" + levels[1]
     return SENSOR_PREFIX + "/".join(levels[:2])
+
+
+def device_of_reading(reading: Reading) -> str:
+    """The device a new latest node of `reading` counts against: :func:`device_of` its sensor, but a
+    sensor of a deployment's own template (an IRI the profiles do not mint) counts against the mapping
+    that read it, `mapping:<id>`. Why: a login granted a templated topic (`plant/+/temperature` to
+    `urn:example:{room}`) made every topic level a sensor and a device of its own, bounded by the total
+    only: 12,000 topics took all 10,000 latest slots, and every other sensor's new property was
+    refused, for as long as the retention age (measured, 2026-12-06). The gateway cannot tell which
+    login published a message, but a deployment's mapping is what a grant is written for."""
+    device = device_of(reading.sensor)
+    if device == reading.sensor and reading.mapping:
+        return MAPPING_DEVICE + reading.mapping
+    return device

@@ -67,20 +67,41 @@ class LatestCache:
         # nodes per sensor IRI (by their gw:sensor triple): the writer bounds them (ObservationWriter)
         self.per_sensor: Counter[str] = Counter()
         self.per_device: Counter[str] = Counter()  # nodes per device (gateway.observations.iris.device_of)
+        # the sensors whose device is not `device_of` their IRI (`assign`): kept across `clear` and
+        # `load`, so a reload counts a mapping's sensors against it again; dropped with their last node
+        self.devices: dict[str, str] = {}
+
+    def device(self, sensor: str) -> str:
+        """The device the nodes of `sensor` count against."""
+        return self.devices.get(sensor) or device_of(sensor)
+
+    def assign(self, sensor: str, device: str) -> None:
+        """Count the nodes of `sensor` against `device` from now on (those it holds move with it)."""
+        old = self.device(sensor)
+        if old == device:
+            return
+        held = self.per_sensor[sensor]
+        if held:
+            self.per_device[old] -= held
+            if self.per_device[old] <= 0:
+                del self.per_device[old]
+            self.per_device[device] += held
+        self.devices[sensor] = device
 
     def _add(self, quads: set[Quad], quad: Quad) -> None:
         if quad.predicate.value == SENSOR and quad not in quads:
             self.per_sensor[quad.object.value] += 1
-            self.per_device[device_of(quad.object.value)] += 1
+            self.per_device[self.device(quad.object.value)] += 1
         quads.add(quad)
 
     def _discard(self, quads: set[Quad], quad: Quad) -> None:
         if quad.predicate.value == SENSOR and quad in quads:
             sensor = quad.object.value
+            device = self.device(sensor)
             self.per_sensor[sensor] -= 1
             if self.per_sensor[sensor] <= 0:
                 del self.per_sensor[sensor]
-            device = device_of(sensor)
+                self.devices.pop(sensor, None)
             self.per_device[device] -= 1
             if self.per_device[device] <= 0:
                 del self.per_device[device]
@@ -110,6 +131,7 @@ class LatestCache:
     def snapshot(self, iris: Iterable[str]) -> LatestCache:
         """The mirror of just these nodes, as it is now, for nodes it knows (later deltas leave it alone)."""
         copy = LatestCache(max_entries=self.max_entries)
+        copy.devices = dict(self.devices)
         for iri in iris:
             if iri in self.nodes and iri not in copy.nodes:
                 quads = copy.nodes[iri] = set()
@@ -151,6 +173,7 @@ class LatestCache:
             quad = _quad(row)
             if quad is not None:
                 self._add(self.nodes.setdefault(quad.subject.value, set()), quad)
+        self.devices = {sensor: device for sensor, device in self.devices.items() if sensor in self.per_sensor}
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()

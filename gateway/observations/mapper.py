@@ -107,7 +107,7 @@ class Mapper:
         if found is None:
             raise UnmappedTopic(f"no mapping for topic {topic!r}")
         compiled, captures, resolved = found
-        message = Message(topic, captures, payload, arrival_us, resolved, self.units)
+        message = Message(topic, captures, payload, arrival_us, resolved, self.units, compiled.mapping.id)
         try:
             return compiled.run(compiled, message)
         except PayloadError as error:

@@ -12,6 +12,8 @@ class Reading:
     `unit` is a QUDT unit IRI for numbers (None when the source does not say and the property has
     no default) and None for booleans and text. `key` makes the observation IRI unique when the
     payload carries no timestamp (`source_time_us` is None); see :func:`observation_iri`.
+    `mapping` is the id of the mapping that read it ("" when none did): the latest view bounds
+    the sensors one of a deployment's own mappings makes (ObservationWriter).
     """
 
     sensor: str
@@ -22,3 +24,4 @@ class Reading:
     source: str
     source_time_us: int | None
     key: str
+    mapping: str = ""

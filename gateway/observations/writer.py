@@ -16,8 +16,9 @@ days; at 1,000 readings/s of new names that is ~8,000 quads a second the gateway
 memory runs out. The per-sensor bound alone did not hold one login: SenML, Tasmota and Homie mint a
 sensor per record name or node, so one SenML login filled all 10,000 nodes with 40 names of 256
 properties, and every new sensor was refused for good after (on a disk store). A device is what
-:func:`~gateway.observations.iris.device_of` says. Readings of known nodes are never refused, so
-the sensors in place go on whatever a newcomer sends.
+:func:`~gateway.observations.iris.device_of_reading` says: a deployment's own mapping is one,
+bounded by `max_nodes_per_mapping` (a login granted `plant/+/temperature` took all 10,000 nodes).
+Readings of known nodes are never refused, so the sensors in place go on whatever a newcomer sends.
 
 Slots come back. Retention deletes the node of a sensor and property silent for longer than
 `retain_age_s` through `evict`, so the mirror follows in the same update; and a refusal first
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from broker.api import Update
 from gateway.client import SepaClient, SepaClientError, UpdateSummary
 from gateway.observations.errors import NodeLimit, PayloadError
-from gateway.observations.iris import device_of, latest_iri
+from gateway.observations.iris import MAPPING_DEVICE, device_of_reading, latest_iri
 from gateway.observations.latest import LATEST_QUERY, SENSOR_COUNT_QUERY, LatestCache
 from gateway.observations.quads import observation_quads, stored_query, stored_terms
 from gateway.observations.reading import Reading
@@ -47,6 +48,7 @@ Refused = Callable[[Reading, NodeLimit], None]
 MAX_NODES = 10_000  # latest nodes (sensor and property pairs) in all: ~8 quads each, a few MB
 MAX_NODES_PER_SENSOR = 256
 MAX_NODES_PER_DEVICE = 1_000  # a tenth of MAX_NODES: it takes ten device logins to fill the view
+MAX_NODES_PER_MAPPING = 1_000  # the same for the sensors of one of a deployment's own mappings
 # A refusal checks the store's node count at most this often (see `_resync`): under a flood of new
 # names, one COUNT over the latest graph's gw:sensor triples a second, not one per refused batch.
 RESYNC_INTERVAL_S = 1.0
@@ -67,6 +69,7 @@ class ObservationWriter:
         max_nodes: int = MAX_NODES,
         max_nodes_per_sensor: int = MAX_NODES_PER_SENSOR,
         max_nodes_per_device: int = MAX_NODES_PER_DEVICE,
+        max_nodes_per_mapping: int = MAX_NODES_PER_MAPPING,
     ) -> None:
         self.client = client
         self.gateway_id = gateway_id
@@ -74,6 +77,7 @@ class ObservationWriter:
         self.max_nodes = max_nodes
         self.max_nodes_per_sensor = max_nodes_per_sensor
         self.max_nodes_per_device = max_nodes_per_device
+        self.max_nodes_per_mapping = max_nodes_per_mapping
         self.refused = 0  # readings refused by the bounds (see the module docstring)
         self._lock = asyncio.Lock()
         self._stale = False  # a commit failed with an unknown outcome: reload the mirror before the next
@@ -202,7 +206,7 @@ class ObservationWriter:
             if node in nodes or node in new:
                 admitted.append(reading)
                 continue
-            device = device_of(reading.sensor)
+            device = device_of_reading(reading)
             if len(nodes) + len(new) >= self.max_nodes:
                 error = NodeLimit(
                     f"new sensor/property refused: the gateway holds its maximum of {self.max_nodes} "
@@ -213,12 +217,10 @@ class ObservationWriter:
                     f"new property refused: the sensor has its maximum of {self.max_nodes_per_sensor} "
                     "(observations.max_properties_per_sensor)"
                 )
-            elif cache.per_device[device] + per_device[device] >= self.max_nodes_per_device:
-                error = NodeLimit(
-                    f"new sensor/property refused: the device has its maximum of {self.max_nodes_per_device} "
-                    "(observations.max_properties_per_device)"
-                )
+            elif cache.per_device[device] + per_device[device] >= self._device_bound(device):
+                error = self._device_full(device)
             else:
+                cache.assign(reading.sensor, device)
                 new.add(node)
                 per_sensor[reading.sensor] += 1
                 per_device[device] += 1
@@ -226,6 +228,20 @@ class ObservationWriter:
                 continue
             over.append((reading, error))
         return admitted, over
+
+    def _device_bound(self, device: str) -> int:
+        return self.max_nodes_per_mapping if device.startswith(MAPPING_DEVICE) else self.max_nodes_per_device
+
+    def _device_full(self, device: str) -> NodeLimit:
+        if device.startswith(MAPPING_DEVICE):
+            return NodeLimit(
+                f"new sensor/property refused: the mapping {device.removeprefix(MAPPING_DEVICE)!r} has its maximum "
+                f"of {self.max_nodes_per_mapping} (observations.max_properties_per_mapping)"
+            )
+        return NodeLimit(
+            f"new sensor/property refused: the device has its maximum of {self.max_nodes_per_device} "
+            "(observations.max_properties_per_device)"
+        )
 
     async def _reload(self) -> None:
         result = await self.client.query(LATEST_QUERY)

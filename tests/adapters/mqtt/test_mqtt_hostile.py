@@ -493,6 +493,61 @@ def test_one_device_minting_a_sensor_per_record_name_is_bounded_per_device(
         assert gateway.stop() == 0
 
 
+PLANT_MAPPING = (
+    '[[mqtt.mappings]]\nid = "plant"\ntopic = "plant/{room}/temperature"\nextract = "number"\n'
+    'property = "temperature"\nunit = "degC"\nsensor = "urn:example:plant/{room}"\n'
+)
+
+
+def test_a_publisher_granted_a_templated_topic_cannot_take_every_latest_slot(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """A login granted `plant/#` for a mapping `plant/{room}/temperature` makes a sensor per topic
+    level, and each sensor of a deployment's own template was a device of its own: only the total
+    bound held it. 12,000 such topics took all 10,000 latest slots (measured with the defaults), and
+    every other sensor's new property was refused until the retention age. Now the sensors one
+    mapping makes are bounded together (max_properties_per_mapping), and another sensor still gets in."""
+    bounds = "[observations]\nmax_sensor_properties = 8\nmax_properties_per_sensor = 1\n"
+    bounds += "max_properties_per_mapping = 5\n"
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 100\n" + PLANT_MAPPING + bounds))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [(f"plant/r{room}/temperature", b"20") for room in range(12)])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= 12)
+        publish(mosquitto.port, [("gateway/bob/temperature", b"21")])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= 13)
+        assert values(gateway, "gateway/bob/temperature") == [21]
+        assert len([s for s in latest_sensors(gateway) if s.startswith("r")]) == 5
+        refused = bad_by_topic(gateway)
+        assert len(refused) == 7 and all(topic.startswith("plant/") for topic in refused)
+        publish(mosquitto.port, [("plant/r0/temperature", b"22")])  # a known sensor of the mapping goes on
+        wait_for(lambda: 22 in values(gateway, "plant/r0/temperature"))
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_publishers_junk_on_a_templated_topic_leaves_the_other_sensors_counted_by_topic(
+    mosquitto: Mosquitto, tmp_path: Path
+) -> None:
+    """Bad input is counted per topic for 1,000 topics, 100 a device, the rest as `(other topics)`. A
+    topic of a deployment's own mapping was a device of its own (its first two levels), so 1,100 junk
+    readings on `plant/<n>/temperature` took every slot, and another sensor's bad reading was only
+    part of `(other topics)`: the operator could not see which sensor failed. Now a mapping's topics
+    are one device."""
+    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, "batch_wait_ms = 100\n" + PLANT_MAPPING))
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [(f"plant/r{room}/temperature", b"junk") for room in range(1_100)])
+        publish(mosquitto.port, [("gateway/bob/temperature", b"junk")])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_bad_input", 0) >= 1_101, timeout=30)
+        counted = bad_by_topic(gateway)
+        assert counted.get("gateway/bob/temperature") == 1
+        assert len([topic for topic in counted if topic.startswith("plant/")]) == 100
+        assert counted["(other topics)"] == 1_000
+    finally:
+        assert gateway.stop() == 0
+
+
 def senml_pack(device: int, records: int) -> tuple[str, bytes]:
     """One SenML pack of `records` timestamped temperature readings (distinct times: each its own observation)."""
     pack = [{"bn": f"urn:dev:{device}:", "bt": 1_900_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]

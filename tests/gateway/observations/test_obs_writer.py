@@ -250,3 +250,35 @@ def test_a_latest_graph_someone_else_keeps_changing_is_reloaded_a_tenth_of_the_t
         assert len(reloads) == 1
 
     with_bounded_writer(scenario)
+
+
+def mapped(first: int, count: int, mapping: str = "plant") -> list[Reading]:
+    """Readings of sensors a deployment's own mapping makes, one sensor per reading."""
+    return [
+        Reading(f"urn:example:r{i}", PROPERTY, "urn:example:f", 20.0, None, f"plant/r{i}", None, f"k{i}", mapping)
+        for i in range(first, first + count)
+    ]
+
+
+def test_the_sensors_of_one_mapping_are_bounded_together_and_stay_so_after_a_reload() -> None:
+    """Each sensor of a deployment's own template was a device of its own: one mapping's sensors
+    were bounded by the total only. Now by `max_nodes_per_mapping`, counted again the same after the
+    mirror is reloaded (a failed commit, nodes deleted by SPARQL), and freed with their nodes."""
+
+    async def scenario(writer: ObservationWriter, client: SepaClient) -> None:
+        writer.max_nodes_per_mapping = 3
+        refused: list[NodeLimit] = []
+        await writer.commit(mapped(0, 5), refused=lambda _reading, error: refused.append(error))
+        assert len(refused) == 2 and "observations.max_properties_per_mapping" in str(refused[0])
+        writer._forget()  # the mirror is loaded again before the next commit
+        await writer.commit(mapped(5, 1), refused=lambda _reading, error: refused.append(error))
+        assert len(refused) == 3
+        await writer.commit(mapped(10, 1, "other"))  # another mapping has a bound of its own
+        await writer.commit([Reading("urn:example:s", PROPERTY, "urn:example:f", 1.0, None, "s", None, "k")])
+        assert writer.cache.per_sensor.total() == 5
+        assert writer.cache.per_device["mapping:plant"] == 3 and writer.cache.per_device["mapping:other"] == 1
+        await writer.evict(f"DELETE WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?n <{GW}sensor> <urn:example:r1> ; ?p ?o }} }}")
+        await writer.commit(mapped(6, 1))  # r1's slot is the mapping's again
+        assert writer.cache.per_device["mapping:plant"] == 3
+
+    with_writer(scenario)
