@@ -40,10 +40,11 @@ class SteppedClock:
 
 @pytest.fixture
 def stepped_clock(tmp_path: Path) -> SteppedClock:
-    """A clock at the real time to begin with; skips the test where libfaketime is not installed."""
+    """A clock at the real time to begin with; fails the test where libfaketime is not installed
+    (tests/run.sh installs it: a missing part is a failure, never a silent skip)."""
     library = next((path for path in _CANDIDATES if path.exists()), None)
     if library is None:
-        pytest.skip("libfaketime is not installed (apt-get install faketime; tests/run.sh installs it)")
+        pytest.fail("libfaketime is not installed (apt-get install faketime; tests/run.sh installs it)")
     clock = SteppedClock(tmp_path / "faketime", library)
     clock.step("+0")
     return clock
