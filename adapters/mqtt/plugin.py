@@ -131,7 +131,7 @@ def check(config: MqttConfig) -> tuple[MqttSettings, list[Mapping], list[Actuato
         actuators = [Actuator.from_config(entry, position) for position, entry in enumerate(config.actuators)]
     except (MqttSettingsError, MappingError, ActuatorError) as error:
         raise ConfigError(str(error)) from None
-    if config.tls:
+    if config.tls and config.enabled:  # the files of a section turned off may come later
         _check_tls_files(config)
     if not all(isinstance(name, str) for name in config.profiles):  # [[]] was a TypeError traceback
         raise ConfigError(f"mqtt.profiles must be a list of profile names (known: {', '.join(PROFILE_IDS)})")

@@ -685,16 +685,17 @@ class WebSocketGate:
         with the machine loaded).
 
         A client that left before its subscribe is queued is not subscribed; one that left later is
-        unsubscribed as this returns, or by :meth:`end_all` when its confirmation came first."""
+        unsubscribed as this returns, or by :meth:`end_all` when its confirmation came first. A
+        subscribe that fails after the engine made its subscription (its group commit's sync
+        failed) ends it too (:meth:`_failed`)."""
         to_loop = loop_handoff(asyncio.get_running_loop())
-        confirmed = False
+        made: list[str] = []  # the spuid the engine confirmed (set on its thread before the reply)
 
         def from_engine(notification: Notification) -> None:
-            nonlocal confirmed
             if notification.ended is not None:
                 to_loop(self.subscription_ended, connection, notification)
-            elif not confirmed:  # the engine's thread, in order: the first one is the confirmation
-                confirmed = True
+            elif not made:  # the engine's thread, in order: the first one is the confirmation
+                made.append(notification.spuid)
                 to_loop(self._confirm, connection, notification, register)
             else:
                 to_loop(self._deliver, connection, notification)
@@ -720,15 +721,17 @@ class WebSocketGate:
                 mine.set_result(None)
             subscription = await queued
         except SepaError as error:
-            self.reply_error(connection, error.error, error.description, error.status_code, alias)
+            await self._failed(connection, made, error.error, error.description, error.status_code, alias)
             return
         except RecursionError:
-            self.reply_error(connection, "invalid_request", "the query nests too deep for this gateway", 400, alias)
+            description = "the query nests too deep for this gateway"
+            await self._failed(connection, made, "invalid_request", description, 400, alias)
             return
         except Exception as error:  # an error frame for this subscribe alone: the socket lives
             self.counters["ws_subscribe_failures"] += 1
             log.error("websocket: a subscribe failed", extra={"error": repr(error)[:300]})
-            self.reply_error(connection, "internal_error", f"the subscription failed: {str(error)[:200]}", 500, alias)
+            description = f"the subscription failed: {str(error)[:200]}"
+            await self._failed(connection, made, "internal_error", description, 500, alias)
             return
         self.counters["ws_subscribes"] += 1
         if connection.closing:  # the client left while we subscribed (end_all may have ended it too)
@@ -738,6 +741,26 @@ class WebSocketGate:
         # without a confirmation from the engine (none is lost: a no-op), or refused
         if not register(subscription.spuid):
             await self._unsubscribe_quietly(subscription.spuid)
+
+    async def _failed(
+        self, connection: Connection, made: list[str], error: str, description: str, status: int, alias: str | None
+    ) -> None:
+        """A subscribe failed: its error frame, and the end of the subscription the engine made
+        before it failed, if it did (`made`: its spuid, named in the frame).
+
+        Why: a subscribe is acknowledged after the group commit's sync, like the updates run with
+        it, and a failed sync fails them all (Scheduler._acknowledge). The engine had made the
+        subscription; for a socket that had closed meanwhile the gate never registered it, and the
+        error frame was all that was done: it lived on for no client, counted in
+        `sepa_subscriptions` and re-evaluated at every update until a restart
+        (tests/broker/gates/test_websocket_reset.py)."""
+        if not made:
+            self.reply_error(connection, error, description, status, alias)
+            return
+        self.forget(connection, made[0])
+        connection.ended.add(made[0])
+        self.reply_error(connection, error, description, status, alias, spuid=made[0])
+        await self._unsubscribe_quietly(made[0])
 
     def _confirm(self, connection: Connection, notification: Notification, register: Callable[[str], bool]) -> None:
         if connection.closing or register(notification.spuid):

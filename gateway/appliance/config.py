@@ -342,13 +342,15 @@ class Config:
                     f"http.allowed_hosts[{position}] must be a host name without scheme or port "
                     f'(e.g. "gateway.plant.example"), not {name!r}'
                 )
-        if self.http.idle_timeout_s <= 0 or self.http.request_timeout_s <= 0:
-            raise ConfigError("http.idle_timeout_s and http.request_timeout_s must be positive")
-        if (
-            not 0 <= self.http.max_connections <= 1_000_000
-            or not 1 <= self.http.max_connections_per_address <= 1_000_000
-        ):
-            raise ConfigError("http.max_connections must be 0-1000000 and http.max_connections_per_address 1-1000000")
+        _check_positive(
+            ("http.idle_timeout_s", self.http.idle_timeout_s), ("http.request_timeout_s", self.http.request_timeout_s)
+        )
+        if not 0 <= self.http.max_connections <= 1_000_000:
+            raise ConfigError(f"http.max_connections must be 0-1000000, not {self.http.max_connections}")
+        if not 1 <= self.http.max_connections_per_address <= 1_000_000:
+            raise ConfigError(
+                f"http.max_connections_per_address must be 1-1000000, not {self.http.max_connections_per_address}"
+            )
         if self.websocket.heartbeat_s < 1:  # 1e-9 passed: every WebSocket closed at once (1006)
             raise ConfigError("websocket.heartbeat_s must be at least 1 second")
         if not 0 <= self.websocket.max_reeval_seconds_per_client <= MAX_QUERY_TIME_S:
@@ -380,15 +382,19 @@ class Config:
         ):
             if not path.startswith("/"):
                 raise ConfigError(f"{name} must start with '/', not {path!r}")
-        if self.security.enabled:
-            self._check_security()
+        # Why every section, on or off: a bad value in a section turned off (`[coap] port = 99999`,
+        # `[shipper] uploads_in_flight = 99` with `enabled = false`) passed check-config and failed
+        # only the day the section was turned on. What a section needs from the machine (its files,
+        # the shipper's URL and token) is checked when it is on.
+        self._check_security()
         for name, plugin in adapter_plugins().items():
-            if self.adapters[name].enabled:
-                plugin.check(self.adapters[name])
-        if self.observations.retain_count < 1 or self.observations.retain_age_s <= 0:
-            raise ConfigError("observations.retain_count must be >= 1 and observations.retain_age_s positive")
-        if self.observations.prune_interval_s <= 0:
-            raise ConfigError("observations.prune_interval_s must be positive")
+            plugin.check(self.adapters[name])
+        if self.observations.retain_count < 1:
+            raise ConfigError(f"observations.retain_count must be >= 1, not {self.observations.retain_count}")
+        _check_positive(
+            ("observations.retain_age_s", self.observations.retain_age_s),
+            ("observations.prune_interval_s", self.observations.prune_interval_s),
+        )
         if not 1 <= self.observations.max_sensor_properties <= MAX_LATEST_NODES:
             raise ConfigError(f"observations.max_sensor_properties must be 1 to {MAX_LATEST_NODES:,}")
         if not 1 <= self.observations.max_properties_per_sensor <= self.observations.max_sensor_properties:
@@ -397,12 +403,13 @@ class Config:
             raise ConfigError("observations.max_properties_per_device must be >= 1")
         if self.observations.max_properties_per_mapping < 1:
             raise ConfigError("observations.max_properties_per_mapping must be >= 1")
-        if self.shipper.enabled:
-            self._check_shipper()
+        self._check_shipper()
         if self.logging.level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"logging.level must be DEBUG, INFO, WARNING or ERROR, not {self.logging.level!r}")
-        if self.logging.file_max_bytes < 4096 or self.logging.file_backups < 1:
-            raise ConfigError("logging.file_max_bytes must be at least 4096 and logging.file_backups at least 1")
+        if self.logging.file_max_bytes < 4096:
+            raise ConfigError(f"logging.file_max_bytes must be at least 4096, not {self.logging.file_max_bytes}")
+        if self.logging.file_backups < 1:
+            raise ConfigError(f"logging.file_backups must be at least 1, not {self.logging.file_backups}")
         return self
 
     def _check_ports_apart(self) -> None:
@@ -424,14 +431,14 @@ class Config:
                     raise ConfigError(f"{name} must differ from {other} ({port}): both gates listen on {host}")
 
     def _check_security(self) -> None:
-        from broker.api import RegistryError, configured_client  # only when security is on
+        from broker.api import RegistryError, configured_client
 
         security = self.security
         if bool(security.tls_cert) != bool(security.tls_key):
             raise ConfigError("security.tls_cert and security.tls_key go together")
         for name in ("tls_cert", "tls_key"):
             path = getattr(security, name)
-            if path and not is_file(path):
+            if security.enabled and path and not is_file(path):
                 raise ConfigError(f"security.{name}: no such file {path}")
         if not 10 <= security.token_lifetime_s <= MAX_TOKEN_LIFETIME_S:
             raise ConfigError(
@@ -463,24 +470,42 @@ class Config:
 
     def _check_shipper(self) -> None:
         shipper = self.shipper
-        if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
-            raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
-        _check_landing_url(shipper.url)
-        if shipper.ca_file and not is_file(shipper.ca_file):
+        if shipper.enabled or shipper.url:  # a shipper off may leave its URL empty
+            if not (shipper.url.startswith("https://") or (shipper.allow_http and shipper.url.startswith("http://"))):
+                raise ConfigError("shipper.url must be an https:// URL (http:// only with shipper.allow_http)")
+            _check_landing_url(shipper.url)
+        if shipper.enabled and shipper.ca_file and not is_file(shipper.ca_file):
             raise ConfigError(f"shipper.ca_file: no such file {shipper.ca_file}")
-        if shipper.segment_max_bytes < 1024 or shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
-            raise ConfigError("shipper.segment_max_bytes must be >= 1024 and spool_budget_bytes >= 4 segments")
-        if min(shipper.segment_max_age_s, shipper.upload_timeout_s, shipper.backoff_initial_s) <= 0:
-            raise ConfigError("shipper: segment_max_age_s, upload_timeout_s and backoff_initial_s must be positive")
+        if shipper.segment_max_bytes < 1024:
+            raise ConfigError(f"shipper.segment_max_bytes must be >= 1024, not {shipper.segment_max_bytes}")
+        if shipper.spool_budget_bytes < 4 * shipper.segment_max_bytes:
+            raise ConfigError(
+                f"shipper.spool_budget_bytes must be >= 4 segments (4 x shipper.segment_max_bytes, "
+                f"{4 * shipper.segment_max_bytes}), not {shipper.spool_budget_bytes}"
+            )
+        _check_positive(
+            ("shipper.upload_timeout_s", shipper.upload_timeout_s),
+            ("shipper.backoff_initial_s", shipper.backoff_initial_s),
+        )
         if shipper.segment_max_age_s < 0.1:  # 1e-300 passed: the sealer looped, 4.7 CPU-s in 5 s idle
-            raise ConfigError("shipper.segment_max_age_s must be at least 0.1")
+            raise ConfigError(f"shipper.segment_max_age_s must be at least 0.1, not {shipper.segment_max_age_s}")
         if shipper.backoff_max_s < shipper.backoff_initial_s:
-            raise ConfigError("shipper: backoff_max_s must be >= backoff_initial_s")
+            raise ConfigError("shipper.backoff_max_s must be >= shipper.backoff_initial_s")
         if not 1 <= shipper.uploads_in_flight <= MAX_UPLOADS_IN_FLIGHT:
             raise ConfigError(
                 f"shipper.uploads_in_flight must be 1..{MAX_UPLOADS_IN_FLIGHT}, not {shipper.uploads_in_flight}"
             )
-        shipper.token()
+        if shipper.enabled:
+            shipper.token()
+
+
+def _check_positive(*settings: tuple[str, float]) -> None:
+    """Each (name, value) is positive; the error names the one that is not, so that its line is the
+    one the message points at (config_lines): "a and b must be positive" pointed at a's line
+    whichever was wrong."""
+    for name, value in settings:
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, not {value}")
 
 
 def is_file(path: str) -> bool:

@@ -70,7 +70,8 @@ class AdapterPlugin(Protocol):
     section: type  # a dataclass: the section's settings and their defaults, with `enabled: bool`
 
     def check(self, section: Any) -> None:
-        """Raise gateway.appliance.config.ConfigError naming what is wrong in an enabled section."""
+        """Raise gateway.appliance.config.ConfigError naming what is wrong in the section, enabled or
+        not (a bad value in a section turned off must not wait for the day it is turned on)."""
 
     def build(self, section: Any, context: AdapterContext) -> Adapter:
         """The adapter for an enabled, checked section (not started)."""

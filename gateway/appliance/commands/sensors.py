@@ -244,8 +244,7 @@ def run(args: argparse.Namespace) -> int:
             host = args.host or os.uname().nodename
             print(f"username: {args.name}")
             print(f"password: {password}")
-            topic = f"gateway/{args.name}/temperature"
-            print(f"test it:  mosquitto_pub -h {host} -u {args.name} -P '{password}' -t {topic} -m 21.5")
+            print(_test_line(args.name, host))
             if args.name != mqtt_acl.GATEWAY_LOGIN:
                 own = ", ".join(mqtt_acl.own_topics(args.name))
                 print(f"topics:   {own} (others: sepa-gateway sensors allow {args.name} --topic ...)")
@@ -258,6 +257,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"sepa-gateway sensors: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _test_line(name: str, host: str) -> str:
+    """How to try the new login with mosquitto_pub, its password read from mosquitto_pub's options
+    file (one `-option value` a line, in $XDG_CONFIG_HOME/mosquitto_pub) and typed into `cat`. Why:
+    the line printed before, `mosquitto_pub ... -P 'PASSWORD'`, run as printed, left the password
+    in `ps` for every user of the machine and in the shell's history; mosquitto_pub reads no
+    password from stdin or the environment. The password itself is shown once, on its own line."""
+    directory = f"~/.config/sepa-{name}"
+    return (
+        "test it (the password off the command line, where ps and the shell history keep it):\n"
+        f"  mkdir -p -m 700 {directory} && cat > {directory}/mosquitto_pub\n"
+        "  -P PASSWORD    <- type this line into cat with the password above, then Enter and Ctrl-D\n"
+        f"  XDG_CONFIG_HOME={directory} mosquitto_pub -h {host} -u {name} -t gateway/{name}/temperature -m 21.5"
+    )
 
 
 def _print_names(names: list[str]) -> int:

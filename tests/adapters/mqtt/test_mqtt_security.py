@@ -4,8 +4,8 @@ taken over by another client is backed off from, not fought over."""
 
 from __future__ import annotations
 
+import os
 import re
-import shlex
 import socket
 import subprocess
 import sys
@@ -71,13 +71,19 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
     """The broker runs the installer's configuration and is already running when the logins are made:
     the command's reload is what lets them in."""
     passwords = installed_broker.passwords
-    added = sensors(passwords, "add", "boiler", broker=installed_broker)
+    added = sensors(passwords, "--host", "127.0.0.1", "add", "boiler", broker=installed_broker)
     assert added.returncode == 0, added.stderr
     assert f"(pid {installed_broker.process.pid}) told to reload its password and ACL files" in added.stderr
     (sensor,) = re.findall(r"^password: (\S+)$", added.stdout, re.MULTILINE)
-    (line,) = [line for line in added.stdout.splitlines() if line.startswith("test it:")]
-    printed = shlex.split(line.removeprefix("test it:"))
-    printed[printed.index("-h") + 1 : printed.index("-h") + 2] = ["127.0.0.1", "-p", str(installed_broker.port)]
+    # attack pass: it printed `mosquitto_pub ... -P 'PASSWORD'`, which, run as printed, showed the
+    # password in `ps` and left it in the shell's history. Now it is shown once, and the printed
+    # lines are run as an operator would (in a shell, HOME the test's): the password typed into cat
+    assert added.stdout.count(sensor) == 1
+    save, typed, printed = (line.strip() for line in added.stdout.splitlines() if line.startswith("  "))
+    assert typed.startswith("-P PASSWORD ") and "-P" not in printed
+    operator = {**os.environ, "HOME": str(tmp_path)}
+    typed_in = f"-P {sensor}\n-p {installed_broker.port}\n"  # the test broker's port is not 1883
+    subprocess.run(["sh", "-c", save], input=typed_in, text=True, env=operator, check=True, timeout=10)
     gateway_password = tmp_path / "mqtt-password"
     gateway_password.write_text(login(passwords, "sepa-gateway", broker=installed_broker) + "\n")
     config = tmp_path / "gateway.toml"
@@ -91,7 +97,8 @@ def test_a_sensor_with_its_printed_login_publishes_and_one_without_is_refused(in
         assert publish(installed_broker, "-u", "boiler", "-P", "wrong") != 0
         assert publish(installed_broker, "-u", "boiler", "-P", sensor) == 0
         wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [63.5])
-        assert subprocess.run(printed, capture_output=True, timeout=10).returncode == 0  # the line it printed
+        ran = subprocess.run(["sh", "-c", printed], capture_output=True, text=True, env=operator, timeout=10)
+        assert ran.returncode == 0, ran.stderr
         wait_for(lambda: [float(row["v"]) for row in gateway.select(LATEST)] == [21.5])
         assert sensor not in "\n".join(gateway.stderr_lines)
     finally:

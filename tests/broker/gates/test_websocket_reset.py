@@ -16,11 +16,16 @@ seconds; a bystander subscribed throughout must keep its one subscription and it
 from __future__ import annotations
 
 import asyncio
+import errno
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from gateway.appliance.config import Config
 from tests.broker.gates.subscribe_support import (
     RawWebSocket,
     RunningGateway,
@@ -30,6 +35,7 @@ from tests.broker.gates.subscribe_support import (
     subscribe,
     wait_for_metric,
 )
+from tools.launcher import InProcessGateway
 
 EX = "http://example.org/reset/"
 SOCKETS = 300
@@ -77,3 +83,44 @@ def test_sockets_reset_with_subscribes_in_flight_end_all_their_subscriptions(
 
     asyncio.run(scenario())
     assert "level=error" not in gateway.log(), gateway.log()
+
+
+def test_a_socket_closed_while_its_subscribe_fails_to_commit_leaves_no_subscription(
+    in_process_gateway: Callable[[Config], InProcessGateway], tmp_path: Path
+) -> None:
+    """The group commit of a subscribe fails (an fdatasync of the journal that fails: EIO, which a
+    test cannot make a disk do without root, so the store's sync raises it here) after its socket
+    closed. The engine made the subscription, the gate did not register it for a socket that was
+    gone, and the failure's error frame was all it did: the subscription lived on for no client,
+    counted in `sepa_subscriptions` (1 for 0 before the fix) and re-evaluated at every update."""
+    config = Config()
+    config.store.data_dir = str(tmp_path / "data")
+    gateway = in_process_gateway(config)
+    scheduler = gateway.gateway.scheduler
+    entered, closed = threading.Event(), threading.Event()
+    subscribe, sync = scheduler.engine.subscribe, scheduler.engine.store.sync
+
+    def subscribe_once_closed(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert closed.wait(30), "the socket never closed"
+        return subscribe(*args, **kwargs)
+
+    def failing_sync() -> None:
+        if closed.is_set():
+            raise OSError(errno.EIO, "Input/output error")
+        sync()
+
+    scheduler.engine.subscribe, scheduler.engine.store.sync = subscribe_once_closed, failing_sync
+
+    async def scenario() -> None:
+        async with aiohttp.ClientSession() as session:
+            before = await metric_now(session, gateway, "sepa_subscriptions")
+            async with session.ws_connect(gateway.subscribe_url) as client:
+                await client.send_json({"subscribe": {"sparql": f"SELECT ?o WHERE {{ <{EX}s> <{EX}p> ?o }}"}})
+                assert await asyncio.to_thread(entered.wait, 30), "the subscribe never reached the engine"
+            await wait_for_metric(session, gateway, "sepa_ws_connections", lambda value: value == 0)
+            closed.set()
+            await wait_for_metric(session, gateway, "sepa_scheduler_in_flight", lambda value: value == 0)
+            await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == before)
+
+    asyncio.run(scenario())

@@ -119,6 +119,37 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         4,
         "mqtt.tls_key: no such file /nonexistent/key.pem",
     ),
+    # sections turned off were not checked beyond their keys' names and types: these passed, and
+    # failed the day the section was turned on (2026-12-06)
+    "coap-off": ("[coap]\nenabled = false\nport = 99999\n", 3, "coap.port must be between 0 and 65535"),
+    "mqtt-off": ("[mqtt]\nenabled = false\nport = 0\n", 3, "mqtt: port must be 1..65535, not 0"),
+    "shipper-off": ("[shipper]\nenabled = false\nuploads_in_flight = 99\n", 3, "shipper.uploads_in_flight"),
+    "shipper-off-url": ('[shipper]\nurl = "ftp://cloud.example"\n', 2, "shipper.url must be an https:// URL"),
+    "security-off": ("[security]\nenabled = false\ntoken_lifetime_s = 1\n", 3, "security.token_lifetime_s"),
+    "security-off-client": ('[[security.clients]]\nidentity = "a"\nread = ["not an iri"]\n', 3, "clients[0].read"),
+    # a message naming two settings pointed at the first one's line whichever was wrong (2026-12-06)
+    "second-of-two-named": (
+        HEAD + "idle_timeout_s = 5.0\nrequest_timeout_s = 0.0\n",
+        7,
+        "http.request_timeout_s must be positive, not 0.0",
+    ),
+    "shipper-backoff-initial": (
+        "[shipper]\nsegment_max_age_s = 5.0\nbackoff_initial_s = 0.0\n",
+        3,
+        "shipper.backoff_initial_s must be positive",
+    ),
+    "shipper-spool-budget": (
+        "[shipper]\nsegment_max_bytes = 2048\nspool_budget_bytes = 10\n",
+        3,
+        "shipper.spool_budget_bytes must be >= 4 segments",
+    ),
+    "per-address-connections": (
+        "[http]\nmax_connections = 10\nmax_connections_per_address = 0\n",
+        3,
+        "http.max_connections_per_address must be 1-1000000, not 0",
+    ),
+    "retain-age": ("[observations]\nretain_count = 4\nretain_age_s = 0.0\n", 3, "observations.retain_age_s must be"),
+    "log-backups": ("[logging]\nfile_max_bytes = 5000\nfile_backups = 0\n", 3, "logging.file_backups must be at"),
     "section-level": (  # no token: the [shipper] table is what to fix
         '[shipper]\nenabled = true\nurl = "https://cloud.example"\nspool_dir = "/tmp"\n',
         1,
@@ -157,6 +188,21 @@ def test_the_installed_file_passes_and_run_names_the_same_line(
     path.write_text(CASES["out-of-range"][0])
     assert cli_main(["run", "--config", str(path), "--no-mqtt", "--no-coap"]) == 2
     assert f"{path}:6: http.port must be between" in capsys.readouterr().err
+
+
+def test_sections_turned_off_need_nothing_of_the_machine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sections turned off are checked value by value, not for what only a running section needs:
+    its files (certificates, CA bundles), the shipper's URL and bearer token."""
+    monkeypatch.delenv("SEPA_GATEWAY_SHIPPER_TOKEN", raising=False)
+    path = tmp_path / "off.toml"
+    path.write_text(
+        '[mqtt]\nenabled = false\ntls = true\ntls_ca = "/nonexistent/ca.pem"\n\n[coap]\nenabled = false\n\n'
+        '[shipper]\nenabled = false\nca_file = "/nonexistent/ca.pem"\n\n'
+        '[security]\nenabled = false\ntls_cert = "/nonexistent/cert.pem"\ntls_key = "/nonexistent/key.pem"\n'
+    )
+    assert check(path, capsys) == (0, f"{path}: ok\n", "")
 
 
 def test_what_no_line_holds_still_names_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

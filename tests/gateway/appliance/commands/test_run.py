@@ -12,6 +12,7 @@ documents exactly the defaults the code uses.
 from __future__ import annotations
 
 import http.client
+import math
 import signal
 import socket
 import subprocess
@@ -38,15 +39,30 @@ REPO = Path(__file__).resolve().parents[4]
 SYSTEMD_CONFIG = REPO / "systemd" / "sepa-gateway.toml"
 EX = "http://example.org/run/"
 BIG = 200  # the big update inserts BIG * BIG quads
+# Why a size measured on the machine for the signal tests: the gateway's stop ends within
+# STOP_DEADLINE_S (9 s) whatever runs, and 40,000 quads took 4.6-6 s here with the other cores busy,
+# more than 10 s with core 0 saturated by a busy loop (then "stop took longer than 9 s", exit 1).
+# The update is sized to take about IN_FLIGHT_S, measured on the gateway under test.
+IN_FLIGHT_S = 1.5
+CALIBRATION = 60  # 3,600 quads: a size that times the machine in well under a second when quiet
 COUNT = f"SELECT (COUNT(*) AS ?n) WHERE {{ ?s <{EX}big> ?o }}"
 
 
-def big_update() -> str:
-    numbers = " ".join(str(n) for n in range(BIG))
+def big_update(size: int = BIG, predicate: str = "big") -> str:
+    numbers = " ".join(str(n) for n in range(size))
     return (
-        f"INSERT {{ ?s <{EX}big> ?b }} WHERE {{ VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} "
+        f"INSERT {{ ?s <{EX}{predicate}> ?b }} WHERE {{ VALUES ?a {{ {numbers} }} VALUES ?b {{ {numbers} }} "
         f'BIND(IRI(CONCAT("{EX}s", STR(?a))) AS ?s) }}'
     )
+
+
+def sized_to_the_machine(gateway: RunningGateway) -> int:
+    """The size of a big update that takes about IN_FLIGHT_S on `gateway` now (at most BIG): a
+    smaller one of the same shape is timed there, and the time taken as growing with the quads."""
+    started = time.monotonic()
+    assert gateway.update(big_update(CALIBRATION, "calibration")).status == 200
+    per_quad_s = (time.monotonic() - started) / CALIBRATION**2
+    return max(CALIBRATION, min(BIG, int(math.sqrt(IN_FLIGHT_S / per_quad_s))))
 
 
 def count_big(gateway: RunningGateway) -> int:
@@ -68,7 +84,8 @@ class UpdateInFlight:
     """A big update sent on its own connection from a thread; `reply` is (status, body) or the
     exception the client saw."""
 
-    def __init__(self, gateway: RunningGateway) -> None:
+    def __init__(self, gateway: RunningGateway, size: int = BIG) -> None:
+        self.size = size
         self.connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=60)
         self.sent = threading.Event()
         self.reply: tuple[int, bytes] | Exception | None = None
@@ -78,7 +95,7 @@ class UpdateInFlight:
     def _run(self) -> None:
         try:
             self.connection.request(
-                "POST", "/update", big_update().encode(), {"Content-Type": "application/sparql-update"}
+                "POST", "/update", big_update(self.size).encode(), {"Content-Type": "application/sparql-update"}
             )
             self.sent.set()
             response = self.connection.getresponse()
@@ -157,7 +174,8 @@ def test_signal_finishes_the_in_flight_update(
     count, the process exits 0, and after a restart the store holds the whole update."""
     data_dir = tmp_path / "store"
     gateway = start_gateway(data_dir=data_dir)
-    update = UpdateInFlight(gateway)
+    size = sized_to_the_machine(gateway)
+    update = UpdateInFlight(gateway, size)
     wait_until(lambda: update.reply is not None or gateway.metrics()["sepa_scheduler_in_flight"] == 1)
     assert update.reply is None, f"the update finished before the signal: {update.reply!r}"
     assert gateway.stop(signum) == 0, gateway.stderr_lines
@@ -165,10 +183,10 @@ def test_signal_finishes_the_in_flight_update(
     assert isinstance(reply, tuple), f"the in-flight update got no reply: {reply!r}"
     status, body = reply
     assert status == 200, body
-    assert b'"added": 40000' in body
+    assert f'"added": {size * size}'.encode() in body
     assert any("stopping" in line for line in gateway.stderr_lines)
     assert any("sepa-gateway stopped" in line for line in gateway.stderr_lines)
-    assert count_big(start_gateway(data_dir=data_dir)) == BIG * BIG
+    assert count_big(start_gateway(data_dir=data_dir)) == size * size
 
 
 def test_sigterm_right_after_sending_is_all_or_nothing(
