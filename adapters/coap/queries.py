@@ -57,8 +57,10 @@ from adapters.coap import formats, results
 from adapters.coap.access import Access, network_peer
 from adapters.coap.blockwise import assemble_with_refusals
 from adapters.coap.errors import Refused, refusal
+from adapters.coap.readings import UNAUTHENTICATED
 from broker.api import InvalidRequest, Notification, SparqlSyntaxError, check_structure, tokenize
 from gateway.client import ClientSubscription, SepaClient, SepaClientError
+from gateway.observations.counters import SourceCounters
 
 log = logging.getLogger(__name__)
 
@@ -435,9 +437,12 @@ class QueriesResource(Resource):
         limits: QueryLimits | None = None,
         context: Callable[[], aiocoap.Context | None] = lambda: None,
         peer_client: SepaClient | None = None,
+        counters: SourceCounters | None = None,
     ) -> None:
         super().__init__()
         self.client = client
+        # bad input per resource: the readings' counters, so that /metrics has one table of every resource
+        self.counters = counters or SourceCounters(label="coap: bad input on resource")
         self.peer_client = peer_client or client  # limited like a network client: for POSTed queries
         self.access = access
         self.configured = list(configured)
@@ -528,7 +533,7 @@ class QueriesResource(Resource):
                 self._probe_idle(self.shares[peer].observers)
                 raise Refused(Code.SERVICE_UNAVAILABLE, f"{self.observing[peer]} observations by this peer already")
         except Refused as refused:
-            pipe.add_response(self._refusal(refused), is_last=True)
+            pipe.add_response(self._refusal(refused, request.opt.uri_path), is_last=True)
             return
         share = self.shares.setdefault(peer, PeerShare()) if peer is not None else None
         observer = Observer(
@@ -572,10 +577,20 @@ class QueriesResource(Resource):
         try:
             return await super().render(request)
         except Refused as refused:
-            return self._refusal(refused)
+            return self._refusal(refused, request.opt.uri_path)
 
-    def _refusal(self, refused: Refused) -> aiocoap.Message:
+    def _refusal(self, refused: Refused, path: tuple[str, ...]) -> aiocoap.Message:
+        """The response to a refused request, counted per code and per resource (`path` is below
+        /q). Why per resource: bad input is counted per CoAP resource (sepa_coap_bad_input_by_resource);
+        a SPARQL POST refused 4.00 or a GET of no subscription was counted only by code. Under "q"
+        unless it names a subscription that exists, under "(unauthenticated)" when refused 4.01, as
+        the readings do: names are anyone's to make up, and must not take the slots of real ones."""
         self.refused[refused.code.dotted] += 1
+        if refused.code == Code.UNAUTHORIZED:
+            resource = UNAUTHENTICATED
+        else:
+            resource = f"q/{path[0]}" if path and path[0] in self.queries else "q"
+        self.counters.add(resource, f"{refused.code.dotted} {refused}")
         options: dict[str, Any] = {}
         if refused.code == Code.REQUEST_ENTITY_TOO_LARGE:
             options["size1"] = self.limits.max_sparql_bytes

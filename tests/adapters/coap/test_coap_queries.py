@@ -336,6 +336,26 @@ def test_bad_sparql_gets_4_00_with_the_brokers_text(start_gateway: Callable[...,
     assert gateway.metric("sepa_coap_q_subscriptions") == 0
 
 
+def test_refusals_under_q_are_bad_input_counted_per_resource(start_gateway: Callable[..., RunningGateway]) -> None:
+    """Bad input is counted per CoAP resource (sepa_coap_bad_input_by_resource), /q included: a POST of
+    SPARQL that does not parse, a GET of no subscription, a GET of one in a format it does not serve.
+    Names that do not exist count under "q", so that 50 made-up ones take one slot, not 50. Without
+    the fix they were counted only by code (sepa_coap_q_refused_4_00...), under no resource."""
+    toml = f'[[coap.subscriptions]]\nname = "lamps"\nsparql = "{LAMPS_QUERY}"\n'
+    gateway = start_gateway(coap=True, toml=toml)
+    assert coap("-m", "post", "-e", "SELEC ?s WHERE { ?s ?p ?o }", f"{gateway.coap_url}/q").stderr.startswith("4.00")
+    for number in range(50):
+        assert coap("-m", "get", f"{gateway.coap_url}/q/made-up-{number}").stderr.startswith("4.04")
+    assert coap("-m", "get", "-A", "0", f"{gateway.coap_url}/q/lamps").stderr.startswith("4.06")
+    metrics = gateway.metrics()
+    counted = {name: value for name, value in metrics.items() if name.startswith("sepa_coap_bad_input_by_resource")}
+    assert counted == {
+        'sepa_coap_bad_input_by_resource{source="q"}': 51,
+        'sepa_coap_bad_input_by_resource{source="q/lamps"}': 1,
+    }
+    assert metrics["sepa_coap_bad_input"] == 52
+
+
 def test_limits_on_what_coap_clients_create(start_gateway: Callable[..., RunningGateway]) -> None:
     gateway = start_gateway(coap=True, toml="[coap]\nmax_created_subscriptions = 2\nmax_subscription_bytes = 200\n")
     for name in ("one", "two"):
