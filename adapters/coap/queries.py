@@ -55,7 +55,7 @@ from pyoxigraph import QueryBoolean, QuerySolutions, Store
 
 from adapters.coap import formats, results
 from adapters.coap.access import Access, network_peer
-from adapters.coap.blockwise import assemble_with_refusals
+from adapters.coap.blockwise import assemble_with_refusals, bound_block2
 from adapters.coap.errors import Refused, refusal
 from adapters.coap.readings import UNAUTHENTICATED
 from broker.api import InvalidRequest, Notification, SparqlSyntaxError, check_structure, tokenize
@@ -462,6 +462,7 @@ class QueriesResource(Resource):
         self._probed_at = float("-inf")
         self.refused: Counter[str] = Counter()
         assemble_with_refusals(self, self.refused)
+        self.block2 = bound_block2(self)
 
     async def start(self) -> None:
         """Subscribe the configured queries (a refusal stops the start: the config is wrong)."""
@@ -699,5 +700,6 @@ class QueriesResource(Resource):
             "q_messages": self.messages + sum(observer.messages for observer in self.observers),
             "q_resyncs": self.resyncs + sum(observer.resyncs for observer in self.observers),
             "q_observers_probed": self.probed,
+            "q_block2_dropped": self.block2.dropped,
             **{f"q_refused_{code.replace('.', '_')}": count for code, count in sorted(self.refused.items())},
         }
