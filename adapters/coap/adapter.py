@@ -81,6 +81,7 @@ class CoapAdapter:
             limits=query_limits,
             context=lambda: self.context,
             peer_client=peer_client,
+            counters=self.readings.counters,
         )
         self.site = GatewaySite(self.readings, self.queries)
         self.fast = FastPath(

@@ -1,4 +1,5 @@
-"""Block-wise request assembly that answers 4.08, not 5.00, when a block does not fit its transfer.
+"""Block-wise request assembly that answers 4.08, not 5.00, when a block does not fit its transfer;
+and a bound on the large responses kept for their Block2 continuations.
 
 Why: aiocoap's Block1Spool answers a block of an unknown transfer with 4.08 Request Entity
 Incomplete (RFC 7959 §2.9.2), but a block that does not continue the transfer it is keyed to
@@ -12,11 +13,19 @@ Request-Tag, do that (aiocoap's own client sends them so): one client posting 3.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import aiocoap
 from aiocoap.blockwise import Block1Spool
 from aiocoap.error import RequestEntityIncomplete
 from aiocoap.resource import Resource
+from aiocoap.util.asyncio.timeoutdict import TimeoutDict
+
+# The complete responses kept for their later blocks, per resource: at most this many bytes of
+# payloads (a payload shared by several entries counts once; the newest entry is kept whatever
+# its size, or a result larger than this could not be read block-wise at all) and entries.
+BLOCK2_KEPT_BYTES = 8 << 20
+BLOCK2_KEPT_ENTRIES = 1000
 
 
 class Block1Assembly(Block1Spool):  # type: ignore[misc]
@@ -37,3 +46,41 @@ class Block1Assembly(Block1Spool):  # type: ignore[misc]
 def assemble_with_refusals(resource: Resource, refused: Counter[str]) -> None:
     """Give `resource` the spool above (aiocoap's Resource keeps its spool in `_block1`)."""
     resource._block1 = Block1Assembly(refused)
+
+
+class BoundedResponses(TimeoutDict):  # type: ignore[misc]
+    """aiocoap's Block2Cache store (a TimeoutDict: each entry 93 to 186 s) with the oldest entries
+    dropped past BLOCK2_KEPT_BYTES or BLOCK2_KEPT_ENTRIES.
+
+    Why: a GET of a large result (`/q/NAME`) keeps the whole response for its later blocks, keyed by
+    the peer and the request's options, Uri-Query included. While the result changes (every reading
+    changes an observations query's), each GET keeps a new payload: 100 GETs of block 0 from one
+    port, a 3.4 MB result changed between them, took the gateway from 145 to 508 MB, for minutes;
+    the same from an OSCORE sensor (one stolen key) or a client that stops reading. A peer whose
+    entry was dropped gets 4.08 for its next block and starts again (RFC 7959 §2.4)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(timeout)
+        self.dropped = 0  # entries dropped before their time (sepa_coap_q_block2_dropped)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._items.pop(key, None)  # put back as the newest
+        super().__setitem__(key, value)
+        while len(self._items) > 1 and (
+            len(self._items) > BLOCK2_KEPT_ENTRIES or kept_bytes(self._items) > BLOCK2_KEPT_BYTES
+        ):
+            del self._items[next(iter(self._items))]
+            self.dropped += 1
+
+
+def kept_bytes(responses: dict[Any, Any]) -> int:
+    """The bytes of the distinct payloads of `responses` (entries of one result version share it)."""
+    return sum(len(payload) for payload in {id(r.payload): r.payload for r in responses.values()}.values())
+
+
+def bound_block2(resource: Resource) -> BoundedResponses:
+    """Keep `resource`'s Block2 responses within BoundedResponses' bounds (aiocoap's Resource keeps
+    its cache in `_block2`, and the cache its entries in `_completes`)."""
+    bounded = BoundedResponses(resource._block2._completes.timeout)
+    resource._block2._completes = bounded
+    return bounded

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,60 @@ RESERVED_PIV_LENGTHS = (6, 7)
 OSCORE_REFUSALS = ("unknown_context", "replay", "decode", "decryption", "method")
 REPLAY_DETECTED = b"Replay detected"  # the payload of aiocoap's unprotected 4.01 for a replay
 CONTEXT_GONE = b"Security context not found"  # what ends an observation whose sensor's context went
+UNKNOWN_NONCES = "the sequence numbers this key used are unknown"  # why a damaged sequence.json refuses its sensor
+
+
+def load_context(folder: Path) -> Any:
+    """aiocoap's security context of the sensor in `folder`; raises DamagedContext when it cannot be
+    used, its folder left as it was.
+
+    Why not aiocoap's `load_from_dict`: a context that failed to load kept its lock file and left
+    aiocoap's destructor to run on the half-made object. With a sequence.json that was empty or not
+    JSON, that destructor printed an "Exception ignored" AttributeError traceback on stderr (8 lines
+    after the error line, per sensor and per reload); with one that had a number but no replay window
+    (`{"next-to-send": 7}`), it rewrote the file into a loadable one with an empty window, so the next
+    start accepted the context it had just refused. And a negative number was loaded.
+
+    Why refused, not recovered: sequence.json is what says which sequence numbers (the nonces of the
+    gateway's responses) this key has used and which of the sensor's requests were seen. Starting
+    again from a guess reuses an AES-CCM nonce under the same key, or accepts a recorded request
+    again. Only a new key is safe, and only the operator can give the sensor one.
+    """
+    from aiocoap.oscore import MAX_SEQNO, FilesystemSecurityContext
+
+    problem = sequence_problem(folder / "sequence.json", MAX_SEQNO)
+    if problem:
+        raise DamagedContext(problem)
+    context = FilesystemSecurityContext.__new__(FilesystemSecurityContext)
+    try:
+        context.__init__(f"{folder}/")
+    except Exception as error:
+        lock = getattr(context, "lockfile", None)
+        if lock is not None:
+            context.lockfile = None  # aiocoap's destructor then leaves the object alone
+            lock.release()
+            with contextlib.suppress(OSError):
+                os.unlink(lock.lock_file)
+        raise DamagedContext(str(error) or type(error).__name__) from None
+    return context
+
+
+def sequence_problem(path: Path, max_seqno: int) -> str:
+    """What is wrong with a context's sequence.json, or "" (absent is right: a new sensor's)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return f"sequence.json is damaged (not JSON): {UNKNOWN_NONCES}"
+    sent = record.get("next-to-send") if isinstance(record, dict) else None
+    if type(sent) is not int or not 0 <= sent <= max_seqno or "received" not in record:
+        return f"sequence.json is damaged (no sequence number or replay window): {UNKNOWN_NONCES}"
+    return ""
+
+
+class DamagedContext(Exception):
+    """A sensor's context that cannot be loaded (the message says why, in one line)."""
 
 
 class ContextReleased(Exception):
@@ -220,10 +275,15 @@ class SensorCredentials:
                 continue
             try:
                 material = self._key_material(label)
-                self.map.load_from_dict({label: entry})
+                self.map[label] = load_context(Path(entry["oscore"]["basedir"]))
+                self.map[label].authenticated_claims = [label]  # what aiocoap's load_from_dict sets
                 self._loaded[label] = material
             except Exception as error:  # a damaged context: said, and the other sensors still work
-                log.error("coap: cannot load an OSCORE context", extra={"sensor": label[1:], "error": str(error)[:200]})
+                log.error(
+                    "coap: cannot load an OSCORE context; the sensor is refused until it gets a new key "
+                    "(sepa-gateway sensors add NAME --coap --reset)",
+                    extra={"sensor": label[1:], "error": str(error)[:200]},
+                )
         if len(self.map) != self.count:
             log.info("coap: OSCORE sensors loaded", extra={"sensors": len(self.map)})
         self.count = len(self.map)

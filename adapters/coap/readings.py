@@ -28,7 +28,7 @@ from aiocoap import Code
 from aiocoap.resource import Resource
 
 from adapters.coap import formats
-from adapters.coap.access import Access
+from adapters.coap.access import Access, authenticated
 from adapters.coap.batcher import Batcher, Overloaded
 from adapters.coap.blockwise import assemble_with_refusals
 from adapters.coap.deliveries import Delivery, delivery
@@ -104,7 +104,7 @@ class ReadingsResource(Resource):
                 except Exception as error:
                     raise stored_refusal(error) from None
         except Refused as refused:
-            return self.refuse(path, refused)
+            return self.refuse(path, refused, authenticated(request))
         return aiocoap.Message(code=Code.CHANGED)
 
     render_put = render_post
@@ -140,13 +140,21 @@ class ReadingsResource(Resource):
         if not done.cancelled() and done.exception() is None:
             self.readings += count
 
-    def refuse(self, path: str, refused: Refused) -> aiocoap.Message:
+    def refuse(self, path: str, refused: Refused, sensor: str | None = None) -> aiocoap.Message:
         """The response to a refused request, counted per code and per resource; one refused for
         want of a login (4.01) under "(unauthenticated)": its path is anyone's on the LAN (the
         source address of a datagram is spoofed at will), and 1,100 junk paths took every
-        per-resource slot a real sensor's bad input needed."""
+        per-resource slot a real sensor's bad input needed. One of `sensor` refused for a path it
+        may not post to (4.03) under "(forbidden to SENSOR)", for the same reason: the paths are
+        the sensor's to make up, and one sensor's 1,100 posts to s/x0..s/x1099 took the 998 slots
+        left, the other sensors' bad input then counted only under "(other topics)"."""
         self.refused[refused.code.dotted] += 1
-        where = UNAUTHENTICATED if refused.code == Code.UNAUTHORIZED else path or "/"
+        if refused.code == Code.UNAUTHORIZED:
+            where = UNAUTHENTICATED
+        elif refused.code == Code.FORBIDDEN and sensor is not None:
+            where = f"(forbidden to {sensor})"
+        else:
+            where = path or "/"
         self.counters.add(where, f"{refused.code.dotted} {refused}")
         options: dict[str, int] = {}
         if refused.code == Code.REQUEST_ENTITY_TOO_LARGE:

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiocoap import Code
 
 import adapters.coap.credentials as credentials_module
 from adapters.coap.credentials import SensorCredentials
 from gateway.appliance import oscore_sensors
+from tests.support.coap import DEG_C, SENSOR, add_sensor, host_address, observations, post, sensor_side
 
 
 def test_the_watch_outlives_a_failed_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,3 +80,40 @@ def test_a_touched_context_keeps_its_sequence_numbers_and_only_a_new_key_starts_
     assert renewed.sender_sequence_number == 0
     assert renewed.recipient_id != context.recipient_id
     assert sensors.map[":pump"] is not None
+
+
+@pytest.mark.parametrize("damaged", ["", "garbage", '{"next-to-send": 7}'])
+def test_a_damaged_sequence_file_refuses_its_sensor_in_one_line_and_stays_as_it_was(
+    start_gateway, tmp_path: Path, damaged: str
+) -> None:
+    """A sensor's sequence.json empty, not JSON, or without its replay window (a disk that lost it,
+    an edit): the gateway as installed says so in one error line naming the sensor and the way out
+    (a new key), with no traceback, refuses that sensor and takes the others, and leaves the file as
+    it was. Without the fix aiocoap's destructor printed an "Exception ignored" AttributeError
+    traceback after the error line, and for the third file rewrote it into a loadable one (an empty
+    replay window), so the next start took the key it had refused."""
+    data = tmp_path / "data"
+    folder = data / "coap-sensors"
+    boiler = add_sensor(folder, "boiler")
+    pump = add_sensor(folder, "pump")
+    sequence = folder / "boiler" / "sequence.json"
+    sequence.write_text(damaged)
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    uri = f"coap://{host_address()}:{port}/s/%s/temperature"
+
+    taken = asyncio.run(post(uri % "pump", b"21.5", sensor_side(tmp_path, "pump", pump)))
+    assert taken.code == Code.CHANGED, taken
+    try:  # no context for its kid: an unprotected 4.01, which aiocoap's client does not take as an answer
+        refused: object = asyncio.run(post(uri % "boiler", b"99", sensor_side(tmp_path, "boiler", boiler))).code
+    except Exception as error:
+        refused = error
+    assert not isinstance(refused, Code) or not refused.is_successful(), refused
+    assert observations(gateway) == [(SENSOR + "pump", 21.5, DEG_C)]
+    gateway.stop()
+
+    assert not [line for line in gateway.stderr_lines if "Traceback" in line or "Exception ignored" in line]
+    assert sequence.read_text() == damaged
+    errors = [line for line in gateway.stderr_lines if "level=error" in line]
+    assert len(errors) == 1, errors
+    assert "sensor=boiler" in errors[0] and "sequence.json" in errors[0] and "--reset" in errors[0], errors[0]

@@ -12,6 +12,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import aiocoap
 import cbor2
@@ -20,7 +21,7 @@ from aiocoap import Code
 
 from adapters.coap import datagrams
 from broker.api import meminfo
-from tests.support.coap import DEG_C, SENSOR, host_address, observations
+from tests.support.coap import DEG_C, SENSOR, add_sensor, host_address, observations, sensor_side
 from tools.coap import libcoap
 from tools.coap.relay import LossyRelay
 
@@ -283,3 +284,38 @@ def test_short_of_memory_a_reading_gets_5_03_and_is_stored_when_sent_again_with_
     gateway = start_gateway(config=roomy, data_dir=data, coap=True)
     assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "63.5", f"{gateway.coap_url}/s/boiler/temperature"]))
     assert observations(gateway) == [(SENSOR + "boiler", 63.5, DEG_C)]
+
+
+async def oscore_posts(base: str, context_dir: Path, posts: list[tuple[str, bytes]]) -> list[Code]:
+    """The POSTs in order from one OSCORE client context (aiocoap locks a context directory)."""
+    context = await aiocoap.Context.create_client_context()
+    try:
+        context.client_credentials.load_from_dict({base + "/*": {"oscore": {"basedir": f"{context_dir}/"}}})
+        codes = []
+        for path, payload in posts:
+            message = aiocoap.Message(code=Code.POST, uri=base + path, payload=payload)
+            codes.append((await asyncio.wait_for(context.request(message).response, 30)).code)
+        return codes
+    finally:
+        await context.shutdown()
+
+
+def test_one_sensors_forbidden_paths_leave_every_other_sensor_its_bad_input_counted(start_gateway, tmp_path) -> None:
+    """An OSCORE sensor posts to 1,100 paths it may not write (4.03): they are counted under one
+    entry, "(forbidden to boiler)", and another sensor's bad reading afterwards is still counted
+    under its own resource. Without the fix each forbidden path took a per-resource slot: the 998
+    left went to s/x0... and the other sensor's bad input was counted under "(other topics)"."""
+    data = tmp_path / "data"
+    boiler = add_sensor(data / "coap-sensors", "boiler")
+    pump = add_sensor(data / "coap-sensors", "pump")
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True)
+    base = f"coap://{host_address()}:{int(gateway.coap_url.rsplit(':', 1)[1])}"
+
+    forbidden = [(f"/s/x{number}/temperature", b"1") for number in range(1_100)]
+    codes = asyncio.run(oscore_posts(base, sensor_side(tmp_path, "boiler", boiler), forbidden))
+    assert set(codes) == {Code.FORBIDDEN}
+    bad = asyncio.run(oscore_posts(base, sensor_side(tmp_path, "pump", pump), [("/s/pump/temperature", b"true")]))
+    assert bad == [Code.BAD_REQUEST]
+    metrics = gateway.metrics()
+    assert metrics.get('sepa_coap_bad_input_by_resource{source="s/pump/temperature"}') == 1
+    assert metrics.get('sepa_coap_bad_input_by_resource{source="(forbidden to boiler)"}') == 1_100
