@@ -29,8 +29,9 @@ from tools.launcher import RunningGateway
 _CALL = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\((\d+)<([^>]*)>)(.*)$")
 
 
-def _traced(gateway: RunningGateway, trace: Path, *, strings: int = 200) -> subprocess.Popen[bytes]:
-    """strace on every thread of the gateway, showing the first `strings` bytes of each write."""
+def _traced(gateway: RunningGateway, trace: Path, *, strings: int = 1024) -> subprocess.Popen[bytes]:
+    """strace on every thread of the gateway, showing the first `strings` bytes of each write (an
+    update's reply has ~240 bytes of headers before the counts it is found by)."""
     if shutil.which("strace") is None:
         pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
     argv = ["strace", "-f", "-y", "-s", str(strings), "-o", str(trace)]
