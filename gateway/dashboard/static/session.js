@@ -10,6 +10,11 @@ const TOKEN_KEY = "sepa-dashboard-token";
 const MAX_TIMER_MS = 2 ** 31 - 1;
 const RETRY_FIRST_MS = 1000; // a renewal the gateway did not answer is tried again after this,
 const RETRY_MAX_MS = 30000; // doubling up to this, while the token still lives
+// the clock estimate keeps the best (highest) offset seen over the last one or two windows of
+// this length (by the page's monotonic clock): a step of either clock is taken within two windows;
+// the highest of all time kept a gateway stepped back (or a browser stepped forward) an hour ahead
+// of itself for good, every tile marked stale again one second after each reading
+const OFFSET_WINDOW_MS = 10000;
 
 export class HttpError extends Error {
   constructor(status, document) {
@@ -22,6 +27,7 @@ export class Session {
   constructor(config, clockOffsetMs) {
     this.config = config;
     this.clockOffsetMs = clockOffsetMs; // gateway clock minus ours, refined by the tiles
+    this.offsetWindow = { start: performance.now(), best: clockOffsetMs, before: clockOffsetMs };
     this.credentials = null;
     this.renewal = null;
     this.expiry = null;
@@ -167,6 +173,20 @@ export class Session {
   }
 
   gatewayNow() { return Date.now() + this.clockOffsetMs; }
+
+  // `offsetMs`: the gateway's time of something that just arrived minus ours now, a lower bound of
+  // the offset (it was stamped before it arrived)
+  noteOffset(offsetMs) {
+    const window = this.offsetWindow;
+    const now = performance.now();
+    if (now - window.start > OFFSET_WINDOW_MS) {
+      window.before = now - window.start > 2 * OFFSET_WINDOW_MS ? offsetMs : window.best;
+      window.best = offsetMs;
+      window.start = now;
+    }
+    window.best = Math.max(window.best, offsetMs);
+    this.clockOffsetMs = Math.max(window.best, window.before);
+  }
 }
 
 // `action` at `when` (ms since the epoch), through timers no longer than setTimeout holds; `keep`

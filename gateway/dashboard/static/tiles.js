@@ -13,8 +13,9 @@
 // Stale: no reading for N periods (config stale_periods), where a sensor's period is learned from
 // the result times of its readings (median of the last 8 intervals); until two readings came, the
 // period is DEFAULT_PERIOD_S. Time is the gateway's: result times are its clock, and our estimate of
-// its clock is the Date of config.json, then the latest result time seen arriving (a reading cannot
-// arrive before it was stored), so a browser whose clock is off does not mark everything stale.
+// its clock is the Date of config.json, then the latest result times seen arriving (a reading cannot
+// arrive before it was stored; the best of the last 10-20 s, Session.noteOffset, so that a step of
+// either clock is followed), so a browser whose clock is off does not mark everything stale.
 
 import { schedule } from "./frames.js";
 import { formatValue, shortName, unitSymbol } from "./terms.js";
@@ -131,7 +132,7 @@ export class Tiles {
       const tile = this.tile(node);
       tile.observe(time);
       tile.stale = false; // a reading just came; the next check judges it again
-      if (!reset) this.session.clockOffsetMs = Math.max(this.session.clockOffsetMs, time - now);
+      if (!reset) this.session.noteOffset(time - now);
       if (tile.value !== null) for (const listener of this.listeners) listener(tile, time, tile.value);
       this.changed.add(tile);
     }

@@ -216,6 +216,30 @@ def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
     wait_for(browser, stale.replace("? t.classList", "? !t.classList"), what="the pulse sensor fresh again")
 
 
+def test_the_clock_estimate_follows_a_step_of_the_browsers_clock(browser: Any, sensor: mqtt.Client) -> None:
+    """The page judges staleness by its estimate of the gateway's clock. The browser's clock stepped
+    an hour forward (as the gateway's stepped back): the estimate was the highest offset ever seen,
+    so it stayed an hour ahead and a sensor publishing every 0.3 s was marked stale again at every
+    check; now the best offset of the last 10-20 s is taken, and the tile is fresh again."""
+    stale = (
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'stepped'); return t ? t.classList.contains('stale') : null;"
+    )
+    browser.execute_script(
+        "window.realNow = window.realNow || Date.now.bind(Date); Date.now = () => window.realNow() + 3600000;"
+    )
+    try:
+        deadline = time.monotonic() + 45
+        fresh = 0
+        while fresh < 10:  # 3 s of readings every 0.3 s, at least two of the page's 1 s checks
+            assert time.monotonic() < deadline, "the tile stayed stale after the browser's clock stepped"
+            publish(sensor, "gateway/stepped/temperature", "1.5")
+            time.sleep(0.3)
+            fresh = fresh + 1 if browser.execute_script(stale) is False else 0
+    finally:
+        browser.execute_script("Date.now = window.realNow;")
+
+
 def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, installed: InstalledGateway) -> None:
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
     console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:p> ?o }}", "run-subscribe")
