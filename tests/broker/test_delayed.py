@@ -353,3 +353,16 @@ def test_a_step_while_the_update_queue_is_full_leaves_the_timer_running(monkeypa
 
     asyncio.run(scenario())
     scheduler.close()
+
+
+def test_reading_the_clocks_offset_ends_when_every_reading_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reading whose two steady clock readings are more than OFFSET_READ_US apart was taken again
+    for as long as that went on: a thread that kept losing the CPU between them (a board throttled
+    by a CPU quota; caused here by a steady clock that moves 20 ms a reading) looped for ever on the
+    update thread. Now the tightest of OFFSET_READS readings is taken."""
+    steady = iter(range(0, 10**12, 20_000_000))
+    monkeypatch.setattr(delayed_module.time, "clock_gettime_ns", lambda clock: next(steady))
+    monkeypatch.setattr(delayed_module.time, "time_ns", lambda: 1_000_000_000_000)
+    offset = delayed_module.clock_offset_us()
+    assert next(steady) == 2 * delayed_module.OFFSET_READS * 20_000_000
+    assert offset == (1_000_000_000_000 - 10_000_000) // 1000
