@@ -82,8 +82,12 @@ def shipper_health(numbers: dict[str, Any], budget_bytes: int, refusal: str | No
     if numbers.get("holding"):
         return ComponentHealth(False, "the spool cannot be written (see the log); trying again", required=False)
     backlog = int(numbers.get("backlog_bytes", 0))
-    last = float(numbers.get("last_success_timestamp") or 0)
-    since = f"last upload {time.time() - last:.0f} s ago" if last else "nothing uploaded since start"
+    # by the monotonic clock: the wall clock's time of the last upload said "-3600 s ago" after a step
+    since = (
+        f"last upload {float(numbers.get('seconds_since_success', 0)):.0f} s ago"
+        if numbers.get("last_success_timestamp")
+        else "nothing uploaded since start"
+    )
     detail = (
         f"backlog {numbers.get('backlog_observations', 0)} observations, {_size(backlog)} of the "
         f"{_size(budget_bytes)} spool budget; {since}"

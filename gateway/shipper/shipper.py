@@ -86,7 +86,8 @@ class Shipper:
         self.rejected_segments = 0
         self.incomplete_observations = 0
         self.digest_observations = 0  # of those spooled, how many came from a batch digest (the cheap path)
-        self.last_success = 0.0
+        self.last_success = 0.0  # wall clock, for /metrics
+        self.last_success_steady = 0.0  # monotonic: how long ago, whatever steps the wall clock takes
         self._backoff = 0.0
         self.spool_failures = 0  # appends that failed (disk full...): spooled again from the store
         self._respool_at = 0.0  # when set (monotonic time), notifications are ignored until a resubscribe then
@@ -347,6 +348,7 @@ class Shipper:
         await self._run_io(spool.confirmed, segment)
         now = time.monotonic()
         self.last_success = time.time()
+        self.last_success_steady = now
         self.uploaded_segments += 1
         self.duplicate_segments += duplicate
         self.uploaded_observations += segment.records
@@ -387,6 +389,7 @@ class Shipper:
             "digest_observations": self.digest_observations,
             "upload_rate_per_s": round(self.upload_rate(), 3),
             "last_success_timestamp": self.last_success,
+            "seconds_since_success": round(time.monotonic() - self.last_success_steady, 1) if self.last_success else 0,
         }
         numbers.update({f"upload_failures_{reason}": count for reason, count in self.failures_by_reason.items()})
         if spool is not None:

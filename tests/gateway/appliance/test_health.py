@@ -106,7 +106,9 @@ def test_shipper_backlog_past_half_its_budget_is_failing_but_not_required() -> N
     budget = 8 << 20
     ok = shipper_health({"backlog_bytes": 1 << 20, "backlog_observations": 10}, budget)
     assert ok.ok and not ok.required and "nothing uploaded since start" in ok.detail
-    behind = shipper_health({"backlog_bytes": 5 << 20, "last_success_timestamp": time.time() - 60}, budget)
+    # the wall clock stepped back an hour since that upload: the time since is the monotonic clock's
+    numbers = {"backlog_bytes": 5 << 20, "last_success_timestamp": time.time() + 3540, "seconds_since_success": 60.2}
+    behind = shipper_health(numbers, budget)
     assert (
         not behind.ok and "5 MiB of the 8 MiB spool budget" in behind.detail and "last upload 60 s ago" in behind.detail
     )
