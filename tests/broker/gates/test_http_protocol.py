@@ -588,6 +588,22 @@ def test_invalid_utf8_is_400_and_changes_nothing(gateway: RunningGateway, ex: st
     assert not gateway.ask(f"ASK {{ <{ex}s> ?p ?o }}")
 
 
+def test_invalid_utf8_behind_url_escapes_is_400_not_a_replacement_character(gateway: RunningGateway, ex: str) -> None:
+    """%FF in a URL parameter was decoded to U+FFFD: the query matched a stored "\ufffd" and
+    answered 200 with its row, where a form body holding the same %FF is a 400."""
+    insert(gateway, f"<{ex}s> <{ex}p> '\ufffd'")
+    prefix, suffix = quote(f"SELECT ?s WHERE {{ ?s <{ex}p> '"), quote("' }")
+    assert_error(gateway.request("GET", f"/query?query={prefix}%FF{suffix}"), 400, "invalid_request")
+    form = f"query={prefix}%FF{suffix}"
+    assert_error(
+        gateway.request("POST", f"/query?default-graph-uri={quote(ex, safe='')}%FF", form, {"Content-Type": FORM}), 400
+    )
+    assert values(gateway, f"SELECT ?s WHERE {{ ?s <{ex}p> '\ufffd' }}", "s") == {f"{ex}s"}
+    reply = gateway.request("GET", f"/query?query={prefix}%EF%BF%BD{suffix}")  # the same character, well encoded
+    assert reply.status == 200, reply.body
+    assert len(reply.json()["results"]["bindings"]) == 1
+
+
 @pytest.mark.parametrize("charset", ["UTF-16", "latin-1", "no-such-charset"])
 def test_non_utf8_charset_is_refused(gateway: RunningGateway, ex: str, charset: str) -> None:
     update = f"INSERT DATA {{ <{ex}s> <{ex}p> 1 }}"
