@@ -44,6 +44,7 @@ REPRESENTATION_HEADERS = {
 # one reply, bounded only by max_pending_bytes (64 MiB of SPARQL, more as JSON).
 SCHEDULED_MAX_LIMIT = 1000
 _POSITION = re.compile(r"(-?\d{1,20})\.(\d{1,20})")
+_HIGH_ESCAPE = re.compile(r"%[89A-Fa-f]")  # the escape of a byte past ASCII (_check_query_string)
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:
@@ -83,11 +84,11 @@ def _check_query_string(request: web.BaseRequest) -> None:
     parameter in a form body is a 400. The separators are ASCII, so the whole string is valid
     exactly when every name and value is."""
     raw = request.raw_path.partition("?")[2]
-    if "%" not in raw:
+    if _HIGH_ESCAPE.search(raw) is None:  # escapes of ASCII alone (most queries): 1.8 us, not 14, for 100 characters
         return
     try:
         unquote_to_bytes(raw).decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeError:
         raise BadRequest("the URL's parameters are not valid UTF-8 behind their %XX escapes") from None
 
 
