@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import StreamReader, hdrs, web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from multidict import CIMultiDict
 
 from broker.errors import SepaError
@@ -72,6 +72,8 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 # what a `{name}` segment of an aiohttp route matches
 _NOT_IN_SEGMENT = frozenset("/{}")
 
+_SERVED_VERSIONS = (HttpVersion11, HttpVersion10)
+FAULTY_FRAMING = "sepa_faulty_framing"  # the request's key for why its framing is refused (_faulty_framing)
 # Host values whose decision (ours or not) a dispatcher keeps; past it the cache starts again, so a
 # client sending ever new names costs memory no more than this, and a decision a few microseconds
 HOSTS_CACHED = 256
@@ -223,7 +225,14 @@ class Dispatcher:
             writer: AbstractStreamWriter,
             task: asyncio.Task[None],
         ) -> web.BaseRequest:
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
+            refusal = _faulty_framing(message)
+            if refusal is not None:  # answered, then closed; as HTTP/1.1 when it named neither version served
+                version = message.version if message.version in _SERVED_VERSIONS else HttpVersion11
+                message = message._replace(version=version, should_close=True)
+            request = web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
+            if refusal is not None:
+                request[FAULTY_FRAMING] = refusal
+            return request
 
         return GuardedServer(
             self,
@@ -309,6 +318,13 @@ class Dispatcher:
             headers.setdefault(hdrs.PRAGMA, "no-cache")
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        faulty = request.get(FAULTY_FRAMING)
+        if faulty is not None:
+            error, description, status = faulty
+            self.counters[f"{error}:{status}"] += 1
+            refusal = json_error(error, description, status)
+            refusal.force_close()  # its body is not read: the connection cannot carry another request
+            return refusal
         if self.refuse_foreign_hosts:
             host = request.headers.get(hdrs.HOST)
             if host and not self._hosts.get(host, False) and not self.ours(host):
@@ -451,6 +467,27 @@ def _our_name(name: str) -> bool:
         pass
     own = socket.gethostname().lower()
     return name in ("localhost", own, f"{own}.local")
+
+
+def _faulty_framing(message: RawRequestMessage) -> tuple[str, str, int] | None:
+    """Why a request's framing is refused, as (error, description, status) (RFC 9112 2.3, 6.1), or None.
+
+    Why: aiohttp's parser framed `Transfer-Encoding: gzip, chunked` (or `foo, chunked`) as chunked
+    alone and handed the coded bytes over as the body (`identity, chunked` applied the update),
+    took `Transfer-Encoding: chunked` on HTTP/1.0, which the RFC calls faulty framing, and served
+    `HTTP/2.0` and `HTTP/0.9` request lines, answering `HTTP/2.0 200 OK` in HTTP/1.1's text. A
+    proxy in front may frame such a request otherwise; now it is refused before its body is read."""
+    version = message.version
+    if version not in _SERVED_VERSIONS:
+        return "http_version_not_supported", "only HTTP/1.1 and HTTP/1.0 are served", 505
+    coding = message.headers.get(hdrs.TRANSFER_ENCODING)
+    if coding is None:
+        return None
+    if version == HttpVersion10:
+        return "invalid_request", "Transfer-Encoding is not HTTP/1.0: send Content-Length", 400
+    if coding.strip().lower() != "chunked":
+        return "not_implemented", "the only transfer coding taken is chunked: send the body as it is", 501
+    return None
 
 
 def _with_port(authority: str, default: str | None) -> str:

@@ -7,7 +7,7 @@ import json
 import re
 from collections import Counter
 from dataclasses import replace
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, MultiDict, MultiDictProxy
@@ -44,6 +44,7 @@ REPRESENTATION_HEADERS = {
 # one reply, bounded only by max_pending_bytes (64 MiB of SPARQL, more as JSON).
 SCHEDULED_MAX_LIMIT = 1000
 _POSITION = re.compile(r"(-?\d{1,20})\.(\d{1,20})")
+_HIGH_ESCAPE = re.compile(r"%[89A-Fa-f]")  # the escape of a byte past ASCII (_check_query_string)
 
 
 def _single(params: MultiDictProxy[str], name: str) -> str | None:
@@ -75,9 +76,26 @@ async def _whole_body(request: web.BaseRequest) -> bytes:
     return body
 
 
+def _check_query_string(request: web.BaseRequest) -> None:
+    """400 when the URL's parameters are not UTF-8 behind their %XX escapes, as a form's are not taken.
+
+    Why: yarl decodes them with replacement, so `GET /query?query=...'%FF'...` ran with the literal
+    U+FFFD and answered 200 with the rows of a value the client never sent, where the same
+    parameter in a form body is a 400. The separators are ASCII, so the whole string is valid
+    exactly when every name and value is."""
+    raw = request.raw_path.partition("?")[2]
+    if _HIGH_ESCAPE.search(raw) is None:  # escapes of ASCII alone (most queries): 1.8 us, not 14, for 100 characters
+        return
+    try:
+        unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeError:
+        raise BadRequest("the URL's parameters are not valid UTF-8 behind their %XX escapes") from None
+
+
 async def _read(request: web.BaseRequest, field: str, direct_type: str) -> tuple[str, MultiDictProxy[str]]:
     """The SPARQL text (its IRIs' codepoint escapes decoded: broker.sparql.tokens.unescape_iris) and
     the protocol parameters, from GET, form POST or direct POST."""
+    _check_query_string(request)
     if request.method in ("GET", "HEAD"):  # a HEAD with a body ran updates, past the cross-origin check
         if field == "update":
             raise web.HTTPMethodNotAllowed(request.method, ["POST"], reason="updates must be sent with POST")

@@ -588,6 +588,22 @@ def test_invalid_utf8_is_400_and_changes_nothing(gateway: RunningGateway, ex: st
     assert not gateway.ask(f"ASK {{ <{ex}s> ?p ?o }}")
 
 
+def test_invalid_utf8_behind_url_escapes_is_400_not_a_replacement_character(gateway: RunningGateway, ex: str) -> None:
+    """%FF in a URL parameter was decoded to U+FFFD: the query matched a stored "\ufffd" and
+    answered 200 with its row, where a form body holding the same %FF is a 400."""
+    insert(gateway, f"<{ex}s> <{ex}p> '\ufffd'")
+    prefix, suffix = quote(f"SELECT ?s WHERE {{ ?s <{ex}p> '"), quote("' }")
+    assert_error(gateway.request("GET", f"/query?query={prefix}%FF{suffix}"), 400, "invalid_request")
+    form = f"query={prefix}%FF{suffix}"
+    assert_error(
+        gateway.request("POST", f"/query?default-graph-uri={quote(ex, safe='')}%FF", form, {"Content-Type": FORM}), 400
+    )
+    assert values(gateway, f"SELECT ?s WHERE {{ ?s <{ex}p> '\ufffd' }}", "s") == {f"{ex}s"}
+    reply = gateway.request("GET", f"/query?query={prefix}%EF%BF%BD{suffix}")  # the same character, well encoded
+    assert reply.status == 200, reply.body
+    assert len(reply.json()["results"]["bindings"]) == 1
+
+
 @pytest.mark.parametrize("charset", ["UTF-16", "latin-1", "no-such-charset"])
 def test_non_utf8_charset_is_refused(gateway: RunningGateway, ex: str, charset: str) -> None:
     update = f"INSERT DATA {{ <{ex}s> <{ex}p> 1 }}"
@@ -647,6 +663,51 @@ def test_garbage_connections_do_not_disturb_the_server(gateway: RunningGateway, 
     assert gateway.update(f"INSERT DATA {{ <{ex}after> <{ex}p> 1 }}").status == 200
     assert gateway.ask(f"ASK {{ <{ex}after> <{ex}p> 1 }}")
     assert not any(name.startswith('sepa_errors_total{error="internal_error"') for name in gateway.metrics())
+
+
+def _replies(answer: bytes) -> list[bytes]:
+    """The status lines of the replies in `answer`."""
+    return re.findall(rb"HTTP/\d\.\d \d{3} ", answer)
+
+
+@pytest.mark.parametrize(
+    ("version", "coding", "status"),
+    [
+        ("HTTP/1.1", "identity, chunked", b"HTTP/1.1 501 "),
+        ("HTTP/1.1", "gzip, chunked", b"HTTP/1.1 501 "),
+        ("HTTP/1.0", "chunked", b"HTTP/1.0 400 "),
+    ],
+)
+def test_a_transfer_coding_not_served_is_refused_unread(
+    gateway: RunningGateway, ex: str, version: str, coding: str, status: bytes
+) -> None:
+    """Before: aiohttp framed `identity, chunked` (any coding before chunked) as chunked alone and
+    the update applied (200), and took chunked on HTTP/1.0 (faulty framing, RFC 9112 6.1). A proxy
+    in front may frame such a request otherwise: now it is refused, its body unread, and the
+    connection closed (the request after it is never read)."""
+    update = f"INSERT DATA {{ <{ex}s> <{ex}p> 1 }}".encode()
+    head = (
+        f"POST /update {version}\r\nHost: 127.0.0.1\r\nContent-Type: application/sparql-update\r\n"
+        f"Transfer-Encoding: {coding}\r\n\r\n"
+    )
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(update), update)
+    # on HTTP/1.1, a request after it (never read); HTTP/1.0 closes after one anyway
+    after = b"GET /query?query=ASK%7B%7D HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" if version == "HTTP/1.1" else b""
+    answer = _raw_exchange(gateway.http_port, head.encode() + body + after)
+    assert _replies(answer) == [status], answer[:300]
+    assert not gateway.ask(f"ASK {{ <{ex}s> ?p ?o }}")
+    served = head.replace(f" {version}\r\n", " HTTP/1.1\r\nConnection: close\r\n").replace(coding, "chunked")
+    assert _replies(_raw_exchange(gateway.http_port, served.encode() + body)) == [b"HTTP/1.1 200 "]
+    assert gateway.ask(f"ASK {{ <{ex}s> <{ex}p> 1 }}")
+
+
+@pytest.mark.parametrize("version", ["HTTP/2.0", "HTTP/0.9"])
+def test_a_request_line_of_a_version_not_served_is_505(gateway: RunningGateway, version: str) -> None:
+    """Before: `GET /query?... HTTP/2.0` was served, answered `HTTP/2.0 200 OK` in HTTP/1.1's text."""
+    request = f"GET /query?query=ASK%7B%7D {version}\r\nHost: 127.0.0.1\r\n\r\n".encode()
+    answer = _raw_exchange(gateway.http_port, request)
+    assert _replies(answer) == [b"HTTP/1.1 505 "], answer[:300]
+    assert b'"http_version_not_supported"' in answer
 
 
 def test_pipelined_requests_on_one_connection(gateway: RunningGateway, ex: str) -> None:

@@ -225,6 +225,26 @@ def attack_tokens(gateway: InProcessGateway, good: str) -> dict[str, str]:
     }
 
 
+def test_a_refused_message_is_not_echoed_back_whatever_its_alias(secure_gateway) -> None:
+    """A subscribe without a token whose alias was 1 MB came back as a 1 MB error frame (100 such
+    messages: 100 MB written over TLS, for no token); an alias no subscription could have is left
+    out of the frame, one that could is still named."""
+
+    async def test(client: SecureClient) -> None:
+        ws = await client.socket()
+        huge = "a" * 500_000
+        await ws.send_json({"subscribe": {"sparql": "ASK {}", "alias": huge}})
+        message = await ws.receive(timeout=10)
+        assert len(message.data) < 1000, len(message.data)
+        reply = json.loads(message.data)
+        assert (reply["error"], reply["status_code"], reply.get("alias")) == ("invalid_grant", 401, None)
+        await ws.send_json({"subscribe": {"sparql": "ASK {}", "alias": "a" * 1024}})
+        reply = await receive(ws)
+        assert (reply["error"], reply.get("alias")) == ("invalid_grant", "a" * 1024)
+
+    run_secure(secure_gateway, test)
+
+
 def test_every_token_attack_gets_401_invalid_grant_and_changes_nothing(secure_gateway) -> None:
     async def test(client: SecureClient) -> None:
         good = await client.login("admin")
