@@ -27,7 +27,7 @@ def _tasmota(compiled: Compiled, message: Message) -> list[Reading]:
         raise PayloadError("expected a JSON object")
     targets = compiled.targets
     assert targets is not None
-    time_us = json_time(compiled, document)
+    time_us = json_time(compiled, document, message.arrival_us)
     readings: list[Reading] = []
     for name, values in document.items():
         if not isinstance(values, dict):

@@ -24,6 +24,7 @@ from gateway.observations.payloads import (
     PathStep,
     decode,
     follow,
+    not_ahead,
     number_of,
     parse_json,
     parse_number,
@@ -89,6 +90,8 @@ class Message:
         feature: str | None = None,
     ) -> Reading:
         resolved = self.resolved
+        if time_us is not None:
+            time_us = not_ahead(time_us, self.arrival_us)  # every extractor's times: SenML, JSON, yours
         return Reading(
             sensor or resolved.sensor,
             property or resolved.property,
@@ -148,15 +151,16 @@ def unit_for(explicit: str | None, kind: Kind | None) -> str | None:
     return explicit if explicit is not None else (kind.default_unit if kind is not None else None)
 
 
-def json_time(compiled: Compiled, document: Any) -> int | None:
-    """The source timestamp of a JSON payload: at `time_path` (required there) or a usual key."""
+def json_time(compiled: Compiled, document: Any, arrival_us: int) -> int | None:
+    """The source timestamp of a JSON payload: at `time_path` (required there) or a usual key,
+    where one that cannot be read, or is too far ahead (`not_ahead`), is left out."""
     if compiled.time_path is not None:
         return timestamp_us(follow(document, compiled.time_path, compiled.mapping.time_path or ""))
     if isinstance(document, dict):
         for key in TIME_KEYS:
             if key in document:
                 try:
-                    return timestamp_us(document[key])
+                    return not_ahead(timestamp_us(document[key]), arrival_us)
                 except PayloadError:
                     return None  # a field merely named "time" is not trusted enough to reject the message
     return None
@@ -182,7 +186,7 @@ def _json(compiled: Compiled, message: Message) -> list[Reading]:
     kind = message.resolved.kind
     value = coerce(follow(document, compiled.path, compiled.mapping.path or ""), kind, compiled.words)
     unit = unit_for(compiled.targets.unit, kind)  # type: ignore[union-attr]
-    return [message.reading(value, unit, json_time(compiled, document), 0)]
+    return [message.reading(value, unit, json_time(compiled, document, message.arrival_us), 0)]
 
 
 def _regex(compiled: Compiled, message: Message) -> list[Reading]:
@@ -211,7 +215,7 @@ def _fields(compiled: Compiled, message: Message) -> list[Reading]:
     document = parse_json(decode(message.payload))
     if not isinstance(document, dict):
         raise PayloadError("expected a JSON object")
-    time_us = json_time(compiled, document)
+    time_us = json_time(compiled, document, message.arrival_us)
     readings: list[Reading] = []
     nulls: list[str] = []  # partial updates may null a key beside real values; alone, it is bad input
     if compiled.fields:

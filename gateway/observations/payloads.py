@@ -24,6 +24,15 @@ _PATH_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\.")
 DEFAULT_TRUE_WORDS = ("true", "on", "1", "yes", "open", "detected", "occupied")
 DEFAULT_FALSE_WORDS = ("false", "off", "0", "no", "closed", "clear", "unoccupied")
 _MAX_UNIX_US = 253402300799_999999  # 9999-12-31T23:59:59.999999Z
+MAX_AHEAD_S = 86_400
+"""How far after the gateway's clock (at the message's arrival) a source timestamp may be.
+
+Why a bound: a sensor's time was taken anywhere in 1970..9999, so a SenML pack with `t` in the
+year 9999 (or 2100) was stored and shipped to the cloud as that reading's own time, for good. A
+reading cannot have been taken in the future; a day of margin leaves sensors whose clocks drift, and
+those that send local time as UTC (Tasmota's `Time`, up to 14 hours ahead), their readings. Times
+in the past are taken back to 1970: a sensor may send its buffer of old readings, and retention and
+the cloud's partitions go by the arrival time (resultTime), which an old source time does not move."""
 _SHOWN = 60
 
 PathStep = str | int
@@ -172,6 +181,22 @@ def unix_us(seconds: float) -> int:
     if not 0 <= micros <= _MAX_UNIX_US:
         raise PayloadError(f"timestamp {seconds!r} is outside 1970..9999")
     return micros
+
+
+def not_ahead(micros: int, arrival_us: int) -> int:
+    """`micros`, a source timestamp, unless it is more than MAX_AHEAD_S after `arrival_us`: then
+    PayloadError naming both times (a gateway whose own clock is behind shows in it)."""
+    ahead_s = (micros - arrival_us) // 1_000_000
+    if ahead_s > MAX_AHEAD_S:
+        raise PayloadError(
+            f"timestamp {_utc(micros)} is {ahead_s} s after the gateway's clock ({_utc(arrival_us)}); "
+            f"at most {MAX_AHEAD_S} s ahead is taken"
+        )
+    return micros
+
+
+def _utc(micros: int) -> str:
+    return datetime.fromtimestamp(micros // 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def timestamp_us(value: Any) -> int:

@@ -14,7 +14,9 @@ import contextlib
 import json
 import logging
 import queue
+import re
 import shutil
+import socket
 import statistics
 import subprocess
 import threading
@@ -384,6 +386,34 @@ def test_gets_of_a_large_changing_result_do_not_hold_the_updates(start_gateway: 
     expected, deadline = current(gateway), time.monotonic() + 15
     while Counter(bindings(json.loads(coap(f"{gateway.coap_url}/q/lamps").stdout))) != expected:
         assert time.monotonic() < deadline, "a GET never got the current result"  # within ten encodings' time
+
+
+def test_observers_that_fall_behind_are_one_log_line_a_minute_not_one_each(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """40 observers of /q/lamps (this board's: not limited per peer) that acknowledge nothing fall
+    behind at once when 300 changes come: that was 40 warning lines in a second, one per observer,
+    and as many again each time they did (1,000 observers: 1,000 lines). Now counted per resource
+    and logged as bad input is (SourceCounters: one line a minute with the count)."""
+    gateway = start_gateway(coap=True, toml=CONFIG)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    silent = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(40)]
+    try:
+        for number, sock in enumerate(silent):
+            register = aiocoap.Message(code=Code.GET, uri_path=("q", "lamps"), observe=0)
+            register.mtype, register.mid, register.token = aiocoap.CON, number, bytes([number])
+            sock.sendto(register.encode(), ("127.0.0.1", port))  # and never acknowledge anything
+        gateway.wait_for_metric("sepa_coap_q_observers", lambda count: count == 40, timeout=10)
+        for number in range(300):  # past MAX_PENDING (256) notifications each
+            insert(gateway, lamp(str(number), True))
+        gateway.wait_for_line(re.compile("fell behind"), timeout=10)
+        time.sleep(1)
+        lines = [line for line in gateway.log().splitlines() if "fell behind" in line]
+        assert len(lines) == 1, lines
+        assert "/q/lamps" in lines[0]
+    finally:
+        for sock in silent:
+            sock.close()
 
 
 def test_a_subscription_posted_to_q(

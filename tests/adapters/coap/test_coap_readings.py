@@ -96,6 +96,8 @@ def test_a_large_senml_pack_arrives_block_wise_and_an_oversized_one_is_refused(s
         (["-e", "1"], "nothing/maps/this", "4.04"),
         (["-t", "41", "-e", "<v>1</v>"], "s/boiler/temperature", "4.15"),
         (["-t", "110", "-e", "[]"], "s/boiler/temperature", "4.15"),  # SenML where a value is read
+        # a reading of the year 9999 (docs/adapters.md: at most a day after the gateway's clock)
+        (["-t", "110", "-e", '[{"n": "temperature", "u": "Cel", "v": 1, "t": 253402300799}]'], "s/pack", "4.00"),
     ],
 )
 def test_bad_input_gets_a_clear_code_is_counted_per_resource_and_stores_nothing(

@@ -550,7 +550,7 @@ def test_a_publishers_junk_on_a_templated_topic_leaves_the_other_sensors_counted
 
 def senml_pack(device: int, records: int) -> tuple[str, bytes]:
     """One SenML pack of `records` timestamped temperature readings (distinct times: each its own observation)."""
-    pack = [{"bn": f"urn:dev:{device}:", "bt": 1_900_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]
+    pack = [{"bn": f"urn:dev:{device}:", "bt": 1_700_000_000, "n": "temperature", "u": "Cel", "v": 20.0, "t": 0}]
     pack += [{"n": "temperature", "u": "Cel", "v": 20.0 + k, "t": k} for k in range(1, records)]
     return f"senml/d{device}", json.dumps(pack).encode()
 

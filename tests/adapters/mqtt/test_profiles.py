@@ -341,7 +341,7 @@ def test_regex_and_json_extractors() -> None:
         ]  # fmt: skip
     )
     assert mapper.readings("lab/a/raw", b"id=4;T=-2.5C;ok", 1)[0].value == -2.5
-    (power,) = mapper.readings("lab/a/json", b'{"ts": 1700000000000, "ENERGY": {"Power": 12}}', 1)
+    (power,) = mapper.readings("lab/a/json", b'{"ts": 1700000000000, "ENERGY": {"Power": 12}}', 1_800_000_000_000_000)
     assert (power.value, power.unit, power.source_time_us) == (12.0, UNIT + "W", 1_700_000_000_000_000)
     assert mapper.readings("lab/a/switch", b"WET", 1)[0].value is True
     with pytest.raises(PayloadError, match="does not match the pattern"):

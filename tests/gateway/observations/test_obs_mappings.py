@@ -16,6 +16,7 @@ from gateway.observations import (
     MAPPINGS_QUERY,
     Mapper,
     MappingError,
+    PayloadError,
     mappings_from_config,
     mappings_from_rdf,
     mappings_update,
@@ -66,6 +67,22 @@ def test_config_shape() -> None:
     (reading,) = mapper.readings("meters/7", b'{"P": 1.5}', 1)
     assert reading.unit == "http://qudt.org/vocab/unit/KiloW"
     assert mapper.readings("plant/attic/leak", b"dry", 1)[0].value is False
+
+
+def test_a_source_time_more_than_a_day_ahead_of_the_gateway_is_refused_or_left_out_on_a_usual_key() -> None:
+    """docs/adapters.md "Source times": the rule MQTT and CoAP share (both map through a Mapper).
+    Before, any time up to the year 9999 was stored as the reading's own."""
+    mapper = Mapper([*mappings_from_config(tomllib.loads(CONFIG)["mqtt"]["mappings"]), *default_profiles()])
+    now = 1_800_000_000_000_000  # the gateway's clock at the message's arrival, Unix µs
+    day = 86_400
+    taken = b'{"ts": %d, "sensors": [{"value": 70}]}' % (now // 1_000_000 + day)  # a day ahead: taken
+    assert mapper.readings("plant/attic/boiler", taken, now)[0].source_time_us == now + day * 1_000_000
+    with pytest.raises(PayloadError, match="after the gateway's clock"):  # time_path: required, so refused
+        mapper.readings("plant/attic/boiler", b'{"ts": %d, "sensors": [{"value": 70}]}' % (now // 10**6 + day + 1), now)
+    with pytest.raises(PayloadError, match="9999-12-31T23:59:59Z is .* s after the gateway's clock"):  # SenML `t`
+        mapper.readings("senml/kitchen", b'[{"n": "temperature", "u": "Cel", "v": 21, "t": 253402300799}]', now)
+    tasmota = b'{"Time": "2100-01-01T00:00:00", "SI7021": {"Temperature": 18.5}}'  # a usual key: left out
+    assert [r.source_time_us for r in mapper.readings("tele/t/SENSOR", tasmota, now)] == [None]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from gateway.observations import (
 from tests.gateway.observations.conftest import LATEST, OBS, Store
 
 GW = "http://w3id.org/sepa-gateway/ns#"
+ARRIVAL = 1_800_000_000_000_000  # 2027-01-15: the payloads' times (2026) are in its past, as a sensor's are
 UNIT = "http://qudt.org/vocab/unit/"
 Read = Callable[..., list[Reading]]
 
@@ -147,10 +148,10 @@ def test_observation_iris_are_stable() -> None:
 
 def test_redelivered_timestamped_reading_changes_nothing(store: Store, mapper: Mapper) -> None:
     payload = b'{"Time": "2026-11-22T10:00:00Z", "SI7021": {"Temperature": 18.5}}'
-    first = mapper.readings("tele/t/SENSOR", payload, 1)
+    first = mapper.readings("tele/t/SENSOR", payload, ARRIVAL)
     store.write(first)
     before = store.rows(f"SELECT ?s ?p ?o WHERE {{ GRAPH {OBS} {{ ?s ?p ?o }} }}")
-    store.write(mapper.readings("tele/t/SENSOR", payload, 2))  # an MQTT redelivery, later
+    store.write(mapper.readings("tele/t/SENSOR", payload, ARRIVAL + 1))  # an MQTT redelivery, later
     after = store.rows(f"SELECT ?s ?p ?o WHERE {{ GRAPH {OBS} {{ ?s ?p ?o }} }}")
     assert sorted(map(str, after)) == sorted(map(str, before))
     assert store.values(f"SELECT ?t WHERE {{ GRAPH {OBS} {{ ?o gw:sourceTime ?t }} }}") == [
@@ -162,7 +163,7 @@ def test_two_values_under_one_source_time_are_two_observations(store: Store, map
     """A clock that stands still: before, the second value was written onto the first observation."""
     for index, value in enumerate((18.5, 19.5)):
         payload = b'{"Time": "2026-11-22T10:00:00Z", "SI7021": {"Temperature": %.1f}}' % value
-        store.write(mapper.readings("tele/t/SENSOR", payload, index))
+        store.write(mapper.readings("tele/t/SENSOR", payload, ARRIVAL + index))
     rows = store.values(f"SELECT ?o ?v WHERE {{ GRAPH {OBS} {{ ?o sosa:hasResult ?r . ?r qudt:numericValue ?v }} }}")
     assert len(rows) == 2 and len({row["o"] for row in rows}) == 2, rows
     assert sorted(float(row["v"]) for row in rows) == [18.5, 19.5]
