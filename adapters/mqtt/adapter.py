@@ -164,8 +164,7 @@ class MqttAdapter:
         now = time.monotonic()
         if batch and batch[-1].connection != self._delivering:
             self._delivering = batch[-1].connection
-            first = next(message for message in batch if message.connection == self._delivering)
-            after_s = (first.arrival_us - self.connection.connected_us) / 1e6
+            after_s = self.connection.first_message_after_s(self._delivering)
             self.shares.connected(now, after_s, resumed=self.connection.session_resumed)
         for message in batch:
             if message in self._stored:

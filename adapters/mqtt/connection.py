@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
 import threading
@@ -148,9 +149,12 @@ class MqttConnection:
         self._taken_over = False  # the session is being taken by another client: said once, backed off longer
         self._refusal: str | None = None  # why the broker refused the connection being closed
         self._connected_at = 0.0
-        # when the connection delivering now was made (wall clock, as Message.arrival_us): a message that came
-        # within a second of it was queued by the broker while the gateway was away (adapters.mqtt.shares)
-        self.connected_us = 0
+        # The connection whose first message came last, and how long after its CONNACK it came (monotonic): a
+        # message that came within a second was queued by the broker while the gateway was away
+        # (adapters.mqtt.shares). By the wall clock (Message.arrival_us), a clock step between the two (NTP
+        # setting a board's clock after boot) declared a backlog an hour later, or hid one.
+        self._first_message: tuple[int, float] = (0, math.inf)
+        self._connack_at = 0.0
         self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
         self._subscribe_mid: int | None = None  # the SUBSCRIBE sent at connect (see ConnectionStats.subscribed)
@@ -410,8 +414,7 @@ class MqttConnection:
             self._connection += 1
             self._unacked = 0
         self._failed_attempts = self._short_in_a_row  # a broker that keeps ending us is backed off from
-        self._connected_at = time.monotonic()
-        self.connected_us = time.time_ns() // 1000
+        self._connected_at = self._connack_at = time.monotonic()
         self.session_resumed = bool(flags.session_present)
         self.stats.connected = True
         self.stats.connects += 1
@@ -497,6 +500,8 @@ class MqttConnection:
                     )
                     connection = self._connection
                 self._unacked += 1
+            if self._first_message[0] != connection:
+                self._first_message = (connection, time.monotonic() - self._connack_at)
         try:
             topic = msg.topic
         except UnicodeDecodeError:
@@ -513,6 +518,11 @@ class MqttConnection:
         ):
             self._wake_pending = True
             self._call(self._wake)
+
+    def first_message_after_s(self, connection: int) -> float:
+        """Seconds from connection number `connection`'s CONNACK to its first message (inf: not known)."""
+        number, after_s = self._first_message
+        return after_s if number == connection else math.inf
 
     def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, reasons: list[Any], _props: Any) -> None:
         if mid == self._subscribe_mid:

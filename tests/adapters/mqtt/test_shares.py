@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
+import pytest
+
+from adapters.mqtt.adapter import MqttAdapter
+from adapters.mqtt.settings import MqttSettings
 from adapters.mqtt.shares import ACTIVE_S, BACKLOG_S, BURST_S, DeviceShares, device_key
+from broker.api import Engine, Scheduler
+from gateway.client import InProcessTransport, SepaClient
+from gateway.observations.writer import ObservationWriter
 from tests.adapters.mqtt.test_mqtt_hostile import bad_by_topic, config_file, publish, values, wait_for
 from tools.launcher import launch_gateway
-from tools.mosquitto import Mosquitto
+from tools.mosquitto import Mosquitto, until
 
 
 def test_a_device_is_the_topic_level_the_acl_ties_to_a_login() -> None:
@@ -201,3 +210,41 @@ def test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading(
         assert gateway.metrics()["sepa_mqtt_over_share_dropped"] >= 150
     finally:
         assert gateway.stop() == 0
+
+
+def test_a_wall_clock_step_after_the_connect_does_not_make_a_flood_a_backlog(
+    mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway resumes its session with nothing queued; then the wall clock steps back an hour
+    (NTP setting a board's clock after boot) and a flood begins 1.5 s after the connect. The delay
+    from CONNACK to the first message was measured by the wall clock: -3,598 s, so the flood was
+    taken for a backlog and given BACKLOG_S more of its share (68 of 200 packs of 40 readings through,
+    132 dropped). Measured by the monotonic clock it is 1.5 s, no backlog: 162 dropped, as without a
+    step (test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading)."""
+    settings = MqttSettings(
+        host="127.0.0.1", port=mosquitto.port, client_id="gw-step", device_readings_per_s=10, batch_wait_ms=5
+    )
+
+    async def run(flood: bool) -> int:
+        client = SepaClient(InProcessTransport(Scheduler(Engine())))
+        adapter = MqttAdapter(client, settings, writer=ObservationWriter(client, "gw"))
+        await adapter.start()
+        try:
+            await until(lambda: adapter.connection.stats.subscribed, what="subscribed")
+            if not flood:
+                return 0
+            assert adapter.connection.session_resumed
+            stepped = time.time_ns() - 3600 * 10**9
+            monkeypatch.setattr(time, "time_ns", lambda: stepped + time.monotonic_ns() - began)
+            began = time.monotonic_ns()
+            await asyncio.sleep(1.5)
+            records = [{"bn": "A/", "n": f"r{i}", "u": "Cel", "v": i} for i in range(40)]
+            packs = [("senml/A", json.dumps(records).encode())] * 200 + [("gateway/B/temperature", b"7")]
+            await asyncio.to_thread(publish, mosquitto.port, packs)
+            await until(lambda: adapter.ingestor.stats.acked >= 201, timeout=60, what="the flood taken")
+            return adapter.shares.dropped
+        finally:
+            await adapter.stop()
+
+    asyncio.run(run(flood=False))  # the session, with its subscriptions, for the next start to resume
+    assert asyncio.run(run(flood=True)) >= 150
