@@ -96,7 +96,12 @@ class MqttAdapter:
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
-        self.shares = DeviceShares(settings.device_readings_per_s)
+        mapping_rate = settings.mapping_readings_per_s
+        self.shares = DeviceShares(
+            settings.device_readings_per_s,
+            device_of=self._device,  # a deployment mapping's topics are one device (adapters.mqtt.shares)
+            mapping_readings_per_s=None if mapping_rate < 0 else mapping_rate,
+        )
         self._profile_ids = frozenset(mapping.id for mapping in self.profiles)
         self._delivering: int | None = None  # the connection that delivered the last batch (shares' catch-up)
         # Messages of the batch being committed that one of its updates stored: a batch is stored in
@@ -172,7 +177,7 @@ class MqttAdapter:
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
             if not self.shares.admit(message.topic, now):
-                self.counters.add(message.topic, self._over_share)
+                self.counters.add(message.topic, self._over_share(message.topic))
                 continue
             found: list[Reading] = []
             try:
@@ -200,12 +205,12 @@ class MqttAdapter:
         if not self.connection.queued and not self.connection.window_full:
             self.shares.caught_up()  # the broker could have sent more while this batch was stored, and did not
 
-    @property
-    def _over_share(self) -> str:
-        return (
-            f"its device sent over its share of {self.shares.rate:g} readings/s while other devices waited "
-            "(mqtt.device_readings_per_s): dropped"
-        )
+    def _over_share(self, topic: str) -> str:
+        if self._device(topic).startswith(MAPPING_DEVICE):
+            rate, setting = self.shares.mapping_rate, "mqtt.mapping_readings_per_s"
+        else:
+            rate, setting = self.shares.rate, "mqtt.device_readings_per_s"
+        return f"its device sent over its share of {rate:g} readings/s while other devices waited ({setting}): dropped"
 
     async def _store(self, mapped: list[tuple[Message, list[Reading]]]) -> None:
         """Store the readings of `mapped` messages as one update, or, if the writer refuses it, each half.

@@ -15,7 +15,7 @@ from adapters.mqtt.shares import ACTIVE_S, BACKLOG_S, BURST_S, DeviceShares, dev
 from broker.api import Engine, Scheduler
 from gateway.client import InProcessTransport, SepaClient
 from gateway.observations.writer import ObservationWriter
-from tests.adapters.mqtt.test_mqtt_hostile import bad_by_topic, config_file, publish, values, wait_for
+from tests.adapters.mqtt.test_mqtt_hostile import PLANT_MAPPING, bad_by_topic, config_file, publish, values, wait_for
 from tools.launcher import launch_gateway
 from tools.mosquitto import Mosquitto, until
 
@@ -248,3 +248,26 @@ def test_a_wall_clock_step_after_the_connect_does_not_make_a_flood_a_backlog(
 
     asyncio.run(run(flood=False))  # the session, with its subscriptions, for the next start to resume
     assert asyncio.run(run(flood=True)) >= 150
+
+
+def test_a_templated_grant_shares_one_budget_across_its_topics(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """A login granted plant/+/temperature for a mapping plant/{room}/temperature: each topic was a
+    device of its own (its first two levels, plant/<room>), so spreading a flood over 20 rooms gave
+    it 20 shares. 4,000 readings (200 a room) while another device waits were all mapped at 10
+    readings/s a device: none dropped. Now the mapping's topics are one device
+    (`mqtt.mapping_readings_per_s`, by default the device's share), and the flood past its 300-reading
+    burst is dropped."""
+    config = config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n" + PLANT_MAPPING)
+    gateway = launch_gateway(config=config)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [("gateway/B/temperature", b"1")])
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == [1.0])
+        flood = [(f"plant/r{n % 20}/temperature", str(n).encode()) for n in range(4_000)]
+        publish(mosquitto.port, [*flood, ("gateway/B/temperature", b"2")])
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == [1.0, 2.0], timeout=60)
+        dropped = gateway.metrics()["sepa_mqtt_over_share_dropped"]
+        assert dropped >= 3_000
+        assert sum(bad_by_topic(gateway).values()) == dropped
+    finally:
+        assert gateway.stop() == 0
