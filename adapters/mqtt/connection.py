@@ -20,7 +20,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -126,8 +126,11 @@ class ConnectionStats:
 class MqttConnection:
     """One MQTT client connection with a persistent session, usable from asyncio."""
 
-    def __init__(self, settings: MqttSettings) -> None:
+    def __init__(self, settings: MqttSettings, wants_retained: Callable[[str], bool] = lambda _filter: True) -> None:
+        """`wants_retained(filter)`: whether the broker is to send the retained messages of `filter` when it
+        is subscribed (MQTT 5 Retain Handling 0), or none (2; MQTT 3.1.1 cannot ask, it gets them all)."""
         self.settings = settings
+        self._wants_retained = wants_retained
         self.stats = ConnectionStats()
         self._client: mqtt.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -547,13 +550,19 @@ class MqttConnection:
         with self._changes_lock:
             self._awaited.discard(mid)
 
+    def _options(self, topic_filter: str) -> Any:
+        """The SUBSCRIBE options of `topic_filter`: the QoS, and with MQTT 5 whether to send its retained messages."""
+        if self.settings.protocol != "5":
+            return self.settings.qos
+        handling = 0 if self._wants_retained(topic_filter) else 2
+        return SubscribeOptions(qos=self.settings.qos, retainHandling=handling)
+
     def _send_subscribe(self, filters: list[str]) -> tuple[int, int]:
         """Send one SUBSCRIBE for `filters`; paho's result and the message id (its SUBACK carries it).
         The filters are noted under the lock the SUBACK's callback takes, so that it finds them even
         when paho's thread reads the SUBACK before this returns."""
-        qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
         with self._changes_lock:
-            result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+            result, mid = self._client.subscribe([(each, self._options(each)) for each in filters])
             if result == mqtt.MQTT_ERR_SUCCESS:
                 self._subscribing[mid] = filters
         return result, mid
