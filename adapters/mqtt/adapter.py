@@ -66,6 +66,20 @@ def profiles(names: Sequence[str]) -> list[Mapping]:
     return [mapping for mapping in default_profiles() if mapping.id in wanted]
 
 
+def wants_retained(topic_filter: str) -> bool:
+    """Whether the broker is to send a filter's retained messages when the gateway subscribes (MQTT 5):
+    only for attribute topics (a last level starting with `$`: Homie's `$unit` and `$description`,
+    whose retained values the mappings learn from) and `#` filters (they may cover some). Why: a
+    retained value is never stored (see `MqttAdapter.commit`), yet the gateway subscribes again at
+    every start, and Mosquitto sent every retained message its filters match, queued in its session
+    ahead of the live readings, up to max_queued_bytes (64 MiB) and the rest dropped: after one
+    login had retained 2,000 messages of 60 KB on gateway/<login>/<n>, each restart took 1,119 of
+    them (measured) before the first live reading. A retained message published while the gateway
+    is subscribed still comes (that is a live message)."""
+    last = topic_filter.rsplit("/", 1)[-1]
+    return last.startswith("$") or last == "#"
+
+
 def gateway_id(configured: str) -> str:
     return configured or socket.gethostname()
 
@@ -91,12 +105,17 @@ class MqttAdapter:
         self.actuators = list(actuators)
         self.gateway_id = gateway_id(gateway)
         self.counters = SourceCounters(device_of=self._device)  # a login's topics are one device
-        self.connection = MqttConnection(settings)
+        self.connection = MqttConnection(settings, wants_retained)
         self.ingestor = Ingestor(self.connection, self.commit, settings, self.counters)
         self.mapper = Mapper([*self.configured, *self.profiles], max_payload_bytes=settings.max_payload_bytes)
         self.writer = writer or ObservationWriter(client, self.gateway_id)  # shared with the other adapters
         self.deliveries = deliveries.Deliveries()
-        self.shares = DeviceShares(settings.device_readings_per_s)
+        mapping_rate = settings.mapping_readings_per_s
+        self.shares = DeviceShares(
+            settings.device_readings_per_s,
+            device_of=self._device,  # a deployment mapping's topics are one device (adapters.mqtt.shares)
+            mapping_readings_per_s=None if mapping_rate < 0 else mapping_rate,
+        )
         self._profile_ids = frozenset(mapping.id for mapping in self.profiles)
         self._delivering: int | None = None  # the connection that delivered the last batch (shares' catch-up)
         # Messages of the batch being committed that one of its updates stored: a batch is stored in
@@ -164,8 +183,7 @@ class MqttAdapter:
         now = time.monotonic()
         if batch and batch[-1].connection != self._delivering:
             self._delivering = batch[-1].connection
-            first = next(message for message in batch if message.connection == self._delivering)
-            after_s = (first.arrival_us - self.connection.connected_us) / 1e6
+            after_s = self.connection.first_message_after_s(self._delivering)
             self.shares.connected(now, after_s, resumed=self.connection.session_resumed)
         for message in batch:
             if message in self._stored:
@@ -173,7 +191,7 @@ class MqttAdapter:
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)
             if not self.shares.admit(message.topic, now):
-                self.counters.add(message.topic, self._over_share)
+                self.counters.add(message.topic, self._over_share(message.topic))
                 continue
             found: list[Reading] = []
             try:
@@ -201,12 +219,12 @@ class MqttAdapter:
         if not self.connection.queued and not self.connection.window_full:
             self.shares.caught_up()  # the broker could have sent more while this batch was stored, and did not
 
-    @property
-    def _over_share(self) -> str:
-        return (
-            f"its device sent over its share of {self.shares.rate:g} readings/s while other devices waited "
-            "(mqtt.device_readings_per_s): dropped"
-        )
+    def _over_share(self, topic: str) -> str:
+        if self._device(topic).startswith(MAPPING_DEVICE):
+            rate, setting = self.shares.mapping_rate, "mqtt.mapping_readings_per_s"
+        else:
+            rate, setting = self.shares.rate, "mqtt.device_readings_per_s"
+        return f"its device sent over its share of {rate:g} readings/s while other devices waited ({setting}): dropped"
 
     async def _store(self, mapped: list[tuple[Message, list[Reading]]]) -> None:
         """Store the readings of `mapped` messages as one update, or, if the writer refuses it, each half.

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -125,8 +126,11 @@ class ConnectionStats:
 class MqttConnection:
     """One MQTT client connection with a persistent session, usable from asyncio."""
 
-    def __init__(self, settings: MqttSettings) -> None:
+    def __init__(self, settings: MqttSettings, wants_retained: Callable[[str], bool] = lambda _filter: True) -> None:
+        """`wants_retained(filter)`: whether the broker is to send the retained messages of `filter` when it
+        is subscribed (MQTT 5 Retain Handling 0), or none (2; MQTT 3.1.1 cannot ask, it gets them all)."""
         self.settings = settings
+        self._wants_retained = wants_retained
         self.stats = ConnectionStats()
         self._client: mqtt.Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -148,9 +152,12 @@ class MqttConnection:
         self._taken_over = False  # the session is being taken by another client: said once, backed off longer
         self._refusal: str | None = None  # why the broker refused the connection being closed
         self._connected_at = 0.0
-        # when the connection delivering now was made (wall clock, as Message.arrival_us): a message that came
-        # within a second of it was queued by the broker while the gateway was away (adapters.mqtt.shares)
-        self.connected_us = 0
+        # The connection whose first message came last, and how long after its CONNACK it came (monotonic): a
+        # message that came within a second was queued by the broker while the gateway was away
+        # (adapters.mqtt.shares). By the wall clock (Message.arrival_us), a clock step between the two (NTP
+        # setting a board's clock after boot) declared a backlog an hour later, or hid one.
+        self._first_message: tuple[int, float] = (0, math.inf)
+        self._connack_at = 0.0
         self.session_resumed = False  # the broker kept the session of the connection delivering now (CONNACK)
         self._first_connect = True
         self._subscribe_mid: int | None = None  # the SUBSCRIBE sent at connect (see ConnectionStats.subscribed)
@@ -410,8 +417,7 @@ class MqttConnection:
             self._connection += 1
             self._unacked = 0
         self._failed_attempts = self._short_in_a_row  # a broker that keeps ending us is backed off from
-        self._connected_at = time.monotonic()
-        self.connected_us = time.time_ns() // 1000
+        self._connected_at = self._connack_at = time.monotonic()
         self.session_resumed = bool(flags.session_present)
         self.stats.connected = True
         self.stats.connects += 1
@@ -497,6 +503,8 @@ class MqttConnection:
                     )
                     connection = self._connection
                 self._unacked += 1
+            if self._first_message[0] != connection:
+                self._first_message = (connection, time.monotonic() - self._connack_at)
         try:
             topic = msg.topic
         except UnicodeDecodeError:
@@ -513,6 +521,11 @@ class MqttConnection:
         ):
             self._wake_pending = True
             self._call(self._wake)
+
+    def first_message_after_s(self, connection: int) -> float:
+        """Seconds from connection number `connection`'s CONNACK to its first message (inf: not known)."""
+        number, after_s = self._first_message
+        return after_s if number == connection else math.inf
 
     def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, reasons: list[Any], _props: Any) -> None:
         if mid == self._subscribe_mid:
@@ -537,13 +550,19 @@ class MqttConnection:
         with self._changes_lock:
             self._awaited.discard(mid)
 
+    def _options(self, topic_filter: str) -> Any:
+        """The SUBSCRIBE options of `topic_filter`: the QoS, and with MQTT 5 whether to send its retained messages."""
+        if self.settings.protocol != "5":
+            return self.settings.qos
+        handling = 0 if self._wants_retained(topic_filter) else 2
+        return SubscribeOptions(qos=self.settings.qos, retainHandling=handling)
+
     def _send_subscribe(self, filters: list[str]) -> tuple[int, int]:
         """Send one SUBSCRIBE for `filters`; paho's result and the message id (its SUBACK carries it).
         The filters are noted under the lock the SUBACK's callback takes, so that it finds them even
         when paho's thread reads the SUBACK before this returns."""
-        qos: Any = SubscribeOptions(qos=self.settings.qos) if self.settings.protocol == "5" else self.settings.qos
         with self._changes_lock:
-            result, mid = self._client.subscribe([(topic_filter, qos) for topic_filter in filters])
+            result, mid = self._client.subscribe([(each, self._options(each)) for each in filters])
             if result == mqtt.MQTT_ERR_SUCCESS:
                 self._subscribing[mid] = filters
         return result, mid

@@ -44,6 +44,7 @@ class MqttConfig:
     batch_wait_ms: float = 2.0  # how long the first reading of a batch waits for company
     max_payload_bytes: int = 65536  # larger payloads are counted and dropped
     device_readings_per_s: float = 200.0  # a device's share while others wait (adapters.mqtt.shares); 0: none
+    mapping_readings_per_s: float = -1.0  # all the topics of one of your mappings together; -1: as a device's
     profiles: list = field(default_factory=lambda: ["homie", "zigbee2mqtt", "tasmota", "senml", "generic"])
     mappings: list = field(default_factory=list)  # [[mqtt.mappings]]: topic -> observation (see the TOML file)
     actuators: list = field(default_factory=list)  # [[mqtt.actuators]]: subscription -> MQTT publish
@@ -120,6 +121,7 @@ def settings(config: MqttConfig, derived_client_id: str = "sepa-gateway") -> Mqt
         batch_wait_ms=config.batch_wait_ms,
         max_payload_bytes=config.max_payload_bytes,
         device_readings_per_s=config.device_readings_per_s,
+        mapping_readings_per_s=config.mapping_readings_per_s,
     )
 
 

@@ -59,6 +59,8 @@ class MqttSettings:
     max_payload_bytes: int = 65536
     # readings a device may send a second while another device waits behind it (adapters.mqtt.shares); 0: no bound
     device_readings_per_s: float = 200.0
+    # the same for all the topics one of the deployment's own mappings takes together; -1: device_readings_per_s
+    mapping_readings_per_s: float = -1.0
 
     def __post_init__(self) -> None:
         problem = next(self._problems(), None)
@@ -107,3 +109,8 @@ class MqttSettings:
             yield f"max_payload_bytes must be 1..268435455 (the MQTT maximum), not {self.max_payload_bytes}"
         if not 0 <= self.device_readings_per_s <= 1_000_000:
             yield f"device_readings_per_s must be 0 (no bound)..1000000, not {self.device_readings_per_s}"
+        if not (self.mapping_readings_per_s == -1 or 0 <= self.mapping_readings_per_s <= 1_000_000):
+            yield (
+                "mapping_readings_per_s must be -1 (as device_readings_per_s), 0 (no bound)..1000000, "
+                f"not {self.mapping_readings_per_s}"
+            )

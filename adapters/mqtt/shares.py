@@ -40,12 +40,20 @@ Two rules fit the share to how sensors really send:
 A device is what the MQTT ACL ties to a login (gateway/appliance/mqtt_acl.py): the login in the
 topic's second level (`senml/<login>`, `tele/<login>/...`, `gateway/<login>/...`,
 `zigbee2mqtt/<login>`), third for Homie (`homie/5/<login>/...`); all of one login's conventions
-share its budget. A deployment's own topics count by their first two levels.
+share its budget. The topics one of the deployment's own mappings takes are one device (the adapter
+says which, `MqttAdapter._device`), with a rate of their own (`mapping_readings_per_s`): that
+mapping is what a login's grant is written for, and the gateway cannot tell which login published.
+Counted by their first two levels, each topic of a templated grant (`plant/+/temperature`) was a
+device: spread over 20 rooms, a flood of 4,000 readings at 10 readings/s a device was mapped whole
+while another device waited (measured). Other topics count by their first two levels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from gateway.observations.iris import MAPPING_DEVICE
 
 ACTIVE_S = 900.0  # another device that sent within this long is one a flood would delay (sensors report every 15 min)
 BACKLOG_GAP_S = 1.0  # a broker sends what it queued for the session right after CONNACK (and the subscribe)
@@ -77,18 +85,32 @@ class _Bucket:
     tokens: float
     at: float  # when `tokens` was last brought up to date
     seen: float  # when the device last sent
+    rate: float  # readings a second (0: no bound)
     backlog: int = -1  # the last connect whose backlog allowance it was given
 
 
 class DeviceShares:
-    """The devices' budgets; `admit` before mapping a message, `charge` its readings after."""
+    """The devices' budgets; `admit` before mapping a message, `charge` its readings after.
 
-    def __init__(self, readings_per_s: float, burst_s: float = BURST_S, active_s: float = ACTIVE_S) -> None:
+    `device_of` names a topic's device (`device_key` unless the adapter knows better); a device
+    whose name starts with MAPPING_DEVICE gets `mapping_readings_per_s` (None: `readings_per_s`)."""
+
+    def __init__(
+        self,
+        readings_per_s: float,
+        burst_s: float = BURST_S,
+        active_s: float = ACTIVE_S,
+        *,
+        device_of: Callable[[str], str] = device_key,
+        mapping_readings_per_s: float | None = None,
+    ) -> None:
         self.rate = readings_per_s
-        self.burst = readings_per_s * burst_s
+        self.mapping_rate = readings_per_s if mapping_readings_per_s is None else mapping_readings_per_s
+        self.burst_s = burst_s
         self.active_s = active_s
         self.dropped = 0
-        self.allowance = readings_per_s * BACKLOG_S
+        self._device_of = device_of
+        self._admitted: tuple[str, str] = ("", "")  # the last topic admitted and its device, for `charge`
         self._catchup_until = float("-inf")
         self._connects = 0  # connects that delivered a backlog
         self._buckets: dict[str, _Bucket] = {}
@@ -96,11 +118,16 @@ class DeviceShares:
         self._last: tuple[str, float] = ("", float("-inf"))
         self._other: tuple[str, float] = ("", float("-inf"))
 
+    def rate_of(self, device: str) -> float:
+        """The readings a second `device` may send while others wait."""
+        return self.mapping_rate if device.startswith(MAPPING_DEVICE) else self.rate
+
     def admit(self, topic: str, now: float) -> bool:
         """Whether a message on `topic` is to be mapped (False: drop it, its device is over its share)."""
-        if self.rate <= 0:
+        if self.rate <= 0 and self.mapping_rate <= 0:
             return True
-        key = device_key(topic)
+        key = self._device_of(topic)
+        self._admitted = (topic, key)
         if key == self._last[0]:
             self._last = (key, now)
         else:
@@ -109,17 +136,21 @@ class DeviceShares:
         if bucket is None:
             if len(self._buckets) >= MAX_DEVICES:
                 self._forget_idle(now)
-            bucket = self._buckets[key] = _Bucket(self.burst, now, now)
-        cap = self.burst
+            rate = self.rate_of(key)
+            bucket = self._buckets[key] = _Bucket(rate * self.burst_s, now, now, rate)
+        if bucket.rate <= 0:
+            return True
+        cap = bucket.rate * self.burst_s
+        allowance = bucket.rate * BACKLOG_S
         if now < self._catchup_until:
-            cap += self.allowance
+            cap += allowance
             if bucket.backlog != self._connects:
                 bucket.backlog = self._connects
-                bucket.tokens += self.allowance
-        bucket.tokens = min(cap, bucket.tokens + (now - bucket.at) * self.rate)
+                bucket.tokens += allowance
+        bucket.tokens = min(cap, bucket.tokens + (now - bucket.at) * bucket.rate)
         bucket.at = bucket.seen = now
         alone = now - self._other[1] > self.active_s
-        if bucket.tokens > 0 or (alone and bucket.tokens > -self.allowance):
+        if bucket.tokens > 0 or (alone and bucket.tokens > -allowance):
             return True
         self.dropped += 1
         return False
@@ -128,10 +159,11 @@ class DeviceShares:
         """Charge a message admitted just before: its readings, but at least one per BYTES_PER_READING
         of its payload, and one (see BYTES_PER_READING); a device's debt stops at a burst and a backlog's
         allowance (only a device alone gets that deep)."""
-        bucket = self._buckets.get(device_key(topic)) if self.rate > 0 else None
-        if bucket is not None:
+        admitted, key = self._admitted
+        bucket = self._buckets.get(key) if admitted == topic else None
+        if bucket is not None and bucket.rate > 0:
             cost = max(readings, payload_bytes // BYTES_PER_READING, 1)
-            bucket.tokens = max(-self.burst - self.allowance, bucket.tokens - cost)
+            bucket.tokens = max(-bucket.rate * (self.burst_s + BACKLOG_S), bucket.tokens - cost)
 
     def connected(self, now: float, first_after_s: float, *, resumed: bool) -> None:
         """A new connection to the broker delivers from `now`, its first message `first_after_s` after the
@@ -139,7 +171,7 @@ class DeviceShares:
         had queued it while the gateway was away: each device may take BACKLOG_S more of its share until
         `caught_up`, or for BACKLOG_S. If not, there was none: a new session has nothing queued, and a flood
         that begins later is not a backlog."""
-        if resumed and first_after_s < BACKLOG_GAP_S and self.rate > 0:
+        if resumed and first_after_s < BACKLOG_GAP_S:
             self._connects += 1
             self._catchup_until = now + BACKLOG_S
 
@@ -154,7 +186,8 @@ class DeviceShares:
         self._buckets = {
             key: bucket
             for key, bucket in self._buckets.items()
-            if now - bucket.seen <= self.active_s or bucket.tokens + (now - bucket.at) * self.rate < self.burst
+            if now - bucket.seen <= self.active_s
+            or bucket.tokens + (now - bucket.at) * bucket.rate < bucket.rate * self.burst_s
         }
         if len(self._buckets) >= MAX_DEVICES:
             self._buckets.clear()

@@ -74,3 +74,11 @@ def device_of_reading(reading: Reading) -> str:
     if device == reading.sensor and reading.mapping:
         return MAPPING_DEVICE + reading.mapping
     return device
+
+
+def mapping_of_reading(reading: Reading) -> str | None:
+    """The id of the deployment's mapping whose bound a new latest node of `reading` counts against
+    (:func:`device_of_reading`), or None: written on the node (`gw:mapping`), so that the count
+    survives a restart (gateway.observations.latest)."""
+    device = device_of_reading(reading)
+    return device.removeprefix(MAPPING_DEVICE) if device.startswith(MAPPING_DEVICE) else None

@@ -30,8 +30,8 @@ from typing import Any
 from pyoxigraph import Literal, NamedNode, Quad
 
 from broker.api import term_from_json
-from gateway.observations.iris import device_of
-from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, RDF_TYPE
+from gateway.observations.iris import MAPPING_DEVICE, device_of
+from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX, MADE_BY_MAPPING, RDF_TYPE
 
 LATEST_QUERY = f"SELECT ?latest ?p ?o WHERE {{ GRAPH <{GRAPH_LATEST}> {{ ?latest ?p ?o }} }}"
 # The gw:sensor triples of the latest graph, as many as the mirror's `per_sensor.total()` while it is exact.
@@ -45,7 +45,7 @@ def nodes_query(iris: Iterable[str]) -> str:
 
 
 # Triples of a latest node that never change (its IRI is a hash of sensor and property).
-FIXED_PREDICATES = frozenset({RDF_TYPE, GW + "sensor", GW + "property"})
+FIXED_PREDICATES = frozenset({RDF_TYPE, GW + "sensor", GW + "property", MADE_BY_MAPPING})
 SEQUENCE = GW + "sequenceNumber"
 SENSOR = GW + "sensor"
 MAX_ENTRIES = 200_000  # nodes the mirror follows; past it, it stops (and with it the writer's bounds)
@@ -68,7 +68,8 @@ class LatestCache:
         self.per_sensor: Counter[str] = Counter()
         self.per_device: Counter[str] = Counter()  # nodes per device (gateway.observations.iris.device_of)
         # the sensors whose device is not `device_of` their IRI (`assign`): kept across `clear` and
-        # `load`, so a reload counts a mapping's sensors against it again; dropped with their last node
+        # `load`, so a reload counts a mapping's sensors against it again, and found again by `load`
+        # in the nodes' gw:mapping (a restart); dropped with their last node
         self.devices: dict[str, str] = {}
 
     def device(self, sensor: str) -> str:
@@ -169,16 +170,27 @@ class LatestCache:
         self.nodes.clear()
         self.per_sensor.clear()
         self.per_device.clear()
-        for row in rows:
-            quad = _quad(row)
-            if quad is not None:
-                self._add(self.nodes.setdefault(quad.subject.value, set()), quad)
+        quads = [quad for quad in map(_quad, rows) if quad is not None]
+        self._assign_mappings(quads)
+        for quad in quads:
+            self._add(self.nodes.setdefault(quad.subject.value, set()), quad)
         self.devices = {sensor: device for sensor, device in self.devices.items() if sensor in self.per_sensor}
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()
             self.per_sensor.clear()
             self.per_device.clear()
+
+    def _assign_mappings(self, quads: list[Quad]) -> None:
+        """Count the sensors whose nodes name a deployment's mapping (gw:mapping) against it. Why: the
+        assignment lived in memory only, so after a restart a mapping's sensors counted as devices of
+        their own, and a login granted plant/+/temperature took the mapping's bound anew at each
+        restart (bound 5: 10 sensors after one restart, measured; with the defaults 1,000 more a
+        restart, up to all 10,000 slots)."""
+        sensor_of = {quad.subject.value: quad.object.value for quad in quads if quad.predicate.value == SENSOR}
+        for quad in quads:
+            if quad.predicate.value == MADE_BY_MAPPING and quad.subject.value in sensor_of:
+                self.devices.setdefault(sensor_of[quad.subject.value], MAPPING_DEVICE + quad.object.value)
 
     def apply(self, added: Iterable[Quad], removed: Iterable[Quad]) -> None:
         """Follow one committed update's exact delta (quads outside the latest graph are ignored)."""

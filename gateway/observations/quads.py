@@ -35,7 +35,7 @@ from gateway.jsap.terms import TermError, quote
 from gateway.observations.batch import LatestKey, Placed, plan
 from gateway.observations.digest import DigestEntry, ObservationDigest
 from gateway.observations.errors import PayloadError
-from gateway.observations.iris import observation_iri
+from gateway.observations.iris import mapping_of_reading, observation_iri
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.updates import finite_number, iri_text
@@ -46,6 +46,7 @@ from gateway.observations.vocabulary import (
     GW,
     HAS_MQTT_TOPIC,
     LATEST_VALUE,
+    MADE_BY_MAPPING,
     QUDT,
     RDF_TYPE,
     SOSA,
@@ -76,6 +77,7 @@ _L_VALUE = NamedNode(GW + "value")
 _L_UNIT = NamedNode(GW + "unit")
 _L_RESULT_TIME = NamedNode(GW + "resultTime")
 _L_OBSERVATION = NamedNode(GW + "observation")
+_L_MAPPING = NamedNode(MADE_BY_MAPPING)
 _SOURCE_TIME = NamedNode(SOURCE_TIME)
 
 
@@ -196,6 +198,9 @@ def _operation(
         ]
         if reading.unit is not None and not isinstance(reading.value, bool | str):
             insert.append(Quad(node, _L_UNIT, _iri(reading.unit), _LATEST))
+        mapping = mapping_of_reading(reading)
+        if mapping is not None:
+            insert.append(Quad(node, _L_MAPPING, _string(mapping), _LATEST))
         timed.append(QuadPattern(node, _L_RESULT_TIME, _NOW, _LATEST))
     for item in placed:
         reading = item.reading

@@ -31,6 +31,7 @@ from broker.api import rfc3339
 from gateway.jsap.terms import TermError, iri_term, quote
 from gateway.observations.batch import plan
 from gateway.observations.errors import PayloadError
+from gateway.observations.iris import mapping_of_reading
 from gateway.observations.latest import LatestCache
 from gateway.observations.reading import Reading
 from gateway.observations.vocabulary import (
@@ -165,6 +166,8 @@ def _build(readings: Sequence[Reading], gateway_id: str, cache: LatestCache, sou
             sequence = f"?n{n}"
             where.append(f"BIND(?b{n} + {key.count} AS ?n{n})\n")
         unit = f"g:unit {names(reading.unit)} ; " if reading.unit is not None and _numeric(reading) else ""
+        mapping = mapping_of_reading(reading)
+        unit += f"g:mapping {quote(mapping)} ; " if mapping is not None else ""
         insert.append(
             f"{local} a g:LatestValue ; g:sensor {names(reading.sensor)} ; g:property {names(reading.property)} ; "
             f"g:featureOfInterest {names(reading.feature)} ; g:value {value_text(reading.value)} ; {unit}"

@@ -35,6 +35,8 @@ MAPPING_PREFIX = URN + "mapping:"
 
 # Observation provenance (the paper's arces-monitor:hasMqttTopic, in our namespace).
 HAS_MQTT_TOPIC = GW + "hasMqttTopic"
+# on a latest node of a sensor a deployment's own mapping made: that mapping's id (gateway.observations.latest)
+MADE_BY_MAPPING = GW + "mapping"
 HAS_COAP_RESOURCE = GW + "hasCoapResource"
 SOURCE_TIME = GW + "sourceTime"
 SEQUENCE_NUMBER = GW + "sequenceNumber"

@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from broker.api import meminfo
 from tools.launcher import RunningGateway, launch_gateway
@@ -214,15 +216,19 @@ def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
 def test_a_retained_value_is_not_a_new_reading_at_each_start(
     mosquitto: Mosquitto, tmp_path: Path, protocol: str
 ) -> None:
-    """A dead sensor's retained value, resent by the broker at every subscribe, never looks fresh;
-    a live reading (published retained or not) is stored once; Homie's retained $unit still applies."""
+    """A dead sensor's retained value, resent by the broker at every subscribe (MQTT 3.1.1; MQTT 5 asks
+    for the retained attributes only, see `wants_retained`), never looks fresh; a live reading
+    (published retained or not) is stored once; Homie's retained $unit still applies."""
     config = config_file(tmp_path, mosquitto, f'protocol = "{protocol}"\n')
     data = tmp_path / "data"
     mosquitto.pub("gateway/boiler/temperature", "50", extra=("-r",))  # measured before the gateway ever ran
     mosquitto.pub("homie/5/pump/water/temperature/$unit", "°F", extra=("-r",))
     gateway = launch_gateway(config=config, data_dir=data)
     try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_retained_skipped") == 1.0)
+        # both retained messages come over 3.1.1; over MQTT 5, the $unit only (an attribute topic)
+        resent = 1.0 if protocol == "3.1.1" else 0.0
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_messages") == 1.0 + resent)
+        assert gateway.metrics().get("sepa_mqtt_retained_skipped", 0.0) == resent
         mosquitto.pub("homie/5/pump/water/temperature", "140", extra=("-r",))
         mosquitto.pub("gateway/boiler/temperature", "51", extra=("-r",))
         wait_for(lambda: numeric_results(gateway, "gateway/boiler/temperature"))
@@ -239,13 +245,55 @@ def test_a_retained_value_is_not_a_new_reading_at_each_start(
         assert len(numeric_results(gateway, "gateway/pump/temperature")) == 1
     finally:
         assert gateway.stop() == 0
-    restarted = launch_gateway(config=config, data_dir=data)  # subscribes again: both values are resent
+    restarted = launch_gateway(config=config, data_dir=data)  # subscribes again: 3.1.1 is resent both values
     try:
-        wait_for(lambda: restarted.metrics().get("sepa_mqtt_retained_skipped") == 2.0)
+        wait_for(lambda: restarted.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        wait_for(lambda: restarted.metrics().get("sepa_mqtt_retained_skipped", 0.0) == 2 * resent)
         assert len(numeric_results(restarted, "gateway/boiler/temperature")) == 1
         assert len(numeric_results(restarted, "homie/5/pump/water/temperature")) == 1
     finally:
         assert restarted.stop() == 0
+
+
+def test_a_restart_is_not_sent_every_retained_message_again(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Over MQTT 5 the gateway asks for the retained messages of attribute topics only: 50 sensors'
+    retained readings, stored when they were live, were all sent again at the restart (52 messages
+    where the $unit and a live value are 2, measured), none stored, each one queued in the session ahead of
+    the live readings (one login's 2,000 retained messages of 60 KB: 1,119 at every restart). The
+    retained Homie $unit still comes, and applies to the value published after the restart."""
+    config = config_file(tmp_path, mosquitto)
+    data = tmp_path / "data"
+    gateway = launch_gateway(config=config, data_dir=data)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        retained = [(f"gateway/dev{n}/temperature", b"20") for n in range(50)]
+        paho_publish_each(mosquitto.port, [*retained, ("homie/5/pump/water/temperature/$unit", "°F".encode())])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_readings") == 50.0)
+    finally:
+        assert gateway.stop() == 0
+    restarted = launch_gateway(config=config, data_dir=data)
+    try:
+        wait_for(lambda: restarted.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        mosquitto.pub("homie/5/pump/water/temperature", "140")
+        wait_for(lambda: numeric_results(restarted, "homie/5/pump/water/temperature"))
+        (pump,) = numeric_results(restarted, "homie/5/pump/water/temperature")
+        assert pump["unit"] == "http://qudt.org/vocab/unit/DEG_F"
+        assert restarted.metrics()["sepa_mqtt_connection_messages"] == 2.0  # the $unit and the value
+    finally:
+        assert restarted.stop() == 0
+
+
+def paho_publish_each(port: int, messages: list[tuple[str, bytes]]) -> None:
+    """Retained QoS 1 messages on one connection, each acknowledged by the broker."""
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for info in [client.publish(topic, payload, qos=1, retain=True) for topic, payload in messages]:
+            info.wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 def test_kill_9_during_ingestion_loses_no_acknowledged_reading(mosquitto: Mosquitto, tmp_path: Path) -> None:

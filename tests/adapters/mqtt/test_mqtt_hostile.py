@@ -526,6 +526,38 @@ def test_a_publisher_granted_a_templated_topic_cannot_take_every_latest_slot(
         assert gateway.stop() == 0
 
 
+def test_a_templated_grant_gets_no_new_slots_at_a_restart(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """Which mapping made a sensor was kept in memory only: after a restart the 5 sensors a mapping
+    had made counted as devices of their own, and the same login took 5 new slots on top of them at
+    each restart (10 sensors after one, measured; with the defaults 1,000 more a restart, up to all
+    10,000 slots). Now the latest node names its mapping (gw:mapping), and the bound holds across
+    restarts."""
+    bounds = "[observations]\nmax_sensor_properties = 12\nmax_properties_per_sensor = 1\n"
+    bounds += "max_properties_per_mapping = 5\n"
+    config = config_file(tmp_path, mosquitto, "batch_wait_ms = 100\n" + PLANT_MAPPING + bounds)
+
+    def start(rooms: range) -> RunningGateway:
+        """A gateway on the same data dir after `rooms` of the mapping published a reading each."""
+        gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [(f"plant/r{room}/temperature", b"20") for room in rooms])
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= len(rooms))
+        return gateway
+
+    first = start(range(6))
+    try:
+        assert len([sensor for sensor in latest_sensors(first) if sensor.startswith("r")]) == 5
+    finally:
+        assert first.stop() == 0
+    again = start(range(6, 12))
+    try:
+        assert len([sensor for sensor in latest_sensors(again) if sensor.startswith("r")]) == 5
+        publish(mosquitto.port, [("plant/r0/temperature", b"22")])  # a known sensor of the mapping goes on
+        wait_for(lambda: 22 in values(again, "plant/r0/temperature"))
+    finally:
+        assert again.stop() == 0
+
+
 def test_a_publishers_junk_on_a_templated_topic_leaves_the_other_sensors_counted_by_topic(
     mosquitto: Mosquitto, tmp_path: Path
 ) -> None:

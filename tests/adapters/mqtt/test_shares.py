@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
+import pytest
+
+from adapters.mqtt.adapter import MqttAdapter
+from adapters.mqtt.settings import MqttSettings
 from adapters.mqtt.shares import ACTIVE_S, BACKLOG_S, BURST_S, DeviceShares, device_key
-from tests.adapters.mqtt.test_mqtt_hostile import bad_by_topic, config_file, publish, values, wait_for
+from broker.api import Engine, Scheduler
+from gateway.client import InProcessTransport, SepaClient
+from gateway.observations.writer import ObservationWriter
+from tests.adapters.mqtt.test_mqtt_hostile import PLANT_MAPPING, bad_by_topic, config_file, publish, values, wait_for
 from tools.launcher import launch_gateway
-from tools.mosquitto import Mosquitto
+from tools.mosquitto import Mosquitto, until
 
 
 def test_a_device_is_the_topic_level_the_acl_ties_to_a_login() -> None:
@@ -199,5 +208,66 @@ def test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading(
         publish(mosquitto.port, [("senml/A", json.dumps(records).encode())] * 200 + [("gateway/B/temperature", b"7")])
         wait_for(lambda: values(gateway, "gateway/B/temperature") == [7.0], timeout=30)
         assert gateway.metrics()["sepa_mqtt_over_share_dropped"] >= 150
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_a_wall_clock_step_after_the_connect_does_not_make_a_flood_a_backlog(
+    mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway resumes its session with nothing queued; then the wall clock steps back an hour
+    (NTP setting a board's clock after boot) and a flood begins 1.5 s after the connect. The delay
+    from CONNACK to the first message was measured by the wall clock: -3,598 s, so the flood was
+    taken for a backlog and given BACKLOG_S more of its share (68 of 200 packs of 40 readings through,
+    132 dropped). Measured by the monotonic clock it is 1.5 s, no backlog: 162 dropped, as without a
+    step (test_a_flood_on_a_quiet_gateway_does_not_hide_another_devices_first_reading)."""
+    settings = MqttSettings(
+        host="127.0.0.1", port=mosquitto.port, client_id="gw-step", device_readings_per_s=10, batch_wait_ms=5
+    )
+
+    async def run(flood: bool) -> int:
+        client = SepaClient(InProcessTransport(Scheduler(Engine())))
+        adapter = MqttAdapter(client, settings, writer=ObservationWriter(client, "gw"))
+        await adapter.start()
+        try:
+            await until(lambda: adapter.connection.stats.subscribed, what="subscribed")
+            if not flood:
+                return 0
+            assert adapter.connection.session_resumed
+            stepped = time.time_ns() - 3600 * 10**9
+            monkeypatch.setattr(time, "time_ns", lambda: stepped + time.monotonic_ns() - began)
+            began = time.monotonic_ns()
+            await asyncio.sleep(1.5)
+            records = [{"bn": "A/", "n": f"r{i}", "u": "Cel", "v": i} for i in range(40)]
+            packs = [("senml/A", json.dumps(records).encode())] * 200 + [("gateway/B/temperature", b"7")]
+            await asyncio.to_thread(publish, mosquitto.port, packs)
+            await until(lambda: adapter.ingestor.stats.acked >= 201, timeout=60, what="the flood taken")
+            return adapter.shares.dropped
+        finally:
+            await adapter.stop()
+
+    asyncio.run(run(flood=False))  # the session, with its subscriptions, for the next start to resume
+    assert asyncio.run(run(flood=True)) >= 150
+
+
+def test_a_templated_grant_shares_one_budget_across_its_topics(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """A login granted plant/+/temperature for a mapping plant/{room}/temperature: each topic was a
+    device of its own (its first two levels, plant/<room>), so spreading a flood over 20 rooms gave
+    it 20 shares. 4,000 readings (200 a room) while another device waits were all mapped at 10
+    readings/s a device: none dropped. Now the mapping's topics are one device
+    (`mqtt.mapping_readings_per_s`, by default the device's share), and the flood past its 300-reading
+    burst is dropped."""
+    config = config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n" + PLANT_MAPPING)
+    gateway = launch_gateway(config=config)
+    try:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publish(mosquitto.port, [("gateway/B/temperature", b"1")])
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == [1.0])
+        flood = [(f"plant/r{n % 20}/temperature", str(n).encode()) for n in range(4_000)]
+        publish(mosquitto.port, [*flood, ("gateway/B/temperature", b"2")])
+        wait_for(lambda: values(gateway, "gateway/B/temperature") == [1.0, 2.0], timeout=60)
+        dropped = gateway.metrics()["sepa_mqtt_over_share_dropped"]
+        assert dropped >= 3_000
+        assert sum(bad_by_topic(gateway).values()) == dropped
     finally:
         assert gateway.stop() == 0
