@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from typing import Any
 from aiocoap.credentials import CredentialsMap
 
 from adapters.coap.queries import pipe_ended
+from broker.api import sync_directory
 from gateway.appliance import oscore_sensors as oscore
 
 log = logging.getLogger(__name__)
@@ -53,12 +55,13 @@ def load_context(folder: Path) -> Any:
     again from a guess reuses an AES-CCM nonce under the same key, or accepts a recorded request
     again. Only a new key is safe, and only the operator can give the sensor one.
     """
-    from aiocoap.oscore import MAX_SEQNO, FilesystemSecurityContext
+    from aiocoap.oscore import MAX_SEQNO
 
     problem = sequence_problem(folder / "sequence.json", MAX_SEQNO)
     if problem:
         raise DamagedContext(problem)
-    context = FilesystemSecurityContext.__new__(FilesystemSecurityContext)
+    durable = _durable_context_type()
+    context = durable.__new__(durable)
     try:
         context.__init__(f"{folder}/")
     except Exception as error:
@@ -70,6 +73,28 @@ def load_context(folder: Path) -> Any:
                 os.unlink(lock.lock_file)
         raise DamagedContext(str(error) or type(error).__name__) from None
     return context
+
+
+@functools.cache
+def _durable_context_type() -> type:
+    """aiocoap's FilesystemSecurityContext, with each sequence.json it writes made durable before
+    the numbers it reserves are used.
+
+    Why: aiocoap syncs its temporary file and renames it over sequence.json, and never syncs the
+    directory, so the rename reaches the disk at the file system's next commit (ext4: up to 5 s
+    later). A power cut before it brings back the previous file, whose `next-to-send` is below
+    numbers already used in responses: the next start used them again, an AES-CCM nonce twice
+    under one key (strace of a gateway as installed: the rename, then the protected response sent,
+    and no fsync of the sensor's directory). One directory fsync per chunk of numbers reserved (10,
+    doubling up to 10,000), not per message."""
+    from aiocoap.oscore import FilesystemSecurityContext
+
+    class DurableSecurityContext(FilesystemSecurityContext):  # type: ignore[misc]
+        def _store(self) -> None:
+            super()._store()
+            sync_directory(Path(self.basedir))
+
+    return DurableSecurityContext
 
 
 def sequence_problem(path: Path, max_seqno: int) -> str:

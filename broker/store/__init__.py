@@ -21,7 +21,8 @@ An update may carry an :class:`ApplyMark` (a delayed update firing does): its ta
 with the delta, the journal synced, and its `committed` callback runs after the store was changed.
 Tags re-applied at start-up are in :attr:`RdfStore.recovered_tags`, so whoever owns the tag learns
 that its update is in the store even when the process died between the store write and the
-callback: that is what makes delayed updates run exactly once across kill -9 and power cuts.
+callback: that is what makes delayed updates run exactly once across kill -9 and power cuts. No
+checkpoint is taken until their owner has claimed them (it would make the journal naming them stale).
 
 A request of several operations is computed by applying them one by one and undoing them all
 (:mod:`broker.core.update_processor`): those deltas are journalled as *provisional*, and the undo

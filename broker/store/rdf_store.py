@@ -285,10 +285,15 @@ class RdfStore:
         """Resident: switch journals (under the lock: a sync, a truncate, a header), then write the
         store as the snapshot of every generation before the new one, without the lock (the dump
         lets go of the GIL). Whether it did (not while a request's operations are provisional: the
-        journal they are in is what tells a replay to undo them). From one thread at a time (the
-        compaction's, which also swaps the store)."""
+        journal they are in is what tells a replay to undo them; nor while :attr:`recovered_tags`
+        wait for their owner, for the same reason: the compaction thread starts before the delayed
+        updates claim them, and a checkpoint taken in between, then a kill, left the journal that
+        said "this delayed update ran" stale: the next start ran it a second time). From one thread
+        at a time (the compaction's, which also swaps the store)."""
         with self.lock:
             if not self.resident or self._journal is None or self.failed is not None or self._unsettled:
+                return False
+            if self.recovered_tags:
                 return False
             other = 1 - self._index
             if self._generations[other] > self._covered:

@@ -47,13 +47,17 @@ def load_snapshot(snapshot: Path, target: Store) -> int:
     Its header's byte count is checked: a snapshot cut at a line boundary (a copy or a restore cut
     short) loaded without a word, 495 of 1,000 quads, and the next checkpoint made the loss
     permanent. A snapshot written before the count (three fields) is read as it is; the next
-    checkpoint writes it with one."""
+    checkpoint writes it with one. One without the header (empty: a copy or a restore that failed)
+    said only that it was not a snapshot, not what to do: it says the way out too."""
     data = snapshot.read_bytes()
     newline = data.find(b"\n")
     fields = data[:newline].split()
     numbers = all(field.lstrip(b"-").isdigit() for field in fields[1:])
     if len(fields) not in (3, 4) or fields[0] != _SNAPSHOT_MAGIC or not numbers:
-        raise StoreFailed(f"{snapshot} is not a snapshot this gateway wrote")
+        raise StoreFailed(
+            f"{snapshot} is not a snapshot this gateway wrote ({len(data)} bytes, no SEPA-SNAPSHOT header); "
+            "restore it from a copy (the gateway does not start without the whole store)"
+        )
     covered, graph_count = int(fields[1]), int(fields[2])
     if len(fields) == 4 and len(data) - newline - 1 != int(fields[3]):
         raise StoreFailed(

@@ -330,3 +330,23 @@ def test_a_damaged_file_of_the_data_directory_is_refused_in_one_line_naming_it(
     said = [line for line in refused.stderr.splitlines() if line.startswith("sepa-gateway: ")]
     assert len(said) == 1 and str(data / name) in said[0], refused.stderr
     assert (data / name).read_bytes() == damage  # refused, not replaced
+
+
+@pytest.mark.parametrize("damage", [b"", _GARBAGE])
+def test_a_snapshot_without_its_header_is_refused_in_one_line_naming_it_and_the_way_out(
+    start_gateway, gateway_command: list[str], tmp_path: Path, damage: bytes
+) -> None:
+    """An empty snapshot.nq (a copy or a restore that failed) or one of garbage: refused in one line
+    naming the file and what to do. Before, the line said only that it was not a snapshot this
+    gateway wrote."""
+    data = tmp_path / "data"
+    gateway = start_gateway(data_dir=data)
+    assert gateway.update("INSERT DATA { <urn:s> <urn:p> 1 }").status == 200
+    gateway.stop(signal.SIGTERM)
+    (data / "snapshot.nq").write_bytes(damage)
+    refused = _start_on(gateway_command, data)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    said = [line for line in refused.stderr.splitlines() if line.startswith("sepa-gateway: ")]
+    assert len(said) == 1 and str(data / "snapshot.nq") in said[0], refused.stderr
+    assert "restore it from a copy" in said[0], said[0]
+    assert (data / "snapshot.nq").read_bytes() == damage

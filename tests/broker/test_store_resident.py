@@ -427,3 +427,32 @@ def test_a_snapshot_written_before_its_byte_count_is_read_and_rewritten_with_one
     assert store.quads() == {_quad(index) for index in range(51)}
     assert store.checkpoint()
     assert len(snapshot.read_bytes().split(b"\n", 1)[0].split()) == 4
+
+
+_TAGGED = """
+import os, signal, sys
+from pyoxigraph import Literal, NamedNode, Quad
+from broker.store import ApplyMark, RdfStore, rdf_store
+rdf_store.CHECKPOINT_BYTES = 1  # every journal is due: as after a long run, or two live journals
+store = RdfStore.open(sys.argv[1], resident=True)
+if sys.argv[2] == "run":  # a delayed update's delta, killed before its owner removed its row
+    store.apply([Quad(NamedNode("urn:ran"), NamedNode("urn:p"), Literal("1"))], [], mark=ApplyMark("id-1", print))
+else:  # the restart: the compaction thread's first checkpoint, before the delayed updates start
+    print(store.recovered_tags, store.checkpoint(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_recovered_tag_outlives_a_checkpoint_and_a_second_kill_before_its_owner_claims_it(tmp_path: Path) -> None:
+    """A delayed update's delta journalled with its tag, then kill -9 before its row was removed;
+    the restart's compaction thread checkpoints (it starts before the delayed updates, which claim
+    the tag), then a second kill -9. The third start must still recover the tag, or the update runs
+    twice. Without the fix the checkpoint was taken, the journal holding the tag became stale, and
+    the third start recovered nothing (recovered_tags == [])."""
+    for step in ("run", "restart"):
+        done = subprocess.run([sys.executable, "-c", _TAGGED, str(tmp_path), step], capture_output=True, text=True)
+        assert done.returncode == -signal.SIGKILL, done.stderr
+    store = _open(tmp_path)
+    assert store.recovered_tags == ["id-1"]
+    assert Quad(NamedNode("urn:ran"), NamedNode("urn:p"), Literal("1")) in store.quads()
+    assert done.stdout.strip() == "['id-1'] False", done.stdout  # recovered, and no checkpoint taken

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shutil
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +122,46 @@ def test_a_damaged_sequence_file_refuses_its_sensor_in_one_line_and_stays_as_it_
     errors = [line for line in gateway.stderr_lines if "level=error" in line]
     assert len(errors) == 1, errors
     assert "sensor=boiler" in errors[0] and "sequence.json" in errors[0] and "--reset" in errors[0], errors[0]
+
+
+def test_a_sequence_file_is_durable_before_the_numbers_it_reserves_are_used(start_gateway, tmp_path: Path) -> None:
+    """The gateway as installed, traced (strace on every thread): its first protected response
+    reserves sequence numbers (aiocoap renames a new sequence.json over the old), and the sensor's
+    directory is synced after that rename and before the response leaves. Without the fix the
+    rename was never followed by an fsync of the directory: a power cut within the file system's
+    commit interval brought back the previous sequence.json, and the next start sent its numbers
+    (AES-CCM nonces under the same key) a second time."""
+    if shutil.which("strace") is None:
+        pytest.fail("strace is not installed (tests/run.sh installs it)", pytrace=False)
+    data = tmp_path / "data"
+    folder = data / "coap-sensors"
+    boiler = add_sensor(folder, "boiler")
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", data_dir=data, coap=True)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    trace = tmp_path / "trace"
+    argv = ["strace", "-f", "-y", "-o", str(trace), "-e", "trace=rename,renameat,renameat2,fsync,sendto,sendmsg"]
+    for thread in os.listdir(f"/proc/{gateway.process.pid}/task"):
+        argv += ["-p", thread]
+    tracer = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)  # attached
+        uri = f"coap://{host_address()}:{port}/s/boiler/temperature"
+        taken = asyncio.run(post(uri, b"21.5", sensor_side(tmp_path, "boiler", boiler)))
+        assert taken.code == Code.CHANGED, taken
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=30)
+    gateway.stop()
+
+    lines = trace.read_text().splitlines()
+    renamed = [index for index, line in enumerate(lines) if "rename" in line and "sequence.json" in line]
+    assert renamed, "no sequence.json written: the response reserved no sequence numbers"
+    after = range(renamed[0] + 1, len(lines))
+    sent = [index for index in after if "sendmsg(" in lines[index] and "AF_INET" in lines[index]]
+    assert sent, "no response sent after the sequence file was written"
+    synced = [
+        index
+        for index, line in enumerate(lines[: sent[0]])
+        if index > renamed[0] and re.search(r"fsync\(\d+<" + re.escape(str(folder / "boiler")) + r">\)", line)
+    ]
+    assert synced, "sequence.json renamed and the response sent, its directory never synced in between"
