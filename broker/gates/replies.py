@@ -9,11 +9,12 @@ filled whole by one write); a read token on the HTTPS port has 256 connections f
 An update's reply with its quads (``Prefer: return=representation``) is as large: 20 connections
 that each sent an update of ~18 MB of quads and did not read took the gateway from 105 to 844 MB.
 Now a body is written a chunk at a time (the transport's buffer stays near aiohttp's 64 KiB, the
-body held once), and what is left to write of every body together is at most
-`[http] reply_bytes_total`. A reply that would pass it cuts the connection with the most left to
-write, whichever it is; when that is the new reply's own, it is refused before anything of it is
-sent: 429 `too_many_requests` with `Retry-After`. Whoever holds the most pays, as for the
-WebSocket queues (broker.gates.websocket QueuedTotal).
+body held once; an update's reply with its quads is made and held in parts, see HeldReply), and
+what is left to write of every body together is at most `[http] reply_bytes_total`. A reply that
+would pass it cuts the connection with the most left to write, whichever it is; when that is the
+new reply's own, it is refused before anything of it is sent: 429 `too_many_requests` with
+`Retry-After`. Whoever holds the most pays, as for the WebSocket queues (broker.gates.websocket
+QueuedTotal).
 """
 
 from __future__ import annotations
@@ -99,34 +100,52 @@ class HeldReplies:
 
 class HeldReply(web.Response):
     """A reply whose body counts in `replies` until it is written, and is written a chunk at a time
-    (see :meth:`HeldReplies.admit`)."""
+    (see :meth:`HeldReplies.admit`).
+
+    The body may come as parts (an update's reply with its quads, see broker.gates.http): each is
+    let go of once written, and they are never joined into one more copy of the whole, except a
+    small body, which is one write."""
 
     def __init__(
         self,
-        body: bytes,
+        body: bytes | list[bytes],
         headers: dict[str, str],
         replies: HeldReplies,
         request: web.BaseRequest,
         *,
         refusable: bool = True,
     ) -> None:
-        super().__init__(body=body, headers=headers)
+        size = len(body) if isinstance(body, bytes) else sum(map(len, body))
+        if isinstance(body, list) and size <= CHUNK_BYTES:
+            body = b"".join(body)
+        if isinstance(body, bytes):
+            super().__init__(body=body, headers=headers)
+            self._parts: list[bytes] | None = None
+        else:
+            super().__init__(headers={**headers, "Content-Length": str(size)})
+            self._parts = body
         self._replies = replies
-        self._held = replies.admit(len(body), request.transport, refusable=refusable)
+        self._held = replies.admit(size, request.transport, refusable=refusable)
         weakref.finalize(self, replies.release, self._held)  # never written (the client left first)
 
     async def write_eof(self, data: bytes = b"") -> None:
         body = self._body
-        if self._eof_sent or self._must_be_empty_body or not isinstance(body, bytes):
+        parts = self._parts if self._parts is not None else [body] if isinstance(body, bytes) else None
+        if self._eof_sent or self._must_be_empty_body or parts is None:
             self._replies.release(self._held)
             await super().write_eof(data)
             return
-        view = memoryview(body)
         try:
-            for start in range(0, len(view), CHUNK_BYTES):
-                chunk = view[start : start + CHUNK_BYTES]
-                await web.StreamResponse.write(self, chunk)
-                self._replies.wrote(self._held, len(chunk))
+            for index, part in enumerate(parts):
+                parts[index] = b""  # written parts are let go of (the plain body stays in _body)
+                await self._write(part)
             await web.StreamResponse.write_eof(self)
         finally:
             self._replies.release(self._held)
+
+    async def _write(self, part: bytes) -> None:
+        view = memoryview(part)
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            await web.StreamResponse.write(self, chunk)
+            self._replies.wrote(self._held, len(chunk))
