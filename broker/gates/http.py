@@ -224,7 +224,7 @@ class HttpGate:
             # no extra turn of the loop: aiohttp runs each request in a task of its own and goes back
             # to the loop to send the reply and read the next request
             result = await self.scheduler.update(sparql, yield_to_loop=False, client=owner, access=access)
-            return _update_reply(_shown_to(result, access), request, self.replies)
+            return update_reply(_shown_to(result, access), request, self.replies)
         sparql, params = await _read(request, "update", UPDATE_TYPE)
         if "query" in params:
             raise BadRequest("'query' is not a parameter of the update operation")
@@ -258,7 +258,7 @@ class HttpGate:
             access=access,
             **options,  # type: ignore[arg-type]
         )
-        return _update_reply(_shown_to(result, access), request, self.replies)
+        return update_reply(_shown_to(result, access), request, self.replies)
 
     async def scheduled(
         self, request: web.BaseRequest, owner: str | None = None, registration: str | None = None
@@ -341,7 +341,7 @@ def _shown_to(result: UpdateResult, access: GraphAccess | None) -> UpdateResult:
     return replace(result, added=added, removed=removed, notifications=0)
 
 
-def _update_reply(result: UpdateResult, request: web.BaseRequest, replies: HeldReplies) -> web.Response:
+def update_reply(result: UpdateResult, request: web.BaseRequest, replies: HeldReplies) -> web.Response:
     """200 with the counts, as ``json.dumps(result.to_json())`` spells them, formatted directly (the
     reply of every update: json.dumps and text encoding cost more than the formatting).
 

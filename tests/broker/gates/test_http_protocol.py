@@ -909,7 +909,7 @@ def test_an_update_reply_with_its_quads_holds_no_copies_of_them() -> None:
     from pyoxigraph import serialize as rdf_serialize
 
     from broker.core.results import UpdateResult
-    from broker.gates.http import _update_reply
+    from broker.gates.http import update_reply
     from broker.gates.replies import HeldReplies
 
     ex = "http://example.org/representation/"
@@ -923,7 +923,7 @@ def test_an_update_reply_with_its_quads_holds_no_copies_of_them() -> None:
     del text
     tracemalloc.start()
     try:
-        reply = _update_reply(UpdateResult(added=quads, removed=frozenset()), request, HeldReplies(None))
+        reply = update_reply(UpdateResult(added=quads, removed=frozenset()), request, HeldReplies(None))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
