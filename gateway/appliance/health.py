@@ -29,7 +29,6 @@ adds a check for every other part it runs, in :func:`add_checks`. What each one 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.api import ComponentHealth
+from gateway.kernel_clock import kernel_synchronised
 
 if TYPE_CHECKING:
     from broker.api import Gates
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 # the shipper fails its check past this share of its spool budget (the oldest data goes at 100 %)
 SHIPPER_BACKLOG_SHARE = 0.5
-TIME_ERROR = 5  # adjtimex(2)'s answer while the clock is not synchronised (STA_UNSYNC and others)
-TIMEX_BYTES = 512  # more than struct timex takes on any ABI (208 bytes on 64-bit Linux)
 
 
 def add_checks(
@@ -139,18 +137,6 @@ class ClockFloor:
             f"the wall clock says {_utc(now)}, before {_utc(self.floor)} ({self.source}): it is not set "
             "(no real-time clock, no NTP yet?) and observations would carry wrong times",
         )
-
-
-def kernel_synchronised() -> bool | None:
-    """Whether the kernel says the wall clock is synchronised (adjtimex(2) read-only: modes 0),
-    None where it cannot be asked. Only its answer is used, so no field of struct timex, whose
-    layout differs between ABIs, is read."""
-    try:
-        adjtimex = ctypes.CDLL(None).adjtimex  # the C library the process has loaded already
-    except (OSError, AttributeError):
-        return None
-    state = adjtimex(ctypes.create_string_buffer(TIMEX_BYTES))
-    return None if state < 0 else state != TIME_ERROR
 
 
 def clock_sync_health(synchronised: Callable[[], bool | None] = kernel_synchronised) -> ComponentHealth:

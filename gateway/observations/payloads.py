@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.kernel_clock import synchronised_lately
 from gateway.observations.errors import MappingError, PayloadError
 
 # ASCII digits only: `\d` (and float()) also take other scripts' digits, so "２１" (fullwidth) or
@@ -184,10 +185,12 @@ def unix_us(seconds: float) -> int:
 
 
 def not_ahead(micros: int, arrival_us: int) -> int:
-    """`micros`, a source timestamp, unless it is more than MAX_AHEAD_S after `arrival_us`: then
-    PayloadError naming both times (a gateway whose own clock is behind shows in it)."""
+    """`micros`, a source timestamp, unless it is more than MAX_AHEAD_S after `arrival_us` while the
+    kernel does not say the gateway's clock is unsynchronised: then PayloadError naming both times.
+    An unsynchronised clock (a board booted at its last shutdown's time, no NTP in reach) may be the
+    one that is wrong: the sensor's time is taken, as /health's clock_sync is failing."""
     ahead_s = (micros - arrival_us) // 1_000_000
-    if ahead_s > MAX_AHEAD_S:
+    if ahead_s > MAX_AHEAD_S and synchronised_lately() is not False:
         raise PayloadError(
             f"timestamp {_utc(micros)} is {ahead_s} s after the gateway's clock ({_utc(arrival_us)}); "
             f"at most {MAX_AHEAD_S} s ahead is taken"

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.appliance.health import kernel_synchronised
+from gateway.kernel_clock import kernel_synchronised
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ("pyproject.toml", "README.md", "broker", "adapters", "gateway", "cloud", "tools", "ontologies", "examples")

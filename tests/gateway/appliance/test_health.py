@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from gateway.appliance.health import ClockFloor, clock_sync_health, kernel_synchronised, newest_write, shipper_health
+from gateway.appliance.health import ClockFloor, clock_sync_health, newest_write, shipper_health
+from gateway.kernel_clock import kernel_synchronised
 from tools.coap import libcoap
 from tools.launcher import RunningGateway, free_port, launch_gateway
 

@@ -20,6 +20,7 @@ from gateway.observations import (
     mappings_from_config,
     mappings_from_rdf,
     mappings_update,
+    payloads,
 )
 from tests.gateway.observations.conftest import Store
 
@@ -69,9 +70,13 @@ def test_config_shape() -> None:
     assert mapper.readings("plant/attic/leak", b"dry", 1)[0].value is False
 
 
-def test_a_source_time_more_than_a_day_ahead_of_the_gateway_is_refused_or_left_out_on_a_usual_key() -> None:
+def test_a_source_time_more_than_a_day_ahead_of_the_gateway_is_refused_or_left_out_on_a_usual_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """docs/adapters.md "Source times": the rule MQTT and CoAP share (both map through a Mapper).
-    Before, any time up to the year 9999 was stored as the reading's own."""
+    Before, any time up to the year 9999 was stored as the reading's own. The gateway's clock is
+    synchronised here (the kernel's answer is set: this machine's may say either)."""
+    monkeypatch.setattr(payloads, "synchronised_lately", lambda: True)
     mapper = Mapper([*mappings_from_config(tomllib.loads(CONFIG)["mqtt"]["mappings"]), *default_profiles()])
     now = 1_800_000_000_000_000  # the gateway's clock at the message's arrival, Unix µs
     day = 86_400
@@ -83,6 +88,21 @@ def test_a_source_time_more_than_a_day_ahead_of_the_gateway_is_refused_or_left_o
         mapper.readings("senml/kitchen", b'[{"n": "temperature", "u": "Cel", "v": 21, "t": 253402300799}]', now)
     tasmota = b'{"Time": "2100-01-01T00:00:00", "SI7021": {"Temperature": 18.5}}'  # a usual key: left out
     assert [r.source_time_us for r in mapper.readings("tele/t/SENSOR", tasmota, now)] == [None]
+
+
+def test_a_source_time_ahead_of_a_clock_the_kernel_says_is_unsynchronised_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A board with no real-time clock boots at its last shutdown's time, days behind, and with no
+    NTP server in reach it stays there: refusing times a day ahead of it refused every reading of
+    a sensor with a clock of its own (an MQTT reading is acknowledged: lost). While the kernel says
+    the clock is unsynchronised, the sensor's time is taken."""
+    monkeypatch.setattr(payloads, "synchronised_lately", lambda: False)
+    mapper = Mapper([*mappings_from_config(tomllib.loads(CONFIG)["mqtt"]["mappings"]), *default_profiles()])
+    behind = 1_800_000_000_000_000  # the board's clock, ten days behind the sensor's
+    sensor_s = behind // 1_000_000 + 10 * 86_400
+    pack = b'[{"n": "temperature", "u": "Cel", "v": 21, "t": %d}]' % sensor_s
+    assert [r.source_time_us for r in mapper.readings("senml/kitchen", pack, behind)] == [sensor_s * 1_000_000]
 
 
 @pytest.mark.parametrize(
