@@ -365,9 +365,10 @@ class Spool:
         return segment.path.read_bytes()
 
     def confirmed(self, segment: Segment) -> None:
-        """The cloud has the segment: delete it."""
-        self._forget(segment)
+        """The cloud has the segment: delete it. Deleted before it leaves the backlog, so a backlog of
+        0 means its room on the disk is free again (a test filling the disk after it raced the unlink)."""
         segment.path.unlink(missing_ok=True)
+        self._forget(segment)
 
     def reject(self, segment: Segment) -> Path:
         """The cloud refused the segment for good: keep it aside for the operator, never resend it."""

@@ -326,8 +326,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(directory)], check=True)
 
 
-def fill(disk: Path) -> Path:
-    """Fill `disk` (something else, the store or the logs, takes its room); the file to remove."""
+def fill(disk: Path, gateway: InProcessGateway) -> Path:
+    """Fill `disk` (something else, the store or the logs, takes its room); the file to remove.
+    Once the shipper has deleted what the cloud confirmed: filled before, the segment's room came
+    back after and the next 100 observations were spooled (350 landed for 250, at load 3)."""
+    wait_until(lambda: shipper_metrics(gateway)["backlog_observations"] == 0)
     filler = disk / "filler"
     with contextlib.suppress(OSError), open(filler, "wb") as file:
         while True:
@@ -345,7 +348,7 @@ def test_a_full_spool_disk_loses_no_observation(
     gateway = shipping_gateway(in_process_gateway, tmp_path, cloud, spool=small_disk)
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
-    filler = fill(small_disk)
+    filler = fill(small_disk, gateway)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
@@ -431,7 +434,7 @@ def test_retention_holds_off_while_the_spool_disk_is_full(
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
     wait_until(lambda: _stored(gateway) == 0)  # pruned once spooled
-    filler = fill(small_disk)
+    filler = fill(small_disk, gateway)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     wait_until(lambda: shipper_metrics(gateway)["spool_failures"] >= 1)
@@ -475,7 +478,7 @@ def test_what_retention_prunes_past_its_hold_is_counted_lost(
     gateway = in_process_gateway(config)
     observe(gateway, 1, 100)
     wait_until(lambda: cloud.landed == 100)
-    filler = fill(small_disk)
+    filler = fill(small_disk, gateway)
     for first in range(101, 401, 100):
         observe(gateway, first, 100)
     _latest(gateway, 400)
