@@ -174,6 +174,7 @@ class Connection:
         # secure gates: whether a message of it carried a valid token, and when it is closed if none does
         self.authenticated = False
         self.deadline: asyncio.TimerHandle | None = None
+        self.protocol: object = None  # its aiohttp protocol (GuardedHandler.spare once authenticated)
         self.slots = asyncio.Semaphore(MESSAGES_AHEAD)
         self.tasks: set[asyncio.Task[None]] = set()
         self._last_turn: asyncio.Future[None] | None = None
@@ -377,6 +378,7 @@ class WebSocketGate:
             self.shares.join(host) if host else None,
             self.total,
         )
+        connection.protocol = protocol
         self.connections.add(connection)
         self.total.connections.add(connection)
         self.counters["ws_connections"] += 1
@@ -435,6 +437,16 @@ class WebSocketGate:
         self.counters["ws_unauthenticated_closed"] += 1
         UNAUTHENTICATED(peer=connection.peer)
         connection.cut(f"no authenticated request within {self.auth_timeout_s:g} s".encode())
+
+    @staticmethod
+    def _authenticated(connection: Connection) -> None:
+        """A message of `connection` carried a valid token: it is kept past `auth_timeout_s`, and
+        spared by a full connection limit (broker.gates.connections Shares._evict)."""
+        if connection.authenticated:
+            return
+        connection.authenticated = True
+        if isinstance(connection.protocol, GuardedHandler):
+            connection.protocol.spare()
 
     async def end_all(self, connection: Connection) -> None:
         """End the subscriptions of a socket that closed; those still being subscribed end as their
@@ -589,7 +601,7 @@ class WebSocketGate:
                     try:
                         # an unsubscribe may carry an expired token of ours (Authority.authenticate)
                         principal = self.authenticate(authorization, connection.host, expired_ok=verb == "unsubscribe")
-                        connection.authenticated = True
+                        self._authenticated(connection)
                     except SepaError as error:
                         alias = body.get("alias") if isinstance(body.get("alias"), str) else None
                         # a frame has no headers: a refused attempt's Retry-After is in its body
