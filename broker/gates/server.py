@@ -56,6 +56,8 @@ class GateSettings:
     request_timeout_s: float = 20.0
     max_connections: int = 0  # open on every gate together; 0: half the open-file limit (broker.gates.connections)
     max_connections_per_address: int = 256  # from one address off this board
+    # a secure socket none of whose messages carried a valid token within this is closed (WebSocketGate)
+    auth_timeout_s: float = 30.0
     subscription_limits: QuotaLimits = field(default_factory=QuotaLimits)
 
 
@@ -121,6 +123,7 @@ class Gates:
                 quota=self.quota,
                 shares=self.queued_shares,
                 total=self.queued_total,
+                auth_timeout_s=self.settings.auth_timeout_s,
             )
             self.secure = SecureGate(self.http, secure_websocket, authority)
             self.metric_sources["security"] = lambda: {

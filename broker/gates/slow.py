@@ -193,6 +193,11 @@ class GuardedHandler(web.RequestHandler):
         if self._admitted is None:
             transport.abort()  # at once: its descriptor is what the limit keeps
 
+    def spare(self) -> None:
+        """Its client authenticated: a full connection limit makes room elsewhere first (Shares._evict)."""
+        if self._admitted is not None:
+            self._admitted.spared = True
+
     def data_received(self, data: bytes) -> None:
         if self._ws_messages is not None:
             if not self._watch(data):

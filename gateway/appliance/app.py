@@ -162,6 +162,7 @@ class Gateway:
                 request_timeout_s=config.http.request_timeout_s,
                 max_connections=config.http.max_connections,
                 max_connections_per_address=config.http.max_connections_per_address,
+                auth_timeout_s=config.security.auth_timeout_s,
             ),
             authority=self.secure.authority if self.secure is not None else None,
         )

@@ -53,6 +53,11 @@ MAX_TOKEN_LIFETIME_S = 30 * 24 * 3600
 MAX_AUTH_FAILURE_BURST = 10_000
 MIN_AUTH_FAILURES_PER_S = 0.01
 MAX_AUTH_FAILURES_PER_S = 10_000.0
+# [security] auth_timeout_s: under a second a client on a slow link, or one getting its token after
+# opening its socket, is cut before its first subscribe; past an hour an unauthenticated socket is
+# hardly bounded
+MIN_AUTH_TIMEOUT_S = 1.0
+MAX_AUTH_TIMEOUT_S = 3600.0
 
 
 class ConfigError(Exception):
@@ -201,6 +206,9 @@ class SecurityConfig:
     # (broker/security/failures.py; this board's own are not counted)
     auth_failure_burst: int = 20
     auth_failures_per_s: float = 2.0
+    # a WebSocket on the secure ports none of whose messages carried a valid token within this is closed
+    # (1008): an upgrade needs no token, and a socket answering the pings was held for good (~72 KB each)
+    auth_timeout_s: float = 30.0
     issuer: str = ""  # the tokens' "iss"; empty: sepa-gateway:<observations.gateway_id or host name>
     clients: list = field(default_factory=list)  # [[security.clients]]: identity, read, write (see the TOML file)
 
@@ -454,6 +462,11 @@ class Config:
             raise ConfigError(
                 f"security.auth_failures_per_s must be {MIN_AUTH_FAILURES_PER_S:g} to {MAX_AUTH_FAILURES_PER_S:,g}, "
                 f"not {security.auth_failures_per_s}"
+            )
+        if not MIN_AUTH_TIMEOUT_S <= security.auth_timeout_s <= MAX_AUTH_TIMEOUT_S:
+            raise ConfigError(
+                f"security.auth_timeout_s must be {MIN_AUTH_TIMEOUT_S:g} to {MAX_AUTH_TIMEOUT_S:,g}, "
+                f"not {security.auth_timeout_s}"
             )
         if not all(isinstance(name, str) for name in security.tls_names):
             raise ConfigError("security.tls_names must be a list of strings")

@@ -7,14 +7,22 @@ asyncio logged a traceback per failed accept. Real sockets against `sepa-gateway
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import json
 import os
 import socket
+import ssl
 import subprocess
 import time
 from collections import Counter
+from urllib.parse import urlsplit
+
+import aiohttp
+import pytest
 
 from broker.gates.connections import ConnectionLimit
+from tests.broker.gates.secure_support import Credentials
 from tests.polling import wait_until
 from tests.support.coap import host_address
 
@@ -146,3 +154,69 @@ def test_a_connection_is_released_under_the_address_it_was_admitted_with() -> No
         limit.release(first)
         limit.release(second)
     assert limit.open == 0 and not limit.by_address
+
+
+def lan_address_v6() -> str:
+    """An IPv6 address of this machine that is not loopback, or the test is skipped."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as probe:
+            probe.connect(("2001:db8::1", 9))  # no packet is sent: this only picks the outgoing interface
+            address = str(probe.getsockname()[0])
+    except OSError:
+        pytest.skip("no IPv6 route besides loopback")
+    if address == "::1" or address.startswith("fe80"):
+        pytest.skip("no IPv6 address besides loopback and link-local")
+    return address
+
+
+def test_a_full_limit_makes_room_elsewhere_than_an_authenticated_subscriber(start_gateway, tmp_path) -> None:
+    """With addresses holding one connection each, the full limit's victim was the first address's
+    oldest, and an authenticated subscriber, open for good, becomes that address as the others come
+    and go: 4,096 addresses opening a connection each (IPv6 gives a LAN host as many as it likes)
+    evicted it at the 4,096th, every time it came back (/tmp/atk-ws/shares_sim.py). Here with
+    `max_connections = 2`: the subscriber (this board, over ::1), an idle connection from the IPv4
+    LAN address, then a TLS connection from the IPv6 one. Now the idle one makes room."""
+    lan6 = lan_address_v6()
+    lan = host_address()
+    toml = (
+        '[http]\nmax_connections = 2\n[security]\nhost = "::"\n'
+        '[[security.clients]]\nidentity = "admin"\nread = ["*"]\nwrite = ["*"]\n'
+    )
+    gateway = start_gateway("--secure", "--host", "0.0.0.0", toml=toml, data_dir=tmp_path / "data")
+    https_port, wss_port = urlsplit(gateway.https_url).port, urlsplit(gateway.wss_url).port
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+
+    async def subscriber() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, ssl=context)) as session:
+            body = {"register": {"client_identity": "admin", "grant_types": ["client_credentials"]}}
+            async with session.post(f"https://[::1]:{https_port}/oauth/register", json=body) as reply:
+                credentials = (await reply.json())["credentials"]
+            basic = Credentials(credentials["client_id"], credentials["client_secret"]).basic()
+            url = f"https://[::1]:{https_port}/oauth/token"
+            async with session.post(url, headers={"Authorization": basic}) as reply:
+                token = (await reply.json())["access_token"]
+            ws = await session.ws_connect(f"wss://[::1]:{wss_port}/secure/subscribe")
+            subscribe = {"subscribe": {"sparql": "ASK {}", "authorization": f"Bearer {token}"}}
+            await ws.send_json(subscribe)
+            assert json.loads((await ws.receive(timeout=10)).data)["notification"]["sequence"] == 0
+            await asyncio.sleep(0.5)  # the gateway saw the OAuth connections go
+            idle = open_idle(lan, gateway.http_port, 1, source=lan)
+            await asyncio.sleep(0.3)
+            newcomer = socket.create_connection((lan6, https_port), timeout=10, source_address=(lan6, 0))
+            newcomer = context.wrap_socket(newcomer)
+            try:
+                await asyncio.sleep(0.5)
+                await ws.send_json(subscribe)
+                reply = await ws.receive(timeout=10)
+                assert reply.type == aiohttp.WSMsgType.TEXT, reply  # the subscriber is still served
+                assert json.loads(reply.data)["notification"]["sequence"] == 0
+                assert still_open(idle) == 0  # the idle connection made room
+            finally:
+                newcomer.close()
+                idle[0].close()
+                await ws.close()
+
+    asyncio.run(subscriber())
+    time.sleep(0.5)
+    assert gateway.metrics()["sepa_connections_evicted_total"] == 1

@@ -101,6 +101,11 @@ CASES: dict[str, tuple[str, int, str]] = {  # file text, line, fragment of the m
         3,
         "security.auth_failures_per_s must be 0.01 to 10,000, not 0.0",
     ),
+    "auth-timeout-0": (  # every secure WebSocket closed before its client could send its first subscribe
+        "[security]\nenabled = true\nauth_timeout_s = 0.0\n",
+        3,
+        "security.auth_timeout_s must be 1 to 3,600, not 0.0",
+    ),
     # an empty host bound the unauthenticated plain gates on every address, [security] on too; the
     # others passed and `run` died with "Name or service not known" (2026-12-06, an attack pass)
     "http-host-empty": (
