@@ -67,6 +67,25 @@ installed, on disk; throwaway scripts, 2026-12-05): NL p99 68.6, 81.8, 42.4, 74.
 against 109.4, 83.8, 61.8, 81.8, 110.1 (lower in 4 of 5; median 74.6 against 83.8), p999 119-179
 against 135-182: a gain within the machine's noise, not a cure. A replica holds up to 2.5 dead
 quads a live one (its lookups read past them) and copies a fifth less often.
+
+What a compaction holds the GIL for, measured on 2026-12-06 (`/tmp/atk-nl/cstall.py`, `dropways.py`,
+`itertrick.py`, `dumpab*.py`: a store of 100 sensors' readings, 130,000 live and 260,000 dead
+quads, as `bench dashboard` keeps; a thread sleeping 1 ms reports its longest gap; the 2-core test
+machine at load average 6-8 from other work): the copy and the replay, 1.2-1.3 s, held the others
+19-30 ms at most, most of it the dump's bytes, made under the GIL by the copy's thread at niceness
+19, which a busy machine preempts while it holds it (24-383 ms, median 43, in 16 dumps alone; now
+through a memory file, 5-91 ms, median 13: :func:`broker.store.dump_nquads`). Then the old store
+is freed when :meth:`RdfStore.compact` returns, in one piece: 129-285 ms with mimalloc (the
+installed service's malloc), 425 ms with glibc's: that is the stall at a compaction's end. The
+trim after it (:func:`broker.core.memory.trim`, through ctypes) lets go of the GIL: 0 ms under
+mimalloc, 83 ms in glibc's arenas. The free cannot leave the GIL with pyoxigraph 0.5.13: pyo3
+drops a Store in its `tp_dealloc`, under the GIL, on whichever thread lets go of it last (freed
+on a thread of its own: a 252 ms gap, against 237 on the caller's); `Store.clear` lets go of the
+GIL (a 6.5 ms gap over its 134 ms) but frees nothing: the memory storage is MVCC and only marks
+each quad removed (upstream's `TODO: garbage collection`), and the free after it took as long
+(286 ms); the last reference handed to a query's results (a SELECT over VALUES, taken before the
+store is let go of) moves the free into their dealloc, under the GIL too (105-220 ms). What would
+move it: a pyoxigraph call that drops its storage inside `py.detach`.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ The package, by layer (each module's docstring says why it is as it is):
 
 from broker.store.durable import sync_directory
 from broker.store.journal import JOURNAL, JOURNALS, PROVISIONAL, SETTLED, encode_journal_entry, graph_named, graph_text
-from broker.store.live_copy import copy_live, load_keeping_labels
+from broker.store.live_copy import copy_live, dump_nquads, load_keeping_labels
 from broker.store.rdf_store import ApplyMark, RdfStore
 from broker.store.snapshot import SNAPSHOT
 
@@ -95,6 +95,7 @@ __all__ = [
     "ApplyMark",
     "RdfStore",
     "copy_live",
+    "dump_nquads",
     "encode_journal_entry",
     "graph_named",
     "graph_text",

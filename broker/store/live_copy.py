@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import io
+import os
 from typing import Any
 
 from pyoxigraph import NamedNode, Quad, RdfFormat, Store, parse
@@ -16,7 +18,7 @@ from broker.store.delta import apply_quads, load_nquads
 def copy_live(source: Store, target: Store) -> int:
     """Copy every quad of `source` (a snapshot of it) into `target`; how many.
 
-    Through N-Quads, because pyoxigraph dumps and loads without the GIL: 280,000 quads (39 MB)
+    Through N-Quads (:func:`dump_nquads`), because pyoxigraph dumps and loads without the GIL: 280,000 quads (39 MB)
     dumped in 0.3 s and loaded in 0.7 s with no other thread of the process held up for more than
     6 ms, where copying them as Python objects, 2,000 at a time, held the GIL 1.5-4 s in ~6 ms bites
     (the readings' notification latency was 100-130 ms throughout). Both at the lowest CPU priority
@@ -27,8 +29,38 @@ def copy_live(source: Store, target: Store) -> int:
     Nothing here scans the dump under the GIL: counting its lines and looking for ``_:`` in it held
     every other thread 10-22 ms each (125,000 quads, ~17 MB); libc's memmem through ctypes lets go
     of it, and the copy is counted by a query on `target`, which pyoxigraph evaluates without it."""
-    load_keeping_labels(at_low_priority(source.dump, format=RdfFormat.N_QUADS), target)
+    load_keeping_labels(dump_nquads(source), target)
     return at_low_priority(count_quads, target)
+
+
+def dump_nquads(store: Store) -> bytes:
+    """`store` as N-Quads, dumped at the lowest priority, with no copy of it made under the GIL.
+
+    Why not `store.dump()` into bytes: pyoxigraph serializes without the GIL, but makes the bytes
+    object under it at the end, a copy of the whole dump, on the dump's thread at niceness 19
+    (:func:`broker.background.at_low_priority`), which a busy machine preempts while it holds the
+    GIL, and every other thread of the gateway, the event loop too, waits. Into an `io.BytesIO`:
+    each write and each growth of its buffer is a copy under the GIL, and a growth under mimalloc
+    (the installed service's malloc) copies the whole buffer. So pyoxigraph writes the dump into a
+    memory file (a memfd, named by its /proc path), and the bytes are read back from it by the
+    kernel with the GIL let go. A thread ticking every 1 ms beside a dump of 130,000 live quads
+    (22.5 MB, the store `bench dashboard` compacts), 5-6 of each alternated, 4 runs on the 2-core
+    test machine at load average 6-8 (2026-12-06, mimalloc preloaded, `/tmp/atk-nl/dumpab*.py`), its
+    longest gap: into bytes 24-383 ms (median 43), into a BytesIO 23-281 ms, through a memfd 5-91
+    ms (median 13); the same ticker with nothing to wait for, 3-16 ms. Under glibc's malloc (one
+    run): 5-40, 5-10 and 3-6 ms. Without memfds (not Linux) or /proc, or past a file size limit
+    (RLIMIT_FSIZE holds for a memfd too): into bytes."""
+    if not _MEMFD:
+        return at_low_priority(store.dump, format=RdfFormat.N_QUADS)
+    fd = os.memfd_create("sepa-dump", os.MFD_CLOEXEC)
+    try:
+        at_low_priority(store.dump, f"/proc/self/fd/{fd}", format=RdfFormat.N_QUADS)
+        with io.FileIO(fd, closefd=False) as file:
+            return file.readall()
+    except OSError:  # past a file size limit: into bytes then
+        return at_low_priority(store.dump, format=RdfFormat.N_QUADS)
+    finally:
+        os.close(fd)
 
 
 def load_keeping_labels(data: bytes, target: Store, *, background: bool = True) -> None:
@@ -51,6 +83,7 @@ def count_quads(store: Store) -> int:
     return int(next(iter(store.query(_COUNT_ALL)))["n"].value)
 
 
+_MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 _COUNT_ALL = "SELECT (COUNT(*) AS ?n) WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } }"
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
 _libc.memmem.restype = ctypes.c_void_p

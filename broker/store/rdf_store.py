@@ -34,7 +34,7 @@ from broker.store.journal import (
     graph_named,
     read_journal,
 )
-from broker.store.live_copy import Recording, contains, copy_live, count_quads, replay
+from broker.store.live_copy import Recording, contains, copy_live, count_quads, dump_nquads, replay
 from broker.store.lock import Claim
 from broker.store.snapshot import SNAPSHOT, load_snapshot, write_snapshot
 
@@ -307,7 +307,7 @@ class RdfStore:
             graphs = list(self.ox.named_graphs())
             ox = self.ox
         assert self.path is not None
-        data = at_low_priority(ox.dump, format=RdfFormat.N_QUADS)
+        data = dump_nquads(ox)
         write_snapshot(self.path, covered, graphs, data)
         self._covered, self._snapshot_bytes = covered, len(data)
         return True

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import itertools
 import logging
 import os
@@ -72,7 +71,6 @@ from typing import Any
 from pyoxigraph import NamedNode, Quad, RdfFormat, serialize
 
 import broker
-from broker.background import at_low_priority
 from broker.errors import (
     EvaluationCrashed,
     InvalidRequest,
@@ -81,7 +79,7 @@ from broker.errors import (
     TimeLimitExceeded,
     WorkerLost,
 )
-from broker.store import PROVISIONAL, RdfStore, graph_text
+from broker.store import PROVISIONAL, RdfStore, dump_nquads, graph_text
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +115,18 @@ SLICE = 20_000  # quads serialized at a time (a seed, a large delta), letting go
 def _dump(store: RdfStore, graphs: frozenset[object] | None = None) -> bytes:
     """The in-memory store as N-Quads (of `graphs` only, when given: a BOOSTER worker's replica).
 
-    The whole store through `Store.dump` into a file object, at the lowest priority: pyoxigraph
-    serializes without the GIL and takes it only to write each buffer. Measured on the test machine
-    (1.3 million quads, 122 MB; a thread ticking every 1 ms shows how long the others were held):
-    0.75 s, the worst gap 9.5 ms, where the slices before (`quads_for_pattern` and `serialize`
-    20,000 quads at a time, letting go of the GIL in between) took 4.5 s, and `Store.dump` into
-    bytes 0.73 s with a gap of 75 ms (the bytes made under the GIL at the end). `from_graph` writes
+    The whole store through :func:`broker.store.dump_nquads` (a memory file, read back without the
+    GIL). Measured on the test machine (1.3 million quads, 122 MB; a thread ticking every 1 ms shows
+    how long the others were held): `Store.dump` into an `io.BytesIO` 0.75 s, the worst gap 9.5 ms,
+    where the slices before (`quads_for_pattern` and `serialize` 20,000 quads at a time, letting go
+    of the GIL in between) took 4.5 s, and `Store.dump` into bytes 0.73 s with a gap of 75 ms (the
+    bytes made under the GIL at the end); the BytesIO was given up for the memory file because under
+    mimalloc (the installed service's malloc) its growths are copies under the GIL: gaps of 23-281
+    ms for 22.5 MB (:func:`broker.store.dump_nquads` has the figures). `from_graph` writes
     triples, so the graphs of a BOOSTER worker are still sliced. Quads changed meanwhile are
     replayed from the worker's place in the log (see QueryWorkers._place)."""
     if graphs is None:
-        output = io.BytesIO()
-        at_low_priority(store.ox.dump, output=output, format=RdfFormat.N_QUADS)
-        return output.getvalue()
+        return dump_nquads(store.ox)
     parts: list[bytes] = []
     for graph in graphs:
         quads = store.ox.quads_for_pattern(None, None, None, graph)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from broker.compaction import Compactor
 from broker.core.engine import Engine
 from broker.errors import StoreFailed
 from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry, lock, rdf_store
+from tests.support.dump_watch import DumpWatch
 
 EX = "http://example.org/"
 
@@ -456,3 +457,22 @@ def test_a_recovered_tag_outlives_a_checkpoint_and_a_second_kill_before_its_owne
     assert store.recovered_tags == ["id-1"]
     assert Quad(NamedNode("urn:ran"), NamedNode("urn:p"), Literal("1")) in store.quads()
     assert done.stdout.strip() == "['id-1'] False", done.stdout  # recovered, and no checkpoint taken
+
+
+def test_a_checkpoint_dumps_into_a_memory_file_not_bytes_made_under_the_gil(tmp_path: Path) -> None:
+    """A checkpoint's dump, like a compaction's copy (tests/broker/test_compaction.py), is written
+    into a memfd without the GIL, not made into bytes under it by its thread at niceness 19; the
+    snapshot written from it restores the store."""
+    store = _open(tmp_path)
+    for index in range(50):
+        store.apply([_quad(index)], [])
+    watch = DumpWatch(store.ox)
+    store.ox = watch  # type: ignore[assignment]
+    limit, rdf_store.CHECKPOINT_BYTES = rdf_store.CHECKPOINT_BYTES, 100
+    try:
+        assert Compactor(store).maybe_checkpoint()
+    finally:
+        rdf_store.CHECKPOINT_BYTES = limit
+    assert watch.outputs and all(isinstance(output, str) for output in watch.outputs)
+    assert _open_copy(tmp_path).quads() == {_quad(index) for index in range(50)}
+    store.close()
