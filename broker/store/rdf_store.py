@@ -32,6 +32,7 @@ from broker.store.journal import (
     encode_journal_entry,
     generation_of,
     graph_named,
+    one_line,
     read_journal,
 )
 from broker.store.live_copy import Recording, contains, copy_live, count_quads, replay
@@ -77,10 +78,27 @@ def _cancel_or_add(items: Iterable[T], undone: dict[T, None], into: dict[T, None
             into[item] = None
 
 
+def _rocksdb(directory: Path) -> Store:
+    """The data directory's RocksDB store; StoreFailed, naming it and the way out, if RocksDB finds it
+    damaged. Why: a damaged CURRENT, MANIFEST or table file (a disk or a copy that failed) made the
+    start a raw traceback (RuntimeError: Corruption: ...), exit status 1, which systemd restarts in a
+    loop, where a damaged journal or snapshot is refused in one line, exit status 2. Nothing is
+    repaired: RocksDB's repair drops what it cannot read, and the journal holds only the deltas since
+    the last flush."""
+    store = directory / "store"
+    try:
+        return Store(str(store))
+    except RuntimeError as error:
+        raise StoreFailed(
+            f"{store} (RocksDB) is damaged ({one_line(error, 400)}); nothing was changed. Keep a copy of the data "
+            "directory and restore it from a backup (the gateway does not start without the whole store)"
+        ) from None
+
+
 def _convert(directory: Path) -> None:
     """Write a RocksDB data directory's store (its journal replayed first) as a resident snapshot."""
     log.warning("converting the data directory to a resident store", extra={"directory": str(directory)})
-    old = RdfStore(Store(str(directory / "store")), directory)
+    old = RdfStore(_rocksdb(directory), directory)
     old.close()
     write_snapshot(directory, -1, list(old.ox.named_graphs()), old.ox.dump(format=RdfFormat.N_QUADS))
     del old  # RocksDB's lock goes with the last reference
@@ -169,7 +187,7 @@ class RdfStore:
             if (directory / SNAPSHOT).exists():
                 raise StoreFailed(f"{directory} holds a resident store ({SNAPSHOT}): open it resident")
             (directory / "store").mkdir(exist_ok=True)
-            return cls(Store(str(directory / "store")), directory)
+            return cls(_rocksdb(directory), directory)
         if (directory / "store").is_dir():
             if not (directory / SNAPSHOT).exists():
                 _convert(directory)

@@ -350,3 +350,27 @@ def test_a_snapshot_without_its_header_is_refused_in_one_line_naming_it_and_the_
     assert len(said) == 1 and str(data / "snapshot.nq") in said[0], refused.stderr
     assert "restore it from a copy" in said[0], said[0]
     assert (data / "snapshot.nq").read_bytes() == damage
+
+
+@pytest.mark.parametrize("damaged", ["CURRENT", "MANIFEST", "table"])
+def test_a_damaged_rocksdb_store_is_refused_in_one_line_naming_it_and_the_way_out(
+    start_gateway, gateway_command: list[str], tmp_path: Path, damaged: str
+) -> None:
+    """On RocksDB (`[store] resident = false`), a damaged CURRENT, MANIFEST or table file (a disk or a
+    copy that failed) was a raw traceback (RuntimeError: Corruption: ...), exit status 1, for
+    systemd to restart in a loop; now exit status 2 and one line naming the store and what to do."""
+    data, config = tmp_path / "data", tmp_path / "rocksdb.toml"
+    config.write_text("[store]\nresident = false\n")
+    gateway = start_gateway(config=config, data_dir=data)
+    assert gateway.update("INSERT DATA { <urn:s> <urn:p> 1 }").status == 200
+    gateway.stop(signal.SIGTERM)  # flushed: a table file holds the quad
+    store = data / "store"
+    file = {"CURRENT": store / "CURRENT", "MANIFEST": min(store.glob("MANIFEST-*")), "table": min(store.glob("*.sst"))}
+    target = file[damaged]
+    before = target.read_bytes()
+    target.write_bytes(before[:60] + _GARBAGE[: len(before) - 60] if damaged == "table" else _GARBAGE)
+    refused = _start_on(gateway_command, data, "--config", str(config))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    said = [line for line in refused.stderr.splitlines() if line.startswith("sepa-gateway: ")]
+    assert len(said) == 1 and f"{store} (RocksDB) is damaged (Corruption:" in said[0], refused.stderr
+    assert "restore it from a backup" in said[0], said[0]
