@@ -84,10 +84,16 @@ def _rocksdb(directory: Path) -> Store:
     start a raw traceback (RuntimeError: Corruption: ...), exit status 1, which systemd restarts in a
     loop, where a damaged journal or snapshot is refused in one line, exit status 2. Nothing is
     repaired: RocksDB's repair drops what it cannot read, and the journal holds only the deltas since
-    the last flush."""
+    the last flush. RocksDB reads a table file's data blocks only when asked for them, so the quads
+    are counted here: a damaged data block was found only by the first query worker's count of its
+    replica (a checkpoint of the same files), whose thread died, and the start was an EOFError
+    traceback, exit status 1; each worker counts its replica at start anyway, so this costs a
+    start at most what one worker's seed already does."""
     store = directory / "store"
     try:
-        return Store(str(store))
+        opened = Store(str(store))
+        len(opened)
+        return opened
     except RuntimeError as error:
         raise StoreFailed(
             f"{store} (RocksDB) is damaged ({one_line(error, 400)}); nothing was changed. Keep a copy of the data "
