@@ -107,10 +107,10 @@ def _decode(data: bytes, limit: int | None = None) -> tuple[list[Journalled], in
     return entries, position
 
 
-def one_line(error: Exception) -> str:
-    """An error's text on one line of at most 200 characters (pyoxigraph's parser errors name the
+def one_line(error: Exception, limit: int = 200) -> str:
+    """An error's text on one line of at most `limit` characters (pyoxigraph's parser errors name the
     line and column of what they read)."""
-    return " ".join(str(error).split())[:200]
+    return " ".join(str(error).split())[:limit]
 
 
 def _entry(parts: list[bytes]) -> Journalled:

@@ -32,6 +32,7 @@ from broker.store.journal import (
     encode_journal_entry,
     generation_of,
     graph_named,
+    one_line,
     read_journal,
 )
 from broker.store.live_copy import Recording, contains, copy_live, count_quads, dump_nquads, replay
@@ -77,10 +78,33 @@ def _cancel_or_add(items: Iterable[T], undone: dict[T, None], into: dict[T, None
             into[item] = None
 
 
+def _rocksdb(directory: Path) -> Store:
+    """The data directory's RocksDB store; StoreFailed, naming it and the way out, if RocksDB finds it
+    damaged. Why: a damaged CURRENT, MANIFEST or table file (a disk or a copy that failed) made the
+    start a raw traceback (RuntimeError: Corruption: ...), exit status 1, which systemd restarts in a
+    loop, where a damaged journal or snapshot is refused in one line, exit status 2. Nothing is
+    repaired: RocksDB's repair drops what it cannot read, and the journal holds only the deltas since
+    the last flush. RocksDB reads a table file's data blocks only when asked for them, so the quads
+    are counted here: a damaged data block was found only by the first query worker's count of its
+    replica (a checkpoint of the same files), whose thread died, and the start was an EOFError
+    traceback, exit status 1; each worker counts its replica at start anyway, so this costs a
+    start at most what one worker's seed already does."""
+    store = directory / "store"
+    try:
+        opened = Store(str(store))
+        len(opened)
+        return opened
+    except RuntimeError as error:
+        raise StoreFailed(
+            f"{store} (RocksDB) is damaged ({one_line(error, 400)}); nothing was changed. Keep a copy of the data "
+            "directory and restore it from a backup (the gateway does not start without the whole store)"
+        ) from None
+
+
 def _convert(directory: Path) -> None:
     """Write a RocksDB data directory's store (its journal replayed first) as a resident snapshot."""
     log.warning("converting the data directory to a resident store", extra={"directory": str(directory)})
-    old = RdfStore(Store(str(directory / "store")), directory)
+    old = RdfStore(_rocksdb(directory), directory)
     old.close()
     write_snapshot(directory, -1, list(old.ox.named_graphs()), old.ox.dump(format=RdfFormat.N_QUADS))
     del old  # RocksDB's lock goes with the last reference
@@ -169,7 +193,7 @@ class RdfStore:
             if (directory / SNAPSHOT).exists():
                 raise StoreFailed(f"{directory} holds a resident store ({SNAPSHOT}): open it resident")
             (directory / "store").mkdir(exist_ok=True)
-            return cls(Store(str(directory / "store")), directory)
+            return cls(_rocksdb(directory), directory)
         if (directory / "store").is_dir():
             if not (directory / SNAPSHOT).exists():
                 _convert(directory)
@@ -291,9 +315,7 @@ class RdfStore:
         said "this delayed update ran" stale: the next start ran it a second time). From one thread
         at a time (the compaction's, which also swaps the store)."""
         with self.lock:
-            if not self.resident or self._journal is None or self.failed is not None or self._unsettled:
-                return False
-            if self.recovered_tags:
+            if not self.resident or self._journal is None or self.failed is not None or self._journal_needed:
                 return False
             other = 1 - self._index
             if self._generations[other] > self._covered:
@@ -494,8 +516,18 @@ class RdfStore:
             follower(added, removed, graphs_created, graphs_dropped, sequence)  # type: ignore[arg-type]
         if mark is not None:
             mark.committed(mark.tag)
-        if self.rocksdb and self._journal_bytes > CHECKPOINT_BYTES and not self._unsettled:
+        if self.rocksdb and self._journal_bytes > CHECKPOINT_BYTES and not self._journal_needed:
             self._checkpoint()
+
+    @property
+    def _journal_needed(self) -> bool:
+        """The journal tells a replay more than the store does: provisional deltas to undo, or the
+        :attr:`recovered_tags` of deltas whose owner has not claimed them yet. Then no checkpoint
+        empties it (resident: makes it stale). Why the tags, on RocksDB too: a delayed update's
+        tagged delta, a request killed while provisional, and a restart whose undo passed
+        CHECKPOINT_BYTES flushed RocksDB and emptied the journal; a second kill before the delayed
+        updates started, and the third start ran that delayed update again (no tag recovered)."""
+        return self._unsettled or bool(self.recovered_tags)
 
     @property
     def unsynced(self) -> bool:
@@ -675,7 +707,7 @@ class RdfStore:
         if self._journal is not None:
             with self.lock:
                 # else the journal is replayed at the next start (and what is provisional undone)
-                if self.failed is None and not self._unsettled:
+                if self.failed is None and not self._journal_needed:
                     self._checkpoint()
                 with self._sync_lock:
                     self._journal.close()

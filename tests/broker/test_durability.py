@@ -350,3 +350,36 @@ def test_a_snapshot_without_its_header_is_refused_in_one_line_naming_it_and_the_
     assert len(said) == 1 and str(data / "snapshot.nq") in said[0], refused.stderr
     assert "restore it from a copy" in said[0], said[0]
     assert (data / "snapshot.nq").read_bytes() == damage
+
+
+@pytest.mark.parametrize("damaged", ["CURRENT", "MANIFEST", "table", "data block"])
+def test_a_damaged_rocksdb_store_is_refused_in_one_line_naming_it_and_the_way_out(
+    start_gateway, gateway_command: list[str], tmp_path: Path, damaged: str
+) -> None:
+    """On RocksDB (`[store] resident = false`), a damaged CURRENT, MANIFEST or table file (a disk or a
+    copy that failed) was a raw traceback (RuntimeError: Corruption: ...), exit status 1, for
+    systemd to restart in a loop; now exit status 2 and one line naming the store and what to do.
+    A damaged data block (read only when asked for) was found by the first query worker's count
+    of its replica: an EOFError traceback, exit status 1."""
+    data, config = tmp_path / "data", tmp_path / "rocksdb.toml"
+    config.write_text("[store]\nresident = false\n")
+    gateway = start_gateway(config=config, data_dir=data)
+    quads = " ".join(f'<urn:s{index}> <urn:p> "{index}" .' for index in range(10_000))
+    assert gateway.update(f"INSERT DATA {{ {quads} }}").status == 200
+    gateway.stop(signal.SIGTERM)  # flushed: table files hold the quads
+    store = data / "store"
+    tables = sorted(store.glob("*.sst"), key=lambda path: path.stat().st_size)
+    file = {"CURRENT": store / "CURRENT", "MANIFEST": min(store.glob("MANIFEST-*"))}
+    target = file.get(damaged) or (tables[0] if damaged == "table" else tables[-1])
+    before = target.read_bytes()
+    at = len(before) // 4 if damaged == "data block" else 60  # a data block's, or the file's footer read at open
+    target.write_bytes(
+        before[:at] + _GARBAGE + before[at + len(_GARBAGE) :]
+        if damaged == "data block"
+        else (before[:at] + _GARBAGE[: len(before) - at] if damaged == "table" else _GARBAGE)
+    )
+    refused = _start_on(gateway_command, data, "--config", str(config))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    said = [line for line in refused.stderr.splitlines() if line.startswith("sepa-gateway: ")]
+    assert len(said) == 1 and f"{store} (RocksDB) is damaged (Corruption:" in said[0], refused.stderr
+    assert "restore it from a backup" in said[0], said[0]

@@ -387,3 +387,34 @@ def test_a_delta_applied_from_n_quads_leaves_the_store_applying_its_quads_does(d
         assert (replica.garbage, replica.changes) == (store.garbage, store.changes)
     if followed:
         assert [quad for added, _ in followed_deltas for quad in added] == seen
+
+
+_TAGGED_ON_ROCKSDB = """
+import os, signal, sys
+from pyoxigraph import Literal, NamedNode, Quad
+from broker.store import PROVISIONAL, ApplyMark, RdfStore, rdf_store
+store = RdfStore.open(sys.argv[1])
+if sys.argv[2] == "run":  # a delayed update's delta, then a request of several operations: killed in both
+    store.apply([Quad(NamedNode("urn:ran"), NamedNode("urn:p"), Literal("1"))], [], mark=ApplyMark("id-1", print))
+    store.apply([Quad(NamedNode("urn:half"), NamedNode("urn:p"), Literal("1"))], [], sequence=PROVISIONAL)
+else:  # the restart, past CHECKPOINT_BYTES: the undo's record would flush RocksDB and empty the journal
+    print(store.recovered_tags, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_on_rocksdb_a_recovered_tag_outlives_a_second_kill_before_its_owner_claims_it(tmp_path: Path) -> None:
+    """On RocksDB: a delayed update's delta journalled with its tag, a request of several operations
+    provisional after it, kill -9; the restart undoes the request (a settling record) with its journal
+    past CHECKPOINT_BYTES, then a second kill -9 before the delayed updates claimed the tag. The third
+    start must still recover the tag, or the update runs twice. Without the fix the settling record
+    flushed RocksDB and emptied the journal that named the tag (the resident store's checkpoint
+    already waited for its owner): the third start recovered nothing (recovered_tags == [])."""
+    for step, limit in (("run", 16 << 20), ("restart", 1)):
+        script = f"from broker.store import rdf_store; rdf_store.CHECKPOINT_BYTES = {limit}\n" + _TAGGED_ON_ROCKSDB
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path), step], capture_output=True, text=True)
+        assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout.strip() == "['id-1']", done.stdout
+    store = RdfStore.open(tmp_path)
+    assert store.recovered_tags == ["id-1"]
+    assert store.quads() == {Quad(NamedNode("urn:ran"), NamedNode("urn:p"), Literal("1"))}  # the request undone
