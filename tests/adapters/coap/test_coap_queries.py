@@ -819,7 +819,7 @@ def test_the_observers_of_one_peer_share_its_window() -> None:
                 assert sum(observer.unacknowledged() for observer in resource.observers) <= (
                     queries.PEER_WINDOW_BYTES + first * results.MESSAGE_BYTES
                 )
-                assert len(resource.queries["lamps"]._parts) == 1  # one cut, shared
+                assert resource.queries["lamps"].cuts == 1  # one cut, shared
                 for number in backlogs:  # all acknowledged now: every observation gets the rest
                     backlogs[number] = []
                 query = resource.queries["lamps"]
@@ -830,5 +830,60 @@ def test_the_observers_of_one_peer_share_its_window() -> None:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 assert not resource.shares and not resource.observing
+
+    asyncio.run(scenario())
+
+
+def test_observers_of_a_changing_large_result_share_its_cut_and_each_gets_every_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """40 observers start one after another, the 2,000-row result changing before each: the complete
+    result is cut into parts a few times, not once per observer, and every observer still ends with
+    the current result, each sequence in order. Without the fix every observer after a change cut
+    the whole result again with the event loop held: 1,000 raw observers of an 897 KB result
+    changing every 0.2 s took HTTP updates from p50 5 ms to p50 27 ms, p90 413 ms, max 1.2 s."""
+    cut = results.notification_parts
+    cuts = Counter[bool]()
+
+    def counted(notification: Any, content_format: int, **options: Any) -> list[bytes]:
+        cuts[bool(options.get("complete"))] += 1
+        return cut(notification, content_format, **options)
+
+    monkeypatch.setattr(results, "notification_parts", counted)
+
+    async def scenario() -> None:
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(2000))
+            query = resource.queries["lamps"]
+            pipes: list[Pipe] = []
+            tasks = []
+            try:
+                for number in range(40):
+                    await client.update(f"INSERT DATA {{ GRAPH <{LIGHTS}> {{ {lamp(f'new-{number}', True)} }} }}")
+                    pipes.append(Pipe(incoming(("lamps",), observe=0)))
+                    observer = Observer(query, pipes[-1], results.JSON, lambda: 0)  # type: ignore[arg-type]
+                    query.observers.add(observer)
+                    tasks.append(asyncio.create_task(observer.run()))
+                    await asyncio.sleep(0.005)
+                await client.update(f"DELETE DATA {{ GRAPH <{LIGHTS}> {{ {lamp('new-0', True)} }} }}")
+                assert query.subscription is not None and query.subscription.view is not None
+                expected = Counter(
+                    row({name: {"value": term.value} for name, term in binding.items()})
+                    for binding in query.subscription.view.bindings()
+                )
+
+                def followed(pipe: Pipe) -> Follower:
+                    follower = Follower()
+                    for response, _ in pipe.responses:
+                        follower.apply(json.loads(response.payload))
+                    return follower
+
+                await until(lambda: all(followed(pipe).view == expected for pipe in pipes))
+                assert len(expected) == 2039
+                assert cuts[True] <= 10, f"{cuts[True]} complete results cut for 40 observers"
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(scenario())
