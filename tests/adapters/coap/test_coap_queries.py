@@ -887,3 +887,35 @@ def test_observers_of_a_changing_large_result_share_its_cut_and_each_gets_every_
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_an_observer_waiting_for_its_window_does_not_parse_its_peers_address_at_each_look() -> None:
+    """An observer whose peer acknowledges nothing looks every POLL_S whether aiocoap caught up; each
+    look asked aiocoap for the peer's response address, which parses it again (ipaddress): ~800 such
+    observers spent 6.4 s of a 48 s profile there. The address is taken once per observation."""
+
+    async def scenario() -> None:
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(300))
+            pipe = Pipe(incoming(("lamps",), observe=0))
+            asked = Counter[str]()
+
+            def response_address() -> str:
+                asked["address"] += 1
+                return "127.0.0.1"
+
+            pipe.request.remote.as_response_address = response_address
+            backlog = [None] * queries.WINDOW  # nothing acknowledged: the window stays full
+            resource.context = lambda: SimpleNamespace(  # type: ignore[assignment]
+                request_interfaces=[SimpleNamespace(token_interface=SimpleNamespace(_backlogs={"127.0.0.1": backlog}))]
+            )
+            task = asyncio.create_task(resource.render_to_pipe(pipe))  # type: ignore[arg-type]
+            try:
+                await asyncio.sleep(10 * queries.POLL_S)
+                assert len(pipe.responses) == 1  # the first message; the rest wait for the window
+                assert asked["address"] == 1, asked
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
