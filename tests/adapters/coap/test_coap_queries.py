@@ -919,3 +919,31 @@ def test_an_observer_waiting_for_its_window_does_not_parse_its_peers_address_at_
                 await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_peer_that_never_acknowledges_is_handed_three_messages_and_one_that_does_all() -> None:
+    """aiocoap's work per message queued grows with the peers it has messages in flight to: every
+    observer had WINDOW (16) messages queued whether its peer acknowledged or not (~800 raw
+    observers: ~14,600 messages). The window opens one message per acknowledgement."""
+
+    async def scenario() -> None:
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(300))
+            query = resource.queries["lamps"]
+            silent, acknowledging = Pipe(incoming(("lamps",), observe=0)), Pipe(incoming(("lamps",), observe=0))
+            # all but the first (piggybacked) and the one in flight stay held / nothing stays held
+            observers = [
+                Observer(query, silent, results.JSON, lambda: max(len(silent.responses) - 2, 0)),  # type: ignore[arg-type]
+                Observer(query, acknowledging, results.JSON, lambda: 0),  # type: ignore[arg-type]
+            ]
+            tasks = [asyncio.create_task(observer.run()) for observer in observers]
+            try:
+                await asyncio.sleep(0.5)
+                assert len(silent.responses) == 3
+                assert len(acknowledging.responses) == len(query.start(results.JSON)[1]) > 10
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(scenario())
