@@ -67,6 +67,10 @@ WINDOW_BYTES = 16_384  # ...and bytes: what one observer may have handed aiocoap
 PEER_WINDOW_BYTES = 65_536  # the same for all the observers of one network peer (an OSCORE sensor, an address)
 MAX_PENDING = 256  # notifications one observer may have waiting here before it gets the complete result instead
 POLL_S = 0.05  # how often a waiting observer looks whether aiocoap caught up
+# ...doubled at each look that found it still behind, up to POLL_MAX_S: ~1,000 observers whose peers
+# never acknowledge each woke 20 times a second (queued_messages, asyncio.sleep: ~100,000 looks, the
+# event loop's largest cost in a profile of that attack); a peer that catches up waits at most this
+POLL_MAX_S = 0.8
 PARTS_CACHED = 8  # notifications whose parts a query keeps (per content format and sequence), shared by its observers
 HISTORY = 64  # notifications a query keeps after its shared complete result (see NamedQuery.start), < MAX_PENDING
 # A GET's complete result is encoded again, for a newer sequence, only once this many times the time
@@ -331,6 +335,7 @@ class Observer:
         self.wake = asyncio.Event()
         self.last_sent = time.monotonic()  # the first message goes at once
         self.probed_at = float("-inf")
+        self.pause = POLL_S  # the wait before the next look whether aiocoap caught up (POLL_MAX_S)
 
     def probe(self, now: float) -> bool:
         """Send the complete result again, confirmable, unless this observer was probed within
@@ -413,6 +418,12 @@ class Observer:
             if self.interested():
                 raise
 
+    async def _behind(self) -> None:
+        """Wait before looking again whether aiocoap caught up: longer at each look that found it
+        behind (POLL_S doubled, up to POLL_MAX_S), POLL_S again once a message went."""
+        await asyncio.sleep(self.pause)
+        self.pause = min(self.pause * 2, POLL_MAX_S)
+
     async def run(self) -> None:
         """Send the complete result, then every notification, until the observation ends.
 
@@ -442,7 +453,7 @@ class Observer:
                 self.wake.clear()
                 continue
             if self.messages and self.held() >= self.window():
-                await asyncio.sleep(POLL_S)
+                await self._behind()
                 continue
             if self.resync:
                 self.resync = False
@@ -456,7 +467,7 @@ class Observer:
                 while not self.room(len(payload)):
                     if self.final is not None or not self.interested():
                         break
-                    await asyncio.sleep(POLL_S)
+                    await self._behind()
                 if self.final is not None or not self.interested():
                     break  # the final response, or nothing, ends it at the top of the loop
                 self._add(
@@ -470,6 +481,7 @@ class Observer:
                     is_last=False,
                 )
                 self.messages += 1
+                self.pause = POLL_S
                 self.sizes.append(len(payload))
                 self.last_sent = time.monotonic()
                 await asyncio.sleep(0)  # aiocoap (and OSCORE's wrapper) take it before the next is weighed

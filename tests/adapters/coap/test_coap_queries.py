@@ -947,3 +947,37 @@ def test_a_peer_that_never_acknowledges_is_handed_three_messages_and_one_that_do
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_an_observer_whose_peer_stays_behind_looks_less_and_less_often() -> None:
+    """An observer waiting for its window looked every POLL_S (20 times a second) however long its
+    peer stayed silent: ~1,000 such observers were ~100,000 looks in a profile of that attack, the
+    event loop's largest cost. The wait doubles up to POLL_MAX_S; the peer catching up is seen
+    within that."""
+
+    async def scenario() -> None:
+        async with in_process_resource(configured=[("lamps", LAMPS_QUERY)]) as (resource, client):
+            await client.update(many_lamps(300))
+            query = resource.queries["lamps"]
+            pipe = Pipe(incoming(("lamps",), observe=0))
+            looks = Counter[str]()
+            behind = [True]
+
+            def held() -> int:
+                looks["held"] += 1
+                return queries.WINDOW if behind[0] else 0
+
+            observer = Observer(query, pipe, results.JSON, held)  # type: ignore[arg-type]
+            task = asyncio.create_task(observer.run())
+            try:
+                await asyncio.sleep(2.0)
+                assert len(pipe.responses) == 1
+                assert looks["held"] <= 12, looks
+                behind[0] = False
+                await asyncio.sleep(queries.POLL_MAX_S + 0.3)
+                assert len(pipe.responses) > 1
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
