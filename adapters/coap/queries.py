@@ -67,7 +67,12 @@ WINDOW_BYTES = 16_384  # ...and bytes: what one observer may have handed aiocoap
 PEER_WINDOW_BYTES = 65_536  # the same for all the observers of one network peer (an OSCORE sensor, an address)
 MAX_PENDING = 256  # notifications one observer may have waiting here before it gets the complete result instead
 POLL_S = 0.05  # how often a waiting observer looks whether aiocoap caught up
+# ...doubled at each look that found it still behind, up to POLL_MAX_S: ~1,000 observers whose peers
+# never acknowledge each woke 20 times a second (queued_messages, asyncio.sleep: ~100,000 looks, the
+# event loop's largest cost in a profile of that attack); a peer that catches up waits at most this
+POLL_MAX_S = 0.8
 PARTS_CACHED = 8  # notifications whose parts a query keeps (per content format and sequence), shared by its observers
+HISTORY = 64  # notifications a query keeps after its shared complete result (see NamedQuery.start), < MAX_PENDING
 # A GET's complete result is encoded again, for a newer sequence, only once this many times the time
 # its last encoding took has passed: encoding GETs take at most a tenth of the event loop per query
 # and format (see NamedQuery.document)
@@ -196,10 +201,45 @@ class NamedQuery:
         self.observers: set[Observer] = set()
         self._payloads: dict[int, tuple[int, bytes, float]] = {}  # content format -> (sequence, result, next at)
         self._parts: dict[tuple[int, int, bool], list[bytes]] = {}  # (format, sequence, complete) -> payloads
+        self._starts: dict[int, tuple[int, list[bytes], float]] = {}  # format -> (sequence, complete parts, next at)
+        self._history: deque[Notification] = deque(maxlen=HISTORY)  # delivered after the oldest of _starts
+        self.cuts = 0  # complete results cut into parts for observers
 
     def notified(self, notification: Notification) -> None:
+        if self._starts:
+            oldest = min(sequence for sequence, _, _ in self._starts.values())
+            while self._history and self._history[0].sequence <= oldest:
+                self._history.popleft()
+            self._history.append(notification)
         for observer in list(self.observers):
             observer.offer(notification)
+
+    def start(self, content_format: int) -> tuple[int, list[bytes], list[Notification]]:
+        """Where an observer starts: (sequence, the parts of the complete result at it, the
+        notifications delivered after it, in order). The complete result is cut once per sequence,
+        and at most every ENCODE_SPACING times its cut's time, as a GET's document is; in between,
+        observers start from the last one cut and get the changes since then from the history.
+
+        Why: each observer that started after a change cut the whole result again, with the event
+        loop held (866 KB: ~66 ms, 1.5 MB: ~215 ms): 300 observers registering 4 ms apart while a
+        1.5 MB result changed every 20 ms were 61 cuts, 32 s of loop stalls over 10 ms; now 1.2 s.
+        Nothing is skipped: the complete result and the notifications after it are the state at
+        the last notification delivered."""
+        cached = self._starts.get(content_format)
+        now = time.monotonic()
+        if cached is None or (cached[0] != self.sequence and (now >= cached[2] or not self._covers(cached[0]))):
+            current = self.complete()
+            parts = results.notification_parts(current, content_format, complete=True)
+            self.cuts += 1
+            cached = (current.sequence, parts, now + (time.monotonic() - now) * (1 + ENCODE_SPACING))
+            self._starts[content_format] = cached
+        sequence, parts = cached[0], cached[1]
+        return sequence, parts, [notification for notification in self._history if notification.sequence > sequence]
+
+    def _covers(self, sequence: int) -> bool:
+        """Whether the history holds every notification delivered after `sequence`. Sequences are
+        consecutive; the history is empty until a complete result is cut (none were delivered then)."""
+        return not self._history or self._history[0].sequence <= sequence + 1
 
     def document(self, content_format: int) -> tuple[int, bytes]:
         """(sequence, result document in `content_format`) for a GET: the complete result, encoded
@@ -295,6 +335,7 @@ class Observer:
         self.wake = asyncio.Event()
         self.last_sent = time.monotonic()  # the first message goes at once
         self.probed_at = float("-inf")
+        self.pause = POLL_S  # the wait before the next look whether aiocoap caught up (POLL_MAX_S)
 
     def probe(self, now: float) -> bool:
         """Send the complete result again, confirmable, unless this observer was probed within
@@ -334,12 +375,24 @@ class Observer:
         count = min(self.held(), len(self.sizes))
         return sum(self.sizes[index] for index in range(len(self.sizes) - count, len(self.sizes)))
 
+    def window(self) -> int:
+        """The messages aiocoap may hold queued for this observer: one more than it has seen
+        acknowledged (those handed over, less those held and the one in flight), up to WINDOW.
+
+        Why: every observer had WINDOW messages queued in aiocoap at once, acknowledged or not, and
+        aiocoap's work per message queued grows with the peers it has messages in flight to (it
+        looks through all of them: 1.5 M comparisons, 5.8 s of a profile): ~800 raw observers that
+        never acknowledged were ~14,600 messages, HTTP updates p50 25 ms, p90 796 ms. A peer that
+        acknowledges opens its window one message per acknowledgement; one that never does is
+        handed three (the first, the one in flight, one queued)."""
+        return min(WINDOW, max(1, self.messages - self.held() - 1))
+
     def room(self, size: int) -> bool:
         """Whether a message of `size` bytes may be handed to aiocoap now: within WINDOW messages and
         WINDOW_BYTES for this observer, and the peer's PEER_WINDOW_BYTES. The first message never waits."""
         if not self.messages:
             return True
-        if self.held() >= WINDOW or self.unacknowledged() + size > WINDOW_BYTES:
+        if self.held() >= self.window() or self.unacknowledged() + size > WINDOW_BYTES:
             return False
         return self.peer_room(self, size)
 
@@ -364,6 +417,12 @@ class Observer:
         except TypeError:
             if self.interested():
                 raise
+
+    async def _behind(self) -> None:
+        """Wait before looking again whether aiocoap caught up: longer at each look that found it
+        behind (POLL_S doubled, up to POLL_MAX_S), POLL_S again once a message went."""
+        await asyncio.sleep(self.pause)
+        self.pause = min(self.pause * 2, POLL_MAX_S)
 
     async def run(self) -> None:
         """Send the complete result, then every notification, until the observation ends.
@@ -393,22 +452,22 @@ class Observer:
                     self.probe(time.monotonic())
                 self.wake.clear()
                 continue
-            if self.messages and self.held() >= WINDOW:
-                await asyncio.sleep(POLL_S)
+            if self.messages and self.held() >= self.window():
+                await self._behind()
                 continue
-            complete = self.resync
-            if complete:
-                notification = self.query.complete()
-                self.outbox.clear()
+            if self.resync:
                 self.resync = False
+                self.covered, payloads, after = self.query.start(self.content_format)
+                self.outbox = deque(after)  # delivered after the complete result: newer than any offered later
             else:
                 notification = self.outbox.popleft()
-            self.covered = notification.sequence
-            for payload in self.query.parts(notification, self.content_format, complete=complete):
+                self.covered = notification.sequence
+                payloads = self.query.parts(notification, self.content_format, complete=False)
+            for payload in payloads:
                 while not self.room(len(payload)):
                     if self.final is not None or not self.interested():
                         break
-                    await asyncio.sleep(POLL_S)
+                    await self._behind()
                 if self.final is not None or not self.interested():
                     break  # the final response, or nothing, ends it at the top of the loop
                 self._add(
@@ -422,6 +481,7 @@ class Observer:
                     is_last=False,
                 )
                 self.messages += 1
+                self.pause = POLL_S
                 self.sizes.append(len(payload))
                 self.last_sent = time.monotonic()
                 await asyncio.sleep(0)  # aiocoap (and OSCORE's wrapper) take it before the next is weighed
@@ -565,11 +625,14 @@ class QueriesResource(Resource):
             pipe.add_response(self._refusal(refused, request.opt.uri_path), is_last=True)
             return
         share = self.shares.setdefault(peer, PeerShare()) if peer is not None else None
+        # Once, not at every look: aiocoap parses the address again each time (ipaddress), and the
+        # looks of ~800 waiting observers (every POLL_S each) took 6.4 s of a 48 s profile (#2 cost).
+        address = request.remote.as_response_address()
         observer = Observer(
             query,
             pipe,
             content_format,
-            lambda: queued_messages(self.context(), request.remote.as_response_address()),
+            lambda: queued_messages(self.context(), address),
             share.room if share is not None else None,
             self.behind,
         )
