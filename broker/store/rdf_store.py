@@ -32,6 +32,7 @@ from broker.store.journal import (
     encode_journal_entry,
     generation_of,
     graph_named,
+    journal_entry_parts,
     read_journal,
 )
 from broker.store.live_copy import Recording, contains, copy_live, count_quads, replay
@@ -481,12 +482,14 @@ class RdfStore:
             self._unsettled = sequence == PROVISIONAL
         if journal is not None:
             tag = mark.tag if mark is not None else sequence
-            entry = encode_journal_entry(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
-            journal.write(entry)
+            # in parts, not joined: see journal_entry_parts
+            entry = journal_entry_parts(added, removed, graphs_created, graphs_dropped, tag)  # type: ignore[arg-type]
+            journal.writelines(entry)
             journal.flush()  # in the kernel: safe from a kill now, from a power cut once synced
             self._written += 1
             self.sync_mark = (self._written, self._index)
-            self._journal_bytes += len(entry)
+            self._journal_bytes += sum(map(len, entry))
+            del entry
             if mark is not None:
                 self.sync()  # before the mark's owner records elsewhere that the update ran
         self.garbage += self._apply(added, removed, graphs_created, graphs_dropped)
