@@ -27,6 +27,7 @@ from broker.core.spu_manager import SpuManager
 from broker.core.stats import EngineStats
 from broker.core.subscription import Subscription
 from broker.core.update_processor import Request, UpdateProcessor
+from broker.heap_trim import trim_after
 from broker.sparql.base import with_base
 from broker.sparql.limits import check_structure
 from broker.sparql.query_patterns import query_patterns
@@ -243,6 +244,7 @@ class Engine:
                 timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
                 self.stats.record_update(timings, notifications, time.perf_counter() - started)
                 future.set_result(UpdateResult(delta.added, delta.removed, notifications, timings))
+                trim_after(len(delta.added) + len(delta.removed))
 
             self.spus.submit(delta, apply, steps, processed)
             return future
