@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from broker.core.access import GraphAccess
 from broker.core.budget import Budget, OverBudget
+from broker.core.memory import trim_after
 from broker.core.notification import Notification
 from broker.core.pipeline import REPLY_TIMEOUT_S, PipelinedSpuManager
 from broker.core.query_processor import QueryProcessor
@@ -243,6 +244,7 @@ class Engine:
                 timings["t_update_s"] = timings.get("t_apply_s", 0.0) + (computed - started)
                 self.stats.record_update(timings, notifications, time.perf_counter() - started)
                 future.set_result(UpdateResult(delta.added, delta.removed, notifications, timings))
+                trim_after(len(delta.added) + len(delta.removed))
 
             self.spus.submit(delta, apply, steps, processed)
             return future

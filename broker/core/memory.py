@@ -7,6 +7,14 @@ on a timer thread. Measured on the test machine: 1,000 OPTIONAL subscriptions of
 took RSS from 88 MB to 2.65 GB; after all ended it stayed at 2.55 GB without the trim, 2.43 GB
 with it. The rest is Python's own small-object arenas, fragmented: issue 16 item 7 (memory in
 proportion to a result, given back) is not solved by this.
+
+The same after a large update (:func:`trim_after`): it allocates far more than the store keeps (the
+parsed quads as Python objects, their N-Quads for the journal and the workers, pyoxigraph's parser
+and store buffers), and glibc kept it: a gateway run as installed (`run --data-dir`, resident store)
+given one 23.7 MB INSERT DATA of 250,000 quads stayed at RSS 388-468 MB once it was done, where its
+store holds ~190 MB of them; trimmed a second after, 324 MB (measured 2026-12-06,
+`/tmp/atk-mem/m2_big.py`): memory the other processes of a 1 GB board get back. Only after updates
+of TRIM_QUADS quads or more: a reading's update does not pay for it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import ctypes.util
 import threading
 
 TRIM_DELAY_S = 1.0
+TRIM_QUADS = 50_000  # quads an update adds and removes before the heap is trimmed after it
 
 _libc_name = ctypes.util.find_library("c")
 _malloc_trim = getattr(ctypes.CDLL(_libc_name), "malloc_trim", None) if _libc_name else None  # glibc only
@@ -51,3 +60,12 @@ class Trimmer:
         assert _malloc_trim is not None
         _malloc_trim(0)
         self.trims += 1
+
+
+_after_updates = Trimmer()
+
+
+def trim_after(quads: int) -> None:
+    """After an update that added and removed `quads` quads: trim the heap if it was a large one."""
+    if quads >= TRIM_QUADS:
+        _after_updates.freed()

@@ -218,7 +218,7 @@ class SchedulerConfig:
     queue_size: int = 1000  # requests in flight before 429 too_many_requests
     query_threads: int = 4
     max_pending: int = 100_000  # delayed updates waiting for their due time before new ones get 429
-    max_pending_bytes: int = 67108864  # and their SPARQL text in total (UTF-8 bytes): they wait in memory
+    max_pending_bytes: int = 67108864  # and their SPARQL text in total (UTF-8 bytes): in memory without a data_dir
     max_pending_per_client: int = 10_000  # one client's (secure identity, or address on the plain gates)
     max_pending_bytes_per_client: int = 4194304
 

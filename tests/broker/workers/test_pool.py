@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import time
+import tracemalloc
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
+from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse, serialize
 
 import broker.workers.pool as pool_module
 from broker.core.engine import Engine
@@ -683,3 +684,22 @@ def test_a_later_operation_s_where_sees_the_earlier_ones_in_a_worker() -> None:
         rows = pool.run("materialized", f"SELECT ?n WHERE {{ <{EX}n> <{EX}count> ?n }}").rows
         assert [row[0].value for row in rows] == ["2"]
         assert _asked(pool, f"ASK {{ <{EX}a> <{EX}p> 1 . <{EX}b> <{EX}p> 2 }}")
+
+
+def test_a_large_deltas_n_quads_for_the_workers_are_made_without_a_second_copy() -> None:
+    """A delta of more than SLICE quads was serialized a slice at a time and the slices joined: two
+    copies of its N-Quads at once (60,000 quads, 8.4 MB of N-Quads: 16.9 MB allocated). Written into
+    one buffer, about one copy, and the same bytes."""
+    quads = [
+        Quad(NamedNode(f"urn:s{index}"), NamedNode("urn:p"), Literal("x" * 100 + str(index)))
+        for index in range(3 * pool_module.SLICE)
+    ]
+    expected = serialize(quads, format=RdfFormat.N_QUADS)
+    tracemalloc.start()
+    try:
+        nquads = pool_module._nquads(quads)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert nquads == expected
+    assert peak < 1.3 * len(expected), f"{peak / 1e6:.1f} MB allocated for {len(expected) / 1e6:.1f} MB of N-Quads"
