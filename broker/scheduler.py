@@ -41,6 +41,7 @@ from broker.errors import SepaError
 from broker.handoff import loop_handoff, wakes_held
 from broker.journal_sync import HelperGone, JournalSyncer
 from broker.serial_lanes import LaneFull, SerialLanes
+from broker.sparql.limits import WORKER_STACK_BYTES
 
 if TYPE_CHECKING:
     from broker.workers.pool import QueryWorkers
@@ -129,12 +130,6 @@ def _cut(error: BaseException) -> BaseException:
         chained.__traceback__ = None
         chained = chained.__cause__ or chained.__context__
     return error
-
-
-# pyoxigraph recurses per nesting level and per group element; what broker.sparql.limits lets through
-# needs up to ~35 MB of stack (measured: 10,500 BINDs pass in 64 MB, 40,000 do not). Only the pages a
-# request touches are committed, so the reservation costs address space, not memory.
-WORKER_STACK_BYTES = 64 << 20
 
 
 def engine_executor(workers: int, name: str) -> ThreadPoolExecutor:

@@ -34,7 +34,7 @@ from pyoxigraph import Quad, RdfFormat, parse
 from broker.compaction import Compactor
 from broker.core.held import row_weight
 from broker.core.spu import ShapeGroup
-from broker.scheduler import WORKER_STACK_BYTES
+from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu

@@ -31,7 +31,7 @@ from pyoxigraph import Store
 from broker.compaction import REPLICA_DEAD_PER_LIVE, Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import MemoryLimitExceeded, SepaError
-from broker.scheduler import WORKER_STACK_BYTES
+from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named, load_keeping_labels
 from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
