@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -346,8 +347,15 @@ class _StopFlag:
     def _handle(self, _signum: int, _frame: Any) -> None:
         self.requested = True
         # the JVM may be stopping too (see _stop_session): py4j's own tracebacks of its lost connection
-        # ("Exception while sending command.") would be logged to stderr meanwhile
+        # would be logged to stderr meanwhile, some on its loggers, "Exception while sending command."
+        # on the root logger (py4j calls logging.exception), once per call that fails (CI, stop 73)
         logging.getLogger("py4j").setLevel(logging.CRITICAL)
+        logging.getLogger().addFilter(_not_from_py4j)
+
+
+def _not_from_py4j(record: logging.LogRecord) -> bool:
+    """False for a record py4j's own code logged (a logging filter: the record is dropped)."""
+    return f"{os.sep}py4j{os.sep}" not in record.pathname
 
 
 def _first_line(error: BaseException) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import json
+import logging
 import os
 import signal
 import statistics
@@ -269,10 +270,32 @@ def test_sigterm_to_the_process_group_stops_the_stream_cleanly(
     assert code == 0, text[-3000:]
     # a traceback of this process starts its line; the JVM's own ERROR lines, which stopping it mid
     # micro-batch writes (in every run), may quote one of the batch's Python callback after an
-    # exception's name: the likely cause, not proven, of 2 failures in ~30 runs on a loaded machine
+    # exception's name. py4j's "Exception while sending command." tracebacks, once the JVM is gone
+    # (CI, stop 73), are the next test's
     own_tracebacks = [line for line in text.splitlines() if line.startswith("Traceback")]
     assert not own_tracebacks and 'msg="stream stopped"' in text, text[-3000:]
     assert sorted(row["sequence"] for row in spark.read.parquet(table).collect()) == [1, 2, 3, 4]
+
+
+def test_after_a_stop_signal_py4j_s_tracebacks_of_its_lost_jvm_are_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """py4j logs a send that fails with ``logging.exception`` on the root logger, traceback and all,
+    before raising: after the stop signal, the JVM stopping by itself made two of them at the job's
+    stop (CI, stop 73). Here from py4j's own file name; the job's and others' records still pass."""
+    flag = stream._StopFlag()
+    py4j_send = compile(
+        "import logging\ntry:\n    raise ConnectionResetError(104, 'reset')\n"
+        "except OSError:\n    logging.exception('Exception while sending command.')\n",
+        os.path.join(os.sep, "venv", "site-packages", "py4j", "java_gateway.py"),
+        "exec",
+    )
+    try:
+        flag._handle(signal.SIGTERM, None)
+        exec(py4j_send, {})
+        logging.getLogger("other").warning("still shown")
+    finally:
+        logging.getLogger().removeFilter(stream._not_from_py4j)
+        logging.getLogger("py4j").setLevel(logging.NOTSET)
+    assert [record.getMessage() for record in caplog.records] == ["still shown"]
 
 
 def test_readme_spark_submit_command(landing: LandingServer, spark: Any, tmp_path: Path) -> None:

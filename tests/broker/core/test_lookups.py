@@ -140,6 +140,8 @@ def test_a_plain_product_is_built_no_further_than_the_rows_limit(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """300 x 300 solutions a quad, the limit 10,000 rows: each quad's lookup stops one past it."""
+    assert engine.workers is not None
+    engine.workers.time_limit_s = 30.0  # the CI machine once took past 1 s: the time limit ended it first
     made = count_evaluations(monkeypatch)
     seen = watch(engine, PRODUCT)
     insert(engine, "p", 0, 300)
