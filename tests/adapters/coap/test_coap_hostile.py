@@ -738,3 +738,35 @@ def test_an_observer_of_a_quiet_subscription_is_checked_every_check_s(monkeypatc
             assert observer.messages >= 2  # the first result, and the check
 
     asyncio.run(scenario())
+
+
+def test_a_critical_option_no_resource_acts_on_is_refused_not_ignored() -> None:
+    """RFC 7252 §5.4.1: a request with a critical option the server does not act on is refused.
+    aiocoap leaves that to its resources, and the gateway's ignored them: a Q-Block1 transfer (RFC
+    9177) of 1234567890.123456789 in 16-byte blocks was stored as two readings, 1234567890.12345
+    and 6789, both answered 2.04; If-Match, If-None-Match and Proxy-Uri requests were stored as
+    plain readings. Now 4.02 (5.05 for a proxy request), counted, nothing stored; an elective option
+    the gateway does not know is still ignored, as the RFC says."""
+    q_block1, if_match, if_none_match, proxy_uri, unknown_elective = 19, 1, 5, 35, 65000
+    bad_option, proxying_not_supported = 0x82, 0xA5
+
+    async def scenario() -> None:
+        async with running_adapter() as (adapter, peer):
+            refused = [
+                (datagram(POST, 1, "s/boiler/temperature", b"1234567890.12345", [(q_block1, b"\x08")]), bad_option),
+                (datagram(POST, 2, "s/boiler/temperature", b"6789", [(q_block1, b"\x10")]), bad_option),
+                (datagram(POST, 3, "s/boiler/temperature", b"20", [(if_match, b"\x01")]), bad_option),
+                (datagram(POST, 4, "s/boiler/temperature", b"20", [(if_none_match, b"")]), bad_option),
+                (datagram(POST, 5, "s/boiler/temperature", b"20", [(proxy_uri, b"coap://x/")]), proxying_not_supported),
+                (datagram(GET, 6, "q", options=[(q_block1, b"\x08")]), bad_option),
+            ]
+            for request, code in refused:
+                answer = await peer.ask(request)
+                assert answer[1] == code, (request, answer)
+            assert adapter.readings.readings == 0
+            assert adapter.readings.refused == {"4.02": 5, "5.05": 1}
+            elective = datagram(POST, 7, "s/boiler/temperature", b"20", [(unknown_elective, b"x")])
+            assert (await peer.ask(elective))[1] == CHANGED
+            assert adapter.readings.readings == 1
+
+    asyncio.run(scenario())
