@@ -184,6 +184,19 @@ def queued_messages(context: aiocoap.Context | None, remote: Any) -> int:
     return held
 
 
+def observe_limit(request: aiocoap.Message) -> int:
+    """The largest payload an observer's messages carry: the block size its registration asked for
+    (Block2, RFC 7959 §2.4: a client states the largest it can take), at most MESSAGE_BYTES.
+
+    Why: the size asked for was ignored; an observer registering with Block2 of 256 bytes (a
+    constrained device's buffer) got payloads of 984, 970 and 689 bytes for a 40-row result, and one
+    of an OSCORE sensor asking 16 bytes 992-byte ones: a device that cannot take them does not
+    acknowledge them, and the observation ends after aiocoap's retransmissions. Now each message is
+    cut within the size asked for, as far as the rows allow (a part holds at least one row)."""
+    block2 = request.opt.block2
+    return results.MESSAGE_BYTES if block2 is None else min(results.MESSAGE_BYTES, block2.size)
+
+
 def pipe_ended(pipe: Any) -> bool:
     """Whether aiocoap's pipe has ended (its peer's interest is gone). Pipe has no public flag: it
     marks an ended pipe by setting its callbacks to False (aiocoap 0.4)."""
@@ -200,8 +213,10 @@ class NamedQuery:
         self.subscription: ClientSubscription | None = None
         self.observers: set[Observer] = set()
         self._payloads: dict[int, tuple[int, bytes, float]] = {}  # content format -> (sequence, result, next at)
-        self._parts: dict[tuple[int, int, bool], list[bytes]] = {}  # (format, sequence, complete) -> payloads
-        self._starts: dict[int, tuple[int, list[bytes], float]] = {}  # format -> (sequence, complete parts, next at)
+        # (format, part size, sequence, complete) -> payloads
+        self._parts: dict[tuple[int, int, int, bool], list[bytes]] = {}
+        # (format, part size) -> (sequence, complete parts, next at)
+        self._starts: dict[tuple[int, int], tuple[int, list[bytes], float]] = {}
         self._history: deque[Notification] = deque(maxlen=HISTORY)  # delivered after the oldest of _starts
         self.cuts = 0  # complete results cut into parts for observers
 
@@ -214,7 +229,9 @@ class NamedQuery:
         for observer in list(self.observers):
             observer.offer(notification)
 
-    def start(self, content_format: int) -> tuple[int, list[bytes], list[Notification]]:
+    def start(
+        self, content_format: int, limit: int = results.MESSAGE_BYTES
+    ) -> tuple[int, list[bytes], list[Notification]]:
         """Where an observer starts: (sequence, the parts of the complete result at it, the
         notifications delivered after it, in order). The complete result is cut once per sequence,
         and at most every ENCODE_SPACING times its cut's time, as a GET's document is; in between,
@@ -225,14 +242,14 @@ class NamedQuery:
         1.5 MB result changed every 20 ms were 61 cuts, 32 s of loop stalls over 10 ms; now 1.2 s.
         Nothing is skipped: the complete result and the notifications after it are the state at
         the last notification delivered."""
-        cached = self._starts.get(content_format)
+        cached = self._starts.get((content_format, limit))
         now = time.monotonic()
         if cached is None or (cached[0] != self.sequence and (now >= cached[2] or not self._covers(cached[0]))):
             current = self.complete()
-            parts = results.notification_parts(current, content_format, complete=True)
+            parts = results.notification_parts(current, content_format, complete=True, limit=limit)
             self.cuts += 1
             cached = (current.sequence, parts, now + (time.monotonic() - now) * (1 + ENCODE_SPACING))
-            self._starts[content_format] = cached
+            self._starts[content_format, limit] = cached
         sequence, parts = cached[0], cached[1]
         return sequence, parts, [notification for notification in self._history if notification.sequence > sequence]
 
@@ -269,17 +286,19 @@ class NamedQuery:
         assert self.subscription is not None
         return max(self.subscription.sequence, 0)
 
-    def parts(self, notification: Notification, content_format: int, *, complete: bool) -> list[bytes]:
+    def parts(
+        self, notification: Notification, content_format: int, *, complete: bool, limit: int = results.MESSAGE_BYTES
+    ) -> list[bytes]:
         """The payloads of `notification` for an observer, cut once per sequence and format.
 
         Why: every observer cut the complete result anew when it started (and each delta when it
         came), and held its own list of parts until it had sent them all: 100 observers of a 730 KB
         result were 100 copies and 100 cuts of it (66 ms each, with the event loop held). One list
         is shared by the observers of a sequence; the last PARTS_CACHED are kept."""
-        key = (content_format, notification.sequence, complete)
+        key = (content_format, limit, notification.sequence, complete)
         found = self._parts.get(key)
         if found is None:
-            found = results.notification_parts(notification, content_format, complete=complete)
+            found = results.notification_parts(notification, content_format, complete=complete, limit=limit)
             if len(self._parts) >= PARTS_CACHED:
                 del self._parts[next(iter(self._parts))]
             self._parts[key] = found
@@ -318,8 +337,10 @@ class Observer:
         held: Callable[[], int],
         peer_room: Callable[[Observer, int], bool] | None = None,
         behind: SourceCounters | None = None,
+        limit: int = results.MESSAGE_BYTES,
     ) -> None:
         self.query = query
+        self.limit = limit  # the payload size of its messages (observe_limit), where the rows allow
         self.behind = behind or fell_behind_counters()  # the resource's, shared by its observers
         self.pipe = pipe
         self.content_format = content_format
@@ -457,12 +478,12 @@ class Observer:
                 continue
             if self.resync:
                 self.resync = False
-                self.covered, payloads, after = self.query.start(self.content_format)
+                self.covered, payloads, after = self.query.start(self.content_format, self.limit)
                 self.outbox = deque(after)  # delivered after the complete result: newer than any offered later
             else:
                 notification = self.outbox.popleft()
                 self.covered = notification.sequence
-                payloads = self.query.parts(notification, self.content_format, complete=False)
+                payloads = self.query.parts(notification, self.content_format, complete=False, limit=self.limit)
             for payload in payloads:
                 while not self.room(len(payload)):
                     if self.final is not None or not self.interested():
@@ -635,6 +656,7 @@ class QueriesResource(Resource):
             lambda: queued_messages(self.context(), address),
             share.room if share is not None else None,
             self.behind,
+            observe_limit(request),
         )
         query.observers.add(observer)
         self.observers.add(observer)

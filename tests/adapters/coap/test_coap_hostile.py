@@ -770,3 +770,33 @@ def test_a_critical_option_no_resource_acts_on_is_refused_not_ignored() -> None:
             assert adapter.readings.readings == 1
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("block_bytes", [256, 512])
+def test_an_observer_gets_its_messages_within_the_block_size_it_asked_for(block_bytes: int) -> None:
+    """An observation registered with Block2 of 256 bytes (a constrained device's buffer) got its
+    messages cut at 1,024 bytes (992-byte payloads), which such a device cannot take: it does not
+    acknowledge them and the observation ends. Now every message is within the size asked for,
+    and together they are the complete result."""
+    rows = 40
+    query = "SELECT ?lamp WHERE { ?lamp <urn:example:on> true }"
+    szx = block_bytes.bit_length() - 5
+
+    async def scenario() -> None:
+        async with running_adapter(subscriptions=[("lamps", query)]) as (adapter, peer):
+            lamps = " ".join(f"<urn:example:lamp/{number}> <urn:example:on> true ." for number in range(rows))
+            await adapter.client.update(f"INSERT DATA {{ {lamps} }}")
+            observe, block2 = 6, 23
+            request = datagram(GET, 1, "q/lamps", options=[(observe, b""), (block2, bytes((szx,)))])
+            answer = await peer.ask(request)
+            payloads = [aiocoap.Message.decode(answer).payload]
+            loop = asyncio.get_running_loop()
+            while json.loads(payloads[-1]).get("more"):
+                notification = await asyncio.wait_for(loop.sock_recv(peer.sock, 4096), 10)
+                await loop.sock_sendto(peer.sock, b"\x60\x00" + notification[2:4], (peer.host, peer.port))  # its ACK
+                payloads.append(aiocoap.Message.decode(notification).payload)
+            assert max(len(payload) for payload in payloads) <= block_bytes, [len(payload) for payload in payloads]
+            added = [row for payload in payloads for row in json.loads(payload)["addedResults"]["results"]["bindings"]]
+            assert len(added) == rows
+
+    asyncio.run(scenario())
