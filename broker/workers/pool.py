@@ -283,8 +283,14 @@ class Worker:
         self.seeded = True
 
     def wait_ready(self) -> None:
-        if not self.connection.poll(READY_TIMEOUT_S) or self.connection.recv() != ("ready",):
-            raise OSError(f"query worker {self.name} did not start")
+        """Raises OSError if the process does not say it is ready: also when it is gone (EOFError),
+        e.g. a BOOSTER worker killed before it was seeded again (pipeline._index_group)."""
+        try:
+            if self.connection.poll(READY_TIMEOUT_S) and self.connection.recv() == ("ready",):
+                return
+        except EOFError:
+            pass
+        raise OSError(f"query worker {self.name} did not start")
 
     def kill(self) -> None:
         """Kill the process, then close the connection once the feeding thread is done with it (its
