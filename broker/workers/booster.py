@@ -3,7 +3,7 @@ update's changed quads gain or lose.
 
 Run as ``python -m broker.workers.booster FD``: FD is its end of a socket pair to the engine
 (:mod:`broker.core.pipeline`). It receives, in order: one snapshot (``seed``, as a query worker's,
-:func:`broker.workers.replica.seeded`), the shape groups of the subscriptions (``group``,
+:func:`broker.workers.seeding.seeded`), the shape groups of the subscriptions (``group``,
 ``ungroup``) and which parameter values have SPUs (``want``), the store's deltas (``apply``,
 :func:`broker.workers.pool.batched`), and jobs (``boost``): the deltas before the update, the hits
 of its removed quads, its own delta, the hits of its added quads. The removed hits are evaluated on
@@ -38,7 +38,7 @@ from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
-from broker.workers.replica import PR_SET_PDEATHSIG, received, seeded
+from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
 
 
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:

@@ -256,7 +256,7 @@ class Worker:
         while (message := self.outbox.get()) is not None:
             try:
                 if message[0] == "seed" and message[1] == "memory":
-                    # its N-Quads raw after it (replica.seeded): pickled, 122 MB held the GIL 70 ms
+                    # its N-Quads raw after it (seeding.seeded): pickled, 122 MB held the GIL 70 ms
                     self.connection.send(("seed", "memory", None, message[3]))
                     self.connection.send_bytes(message[2])
                     continue
