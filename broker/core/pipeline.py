@@ -184,8 +184,10 @@ class PipelinedSpuManager(SpuManager):
 
     # -- workers ------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, running: bool = False) -> None:
         """Start the workers on a snapshot of the store and follow it from there; tell them the SPUs.
+        `running`: the workers run and are followed already; they start over on a new snapshot
+        (see :meth:`_index_group`).
 
         Not on a single core (the process's CPU affinity): a worker could only take turns with the
         engine's thread for it, and a job costs more than its lookups save. Measured with
@@ -197,11 +199,9 @@ class PipelinedSpuManager(SpuManager):
             self.counters["single_core"] = 1
             return
         try:
-            self.boosters = [
-                self._spawner.submit(Worker, f"sepa-booster-{index + 1}", (), None, "broker.workers.booster").result()
-                for index in range(self.booster_count)
-            ]
-            self.store.follow(self._follow)
+            if not running:
+                self.boosters = [self._spawn(index) for index in range(self.booster_count)]
+                self.store.follow(self._follow)
             # the snapshot between two deltas; the log then holds exactly the deltas after it
             self.store.at_rest(self._seed)
             for worker in self.boosters:
@@ -218,6 +218,10 @@ class PipelinedSpuManager(SpuManager):
             self._collector = threading.Thread(target=self._collect_loop, name="sepa-collector", daemon=True)
             self._collector.start()
         log.info("parallel mode: BOOSTER workers started", extra={"workers": self.booster_count})
+
+    def _spawn(self, index: int) -> Worker:
+        """Started from the spawner's thread, which lives as long as this manager (see __init__)."""
+        return self._spawner.submit(Worker, f"sepa-booster-{index + 1}", (), None, "broker.workers.booster").result()
 
     def _seed(self, store: RdfStore) -> None:
         self._log, self._log_quads = [], 0
@@ -366,9 +370,10 @@ class PipelinedSpuManager(SpuManager):
         if self.boosters and add and self._graphs is not None:
             graphs = group.graphs_read()
             if graphs is None or not graphs <= self._graphs:  # the replicas lack a graph it reads
-                self._stop_workers()
+                # seeded again, in the same processes: new ones cost 1.1-1.7 s more of this
+                # subscribe (a process start), under the engine's lock (then updates wait)
                 self.counters["reseeded"] += 1
-                self._start()  # on a snapshot with every graph a group reads; tells them this group
+                self._start(running=True)  # on a snapshot with every graph a group reads; tells them this group
                 return
         if self.boosters:
             self._tell_group(group, add=add)

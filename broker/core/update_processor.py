@@ -25,8 +25,9 @@ from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFor
 
 from broker.core.bgp import DEFAULT_GRAPH, Dataset, evaluate_bgp
 from broker.core.budget import Budget, BudgetedStore, OverBudget
-from broker.core.held import WEIGHED, quad_weight, row_weight
+from broker.core.held import WEIGHED, quad_weight
 from broker.core.query_processor import graph_list
+from broker.core.where import LIMIT_SETTING, Solutions, where_solutions
 from broker.errors import Forbidden, InvalidRequest, TimeLimitExceeded, UpdateFailed
 from broker.sparql.canonical import canonical
 from broker.sparql.limits import DATA_QUAD_LIMIT
@@ -34,7 +35,6 @@ from broker.sparql.patterns import QuadPattern, Var
 from broker.sparql.plan import plan_update
 from broker.sparql.service import check_services
 from broker.sparql.syntax import Digest, Modify, Update
-from broker.sparql.terms import Term
 from broker.sparql.update_parser import (
     DataOp,
     GraphOp,
@@ -184,7 +184,6 @@ def _matched_deletes(
     return operation.delete_matches
 
 
-Solutions = list[dict[str, Term]]
 # quads a network client's update request may change at most (and solutions its WHERE clauses may
 # have): a 60-byte update whose WHERE is a product of the store with itself wrote 250,000 quads
 # from a 500-triple store in 9 s, the gateway's RSS 105 -> 541 MB (about 1.7 KB a quad: solutions,
@@ -224,54 +223,11 @@ class WhereEvaluator(Protocol):
     ) -> Solutions: ...
 
 
-def where_solutions(
-    store: RdfStore,
-    query: str,
-    default_graph: list[NamedNode | DefaultGraph] | None = None,
-    named_graphs: list[NamedNode] | None = None,
-    limit: int | None = None,
-) -> Solutions:
-    """The solutions of an update's WHERE clause (the SELECT * the parser wrote), as dicts; past
-    `limit` of them, UpdateFailed (before more are read: see MAX_UPDATE_QUADS).
-
-    Raises pyoxigraph's SyntaxError as is (the caller locates it in the request's text)."""
-    arguments: dict[str, object] = {}
-    if default_graph is not None:
-        arguments["default_graph"] = default_graph
-    if named_graphs is not None:
-        arguments["named_graphs"] = named_graphs
-    try:
-        solutions = store.query(query, **arguments)
-    except (ValueError, RuntimeError) as error:
-        raise UpdateFailed(str(error)) from None
-    names = [variable.value for variable in solutions.variables]
-    try:
-        if limit is None:
-            return [
-                {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
-                for solution in solutions
-            ]
-        rows = []
-        weight = 0  # each solution's terms are copies: weighed (broker.core.held.row_weight)
-        for solution in solutions:
-            row = {name: solution[index] for index, name in enumerate(names) if solution[index] is not None}
-            rows.append(row)
-            weight += 1 + row_weight(row.values())
-            if weight > limit:
-                raise UpdateFailed(f"the WHERE clause has more than {limit} solutions ({WEIGHED}; {_LIMIT_SETTING})")
-        return rows
-    except (RuntimeError, OSError) as error:  # evaluation is lazy: a failing SERVICE shows up here
-        raise UpdateFailed(f"the WHERE clause failed: {str(error)[:300]}") from None
-
-
-_LIMIT_SETTING = "the limit of one request: [engine] max_update_quads"
-
-
 def check_size(quads: int, limit: int | None) -> None:
     """UpdateFailed when a delta of `quads` (weighed where they were copied out of the store or
     made from a template: broker.core.held.quad_weight) is larger than `limit` (None: no limit)."""
     if limit is not None and quads > limit:
-        raise UpdateFailed(f"the update would change more than {limit} quads ({WEIGHED}; {_LIMIT_SETTING})")
+        raise UpdateFailed(f"the update would change more than {limit} quads ({WEIGHED}; {LIMIT_SETTING})")
 
 
 # template instances tried (WHERE solutions x template patterns) a network client's operation may
@@ -285,7 +241,7 @@ def check_tries(solutions: int, patterns: int, limit: int | None) -> None:
     if limit is not None and solutions * patterns > limit:
         raise UpdateFailed(
             f"the update's templates would be tried more than {limit} times ({solutions} WHERE solutions x "
-            f"{patterns} template patterns; {_LIMIT_SETTING})"
+            f"{patterns} template patterns; {LIMIT_SETTING})"
         )
 
 

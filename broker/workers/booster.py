@@ -3,7 +3,7 @@ update's changed quads gain or lose.
 
 Run as ``python -m broker.workers.booster FD``: FD is its end of a socket pair to the engine
 (:mod:`broker.core.pipeline`). It receives, in order: one snapshot (``seed``, as a query worker's,
-:func:`broker.workers.replica.seeded`), the shape groups of the subscriptions (``group``,
+:func:`broker.workers.seeding.seeded`), the shape groups of the subscriptions (``group``,
 ``ungroup``) and which parameter values have SPUs (``want``), the store's deltas (``apply``,
 :func:`broker.workers.pool.batched`), and jobs (``boost``): the deltas before the update, the hits
 of its removed quads, its own delta, the hits of its added quads. The removed hits are evaluated on
@@ -38,7 +38,7 @@ from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
-from broker.workers.replica import PR_SET_PDEATHSIG, received, seeded
+from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
 
 
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:
@@ -197,7 +197,10 @@ def serve(connection: Connection) -> None:
     (3 runs alternated with the build before): the slowest reading 290, 297 and 739 ms against
     821, 1,015 and 859; p99 191, 146 and 336 ms against 237, 215 and 134. The lookups of a job
     may run on the old store or on the compacted one: the swap is made between two deltas, once
-    the copy holds every delta applied here, and only this thread applies them."""
+    the copy holds every delta applied here, and only this thread applies them.
+
+    A later ``seed`` starts over as a new process would: a new replica, no groups, no wanted
+    values (the engine tells them again)."""
     booster: Booster | None = None
     try:
         for message in received(connection):
@@ -217,7 +220,10 @@ def serve(connection: Connection) -> None:
             elif kind == "want":
                 assert booster is not None
                 booster.want(*message[1:])
-            elif kind == "seed":
+            elif kind == "seed":  # the first, or a wider snapshot (pipeline: a group reads more graphs)
+                if booster is not None:
+                    booster.compactor.close()
+                    booster = None  # its replica freed before the new one loads
                 booster = Booster(seeded(message, connection))
                 booster.compactor.start()
                 connection.send(("ready",))

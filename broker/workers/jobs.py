@@ -19,7 +19,7 @@ from broker.core.held import ROW_CHARS, WEIGHED, text_weight
 from broker.core.query_processor import QueryProcessor
 from broker.core.results import QueryResult
 from broker.core.spu import Mu, ShapeGroup
-from broker.core.update_processor import where_solutions
+from broker.core.where import where_solutions
 from broker.errors import ResultTooLarge
 from broker.gates.negotiation import serialize
 

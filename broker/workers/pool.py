@@ -256,7 +256,7 @@ class Worker:
         while (message := self.outbox.get()) is not None:
             try:
                 if message[0] == "seed" and message[1] == "memory":
-                    # its N-Quads raw after it (replica.seeded): pickled, 122 MB held the GIL 70 ms
+                    # its N-Quads raw after it (seeding.seeded): pickled, 122 MB held the GIL 70 ms
                     self.connection.send(("seed", "memory", None, message[3]))
                     self.connection.send_bytes(message[2])
                     continue
@@ -283,8 +283,14 @@ class Worker:
         self.seeded = True
 
     def wait_ready(self) -> None:
-        if not self.connection.poll(READY_TIMEOUT_S) or self.connection.recv() != ("ready",):
-            raise OSError(f"query worker {self.name} did not start")
+        """Raises OSError if the process does not say it is ready: also when it is gone (EOFError),
+        e.g. a BOOSTER worker killed before it was seeded again (pipeline._index_group)."""
+        try:
+            if self.connection.poll(READY_TIMEOUT_S) and self.connection.recv() == ("ready",):
+                return
+        except EOFError:
+            pass
+        raise OSError(f"query worker {self.name} did not start")
 
     def kill(self) -> None:
         """Kill the process, then close the connection once the feeding thread is done with it (its

@@ -26,17 +26,14 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pyoxigraph import Store
-
 from broker.compaction import REPLICA_DEAD_PER_LIVE, Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import MemoryLimitExceeded, SepaError
 from broker.sparql.limits import WORKER_STACK_BYTES
-from broker.store import RdfStore, graph_named, load_keeping_labels
 from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
+from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
 
-PR_SET_PDEATHSIG = 1
 NICENESS = 10
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 TRIM_BYTES = 32 << 20  # a job that grew the process by more gives it back (malloc_trim) when done
@@ -124,29 +121,6 @@ class MemoryBound:
                 self._reserved -= reserve
 
 
-def seeded(message: tuple[Any, ...], connection: Connection | None = None) -> RdfStore:
-    """The replica a ``seed`` message describes: N-Quads and named graphs, or a checkpoint directory.
-    N-Quads of None follow the message raw on `connection` (:class:`broker.workers.pool.Worker`
-    sends them so: pickling 122 MB held the gateway's GIL 70 ms).
-
-    Loaded by :func:`broker.store.load_keeping_labels`, which keeps blank node labels (the deltas
-    name the same nodes) and parses in Rust the lines without one: 1.3 million quads (122 MB) in
-    3.8 s on the test machine, where `parse` and `bulk_extend` made a Python object of each quad
-    and took 6.2 s."""
-    _, kind, payload, graphs = message
-    if kind == "directory":
-        return RdfStore(Store(payload))
-    if payload is None:
-        assert connection is not None
-        payload = connection.recv_bytes()
-    store = Store()
-    if payload:
-        load_keeping_labels(payload, store, background=False)
-    for graph in graphs:
-        store.add_graph(graph_named(graph))
-    return RdfStore(store)
-
-
 def reply_for(processor: QueryProcessor, message: tuple[Any, ...], bound: MemoryBound) -> tuple[Any, ...]:
     """Run one job within `bound`; its reply: ``("ok", value)``, or the error as (kind, class
     name, description)."""
@@ -167,15 +141,6 @@ def reply_for(processor: QueryProcessor, message: tuple[Any, ...], bound: Memory
         return ("sepa", "InvalidRequest", f"query evaluation failed: {str(error)[:300]}")
     finally:
         clock.unpin()
-
-
-def received(connection: Connection) -> Iterator[tuple[Any, ...]]:
-    """The broker's messages, until it closes its end (a worker's serving loop)."""
-    while True:
-        try:
-            yield connection.recv()
-        except (EOFError, OSError):
-            return
 
 
 def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: int = 0) -> None:
