@@ -211,6 +211,7 @@ class Scheduler:
         self.engine = engine
         self.queue_size = queue_size
         self.in_flight = 0
+        self.serial_in_flight = 0  # of in_flight: the serial calls (updates...), which a stop finishes
         self.rejected = 0
         self._updates = engine_executor(1, "sepa-update")
         self._queries = engine_executor(query_threads, "sepa-query")
@@ -297,12 +298,14 @@ class Scheduler:
         future: asyncio.Future[Any] = loop.create_future()
         self._serial.append((call, future), lane)
         self.in_flight += 1
+        self.serial_in_flight += 1
         future.add_done_callback(self._landed)  # first: before whoever awaits it resumes
         self._kick(loop)
         return future
 
     def _landed(self, _future: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
+        self.serial_in_flight -= 1
 
     def submit_due(self, call: Callable[[], Any], lane: str | None = None) -> asyncio.Future[Any]:
         """Queue a serial call that is due now in `lane` (its owner's), ahead of that lane's other

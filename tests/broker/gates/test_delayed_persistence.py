@@ -34,23 +34,27 @@ def pending(gateway: RunningGateway) -> list[dict]:
     return gateway.request("GET", "/scheduled").json()["scheduled"]
 
 
-def at(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+def utc(instant: datetime) -> str:
+    return instant.isoformat().replace("+00:00", "Z")
 
 
 def test_pending_updates_survive_a_restart_and_overdue_ones_run_at_start_up_in_due_order(tmp_path: Path) -> None:
     gateway = launch_gateway(data_dir=tmp_path)
+    # due times from one instant: each `at` taken at its own request, a request slower than their
+    # 0.1 s spacing (a loaded machine) swapped two of them and the due order was not u1, u2, u3
+    base = datetime.now(UTC) + timedelta(seconds=2)
+    dues = {k: base + timedelta(seconds=0.1 * k) for k in (1, 2, 3)}
     try:
         # scheduled in the opposite order of their due times
-        for k, seconds in ((3, 1.2), (2, 1.1), (1, 1.0)):
-            assert gateway.update(count_up(f"u{k}"), params={"at": at(seconds)}).status == 202
+        for k in (3, 2, 1):
+            assert gateway.update(count_up(f"u{k}"), params={"at": utc(dues[k])}).status == 202
         late = gateway.update(count_up("late"), params={"delay": "PT6S"})
         assert late.status == 202
         late_due = datetime.fromisoformat(late.json()["scheduled"]["due"])
         assert len(pending(gateway)) == 4
     finally:
         assert gateway.stop(signal.SIGTERM) == 0
-    time.sleep(1.5)  # u1..u3 fall due while the gateway is down
+    time.sleep(max(0.0, (dues[3] - datetime.now(UTC)).total_seconds() + 0.3))  # u1..u3 fall due while it is down
     restarted = launch_gateway(data_dir=tmp_path)
     try:
         wait_until(lambda: {"u1", "u2", "u3"} <= set(counts(restarted)), 10)
