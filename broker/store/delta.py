@@ -3,6 +3,7 @@ pieces when it is large, quad by quad otherwise, and what its removals weigh as 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 from pyoxigraph import DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, parse
@@ -115,10 +116,27 @@ def apply_quads(
             count += dead_weight(quad)
     for graph in dropped:
         ox.remove_graph(graph)
-    ox.extend(added)
+    _extend(ox, added)
     for graph in created:
         ox.add_graph(graph)
     return count
+
+
+def _extend(ox: Store, added: Iterable[Quad]) -> None:
+    """Add `added`: at most ONE_WRITE_QUADS at a time when there are more.
+
+    Why: `Store.extend` first copies every quad it is given into a vector of its own, terms and all,
+    then inserts them: 250,000 quads at once (a 23.7 MB INSERT DATA) took the process's RSS 51 MB
+    past what the store kept (+252 MB at the peak for +195 MB; in slices +201 MB, measured
+    2026-12-07), on top of the update's own quads at the peak of a large update. In memory a delta
+    was never applied in one transaction (each removal is one), so slices change nothing a reader
+    could see of a delta that it could not before."""
+    if not isinstance(added, (list, frozenset, set, tuple)) or len(added) <= ONE_WRITE_QUADS:
+        ox.extend(added)
+        return
+    quads = iter(added)
+    while piece := list(itertools.islice(quads, ONE_WRITE_QUADS)):
+        ox.extend(piece)
 
 
 def load_nquads(

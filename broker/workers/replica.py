@@ -163,6 +163,9 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
             if kind == "apply":
                 assert processor is not None
                 for added, removed, created, dropped in message[1]:
+                    # a large part follows the message raw (broker.workers.pool.Worker._send_raw)
+                    added = connection.recv_bytes() if added is None else added
+                    removed = connection.recv_bytes() if removed is None else removed
                     processor.store.apply_nquads(added, removed, created, dropped)
             elif kind == "job":
                 assert processor is not None
