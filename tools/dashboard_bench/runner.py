@@ -131,11 +131,22 @@ def open_page(installed: InstalledGateway, credentials: Credentials, options: Da
         yield driver
 
 
+# what the page says is wrong: its status and every panel's error line
+PAGE_ERRORS = """
+const said = [...document.querySelectorAll('.error')].map((e) => e.textContent).filter(Boolean);
+return [`status: ${document.getElementById('status').textContent}`, ...said].join('; ');
+"""
+
+
 def _until(driver: Any, script: str, timeout: float = 30.0) -> None:
+    """Wait until `script` returns true in the page; BenchError with what the page says past `timeout`.
+
+    Why what it says: "the page did not get there" was all a run told, 5 runs of 5 in one
+    session, when the gateway had refused the tiles' subscription and the sensors' panel said so."""
     deadline = time.monotonic() + timeout
     while not driver.execute_script(script):
         if time.monotonic() > deadline:
-            raise BenchError(f"the page did not get there: {script}")
+            raise BenchError(f"the page did not get there: {script} (the page: {driver.execute_script(PAGE_ERRORS)})")
         time.sleep(0.05)
 
 
