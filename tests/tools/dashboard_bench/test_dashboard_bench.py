@@ -21,6 +21,10 @@ def test_a_small_run_measures_frames_with_the_page_and_nl_in_both_phases() -> No
     assert round_["matched_without"] > 100 and round_["matched_with"] > 100  # NL from both phases
     assert report["nl_p99_without_page_ms"] > 0 and report["nl_p99_ratio"] > 0
     assert report["readings_per_s"] == 100
+    # the page's load: its weight (cold cache) and first paint, beside its frames
+    assert 10_000 < report["page_weight_bytes"] == round_["page_weight_bytes"] < 300 * 1024
+    assert round_["first_paint_ms"] > 0
+    assert report["first_paint_ms"]["max"] == pytest.approx(round_["first_paint_ms"], abs=0.01)
     # warmed up until the store compacted once; the compactions of each side's phases are counted
     assert 1 <= report["warm_up_phases"] < WARM_UP_PHASES_MAX
     assert report["compactions_without_page"] == round_["compactions_without"] >= 0
