@@ -340,8 +340,7 @@ class Engine:
         if self.workers is None:
             return None
         changes = self.store.changes
-        started = time.perf_counter()
-        rows, text = self.workers.run(
+        rows, text, seconds = self.workers.run(
             "probe",
             with_base(sparql, self.base_iri),
             default_graph_uri=tuple(default_graph_uri),
@@ -350,7 +349,6 @@ class Engine:
             keep_bytes=PROBE_KEEP_BYTES,
             max_rows=self.max_subscription_rows,
         )
-        seconds = time.perf_counter() - started
         return Probed(changes if self.store.changes == changes else -1, text, rows, seconds)
 
     def subscribe(

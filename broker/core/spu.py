@@ -488,7 +488,7 @@ class Probed:
     changes: int
     text: bytes | None
     rows: int = 0
-    seconds: float = 0.0  # what it took: a re-evaluated SPU costs about as much every update
+    seconds: float = 0.0  # its evaluation in the worker (not the wait for one): a re-evaluation costs as much
 
 
 class ReevalSpu(SpuBase):

@@ -8,6 +8,7 @@ pyoxigraph's SyntaxError where the caller locates it in the request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any
@@ -54,10 +55,10 @@ def probe(
     prefixes: dict[str, str] | None = None,
     keep_bytes: int = 0,
     max_rows: int | None = None,
-) -> tuple[int, bytes | None]:
+) -> tuple[int, bytes | None, float]:
     """Evaluate a subscription's query once, in full: (its results' count, its result as SPARQL TSV
-    when it is a SELECT with variables whose TSV takes at most `keep_bytes`, else None).
-    ResultTooLarge when it has more than `max_rows` results.
+    when it is a SELECT with variables whose TSV takes at most `keep_bytes`, else None, the seconds
+    the evaluation took). ResultTooLarge when it has more than `max_rows` results.
 
     Why: a subscribe evaluates its query on the update thread, which cannot be interrupted; run
     first where it can be, a query that never ends is refused before it gets there. The result
@@ -66,7 +67,28 @@ def probe(
     as long as it lives and sends it whole first; a 60-byte product of a 700-triple store with
     itself was a first notification of 125 MB, the gateway's RSS 877 MB. The count lets the update
     thread refuse a subscription past the rows held budgets before evaluating it
-    (:mod:`broker.core.held`)."""
+    (:mod:`broker.core.held`).
+
+    Why the seconds are measured here: they are what a re-evaluation of the query costs, charged
+    to its client (:mod:`broker.core.reeval_cost`). Timed by the caller, they also held the wait
+    for an idle worker and for the worker to apply the deltas it lacked: after 10 s of 1,000
+    readings/s the dashboard's tiles (a 500-row UNION, evaluated in 2-11 ms) were charged 6.0 and
+    6.8 s, and refused as too costly, whatever their client had subscribed."""
+    started = time.perf_counter()
+    rows, text = _probed(processor, sparql, default_graph_uri, named_graph_uri, prefixes, keep_bytes, max_rows)
+    return rows, text, time.perf_counter() - started
+
+
+def _probed(
+    processor: QueryProcessor,
+    sparql: str,
+    default_graph_uri: Sequence[str],
+    named_graph_uri: Sequence[str],
+    prefixes: dict[str, str] | None,
+    keep_bytes: int,
+    max_rows: int | None,
+) -> tuple[int, bytes | None]:
+    """:func:`probe`'s evaluation: (the count, the TSV kept or None)."""
     raw = processor.run(
         sparql,
         default_graph_uri=default_graph_uri,

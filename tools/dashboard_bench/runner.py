@@ -75,6 +75,12 @@ requestAnimationFrame(frame);
 """
 
 
+# every byte the page's load transferred (a fresh profile: a cold cache), and when it first painted
+PAGE_WEIGHT = """return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]
+.map((e) => [e.name, e.transferSize]);"""
+FIRST_PAINT = "return performance.getEntriesByName('first-contentful-paint').map((e) => e.startTime)"
+
+
 @dataclass(frozen=True)
 class DashboardBenchOptions:
     sensors: int = 100
@@ -107,9 +113,21 @@ def summary(values: list[float]) -> dict[str, float | None]:
     }
 
 
+@dataclass
+class PageLoad:
+    """The page's load in a fresh browser: bytes transferred (the login form and every script and
+    style it needs), and its first contentful paint in ms."""
+
+    weight_bytes: int = 0
+    first_paint_ms: float | None = None
+
+
 @contextlib.contextmanager
-def open_page(installed: InstalledGateway, credentials: Credentials, options: DashboardBenchOptions) -> Iterator[Any]:
-    """Chromium with the dashboard logged in, its tiles live and one sensor's chart open."""
+def open_page(
+    installed: InstalledGateway, credentials: Credentials, options: DashboardBenchOptions, load: PageLoad | None = None
+) -> Iterator[Any]:
+    """Chromium with the dashboard logged in, its tiles live and one sensor's chart open; the
+    page's load measured into `load`."""
     flags = trusting(installed.certificate)
     with chromium(
         options.width,
@@ -121,6 +139,10 @@ def open_page(installed: InstalledGateway, credentials: Credentials, options: Da
     ) as driver:
         driver.get(installed.gateway.https_url + "/")
         _until(driver, "return !document.getElementById('login').hidden")
+        if load is not None:
+            time.sleep(0.3)  # the last resources' timings
+            load.weight_bytes = sum(int(size) for _name, size in driver.execute_script(PAGE_WEIGHT))
+            load.first_paint_ms = next(iter(driver.execute_script(FIRST_PAINT)), None)
         driver.find_element("id", "client-id").send_keys(credentials.client_id)
         driver.find_element("id", "client-secret").send_keys(credentials.client_secret)
         driver.find_element("id", "login-button").click()
@@ -131,11 +153,22 @@ def open_page(installed: InstalledGateway, credentials: Credentials, options: Da
         yield driver
 
 
+# what the page says is wrong: its status and every panel's error line
+PAGE_ERRORS = """
+const said = [...document.querySelectorAll('.error')].map((e) => e.textContent).filter(Boolean);
+return [`status: ${document.getElementById('status').textContent}`, ...said].join('; ');
+"""
+
+
 def _until(driver: Any, script: str, timeout: float = 30.0) -> None:
+    """Wait until `script` returns true in the page; BenchError with what the page says past `timeout`.
+
+    Why what it says: "the page did not get there" was all a run told, 5 runs of 5 in one
+    session, when the gateway had refused the tiles' subscription and the sensors' panel said so."""
     deadline = time.monotonic() + timeout
     while not driver.execute_script(script):
         if time.monotonic() > deadline:
-            raise BenchError(f"the page did not get there: {script}")
+            raise BenchError(f"the page did not get there: {script} (the page: {driver.execute_script(PAGE_ERRORS)})")
         time.sleep(0.05)
 
 
@@ -211,6 +244,7 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
         without_all: list[float] = []
         with_all: list[float] = []
         frames_all: list[float] = []
+        loads: list[PageLoad] = []
         for number in range(options.rounds):
             # ABBA: odd rounds put the page first, so that whatever drifts during a run (the
             # machine's other load, the gateway's caches) weighs on both sides alike
@@ -220,7 +254,9 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
                     without = phase()
                     say(f"round {number + 1}: without the page, NL p99 {summary(without)['p99']} ms")
                     continue
-                with open_page(installed, credentials, options) as driver:
+                load = PageLoad()
+                loads.append(load)
+                with open_page(installed, credentials, options, load) as driver:
                     time.sleep(1.0)  # the page settles (history query, first metrics)
                     driver.execute_script(FRAME_RECORDER)
                     browser_before = tree_cpu_seconds(driver.service.process.pid)
@@ -251,6 +287,8 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
                     "compactions_with": compactions[-1] if order[0] == "without" else compactions[-2],
                     "order": "-".join(order),
                     "browser_cpu_s": browser_cpu,
+                    "page_weight_bytes": load.weight_bytes,
+                    "first_paint_ms": load.first_paint_ms,
                 }
             )
         subscriber.send({"stop": True})
@@ -273,6 +311,8 @@ def run(options: DashboardBenchOptions, log: Log | None = None) -> dict[str, Any
             "load_average_1m": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "warm_up_phases": warm_up_phases,
             "cpus": os.cpu_count(),
+            "page_weight_bytes": max(each.weight_bytes for each in loads),
+            "first_paint_ms": summary([each.first_paint_ms for each in loads if each.first_paint_ms is not None]),
             "frame_ms": summary(frames_all),
             "frames": len(frames_all),
             "nl_p99_without_page_ms": nl_without,

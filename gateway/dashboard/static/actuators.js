@@ -35,7 +35,7 @@ export class Actuators {
         for (const row of removed) if (rows.get(row.target.value) === row.state.value) rows.delete(row.target.value);
         for (const row of added) rows.set(row.target.value, row.state.value);
         schedule(this.render);
-      }, (error) => { this.error.textContent = `${kind.title}: no longer updated: ${error}`; });
+      }, (error) => { this.error.textContent = error ? `${kind.title}: no longer updated: ${error}` : ""; }, { retry: true });
     }
   }
 

@@ -11,8 +11,8 @@ const LOG_ROWS = 50;
 export const SHOWN_ROWS = 500;
 
 // A results table of at most SHOWN_ROWS of `rows` ([row, class] pairs, any iterable), and a line
-// saying how many were left out.
-function table(vars, rows, className = "") {
+// saying how many were left out (of `total`, when `rows` holds only the first ones).
+function table(vars, rows, className = "", total = 0) {
   const element = document.createElement("table");
   element.className = `results ${className}`;
   const head = element.createTHead().insertRow();
@@ -25,6 +25,7 @@ function table(vars, rows, className = "") {
     if (rowClass) line.className = rowClass;
     for (const name of vars) line.insertCell().textContent = termText(row[name]);
   }
+  count = Math.max(count, total);
   if (count <= SHOWN_ROWS) return element;
   const note = Object.assign(document.createElement("p"), {
     className: "rows-left-out", textContent: `${count} rows: the first ${SHOWN_ROWS} are shown`,
@@ -120,12 +121,12 @@ export class SparqlConsole {
   }
 
   async query() {
-    const reply = await this.session.query(this.text);
+    const reply = await this.session.query(this.text, SHOWN_ROWS);
     const result = this.elements.result;
     if (reply && reply.head && "boolean" in reply) {
       result.replaceChildren(Object.assign(document.createElement("p"), { textContent: String(reply.boolean) }));
     } else if (reply && reply.results) {
-      result.replaceChildren(table(reply.head.vars, reply.results.bindings.map((row) => [row, ""])));
+      result.replaceChildren(table(reply.head.vars, reply.results.bindings.map((row) => [row, ""]), "", reply.count));
     } else {
       result.replaceChildren(Object.assign(document.createElement("pre"), { textContent: String(reply) }));
     }

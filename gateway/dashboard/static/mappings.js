@@ -46,7 +46,7 @@ function live(subscriptions, sparql, container, columns, required) {
     for (const row of removed) rows.delete(rowKey(row, vars));
     for (const row of added) rows.set(rowKey(row, vars), row);
     schedule(render);
-  }, (error) => { container.textContent = error; });
+  }, (error) => { if (error) container.textContent = error; }, { retry: true });
 }
 
 export class Mappings {

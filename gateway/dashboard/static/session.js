@@ -129,12 +129,26 @@ export class Session {
     return document;
   }
 
-  query(sparql) {
-    return this.call(this.config.query, {
+  // A query's reply, fetched and parsed in a worker (query-worker.js): a SELECT's bindings cut to
+  // the first `shown`, with `count` the rows there were. SELECT and ASK as SPARQL JSON; CONSTRUCT
+  // and DESCRIBE as Turtle (shown as text).
+  query(sparql, shown) {
+    const init = {
       method: "POST",
-      // SELECT and ASK as SPARQL JSON; CONSTRUCT and DESCRIBE as Turtle (shown as text)
-      headers: { "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json, text/turtle;q=0.9" },
+      headers: this.headers({ "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json, text/turtle;q=0.9" }),
       body: sparql,
+    };
+    const worker = new Worker("/dashboard/query-worker.js");
+    return new Promise((resolve, reject) => {
+      worker.onmessage = ({ data }) => {
+        worker.terminate();
+        if (data.failed) return reject(new Error(data.failed));
+        if (data.status === 401 && this.config.secure) this.logout();
+        if (!data.ok) return reject(new HttpError(data.status, data.document));
+        resolve(data.document);
+      };
+      worker.onerror = (event) => { worker.terminate(); reject(new Error(event.message || "query worker failed")); };
+      worker.postMessage({ url: new URL(this.config.query, location.href).href, init, shown });
     });
   }
 

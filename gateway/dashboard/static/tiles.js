@@ -86,8 +86,8 @@ export class Tiles {
     // An error ends the subscription (past [websocket] max_subscription_rows, about 25,000 values):
     // said in the panel, or the tiles froze at their last values with nothing to tell why
     subscriptions.subscribe(latestQuery(session.config.graphs.latest), (n) => this.apply(n), (error) => {
-      this.error.textContent = `The sensors are no longer updated: ${error}`;
-    }, TILES_COALESCE_MS);
+      this.error.textContent = error ? `The sensors are no longer updated: ${error}` : "";
+    }, { coalesceMs: TILES_COALESCE_MS, retry: true });
     setInterval(() => this.markStale(), 1000);
   }
 

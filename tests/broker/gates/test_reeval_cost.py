@@ -3,17 +3,23 @@ each update together (by their probes) is bounded per client, over real TLS sock
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
 import time
 from collections.abc import Callable
+
+import aiohttp
 
 from tests.broker.gates.secure_support import SecureClient, receive, secure_config
 from tests.broker.gates.test_secure_gates import run_secure
 from tests.polling import wait_until
-from tools.launcher import InProcessGateway
+from tools.launcher import InProcessGateway, RunningGateway
 
 READER = {"identity": "reader", "read": ["*"], "write": []}
 WRITER = {"identity": "writer", "read": ["*"], "write": ["*"]}
 BUDGET_S = 0.5
+EX = "http://example.org/"
 
 
 def test_a_reader_cannot_make_every_update_wait_for_its_reevaluations(
@@ -47,3 +53,35 @@ def test_a_reader_cannot_make_every_update_wait_for_its_reevaluations(
     run_secure(gateway, test)
     costs = gateway.gateway.engine.spus.costs
     wait_until(lambda: not costs.by_client)  # the socket closed: every charge released
+
+
+def test_a_cheap_subscription_is_not_charged_the_wait_for_a_busy_query_worker(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """The dashboard's tiles (a coalesced UNION over the latest view, re-evaluated) were refused as
+    too costly after a burst of readings: their probe was charged 6.0-6.8 s, the wait for a query
+    worker, against a 2-11 ms evaluation. Here the only query worker counts 60^4 rows for another
+    client meanwhile; the subscription is charged its evaluation, and taken."""
+    budget = f"[websocket]\nmax_reeval_seconds_per_client = {BUDGET_S}\n"
+    gateway = start_gateway(toml=f"[engine]\nquery_workers = 1\ntime_limit_s = 60\n{budget}")
+    slow = " ".join(f"<{EX}x{n}> <{EX}slow> {n} ." for n in range(60))
+    tiles = " ".join(f"<{EX}n{n}> <{EX}value> {n} ; <{EX}time> {n} ." for n in range(100))
+    assert gateway.update(f"INSERT DATA {{ {slow} GRAPH <{EX}latest> {{ {tiles} }} }}").status == 200
+    union = f"SELECT * WHERE {{ GRAPH <{EX}latest> {{ {{ ?n <{EX}value> ?v }} UNION {{ ?n <{EX}time> ?t }} }} }}"
+    count = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} <{EX}slow> ?o{i} ." for i in range(4)) + " }"
+    ended: list[float] = []
+    holder = threading.Thread(target=lambda: (gateway.query(count), ended.append(time.monotonic())))
+
+    async def main() -> tuple[dict, float]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{gateway.ws_url}/subscribe") as ws:
+            holder.start()
+            await asyncio.sleep(0.5)  # the count is in the worker
+            sent = time.monotonic()
+            await ws.send_json({"subscribe": {"sparql": union, "alias": "tiles", "coalesce_ms": 250}})
+            return json.loads((await ws.receive(timeout=60)).data), sent
+
+    frame, sent = asyncio.run(main())
+    holder.join(60)
+    assert ended and ended[0] > sent + BUDGET_S, "the subscription's probe did not wait for the worker"
+    assert "error" not in frame, frame
+    assert len(frame["notification"]["addedResults"]["results"]["bindings"]) == 200

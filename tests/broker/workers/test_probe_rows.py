@@ -46,7 +46,7 @@ def processor() -> QueryProcessor:
 def test_a_result_of_exactly_the_limit_is_taken_one_more_is_refused(
     processor: QueryProcessor, side: int, rows: int
 ) -> None:
-    counted, kept = probe(processor, product(side), keep_bytes=1 << 20, max_rows=rows)
+    counted, kept, _seconds = probe(processor, product(side), keep_bytes=1 << 20, max_rows=rows)
     assert counted == rows
     assert (kept is not None) == (side == 10)  # the small one's text is kept, the large one's not
     with pytest.raises(ResultTooLarge, match=f"more than {rows - 1} rows .*max_subscription_rows"):
@@ -56,7 +56,7 @@ def test_a_result_of_exactly_the_limit_is_taken_one_more_is_refused(
 def test_without_a_limit_the_probe_keeps_what_it_kept() -> None:
     store = RdfStore.memory()
     store.ox.add(Quad(NamedNode(f"{EX}s"), NamedNode(f"{EX}p"), NamedNode(f"{EX}o")))
-    rows, text = probe(QueryProcessor(store), f"SELECT ?s WHERE {{ ?s <{EX}p> ?o }}", keep_bytes=1 << 20)
+    rows, text, _seconds = probe(QueryProcessor(store), f"SELECT ?s WHERE {{ ?s <{EX}p> ?o }}", keep_bytes=1 << 20)
     assert rows == 1 and text is not None and text.splitlines() == [b"?s", f"<{EX}s>".encode()]
 
 

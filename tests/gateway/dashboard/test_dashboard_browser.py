@@ -36,6 +36,7 @@ from tests.gateway.dashboard.dashboard_support import (
 )
 from tests.support.browser import chromium, console_errors, trusting
 from tools.dashboard_bench.installed import SENSOR, Credentials, InstalledGateway, installed_gateway
+from tools.dashboard_bench.runner import FIRST_PAINT, PAGE_WEIGHT
 
 GW = "http://w3id.org/sepa-gateway/ns#"
 PAGE_WEIGHT_LIMIT = 300 * 1024
@@ -90,10 +91,7 @@ def test_the_page_loads_without_console_errors_within_its_weight_and_first_rende
         driver.get(installed.gateway.https_url + "/")
         wait_for(driver, "return !document.getElementById('login').hidden", what="the login form")
         time.sleep(0.3)  # the last resources' timings
-        weight = driver.execute_script(
-            "return [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')]"
-            ".map((e) => [e.name, e.transferSize]);"
-        )
+        weight = driver.execute_script(PAGE_WEIGHT)
         names = [name for name, _ in weight]
         assert any(name.endswith("uPlot.iife.min.js") for name in names), names  # everything loaded is counted
         assert all(size > 0 for _, size in weight), weight  # a cold cache: every byte came over the wire
@@ -102,9 +100,7 @@ def test_the_page_loads_without_console_errors_within_its_weight_and_first_rende
         log_in(driver, installed.gateway.https_url, writer)
         driver.refresh()  # loaded again, with the token kept in sessionStorage: straight to the tiles
         wait_until_live(driver)
-        paint = driver.execute_script(
-            "return performance.getEntriesByName('first-contentful-paint').map((e) => e.startTime)"
-        )
+        paint = driver.execute_script(FIRST_PAINT)
         assert paint and paint[0] <= FIRST_RENDER_LIMIT_MS, paint
         for panel in ("console-panel", "scheduled-panel", "mappings-panel"):
             driver.find_element("css selector", f"#{panel} > summary").click()
