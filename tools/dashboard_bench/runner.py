@@ -138,7 +138,7 @@ def open_page(
         cpus=options.browser_cpus,
     ) as driver:
         driver.get(installed.gateway.https_url + "/")
-        _until(driver, "return !document.getElementById('login').hidden")
+        page_until(driver, "return !document.getElementById('login').hidden")
         if load is not None:
             time.sleep(0.3)  # the last resources' timings
             load.weight_bytes = sum(int(size) for _name, size in driver.execute_script(PAGE_WEIGHT))
@@ -146,10 +146,10 @@ def open_page(
         driver.find_element("id", "client-id").send_keys(credentials.client_id)
         driver.find_element("id", "client-secret").send_keys(credentials.client_secret)
         driver.find_element("id", "login-button").click()
-        _until(driver, "return document.getElementById('status').textContent === 'live'")
-        _until(driver, f"return document.querySelectorAll('.tile').length >= {options.sensors}")
+        page_until(driver, "return document.getElementById('status').textContent === 'live'")
+        page_until(driver, f"return document.querySelectorAll('.tile').length >= {options.sensors}")
         driver.execute_script("document.querySelector('.tile').click()")
-        _until(driver, "return document.querySelector('#chart canvas') !== null")
+        page_until(driver, "return document.querySelector('#chart canvas') !== null")
         yield driver
 
 
@@ -160,7 +160,7 @@ return [`status: ${document.getElementById('status').textContent}`, ...said].joi
 """
 
 
-def _until(driver: Any, script: str, timeout: float = 30.0) -> None:
+def page_until(driver: Any, script: str, timeout: float = 30.0) -> None:
     """Wait until `script` returns true in the page; BenchError with what the page says past `timeout`.
 
     Why what it says: "the page did not get there" was all a run told, 5 runs of 5 in one

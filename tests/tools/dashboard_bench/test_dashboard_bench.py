@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tools.browser import chromium
-from tools.dashboard_bench.runner import WARM_UP_PHASES_MAX, DashboardBenchOptions, _until, run
+from tools.dashboard_bench.runner import WARM_UP_PHASES_MAX, DashboardBenchOptions, page_until, run
 from tools.launcher import gateway_argv
 from tools.wire.processes import BenchError
 
@@ -42,4 +42,4 @@ def test_a_page_that_does_not_get_there_says_why() -> None:
     with chromium() as driver:
         driver.get("data:text/html," + page)
         with pytest.raises(BenchError, match="status: live; The sensors are no longer updated: x"):
-            _until(driver, "return false", timeout=0.2)
+            page_until(driver, "return false", timeout=0.2)
