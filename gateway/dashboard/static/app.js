@@ -56,8 +56,13 @@ async function start(session) {
     $("status").textContent = state;
     $("status").className = `status ${state}`;
   });
+  const sparqlConsole = new SparqlConsole(session, {
+    sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"), delay: $("update-delay"),
+    error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),
+  }, rights);
   session.onLogout = async () => {
     subscriptions.close();
+    sparqlConsole.close();
     $("main").hidden = true; // nothing the last client could see stays shown
     $("status").textContent = "logged out";
     // a clean start, once the gateway answers: a reload while it is unreachable (the token expired
@@ -73,10 +78,6 @@ async function start(session) {
   }, session.config.stale_periods);
   new Chart(session, tiles, $("chart-panel"), $("chart-title"), $("chart"));
   new Actuators(session, subscriptions, $("actuators-panel"), $("actuators"), $("actuators-error"), rights);
-  new SparqlConsole(session, subscriptions, {
-    sparql: $("sparql"), query: $("run-query"), update: $("run-update"), subscribe: $("run-subscribe"), delay: $("update-delay"),
-    error: $("console-error"), result: $("console-result"), subscriptions: $("console-subscriptions"),
-  }, rights);
   new Scheduled(session, $("scheduled-panel"), $("scheduled"), $("scheduled-refresh"));
   new Mappings(session, subscriptions, {
     mappings: $("mappings"), coap: $("coap-observations"), mappingForm: $("mapping-form"),

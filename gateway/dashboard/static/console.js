@@ -3,7 +3,8 @@
 // removed (and leave it), so one sees what changed and not only what is.
 
 import { schedule } from "./frames.js";
-import { rowKey, termText } from "./terms.js";
+import { consoleWorker } from "./session.js";
+import { termText } from "./terms.js";
 
 const LOG_ROWS = 50;
 // Rows a table draws; the rest are counted, not drawn. Why: a subscription may hold 100,000 rows,
@@ -35,51 +36,61 @@ function table(vars, rows, className = "", total = 0) {
   return wrapper;
 }
 
-function* current(rows) {
-  for (const [row] of rows.values()) yield [row, ""];
-}
+// A console subscription's reconnection: after 250 ms, doubling to 10 s (as the page's own socket)
+const RETRY_FIRST_MS = 250;
+const RETRY_MAX_MS = 10000;
+let aliases = 0;
 
+// A subscription's WebSocket, rows and change log live in a worker (console-worker.js), which sends
+// only what is drawn. Why: the first notification of a 90,000-row subscription is ~12 MB of JSON,
+// and receiving and parsing it here held the page's main thread 436-1,428 ms in one task.
 class ConsoleSubscription {
-  constructor(owner, sparql) {
-    this.owner = owner;
+  constructor(session, sparql, onStop) {
+    this.session = session;
     this.sparql = sparql;
-    this.vars = [];
-    this.rows = new Map(); // row key -> [row, count]
-    this.log = []; // [row, "row-added" | "row-removed"], newest first
+    this.onStop = onStop;
+    this.view = { vars: [], rows: [], total: 0, log: [], last: null };
+    this.error = null;
+    this.lost = false;
+    this.retry = RETRY_FIRST_MS;
     this.element = document.createElement("div");
     this.element.className = "console-subscription";
     this.render = () => this.draw();
-    this.alias = owner.subscriptions.subscribe(sparql, (n) => this.apply(n), (error) => {
-      this.error = error;
-      schedule(this.render);
-    });
+    this.worker = consoleWorker();
+    this.worker.onmessage = ({ data }) => this.receive(data);
+    this.worker.onerror = (event) => this.fail(event.message || "the subscription's worker failed");
+    const alias = `console-${++aliases}`;
+    this.worker.postMessage({ subscribe: { sparql, alias, shown: SHOWN_ROWS, logRows: LOG_ROWS } });
+    this.open();
   }
 
-  apply({ reset, added, removed, vars }) {
-    this.vars = vars;
-    if (reset) this.rows.clear();
-    for (const row of removed) {
-      const key = rowKey(row, vars);
-      const entry = this.rows.get(key);
-      if (entry && --entry[1] === 0) this.rows.delete(key);
-    }
-    for (const row of added) {
-      const key = rowKey(row, vars);
-      const entry = this.rows.get(key);
-      if (entry) entry[1] += 1; else this.rows.set(key, [row, 1]);
-    }
-    if (!reset) {
-      // newest first: the added rows, last first, then the removed ones. Only the LOG_ROWS kept are
-      // copied: one unshift a row moved the whole log each time, and a 90,000-row notification froze
-      // the page for 3.7 s
-      const added_ = added.slice(-LOG_ROWS).reverse().map((row) => [row, "row-added"]);
-      const removed_ = removed.slice(-LOG_ROWS).reverse().map((row) => [row, "row-removed"]);
-      this.log = added_.concat(removed_, this.log).slice(0, LOG_ROWS);
+  open() {
+    this.worker.postMessage({ open: { url: this.session.subscribeUrl(), authorization: this.session.bearer } });
+  }
+
+  receive({ view, closed, status, error }) {
+    if (view) {
+      this.view = view;
+      this.lost = false;
+      this.retry = RETRY_FIRST_MS;
+    } else if (closed) {
+      this.lost = true;
+      this.reopening = setTimeout(() => this.open(), this.retry);
+      this.retry = Math.min(this.retry * 2, RETRY_MAX_MS);
+    } else {
+      if (status === 401 && this.session.config.secure) this.session.logout();
+      if (error) this.error = error;
     }
     schedule(this.render);
   }
 
+  fail(error) {
+    this.error = error;
+    schedule(this.render);
+  }
+
   draw() {
+    const { vars, rows, total, log, last } = this.view;
     const head = document.createElement("div");
     head.className = "subscription-head";
     const text = Object.assign(document.createElement("code"), { textContent: this.sparql });
@@ -88,25 +99,34 @@ class ConsoleSubscription {
     head.append(text, stop);
     const parts = [head];
     if (this.error) parts.push(Object.assign(document.createElement("p"), { className: "error", textContent: this.error }));
-    parts.push(Object.assign(document.createElement("h4"), { textContent: `Current rows (${this.rows.size})` }));
-    parts.push(table(this.vars, current(this.rows), "current"));
+    if (this.lost) parts.push(Object.assign(document.createElement("p"), { className: "error", textContent: "connection lost: reconnecting" }));
+    parts.push(Object.assign(document.createElement("h4"), { textContent: `Current rows (${total})` }));
+    parts.push(table(vars, rows.map((row) => [row, ""]), "current", total));
     parts.push(Object.assign(document.createElement("h4"), { textContent: "Changes, newest first" }));
-    parts.push(table(this.vars, this.log, "changes"));
+    if (last && !last.reset) {
+      const said = `notification ${last.sequence}: ${last.added} added, ${last.removed} removed`;
+      parts.push(Object.assign(document.createElement("p"), { className: "notification-counts", textContent: said }));
+    }
+    parts.push(table(vars, log, "changes"));
     this.element.replaceChildren(...parts);
   }
 
+  // unsubscribed and closed by the worker, which then ends
   stop() {
-    this.owner.subscriptions.unsubscribe(this.alias);
+    clearTimeout(this.reopening);
+    this.worker.postMessage({ stop: { authorization: this.session.bearer } });
     this.element.remove();
+    this.onStop(this);
   }
 }
 
 export class SparqlConsole {
   // `rights`: a client that may write no graph gets no Update button (the gateway would answer 403)
-  constructor(session, subscriptions, elements, rights) {
+  constructor(session, elements, rights) {
     this.session = session;
-    this.subscriptions = subscriptions;
     this.elements = elements;
+    this.live = new Set(); // the ConsoleSubscriptions shown
+    addEventListener("pagehide", () => this.close());
     elements.update.hidden = elements.delay.hidden = rights.write.length === 0;
     elements.query.addEventListener("click", () => this.run(() => this.query()));
     elements.update.addEventListener("click", () => this.run(() => this.update()));
@@ -141,7 +161,13 @@ export class SparqlConsole {
   }
 
   subscribe() {
-    const subscription = new ConsoleSubscription(this, this.text);
+    const subscription = new ConsoleSubscription(this.session, this.text, (stopped) => this.live.delete(stopped));
+    this.live.add(subscription);
     this.elements.subscriptions.prepend(subscription.element);
+  }
+
+  // every subscription ended: at logout, and when the page goes
+  close() {
+    for (const subscription of [...this.live]) subscription.stop();
   }
 }

@@ -129,7 +129,7 @@ export class Session {
     return document;
   }
 
-  // A query's reply, fetched and parsed in a worker (query-worker.js): a SELECT's bindings cut to
+  // A query's reply, fetched and parsed in a worker (console-worker.js): a SELECT's bindings cut to
   // the first `shown`, with `count` the rows there were. SELECT and ASK as SPARQL JSON; CONSTRUCT
   // and DESCRIBE as Turtle (shown as text).
   query(sparql, shown) {
@@ -138,7 +138,7 @@ export class Session {
       headers: this.headers({ "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json, text/turtle;q=0.9" }),
       body: sparql,
     };
-    const worker = new Worker("/dashboard/query-worker.js");
+    const worker = consoleWorker();
     return new Promise((resolve, reject) => {
       worker.onmessage = ({ data }) => {
         worker.terminate();
@@ -148,7 +148,7 @@ export class Session {
         resolve(data.document);
       };
       worker.onerror = (event) => { worker.terminate(); reject(new Error(event.message || "query worker failed")); };
-      worker.postMessage({ url: new URL(this.config.query, location.href).href, init, shown });
+      worker.postMessage({ query: { url: new URL(this.config.query, location.href).href, init, shown } });
     });
   }
 
@@ -208,6 +208,11 @@ export class Session {
 function at(when, action, keep) {
   const wait = when - Date.now();
   keep(wait > MAX_TIMER_MS ? setTimeout(() => at(when, action, keep), MAX_TIMER_MS) : setTimeout(action, Math.max(0, wait)));
+}
+
+// A worker for the console's large replies: a query's, or a subscription's (console-worker.js)
+export function consoleWorker() {
+  return new Worker("/dashboard/console-worker.js", { type: "module" });
 }
 
 export function mayWrite(rights, graph) {
