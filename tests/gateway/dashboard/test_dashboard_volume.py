@@ -17,12 +17,13 @@ from tests.gateway.dashboard.dashboard_support import (
     wait_until_live,
 )
 from tests.support.browser import chromium
+from tools.dashboard_bench.cpu import renderer_main_thread_cpu_seconds, renderer_main_thread_running
 
 GW = "http://w3id.org/sepa-gateway/ns#"
 TIME = '"2026-12-06T12:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
-# the longest task of the page's main thread while it shows MANY_TILES new tiles at once
+# the CPU seconds of the page's main thread while it shows MANY_TILES new tiles at once
 MANY_TILES = 20_000
-LONGEST_TASK_LIMIT_MS = 5000
+MANY_TILES_CPU_S = 12.0  # between 8.8 (loaded, this page) and 17.1 (unloaded, bisection back)
 # a console query's rows, and the longest task of the page's main thread while it shows them
 LARGE_RESULT = 90_000
 LARGE_RESULT_TASK_MS = 200
@@ -52,20 +53,54 @@ def test_twenty_thousand_new_tiles_do_not_freeze_the_page(in_process_gateway) ->
     """Each new tile found its place by bisection of the container's children, and an index into
     them after an insertion walks the list again: 20,000 sensors arriving in one notification held
     the main thread 17.1 s in one task (a publisher allowed a templated topic makes that many).
-    Now they are merged in one pass and off-screen tiles are not laid out: 2.8-2.9 s."""
-    gateway = in_process_gateway(Config())
+    Now they are merged in one pass and off-screen tiles are not laid out: 2.8-2.9 s.
+
+    The bar is on the CPU seconds of the page's main thread (its renderer's, from /proc) over the
+    phase, not on the longest task's wall-clock duration, which load stretches: what is measured is
+    the page's own work (the gateway's is in no task of the page), but at load 6-12 on 2 shared
+    cores the longest task lasted 5.3-11.4 s (the 5 s bar failed) for 5.5-8.8 CPU seconds of that
+    thread in the whole phase; with the bisection back and tiles laid out off the screen it was
+    51.1 CPU seconds (longest task 89.5 s) and 17.1 s unloaded, and this test fails at 12 CPU
+    seconds (2026-12-07, `pytest tests/gateway/dashboard/test_dashboard_volume.py -k twenty -s`,
+    alternating the two trees)."""
+    config = Config()
+    # the gateway's part, not the page's: at load 12 the update of 20,000 sensors ran past the
+    # default 10 s limit and was refused (503)
+    config.engine.time_limit_s = 120
+    gateway = in_process_gateway(config)
     with chromium() as driver:
         driver.get(gateway.http_url + "/")
         wait_until_live(driver)
         driver.execute_script(LONG_TASKS)
+        before = renderer_main_thread_cpu_seconds(driver.service.process.pid)
         assert gateway.update(latest_nodes(MANY_TILES)).status == 200
-        wait_for(driver, f"return {TILE_COUNT} === {MANY_TILES}", timeout=120, what="every tile")
+        cpu = shown_within_cpu(driver, MANY_TILES, before)
         order = driver.execute_script(
             "return [...document.querySelectorAll('#tiles .tile .sensor')].slice(0, 3).map((s) => s.textContent)"
         )
         assert order == ["0", "1", "10"]  # in sensor order (as text)
         longest = max(driver.execute_script("return window.longTasks"), default=0)
-        assert longest < LONGEST_TASK_LIMIT_MS, f"the page's main thread was held {longest:.0f} ms in one task"
+        print(f"page main-thread cpu {cpu:.2f} s, longest task {longest:.0f} ms")
+
+
+def shown_within_cpu(driver: Any, tiles: int, before: float) -> float:
+    """Wait until the page shows `tiles` tiles, its main thread's CPU seconds since `before` held
+    under MANY_TILES_CPU_S meanwhile: those seconds. The page is asked only while that thread is
+    idle (sleeping through 10 looks over 0.2 s): asked during a long task, a script waits for its
+    end, and a page held 90 s (the bisection back, at load 6-14) failed on chromedriver's or
+    selenium's timeouts, not on the bar."""
+    root = driver.service.process.pid
+    deadline = time.monotonic() + 300
+    while True:
+        running = False
+        for _ in range(10):
+            running = running or renderer_main_thread_running(root)
+            time.sleep(0.02)
+        cpu = renderer_main_thread_cpu_seconds(root) - before
+        assert cpu < MANY_TILES_CPU_S, f"the page's main thread worked {cpu:.1f} s, still showing"
+        if not running and driver.execute_script(f"return {TILE_COUNT}") == tiles:
+            return cpu
+        assert time.monotonic() < deadline, "timed out waiting for every tile"
 
 
 def test_a_sensors_view_the_gateway_ends_says_so(in_process_gateway) -> None:
