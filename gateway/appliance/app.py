@@ -366,9 +366,9 @@ class Gateway:
         return {name: adapter.health() for name, adapter in self.adapters.items()}
 
     async def serve(self) -> None:
-        """Run until SIGTERM or SIGINT, then shut down cleanly."""
+        """Run until SIGTERM, SIGINT or SIGHUP (STOP_SIGNALS), then shut down cleanly."""
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.stopped.set)
         self.store.on_failure = lambda reason: loop.call_soon_threadsafe(self._store_failed, reason)
         urls = await self.start()
@@ -409,6 +409,10 @@ class Gateway:
 # systemd's SIGKILL. Queries are stopped with their workers; a stop with no long update in flight
 # takes 1-3 s.
 STOP_DEADLINE_S = 20.0
+# the signals that stop the gateway cleanly. SIGHUP too: it killed the process at once (exit 129, no
+# flush, replies dropped), and systemd sends it right after SIGTERM to a unit with SendSIGHUP=yes,
+# where it cut the clean stop short; there is nothing to reload (a restart applies a configuration)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # What a stop waits for the requests in flight once their updates are done (Gateway._finish_updates):
 # HANDLERS_WAIT_S (aiohttp's shutdown_timeout, 60 s by default), then their handlers are cancelled:
 # a query still evaluating is abandoned (Scheduler.close kills its worker).
