@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from gateway.appliance.app import Gateway
+from gateway.appliance.app import STOP_DEADLINE_S, Gateway
 from gateway.appliance.config import Config
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = STOP_DEADLINE_S + 10.0  # the gateway ends itself by then, as under systemd's TimeoutStopSec
 SERVING = re.compile(r'msg="sepa-gateway serving" urls="([^"]+)"')
 
 

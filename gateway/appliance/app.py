@@ -12,7 +12,6 @@ import signal
 import socket
 import ssl
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -348,14 +347,17 @@ class Gateway:
             self.secure.temporary.cleanup()
 
     async def _finish_updates(self) -> None:
-        """Accept no more connections, then wait until the updates in flight are done (their
-        clients get their replies), UPDATES_WAIT_S at most; the queries in flight are not waited
-        for (HANDLERS_WAIT_S)."""
+        """Accept no more connections, then wait until the updates in flight are done, so that
+        their clients get their replies; the queries in flight are not waited for (HANDLERS_WAIT_S).
+
+        No limit of its own: the stop's forced exit (STOP_DEADLINE_S) is the only one. Why: an
+        update still running when a shorter wait ended was applied and journalled all the same
+        (Scheduler.close waits for the update thread), only its reply was dropped: with 6 s, a
+        200 x 200 insert of 7 s in flight at SIGTERM applied with the connection closed unanswered."""
         for runner in self.runners:
             for site in list(runner.sites):
                 await site.stop()
-        waited_until = time.monotonic() + UPDATES_WAIT_S
-        while self.scheduler.serial_in_flight and time.monotonic() < waited_until:
+        while self.scheduler.serial_in_flight:
             await asyncio.sleep(0.02)
 
     def health(self) -> dict[str, dict[str, Any]]:
@@ -364,9 +366,9 @@ class Gateway:
         return {name: adapter.health() for name, adapter in self.adapters.items()}
 
     async def serve(self) -> None:
-        """Run until SIGTERM or SIGINT, then shut down cleanly."""
+        """Run until SIGTERM, SIGINT or SIGHUP (STOP_SIGNALS), then shut down cleanly."""
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.stopped.set)
         self.store.on_failure = lambda reason: loop.call_soon_threadsafe(self._store_failed, reason)
         urls = await self.start()
@@ -398,18 +400,26 @@ class Gateway:
             self.stopped.set()
 
 
-# SIGTERM ends the process within 10 s whatever is running: systemd's own stop timeout is 90 s, an
-# operator's patience less. Queries are stopped with their workers; what can still hold the stop is
-# an update whose subscriptions take long to process. The store's journal makes a forced exit safe.
-STOP_DEADLINE_S = 9.0
-# What a stop waits for the requests in flight once their updates are done (Gateway._finish_updates,
-# UPDATES_WAIT_S at most): HANDLERS_WAIT_S (aiohttp's shutdown_timeout, 60 s by default), then their
-# handlers are cancelled: a query still evaluating is abandoned (Scheduler.close kills its worker).
+# SIGTERM ends the process within STOP_DEADLINE_S whatever is running, then exit status 1 (a
+# forced exit: the store's journal makes it safe, an update is there whole or not at all). Why 20 s:
+# an update in flight at SIGTERM is finished and answered (Gateway._finish_updates), and one may
+# take its WHERE's whole time limit ([engine] time_limit_s, 10 s by default) and then its apply:
+# with 9 s, one within its limits was cut and its client left unanswered. Under the unit's
+# TimeoutStopSec (30 s, systemd/sepa-gateway.service), so the process ends itself, logged, before
+# systemd's SIGKILL. Queries are stopped with their workers; a stop with no long update in flight
+# takes 1-3 s.
+STOP_DEADLINE_S = 20.0
+# the signals that stop the gateway cleanly. SIGHUP too: it killed the process at once (exit 129, no
+# flush, replies dropped), and systemd sends it right after SIGTERM to a unit with SendSIGHUP=yes,
+# where it cut the clean stop short; there is nothing to reload (a restart applies a configuration)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What a stop waits for the requests in flight once their updates are done (Gateway._finish_updates):
+# HANDLERS_WAIT_S (aiohttp's shutdown_timeout, 60 s by default), then their handlers are cancelled:
+# a query still evaluating is abandoned (Scheduler.close kills its worker).
 # Why: a query in flight at SIGTERM ran to its time limit (10 s by default) inside runner.cleanup,
 # before the workers were stopped: 4,000 x 4,000 with a FILTER, SIGTERM 1 s after it was sent, and
 # the stop was forced at 9 s (exit 1); 2,000 x 2,000, it took 7.2 s.
 HANDLERS_WAIT_S = 1.0
-UPDATES_WAIT_S = 6.0
 
 
 def _started_pool(store: RdfStore, config: Config, count: int, name: str, *, on_demand: bool = False) -> QueryWorkers:
