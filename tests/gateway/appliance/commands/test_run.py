@@ -246,7 +246,9 @@ def test_a_query_in_flight_does_not_hold_the_stop(start_gateway: Callable[..., R
         took = time.monotonic() - started
         with pytest.raises(OSError):  # its connection closed, unanswered (RemoteDisconnected)
             asking.result()
-    assert took < 5.0, took
+    # without the fix the stop waits for the query's time limit (10 s); 8 s leaves a loaded machine's
+    # interpreter exit room (~2.5 s at load 10, 2026-12-07; 5 s failed once there)
+    assert took < 8.0, took
 
 
 def test_sigterm_right_after_sending_is_all_or_nothing(
