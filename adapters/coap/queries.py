@@ -570,7 +570,7 @@ class QueriesResource(Resource):
         self.probed = 0  # observers sent the complete result to check that they are still there
         self._probed_at = float("-inf")
         self.refused: Counter[str] = Counter()
-        assemble_with_refusals(self, self.refused)
+        assemble_with_refusals(self, lambda request, refused: self._refusal(refused, request.opt.uri_path))
         self.block2 = bound_block2(self)
 
     async def start(self) -> None:
