@@ -235,6 +235,28 @@ def test_a_configured_subscription_is_a_resource(start_gateway: Callable[..., Ru
     assert "4.06" in coap("-A", "0", f"{gateway.coap_url}/q/lamps").stderr
 
 
+def test_a_get_with_the_current_etag_is_answered_2_03_valid_without_the_result(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """RFC 7252 §5.10.6.2: a client that holds the current result (its ETag) is told so, without it.
+    Without the fix it got 2.05 and the whole result again (here over 2 KB, block-wise)."""
+    gateway = start_gateway(coap=True, toml=CONFIG)
+    insert(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(40)))
+    uri = f"{gateway.coap_url}/q/lamps"
+    first = asyncio.run(request(uri))
+    assert first.code == Code.CONTENT and len(first.payload) > 2_000
+
+    valid = asyncio.run(request(uri, etags=[first.opt.etag]))
+    assert (valid.code, valid.payload, valid.opt.etag) == (Code.VALID, b"", first.opt.etag)
+    shown = coap("-v", "7", "-O", f"4,0x{first.opt.etag.hex()}", uri)  # libcoap: the same, by its ETag option
+    assert "2.03 response" in shown.stdout and "a-lamp-with" not in shown.stdout, shown.stdout[-2000:]
+
+    insert(gateway, lamp("porch", False))
+    changed = asyncio.run(request(uri, etags=[first.opt.etag, b"other"]))
+    assert changed.code == Code.CONTENT and changed.opt.etag != first.opt.etag
+    assert Counter(bindings(json.loads(changed.payload))) == current(gateway)
+
+
 def test_coap_client_observer_receives_each_change(
     start_gateway: Callable[..., RunningGateway], observers: Callable[[str], CoapClientObserver]
 ) -> None:
