@@ -9,12 +9,15 @@ it is answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import logging
 import os
 import socket
 import struct
 import tracemalloc
+import warnings
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -800,3 +803,44 @@ def test_an_observer_gets_its_messages_within_the_block_size_it_asked_for(block_
             assert len(added) == rows
 
     asyncio.run(scenario())
+
+
+def test_a_token_reused_for_another_resource_gets_a_4_00_and_the_first_request_its_answer() -> None:
+    """A client that reuses a token under way (here GETs of /q/lamps and /.well-known/core on one
+    token, sent together from one port; 50 pairs, each CON response acknowledged as a client does).
+    Without the fix aiocoap stopped the first request before it started: it was never answered (50
+    tokens, 50 answers), and Python printed "coroutine 'Context._render_to_pipe' was never awaited".
+    Now the second is refused 4.00 (counted) unless the first was over, and every request answered."""
+
+    def on(token: bytes, request: bytes) -> bytes:
+        return request[:4] + token + request[8:]
+
+    async def scenario() -> tuple[dict[bytes, list[int]], dict[str, Any]]:
+        async with running_adapter(subscriptions=[("lamps", "ASK {}")]) as (adapter, peer):
+            loop, address = asyncio.get_running_loop(), (peer.host, peer.port)
+            for number in range(50):
+                token = struct.pack("!I", number)
+                await loop.sock_sendto(peer.sock, on(token, datagram(GET, 2 * number, "q/lamps")), address)
+                await loop.sock_sendto(peer.sock, on(token, datagram(GET, 2 * number + 1, ".well-known/core")), address)
+            answered: dict[bytes, list[int]] = {}
+
+            async def complete() -> None:
+                while sum(map(len, answered.values())) < 100:
+                    answer = await loop.sock_recv(peer.sock, 4096)
+                    answered.setdefault(answer[4:8], []).append(answer[1])
+                    if answer[0] >> 4 & 3 == CON:  # a separate response: acknowledged, as clients do
+                        await loop.sock_sendto(peer.sock, bytes((0x60, 0)) + answer[2:4], address)
+
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(complete(), 30)
+            return answered, adapter.metrics()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        answered, metrics = asyncio.run(scenario())
+        gc.collect()
+    assert [str(warning.message) for warning in caught if "never awaited" in str(warning.message)] == []
+    assert len(answered) == 50 and all(len(codes) == 2 for codes in answered.values()), answered
+    refused = sum(codes.count(0x80) for codes in answered.values())
+    assert metrics["bad_input_by_resource"] == ({"(token in use)": refused} if refused else {})
+    assert all(sorted(codes) in ([0x45, 0x45], [0x45, 0x80]) for codes in answered.values()), answered
