@@ -10,7 +10,9 @@ printed "RuntimeWarning: coroutine 'Context._render_to_pipe' was never awaited" 
 /q/lamps and /.well-known/core, each pair on one token from one port: 59 answers of 100 (aiocoap
 0.4.17, 2026-12-07, /tmp/atk-coap/tokreuse50.py). Tokens are the client's to keep distinct among
 its requests under way (RFC 7252 §5.3.1); a client that does not is told so and its first request
-goes on. aiocoap has no public hook for this: where its token managers are not found, nothing is
+goes on. Left to aiocoap: renewals of one observation read in one wakeup (the client asked that
+each replace the last; 20 at once printed the warning once, as Python prints a warning once per
+place). aiocoap has no public hook for this: where its token managers are not found, nothing is
 wrapped and aiocoap's behaviour stays.
 """
 
@@ -31,11 +33,16 @@ IN_USE = "the token is in use by another request of this peer"
 
 
 def renews(held: aiocoap.Message, request: aiocoap.Message) -> bool:
-    """Whether `request` is an observation renewing `held`'s: the same method and resource."""
+    """Whether `request` renews (or ends) the observation `held`: both carry Observe, with the same
+    method, query and resource. `held` is the request as its resource sees it once rendering began:
+    aiocoap's Site puts the request with its path stripped of the resource's prefix in the pipe
+    (`/q/lamps` is `lamps` then), so the path is compared from its end."""
+    path = held.opt.uri_path
     return (
         request.opt.observe is not None
+        and held.opt.observe is not None
         and request.code == held.code
-        and request.opt.uri_path == held.opt.uri_path
+        and request.opt.uri_path[len(request.opt.uri_path) - len(path) :] == path
         and request.opt.uri_query == held.opt.uri_query
     )
 

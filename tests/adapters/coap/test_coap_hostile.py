@@ -844,3 +844,27 @@ def test_a_token_reused_for_another_resource_gets_a_4_00_and_the_first_request_i
     refused = sum(codes.count(0x80) for codes in answered.values())
     assert metrics["bad_input_by_resource"] == ({"(token in use)": refused} if refused else {})
     assert all(sorted(codes) in ([0x45, 0x45], [0x45, 0x80]) for codes in answered.values()), answered
+
+
+def test_an_observation_renewed_on_its_token_with_another_accept_is_not_refused_for_its_token() -> None:
+    """RFC 7641 §3.3.1: a client renews its observation with a GET on the same token (here asking
+    CBOR instead of JSON): it replaces the first, one observer, nothing refused. aiocoap's Site
+    hands the resource the path without its `q` by then, which the token check must allow for (a
+    first version of it compared whole paths and refused every renewal 4.00)."""
+    observe, accept = 6, 17
+
+    def observing(mid: int, token: bytes, option: tuple[int, bytes] | None = None) -> bytes:
+        request = datagram(GET, mid, "q/lamps", options=[(observe, b""), *([option] if option else [])])
+        return request[:4] + token + request[8:]
+
+    async def scenario() -> None:
+        async with running_adapter(subscriptions=[("lamps", "ASK {}")]) as (adapter, peer):
+            token = b"\x09\x09\x09\x09"
+            first = await peer.ask(observing(1, token), timeout=30)
+            assert first[1] == 0x45 and b'"complete":true' in first  # 2.05, JSON
+            renewed = await peer.ask(observing(2, token, (accept, bytes((60,)))), timeout=30)
+            assert renewed[1] == 0x45 and b"complete" in renewed and b'"complete"' not in renewed  # CBOR
+            assert adapter.metrics()["q_observers"] == 1
+            assert adapter.metrics()["bad_input_by_resource"] == {}
+
+    asyncio.run(scenario())
