@@ -4,7 +4,7 @@ renews an observation of the same resource (RFC 7641 §3.3.1).
 Why: aiocoap's token manager takes a new request on a held (token, peer) as the peer's loss of
 interest in the old one, and stops it. When the old one had not started rendering yet (both
 datagrams read in one wakeup), its task was cancelled before its first step: the old request was
-never answered (its retransmissions neither: their message record has no response), and Python
+never answered, and Python
 printed "RuntimeWarning: coroutine 'Context._render_to_pipe' was never awaited" on stderr, with a
 "New request came in while old request not ACKed yet" warning in the log. 50 pairs of GETs of
 /q/lamps and /.well-known/core, each pair on one token from one port: 58-59 answers of 100, now 100
