@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiocoap
+from aiocoap import Code
 
-from adapters.coap import deliveries
+from adapters.coap import deliveries, tokens
 from adapters.coap.access import Access
 from adapters.coap.actuators import CoapActuator, CoapActuators
 from adapters.coap.batcher import Batcher
 from adapters.coap.credentials import OSCORE_REFUSALS, SensorCredentials
+from adapters.coap.errors import Refused
 from adapters.coap.fastpath import FastPath
 from adapters.coap.observer import Observer, ObserveTarget
 from adapters.coap.profiles import default_profiles
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 # aiocoap's loggers besides the context's own ("sepa-coap"): its OSCORE wrapper's, and the server's
 # parent. A logger's filter sees only what is logged to that logger, not to its children.
 AIOCOAP_LOGGERS = ("coap-server", "coap-server.oscore-site")
+TOKEN_IN_USE = "(token in use)"  # the resource a request refused for its token is counted under
 
 
 class CoapAdapter:
@@ -136,6 +139,7 @@ class CoapAdapter:
             await self.queries.stop()
             raise OSError(f"cannot listen on [{self.host}]:{self.port}/udp: {error.strerror or error}") from None
         self.fast.attach(self.context)
+        tokens.attach(self.context, self._token_in_use)
         for logger in self._aiocoap_loggers():
             logger.addFilter(self.fast.quiet)
         await self.observer.start()
@@ -179,6 +183,11 @@ class CoapAdapter:
         300 blocks were 300 lines (65 KB), and 16-byte blocks ~21,000 lines in 247 s."""
         assert self.context is not None
         return [self.context.log, *(logging.getLogger(name) for name in AIOCOAP_LOGGERS)]
+
+    def _token_in_use(self, _request: aiocoap.Message) -> None:
+        """Count a request refused for the token of another under way (:mod:`adapters.coap.tokens`)
+        with the readings' refusals, under one name: the peer's paths are its own to make up."""
+        self.readings.refuse(TOKEN_IN_USE, Refused(Code.BAD_REQUEST, tokens.IN_USE))
 
     def _mappings_changed(self, _notification: Any) -> None:
         if self._mappings is not None:

@@ -1,5 +1,5 @@
-"""Block-wise request assembly that answers 4.08, not 5.00, when a block does not fit its transfer;
-and a bound on the large responses kept for their Block2 continuations.
+"""Block-wise request assembly and response blocks whose refusals are counted as the resource's
+other bad input; and a bound on the large responses kept for their Block2 continuations.
 
 Why: aiocoap's Block1Spool answers a block of an unknown transfer with 4.08 Request Entity
 Incomplete (RFC 7959 §2.9.2), but a block that does not continue the transfer it is keyed to
@@ -8,18 +8,24 @@ traceback, per block. Two block-wise POSTs from one endpoint to one resource at 
 Request-Tag, do that (aiocoap's own client sends them so): one client posting 3.7 KB SenML packs
 50 at a time got 1,972 5.00s in 5 s, and the gateway's log as many tracebacks. Now each is a
 4.08, counted with the resource's refusals; the sender starts its transfer again.
+aiocoap's Block2Cache answers a block of no kept response (expired, or never asked from that
+port) 4.08 and a block past the end of one 4.00, before any resource code sees the request: both
+went uncounted (not per resource, not by code), whatever a peer sent.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiocoap
-from aiocoap.blockwise import Block1Spool
-from aiocoap.error import RequestEntityIncomplete
+from aiocoap import Code
+from aiocoap.blockwise import Block1Spool, Block2Cache, IncompleteException
+from aiocoap.error import BadRequest, RequestEntityIncomplete
 from aiocoap.resource import Resource
 from aiocoap.util.asyncio.timeoutdict import TimeoutDict
+
+from adapters.coap.errors import Refused
 
 # The complete responses kept for their later blocks, per resource: at most this many bytes of
 # payloads (a payload shared by several entries counts once; the newest entry is kept whatever
@@ -27,25 +33,53 @@ from aiocoap.util.asyncio.timeoutdict import TimeoutDict
 BLOCK2_KEPT_BYTES = 8 << 20
 BLOCK2_KEPT_ENTRIES = 1000
 
+# The resource's refusal of a request: counted per code and per resource, the response returned.
+Refuse = Callable[[aiocoap.Message, Refused], aiocoap.Message]
+
 
 class Block1Assembly(Block1Spool):  # type: ignore[misc]
-    """aiocoap's spool, with a block that does not fit answered 4.08 and counted in `refused`."""
+    """aiocoap's spool, with a block that does not fit answered 4.08, and every 4.08 counted."""
 
-    def __init__(self, refused: Counter[str]) -> None:
+    def __init__(self, refuse: Refuse) -> None:
         super().__init__()
-        self.refused = refused
+        self.refuse = refuse
 
     def feed_and_take(self, req: aiocoap.Message) -> aiocoap.Message:
         try:
             return super().feed_and_take(req)
         except ValueError:  # its sender's next block 0 starts the transfer afresh
-            self.refused["4.08"] += 1
+            self.refuse(req, Refused(Code.REQUEST_ENTITY_INCOMPLETE, "the block does not continue its transfer"))
             raise RequestEntityIncomplete() from None
+        except IncompleteException:
+            self.refuse(req, Refused(Code.REQUEST_ENTITY_INCOMPLETE, "no transfer for this block"))
+            raise
 
 
-def assemble_with_refusals(resource: Resource, refused: Counter[str]) -> None:
-    """Give `resource` the spool above (aiocoap's Resource keeps its spool in `_block1`)."""
-    resource._block1 = Block1Assembly(refused)
+class Block2Blocks(Block2Cache):  # type: ignore[misc]
+    """aiocoap's cache, a later block it refuses answered by the resource's refusal (counted)."""
+
+    def __init__(self, refuse: Refuse) -> None:
+        super().__init__()
+        self.refuse = refuse
+
+    async def extract_or_insert(
+        self, req: aiocoap.Message, response_builder: Callable[[], Awaitable[aiocoap.Message]]
+    ) -> aiocoap.Message:
+        try:
+            return await super().extract_or_insert(req, response_builder)
+        except (IncompleteException, BadRequest) as error:
+            if req.opt.block2 is None or req.opt.block2.block_number == 0:
+                raise  # the response builder's, not the cache's: a later block is never built
+            if isinstance(error, BadRequest):
+                return self.refuse(req, Refused(Code.BAD_REQUEST, "the block is past the end of the response"))
+            return self.refuse(req, Refused(Code.REQUEST_ENTITY_INCOMPLETE, "no response kept for this block"))
+
+
+def assemble_with_refusals(resource: Resource, refuse: Refuse) -> None:
+    """Give `resource` the spool and the cache above (aiocoap's Resource keeps them in `_block1`
+    and `_block2`)."""
+    resource._block1 = Block1Assembly(refuse)
+    resource._block2 = Block2Blocks(refuse)
 
 
 class BoundedResponses(TimeoutDict):  # type: ignore[misc]

@@ -141,6 +141,7 @@ class FastPath:
         self.answered = 0
         self.retransmissions_dropped = 0
         self.network_shed = 0
+        self.options_dropped = 0  # datagrams of more than datagrams.MAX_OPTIONS options
         self.malformed = 0  # datagrams aiocoap could not decode
         self.truncated = 0  # datagrams longer than RECEIVE_BYTES
         self.aiocoap_notices = 0  # aiocoap's other log records below ERROR (see quiet)
@@ -212,6 +213,10 @@ class FastPath:
             # §4.2: a malformed message); a sensor sends more as a block-wise transfer.
             self.truncated += 1
             return None
+        if datagrams.too_many_options(data):
+            # before aiocoap decodes them all, and before any budget: dropped, counted, a CON rejected
+            self.options_dropped += 1
+            return self._reject(interface, data, ancdata, address)
         local, hostinfo = self._peer(interface, address)
         request = datagrams.parse(data)
         if request is None or not self.site.reads(request.path):
@@ -296,17 +301,20 @@ class FastPath:
             except UnicodeDecodeError:
                 # A text option (Uri-Path, Uri-Query...) that is not UTF-8: aiocoap's decoder raises
                 # this out of its socket reader, an ERROR with a traceback per datagram, a log any peer
-                # could fill. A message format error, counted; a confirmable one is rejected with a
-                # Reset (RFC 7252 §4.2), four bytes, no larger than what came: its sensor stops
-                # retransmitting at once instead of for ~45 s.
+                # could fill. A message format error, counted; a confirmable one is rejected.
                 self.malformed += 1
                 data, ancdata, _flags, address = datagram
-                reset = datagrams.reset_for(data)
-                transport = getattr(interface, "transport", None)
-                if reset is not None and transport is not None:
-                    transport.sendmsg(reset, _pktinfo(ancdata), 0, address)
+                self._reject(interface, data, ancdata, address)
         else:
             self.network_shed += 1
+
+    def _reject(self, interface: MessageInterfaceUDP6, data: bytes, ancdata: Ancillary, address: Any) -> None:
+        """Reject a confirmable message with a Reset (RFC 7252 §4.2): four bytes, no larger than what
+        came, and its sender stops retransmitting at once instead of for ~45 s."""
+        reset = datagrams.reset_for(data)
+        transport = getattr(interface, "transport", None)
+        if reset is not None and transport is not None:
+            transport.sendmsg(reset, _pktinfo(ancdata), 0, address)
 
     def quiet(self, record: logging.LogRecord) -> bool:
         """A filter of the aiocoap context's logger: below ERROR, each of its messages (by its format)
@@ -371,6 +379,7 @@ class FastPath:
             "malformed_dropped": self.malformed,
             "aiocoap_notices": self.aiocoap_notices,
             "truncated_dropped": self.truncated,
+            "too_many_options_dropped": self.options_dropped,
         }
 
 

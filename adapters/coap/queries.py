@@ -11,7 +11,8 @@ the Observe option (RFC 7641): `coap-client -s 30 coap://gateway/q/lamps`.
   The broker's refusal of the SPARQL (syntax, not SELECT/ASK, SERVICE) is 4.00 with its text.
 - ``GET /q/NAME``: the current result (:mod:`adapters.coap.results`: SPARQL JSON as
   application/json 50, or CBOR 60 by Accept), block-wise (Block2) when large. Its ETag is the
-  result's sequence number (8 bytes, big-endian), the same number the notifications carry.
+  result's sequence number (8 bytes, big-endian), the same number the notifications carry; a GET
+  carrying the current one as an ETag option gets 2.03 Valid without payload (RFC 7252 §5.10.6.2).
 - ``GET /q/NAME`` with Observe: first the complete result at the current sequence, then every
   notification of the subscription, in order (added and removed rows). Nothing is skipped: RFC 7641
   lets a server send only the latest state, but a delta missed would leave the observer's rows
@@ -570,7 +571,7 @@ class QueriesResource(Resource):
         self.probed = 0  # observers sent the complete result to check that they are still there
         self._probed_at = float("-inf")
         self.refused: Counter[str] = Counter()
-        assemble_with_refusals(self, self.refused)
+        assemble_with_refusals(self, lambda request, refused: self._refusal(refused, request.opt.uri_path))
         self.block2 = bound_block2(self)
 
     async def start(self) -> None:
@@ -734,7 +735,10 @@ class QueriesResource(Resource):
             raise Refused(Code.NOT_FOUND, "subscriptions are /q/NAME")
         query, content_format = self._readable(request)
         sequence, payload = query.document(content_format)
-        return aiocoap.Message(payload=payload, content_format=content_format, etag=sequence.to_bytes(8, "big"))
+        etag = sequence.to_bytes(8, "big")
+        if etag in request.opt.etags:  # the client holds this result: 2.03 Valid, no payload (RFC 7252 §5.10.6.2)
+            return aiocoap.Message(code=Code.VALID, etag=etag)
+        return aiocoap.Message(payload=payload, content_format=content_format, etag=etag)
 
     async def render_post(self, request: aiocoap.Message) -> aiocoap.Message:
         if request.opt.uri_path:

@@ -61,7 +61,9 @@ class ReadingsResource(Resource):
         self.requests = 0
         self.refused: Counter[str] = Counter()
         self._unassembled: set[int] = set()  # ids of requests given to render one block at a time
-        assemble_with_refusals(self, self.refused)
+        assemble_with_refusals(
+            self, lambda request, refused: self.refuse("/".join(request.opt.uri_path), refused, authenticated(request))
+        )
 
     async def needs_blockwise_assembly(self, request: aiocoap.Message) -> bool:
         """Assemble block-wise payloads only while they stay under the limit (aiocoap's spool has

@@ -175,6 +175,11 @@ def observers() -> Iterator[Callable[[str], CoapClientObserver]]:
             observer.stop()
 
 
+def bad_input_by_resource(metrics: dict[str, float]) -> dict[str, float]:
+    """The per-resource bad-input samples of `metrics`."""
+    return {name: value for name, value in metrics.items() if name.startswith("sepa_coap_bad_input_by_resource")}
+
+
 def coap(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([coap_client(), "-B", "10", *args], capture_output=True, text=True, timeout=20)
 
@@ -228,6 +233,28 @@ def test_a_configured_subscription_is_a_resource(start_gateway: Callable[..., Ru
     assert "</q/lamps>;obs" in listed.stdout
     assert "4.04" in coap(f"{gateway.coap_url}/q/nothing").stderr
     assert "4.06" in coap("-A", "0", f"{gateway.coap_url}/q/lamps").stderr
+
+
+def test_a_get_with_the_current_etag_is_answered_2_03_valid_without_the_result(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """RFC 7252 §5.10.6.2: a client that holds the current result (its ETag) is told so, without it.
+    Without the fix it got 2.05 and the whole result again (here over 2 KB, block-wise)."""
+    gateway = start_gateway(coap=True, toml=CONFIG)
+    insert(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(40)))
+    uri = f"{gateway.coap_url}/q/lamps"
+    first = asyncio.run(request(uri))
+    assert first.code == Code.CONTENT and len(first.payload) > 2_000
+
+    valid = asyncio.run(request(uri, etags=[first.opt.etag]))
+    assert (valid.code, valid.payload, valid.opt.etag) == (Code.VALID, b"", first.opt.etag)
+    shown = coap("-v", "7", "-O", f"4,0x{first.opt.etag.hex()}", uri)  # libcoap: the same, by its ETag option
+    assert "2.03 response" in shown.stdout and "a-lamp-with" not in shown.stdout, shown.stdout[-2000:]
+
+    insert(gateway, lamp("porch", False))
+    changed = asyncio.run(request(uri, etags=[first.opt.etag, b"other"]))
+    assert changed.code == Code.CONTENT and changed.opt.etag != first.opt.etag
+    assert Counter(bindings(json.loads(changed.payload))) == current(gateway)
 
 
 def test_coap_client_observer_receives_each_change(
@@ -290,6 +317,44 @@ def test_large_results_are_block_wise_for_get_and_in_parts_for_observers(
     assert len(parts) > 1 and {part["sequence"] for part in parts} == {2}
     assert observer.follower.view == current(gateway)
     assert len(observer.follower.view) == 20
+
+
+async def blocks(uri: str, *numbers: int) -> list[aiocoap.Message]:
+    """GETs of Block2 `numbers` (64-byte blocks) of `uri`, one after the other from one port."""
+    context = await aiocoap.Context.create_client_context()
+    try:
+        return [
+            await context.request(
+                aiocoap.Message(code=Code.GET, uri=uri, block2=(number, False, 2)), handle_blockwise=False
+            ).response
+            for number in numbers
+        ]
+    finally:
+        await context.shutdown()
+
+
+def test_block2_requests_past_the_end_or_of_no_kept_response_are_bad_input_counted_per_resource(
+    start_gateway: Callable[..., RunningGateway],
+) -> None:
+    """A block past the end of the kept result (aiocoap's 4.00) and a block of no kept result
+    (4.08: expired, or never asked from this port) are counted as the resource's other bad input.
+    Without the fix both were answered, but counted nowhere: not per resource nor by code."""
+    gateway = start_gateway(coap=True, toml=CONFIG)
+    insert(gateway, *(lamp(f"a-lamp-with-a-rather-long-name-{number:03}", True) for number in range(60)))
+    uri = f"{gateway.coap_url}/q/lamps"
+
+    assert coap("-b", "3,64", uri).stderr.startswith("4.08")  # libcoap: block 3 of nothing kept
+    first, past = asyncio.run(blocks(uri, 0, 100_000))
+    assert first.code == Code.CONTENT and first.opt.block2.more
+    assert past.code == Code.BAD_REQUEST
+    assert coap("-m", "get", "-b", "1,64", f"{gateway.coap_url}/s/boiler/temperature").stderr.startswith("4.08")
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_q_refused_4_08"] == 1 and metrics["sepa_coap_q_refused_4_00"] == 1
+    assert metrics["sepa_coap_bad_input"] == 3
+    per_resource = {"q/lamps": 2, "s/boiler/temperature": 1}
+    assert bad_input_by_resource(metrics) == {
+        f'sepa_coap_bad_input_by_resource{{source="{path}"}}': count for path, count in per_resource.items()
+    }
 
 
 class Remote(SimpleNamespace):
@@ -475,8 +540,7 @@ def test_refusals_under_q_are_bad_input_counted_per_resource(start_gateway: Call
         assert coap("-m", "get", f"{gateway.coap_url}/q/made-up-{number}").stderr.startswith("4.04")
     assert coap("-m", "get", "-A", "0", f"{gateway.coap_url}/q/lamps").stderr.startswith("4.06")
     metrics = gateway.metrics()
-    counted = {name: value for name, value in metrics.items() if name.startswith("sepa_coap_bad_input_by_resource")}
-    assert counted == {
+    assert bad_input_by_resource(metrics) == {
         'sepa_coap_bad_input_by_resource{source="q"}': 51,
         'sepa_coap_bad_input_by_resource{source="q/lamps"}': 1,
     }
