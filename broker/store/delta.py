@@ -146,12 +146,16 @@ def load_nquads(
     created: list[NamedNode],
     dropped: list[NamedNode],
     hot: list[int] | None = None,
+    churned: bytes = b"",
 ) -> int:
     """Apply a delta that came as N-Quads, the added quads loaded by pyoxigraph (no ``_:`` in
-    them: `Store.load` renames blank nodes); the number removed (and by subject in `hot`)."""
+    them: `Store.load` renames blank nodes); the number removed (and by subject in `hot`).
+    `churned`: quads removed only where present (:func:`present`)."""
     count = 0
     if removed:
         count = apply_quads(ox, (), parse(removed, format=RdfFormat.N_QUADS), (), (), hot)
+    if churned:
+        count += apply_quads(ox, (), present(ox, churned), (), (), hot)
     for graph in dropped:
         ox.remove_graph(graph)
     if added:
@@ -159,3 +163,14 @@ def load_nquads(
     for graph in created:
         ox.add_graph(graph)
     return count
+
+
+def present(ox: Store, nquads: bytes) -> list[Quad]:
+    """The quads of `nquads` that `ox` holds.
+
+    Why: a replica's netted backlog (:class:`broker.workers.backlog.Backlog`) has quads that its
+    deltas added and removed again; the store may hold one only when a delta was replayed (see
+    :meth:`broker.workers.pool.QueryWorkers._place`), and looking one up costs less than removing
+    it (pyoxigraph 0.5.13, 200,000 quads: 1.1 us against 1.2-2.3 us absent, 2.0-2.5 us present,
+    measured 2026-12-07), and a quad never stored is no dead version to count."""
+    return [quad for quad in parse(nquads, format=RdfFormat.N_QUADS) if quad in ox]

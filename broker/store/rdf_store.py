@@ -20,7 +20,16 @@ from broker.background import at_low_priority
 from broker.core.clock import EngineClock
 from broker.errors import StoreFailed
 from broker.headroom import Headroom
-from broker.store.delta import HOT_BUCKETS, apply_quads, dead_weight, delta_update, load_nquads, pieces, updated
+from broker.store.delta import (
+    HOT_BUCKETS,
+    apply_quads,
+    dead_weight,
+    delta_update,
+    load_nquads,
+    pieces,
+    present,
+    updated,
+)
 from broker.store.durable import sync_directory
 from broker.store.journal import (
     GENERATION,
@@ -446,7 +455,12 @@ class RdfStore:
                 return result
 
     def apply_nquads(
-        self, added: bytes, removed: bytes, graphs_created: Iterable[str], graphs_dropped: Iterable[str]
+        self,
+        added: bytes,
+        removed: bytes,
+        graphs_created: Iterable[str],
+        graphs_dropped: Iterable[str],
+        churned: bytes = b"",
     ) -> None:
         """:meth:`apply` for a delta that came as N-Quads (a replica's, :func:`broker.workers.pool.batched`)
         and graphs as their texts (:func:`graph_text`).
@@ -460,7 +474,10 @@ class RdfStore:
         difference was within the machine's noise). `Store.load` renames blank nodes, and later deltas name them by
         their labels: a delta with ``_:`` anywhere in its added quads goes the slow way, as does
         one the store must journal or tell followers about. A replica compacting (on a thread of its
-        own) keeps them as N-Quads for its copy (:class:`Recording`)."""
+        own) keeps them as N-Quads for its copy (:class:`Recording`).
+
+        `churned`: quads to remove where the store holds them (those a replica's netted backlog
+        added and removed again, :class:`broker.workers.backlog.Backlog`)."""
         created = [graph_named(graph) for graph in graphs_created]
         dropped = [graph_named(graph) for graph in graphs_dropped]
         with self.lock:
@@ -468,13 +485,13 @@ class RdfStore:
             fast = self._journal is None and self.path is None and all(isinstance(f, Recording) for f in recordings)
             if fast and not (added and contains(added, b"_:")):
                 self.changes += 1
-                self.garbage += load_nquads(self.ox, added, removed, created, dropped, self.hot)
-                for recording in recordings:
-                    recording.nquads(added, removed, created, dropped)  # type: ignore[union-attr]
+                self.garbage += load_nquads(self.ox, added, removed, created, dropped, self.hot, churned)
+                for recording in recordings:  # the copy may hold a churned quad: removed there if so
+                    recording.nquads(added, removed + churned, created, dropped)  # type: ignore[union-attr]
                 return
         self.apply(
             parse(added, format=RdfFormat.N_QUADS) if added else (),
-            parse(removed, format=RdfFormat.N_QUADS) if removed else (),
+            [*parse(removed, format=RdfFormat.N_QUADS), *present(self.ox, churned)] if removed or churned else (),
             created,
             dropped,
         )

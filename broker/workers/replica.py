@@ -6,7 +6,9 @@ SERVICE the endpoints a query may call. It
 receives, in order, one snapshot (``seed``), then the deltas the store applied (``apply``, in
 order as N-Quads, :func:`broker.workers.pool.batched`) and jobs (``job``, :mod:`broker.workers.jobs`), each
 answered with one reply. A job sees every delta sent before it, so it sees what the store held
-when it was sent: the replica is the store, one message behind at most.
+when it was sent: the deltas wait in a netted backlog (:class:`broker.workers.backlog.Backlog`)
+until a job comes, or MAX_AGE_S or MAX_BYTES pass, and the job's time limit starts once they
+are applied.
 
 Nothing here is shared with the broker's process; a job that never ends, or crashes pyoxigraph,
 costs this process only (:mod:`broker.workers.pool` kills and replaces it).
@@ -30,6 +32,7 @@ from broker.compaction import REPLICA_DEAD_PER_LIVE, Compactor
 from broker.core.query_processor import QueryProcessor
 from broker.errors import MemoryLimitExceeded, SepaError
 from broker.sparql.limits import WORKER_STACK_BYTES
+from broker.workers.backlog import Backlog
 from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
 from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
@@ -157,8 +160,9 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
     processor: QueryProcessor | None = None
     compactor: Compactor | None = None
     bound = MemoryBound(memory_bytes)
+    backlog = Backlog()
     try:
-        for message in received(connection):
+        for message in received(connection, backlog.wait_s):
             kind = message[0]
             if kind == "apply":
                 assert processor is not None
@@ -166,13 +170,18 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
                     # a large part follows the message raw (broker.workers.pool.Worker._send_raw)
                     added = connection.recv_bytes() if added is None else added
                     removed = connection.recv_bytes() if removed is None else removed
-                    processor.store.apply_nquads(added, removed, created, dropped)
+                    backlog.receive(processor.store, added, removed, created, dropped)
+            elif kind == "idle":  # the backlog waited MAX_AGE_S for a job
+                assert processor is not None
+                backlog.apply(processor.store)
             elif kind == "job":
                 assert processor is not None
+                backlog.apply(processor.store)
                 connection.send(("started",))  # the deltas before it are applied: its time limit starts now
                 connection.send(reply_for(processor, message, bound))
             elif kind == "jobs":  # QueryWorkers.dispatch: one message for many, answered one by one
                 assert processor is not None
+                backlog.apply(processor.store)
                 _, name, calls, micros = message
                 for args, kwargs in calls:
                     connection.send(("started",))

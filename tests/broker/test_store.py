@@ -24,6 +24,7 @@ import broker.store
 from broker.core.engine import Engine
 from broker.store import JOURNAL, RdfStore, encode_journal_entry, rdf_store
 from broker.store import delta as store_delta
+from broker.workers.backlog import Backlog
 
 EX = "http://example.org/"
 
@@ -387,6 +388,51 @@ def test_a_delta_applied_from_n_quads_leaves_the_store_applying_its_quads_does(d
         assert (replica.garbage, replica.changes) == (store.garbage, store.changes)
     if followed:
         assert [quad for added, _ in followed_deltas for quad in added] == seen
+
+
+@settings(max_examples=80, deadline=None)
+@given(deltas=_deltas, data=st.data())
+def test_a_replica_s_netted_backlog_leaves_it_the_store_applying_each_delta_does(
+    deltas: list, data: st.DataObject
+) -> None:
+    """A query worker's replica keeps its deltas in a backlog, netted, until a job (here: at drawn
+    points) or a graph's creation or drop: it then holds what the store held at that point, and no
+    more dead versions than the store. Its snapshot may be taken after some of the deltas it then
+    replays (:meth:`broker.workers.pool.QueryWorkers._place`): quads the backlog adds and removes
+    again are then in the replica before, and must go."""
+    store = RdfStore.memory()
+    sent: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]] = []
+    states: list[tuple[list[Quad], set[object]]] = []
+    seen: list[Quad] = []
+    for added, removed, created, dropped in deltas:
+        removed_quads = [seen[index % len(seen)] for index in removed] if seen else []
+        store.apply(added, removed_quads, [NamedNode(g) for g in created], [NamedNode(g) for g in dropped])
+        seen += added
+        sent.append((store_nquads(added), store_nquads(removed_quads), tuple(created), tuple(dropped)))
+        states.append((store.quads(), set(store.ox.named_graphs())))
+    snapshot_after = data.draw(st.integers(0, len(deltas)))
+    replica = RdfStore.memory()
+    if snapshot_after:
+        quads, graphs = states[snapshot_after - 1]
+        replica.ox.extend(quads)
+        for graph in graphs:
+            replica.ox.add_graph(graph)  # type: ignore[arg-type]
+    jobs = data.draw(st.sets(st.integers(0, len(deltas) - 1)))
+    backlog = Backlog()
+    for position, delta in enumerate(sent):
+        backlog.receive(replica, *delta)
+        if position in jobs or position == len(sent) - 1:
+            backlog.apply(replica)
+            if position + 1 >= snapshot_after:  # before, the replica replays what its snapshot holds
+                assert replica.quads() == states[position][0]
+                assert set(replica.ox.named_graphs()) == states[position][1]
+    if not snapshot_after:
+        assert replica.garbage <= store.garbage
+
+
+def store_nquads(quads: list[Quad]) -> bytes:
+    """`quads` as the pool sends them to a replica."""
+    return serialize(quads, format=RdfFormat.N_QUADS) if quads else b""
 
 
 _TAGGED_ON_ROCKSDB = """

@@ -10,9 +10,14 @@ import sys
 import textwrap
 import threading
 from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+from pyoxigraph import Literal, NamedNode, Quad, RdfFormat, serialize
 
 from broker.compaction import CHECK_S
-from broker.workers import replica
+from broker.store import RdfStore
+from broker.workers import backlog, replica
 from broker.workers.replica import serve
 from tests.broker.workers.conftest import EX, nquads
 
@@ -50,13 +55,17 @@ def test_a_replica_answers_jobs_while_it_compacts_and_keeps_every_delta(held_com
         assert worker.connection.poll(10) and worker.connection.recv() == ("ready",)
         # every quad replaced twice: 2,000 dead for 1,000 live, where the gateway would compact and
         # a replica does not (REPLICA_DEAD_PER_LIVE: not at the gateway's moment); 500 more added and
-        # removed: 2,500 dead, a compaction is due
+        # removed: 2,500 dead, a compaction is due. A job after each delta: a backlog of them would
+        # be netted (broker.workers.backlog), and quads added and removed within it are no dead versions
         worker.connection.send(("apply", [(nquads(range(1000, 2000)), nquads(range(1000)), (), ())]))
+        assert worker.query(COUNT) == ["1000"]
         worker.connection.send(("apply", [(nquads(range(2000, 3000)), nquads(range(1000, 2000)), (), ())]))
         assert worker.query(COUNT) == ["1000"]
         assert not copying.wait(3 * CHECK_S), "a replica compacted at the gateway's ratio"
         worker.connection.send(("apply", [(nquads(range(5000, 5500)), nquads([]), (), ())]))
+        assert worker.query(COUNT) == ["1500"]
         worker.connection.send(("apply", [(nquads([]), nquads(range(5000, 5500)), (), ())]))
+        assert worker.query(COUNT) == ["1000"]
         assert copying.wait(10), "no compaction began"
         # while the copy is under way: a delta, then a job that must see it (before: no answer until the copy ended)
         worker.connection.send(("apply", [(nquads([3000]), nquads([2000]), (), ())]))
@@ -69,6 +78,60 @@ def test_a_replica_answers_jobs_while_it_compacts_and_keeps_every_delta(held_com
         worker.connection.send(("apply", [(nquads([3001]), nquads([2001]), (), ())]))
         numbers = worker.query(f"SELECT ?o WHERE {{ ?s <{EX}p> ?o }} ORDER BY ?o")
         assert numbers == [str(n) for n in [*range(2002, 3000), 3000, 3001]]
+    finally:
+        worker.close()
+
+
+def values(*numbers: int) -> bytes:
+    """<s0> <p> n for each of `numbers`: one subject's latest value, replaced by each reading."""
+    quads = [Quad(NamedNode(f"{EX}s0"), NamedNode(f"{EX}p"), Literal(n)) for n in numbers]
+    return serialize(quads, format=RdfFormat.N_QUADS)
+
+
+def test_a_replica_applies_its_deltas_netted_once_a_job_comes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 deltas each replacing the value the one before added (a sensor's latest view) reach the
+    store as one: the first value removed, the last added, the 98 between never stored (before:
+    100 applies, 100 quads loaded and 100 removed, each a dead version). The job sees the last."""
+    applied: list[tuple[bytes, bytes]] = []
+    apply_nquads = RdfStore.apply_nquads
+
+    def counted(store: RdfStore, added: bytes, removed: bytes, *rest: Any) -> None:
+        applied.append((added, removed))
+        apply_nquads(store, added, removed, *rest)
+
+    monkeypatch.setattr(RdfStore, "apply_nquads", counted)
+    monkeypatch.setattr(backlog, "MAX_AGE_S", 600.0)  # only the job applies them
+    worker = Replica()
+    try:
+        worker.connection.send(("seed", "memory", values(0), ()))
+        assert worker.connection.poll(10) and worker.connection.recv() == ("ready",)
+        for n in range(1, 101):
+            worker.connection.send(("apply", [(values(n), values(n - 1), (), ())]))
+        assert worker.query(f"SELECT ?o WHERE {{ <{EX}s0> ?p ?o }}") == ["100"]
+        assert applied == [(values(100), values(0))]
+    finally:
+        worker.close()
+
+
+def test_a_replica_applies_its_deltas_without_a_job_once_they_waited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quiet replica does not keep its backlog for the next job (which would wait for it, and the
+    replica's memory would hold it meanwhile): past MAX_AGE_S it applies it."""
+    applied = threading.Event()
+    apply_nquads = RdfStore.apply_nquads
+
+    def counted(store: RdfStore, *args: Any) -> None:
+        apply_nquads(store, *args)
+        applied.set()
+
+    monkeypatch.setattr(RdfStore, "apply_nquads", counted)
+    monkeypatch.setattr(backlog, "MAX_AGE_S", 0.2)
+    worker = Replica()
+    try:
+        worker.connection.send(("seed", "memory", values(0), ()))
+        assert worker.connection.poll(10) and worker.connection.recv() == ("ready",)
+        worker.connection.send(("apply", [(values(1), values(0), (), ())]))
+        assert applied.wait(30), "the backlog waited for a job"
+        assert worker.query(f"SELECT ?o WHERE {{ <{EX}s0> ?p ?o }}") == ["1"]
     finally:
         worker.close()
 
