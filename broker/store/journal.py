@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from pyoxigraph import BlankNode, NamedNode, Quad, RdfFormat, parse, serialize
 
@@ -75,6 +77,7 @@ Journalled = tuple[list[Quad], list[Quad], list[NamedNode], list[NamedNode], str
 
 # a record's header line: the magic and the sizes of its parts (four: a journal written before tags)
 _HEADER = re.compile(rb"SEPA-DELTA(?: \d+){4,5}\n")
+_HEADER_MAX = 128  # bytes of a header line at most (the magic and five sizes of up to 20 digits: 115)
 
 
 class JournalDamaged(Exception):
@@ -85,36 +88,29 @@ class JournalDamaged(Exception):
         self.offset, self.reason = offset, reason
 
 
-def _decode(data: bytes, limit: int | None = None) -> tuple[list[Journalled], int]:
-    """The journalled deltas with their tags, in order, up to the last complete record (at most
-    `limit` of them), and the bytes those records take; what follows is for :func:`_torn` to judge.
-    JournalDamaged for a record whose header is whole and whose parts do not decode, unless it is
-    the last one and holds zeros (a power cut that lengthened the file but lost its data).
+def _record(file: BinaryIO, position: int) -> tuple[Journalled, int] | None:
+    """The record `file` holds at `position` (where it is read from) decoded, and where the next one
+    starts; None if what is there is no whole record (for :func:`_torn` to judge). JournalDamaged
+    for a record whose header is whole and whose parts do not decode, unless it holds zeros and
+    only zeros follow it (a power cut that lengthened the file but lost its data)."""
+    header = file.readline(_HEADER_MAX)
+    if _HEADER.fullmatch(header) is None:
+        return None
+    sizes = [int(field) for field in header.split()[1:]]
+    parts = [file.read(size) for size in sizes]
+    if sum(map(len, parts)) < sum(sizes):
+        return None  # cut while being written: never acknowledged
+    try:
+        return _entry(parts), position + len(header) + sum(sizes)
+    except (SyntaxError, ValueError) as error:
+        if any(b"\0" in part for part in parts) and _only_zeros(file):
+            return None
+        raise JournalDamaged(position, f"its record there does not decode: {one_line(error)}") from None
 
-    By offsets into `data`: slicing off each record's rest copied what followed it, and a 16 MB
-    journal of 3,647 readings-like deltas took 2.8 s to decode (quadratic), a start's whole wait."""
-    entries: list[Journalled] = []
-    position, whole = 0, len(data)
-    while position < whole and (limit is None or len(entries) < limit):
-        newline = data.find(b"\n", position)
-        if newline < 0 or _HEADER.fullmatch(data, position, newline + 1) is None:
-            break
-        sizes = [int(field) for field in data[position:newline].split()[1:]]
-        offset = newline + 1
-        if whole - offset < sum(sizes):
-            break  # cut while being written: never acknowledged
-        parts = []
-        for size in sizes:
-            parts.append(data[offset : offset + size])
-            offset += size
-        try:
-            entries.append(_entry(parts))
-        except (SyntaxError, ValueError) as error:
-            if b"\0" in data[position:offset] and not data[offset:].strip(b"\0"):
-                break
-            raise JournalDamaged(position, f"its record there does not decode: {one_line(error)}") from None
-        position = offset
-    return entries, position
+
+def _only_zeros(file: BinaryIO) -> bool:
+    """Whether the rest of `file` holds zeros only (read a MB at a time)."""
+    return all(not chunk.strip(b"\0") for chunk in iter(lambda: file.read(1 << 20), b""))
 
 
 def one_line(error: Exception, limit: int = 200) -> str:
@@ -147,34 +143,43 @@ def _torn(tail: bytes) -> bool:
     return _MAGIC.startswith(start) and re.fullmatch(rb"( [\d ]*)?", tail[len(_MAGIC) :]) is not None
 
 
-def read_journal(journal: Path, covered: int | None = None) -> list[Journalled]:
-    """A journal's records up to the last complete one; a record cut while being written (a kill,
-    a full disk) is cut off the file, since records appended after it would be cut off with it at
-    the next replay, though acknowledged. Resident, `covered` is the generation the snapshot holds:
-    a journal it holds is stale, and only its first record (its generation) is read.
+def read_journal(journal: Path) -> Iterator[Journalled]:
+    """A journal's records, each decoded as it is read, for the caller to apply and let go of before
+    the next is read; then, past the last complete one, a record cut while being written (a kill, a
+    full disk) is cut off the file, since records appended after it would be cut off with it at the
+    next replay, though acknowledged. A caller that stops early (a stale journal, of which only the
+    generation record is read) leaves the file as it is.
 
     A damaged journal (a record that does not decode, or more than a crash leaves after the last
-    whole one) is StoreFailed naming the file and the offset, and the file is left as it is: a
-    start that went on would drop every acknowledged record after the damage for good."""
+    whole one) is StoreFailed naming the file and the offset, once the records before the damage
+    were yielded, and the file is left as it is: a start that went on would drop every
+    acknowledged record after the damage for good. Whoever applied those records throws away what
+    they did (:class:`broker.store.RdfStore` says how).
+
+    Why record by record: the whole journal read and decoded first made a start's memory follow the
+    journal, not the store: 57 MB of journal (20,000 readings) took a start to a peak RSS of 330 MB
+    (docs/architecture.md, "Restart after a kill")."""
     if not journal.exists():
-        return []
-    data = journal.read_bytes()
-    try:
-        if covered is not None:
-            first, _ = _decode(data, limit=1)
-            if -1 < generation_of(first) <= covered:
-                return first  # nothing in it that the snapshot lacks, and the next switch rewrites it
-        entries, complete = _decode(data)
-    except JournalDamaged as damaged:
-        raise StoreFailed(_damage(journal, damaged.offset, damaged.reason)) from None
-    if complete < len(data):
-        if not _torn(data[complete:]):
-            raise StoreFailed(_damage(journal, complete, "a record there is not one this gateway wrote"))
-        log.warning("the journal ends in a cut record: dropped", extra={"bytes": len(data) - complete})
-        with journal.open("r+b") as file:
-            file.truncate(complete)
-            os.fsync(file.fileno())
-    return entries
+        return
+    with journal.open("rb") as file:
+        position = 0
+        try:
+            while (record := _record(file, position)) is not None:
+                entry, position = record
+                yield entry
+                del entry, record  # before the next is decoded: one record's quads at a time
+        except JournalDamaged as damaged:
+            raise StoreFailed(_damage(journal, damaged.offset, damaged.reason)) from None
+        file.seek(position)
+        tail = file.read()
+    if not tail:
+        return
+    if not _torn(tail):
+        raise StoreFailed(_damage(journal, position, "a record there is not one this gateway wrote"))
+    log.warning("the journal ends in a cut record: dropped", extra={"bytes": len(tail)})
+    with journal.open("r+b") as file:
+        file.truncate(position)
+        os.fsync(file.fileno())
 
 
 def _damage(journal: Path, offset: int, reason: str) -> str:
@@ -186,8 +191,8 @@ def _damage(journal: Path, offset: int, reason: str) -> str:
     )
 
 
-def generation_of(entries: list[Journalled]) -> int:
+def generation_of(first: Journalled | None) -> int:
     """The generation a resident journal's first record names; -1 for none (empty, or cut)."""
-    if entries and entries[0][4].startswith(GENERATION):
-        return int(entries[0][4][len(GENERATION) :])
+    if first is not None and first[4].startswith(GENERATION):
+        return int(first[4][len(GENERATION) :])
     return -1

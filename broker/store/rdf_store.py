@@ -4,12 +4,13 @@ compaction and the layout of a data directory)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import shutil
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
@@ -175,6 +176,10 @@ class RdfStore:
                 unsettled = self._recover_resident()
             else:
                 journal = path / JOURNAL
+                # read whole once before anything is applied: RocksDB keeps what a replay applied,
+                # and a damaged journal refuses the start with nothing changed (read_journal). Its
+                # price, a second decoding of at most CHECKPOINT_BYTES, only after a kill
+                collections.deque(read_journal(journal), maxlen=0)
                 unsettled = self._replay_journals([read_journal(journal)])
                 self._journal = journal.open("ab")
                 self._journal_bytes = self._journal.tell()
@@ -220,15 +225,13 @@ class RdfStore:
             (directory / JOURNAL).unlink(missing_ok=True)
         return cls(Store(), directory, resident=True)
 
-    def _replay_journals(self, journals: list[list[Journalled]]) -> list[Journalled]:
-        """Re-apply the journals' records, in order (see :mod:`broker.store`); returns the
-        provisional deltas at the end that nothing settled. They are kept until the next
-        checkpoint: the owners of their tags hear of them after start-up, and a second crash
+    def _replay_journals(self, journals: list[Iterator[Journalled]]) -> list[Journalled]:
+        """Re-apply the journals' records, in order, each as it is read (see :mod:`broker.store`);
+        returns the provisional deltas at the end that nothing settled. They are kept until the
+        next checkpoint: the owners of their tags hear of them after start-up, and a second crash
         before then finds them again."""
         unsettled: list[Journalled] = []
-        records = sum(len(entries) for entries in journals)
-        if records:
-            log.info("replaying the journal", extra={"updates": records})
+        records = 0
         for entries in journals:
             for entry in entries:
                 added, removed, created, dropped, tag = entry
@@ -239,6 +242,9 @@ class RdfStore:
                     unsettled.clear()
                 elif tag:
                     self.recovered_tags.append(tag)
+                records += 1
+        if records:
+            log.info("replayed the journal", extra={"updates": records})
         return unsettled
 
     def _recover_resident(self) -> list[Journalled]:
@@ -249,17 +255,21 @@ class RdfStore:
         if snapshot.exists():
             self._covered = load_snapshot(snapshot, self.ox)
             self._snapshot_bytes = snapshot.stat().st_size
-        live = []
+        live: list[tuple[int, int, Iterator[Journalled]]] = []
         for index, name in enumerate(JOURNALS):
             if not (self.path / name).exists():  # both, for the sync helper to open
                 (self.path / name).touch()
                 sync_directory(self.path)
-            entries = read_journal(self.path / name, self._covered)
-            generation = generation_of(entries)
+            entries = read_journal(self.path / name)
+            generation = generation_of(next(entries, None))
             self._generations[index] = generation
             if generation > self._covered:
-                live.append((generation, index, entries[1:]))
-        live.sort()
+                live.append((generation, index, entries))
+            elif generation > -1:
+                entries.close()  # stale: the snapshot holds it all, and the next switch rewrites it
+            else:
+                collections.deque(entries, maxlen=0)  # none named: a cut tail is cut, damage refused
+        live.sort(key=lambda journal: journal[:2])
         self._check_contiguous(snapshot, [generation for generation, _, _ in live])
         unsettled = self._replay_journals([entries for _, _, entries in live])
         if live:

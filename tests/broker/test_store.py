@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, serialize
+from pyoxigraph import BlankNode, DefaultGraph, Literal, NamedNode, Quad, RdfFormat, Store, serialize
 
 import broker.store
 from broker.core.engine import Engine
+from broker.errors import StoreFailed
 from broker.store import JOURNAL, RdfStore, encode_journal_entry, rdf_store
 from broker.store import delta as store_delta
 from broker.workers.backlog import Backlog
@@ -492,3 +493,16 @@ def test_a_large_insert_into_the_memory_store_takes_no_copy_of_its_quads_beside_
     done = subprocess.run([sys.executable, "-c", _PEAK_OF_A_LARGE_INSERT], capture_output=True, text=True, check=True)
     peak, kept = map(int, done.stdout.split())
     assert peak - kept < 8 << 20, f"RSS peaked {(peak - kept) / 1e6:.1f} MB above the {kept / 1e6:.1f} MB kept"
+
+
+def test_a_damaged_journal_leaves_rocksdb_as_it_was(tmp_path: Path) -> None:
+    """Refused for damage, a start has changed nothing (the message says so): on RocksDB, which
+    keeps what a replay applied, the journal is read whole before a record of it is applied, so the
+    records before the damage are not in RocksDB either (only RocksDB's, after a power cut)."""
+    RdfStore.open(tmp_path).close()
+    records = [encode_journal_entry([_quad(index)], [], [], []) for index in range(20)]
+    damaged = records[11].replace(b"<", b" ", 1)
+    (tmp_path / JOURNAL).write_bytes(b"".join([*records[:11], damaged, *records[12:]]))
+    with pytest.raises(StoreFailed, match="is damaged at byte"):
+        RdfStore.open(tmp_path)
+    assert len(Store(str(tmp_path / "store"))) == 0
