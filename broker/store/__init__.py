@@ -11,8 +11,10 @@ scheduler acknowledges updates only after it (group commit: one sync per batch o
 update thread ran back to back). Every CHECKPOINT_BYTES of journal the store is flushed (RocksDB
 writes and syncs its memtables to table files) and the journal emptied. A store opened with a
 journal re-applies it in order (removals and additions are idempotent) up to its last complete
-record: after a kill or a power cut, every acknowledged update is in the store, whole, and an
-update cut in the middle is either whole or absent.
+record, each record applied as it is read, so a start's memory is the store's plus one record's
+(on RocksDB the journal is read through once first, so that a damaged one changes nothing):
+after a kill or a power cut, every acknowledged update is in the store, whole, and an update cut
+in the middle is either whole or absent.
 A record cut at the end of the file (what a crash while appending leaves) is cut off; a journal
 damaged anywhere else refuses the start, naming the file and the offset, and is kept as it is
 (:func:`broker.store.journal.read_journal`).

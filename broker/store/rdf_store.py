@@ -61,13 +61,14 @@ CHECKPOINT_BYTES = 16 << 20
 # on a board's SD card; at 2 the snapshots write at most half what the journal does, and a start
 # replays at most twice the snapshot's size
 SNAPSHOT_RATIO = 2
-# resident: ...but never more than this much journal. Why: a start decodes every record of the
-# journal into Python quads before it replays them, so its time and memory follow the journal, and
+# resident: ...but never more than this much journal. Why: a start's time follows the journal, and
 # twice a large snapshot is a long wait: after a SIGKILL with 200,000 readings of journal (583 MB,
 # the bound for a 290 MB snapshot) the start took over 56 s of CPU and 1.9 GB of memory; 20,000
 # readings (57 MB), 26 s at a load of 8 (6.4 s of CPU, peak RSS 330 MB). 2026-12-07,
-# /tmp/atk-stop/gen.py then startlog.sh (docs/architecture.md, "Restart after a kill"). A store
-# past 32 MB of snapshot is then written more often than its journal asks: the price of a bounded start
+# /tmp/atk-stop/gen.py then startlog.sh (docs/architecture.md, "Restart after a kill"). Its memory
+# no longer does: the journal is replayed record by record as it is read (read_journal; the same
+# 57 MB opened with a peak RSS of 107-110 MB instead of 248-255). A store past 32 MB of snapshot is
+# then written more often than its journal asks: the price of a bounded start
 JOURNAL_MAX_BYTES = 64 << 20
 # a compaction replays the deltas that came during its copy without the lock, round after round,
 # until at most REPLAY_LOCKED_MAX are left for under it (each round is shorter than the last: a
