@@ -698,16 +698,13 @@ class UpdateProcessor:
         self._target(quad.graph_name for quads in (to_delete, to_insert) for quad in quads)
         removed = {quad for quad in to_delete if quad in ox}
         removed |= in_store
-        if watched is None:
-            added = {quad for quad in to_insert if quad not in ox}
-            return added, removed - to_insert, True
-        added = set()
-        intact = True
-        for quad in to_insert:
-            if quad not in ox:
-                added.add(quad)
-            elif intact and quad.graph_name == watched:  # only stored quads are looked at: few
-                intact = False
+        # the quads the store holds already are few, and a set difference hashes none of them again:
+        # a set of the new ones hashed each of them a second time (a pyoxigraph Quad keeps no hash:
+        # 0.4-0.5 us a quad, pyoxigraph 0.5.13, measured 2026-12-07 beside 0.10-0.15 us for the
+        # difference; an observation batch inserts ~20 quads a reading)
+        stored = {quad for quad in to_insert if quad in ox}
+        added = to_insert - stored if stored else to_insert
+        intact = watched is None or all(quad.graph_name != watched for quad in stored)
         return added, removed - to_insert, intact
 
     # -- graph management ---------------------------------------------------------------------
