@@ -138,8 +138,11 @@ def test_an_update_whose_plain_bgp_is_a_cartesian_product_is_stopped(start_gatew
 
 def test_the_time_limit_bounds_a_request_of_many_operations_together(start_gateway) -> None:
     """Each operation's WHERE had the whole limit of its own: one request of 20 operations of
-    ~0.2 s each held every other client's updates for seconds. The limit is the request's now."""
-    gateway = _seeded(start_gateway)
+    ~0.2 s each held every other client's updates for seconds. The limit is the request's now.
+    A 3 s limit and 40 operations (~8 s): with 1 s and 20, the one operation alone, ~0.2 s on a
+    quiet machine, ran past the 1 s limit at load 9-13 (2026-12-07: 503 where 200 was due)."""
+    limit_s = 3.0
+    gateway = start_gateway(toml=TOML.replace(f"time_limit_s = {LIMIT_S}", f"time_limit_s = {limit_s}"))
     values = " ".join(str(i) for i in range(100))
     slow = (
         f"SELECT (COUNT(*) AS ?n) WHERE {{ VALUES ?a {{ {values} }} VALUES ?b {{ {values} }} "
@@ -148,12 +151,12 @@ def test_the_time_limit_bounds_a_request_of_many_operations_together(start_gatew
     one = f"INSERT {{ <{EX}many> <{EX}p> ?n }} WHERE {{ {{ {slow} }} }}"
     started = time.monotonic()
     assert gateway.update(one).status == 200  # one operation alone is well within the limit
-    assert time.monotonic() - started < LIMIT_S
+    assert time.monotonic() - started < limit_s
     assert gateway.update(f"DELETE WHERE {{ <{EX}many> ?p ?o }}").status == 200
     started = time.monotonic()
-    reply = gateway.update(" ;\n".join([one] * 20))
+    reply = gateway.update(" ;\n".join([one] * 40))
     assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
-    assert time.monotonic() - started < LIMIT_S + 1
+    assert time.monotonic() - started < limit_s + 1
     assert gateway.query(f"ASK {{ <{EX}many> ?p ?o }}").body.find(b"false") >= 0
     assert gateway.update(f"INSERT DATA {{ <{EX}after> <{EX}p> 1 }}").status == 200
 
