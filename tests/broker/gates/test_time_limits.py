@@ -17,7 +17,14 @@ from tests.support.bystander import bystander_wait
 from tools.launcher import RunningGateway
 
 LIMIT_S = 1.0
-TOML = f"[engine]\ntime_limit_s = {LIMIT_S}\nquery_workers = 2\n"
+
+
+def limited(limit_s: float) -> str:
+    """The gateway's configuration with a time limit of `limit_s`."""
+    return f"[engine]\ntime_limit_s = {limit_s}\nquery_workers = 2\n"
+
+
+TOML = limited(LIMIT_S)
 EX = "http://example.org/"
 PRODUCT = " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15))  # a cartesian product: never ends
 ENDLESS_COUNT = f"SELECT (COUNT(*) AS ?n) WHERE {{ {PRODUCT} }}"
@@ -142,7 +149,7 @@ def test_the_time_limit_bounds_a_request_of_many_operations_together(start_gatew
     A 3 s limit and 40 operations (~8 s): with 1 s and 20, the one operation alone, ~0.2 s on a
     quiet machine, ran past the 1 s limit at load 9-13 (2026-12-07: 503 where 200 was due)."""
     limit_s = 3.0
-    gateway = start_gateway(toml=TOML.replace(f"time_limit_s = {LIMIT_S}", f"time_limit_s = {limit_s}"))
+    gateway = start_gateway(toml=limited(limit_s))
     values = " ".join(str(i) for i in range(100))
     slow = (
         f"SELECT (COUNT(*) AS ?n) WHERE {{ VALUES ?a {{ {values} }} VALUES ?b {{ {values} }} "
@@ -165,8 +172,10 @@ def test_template_tries_that_make_nothing_do_not_hold_other_clients(start_gatewa
     """An INSERT template of 20,000 patterns over a variable the WHERE never binds, on 1,936 WHERE
     solutions (within max_update_quads): the update thread tried every pattern on every solution,
     counting none, past the time limit (10.5 s with a 3 s limit) while a bystander's one-triple
-    update waited. Now refused (400) before any try, nothing applied, the bystander served."""
-    gateway = start_gateway(toml=TOML + "max_update_quads = 2000\n")
+    update waited. Now refused (400) before any try, nothing applied, the bystander served.
+    A 5 s limit: with 1 s, at load 9-13 (2026-12-07) reading its 20,000 patterns took all but
+    0.05 s of it and its WHERE got a 503 timeout, not the 400 due."""
+    gateway = start_gateway(toml=limited(5.0) + "max_update_quads = 2000\n")
     values = " ".join(str(i) for i in range(44))
     nothing = " ".join(f"?u{i} <{EX}p> ?x ." for i in range(20_000))
     hostile = f"INSERT {{ {nothing} }} WHERE {{ VALUES ?x {{ {values} }} VALUES ?y {{ {values} }} }}"
