@@ -169,10 +169,11 @@ class Endpoint:
         assert reply.status == 200, reply.body
         return bool(reply.json()["boolean"])
 
-    def update(self, sparql: str, *, params: Sequence[tuple[str, str]] = ()) -> Reply:
-        """POST an update directly (application/sparql-update)."""
+    def update(self, sparql: str, *, params: Sequence[tuple[str, str]] = (), timeout: float = 30.0) -> Reply:
+        """POST an update directly (application/sparql-update); `timeout` for a reply that waits for
+        slow re-evaluations."""
         headers = {"Content-Type": "application/sparql-update"}
-        return self.request("POST", self.update_path, sparql, headers, params=params)
+        return self.request("POST", self.update_path, sparql, headers, params=params, timeout=timeout)
 
     def post_update(self, sparql: str) -> dict[str, Any]:
         """POST an update as a form (what most SEPA clients send); the reply's JSON, 200 or it fails."""

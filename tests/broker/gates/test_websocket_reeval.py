@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +30,15 @@ def _view(i: int) -> str:
 def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
     start_gateway: Callable[..., RunningGateway],
 ) -> None:
-    gateway = start_gateway(toml="[engine]\nreeval_workers = 1\n")
+    # Limits far past the re-evaluations' ~1.6 s a matching update: on the shared machine at load
+    # 6-13 (2026-12-07) the two matching updates took 22-39 s, and the test failed on limits that
+    # are not its point: a re-evaluation past the time limit (a 503 frame: KeyError 'notification'),
+    # a reply past the HTTP client's 30 s (TimeoutError), and the 30 s heartbeat, whose pings this
+    # client, reading only after the replies, does not answer meanwhile (ClientConnectionResetError).
+    gateway = start_gateway(
+        toml="[engine]\nreeval_workers = 1\ntime_limit_s = 60\n"
+        "[websocket]\nmax_reeval_seconds_per_client = 60\nheartbeat_s = 600\n"
+    )
     slow = " ".join(f"<{EX}x{n}> <{EX}slow> {n} ." for n in range(SLOW_QUADS))
     assert gateway.update(f"INSERT DATA {{ {slow} }}").status == 200
     subscriptions = 4  # ~1.6 s of re-evaluation per matching update
@@ -59,7 +68,8 @@ def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
             started = time.perf_counter()
             try:
                 for value in range(2):
-                    reply = await asyncio.to_thread(gateway.update, f"INSERT DATA {{ <{EX}a{value}> <{EX}p> {value} }}")
+                    insert = f"INSERT DATA {{ <{EX}a{value}> <{EX}p> {value} }}"
+                    reply = await asyncio.to_thread(gateway.update, insert, timeout=300)  # after ~1.6 s of them
                     assert reply.status == 200
             finally:
                 matching = time.perf_counter() - started
@@ -81,7 +91,13 @@ def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
     for i in range(subscriptions):
         assert [sequence for alias, sequence in frames if alias == i] == [1, 2]
     assert matching > 1.0  # the re-evaluations were slow indeed...
-    assert len(latencies) > 10 and max(latencies) < 0.3, (matching, sorted(latencies)[-5:])  # ...and held no one else
+    # ...and held no one else: most of the bystander's updates as quick as on an idle gateway, none
+    # held for anything near the re-evaluations (with reeval_workers = 0 it waits for them: 3
+    # updates in all, two of them held 14 and 17 s). A maximum under 0.3 s failed at load 6-11 (0.86 s of
+    # 450 updates, 2026-12-07): the bar is on the median and on the maximum against the
+    # re-evaluations' time, not on the tail one sample makes.
+    assert len(latencies) > 10, latencies
+    assert statistics.median(latencies) < 0.05 and max(latencies) < matching / 4, (matching, sorted(latencies)[-5:])
 
 
 def _youngest_child(pid: int) -> int:
