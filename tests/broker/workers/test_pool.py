@@ -20,6 +20,7 @@ import broker.workers.pool as pool_module
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
+from broker.store.live_copy import SLICE_BYTES
 from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, Worker, batched
 from tests.polling import wait_until
 
@@ -751,3 +752,34 @@ def test_deltas_whose_parts_go_raw_and_pickled_in_one_message_reach_the_replica_
         assert any(part for step in pool_module._raw_parts(message[1])[0] for part in step[:2])
         rows = _rows(engine, EVERYTHING)  # the worker's rows, checked against the store's
         assert {row[1] for row in rows} == {f"<{EX}{name}>" for name in "defhi"}
+
+
+def test_the_workers_seeds_are_streamed_a_slice_at_a_time_not_held_whole_in_the_gateway() -> None:
+    """Each query worker was seeded with a `bytes` of the whole store's N-Quads, which its feeding
+    thread held until its next message: at a start after a kill both seeds (42 MB each, 231,100
+    quads) were in the gateway together until after "serving", its RSS 159 -> 244 MB (2026-12-07,
+    docs/architecture.md "Restart after a kill"). Now the dump goes to each worker in slices as it
+    is made (broker.store.nquads_slices), and the worker loads them as they come: what the gateway
+    allocates for the seeds is a few slices, however large the store (tracemalloc; pyoxigraph's
+    store is not traced): 4.2 MB here, two slices in flight a worker, where two seeds of 16 MB
+    were held before. Each replica is whole all the same."""
+    store = RdfStore.memory()
+    padding = "x" * 100
+    store.ox.extend(Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(f"{padding}{n}")) for n in range(100_000))
+    size = len(store.ox.dump(format=RdfFormat.N_QUADS))
+    pool = QueryWorkers(store, count=2, time_limit_s=30.0)
+    try:
+        tracemalloc.start()
+        pool.start()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    try:
+        engine = Engine(store, workers=pool)
+        for _ in range(2):  # each worker in turn
+            assert _rows(engine, "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }") == {
+                ('"100000"^^<http://www.w3.org/2001/XMLSchema#integer>',)
+            }
+    finally:
+        pool.close()
+    assert peak < 6 * SLICE_BYTES, f"{peak / 1e6:.2f} MB allocated to seed two workers, a store of {size / 1e6:.1f} MB"
