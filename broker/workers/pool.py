@@ -14,9 +14,10 @@ of its own, the re-evaluation worker, takes the re-evaluations of network client
 queued many at once by :meth:`QueryWorkers.dispatch` (broker.core.spu_manager, SpuManager.submit).
 
 A replica starts from a snapshot of the store taken after its place in the log (see `_place`):
-in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
-`replicas/` of the data directory. The pool follows the store (:meth:`~broker.store.RdfStore.follow`)
-into one log of deltas; the update path only appends to it. A feeding thread sends the workers what
+in memory, the store dumped as N-Quads and sent a slice at a time as it is dumped (Worker.seed);
+on disk, a RocksDB checkpoint (hard links, milliseconds) in `replicas/` of the data directory. The
+pool follows the store (:meth:`~broker.store.RdfStore.follow`) into one log of deltas; the update
+path only appends to it. A feeding thread sends the workers what
 they lack every FEED_INTERVAL_S, in one message per tick (:func:`batched`, serialized once for all
 the workers at the same place), and the rest is sent just before each job, so a job sees exactly
 what the store held when it was sent; its time limit counts from the start of the evaluation,
