@@ -24,6 +24,7 @@ from broker.errors import StoreFailed
 from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry, lock, rdf_store
 from broker.store.live_copy import SLICE_BYTES
 from tests.support.dump_watch import DumpWatch
+from tests.support.traced import traced_peak
 
 EX = "http://example.org/"
 
@@ -543,12 +544,7 @@ def test_a_start_replays_the_journal_record_by_record_not_decoded_whole_first(tm
     del store  # as a kill leaves it: the journal holds every delta
     journal = (tmp_path / JOURNALS[0]).stat().st_size
     record = journal // 200
-    try:
-        tracemalloc.start()
-        reopened = _open(tmp_path)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    reopened, peak = traced_peak(lambda: _open(tmp_path))
     try:
         assert len(reopened.ox) == 200 * 250 and added[-1] in reopened.ox
     finally:
@@ -572,19 +568,12 @@ def test_a_checkpoint_and_a_start_go_through_the_snapshot_a_slice_at_a_time_not_
     quads = [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(f"{padding}{n}")) for n in range(100_000)]
     store.apply([*quads, Quad(BlankNode("b1"), NamedNode(f"{EX}p"), Literal("blank"))], [], [NamedNode(f"{EX}empty")])
     try:
-        tracemalloc.start()
-        assert store.checkpoint()
-        _, written_peak = tracemalloc.get_traced_memory()
+        checkpointed, written_peak = traced_peak(store.checkpoint)
+        assert checkpointed
     finally:
-        tracemalloc.stop()
         store.close()
     snapshot = (tmp_path / SNAPSHOT).stat().st_size
-    try:
-        tracemalloc.start()
-        reopened = _open(tmp_path)
-        _, loaded_peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    reopened, loaded_peak = traced_peak(lambda: _open(tmp_path))
     try:
         assert len(reopened.ox) == 100_001 and quads[-1] in reopened.ox
         assert Quad(BlankNode("b1"), NamedNode(f"{EX}p"), Literal("blank")) in reopened.ox  # its label kept

@@ -23,6 +23,7 @@ from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
 from broker.store.live_copy import SLICE_BYTES
 from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, Worker, batched
 from tests.polling import wait_until
+from tests.support.traced import traced_peak
 
 EX = "http://example.org/"
 # a cartesian product of 15 patterns: never ends on any store of a few quads
@@ -769,12 +770,7 @@ def test_the_workers_seeds_are_streamed_a_slice_at_a_time_not_held_whole_in_the_
     size = len(store.ox.dump(format=RdfFormat.N_QUADS))
     pool = QueryWorkers(store, count=2, time_limit_s=30.0)
     try:
-        tracemalloc.start()
-        pool.start()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    try:
+        _, peak = traced_peak(pool.start)
         engine = Engine(store, workers=pool)
         for _ in range(2):  # each worker in turn
             assert _rows(engine, "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }") == {
@@ -783,3 +779,31 @@ def test_the_workers_seeds_are_streamed_a_slice_at_a_time_not_held_whole_in_the_
     finally:
         pool.close()
     assert peak < 6 * SLICE_BYTES, f"{peak / 1e6:.2f} MB allocated to seed two workers, a store of {size / 1e6:.1f} MB"
+
+
+def test_a_feeding_thread_lets_go_of_a_large_delta_once_it_is_sent() -> None:
+    """A worker's feeding thread kept the last message it sent until the next came: the two seeds
+    of a start (42 MB each) stayed in the gateway until the first feed after "serving", and a large
+    delta's N-Quads stay until the store changes again (none, on a quiet store). Once the worker
+    has it, nothing of it is left in the gateway."""
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=30.0)
+    pool.start()
+    try:
+        (worker,) = pool._workers
+        quads = [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(f"{'x' * 100}{n}")) for n in range(20_000)]
+        size = len(serialize(quads, format=RdfFormat.N_QUADS))
+        tracemalloc.start()
+        try:
+            store.apply(quads, [])
+            del quads
+            wait_until(lambda: not pool._log and worker.backlog == 0 and worker.sent_bytes > 0, timeout=30)
+            left = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert _rows(Engine(store, workers=pool), "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }") == {
+            ('"20000"^^<http://www.w3.org/2001/XMLSchema#integer>',)
+        }
+    finally:
+        pool.close()
+    assert left < size / 4, f"{left / 1e6:.2f} MB still held after a delta of {size / 1e6:.1f} MB was sent"
