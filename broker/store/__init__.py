@@ -52,9 +52,10 @@ as N-Quads, written whole to a temporary file, synced, then renamed) and two jou
 are journalled and synced exactly as on RocksDB, then applied in memory. A checkpoint
 (:meth:`RdfStore.checkpoint`, on the compaction thread) switches to the other journal under the lock
 (a sync, a truncate, a header: milliseconds), then dumps the store without the lock or the GIL and
-writes it as the snapshot of every generation before the new one; the journal it left is then
-stale, and only a stale journal is ever switched to. At start the snapshot is loaded and every
-journal of a later generation replayed, oldest first: a delta the snapshot already holds is replayed
+writes it, slice by slice as it is dumped (never whole in memory), as the snapshot of every
+generation before the new one; the journal it left is then stale, and only a stale journal is
+ever switched to. At start the snapshot is loaded (slice by slice too) and every journal of a
+later generation replayed, oldest first: a delta the snapshot already holds is replayed
 harmlessly (the last delta naming a quad or graph decides it, as in :meth:`RdfStore.compact`). A
 snapshot cut short, or journals that do not follow it without a gap, refuse the start
 (:func:`broker.store.snapshot.load_snapshot`, :meth:`RdfStore._check_contiguous`). Why:
@@ -78,13 +79,14 @@ The package, by layer (each module's docstring says why it is as it is):
 - :mod:`broker.store.lock`: the data directory's lock (one process at a time);
 - :mod:`broker.store.durable`: syncing a directory's names;
 - :mod:`broker.store.delta`: applying a delta to a pyoxigraph store, and the dead versions it leaves;
-- :mod:`broker.store.live_copy`: a compaction's copy of the live quads and its recorded deltas;
+- :mod:`broker.store.live_copy`: a compaction's copy of the live quads and its recorded deltas,
+  and the store dumped or loaded as N-Quads (whole, or in slices: a seed, a snapshot);
 - :mod:`broker.store.rdf_store`: :class:`RdfStore`, which uses them all.
 """
 
 from broker.store.durable import sync_directory
 from broker.store.journal import JOURNAL, JOURNALS, PROVISIONAL, SETTLED, encode_journal_entry, graph_named, graph_text
-from broker.store.live_copy import copy_live, dump_nquads, load_keeping_labels
+from broker.store.live_copy import copy_live, dump_nquads, load_keeping_labels, load_slices, nquads_slices
 from broker.store.rdf_store import ApplyMark, RdfStore
 from broker.store.snapshot import SNAPSHOT
 
@@ -102,5 +104,7 @@ __all__ = [
     "graph_named",
     "graph_text",
     "load_keeping_labels",
+    "load_slices",
+    "nquads_slices",
     "sync_directory",
 ]

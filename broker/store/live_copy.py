@@ -7,12 +7,17 @@ import ctypes
 import ctypes.util
 import io
 import os
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pyoxigraph import NamedNode, Quad, RdfFormat, Store, parse
 
 from broker.background import at_low_priority
 from broker.store.delta import apply_quads, load_nquads
+
+# what :func:`nquads_slices` reads at a time: a query worker's seed and a snapshot go by this much
+SLICE_BYTES = 1 << 20
 
 
 def copy_live(source: Store, target: Store) -> int:
@@ -63,6 +68,75 @@ def dump_nquads(store: Store) -> bytes:
         os.close(fd)
 
 
+def nquads_slices(store: Store, size: int = SLICE_BYTES) -> Iterator[bytes]:
+    """`store` as N-Quads in slices of `size` bytes (cut anywhere, the last shorter), never whole
+    in this process: pyoxigraph dumps into a pipe, at the lowest priority and without the GIL (as
+    :func:`dump_nquads`), and the slices are read from it as they are consumed (the dump waits
+    on a full pipe meanwhile). A consumer that stops early closes the pipe: the dump ends on it.
+
+    Why: a query worker's seed and a checkpoint were each a `bytes` of the whole dump, 39 MB for
+    231,100 quads; at a start after a kill both seeds were held together (the feeding threads kept
+    each until the next message) and the gateway's RSS went from 159 to 244 MB before "serving"
+    (2026-12-07, docs/architecture.md "Restart after a kill").
+
+    pyoxigraph syncs the file it dumped into (fsync), which a pipe refuses (EINVAL) once every
+    byte is written (strace): that one error is the dump's end, any other is raised here, after
+    the slices, so that nothing takes a dump cut short for a whole one. Without /proc: whole."""
+    if not _MEMFD:
+        if data := dump_nquads(store):
+            yield data
+        return
+    read, write = os.pipe()
+    failed: list[BaseException] = []
+
+    def dump() -> None:
+        try:
+            at_low_priority(_dump_into_pipe, store, write)
+        except BaseException as error:  # noqa: BLE001 - raised to the consumer
+            failed.append(error)
+        finally:
+            os.close(write)
+
+    thread = threading.Thread(target=dump, name="sepa-dump", daemon=True)
+    thread.start()
+    try:
+        with open(read, "rb", closefd=False) as pipe:
+            while chunk := pipe.read(size):
+                yield chunk
+    finally:
+        os.close(read)
+        thread.join()
+    if failed:
+        raise OSError(f"the dump of the store failed ({failed[0]})") from failed[0]
+
+
+def _dump_into_pipe(store: Store, pipe: int) -> None:
+    """`store` dumped into the pipe's write end `pipe`, its closing fsync's EINVAL taken for the end
+    (:func:`nquads_slices`). Caught here, not raised through :func:`broker.background.at_low_priority`:
+    there the error's traceback held its frame, and so the store, in a cycle, until a collection
+    (a RocksDB store converted stayed open, and removing its directory failed)."""
+    try:
+        store.dump(f"/proc/self/fd/{pipe}", format=RdfFormat.N_QUADS)
+    except OSError as error:
+        if _PIPE_FSYNC not in str(error):
+            raise
+
+
+def load_slices(slices: Iterable[bytes], target: Store, *, background: bool = True) -> None:
+    """Add the N-Quads `slices` (cut anywhere: :func:`nquads_slices`) to `target`, each run of
+    whole lines as it comes (:func:`load_keeping_labels`), holding at most a slice and one line
+    beside it, not the whole dump (a query worker's seed: 39 MB besides its replica before)."""
+    tail = b""
+    for chunk in slices:
+        pending = tail + chunk
+        end = pending.rfind(b"\n") + 1
+        if end:
+            load_keeping_labels(pending[:end], target, background=background)
+        tail = pending[end:]
+    if tail:
+        load_keeping_labels(tail, target, background=background)
+
+
 def load_keeping_labels(data: bytes, target: Store, *, background: bool = True) -> None:
     """Add the N-Quads `data` to `target`, blank nodes keeping their labels (see :func:`copy_live`);
     at the lowest priority when `background` (a compaction's copy), else at the caller's (a replica
@@ -84,6 +158,7 @@ def count_quads(store: Store) -> int:
 
 
 _MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+_PIPE_FSYNC = "(os error 22)"  # EINVAL, as Rust's io::Error says it: see nquads_slices
 _COUNT_ALL = "SELECT (COUNT(*) AS ?n) WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } }"
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
 _libc.memmem.restype = ctypes.c_void_p

@@ -46,7 +46,7 @@ from broker.store.journal import (
     one_line,
     read_journal,
 )
-from broker.store.live_copy import Recording, contains, copy_live, count_quads, dump_nquads, replay
+from broker.store.live_copy import Recording, contains, copy_live, count_quads, nquads_slices, replay
 from broker.store.lock import Claim
 from broker.store.snapshot import SNAPSHOT, load_snapshot, write_snapshot
 
@@ -127,7 +127,7 @@ def _convert(directory: Path) -> None:
     log.warning("converting the data directory to a resident store", extra={"directory": str(directory)})
     old = RdfStore(_rocksdb(directory), directory)
     old.close()
-    write_snapshot(directory, -1, list(old.ox.named_graphs()), old.ox.dump(format=RdfFormat.N_QUADS))
+    write_snapshot(directory, -1, list(old.ox.named_graphs()), nquads_slices(old.ox))
     del old  # RocksDB's lock goes with the last reference
 
 
@@ -359,9 +359,8 @@ class RdfStore:
             graphs = list(self.ox.named_graphs())
             ox = self.ox
         assert self.path is not None
-        data = dump_nquads(ox)
-        write_snapshot(self.path, covered, graphs, data)
-        self._covered, self._snapshot_bytes = covered, len(data)
+        written = write_snapshot(self.path, covered, graphs, nquads_slices(ox))
+        self._covered, self._snapshot_bytes = covered, written
         return True
 
     def _settle_recovered(self, unsettled: list[Journalled]) -> None:

@@ -14,9 +14,10 @@ of its own, the re-evaluation worker, takes the re-evaluations of network client
 queued many at once by :meth:`QueryWorkers.dispatch` (broker.core.spu_manager, SpuManager.submit).
 
 A replica starts from a snapshot of the store taken after its place in the log (see `_place`):
-in memory, the store dumped as N-Quads; on disk, a RocksDB checkpoint (hard links, milliseconds) in
-`replicas/` of the data directory. The pool follows the store (:meth:`~broker.store.RdfStore.follow`)
-into one log of deltas; the update path only appends to it. A feeding thread sends the workers what
+in memory, the store dumped as N-Quads and sent a slice at a time as it is dumped (Worker.seed);
+on disk, a RocksDB checkpoint (hard links, milliseconds) in `replicas/` of the data directory. The
+pool follows the store (:meth:`~broker.store.RdfStore.follow`) into one log of deltas; the update
+path only appends to it. A feeding thread sends the workers what
 they lack every FEED_INTERVAL_S, in one message per tick (:func:`batched`, serialized once for all
 the workers at the same place), and the rest is sent just before each job, so a job sees exactly
 what the store held when it was sent; its time limit counts from the start of the evaluation,
@@ -63,7 +64,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -80,7 +81,7 @@ from broker.errors import (
     TimeLimitExceeded,
     WorkerLost,
 )
-from broker.store import PROVISIONAL, RdfStore, dump_nquads, graph_text
+from broker.store import PROVISIONAL, RdfStore, dump_nquads, graph_text, nquads_slices
 
 log = logging.getLogger(__name__)
 
@@ -274,24 +275,49 @@ class Worker:
         self._writer.start()
 
     def _write(self) -> None:
-        while (message := self.outbox.get()) is not None:
+        """Send the outbox's messages in order, until None or the worker is gone. Each message is
+        let go of once sent (:meth:`_send` holds it, not this loop): held until the next one came, the
+        two query workers' seeds (42 MB each, 231,100 quads) stayed in the gateway together until the
+        first feed after "serving" (its RSS 159 -> 244 MB at a start after a kill, 2026-12-07)."""
+        while True:
             try:
-                if message[0] == "seed" and message[1] == "memory":
-                    # its N-Quads raw after it (seeding.seeded): pickled, 122 MB held the GIL 70 ms
-                    self.connection.send(("seed", "memory", None, message[3]))
-                    self.connection.send_bytes(message[2])
-                    continue
-                if message[0] != "apply":
-                    self.connection.send(message)
-                    continue
-                size = _size(message)
-                if size <= RAW_BYTES:
-                    self.connection.send(message)
-                else:
-                    self._send_raw(message[1])
+                if not self._send(self.outbox.get()):
+                    return
             except OSError:  # the worker is gone; whoever waits on it finds out
                 return
-            self.sent_bytes += size
+
+    def _send(self, message: tuple[Any, ...] | None) -> bool:
+        """Send one message of the outbox; False for None (the end)."""
+        if message is None:
+            return False
+        if message[0] == "seed" and message[1] == "memory":
+            self._send_seed(message[2], message[3])
+            return True
+        if message[0] != "apply":
+            self.connection.send(message)
+            return True
+        size = _size(message)
+        if size <= RAW_BYTES:
+            self.connection.send(message)
+        else:
+            self._send_raw(message[1])
+        self.sent_bytes += size
+        return True
+
+    def _send_seed(self, slices: Iterable[bytes], named: tuple[str, ...]) -> None:
+        """A seed's N-Quads raw after its message, slice by slice, then an empty one
+        (:func:`broker.workers.seeding.seeded`); pickled, 122 MB held the GIL 70 ms. A seed cut short
+        (the dump failed) kills the worker: it never serves a replica of part of the store, and
+        whoever waits for it to be ready finds it gone."""
+        self.connection.send(("seed", "memory", None, named))
+        try:
+            for chunk in slices:
+                if chunk:
+                    self.connection.send_bytes(chunk)
+        except OSError:
+            self.process.kill()
+            raise
+        self.connection.send_bytes(b"")
 
     def _send_raw(self, steps: list[Step]) -> None:
         """An ``apply`` message whose large N-Quads parts follow it raw (:func:`_raw_parts`).
@@ -311,15 +337,20 @@ class Worker:
         """Bytes of deltas queued for the process and not sent yet (it is not reading them)."""
         return self.queued_bytes - self.sent_bytes
 
-    def seed(self, store: RdfStore, graphs: frozenset[object] | None = None) -> None:
-        """Queue the snapshot, taken now (see QueryWorkers._place); in memory, of `graphs` only
-        when given (a BOOSTER worker's replica: the graphs its shape groups read)."""
+    def seed(self, store: RdfStore, graphs: frozenset[object] | None = None, *, later: bool = False) -> None:
+        """Queue the snapshot; in memory, of `graphs` only when given (a BOOSTER worker's replica: the
+        graphs its shape groups read). Taken now, whole, unless `later`: then dumped as the feeding
+        thread sends it, slice by slice (:func:`broker.store.nquads_slices`), never whole in the
+        gateway. `later` is for a query worker, whose place in the log is taken before
+        (QueryWorkers._place): any snapshot after it is right. A BOOSTER worker's log starts at its
+        snapshot (broker.core.pipeline), which must be taken now."""
         if self.checkpoint is not None:
             store.ox.backup(str(self.checkpoint))
             self.outbox.put(("seed", "directory", str(self.checkpoint), ()))
         else:
             named = tuple(map(graph_text, store.ox.named_graphs()))
-            self.outbox.put(("seed", "memory", _dump(store, graphs), named))
+            slices = nquads_slices(store.ox) if later and graphs is None else [_dump(store, graphs)]
+            self.outbox.put(("seed", "memory", slices, named))
         self.seeded = True
 
     def wait_ready(self) -> None:
@@ -651,7 +682,7 @@ class QueryWorkers:
             checkpoint = self._checkpoints / str(self._generation) if self._checkpoints is not None else None
             worker = Worker(name, self.service_allow, checkpoint, memory_bytes=self.memory_bytes)
         self.store.at_rest(functools.partial(self._place, worker))
-        worker.seed(self.store)
+        worker.seed(self.store, later=True)
         return worker
 
     def _place(self, worker: Worker, _store: RdfStore) -> None:

@@ -20,8 +20,10 @@ import broker.workers.pool as pool_module
 from broker.core.engine import Engine
 from broker.errors import EvaluationCrashed, SparqlSyntaxError, TimeLimitExceeded, WorkerLost
 from broker.store import PROVISIONAL, SETTLED, RdfStore, graph_named
+from broker.store.live_copy import SLICE_BYTES
 from broker.workers.pool import FEED_INTERVAL_S, QueryWorkers, Worker, batched
 from tests.polling import wait_until
+from tests.support.traced import traced_peak
 
 EX = "http://example.org/"
 # a cartesian product of 15 patterns: never ends on any store of a few quads
@@ -754,3 +756,57 @@ def test_deltas_whose_parts_go_raw_and_pickled_in_one_message_reach_the_replica_
         assert any(part for step in pool_module._raw_parts(message[1])[0] for part in step[:2])
         rows = _rows(engine, EVERYTHING)  # the worker's rows, checked against the store's
         assert {row[1] for row in rows} == {f"<{EX}{name}>" for name in "defhi"}
+
+
+def test_the_workers_seeds_are_streamed_a_slice_at_a_time_not_held_whole_in_the_gateway() -> None:
+    """Each query worker was seeded with a `bytes` of the whole store's N-Quads, which its feeding
+    thread held until its next message: at a start after a kill both seeds (42 MB each, 231,100
+    quads) were in the gateway together until after "serving", its RSS 159 -> 244 MB (2026-12-07,
+    docs/architecture.md "Restart after a kill"). Now the dump goes to each worker in slices as it
+    is made (broker.store.nquads_slices), and the worker loads them as they come: what the gateway
+    allocates for the seeds is a few slices, however large the store (tracemalloc; pyoxigraph's
+    store is not traced): 4.2 MB here, two slices in flight a worker, where two seeds of 16 MB
+    were held before. Each replica is whole all the same."""
+    store = RdfStore.memory()
+    padding = "x" * 100
+    store.ox.extend(Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(f"{padding}{n}")) for n in range(100_000))
+    size = len(store.ox.dump(format=RdfFormat.N_QUADS))
+    pool = QueryWorkers(store, count=2, time_limit_s=30.0)
+    try:
+        _, peak = traced_peak(pool.start)
+        engine = Engine(store, workers=pool)
+        for _ in range(2):  # each worker in turn
+            assert _rows(engine, "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }") == {
+                ('"100000"^^<http://www.w3.org/2001/XMLSchema#integer>',)
+            }
+    finally:
+        pool.close()
+    assert peak < 6 * SLICE_BYTES, f"{peak / 1e6:.2f} MB allocated to seed two workers, a store of {size / 1e6:.1f} MB"
+
+
+def test_a_feeding_thread_lets_go_of_a_large_delta_once_it_is_sent() -> None:
+    """A worker's feeding thread kept the last message it sent until the next came: the two seeds
+    of a start (42 MB each) stayed in the gateway until the first feed after "serving", and a large
+    delta's N-Quads stay until the store changes again (none, on a quiet store). Once the worker
+    has it, nothing of it is left in the gateway."""
+    store = RdfStore.memory()
+    pool = QueryWorkers(store, count=1, time_limit_s=30.0)
+    pool.start()
+    try:
+        (worker,) = pool._workers
+        quads = [Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(f"{'x' * 100}{n}")) for n in range(20_000)]
+        size = len(serialize(quads, format=RdfFormat.N_QUADS))
+        tracemalloc.start()
+        try:
+            store.apply(quads, [])
+            del quads
+            wait_until(lambda: not pool._log and worker.backlog == 0 and worker.sent_bytes > 0, timeout=30)
+            left = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert _rows(Engine(store, workers=pool), "SELECT (COUNT(*) AS ?n) WHERE { ?s ?p ?o }") == {
+            ('"20000"^^<http://www.w3.org/2001/XMLSchema#integer>',)
+        }
+    finally:
+        pool.close()
+    assert left < size / 4, f"{left / 1e6:.2f} MB still held after a delta of {size / 1e6:.1f} MB was sent"
