@@ -24,11 +24,11 @@ from broker.headroom import Headroom
 from broker.store.delta import (
     HOT_BUCKETS,
     apply_quads,
+    churn,
     dead_weight,
     delta_update,
     load_nquads,
     pieces,
-    present,
     updated,
 )
 from broker.store.durable import sync_directory
@@ -491,17 +491,19 @@ class RdfStore:
         created = [graph_named(graph) for graph in graphs_created]
         dropped = [graph_named(graph) for graph in graphs_dropped]
         with self.lock:
+            stored, made = churn(self.ox, churned) if churned else ([], [])
+            created += made  # type: ignore[arg-type]
             recordings = self._followers
             fast = self._journal is None and self.path is None and all(isinstance(f, Recording) for f in recordings)
             if fast and not (added and contains(added, b"_:")):
                 self.changes += 1
-                self.garbage += load_nquads(self.ox, added, removed, created, dropped, self.hot, churned)
+                self.garbage += load_nquads(self.ox, added, removed, created, dropped, self.hot, stored)
                 for recording in recordings:  # the copy may hold a churned quad: removed there if so
                     recording.nquads(added, removed + churned, created, dropped)  # type: ignore[union-attr]
                 return
         self.apply(
             parse(added, format=RdfFormat.N_QUADS) if added else (),
-            [*parse(removed, format=RdfFormat.N_QUADS), *present(self.ox, churned)] if removed or churned else (),
+            [*parse(removed, format=RdfFormat.N_QUADS), *stored] if removed or stored else (),
             created,
             dropped,
         )

@@ -431,6 +431,24 @@ def test_a_replica_s_netted_backlog_leaves_it_the_store_applying_each_delta_does
         assert replica.garbage <= store.garbage
 
 
+def test_a_quad_the_backlog_adds_and_removes_again_leaves_its_named_graph_as_the_store_does() -> None:
+    """Adding a quad to a named graph creates the graph, and removing the quad leaves it (empty,
+    listed by `GRAPH ?g {}`): the store keeps it, and so must a replica whose backlog netted the
+    two deltas away (the hypothesis test above found it once, 2026-12-07)."""
+    graph = NamedNode("http://example.org/g1")
+    quad = Quad(NamedNode("http://example.org/s"), NamedNode("http://example.org/p"), Literal("1"), graph)
+    store = RdfStore.memory()
+    store.apply([quad], [])
+    store.apply([], [quad])
+    replica = RdfStore.memory()
+    backlog = Backlog()
+    backlog.receive(replica, store_nquads([quad]), b"", (), ())
+    backlog.receive(replica, b"", store_nquads([quad]), (), ())
+    backlog.apply(replica)
+    assert set(store.ox.named_graphs()) == {graph}
+    assert set(replica.ox.named_graphs()) == {graph} and not replica.quads()
+
+
 def store_nquads(quads: list[Quad]) -> bytes:
     """`quads` as the pool sends them to a replica."""
     return serialize(quads, format=RdfFormat.N_QUADS) if quads else b""
