@@ -24,7 +24,7 @@ then fall back to OPTIONAL patterns, slower but exact, until the next `load`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pyoxigraph import Literal, NamedNode, Quad
@@ -71,6 +71,12 @@ class LatestCache:
         # `load`, so a reload counts a mapping's sensors against it again, and found again by `load`
         # in the nodes' gw:mapping (a restart); dropped with their last node
         self.devices: dict[str, str] = {}
+        # node IRI -> its changing quads (all but FIXED_PREDICATES) -> their predicate IRI, kept with
+        # `nodes`. Why: each reading of a batch asks for its node's changing quads and sequence number,
+        # and reading a quad's predicate makes two Python objects (~0.25 us); found by scanning the
+        # node's ~10 quads that was ~5 us a reading on the event loop (observation_quads; py-spy of
+        # `nlphase.py` at 1,000 readings/s, 2026-12-07).
+        self._changing: dict[str, dict[Quad, str]] = {}
 
     def device(self, sensor: str) -> str:
         """The device the nodes of `sensor` count against."""
@@ -89,14 +95,27 @@ class LatestCache:
             self.per_device[device] += held
         self.devices[sensor] = device
 
-    def _add(self, quads: set[Quad], quad: Quad) -> None:
-        if quad.predicate.value == SENSOR and quad not in quads:
+    def _add(self, iri: str, quads: set[Quad], quad: Quad) -> None:
+        """Add `quad` to the quads of node `iri` (`quads`, which `nodes` holds under `iri`)."""
+        predicate = quad.predicate.value
+        if predicate not in FIXED_PREDICATES:
+            changing = self._changing.get(iri)
+            if changing is None:
+                changing = self._changing[iri] = {}
+            changing[quad] = predicate
+        elif predicate == SENSOR and quad not in quads:
             self.per_sensor[quad.object.value] += 1
             self.per_device[self.device(quad.object.value)] += 1
         quads.add(quad)
 
-    def _discard(self, quads: set[Quad], quad: Quad) -> None:
-        if quad.predicate.value == SENSOR and quad in quads:
+    def _discard(self, iri: str, quads: set[Quad], quad: Quad) -> None:
+        """Remove `quad` from the quads of node `iri` (`quads`, as for `_add`)."""
+        predicate = quad.predicate.value
+        if predicate not in FIXED_PREDICATES:
+            changing = self._changing.get(iri)
+            if changing is not None:
+                changing.pop(quad, None)
+        elif predicate == SENSOR and quad in quads:
             sensor = quad.object.value
             device = self.device(sensor)
             self.per_sensor[sensor] -= 1
@@ -114,7 +133,7 @@ class LatestCache:
 
     def changing_quads(self, iri: str) -> list[Quad]:
         """The node's quads an update must delete (all but the fixed ones)."""
-        return [quad for quad in self.nodes.get(iri, ()) if quad.predicate.value not in FIXED_PREDICATES]
+        return list(self._changing.get(iri, ()))
 
     def changing(self, iri: str) -> list[tuple[str, str]]:
         """The node's triples an update must delete, as sorted (predicate IRI, object as SPARQL text)."""
@@ -122,8 +141,8 @@ class LatestCache:
 
     def sequence(self, iri: str) -> int:
         """The node's gw:sequenceNumber (0 for a node the store does not have)."""
-        for quad in self.nodes.get(iri, ()):
-            if quad.predicate.value == SEQUENCE:
+        for quad, predicate in self._changing.get(iri, {}).items():
+            if predicate == SEQUENCE:
                 obj = quad.object
                 ok = isinstance(obj, Literal) and obj.datatype == _XSD_INTEGER and obj.value.isascii()
                 return int(obj.value) if ok and obj.value.isdigit() else 0
@@ -137,7 +156,7 @@ class LatestCache:
             if iri in self.nodes and iri not in copy.nodes:
                 quads = copy.nodes[iri] = set()
                 for quad in self.nodes[iri]:
-                    copy._add(quads, quad)
+                    copy._add(iri, quads, quad)
         copy.complete = self.complete
         return copy
 
@@ -151,16 +170,20 @@ class LatestCache:
             if len(self.nodes) < self.max_entries:
                 quads = self.nodes.setdefault(iri, set())
                 for quad in list(quads):
-                    self._discard(quads, quad)
+                    self._discard(iri, quads, quad)
         for row in rows:
             quad = _quad(row)
-            quads = self.nodes.get(quad.subject.value) if quad is not None else None
+            if quad is None:
+                continue
+            iri = quad.subject.value
+            quads = self.nodes.get(iri)
             if quads is not None:
-                self._add(quads, quad)  # type: ignore[arg-type]
+                self._add(iri, quads, quad)
 
     def clear(self) -> None:
         """Forget everything: updates use OPTIONAL patterns until the next `load`."""
         self.nodes.clear()
+        self._changing.clear()
         self.per_sensor.clear()
         self.per_device.clear()
         self.complete = False
@@ -168,16 +191,19 @@ class LatestCache:
     def load(self, rows: Iterable[dict[str, Any]]) -> None:
         """Replace the mirror with the rows of LATEST_QUERY (terms or SPARQL JSON objects)."""
         self.nodes.clear()
+        self._changing.clear()
         self.per_sensor.clear()
         self.per_device.clear()
         quads = [quad for quad in map(_quad, rows) if quad is not None]
         self._assign_mappings(quads)
         for quad in quads:
-            self._add(self.nodes.setdefault(quad.subject.value, set()), quad)
+            iri = quad.subject.value
+            self._add(iri, self.nodes.setdefault(iri, set()), quad)
         self.devices = {sensor: device for sensor, device in self.devices.items() if sensor in self.per_sensor}
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()
+            self._changing.clear()
             self.per_sensor.clear()
             self.per_device.clear()
 
@@ -194,25 +220,35 @@ class LatestCache:
 
     def apply(self, added: Iterable[Quad], removed: Iterable[Quad]) -> None:
         """Follow one committed update's exact delta (quads outside the latest graph are ignored)."""
-        for quad in removed:
-            if quad.graph_name == _GRAPH and isinstance(quad.subject, NamedNode):
-                quads = self.nodes.get(quad.subject.value)
-                if quads is not None:
-                    self._discard(quads, quad)
-                    if not quads:  # a node deleted whole (retention's eviction) frees its slot
-                        del self.nodes[quad.subject.value]
-        for quad in added:
-            if quad.graph_name != _GRAPH or not isinstance(quad.subject, NamedNode):
-                continue
-            quads = self.nodes.get(quad.subject.value)
+        nodes = self.nodes
+        for quad, iri in _of_nodes(removed):
+            quads = nodes.get(iri)
+            if quads is not None:
+                self._discard(iri, quads, quad)
+                if not quads:  # a node deleted whole (retention's eviction) frees its slot
+                    del nodes[iri]
+                    self._changing.pop(iri, None)
+        for quad, iri in _of_nodes(added):
+            quads = nodes.get(iri)
             if quads is None:
                 if not self.complete:
                     continue  # a node first seen in a delta may have unchanged triples we never saw
-                if len(self.nodes) >= self.max_entries:
+                if len(nodes) >= self.max_entries:
                     self.complete = False  # we stop tracking: absence can no longer be assumed
                     continue
-                quads = self.nodes[quad.subject.value] = set()
-            self._add(quads, quad)
+                quads = nodes[iri] = set()
+            self._add(iri, quads, quad)
+
+
+def _of_nodes(quads: Iterable[Quad]) -> Iterator[tuple[Quad, str]]:
+    """The quads of the latest graph whose subject is an IRI (a node's), each with that IRI. Each
+    quad's graph and subject are read once: a term read from a quad is a new Python object."""
+    graph = _GRAPH
+    for quad in quads:
+        if quad.graph_name == graph:
+            subject = quad.subject
+            if isinstance(subject, NamedNode):
+                yield quad, subject.value
 
 
 def _quad(row: dict[str, Any]) -> Quad | None:

@@ -95,6 +95,47 @@ def _string(text: str) -> Literal:
     return Literal(text)
 
 
+# (latest node, sensor, property, feature, unit, mapping) -> what `_node_quads` makes of them
+_NodeKey = tuple[str, str, str, str, str | None, str]
+_NodeQuads = tuple[NamedNode, tuple[Quad, ...], tuple[Quad, ...]]
+NODE_CACHE_SIZE = 16_384  # entries (a latest node's ~6 quads each); emptied when full, as the mapper's topics
+_node_cache: dict[_NodeKey, _NodeQuads] = {}
+
+
+def _node_quads(node: str, reading: Reading, unit: str | None) -> _NodeQuads:
+    """A latest node's term, and the quads of it every batch inserts with the same values: its type,
+    sensor, property and feature (before the value), its unit and mapping (after the sequence).
+
+    Why cached: they are the same for every reading of a sensor and property but for a change of
+    feature, unit or mapping (all in the key), and making them (six quads, the node's IRI checked
+    again, the sensor's device worked out) was ~10 us a reading on the event loop, where the MQTT
+    ingest builds each batch; 1,000 readings/s are 100 sensors over and over (py-spy of the gateway
+    in `nlphase.py` at 1,000 readings/s, 2026-12-07). Quads are immutable: shared, they cannot change.
+    """
+    key = (node, reading.sensor, reading.property, reading.feature, unit, reading.mapping)
+    found = _node_cache.get(key)
+    if found is not None:
+        return found
+    term = NamedNode(node)
+    head = (
+        Quad(term, _A, _LATEST_VALUE, _LATEST),
+        Quad(term, _L_SENSOR, _iri(reading.sensor), _LATEST),
+        Quad(term, _L_PROPERTY, _iri(reading.property), _LATEST),
+        Quad(term, _L_FEATURE, _iri(reading.feature), _LATEST),
+    )
+    tail: list[Quad] = []
+    if unit is not None:
+        tail.append(Quad(term, _L_UNIT, _iri(unit), _LATEST))
+    mapping = mapping_of_reading(reading)
+    if mapping is not None:
+        tail.append(Quad(term, _L_MAPPING, _string(mapping), _LATEST))
+    found = (term, head, tuple(tail))
+    if len(_node_cache) >= NODE_CACHE_SIZE:
+        _node_cache.clear()
+    _node_cache[key] = found
+    return found
+
+
 def _value(value: float | int | bool | str) -> Literal:
     """The literal the text's value parses to, in the store's canonical form.
 
@@ -184,23 +225,17 @@ def _operation(
     first: dict[str, int] = {}
     for key in keys:
         reading = key.reading
-        node = NamedNode(key.node)
+        unit = None if isinstance(reading.value, bool | str) else reading.unit
+        node, head, tail = _node_quads(key.node, reading, unit)
         first[key.node] = latest.sequence(key.node)
         delete.extend(latest.changing_quads(key.node))
+        insert += head
         insert += [
-            Quad(node, _A, _LATEST_VALUE, _LATEST),
-            Quad(node, _L_SENSOR, _iri(reading.sensor), _LATEST),
-            Quad(node, _L_PROPERTY, _iri(reading.property), _LATEST),
-            Quad(node, _L_FEATURE, _iri(reading.feature), _LATEST),
             Quad(node, _L_VALUE, _value(reading.value), _LATEST),
             Quad(node, _L_OBSERVATION, NamedNode(key.observation), _LATEST),
             Quad(node, _SEQUENCE, Literal(first[key.node] + key.count), _LATEST),
         ]
-        if reading.unit is not None and not isinstance(reading.value, bool | str):
-            insert.append(Quad(node, _L_UNIT, _iri(reading.unit), _LATEST))
-        mapping = mapping_of_reading(reading)
-        if mapping is not None:
-            insert.append(Quad(node, _L_MAPPING, _string(mapping), _LATEST))
+        insert += tail
         timed.append(QuadPattern(node, _L_RESULT_TIME, _NOW, _LATEST))
     for item in placed:
         reading = item.reading
