@@ -61,7 +61,11 @@ class LatestCache:
     """
 
     def __init__(self, *, max_entries: int = MAX_ENTRIES) -> None:
-        self.nodes: dict[str, set[Quad]] = {}
+        # node IRI -> its quads -> their predicate IRI. Why the predicate: each reading of a batch asks
+        # for its node's changing quads and sequence number, and reading a quad's predicate makes two
+        # Python objects (~0.25 us); a scan of the node's ~10 quads for them was ~5 us a reading on the
+        # event loop (observation_quads; py-spy of `nlphase.py` at 1,000 readings/s, 2026-12-07)
+        self.nodes: dict[str, dict[Quad, str]] = {}
         self.complete = False
         self.max_entries = max_entries
         # nodes per sensor IRI (by their gw:sensor triple): the writer bounds them (ObservationWriter)
@@ -71,12 +75,6 @@ class LatestCache:
         # `load`, so a reload counts a mapping's sensors against it again, and found again by `load`
         # in the nodes' gw:mapping (a restart); dropped with their last node
         self.devices: dict[str, str] = {}
-        # node IRI -> its changing quads (all but FIXED_PREDICATES) -> their predicate IRI, kept with
-        # `nodes`. Why: each reading of a batch asks for its node's changing quads and sequence number,
-        # and reading a quad's predicate makes two Python objects (~0.25 us); found by scanning the
-        # node's ~10 quads that was ~5 us a reading on the event loop (observation_quads; py-spy of
-        # `nlphase.py` at 1,000 readings/s, 2026-12-07).
-        self._changing: dict[str, dict[Quad, str]] = {}
 
     def device(self, sensor: str) -> str:
         """The device the nodes of `sensor` count against."""
@@ -95,27 +93,15 @@ class LatestCache:
             self.per_device[device] += held
         self.devices[sensor] = device
 
-    def _add(self, iri: str, quads: set[Quad], quad: Quad) -> None:
-        """Add `quad` to the quads of node `iri` (`quads`, which `nodes` holds under `iri`)."""
+    def _add(self, quads: dict[Quad, str], quad: Quad) -> None:
         predicate = quad.predicate.value
-        if predicate not in FIXED_PREDICATES:
-            changing = self._changing.get(iri)
-            if changing is None:
-                changing = self._changing[iri] = {}
-            changing[quad] = predicate
-        elif predicate == SENSOR and quad not in quads:
+        if predicate == SENSOR and quad not in quads:
             self.per_sensor[quad.object.value] += 1
             self.per_device[self.device(quad.object.value)] += 1
-        quads.add(quad)
+        quads[quad] = predicate
 
-    def _discard(self, iri: str, quads: set[Quad], quad: Quad) -> None:
-        """Remove `quad` from the quads of node `iri` (`quads`, as for `_add`)."""
-        predicate = quad.predicate.value
-        if predicate not in FIXED_PREDICATES:
-            changing = self._changing.get(iri)
-            if changing is not None:
-                changing.pop(quad, None)
-        elif predicate == SENSOR and quad in quads:
+    def _discard(self, quads: dict[Quad, str], quad: Quad) -> None:
+        if quads.pop(quad, None) == SENSOR:
             sensor = quad.object.value
             device = self.device(sensor)
             self.per_sensor[sensor] -= 1
@@ -125,7 +111,6 @@ class LatestCache:
             self.per_device[device] -= 1
             if self.per_device[device] <= 0:
                 del self.per_device[device]
-        quads.discard(quad)
 
     def known(self, iri: str) -> bool:
         """Whether the mirror knows exactly what the store holds for this node (maybe nothing)."""
@@ -133,7 +118,7 @@ class LatestCache:
 
     def changing_quads(self, iri: str) -> list[Quad]:
         """The node's quads an update must delete (all but the fixed ones)."""
-        return list(self._changing.get(iri, ()))
+        return [quad for quad, predicate in self.nodes.get(iri, {}).items() if predicate not in FIXED_PREDICATES]
 
     def changing(self, iri: str) -> list[tuple[str, str]]:
         """The node's triples an update must delete, as sorted (predicate IRI, object as SPARQL text)."""
@@ -141,7 +126,7 @@ class LatestCache:
 
     def sequence(self, iri: str) -> int:
         """The node's gw:sequenceNumber (0 for a node the store does not have)."""
-        for quad, predicate in self._changing.get(iri, {}).items():
+        for quad, predicate in self.nodes.get(iri, {}).items():
             if predicate == SEQUENCE:
                 obj = quad.object
                 ok = isinstance(obj, Literal) and obj.datatype == _XSD_INTEGER and obj.value.isascii()
@@ -154,9 +139,9 @@ class LatestCache:
         copy.devices = dict(self.devices)
         for iri in iris:
             if iri in self.nodes and iri not in copy.nodes:
-                quads = copy.nodes[iri] = set()
+                quads = copy.nodes[iri] = {}
                 for quad in self.nodes[iri]:
-                    copy._add(iri, quads, quad)
+                    copy._add(quads, quad)
         copy.complete = self.complete
         return copy
 
@@ -168,22 +153,20 @@ class LatestCache:
         """Record the current content of these nodes: the rows of `nodes_query(iris)` (none = absent)."""
         for iri in iris:
             if len(self.nodes) < self.max_entries:
-                quads = self.nodes.setdefault(iri, set())
+                quads = self.nodes.setdefault(iri, {})
                 for quad in list(quads):
-                    self._discard(iri, quads, quad)
+                    self._discard(quads, quad)
         for row in rows:
             quad = _quad(row)
             if quad is None:
                 continue
-            iri = quad.subject.value
-            quads = self.nodes.get(iri)
+            quads = self.nodes.get(quad.subject.value)
             if quads is not None:
-                self._add(iri, quads, quad)
+                self._add(quads, quad)
 
     def clear(self) -> None:
         """Forget everything: updates use OPTIONAL patterns until the next `load`."""
         self.nodes.clear()
-        self._changing.clear()
         self.per_sensor.clear()
         self.per_device.clear()
         self.complete = False
@@ -191,19 +174,16 @@ class LatestCache:
     def load(self, rows: Iterable[dict[str, Any]]) -> None:
         """Replace the mirror with the rows of LATEST_QUERY (terms or SPARQL JSON objects)."""
         self.nodes.clear()
-        self._changing.clear()
         self.per_sensor.clear()
         self.per_device.clear()
         quads = [quad for quad in map(_quad, rows) if quad is not None]
         self._assign_mappings(quads)
         for quad in quads:
-            iri = quad.subject.value
-            self._add(iri, self.nodes.setdefault(iri, set()), quad)
+            self._add(self.nodes.setdefault(quad.subject.value, {}), quad)
         self.devices = {sensor: device for sensor, device in self.devices.items() if sensor in self.per_sensor}
         self.complete = len(self.nodes) <= self.max_entries
         if not self.complete:
             self.nodes.clear()
-            self._changing.clear()
             self.per_sensor.clear()
             self.per_device.clear()
 
@@ -224,10 +204,9 @@ class LatestCache:
         for quad, iri in _of_nodes(removed):
             quads = nodes.get(iri)
             if quads is not None:
-                self._discard(iri, quads, quad)
+                self._discard(quads, quad)
                 if not quads:  # a node deleted whole (retention's eviction) frees its slot
                     del nodes[iri]
-                    self._changing.pop(iri, None)
         for quad, iri in _of_nodes(added):
             quads = nodes.get(iri)
             if quads is None:
@@ -236,8 +215,8 @@ class LatestCache:
                 if len(nodes) >= self.max_entries:
                     self.complete = False  # we stop tracking: absence can no longer be assumed
                     continue
-                quads = nodes[iri] = set()
-            self._add(iri, quads, quad)
+                quads = nodes[iri] = {}
+            self._add(quads, quad)
 
 
 def _of_nodes(quads: Iterable[Quad]) -> Iterator[tuple[Quad, str]]:
