@@ -112,7 +112,10 @@ def _string_text(text: str) -> str:
 # (latest node, sensor, property, feature, unit, mapping) -> what `_node_quads` makes of them
 _NodeKey = tuple[str, str, str, str, str | None, str]
 _NodeQuads = tuple[NamedNode, tuple[Quad, ...], tuple[Quad, ...]]
-NODE_CACHE_SIZE = 16_384  # entries (a latest node's ~6 quads each); emptied when full, as the mapper's topics
+# entries, emptied when full (as the mapper's topic cache): one is ~3.6 KB (pyoxigraph quads own
+# copies of their terms' strings; 10,000 entries took 36 MB, measured 2026-12-07), so at most ~15 MB
+# on a board of 1 GB; a deployment with more latest nodes in use than this gains nothing from it
+NODE_CACHE_SIZE = 4_096
 _node_cache: dict[_NodeKey, _NodeQuads] = {}
 
 
