@@ -39,7 +39,7 @@ def observation_iri(gateway_id: str, reading: Reading) -> str:
     return OBSERVATION_PREFIX + _digest(f"{gateway_id}|{reading.sensor}|{reading.property}|{time_key(reading)}")
 
 
-@lru_cache(maxsize=65_536)
+@lru_cache(maxsize=16_384)  # ~300 bytes an entry (its strings kept alive): ~5 MB at most
 def latest_iri(sensor: str, prop: str) -> str:
     """`urn:sepa-gateway:latest:<sha256-hex-24 of sensor|property>`: one node per (sensor, property).
 
