@@ -186,7 +186,7 @@ class MqttAdapter:
             after_s = self.connection.first_message_after_s(self._delivering)
             self.shares.connected(now, after_s, resumed=self.connection.session_resumed)
         for message in batch:
-            if message in self._stored:
+            if self._stored and message in self._stored:  # empty but after a failed update: no hash to make
                 continue  # stored by an update of this batch before a later one of it failed (the batch is retried)
             if self.deliveries.committed(message):
                 continue  # redelivered after a restart, and already in the store (adapters.mqtt.deliveries)

@@ -41,10 +41,12 @@ from pyoxigraph import Literal, NamedNode, Quad
 from adapters.mqtt.connection import Message
 from broker.api import Update
 from gateway.observations.amend import with_quads
+from gateway.observations.nquads import literal_quads
 
 GRAPH = NamedNode("http://w3id.org/sepa-gateway/graph/deliveries")
 DIGEST = NamedNode("http://w3id.org/sepa-gateway/ns#deliveryDigest")
 SUBJECT = "urn:sepa-gateway:mqtt-delivery:"
+_DIGEST_TEXT, _GRAPH_TEXT = str(DIGEST), str(GRAPH)  # their N-Triples forms, for `_quads`
 QUERY = f"SELECT ?d ?digest WHERE {{ GRAPH <{GRAPH.value}> {{ ?d <{DIGEST.value}> ?digest }} }}"
 KEPT_BATCHES = 2
 HOLD_S = 2.0
@@ -56,6 +58,13 @@ def digest(message: Message) -> str:
 
 def _quad(mid: int, value: str) -> Quad:
     return Quad(NamedNode(f"{SUBJECT}{mid}"), DIGEST, Literal(value), GRAPH)
+
+
+def _quads(records: Iterable[tuple[int, str]]) -> list[Quad]:
+    """`_quad` of each (mid, digest), from N-Quads lines: a quad with a literal object costs ~7x
+    more made by `Quad(...)` (gateway.observations.nquads); one a message, on the event loop. A
+    digest is hexadecimal, so its text needs no escaping."""
+    return literal_quads([f'<{SUBJECT}{mid}> {_DIGEST_TEXT} "{value}" {_GRAPH_TEXT} .\n' for mid, value in records])
 
 
 @dataclass(eq=False, slots=True)
@@ -93,6 +102,9 @@ class Deliveries:
         self._connection = 0  # the newest connection of the messages the update being made records
         self._batch_seen: dict[tuple[int, str], int] = {}  # (mid, digest) of the batch's messages: connection
         self.duplicates = 0  # redelivered messages recognised as committed
+        # id(message) -> (message, its digest), found by `committed` for `record` (a SHA-256 less a
+        # message); the message is held so its id names no other until `close_batch` forgets them
+        self._digests: dict[int, tuple[Message, str]] = {}
 
     def load(self, rows: Iterable[dict[str, object]]) -> None:
         """What the store holds (at start): recognised until the redeliveries are over, then deleted."""
@@ -116,6 +128,7 @@ class Deliveries:
         if message.qos == 0:
             return False
         key = digest(message)
+        self._digests[id(message)] = (message, key)
         twin = self._batch_seen.setdefault((message.mid, key), message.connection)
         if not message.dup:
             if message.connection > self._resumed:
@@ -132,12 +145,16 @@ class Deliveries:
         """`request` with these messages' deliveries recorded and the old batches' deleted: (request,
         quads added, quads deleted). `live` numbers the connection up now (MqttConnection.number).
         Call :meth:`settle` once it is committed."""
-        added = [_quad(message.mid, digest(message)) for message in messages if message.qos > 0]
+        added = _quads((message.mid, self._digest(message)) for message in messages if message.qos > 0)
         self._connection = max((message.connection for message in messages), default=0)
         ago = self._clock() - self._hold_s
         self._forgetting = [group for group in self._groups if self._forgettable(group, live, ago)]
         deleted = [quad for group in self._forgetting for quad in group.quads]
         return with_quads(request, added, deleted), added, deleted
+
+    def _digest(self, message: Message) -> str:
+        known = self._digests.get(id(message))
+        return known[1] if known is not None and known[0] is message else digest(message)
 
     def settle(self, added: list[Quad], deleted: list[Quad]) -> None:
         """The update :meth:`record` amended was committed: remember its deliveries, forget the deleted ones."""
@@ -164,6 +181,7 @@ class Deliveries:
             group.closed_at = now
         self._batch += 1
         self._batch_seen.clear()
+        self._digests.clear()
 
     def _forgettable(self, group: _Group, live: int, ago: float) -> bool:
         """Closed KEPT_BATCHES batches and HOLD_S ago or more, and no redelivery can come for it: its

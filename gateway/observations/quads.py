@@ -37,6 +37,7 @@ from gateway.observations.digest import DigestEntry, ObservationDigest
 from gateway.observations.errors import PayloadError
 from gateway.observations.iris import mapping_of_reading, observation_iri
 from gateway.observations.latest import LatestCache
+from gateway.observations.nquads import integer_text, literal_quads
 from gateway.observations.reading import Reading
 from gateway.observations.updates import finite_number, iri_text
 from gateway.observations.vocabulary import (
@@ -79,6 +80,13 @@ _L_RESULT_TIME = NamedNode(GW + "resultTime")
 _L_OBSERVATION = NamedNode(GW + "observation")
 _L_MAPPING = NamedNode(MADE_BY_MAPPING)
 _SOURCE_TIME = NamedNode(SOURCE_TIME)
+# N-Triples forms, for the lines of the quads with a literal object (gateway.observations.nquads)
+_LATEST_TEXT = str(_LATEST)
+_OBSERVATIONS_TEXT = str(_OBSERVATIONS)
+_L_VALUE_TEXT = str(_L_VALUE)
+_SEQUENCE_TEXT = str(_SEQUENCE)
+_SIMPLE_RESULT_TEXT = str(_SIMPLE_RESULT)
+_NUMERIC_VALUE_TEXT = str(_NUMERIC_VALUE)
 
 
 @lru_cache(maxsize=65_536)
@@ -93,6 +101,56 @@ def _string(text: str) -> Literal:
     """A string literal, refused (TermError) where the text path refuses it; sources (topics) repeat."""
     quote(text)
     return Literal(text)
+
+
+@lru_cache(maxsize=65_536)
+def _string_text(text: str) -> str:
+    """`_string(text)` in its N-Triples form."""
+    return str(_string(text))
+
+
+# (latest node, sensor, property, feature, unit, mapping) -> what `_node_quads` makes of them
+_NodeKey = tuple[str, str, str, str, str | None, str]
+_NodeQuads = tuple[NamedNode, tuple[Quad, ...], tuple[Quad, ...]]
+# entries, emptied when full (as the mapper's topic cache): one is ~3.6 KB (pyoxigraph quads own
+# copies of their terms' strings; 10,000 entries took 36 MB, measured 2026-12-07), so at most ~15 MB
+# on a board of 1 GB; a deployment with more latest nodes in use than this gains nothing from it
+NODE_CACHE_SIZE = 4_096
+_node_cache: dict[_NodeKey, _NodeQuads] = {}
+
+
+def _node_quads(node: str, reading: Reading, unit: str | None) -> _NodeQuads:
+    """A latest node's term, and the quads of it every batch inserts with the same values: its type,
+    sensor, property and feature (before the value), its unit and mapping (after the sequence).
+
+    Why cached: they are the same for every reading of a sensor and property but for a change of
+    feature, unit or mapping (all in the key), and making them (six quads, the node's IRI checked
+    again, the sensor's device worked out) was ~10 us a reading on the event loop, where the MQTT
+    ingest builds each batch; 1,000 readings/s are 100 sensors over and over (py-spy of the gateway
+    in `nlphase.py` at 1,000 readings/s, 2026-12-07). Quads are immutable: shared, they cannot change.
+    """
+    key = (node, reading.sensor, reading.property, reading.feature, unit, reading.mapping)
+    found = _node_cache.get(key)
+    if found is not None:
+        return found
+    term = NamedNode(node)
+    head = (
+        Quad(term, _A, _LATEST_VALUE, _LATEST),
+        Quad(term, _L_SENSOR, _iri(reading.sensor), _LATEST),
+        Quad(term, _L_PROPERTY, _iri(reading.property), _LATEST),
+        Quad(term, _L_FEATURE, _iri(reading.feature), _LATEST),
+    )
+    tail: list[Quad] = []
+    if unit is not None:
+        tail.append(Quad(term, _L_UNIT, _iri(unit), _LATEST))
+    mapping = mapping_of_reading(reading)
+    if mapping is not None:
+        tail.append(Quad(term, _L_MAPPING, _string(mapping), _LATEST))
+    found = (term, head, tuple(tail))
+    if len(_node_cache) >= NODE_CACHE_SIZE:
+        _node_cache.clear()
+    _node_cache[key] = found
+    return found
 
 
 def _value(value: float | int | bool | str) -> Literal:
@@ -182,25 +240,22 @@ def _operation(
     timed: list[QuadPattern] = []
     digest: list[DigestEntry] = []
     first: dict[str, int] = {}
+    lines: list[str] = []  # the quads with a literal object (gateway.observations.nquads)
+    source_text = str(source)
     for key in keys:
         reading = key.reading
-        node = NamedNode(key.node)
+        unit = None if isinstance(reading.value, bool | str) else reading.unit
+        node, head, tail = _node_quads(key.node, reading, unit)
         first[key.node] = latest.sequence(key.node)
         delete.extend(latest.changing_quads(key.node))
-        insert += [
-            Quad(node, _A, _LATEST_VALUE, _LATEST),
-            Quad(node, _L_SENSOR, _iri(reading.sensor), _LATEST),
-            Quad(node, _L_PROPERTY, _iri(reading.property), _LATEST),
-            Quad(node, _L_FEATURE, _iri(reading.feature), _LATEST),
-            Quad(node, _L_VALUE, _value(reading.value), _LATEST),
-            Quad(node, _L_OBSERVATION, NamedNode(key.observation), _LATEST),
-            Quad(node, _SEQUENCE, Literal(first[key.node] + key.count), _LATEST),
-        ]
-        if reading.unit is not None and not isinstance(reading.value, bool | str):
-            insert.append(Quad(node, _L_UNIT, _iri(reading.unit), _LATEST))
-        mapping = mapping_of_reading(reading)
-        if mapping is not None:
-            insert.append(Quad(node, _L_MAPPING, _string(mapping), _LATEST))
+        insert += head
+        insert.append(Quad(node, _L_OBSERVATION, NamedNode(key.observation), _LATEST))
+        insert += tail
+        sequence = integer_text(first[key.node] + key.count)
+        lines.append(
+            f"<{key.node}> {_L_VALUE_TEXT} {_value(reading.value)} {_LATEST_TEXT} .\n"
+            f"<{key.node}> {_SEQUENCE_TEXT} {sequence} {_LATEST_TEXT} .\n"
+        )
         timed.append(QuadPattern(node, _L_RESULT_TIME, _NOW, _LATEST))
     for item in placed:
         reading = item.reading
@@ -211,28 +266,28 @@ def _operation(
             Quad(node, _MADE_BY, _iri(reading.sensor), _OBSERVATIONS),
             Quad(node, _OBSERVED, _iri(reading.property), _OBSERVATIONS),
             Quad(node, _FEATURE, _iri(reading.feature), _OBSERVATIONS),
-            Quad(node, source, _string(reading.source), _OBSERVATIONS),
         ]
+        lines.append(f"<{item.iri}> {source_text} {_string_text(reading.source)} {_OBSERVATIONS_TEXT} .\n")
         if reading.source_time_us is not None:
             insert.append(Quad(node, _SOURCE_TIME, micros_to_datetime(reading.source_time_us), _OBSERVATIONS))
         kept = stored.get(item.iri)
         if kept is None:
-            insert.append(Quad(node, _SEQUENCE, Literal(sequence), _OBSERVATIONS))
+            lines.append(f"<{item.iri}> {_SEQUENCE_TEXT} {integer_text(sequence)} {_OBSERVATIONS_TEXT} .\n")
             timed.append(QuadPattern(node, _RESULT_TIME, _NOW, _OBSERVATIONS))
         else:
             insert += [Quad(node, _RESULT_TIME, kept[0], _OBSERVATIONS), Quad(node, _SEQUENCE, kept[1], _OBSERVATIONS)]
         value = reading.value
         if isinstance(value, bool | str):
             simple = _value(value)
-            insert.append(Quad(node, _SIMPLE_RESULT, simple, _OBSERVATIONS))
+            lines.append(f"<{item.iri}> {_SIMPLE_RESULT_TEXT} {simple} {_OBSERVATIONS_TEXT} .\n")
             number, literal, unit = None, simple.value, None
         else:
             result = NamedNode(item.iri + "/result")
             insert += [
                 Quad(node, _RESULT, result, _OBSERVATIONS),
                 Quad(result, _A, _QUANTITY_VALUE, _OBSERVATIONS),
-                Quad(result, _NUMERIC_VALUE, _value(value), _OBSERVATIONS),
             ]
+            lines.append(f"<{item.iri}/result> {_NUMERIC_VALUE_TEXT} {_value(value)} {_OBSERVATIONS_TEXT} .\n")
             if reading.unit is not None:
                 insert.append(Quad(result, _QUDT_UNIT, _iri(reading.unit), _OBSERVATIONS))
             number, literal, unit = finite_number(value), None, reading.unit
@@ -249,5 +304,5 @@ def _operation(
                 reading.source,
             )
         )
-    operation = Modify(delete=tuple(delete), insert=(*insert, *timed), where=NOW_WHERE)
+    operation = Modify(delete=tuple(delete), insert=(*insert, *literal_quads(lines), *timed), where=NOW_WHERE)
     return operation, digest

@@ -9,10 +9,12 @@ messages twice.
 
 from __future__ import annotations
 
-from pyoxigraph import Literal, NamedNode
+from hypothesis import given
+from hypothesis import strategies as st
+from pyoxigraph import Literal, NamedNode, Quad
 
 from adapters.mqtt.connection import Message
-from adapters.mqtt.deliveries import SUBJECT, Deliveries, digest
+from adapters.mqtt.deliveries import DIGEST, GRAPH, SUBJECT, Deliveries, digest
 from broker.api import Update
 
 
@@ -125,3 +127,19 @@ def test_records_stay_hold_s_after_their_acknowledgement_however_fast_batches_co
     assert 6 not in batch(deliveries, [8], dup=False, connection=3, live=3)
     now[0] = 5.0
     assert 6 in batch(deliveries, [9], dup=False, connection=3, live=3)
+
+
+@given(st.lists(st.tuples(st.integers(1, 65535), st.binary(max_size=20), st.sampled_from([0, 1, 2])), max_size=10))
+def test_a_record_is_the_quad_of_its_message_id_and_digest(sent: list[tuple[int, bytes, int]]) -> None:
+    """The records are made from N-Quads lines (gateway.observations.nquads): each must be the quad
+    `Quad(...)` makes of the message's id and digest, one per message of QoS 1 or 2, in order; the
+    digest `committed` found for a message (every other one here) is the one recorded."""
+    messages = [Message("gateway/s/temperature", payload, mid, qos, False, False, 0, 1) for mid, payload, qos in sent]
+    deliveries = Deliveries()
+    for each in messages[::2]:
+        deliveries.committed(each)
+    _, added, _ = deliveries.record(Update(()), messages, 1)
+    expected = [
+        Quad(NamedNode(f"{SUBJECT}{each.mid}"), DIGEST, Literal(digest(each)), GRAPH) for each in messages if each.qos
+    ]
+    assert added == expected

@@ -1,4 +1,5 @@
-"""The latest mirror's counts of nodes per sensor and per device, which the writer bounds, follow every delta."""
+"""The latest mirror's counts of nodes per sensor and per device, which the writer bounds, and its index of
+each node's changing quads and sequence number, which every batch reads, follow every delta."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pyoxigraph import Literal, NamedNode, Quad
 
 from gateway.observations import LatestCache
 from gateway.observations.iris import SENSOR_PREFIX, device_of
+from gateway.observations.latest import FIXED_PREDICATES
 from gateway.observations.vocabulary import GRAPH_LATEST, GW, LATEST_PREFIX
 
 GRAPH = NamedNode(GRAPH_LATEST)
@@ -25,6 +27,7 @@ def _quads(node: int, sensor: int) -> list[Quad]:
     return [
         Quad(subject, NamedNode(GW + "sensor"), NamedNode(_sensor(sensor)), GRAPH),
         Quad(subject, NamedNode(GW + "value"), Literal(str(node)), GRAPH),
+        Quad(subject, NamedNode(GW + "sequenceNumber"), Literal(node + 10 * sensor), GRAPH),
     ]
 
 
@@ -58,6 +61,11 @@ def test_nodes_per_sensor_is_what_the_nodes_say(steps: list[tuple[bool, int, int
     for sensor, count in expected.items():
         devices[device_of(sensor)] += count
     assert cache.per_device == devices
+    for iri, quads in cache.nodes.items():  # what the index says is what a scan of the node finds
+        scanned = {quad for quad in quads if quad.predicate.value not in FIXED_PREDICATES}
+        assert set(cache.changing_quads(iri)) == scanned
+        numbers = [int(quad.object.value) for quad in scanned if quad.predicate.value == GW + "sequenceNumber"]
+        assert cache.sequence(iri) in (numbers or [0])
 
 
 def test_the_device_of_a_profile_sensor_is_its_first_two_levels_and_any_other_sensor_its_own() -> None:

@@ -28,7 +28,7 @@ from gateway.observations import (
     observation_update,
 )
 from gateway.observations.quads import stored_query, stored_terms
-from tests.gateway.observations.batches import reading, readings
+from tests.gateway.observations.batches import UNIT, reading, readings, values
 
 XSD_DOUBLE = NamedNode("http://www.w3.org/2001/XMLSchema#double")
 FIXED_NS = 1_795_000_000_123_456_000
@@ -62,6 +62,33 @@ def test_same_delta_as_the_text(batches: list[list[Reading]]) -> None:
         assert quads_side.run(tree) == delta
         assert printed_side.run(tree.to_sparql()) == delta  # the tree's printout says the same
     assert text_side.engine.store.quads() == quads_side.engine.store.quads() == printed_side.engine.store.quads()
+
+
+# Two sensors whose readings change feature, unit and mapping from one reading to the next: the
+# quads a latest node gets every time are cached per node (quads._node_quads) and must follow.
+moving = st.builds(
+    lambda sensor, value, unit, key, room, mapping: dataclasses.replace(
+        reading(sensor, value, unit, key), feature=f"urn:example:room{room}", mapping=mapping
+    ),
+    st.integers(0, 1),
+    values,
+    st.sampled_from([None, UNIT + "DEG_C", UNIT + "PERCENT"]),
+    st.sampled_from(["k1", "k2", "k3"]),
+    st.integers(0, 2),
+    st.sampled_from(["", "m1", "m2"]),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(moving, min_size=1, max_size=6), min_size=2, max_size=5))
+def test_a_node_whose_feature_unit_or_mapping_changes_gets_the_delta_of_the_text(batches: list[list[Reading]]) -> None:
+    text_side, quads_side = Side(), Side()
+    for batch in batches:
+        delta = text_side.run(observation_update(batch, "gw", text_side.latest))
+        tree = observation_quads(batch, "gw", quads_side.latest)
+        assert tree is not None
+        assert quads_side.run(tree) == delta
+    assert text_side.engine.store.quads() == quads_side.engine.store.quads()
 
 
 def timestamped(reading: Reading, second: int) -> Reading:
