@@ -734,8 +734,8 @@ class RdfStore:
 
         Why: each query worker counted its replica at its seed (`len`, the compactor's starting
         count), a full scan of the store on top of the one at open: a RocksDB store of 2.4 million
-        quads (774 MB) took 1.23 s of CPU in each worker and 10.7 s to serve at a load of 9, three
-        times the scan the gateway made (`/tmp/atk-scn/start.py`, 2026-12-07). A worker seeded later,
+        quads (774 MB) took 1.10-1.53 s of CPU in each of the two workers, 0.27-0.47 s told (5 pairs
+        alternated at a load of 10-12, `/tmp/atk-scn/start.py`, 2026-12-07). A worker seeded later,
         after the store changed, counts its own as before."""
         changes = self.changes  # an apply under way bumped it already: then not known
         self.ox.backup(directory)
