@@ -94,6 +94,18 @@ def dead_weight(quad: Quad) -> int:
     return 1 + len(term.value) // DEAD_CHARS if type(term) is Literal else 1
 
 
+def growth(ox: Store, added: Iterable[Quad], removed: Iterable[Quad]) -> int:
+    """How many quads `ox` holds more once `removed` are removed and then `added` added (fewer: a
+    negative number), looked up before the delta is applied: a quad it holds already adds none, one
+    it lacks removes none. Why: a journal replayed on RocksDB holds records RocksDB may already have
+    (those since the last flush), and its count at open (:func:`broker.store.rdf_store._rocksdb`)
+    is kept true through the replay by this, a lookup a quad, where counting again after it is a
+    full scan of the store (0.97 s of CPU for 2.4 million quads). The named graphs a delta drops
+    are empty by then (their quads are among `removed`)."""
+    gone = {quad for quad in removed if quad in ox}
+    return sum(1 for quad in set(added) if quad in gone or quad not in ox) - len(gone)
+
+
 def apply_quads(
     ox: Store,
     added: Iterable[Quad],

@@ -38,7 +38,7 @@ from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.store import RdfStore, graph_named
 from broker.workers.codec import OVER, TIMED_OUT, Answers, Code, Decoder, Item, encode_all
 from broker.workers.cpus import use_every_cpu
-from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
+from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded, seeded_quads
 
 
 def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...], tuple[str, ...]]]) -> None:
@@ -50,7 +50,8 @@ def apply_steps(store: RdfStore, steps: list[tuple[bytes, bytes, tuple[str, ...]
 class Booster:
     """The replica, the shape groups, which parameter values have SPUs, and one job's work."""
 
-    def __init__(self, store: RdfStore) -> None:
+    def __init__(self, store: RdfStore, quads: int) -> None:
+        """`quads`: how many `store` holds (:func:`broker.workers.seeding.seeded_quads`)."""
         self.store = store
         self.groups: dict[int, ShapeGroup] = {}
         # per group, per branch: the parameter values some SPU has (how many SPUs), to drop here the
@@ -58,7 +59,7 @@ class Booster:
         self.wanted: dict[int, list[Counter[tuple[object, ...]]]] = {}
         self.decoder = Decoder()
         # told how many quads it holds (20 ms for 334k); started by `serve`, on a thread of its own
-        self.compactor = Compactor(store, live=len(store.ox))
+        self.compactor = Compactor(store, live=quads)
         self.deadline = float("inf")  # of the job at work, for the hits of bounded groups (see boost)
 
     def add_group(self, gid: int, arguments: tuple[Any, ...]) -> None:
@@ -224,7 +225,8 @@ def serve(connection: Connection) -> None:
                 if booster is not None:
                     booster.compactor.close()
                     booster = None  # its replica freed before the new one loads
-                booster = Booster(seeded(message, connection))
+                replica = seeded(message, connection)
+                booster = Booster(replica, seeded_quads(message, replica))
                 booster.compactor.start()
                 connection.send(("ready",))
     finally:

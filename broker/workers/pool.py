@@ -345,8 +345,8 @@ class Worker:
         (QueryWorkers._place): any snapshot after it is right. A BOOSTER worker's log starts at its
         snapshot (broker.core.pipeline), which must be taken now."""
         if self.checkpoint is not None:
-            store.ox.backup(str(self.checkpoint))
-            self.outbox.put(("seed", "directory", str(self.checkpoint), ()))
+            quads = store.backup(str(self.checkpoint))
+            self.outbox.put(("seed", "directory", str(self.checkpoint), (), quads))
         else:
             named = tuple(map(graph_text, store.ox.named_graphs()))
             slices = nquads_slices(store.ox) if later and graphs is None else [_dump(store, graphs)]

@@ -35,7 +35,7 @@ from broker.sparql.limits import WORKER_STACK_BYTES
 from broker.workers.backlog import Backlog
 from broker.workers.cpus import use_every_cpu
 from broker.workers.jobs import JOBS
-from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded
+from broker.workers.seeding import PR_SET_PDEATHSIG, received, seeded, seeded_quads
 
 NICENESS = 10
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -188,10 +188,10 @@ def serve(connection: Connection, service_allow: tuple[str, ...], memory_bytes: 
                     connection.send(reply_for(processor, ("job", name, args, kwargs, micros), bound))
             elif kind == "seed":
                 processor = QueryProcessor(seeded(message, connection), service_allow=service_allow)
-                # told how many quads it holds: one thread, 20 ms for 334k
+                # told how many quads it holds: one thread, 20 ms for 334k in memory
                 compactor = Compactor(
                     processor.store,
-                    live=len(processor.store.ox),
+                    live=seeded_quads(message, processor.store),
                     around=bound.compaction,
                     dead_per_live=REPLICA_DEAD_PER_LIVE,
                 )

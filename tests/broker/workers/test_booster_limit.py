@@ -31,7 +31,7 @@ def test_an_spu_past_the_limit_is_answered_over_and_its_hits_are_not_evaluated_a
     store = RdfStore.memory()
     added = quads(30)  # each added triple: 30 solutions of the other pattern
     store.ox.extend(added)
-    booster = Booster(store)
+    booster = Booster(store, len(store.ox))
     booster.add_group(0, group.arguments)
     booster.want(0, tuple(encode_all(branch) for branch in spu.params), 1)
     params = encode_all(spu.params[0])

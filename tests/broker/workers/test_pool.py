@@ -261,6 +261,36 @@ def test_a_store_on_disk_is_replicated_from_a_checkpoint(tmp_path: Path) -> None
     assert not (tmp_path / "replicas").exists()
 
 
+def test_a_worker_seeded_from_an_unchanged_store_on_disk_is_told_the_quads_its_checkpoint_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each query worker counted its replica at its seed, a full scan of the store at every start on
+    RocksDB (1.2 s of CPU in each of two workers for 2.4 million quads, beside the gateway's own
+    count at open): now the seed carries the gateway's count, which is what the checkpoint holds."""
+    setup = RdfStore.open(tmp_path)
+    setup.ox.extend(Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(n)) for n in range(25))
+    setup.close()
+    del setup  # RocksDB's lock goes with the last reference
+    store = RdfStore.open(tmp_path)
+    seeds: list[tuple[object, ...]] = []
+    send = Worker._send
+
+    def recorded(worker: Worker, message: tuple[object, ...] | None) -> bool:
+        if message is not None and message[0] == "seed":
+            told = message[4] if len(message) > 4 else None
+            seeds.append((message[1], told, len(Store.read_only(str(message[2])))))
+        return send(worker, message)
+
+    monkeypatch.setattr(Worker, "_send", recorded)
+    pool = QueryWorkers(store, count=2, time_limit_s=5.0)
+    pool.start()
+    try:
+        assert seeds == [("directory", 25, 25)] * 2  # (its kind, the count it was told, what it holds)
+    finally:
+        pool.close()
+        store.close()
+
+
 def test_two_pools_over_one_store_on_disk_keep_their_checkpoints_apart(tmp_path: Path) -> None:
     """The query workers and the re-evaluation worker: each pool empties its checkpoints' directory
     when it starts, so a shared one lost the first pool's replicas (its next query crashed)."""

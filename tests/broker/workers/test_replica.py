@@ -10,10 +10,11 @@ import sys
 import textwrap
 import threading
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import pytest
-from pyoxigraph import Literal, NamedNode, Quad, RdfFormat, serialize
+from pyoxigraph import Literal, NamedNode, Quad, RdfFormat, Store, serialize
 
 from broker.compaction import CHECK_S
 from broker.store import RdfStore
@@ -183,3 +184,33 @@ def test_without_a_limit_nothing_is_reserved() -> None:
     bound = replica.MemoryBound(0)
     with bound.compaction(), bound.job():
         assert bound._reserved == 0
+
+
+def test_a_replica_seeded_with_its_count_takes_it_rather_than_counting_its_quads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A checkpoint's seed may carry how many quads it holds (`RdfStore.backup`): the replica's
+    compactor starts from that count, where counting it was a full scan of the store at every start
+    on RocksDB (1.2 s of CPU in each worker for 2.4 million quads). A count that differs from the
+    replica's own shows which was taken; without one the replica counts, as before."""
+    store = Store(str(tmp_path / "replica"))
+    store.extend(Quad(NamedNode(f"{EX}s{n}"), NamedNode(f"{EX}p"), Literal(n)) for n in range(3))
+    store.flush()
+    del store
+    told: list[int] = []
+
+    class Recording(replica.Compactor):
+        def __init__(self, *args: Any, live: int = 0, **kwargs: Any) -> None:
+            told.append(live)
+            super().__init__(*args, live=live, **kwargs)
+
+    monkeypatch.setattr(replica, "Compactor", Recording)
+    seeds = [("seed", "directory", str(tmp_path / "replica"), (), 7_000_000), ("seed", "memory", nquads(range(4)), ())]
+    for message in seeds:
+        worker = Replica()
+        try:
+            worker.connection.send(message)
+            assert worker.connection.poll(10) and worker.connection.recv() == ("ready",)
+        finally:
+            worker.close()
+    assert told == [7_000_000, 4]
