@@ -55,6 +55,20 @@ export function literal(value) {
   return JSON.stringify(String(value));
 }
 
+// A row's identity among a subscription's rows: every part of each term (type, value, language,
+// datatype), each prefixed with its length, so that no two rows share one. Why: it was the types
+// and values joined with U+0001, so "21" as an integer, as a double and in English were one row
+// (counted once; the double's removal left its text shown), and a sensor's value holding U+0001
+// could make its row one with another row and hide it.
 export function rowKey(row, vars) {
-  return vars.map((name) => (row[name] ? `${row[name].type}:${row[name].value}` : "")).join("\u0001");
+  let key = "";
+  for (const name of vars) {
+    const term = row[name];
+    key += term ? sized(term.type) + sized(term.value) + sized(term["xml:lang"] || "") + sized(term.datatype || "") : "-";
+  }
+  return key;
+}
+
+function sized(text) {
+  return `${text.length}:${text}`;
 }

@@ -259,6 +259,56 @@ def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, insta
     assert rows("table.changes tr.row-added") == ['"hello"']  # the change log keeps both
 
 
+def test_a_console_subscription_keeps_rows_that_differ_only_in_a_datatype_a_language_or_a_separator(
+    browser: Any, installed: InstalledGateway
+) -> None:
+    """A row was known by its terms' types and values joined with U+0001: "21" as an integer, a double
+    and in English were one row (counted once, and the double's removal left its text shown), and so
+    were two rows whose values a sensor split at U+0001 differently ("v" + "w\\u0001literal:z" and
+    "v\\u0001literal:w" + "z")."""
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    pairs = {
+        "int": ('"21"^^<http://www.w3.org/2001/XMLSchema#integer>', '"x"'),
+        "double": ('"21"^^<http://www.w3.org/2001/XMLSchema#double>', '"x"'),
+        "en": ('"21"@en', '"x"'),
+        "left": ('"v\\u0001literal:w"', '"z"'),
+        "right": ('"v"', '"w\\u0001literal:z"'),
+    }
+    triples = " ".join(
+        f"<{subject}:{name}> <urn:dash:in> <{subject}> ; <urn:dash:a> {a} ; <urn:dash:b> {b} ."
+        for name, (a, b) in pairs.items()
+    )
+    console_run(
+        browser,
+        f"SELECT ?a ?b WHERE {{ ?n <urn:dash:in> <{subject}> ; <urn:dash:a> ?a ; <urn:dash:b> ?b }}",
+        "run-subscribe",
+    )
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+    assert installed.gateway.update(f"INSERT DATA {{ {triples} }}").status == 200
+
+    def current() -> list[str]:
+        return sorted(browser.execute_script(CONSOLE_ROWS, subject, "table.current tbody tr"))
+
+    def until(expected: list[str]) -> None:
+        deadline = time.monotonic() + 10
+        while current() != expected:
+            assert time.monotonic() < deadline, current()
+            time.sleep(0.02)
+
+    shown = {
+        "int": '"21"^^<integer>"x"',
+        "double": '"21"^^<double>"x"',
+        "en": '"21"@en"x"',
+        "left": '"v\u0001literal:w""z"',
+        "right": '"v""w\u0001literal:z"',
+    }
+    until(sorted(shown.values()))
+    assert browser.execute_script(CONSOLE_ROWS, subject, "h4")[0] == f"Current rows ({len(pairs)})"
+    double = f"<{subject}:double> <urn:dash:a> {pairs['double'][0]}"
+    assert installed.gateway.update(f"DELETE DATA {{ {double} }}").status == 200
+    until(sorted(text for name, text in shown.items() if name != "double"))
+
+
 def test_a_console_table_draws_its_first_rows_and_counts_the_rest(browser: Any, installed: InstalledGateway) -> None:
     """A subscription may hold 100,000 rows: drawing 30,000 took the page 13 s at every notification."""
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
