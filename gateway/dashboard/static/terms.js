@@ -23,7 +23,8 @@ export function shortName(iri) {
 export function unitSymbol(iri) {
   if (!iri) return "";
   const name = shortName(iri);
-  return UNITS[name] || name;
+  // own keys only: a unit IRI ending in "constructor" or "__proto__" named Object's inherited members
+  return Object.hasOwn(UNITS, name) ? UNITS[name] : name;
 }
 
 export function formatValue(term) {

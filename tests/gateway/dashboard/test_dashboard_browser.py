@@ -352,6 +352,32 @@ def test_a_sensor_iri_with_an_escape_that_is_not_utf8_stops_no_tile(
         assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
 
 
+def test_a_unit_named_as_a_member_of_every_object_is_shown_as_its_name(
+    browser: Any, installed: InstalledGateway
+) -> None:
+    """The unit's symbol was looked up in a plain object: a unit IRI ending in "constructor" showed
+    "function Object() { [native code] }" in its tile and chart label, one ending in "__proto__"
+    "[object Object]"."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    gw = "http://w3id.org/sepa-gateway/ns#"
+    time_ = '"2026-01-01T00:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
+    units = {"constructor": "urn:dash:latest:ctor", "__proto__": "urn:dash:latest:proto", "DEG_C": "urn:dash:latest:c"}
+    nodes = " ".join(
+        f"<{node}> <{gw}sensor> <urn:s:unit-check> ; <{gw}property> <urn:p:{unit}> ; <{gw}unit> <urn:u:{unit}> ; "
+        f"<{gw}value> 1.0 ; <{gw}resultTime> {time_} ."
+        for unit, node in units.items()
+    )
+    unit_of = TILE_VALUE.replace("querySelector('.value')", "querySelector('.unit')")
+    assert installed.gateway.update(f"INSERT DATA {{ GRAPH <{latest}> {{ {nodes} }} }}").status == 200
+    try:
+        for unit, shown in (("constructor", "constructor"), ("__proto__", "__proto__"), ("DEG_C", "°C")):
+            wait_for(browser, f"return {TILE_VALUE} !== null", "unit-check", unit, what=f"the tile of {unit}")
+            assert browser.execute_script(f"return {unit_of};", "unit-check", unit) == shown
+    finally:  # the other tests' pages must not meet them
+        for node in units.values():
+            assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
+
+
 def console_run(browser: Any, sparql: str, button: str, *, delay: str = "") -> None:
     """Type `sparql` in the console and press `button` (run-query, run-update, run-subscribe)."""
     open_panel(browser, "console-panel")
