@@ -21,6 +21,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from selenium.webdriver.common.action_chains import ActionChains
 
 from tests.gateway.dashboard.dashboard_support import (
     CONSOLE_ROWS,
@@ -210,6 +211,43 @@ def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
     assert time.monotonic() - stopped <= 3.5  # 3 periods of 0.3 s (1 s at least), seen by a 1 s check
     publish(sensor, "gateway/pulse/temperature", "9.5")
     wait_for(browser, stale.replace("? t.classList", "? !t.classList"), what="the pulse sensor fresh again")
+
+
+def test_a_result_time_that_is_not_a_time_does_not_stop_the_stale_marking(
+    browser: Any, installed: InstalledGateway, sensor: mqtt.Client
+) -> None:
+    """A latest node whose gw:resultTime is not a time (a client that may write the latest view can
+    write one): its NaN became the page's estimate of the gateway's clock (the highest offset seen,
+    and NaN wins every Math.max), so no tile was marked stale until a reading came 10-20 s later,
+    and pointing at its tile threw. Now such a time is not a reading."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    node = "urn:dash:latest:bad-time"
+    bad = (
+        f"<{node}> <{GW}sensor> <urn:s:bad-time> ; <{GW}property> <urn:p:temperature> ; "
+        f'<{GW}value> 1.0 ; <{GW}resultTime> "not a time"'
+    )
+    stale = (
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'after-bad-time'); return t ? t.classList.contains('stale') : null;"
+    )
+    console_errors(browser)  # the earlier tests'
+    publish(sensor, "gateway/after-bad-time/temperature", "0.5")  # the tiles' view is live: the node comes as a change
+    wait_for(browser, f"return {TILE_VALUE} === '0.5'", "after-bad-time", "temperature", what="the first reading")
+    assert installed.gateway.update(f"INSERT DATA {{ GRAPH <{latest}> {{ {bad} }} }}").status == 200
+    try:
+        wait_for(browser, f"return {TILE_VALUE} !== null", "bad-time", "temperature", what="the tile")
+        for value in range(6):
+            publish(sensor, "gateway/after-bad-time/temperature", f"{value}.5")
+            time.sleep(0.3)
+        stopped = time.monotonic()
+        wait_for(browser, stale, timeout=10, what="the sensor marked stale")
+        assert time.monotonic() - stopped <= 3.5
+        tile = browser.find_element("css selector", ".tile[data-sensor='urn:s:bad-time']")
+        ActionChains(browser).move_to_element(tile).perform()
+        assert wait_for(browser, "return arguments[0].title", tile, what="the tooltip").startswith("urn:s:bad-time")
+        assert console_errors(browser) == []
+    finally:  # the other tests' pages must not meet it
+        assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
 
 
 def test_the_clock_estimate_follows_a_step_of_the_browsers_clock(browser: Any, sensor: mqtt.Client) -> None:
