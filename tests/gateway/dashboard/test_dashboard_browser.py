@@ -347,6 +347,26 @@ def test_a_console_subscription_keeps_rows_that_differ_only_in_a_datatype_a_lang
     until(sorted(text for name, text in shown.items() if name != "double"))
 
 
+def test_a_console_subscription_shows_triple_terms_as_triples(browser: Any, installed: InstalledGateway) -> None:
+    """An RDF 1.2 triple term (an update's TRIPLE() stores one) was shown "[object Object]" (its JSON
+    value is an object), and every triple term in a column was one row."""
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:t> ?o }}", "run-subscribe")
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+    made = ('TRIPLE(<urn:a>, <urn:b>, "x"@en)', "TRIPLE(<urn:a>, <urn:b>, TRIPLE(<urn:c>, <urn:d>, <urn:e>))")
+    for term in made:
+        update = f"INSERT {{ <{subject}> <urn:dash:t> ?o }} WHERE {{ BIND({term} AS ?o) }}"
+        assert installed.gateway.update(update).status == 200
+    expected = sorted(['<<( <urn:a> <urn:b> "x"@en )>>', "<<( <urn:a> <urn:b> <<( <urn:c> <urn:d> <urn:e> )>> )>>"])
+    deadline = time.monotonic() + 10
+    while (shown := sorted(browser.execute_script(CONSOLE_ROWS, subject, "table.current tbody tr"))) != expected:
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.02)
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:t> ?o }}", "run-query")
+    rows = "return [...document.querySelectorAll('#console-result tbody tr')].map((r) => r.textContent)"
+    assert sorted(wait_for(browser, rows, what="the query's rows")) == expected
+
+
 def test_a_console_table_draws_its_first_rows_and_counts_the_rest(browser: Any, installed: InstalledGateway) -> None:
     """A subscription may hold 100,000 rows: drawing 30,000 took the page 13 s at every notification."""
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
