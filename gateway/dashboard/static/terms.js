@@ -29,6 +29,7 @@ export function unitSymbol(iri) {
 
 export function formatValue(term) {
   if (!term) return "";
+  if (term.type === "triple") return termText(term); // its value is an object: "[object Object]"
   if (term.type === "literal" && /#(double|decimal|float)$/.test(term.datatype || "")) {
     const number = Number(term.value);
     if (Number.isFinite(number)) return Math.abs(number) >= 1000 ? number.toFixed(0) : String(+number.toPrecision(4));

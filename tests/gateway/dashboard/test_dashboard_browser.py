@@ -250,6 +250,23 @@ def test_a_result_time_that_is_not_a_time_does_not_stop_the_stale_marking(
         assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
 
 
+def test_a_value_that_is_a_triple_term_is_shown_as_one(browser: Any, installed: InstalledGateway) -> None:
+    """A latest node's gw:value that is an RDF 1.2 triple term showed "[object Object]" in its tile."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    node = "urn:dash:latest:triple"
+    time_ = '"2026-01-01T00:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
+    update = (
+        f"INSERT {{ GRAPH <{latest}> {{ <{node}> <{GW}sensor> <urn:s:triple-value> ; <{GW}property> <urn:p:t> ; "
+        f"<{GW}value> ?v ; <{GW}resultTime> {time_} }} }} WHERE {{ BIND(TRIPLE(<urn:a>, <urn:b>, 7) AS ?v) }}"
+    )
+    assert installed.gateway.update(update).status == 200
+    try:
+        shown = wait_for(browser, f"return {TILE_VALUE}", "triple-value", "t", what="the tile")
+        assert shown == '<<( <urn:a> <urn:b> "7"^^<integer> )>>'
+    finally:  # the other tests' pages must not meet it
+        assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
+
+
 def test_the_clock_estimate_follows_a_step_of_the_browsers_clock(browser: Any, sensor: mqtt.Client) -> None:
     """The page judges staleness by its estimate of the gateway's clock. The browser's clock stepped
     an hour forward (as the gateway's stepped back): the estimate was the highest offset ever seen,
