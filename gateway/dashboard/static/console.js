@@ -126,6 +126,8 @@ export class SparqlConsole {
     this.session = session;
     this.elements = elements;
     this.live = new Set(); // the ConsoleSubscriptions shown
+    this.running = null; // the AbortController of the query being run
+    this.turn = 0; // the last query or update run: only its reply is drawn
     addEventListener("pagehide", () => this.close());
     elements.update.hidden = elements.delay.hidden = rights.write.length === 0;
     elements.query.addEventListener("click", () => this.run(() => this.query()));
@@ -135,13 +137,29 @@ export class SparqlConsole {
 
   get text() { return this.elements.sparql.value; }
 
+  // `action`'s error is shown unless a later query or update was run meanwhile (it starts a turn
+  // before its first await)
   async run(action) {
     this.elements.error.textContent = "";
-    try { await action(); } catch (error) { this.elements.error.textContent = error.message; }
+    const running = action();
+    const turn = this.turn;
+    try {
+      await running;
+    } catch (error) {
+      if (turn === this.turn && error.name !== "AbortError") this.elements.error.textContent = error.message;
+    }
   }
 
+  // A query or update run ends the query before it, if it still runs, and only the last one run
+  // draws its reply. Why: each query ran to its end in a worker of its own and drew its result when
+  // it came, so a slow query's table replaced that of the query run after it (shown under the other
+  // query's text), and a query that never ended kept its request open.
   async query() {
-    const reply = await this.session.query(this.text, SHOWN_ROWS);
+    const turn = this.next();
+    const running = this.running = new AbortController();
+    const reply = await this.session.query(this.text, SHOWN_ROWS, running.signal);
+    if (turn !== this.turn) return;
+    this.running = null;
     const result = this.elements.result;
     if (reply && reply.head && "boolean" in reply) {
       result.replaceChildren(Object.assign(document.createElement("p"), { textContent: String(reply.boolean) }));
@@ -152,8 +170,16 @@ export class SparqlConsole {
     }
   }
 
+  next() {
+    this.running?.abort();
+    this.running = null;
+    return ++this.turn;
+  }
+
   async update() {
+    const turn = this.next();
     const reply = await this.session.update(this.text, this.elements.delay.value.trim());
+    if (turn !== this.turn) return;
     const text = reply.scheduled
       ? `scheduled ${reply.scheduled.id}, due ${reply.scheduled.due}`
       : `added ${reply.added}, removed ${reply.removed}, notifications ${reply.notifications}`;

@@ -19,7 +19,6 @@ const FIELDS = { path: "jsonPath", sensor: "sensorTemplate", property: "property
 // open, against -0.1-0.5 with no re-evaluated subscription (3 runs each).
 function live(subscriptions, sparql, container, columns, required) {
   const rows = new Map();
-  let vars = [];
   const render = () => {
     const nodes = new Map();
     for (const row of rows.values()) {
@@ -33,15 +32,14 @@ function live(subscriptions, sparql, container, columns, required) {
     const head = table.createTHead().insertRow();
     for (const [, title] of columns) head.append(Object.assign(document.createElement("th"), { textContent: title }));
     const body = table.createTBody();
-    const shown = vars.filter((name) => name !== "node"); // ordered by what the table shows
-    for (const node of listed.sort((a, b) => rowKey(a, shown).localeCompare(rowKey(b, shown)))) {
+    const order = (node) => columns.map(([name]) => (node[name] ? node[name].value : "")).join("\u0001");
+    for (const node of listed.sort((a, b) => order(a).localeCompare(order(b)))) { // as the table reads
       const line = body.insertRow();
       for (const [name] of columns) line.insertCell().textContent = node[name] ? node[name].value : "";
     }
     container.replaceChildren(table);
   };
-  subscriptions.subscribe(sparql, ({ reset, added, removed, vars: names }) => {
-    vars = names;
+  subscriptions.subscribe(sparql, ({ reset, added, removed, vars }) => {
     if (reset) rows.clear();
     for (const row of removed) rows.delete(rowKey(row, vars));
     for (const row of added) rows.set(rowKey(row, vars), row);

@@ -131,8 +131,9 @@ export class Session {
 
   // A query's reply, fetched and parsed in a worker (console-worker.js): a SELECT's bindings cut to
   // the first `shown`, with `count` the rows there were. SELECT and ASK as SPARQL JSON; CONSTRUCT
-  // and DESCRIBE as Turtle (shown as text).
-  query(sparql, shown) {
+  // and DESCRIBE as Turtle (shown as text). `signal` aborting ends the worker, its request with it,
+  // and rejects with an AbortError.
+  query(sparql, shown, signal = null) {
     const init = {
       method: "POST",
       headers: this.headers({ "Content-Type": "application/sparql-query", Accept: "application/sparql-results+json, text/turtle;q=0.9" }),
@@ -148,6 +149,7 @@ export class Session {
         resolve(data.document);
       };
       worker.onerror = (event) => { worker.terminate(); reject(new Error(event.message || "query worker failed")); };
+      signal?.addEventListener("abort", () => { worker.terminate(); reject(signal.reason); });
       worker.postMessage({ query: { url: new URL(this.config.query, location.href).href, init, shown } });
     });
   }

@@ -119,7 +119,12 @@ export class Tiles {
     const times = new Map(); // node -> result time of its reading in this notification
     for (const row of added) { // what a node is, and its value, before its reading is told
       const node = row.node.value;
-      if (row.time) { times.set(node, Date.parse(row.time.value)); continue; }
+      if (row.time) { // not a reading if not a time: its NaN became the clock estimate (NaN wins
+        // every Math.max), and no tile was marked stale until a reading came 10-20 s later
+        const time = Date.parse(row.time.value);
+        if (Number.isFinite(time)) times.set(node, time);
+        continue;
+      }
       const tile = this.tile(node);
       if (row.sensor) tile.sensor = row.sensor.value;
       else if (row.property) tile.property = row.property.value;

@@ -21,6 +21,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from selenium.webdriver.common.action_chains import ActionChains
 
 from tests.gateway.dashboard.dashboard_support import (
     CONSOLE_ROWS,
@@ -212,6 +213,60 @@ def test_a_sensor_that_stops_is_marked_stale_after_its_periods_and_fresh_again(
     wait_for(browser, stale.replace("? t.classList", "? !t.classList"), what="the pulse sensor fresh again")
 
 
+def test_a_result_time_that_is_not_a_time_does_not_stop_the_stale_marking(
+    browser: Any, installed: InstalledGateway, sensor: mqtt.Client
+) -> None:
+    """A latest node whose gw:resultTime is not a time (a client that may write the latest view can
+    write one): its NaN became the page's estimate of the gateway's clock (the highest offset seen,
+    and NaN wins every Math.max), so no tile was marked stale until a reading came 10-20 s later,
+    and pointing at its tile threw. Now such a time is not a reading."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    node = "urn:dash:latest:bad-time"
+    bad = (
+        f"<{node}> <{GW}sensor> <urn:s:bad-time> ; <{GW}property> <urn:p:temperature> ; "
+        f'<{GW}value> 1.0 ; <{GW}resultTime> "not a time"'
+    )
+    stale = (
+        "const t = [...document.querySelectorAll('.tile')].find((t) => t.querySelector('.sensor').textContent === "
+        "'after-bad-time'); return t ? t.classList.contains('stale') : null;"
+    )
+    console_errors(browser)  # the earlier tests'
+    publish(sensor, "gateway/after-bad-time/temperature", "0.5")  # the tiles' view is live: the node comes as a change
+    wait_for(browser, f"return {TILE_VALUE} === '0.5'", "after-bad-time", "temperature", what="the first reading")
+    assert installed.gateway.update(f"INSERT DATA {{ GRAPH <{latest}> {{ {bad} }} }}").status == 200
+    try:
+        wait_for(browser, f"return {TILE_VALUE} !== null", "bad-time", "temperature", what="the tile")
+        for value in range(6):
+            publish(sensor, "gateway/after-bad-time/temperature", f"{value}.5")
+            time.sleep(0.3)
+        stopped = time.monotonic()
+        wait_for(browser, stale, timeout=10, what="the sensor marked stale")
+        assert time.monotonic() - stopped <= 3.5
+        tile = browser.find_element("css selector", ".tile[data-sensor='urn:s:bad-time']")
+        ActionChains(browser).move_to_element(tile).perform()
+        assert wait_for(browser, "return arguments[0].title", tile, what="the tooltip").startswith("urn:s:bad-time")
+        assert console_errors(browser) == []
+    finally:  # the other tests' pages must not meet it
+        assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
+
+
+def test_a_value_that_is_a_triple_term_is_shown_as_one(browser: Any, installed: InstalledGateway) -> None:
+    """A latest node's gw:value that is an RDF 1.2 triple term showed "[object Object]" in its tile."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    node = "urn:dash:latest:triple"
+    time_ = '"2026-01-01T00:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
+    update = (
+        f"INSERT {{ GRAPH <{latest}> {{ <{node}> <{GW}sensor> <urn:s:triple-value> ; <{GW}property> <urn:p:t> ; "
+        f"<{GW}value> ?v ; <{GW}resultTime> {time_} }} }} WHERE {{ BIND(TRIPLE(<urn:a>, <urn:b>, 7) AS ?v) }}"
+    )
+    assert installed.gateway.update(update).status == 200
+    try:
+        shown = wait_for(browser, f"return {TILE_VALUE}", "triple-value", "t", what="the tile")
+        assert shown == '<<( <urn:a> <urn:b> "7"^^<integer> )>>'
+    finally:  # the other tests' pages must not meet it
+        assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
+
+
 def test_the_clock_estimate_follows_a_step_of_the_browsers_clock(browser: Any, sensor: mqtt.Client) -> None:
     """The page judges staleness by its estimate of the gateway's clock. The browser's clock stepped
     an hour forward (as the gateway's stepped back): the estimate was the highest offset ever seen,
@@ -259,6 +314,76 @@ def test_a_console_subscription_shows_added_and_removed_rows(browser: Any, insta
     assert rows("table.changes tr.row-added") == ['"hello"']  # the change log keeps both
 
 
+def test_a_console_subscription_keeps_rows_that_differ_only_in_a_datatype_a_language_or_a_separator(
+    browser: Any, installed: InstalledGateway
+) -> None:
+    """A row was known by its terms' types and values joined with U+0001: "21" as an integer, a double
+    and in English were one row (counted once, and the double's removal left its text shown), and so
+    were two rows whose values a sensor split at U+0001 differently ("v" + "w\\u0001literal:z" and
+    "v\\u0001literal:w" + "z")."""
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    pairs = {
+        "int": ('"21"^^<http://www.w3.org/2001/XMLSchema#integer>', '"x"'),
+        "double": ('"21"^^<http://www.w3.org/2001/XMLSchema#double>', '"x"'),
+        "en": ('"21"@en', '"x"'),
+        "left": ('"v\\u0001literal:w"', '"z"'),
+        "right": ('"v"', '"w\\u0001literal:z"'),
+    }
+    triples = " ".join(
+        f"<{subject}:{name}> <urn:dash:in> <{subject}> ; <urn:dash:a> {a} ; <urn:dash:b> {b} ."
+        for name, (a, b) in pairs.items()
+    )
+    console_run(
+        browser,
+        f"SELECT ?a ?b WHERE {{ ?n <urn:dash:in> <{subject}> ; <urn:dash:a> ?a ; <urn:dash:b> ?b }}",
+        "run-subscribe",
+    )
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+    assert installed.gateway.update(f"INSERT DATA {{ {triples} }}").status == 200
+
+    def current() -> list[str]:
+        return sorted(browser.execute_script(CONSOLE_ROWS, subject, "table.current tbody tr"))
+
+    def until(expected: list[str]) -> None:
+        deadline = time.monotonic() + 10
+        while current() != expected:
+            assert time.monotonic() < deadline, current()
+            time.sleep(0.02)
+
+    shown = {
+        "int": '"21"^^<integer>"x"',
+        "double": '"21"^^<double>"x"',
+        "en": '"21"@en"x"',
+        "left": '"v\u0001literal:w""z"',
+        "right": '"v""w\u0001literal:z"',
+    }
+    until(sorted(shown.values()))
+    assert browser.execute_script(CONSOLE_ROWS, subject, "h4")[0] == f"Current rows ({len(pairs)})"
+    double = f"<{subject}:double> <urn:dash:a> {pairs['double'][0]}"
+    assert installed.gateway.update(f"DELETE DATA {{ {double} }}").status == 200
+    until(sorted(text for name, text in shown.items() if name != "double"))
+
+
+def test_a_console_subscription_shows_triple_terms_as_triples(browser: Any, installed: InstalledGateway) -> None:
+    """An RDF 1.2 triple term (an update's TRIPLE() stores one) was shown "[object Object]" (its JSON
+    value is an object), and every triple term in a column was one row."""
+    subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:t> ?o }}", "run-subscribe")
+    wait_for(browser, CONSOLE_ROWS, subject, "table.current", what="the console subscription")
+    made = ('TRIPLE(<urn:a>, <urn:b>, "x"@en)', "TRIPLE(<urn:a>, <urn:b>, TRIPLE(<urn:c>, <urn:d>, <urn:e>))")
+    for term in made:
+        update = f"INSERT {{ <{subject}> <urn:dash:t> ?o }} WHERE {{ BIND({term} AS ?o) }}"
+        assert installed.gateway.update(update).status == 200
+    expected = sorted(['<<( <urn:a> <urn:b> "x"@en )>>', "<<( <urn:a> <urn:b> <<( <urn:c> <urn:d> <urn:e> )>> )>>"])
+    deadline = time.monotonic() + 10
+    while (shown := sorted(browser.execute_script(CONSOLE_ROWS, subject, "table.current tbody tr"))) != expected:
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.02)
+    console_run(browser, f"SELECT ?o WHERE {{ <{subject}> <urn:dash:t> ?o }}", "run-query")
+    rows = "return [...document.querySelectorAll('#console-result tbody tr')].map((r) => r.textContent)"
+    assert sorted(wait_for(browser, rows, what="the query's rows")) == expected
+
+
 def test_a_console_table_draws_its_first_rows_and_counts_the_rest(browser: Any, installed: InstalledGateway) -> None:
     """A subscription may hold 100,000 rows: drawing 30,000 took the page 13 s at every notification."""
     subject = f"urn:dash:{uuid.uuid4().hex[:8]}"
@@ -300,6 +425,32 @@ def test_a_sensor_iri_with_an_escape_that_is_not_utf8_stops_no_tile(
         assert console_errors(browser) == []
     finally:  # the other tests' pages must not meet it
         assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
+
+
+def test_a_unit_named_as_a_member_of_every_object_is_shown_as_its_name(
+    browser: Any, installed: InstalledGateway
+) -> None:
+    """The unit's symbol was looked up in a plain object: a unit IRI ending in "constructor" showed
+    "function Object() { [native code] }" in its tile and chart label, one ending in "__proto__"
+    "[object Object]"."""
+    latest = "http://w3id.org/sepa-gateway/graph/latest"
+    gw = "http://w3id.org/sepa-gateway/ns#"
+    time_ = '"2026-01-01T00:00:00Z"^^<http://www.w3.org/2001/XMLSchema#dateTime>'
+    units = {"constructor": "urn:dash:latest:ctor", "__proto__": "urn:dash:latest:proto", "DEG_C": "urn:dash:latest:c"}
+    nodes = " ".join(
+        f"<{node}> <{gw}sensor> <urn:s:unit-check> ; <{gw}property> <urn:p:{unit}> ; <{gw}unit> <urn:u:{unit}> ; "
+        f"<{gw}value> 1.0 ; <{gw}resultTime> {time_} ."
+        for unit, node in units.items()
+    )
+    unit_of = TILE_VALUE.replace("querySelector('.value')", "querySelector('.unit')")
+    assert installed.gateway.update(f"INSERT DATA {{ GRAPH <{latest}> {{ {nodes} }} }}").status == 200
+    try:
+        for unit, shown in (("constructor", "constructor"), ("__proto__", "__proto__"), ("DEG_C", "°C")):
+            wait_for(browser, f"return {TILE_VALUE} !== null", "unit-check", unit, what=f"the tile of {unit}")
+            assert browser.execute_script(f"return {unit_of};", "unit-check", unit) == shown
+    finally:  # the other tests' pages must not meet them
+        for node in units.values():
+            assert installed.gateway.update(f"DELETE WHERE {{ GRAPH <{latest}> {{ <{node}> ?p ?o }} }}").status == 200
 
 
 def console_run(browser: Any, sparql: str, button: str, *, delay: str = "") -> None:
