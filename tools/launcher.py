@@ -37,7 +37,10 @@ from gateway.appliance.app import STOP_DEADLINE_S, Gateway
 from gateway.appliance.config import Config
 
 HOST = "127.0.0.1"
-STARTUP_TIMEOUT_S = 20.0
+# Why 90 s, not 20: on the shared 2-core machine at load 10-11 (2026-12-07) `launch_gateway()`
+# took 13.3 and 15.1 s to see "serving" (timed by hand), and 3 times not within 20 s, failing
+# the test before it began. How fast a gateway starts is not what these tests are about.
+STARTUP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = STOP_DEADLINE_S + 10.0  # the gateway ends itself by then, as under systemd's TimeoutStopSec
 SERVING = re.compile(r'msg="sepa-gateway serving" urls="([^"]+)"')
 

@@ -127,16 +127,39 @@ def test_a_client_sending_slow_updates_takes_turns_with_the_others(
     async def test(client: SecureClient) -> None:
         hog, other = await client.login("hog"), await client.login("other")
         slow_updates = [asyncio.create_task(client.update(hog, SLOW_UPDATE)) for _ in range(8)]
+        hog_replied: list[float] = []
+        for task in slow_updates:
+            task.add_done_callback(lambda _: hog_replied.append(time.monotonic()))
         await asyncio.sleep(0.3)  # the hog's updates are queued
         started = time.monotonic()
         status, reply = await client.update(other, f"INSERT DATA {{ <{EX}o> <{EX}p> 1 }}")
-        waited = time.monotonic() - started
+        replied = time.monotonic()
         hogged = [await task for task in slow_updates]
         assert status == 200, reply
         assert [(status, reply["error"]) for status, reply in hogged] == [(503, "timeout")] * 8, hogged
-        assert waited < 2.4, waited  # in arrival order: ~7.7 s; replied with the hog's next call: 2.7 s
+        assert replied < third_call_half_done(hog_replied), waits(started, replied, hog_replied)
 
     run_secure(gateway, test)
+
+
+def third_call_half_done(replied: list[float]) -> float:
+    """When the hog's third call, replied at `replied[2]`, was half through: half a call (the
+    hog's last seven calls' mean, first reply to last) before its reply.
+
+    Why in the hog's calls, not seconds: the other client's update replies with the hog's second
+    call (~1.7 s), or with its third when a group commit holds it (2.7 s), or after all eight in
+    arrival order (~7.7 s). At load 10-12 on the shared 2-core machine (2026-12-07) the hog's
+    calls took 1.0-2.3 s each against the 1 s limit, and the reply came with its second call at
+    1.79-2.41 s in 19 runs, past the fixed 2.4 s bar in 1 with the order right. Counted in the
+    hog's own calls, the bar moves with them. Not the median gap between replies: with the
+    group commit held, the hog's replies come in pairs, and half the gaps are nil."""
+    call = (replied[-1] - replied[0]) / (len(replied) - 1)
+    return replied[2] - call / 2
+
+
+def waits(started: float, replied: float, hog_replied: list[float]) -> str:
+    """The other client's wait and the hog's replies, in seconds from when it sent its update."""
+    return f"waited {replied - started:.2f} s; the hog's replies at {[round(t - started, 2) for t in hog_replied]} s"
 
 
 def test_a_clients_delayed_updates_falling_due_together_take_turns_with_the_others(
@@ -157,6 +180,9 @@ def test_a_clients_delayed_updates_falling_due_together_take_turns_with_the_othe
         status, reply = await client.update(other, f"INSERT DATA {{ <{EX}o> <{EX}p> 1 }}")
         waited = time.monotonic() - started
         assert status == 200, reply
-        assert waited < 2.4, waited  # ahead of every lane: ~7 s
+        # Ahead of every lane: the eight calls, ~7 s (8.76 s at load 11, 2026-12-07). Taking
+        # turns: the running call's rest and one more, 1.24-2.21 s in 9 runs at load 9-12 against
+        # the 2.4 s bar this had; 4 s stays half the way to the eight calls.
+        assert waited < 4.0, waited
 
     run_secure(gateway, test)

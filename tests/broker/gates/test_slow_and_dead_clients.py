@@ -5,7 +5,7 @@ What it protects (PROTOCOL.md "Liveness", the WebSocket gate's per-connection qu
 
 (a) a subscriber that stops reading while updates flow does not delay anyone else: the
     notification latency of a healthy subscriber and the update replies stay what they are without
-    the stalled one (percentiles compared over a few hundred updates, with a generous margin), and
+    the stalled one (percentiles of phases alone and beside it, alternated, with a generous margin), and
     the stalled connection really is backed up meanwhile. With a small `queue_limit` the stalled
     client is disconnected, its subscription ended and its socket freed, and the gateway logs why;
 (b) a client that vanishes without a close frame is noticed: one that stops answering pings is
@@ -102,33 +102,50 @@ async def updates_with_latency(
 
 
 def test_a_stalled_subscriber_does_not_delay_the_others(gateway: RunningGateway) -> None:
-    updates, size = 300, 8000  # ~16 kB per notification: ~5 MB for the stalled client, far past its buffers
+    """Phases alone and beside a stalled subscriber alternate, 100 updates each (a new stalled
+    socket for each phase beside one), and each percentile compared is the median of the phases'.
+
+    Why: the phases ran once each, one after the other (300 updates alone, then 300 beside the
+    stalled one), so load that rose or fell between them moved the comparison, and a burst of it
+    in either phase moved its p95 (shared 2-core machine at load 5-13, 2026-12-07). Alternated,
+    a drift reaches both kinds alike and a burst reaches one phase of three or four."""
+    rounds, updates, size = 3, 100, 8000  # ~16 kB per notification
 
     async def scenario() -> None:
         async with aiohttp.ClientSession() as session, session.ws_connect(gateway.subscribe_url) as ws:
             await subscribe(ws, {"sparql": QUERY, "alias": "healthy"})
             await updates_with_latency(session, gateway, ws, 0, 20, size)  # warm-up
-            alone_replies, alone = await updates_with_latency(session, gateway, ws, 100, updates, size)
+            alone = [await updates_with_latency(session, gateway, ws, 100, updates, size)]
+            beside: list[tuple[list[float], list[float]]] = []
+            for number in range(1, rounds + 1):
+                stalled = await asyncio.get_running_loop().run_in_executor(None, stalled_subscriber, gateway)
+                try:
+                    # ~6 MB first: past what the kernel takes for it (tcp_wmem's 4 MB here), so the
+                    # gateway's writer for it is stuck and its queue grows while the phase runs
+                    await updates_with_latency(session, gateway, ws, 1000 * number + 200, 30, 100_000)
+                    beside.append(await updates_with_latency(session, gateway, ws, 1000 * number, updates, size))
+                    # The stall was real: the stalled subscription is still there and its socket is backed up.
+                    assert await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value >= 2) == 2
+                    backlog = send_queue_to(gateway, stalled.local_port)
+                    if backlog is not None:
+                        assert backlog > 64 * 1024, f"the stalled client was not backed up (send queue {backlog} B)"
+                finally:
+                    stalled.close()
+                await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value == 1, timeout=60)
+                alone.append(await updates_with_latency(session, gateway, ws, 1000 * number + 500, updates, size))
 
-            stalled = await asyncio.get_running_loop().run_in_executor(None, stalled_subscriber, gateway)
-            try:
-                with_replies, with_stalled = await updates_with_latency(session, gateway, ws, 1000, updates, size)
-                # The stall was real: the stalled subscription is still there and its socket is backed up.
-                assert await wait_for_metric(session, gateway, "sepa_subscriptions", lambda value: value >= 2) == 2
-                backlog = send_queue_to(gateway, stalled.local_port)
-                if backlog is not None:
-                    assert backlog > 64 * 1024, f"the stalled client was not backed up (send queue {backlog} B)"
-            finally:
-                stalled.close()
+        def typical(phases: list[tuple[list[float], list[float]]], kind: int, fraction: float) -> float:
+            return statistics.median(percentile(phase[kind], fraction) for phase in phases)
 
-        report = (
-            f"healthy NL p50/p95 alone {percentile(alone, 0.5) * 1e3:.2f}/{percentile(alone, 0.95) * 1e3:.2f} ms, "
-            f"with a stalled subscriber {percentile(with_stalled, 0.5) * 1e3:.2f}/"
-            f"{percentile(with_stalled, 0.95) * 1e3:.2f} ms"
+        report = ", ".join(
+            f"{name} p50/p95 alone {typical(alone, kind, 0.5) * 1e3:.2f}/{typical(alone, kind, 0.95) * 1e3:.2f} ms, "
+            f"beside a stalled subscriber {typical(beside, kind, 0.5) * 1e3:.2f}/"
+            f"{typical(beside, kind, 0.95) * 1e3:.2f} ms"
+            for kind, name in ((0, "replies"), (1, "healthy NL"))
         )
         for fraction, margin in ((0.5, 0.005), (0.95, 0.015)):
-            assert percentile(with_stalled, fraction) <= 3 * percentile(alone, fraction) + margin, report
-            assert percentile(with_replies, fraction) <= 3 * percentile(alone_replies, fraction) + margin, report
+            for kind in (0, 1):
+                assert typical(beside, kind, fraction) <= 3 * typical(alone, kind, fraction) + margin, report
 
     asyncio.run(scenario())
 
