@@ -139,3 +139,37 @@ def test_sepy_runs_construct_and_describe(gateway: RunningGateway, sepa: Any) ->
     assert graph == [{"@id": ns + "Ada", ns + "says": [{"@value": "Salve"}]}]
     described = sepa.sparql_query(f"DESCRIBE <{ns}Ada>")
     assert [node["@id"] for node in described] == [ns + "Ada"]
+
+
+def test_sepy_profile_with_a_graph_and_a_typed_forced_binding(gateway: RunningGateway) -> None:
+    """A profile as sepy's template (ysap_template.sap) writes one: `graphs` members as single IRIs
+    (sepy sends `default-graph-uri` as a string, not an array), a namespace, and a literal forced
+    binding with a prefixed `datatype`. The subscription sees only its graph; the handler gets the
+    typed literal as the store holds it."""
+    profile = sepy_profile()
+    profile["host"] = HOST
+    profile["sparql11protocol"]["port"] = gateway.http_port
+    profile["sparql11seprotocol"]["availableProtocols"]["ws"]["port"] = gateway.ws_port
+    profile["graphs"] = {"default-graph-uri": TEST_NS + "g"}
+    profile["namespaces"]["xsd"] = "http://www.w3.org/2001/XMLSchema#"
+    profile["updates"]["SET_LEVEL"] = {
+        "sparql": f"INSERT DATA {{ GRAPH <{TEST_NS}g> {{ ?lamp test:level ?level }} }}",
+        "forcedBindings": {
+            "lamp": {"type": "uri", "value": ""},
+            "level": {"type": "literal", "datatype": "xsd:integer", "value": ""},
+        },
+    }
+    profile["queries"]["LEVELS"] = {"sparql": "SELECT ?lamp ?level WHERE { ?lamp test:level ?level }"}
+    engine = SEPA(sapObject=SAPObject(profile, log=logging.ERROR), logLevel=logging.ERROR)
+    inbox: queue.Queue[Notification] = queue.Queue()
+    engine.sparql_update(f"INSERT DATA {{ <{TEST_NS}other> <{TEST_NS}level> 1 }}")  # the default graph: not seen
+    try:
+        engine.subscribe("LEVELS", "levels", handler=lambda added, removed: inbox.put((added, removed)))
+        assert next_notification(inbox) == ([], [])
+        engine.update("SET_LEVEL", forcedBindings={"lamp": TEST_NS + "lamp", "level": "007"})
+        added, removed = next_notification(inbox)
+        level = {"type": "literal", "value": "7", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}
+        assert (added, removed) == ([{"lamp": {"type": "uri", "value": TEST_NS + "lamp"}, "level": level}], [])
+    finally:
+        for socket in list(engine.get_subscriptions().values()):
+            socket.close()
