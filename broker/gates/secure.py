@@ -7,8 +7,9 @@ client lists and cancels only its own delayed updates. TLS is the ssl module's, 
 listening sockets by the appliance; nothing here sees a byte of it.
 
 Revocation: the registry file is looked at on every request (one stat), so a revoked client's
-next request gets 401; a watcher ends the subscriptions of revoked clients, or of clients whose
-rights changed, within :data:`WATCH_INTERVAL_S`, with a 401 error frame naming each.
+next request gets 401; a watcher ends the subscriptions of revoked clients, of clients whose
+rights changed, and those made with a token revoked since (/oauth/revoke), within
+:data:`WATCH_INTERVAL_S`, with a 401 error frame naming each.
 
 Why the two OAuth endpoints answer each other's requests: sepy (the SEPA project's Python client,
 which must work unchanged) swaps the registration and token URLs in its secure *query* path, so it
@@ -183,20 +184,29 @@ class SecureGate:
             self._watcher = None
 
     async def _watch(self) -> None:
-        """Every WATCH_INTERVAL_S, when the registry's clients changed: end the subscriptions whose
-        client was revoked or whose rights changed, and drop the delayed updates of registrations
-        that ended (reset, revoked); once at start too (the registry may have changed while the
-        gateway was down)."""
-        seen = -1
+        """Every WATCH_INTERVAL_S, when the registry's clients changed or a token was revoked: end
+        the subscriptions whose client was revoked or whose rights changed, or whose token was
+        revoked; when the registry changed, drop the delayed updates of registrations that ended
+        (reset, revoked); once at start too (the registry may have changed while the gateway was
+        down).
+
+        Why polled, not run by each /oauth/revoke: a client with credentials can revoke as fast as
+        it gets tokens, and each scan checks every secure subscription; polled, it costs one scan
+        a second whatever the rate. A subscription confirmed after the revocation is refused where
+        it is registered (WebSocketGate.subscribe), so none made with the token outlives the scan."""
+        seen_clients, seen_tokens = -1, -1
         while True:
             try:
-                self.authority.registry.current()
-                if self.authority.registry.generation != seen:
-                    seen = self.authority.registry.generation
+                registry, tokens = self.authority.registry, self.authority.tokens
+                registry.current()
+                if (registry.generation, tokens.generation) != (seen_clients, seen_tokens):
+                    clients_changed = registry.generation != seen_clients
+                    seen_clients, seen_tokens = registry.generation, tokens.generation
                     ended = await self.websocket.end_invalid(self.authority.validity())
                     if ended:
-                        log.info("subscriptions of revoked clients ended", extra={"count": ended})
-                    await self.http.scheduler.delayed.drop_unregistered()
+                        log.info("subscriptions of revoked clients or tokens ended", extra={"count": ended})
+                    if clients_changed:
+                        await self.http.scheduler.delayed.drop_unregistered()
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
                 log.exception("revocation watch failed; trying again")
             await asyncio.sleep(WATCH_INTERVAL_S)

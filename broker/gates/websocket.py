@@ -467,7 +467,7 @@ class WebSocketGate:
         return connection.subscriptions.pop(spuid, None)
 
     async def end_invalid(self, still_valid: Callable[[Principal], bool]) -> int:
-        """End every subscription whose client is revoked or whose rights changed (told with a 401
+        """End every subscription whose client or token is revoked or whose rights changed (told with a 401
         error frame naming it, once the engine no longer has it: a client reading the frame and then
         the subscriptions gauge saw it still counted under load); returns how many ended."""
         ended = 0
@@ -483,14 +483,16 @@ class WebSocketGate:
         return ended
 
     def _revoked(self, connection: Connection, spuid: str, alias: str | None) -> None:
-        """Tell the client its subscription `spuid` ended because its rights were revoked or changed
-        (a 401 error frame naming it); what the engine still sends for it is dropped."""
+        """Tell the client its subscription `spuid` ended because its client or the token it was
+        made with was revoked, or its rights changed (a 401 error frame naming it); what the engine
+        still sends for it is dropped."""
         connection.ended.add(spuid)
         self.counters["ws_revoked_subscriptions"] += 1
         connection.push(
             error_body(
                 "invalid_grant",
-                "the client's rights were revoked or changed: subscription ended",
+                "the client or the token this subscription was made with was revoked, or the client's "
+                "rights changed: subscription ended",
                 401,
                 alias=alias,
                 spuid=spuid,
@@ -678,10 +680,11 @@ class WebSocketGate:
 
         def register(spuid: str) -> bool:
             """The subscription is this connection's: from its confirmation on, an unsubscribe finds
-            it. False, once told with a 401 frame, when the client was revoked or its rights changed
-            since its message was authenticated: the revocation watch (SecureGate._watch) ended its
-            subscriptions then, before this one was registered, and it got its first results and
-            every later update's (its probe waited 3 s for its turn: seen in an attack)."""
+            it. False, once told with a 401 frame, when the client or its message's token was
+            revoked, or its rights changed, since its message was authenticated: the revocation
+            watch (SecureGate._watch) ended its subscriptions then, before this one was registered,
+            and it got its first results and every later update's (its probe waited 3 s for its
+            turn: seen in an attack)."""
             if registered or refused:
                 return bool(registered)  # once: after an unsubscribe that forgot it, never again
             if principal is not None and self.still_valid is not None and not self.still_valid(principal):

@@ -47,11 +47,18 @@ class UnsupportedGrantType(SepaError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who sent a secure request, and what it may do."""
+    """Who sent a secure request, and what it may do; `jti` and `iat`: the token it was sent with.
+
+    Why the token's ids: a WSS subscription keeps its principal, and one made with a token revoked
+    since (RFC 7009, by its ``jti`` or a cut-off on ``iat``) is ended by the revocation watch
+    (:meth:`Authority.still_valid`); before, a thief's subscriptions outlived the owner's revocation
+    of the stolen token until the client was reset. Two fields a subscription, no table per token."""
 
     identity: str
     client_id: str
     access: GraphAccess
+    jti: str = ""
+    iat: int = 0
 
 
 # the one reply to every refused registration, whatever the reason (the log has it)
@@ -177,7 +184,7 @@ class Authority:
             if known is not None:
                 client = self.registry.by_client_id(known.sub)
                 if client is not None and not client.revoked:
-                    return Principal(client.identity, known.sub, client.access)
+                    return Principal(client.identity, known.sub, client.access, known.jti, known.iat)
         with self.attempt(peer, "bad_token"):
             if token is None:
                 raise Unauthorized("a bearer token is required (Authorization: Bearer <JWT>)")
@@ -185,7 +192,7 @@ class Authority:
             client = self.registry.by_client_id(claims.sub)
             if client is None or client.revoked:
                 raise Unauthorized("the client of this token is no longer registered")
-            return Principal(client.identity, claims.sub, client.access)
+            return Principal(client.identity, claims.sub, client.access, claims.jti, claims.iat)
 
     def revoke(self, token: str, peer: str | None = None) -> None:
         """Refuse `token` from now on (RFC 7009; see broker.security.tokens); a token that is not
@@ -204,12 +211,16 @@ class Authority:
         REVOKED()
 
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
-        """Whether `principal` is still registered with the same rights (revocation watch), in
-        `registrations` (a :meth:`ClientRegistry.registrations` snapshot) or the registry now."""
+        """Whether `principal` is still registered with the same rights, and the token it came with
+        not revoked (revocation watch), in `registrations` (a :meth:`ClientRegistry.registrations`
+        snapshot) or the registry now. Its token's expiry is not checked: a subscription outlives
+        it (docs/security.md, "Revocation")."""
         if registrations is None:
             registrations = self.registry.registrations()
         client = registrations.get(principal.client_id)
-        return client is not None and not client.revoked and client.access == principal.access
+        if client is None or client.revoked or client.access != principal.access:
+            return False
+        return not (principal.jti and self.tokens.revoked(principal.client_id, principal.jti, principal.iat))
 
     def validity(self) -> Callable[[Principal], bool]:
         """`still_valid` over the registry as it is now, looked at once: the watch checks every

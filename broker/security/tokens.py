@@ -18,6 +18,11 @@ expires (an hour by default), and a dashboard's logout only forgot it in the bro
 at most REVOKED_PER_CLIENT a client; past that, every token of that client issued until then is
 refused (its ``iat`` is not after the client's cut-off), and its list starts again. Kept in memory:
 a restart forgets revocations (the tokens then live to their expiry).
+
+Why :attr:`TokenAuthority.generation` and :meth:`TokenAuthority.revoked`: a WSS subscription keeps
+the ``jti`` and ``iat`` of the token it was made with (broker.security.authority Principal), and the
+secure gates' revocation watch ends those whose token a revocation names (or a cut-off covers)
+when the generation moved. Nothing more is kept per token than the list above.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class TokenAuthority:
         self._verified: OrderedDict[str, Claims] = OrderedDict()
         self._revoked: dict[str, dict[str, int]] = {}  # client_id -> jti -> exp, of revoked live tokens
         self._cut_off: dict[str, int] = {}  # client_id -> tokens issued at or before this are refused
+        self.generation = 0  # bumped by every revocation that changed something: the watch compares it
 
     def jwk(self) -> dict[str, Any]:
         """The public signing key as a JWK (the registration reply's ``signature``)."""
@@ -82,19 +88,21 @@ class TokenAuthority:
         no signature is checked (the secure gates let such a token through an address's exhausted
         failure budget, broker.security.failures)."""
         claims = self._verified.get(token)
-        if claims is None or not _current(claims, time.time()) or self._is_revoked(claims):
+        if claims is None or not _current(claims, time.time()) or self.revoked(claims.sub, claims.jti, claims.iat):
             return None
         return claims
 
-    def _is_revoked(self, claims: Claims) -> bool:
-        return claims.jti in self._revoked.get(claims.sub, ()) or claims.iat <= self._cut_off.get(claims.sub, -1)
+    def revoked(self, sub: str, jti: str, iat: int) -> bool:
+        """Whether the token of client `sub` with this `jti`, issued at `iat`, was revoked: by its
+        ``jti`` (kept until it expires), or by its client's cut-off."""
+        return jti in self._revoked.get(sub, ()) or iat <= self._cut_off.get(sub, -1)
 
     def verify(self, token: str, *, expired_ok: bool = False) -> Claims:
         """The claims of a valid token; Unauthorized for anything else (never says which check failed
         beyond a short reason, and never echoes the token). `expired_ok`: a token past its expiry
         is taken (its signature, issuer and revocation still checked), for ending a subscription."""
         claims = self._verified_claims(token, expired_ok)
-        if self._is_revoked(claims):
+        if self.revoked(claims.sub, claims.jti, claims.iat):
             raise Unauthorized("the token was revoked")
         return claims
 
@@ -111,6 +119,7 @@ class TokenAuthority:
             self._cut_off[claims.sub] = self._new_cut_off(claims.sub, int(at), revoked)
             revoked = {}
         self._revoked[claims.sub] = revoked
+        self.generation += 1
         return True
 
     def _new_cut_off(self, sub: str, at: int, revoked: dict[str, int]) -> int:

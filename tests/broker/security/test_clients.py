@@ -3,14 +3,18 @@ over it: one locked edit per operator command, what a refused registration chang
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker.core.access import GraphAccess
+from broker.security import tokens
 from broker.security.authority import REGISTRATION_REFUSED, Authority, Principal, UnauthorizedClient
 from broker.security.clients import ClientRegistry, RegistryError
 
@@ -144,6 +148,39 @@ def test_the_revocation_watch_checks_every_subscription_with_one_look_at_the_reg
     still_valid = authority.validity()
     assert all(still_valid(principal) for _ in range(10_000)) and looks == 1
     assert not still_valid(Principal("app", "another-id", principal.access))
+
+
+def test_the_watch_finds_the_subscriptions_of_a_revoked_token_by_its_jti_or_its_clients_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription keeps the jti and iat of its token (Principal): revoked by its jti, or covered
+    by the client's cut-off past REVOKED_PER_CLIENT, it is no longer valid; the client's other
+    tokens, and those issued after the cut-off, still are. Expiry ends nothing."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 2)
+    authority = Authority(tmp_path, issuer="test", lifetime_s=60, configured=[{"identity": "app", "read": ["*"]}])
+    reply = authority.register(_registration("app"))["credentials"]
+    basic = "Basic " + base64.b64encode(f"{reply['client_id']}:{reply['client_secret']}".encode()).decode()
+
+    def token() -> str:
+        return str(authority.token(basic)["access_token"])
+
+    stolen, kept, spare = token(), token(), token()
+    thief, owner, other = (authority.authenticate(f"Bearer {t}") for t in (stolen, kept, spare))
+    generation = authority.tokens.generation
+    authority.revoke(stolen)
+    still_valid = authority.validity()
+    assert not still_valid(thief) and still_valid(owner) and still_valid(other)
+    assert still_valid(dataclasses.replace(owner, jti="expired long ago", iat=int(time.time()) - 7200))
+    assert authority.tokens.generation == generation + 1
+    authority.revoke(stolen)  # twice, and garbage: nothing changed, the watch has nothing to do
+    authority.revoke("not a token")
+    assert authority.tokens.generation == generation + 1
+    for _ in range(tokens.REVOKED_PER_CLIENT):
+        authority.revoke(token())
+    assert authority.tokens._revoked[owner.client_id] == {}  # a cut-off instead of the list
+    assert not still_valid(owner) and not still_valid(other)
+    issued_later = dataclasses.replace(owner, jti="a later token", iat=int(time.time()) + 2)
+    assert still_valid(issued_later)
 
 
 def test_registries_creating_the_same_new_directory_at_once_all_succeed(tmp_path: Path) -> None:

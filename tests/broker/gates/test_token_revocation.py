@@ -1,0 +1,307 @@
+"""Revoking a token (RFC 7009, POST /oauth/revoke) ends the WSS subscriptions made with it, on any
+socket, within the revocation watch's second, and nothing else: over real TLS sockets.
+
+Before, the token was refused from then on but its subscriptions lived on: a thief who subscribed
+with a stolen token kept reading its client's graphs after the owner revoked it, until the operator
+reset the client (docs/security.md, "Revocation")."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from broker.security import tokens
+from tests.broker.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
+from tests.broker.gates.test_secure_gates import EX, PUBLIC, VIEWER, WRITER, attack_tokens, run_secure
+from tests.polling import wait_until
+from tools.launcher import InProcessGateway
+
+WATCHED = f"SELECT ?o WHERE {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> ?o }} }}"
+# not timing: on a loaded CI machine the watch's second can take several; the test's point is
+# that the frames come, and that nothing else ends
+FRAME_TIMEOUT_S = 30.0
+
+
+@pytest.fixture
+def gateway(in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path) -> InProcessGateway:
+    return in_process_gateway(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data")))
+
+
+async def credentials(client: SecureClient, identity: str) -> Credentials:
+    status, document = await client.register(identity)
+    assert status == 201, document
+    return Credentials(document["credentials"]["client_id"], document["credentials"]["client_secret"])
+
+
+async def revoke(client: SecureClient, token: str) -> None:
+    """RFC 7009 as a form: 200 whatever the token is."""
+    url = f"{client.https_url}/oauth/revoke"
+    async with client.session.post(url, data={"token": token}, ssl=client.ssl) as reply:
+        assert (reply.status, await reply.json()) == (200, {})
+
+
+async def subscribe(ws: aiohttp.ClientWebSocketResponse, token: str, alias: str, sparql: str = WATCHED) -> str:
+    """Subscribe with `token` and return the spuid of its confirmation."""
+    await ws.send_json({"subscribe": {"sparql": sparql, "alias": alias, "authorization": f"Bearer {token}"}})
+    reply = await receive(ws, timeout=FRAME_TIMEOUT_S)
+    assert reply.get("notification", {}).get("sequence") == 0, reply
+    return str(reply["notification"]["spuid"])
+
+
+async def set_dim(client: SecureClient, writer: str, value: int) -> None:
+    update = (
+        f"DELETE WHERE {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> ?v }} }} ; "
+        f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> {value} }} }}"
+    )
+    assert (await client.update(writer, update))[0] == 200
+
+
+async def added(ws: aiohttp.ClientWebSocketResponse, spuid: str, value: int) -> None:
+    """The next frame is `spuid`'s notification adding `value`."""
+    reply = await receive(ws, timeout=FRAME_TIMEOUT_S)
+    notification = reply.get("notification", {})
+    assert notification.get("spuid") == spuid, reply
+    assert [row["o"]["value"] for row in notification["addedResults"]["results"]["bindings"]] == [str(value)]
+
+
+async def revoked_count(client: SecureClient, gateway: InProcessGateway) -> int:
+    """sepa_ws_revoked_subscriptions_total, as the plain port's /metrics shows it (0 before any)."""
+    async with client.session.get(f"{gateway.http_url}/metrics") as reply:
+        for line in (await reply.text()).splitlines():
+            name, _, value = line.partition(" ")
+            if name == "sepa_ws_revoked_subscriptions_total":
+                return int(value)
+    return 0
+
+
+def test_revoking_a_token_ends_the_subscriptions_made_with_it_on_every_socket_and_nothing_else(
+    gateway: InProcessGateway,
+) -> None:
+    """Two sockets of the thief's token, one of which also holds a subscription made with another
+    token of the same client, and another client's socket: only the thief's two end, each with a
+    401 frame naming it; the rest are notified of the next update. Revoking it again ends nothing."""
+
+    async def test(client: SecureClient) -> None:
+        viewer = await credentials(client, "viewer")
+        stolen, kept = await client.token(viewer), await client.token(viewer)
+        writer = await client.login("writer")
+        first, second, bystander = await client.socket(), await client.socket(), await client.socket()
+        thief_1 = await subscribe(first, stolen, "thief-1")
+        owner = await subscribe(first, kept, "owner")
+        thief_2 = await subscribe(second, stolen, "thief-2")
+        other = await subscribe(bystander, writer, "writer")
+        await revoke(client, stolen)
+        for ws, spuid, alias in ((first, thief_1, "thief-1"), (second, thief_2, "thief-2")):
+            ended = await receive(ws, timeout=FRAME_TIMEOUT_S)
+            assert (ended.get("error"), ended.get("status_code"), ended.get("spuid"), ended.get("alias")) == (
+                "invalid_grant",
+                401,
+                spuid,
+                alias,
+            ), ended
+        assert gateway.gateway.engine.subscription_count == 2
+        await set_dim(client, writer, 11)
+        await added(first, owner, 11)  # same socket, same client, another token: goes on
+        await added(bystander, other, 11)
+        with pytest.raises(asyncio.TimeoutError):
+            await receive(second, timeout=1.5)
+        await revoke(client, stolen)  # twice: nothing more to end
+        await asyncio.sleep(2.5)  # two turns of the watch
+        assert gateway.gateway.engine.subscription_count == 2
+        assert await revoked_count(client, gateway) == 2
+        for ws in (first, second, bystander):
+            await ws.close()
+
+    run_secure(gateway, test)
+
+
+def test_revoking_garbage_or_another_clients_token_ends_nothing(gateway: InProcessGateway) -> None:
+    """Every bad token built from the viewer's own claims (its jti and sub, forged, unsigned, expired,
+    another issuer...), garbage, and the writer's valid token: 200 each (RFC 7009), and the viewer's
+    subscription goes on."""
+
+    async def test(client: SecureClient) -> None:
+        viewer = await client.login("viewer")
+        writer = await client.login("writer")
+        ws = await client.socket()
+        spuid = await subscribe(ws, viewer, "viewer")
+        for name, token in attack_tokens(gateway, viewer).items():
+            if token:
+                await revoke(client, token)
+            else:  # nothing named: 400 (test_secure_gates), and nothing revoked either
+                async with client.session.post(f"{client.https_url}/oauth/revoke", ssl=client.ssl) as reply:
+                    assert reply.status == 400, name
+        await revoke(client, writer)
+        assert (await client.query(writer, WATCHED))[0] == 401
+        await asyncio.sleep(2.5)  # two turns of the watch
+        await set_dim(client, await client.login("admin"), 12)
+        await added(ws, spuid, 12)
+        assert await revoked_count(client, gateway) == 0
+        await ws.close()
+
+    run_secure(gateway, test)
+
+
+def test_a_subscribe_in_flight_when_its_token_is_revoked_is_never_served(
+    in_process_gateway: Callable[..., InProcessGateway], tmp_path: Path
+) -> None:
+    """The guarantee: once /oauth/revoke has answered 200, no subscription made with the token is
+    confirmed, whether its subscribe was authenticated before the revocation or not. Here the
+    subscribe waits for its turn behind its own client's endless query while the token is revoked:
+    it must end with a 401 frame before any result, and see nothing written after."""
+    config = secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data"))
+    config.engine.time_limit_s, config.engine.query_workers = 2.0, 2
+    gateway = in_process_gateway(config)
+    scheduler = gateway.gateway.scheduler
+    patterns = " ".join(f"?s{i} ?p{i} ?o{i} ." for i in range(15))
+    endless = f"SELECT (COUNT(*) AS ?n) WHERE {{ GRAPH <{PUBLIC}> {{ {patterns} }} }}"
+
+    async def test(client: SecureClient) -> None:
+        viewer = await credentials(client, "viewer")
+        stolen, hogging = await client.token(viewer), await client.token(viewer)
+        writer = await client.login("writer")
+        rows = " ".join(f"<{EX}s{i}> <{EX}p> {i} ." for i in range(300))
+        assert (await client.update(writer, f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ {rows} }} }}"))[0] == 200
+        ws = await client.socket()
+        hog = asyncio.create_task(client.query(hogging, endless))  # the client's one turn, for 2 s
+        await asyncio.to_thread(wait_until, lambda: scheduler.in_flight == 1)
+        await ws.send_json({"subscribe": {"sparql": WATCHED, "alias": "late", "authorization": f"Bearer {stolen}"}})
+        await asyncio.to_thread(wait_until, lambda: scheduler.shares.waits == 1)  # authenticated, behind the hog
+        await revoke(client, stolen)
+        assert not hog.done()  # revoked while the subscribe still waits
+        assert (await hog)[0] == 503
+        ended = await receive(ws, timeout=FRAME_TIMEOUT_S)
+        assert (ended.get("error"), ended.get("status_code"), ended.get("alias")) == ("invalid_grant", 401, "late"), (
+            ended
+        )
+        await set_dim(client, writer, 13)
+        with pytest.raises(asyncio.TimeoutError):
+            await receive(ws, timeout=1.5)
+        await ws.close()
+
+    run_secure(gateway, test)
+    assert gateway.gateway.engine.subscription_count == 0
+
+
+def test_subscribes_racing_a_revocation_all_end(gateway: InProcessGateway) -> None:
+    """Subscribes with the token sent on four sockets before, while and after it is revoked: every
+    one ends with a 401 frame (refused at its subscribe, refused as it was registered, or ended by
+    the watch), and the engine holds none of them once the watch has run: an update written then
+    notifies none of them."""
+
+    async def test(client: SecureClient) -> None:
+        stolen = await client.login("viewer")
+        writer = await client.login("writer")
+        sockets = [await client.socket() for _ in range(4)]
+        sent = 0
+
+        async def send(ws: aiohttp.ClientWebSocketResponse, count: int) -> None:
+            nonlocal sent
+            for _ in range(count):
+                alias = f"s{sent}"
+                sent += 1
+                await ws.send_json({"subscribe": {"sparql": WATCHED, "alias": alias, "authorization": stolen}})
+                await asyncio.sleep(0.002)
+
+        before = [asyncio.create_task(send(ws, 25)) for ws in sockets]
+        await asyncio.sleep(0.03)
+        await revoke(client, stolen)
+        await asyncio.gather(*before)
+        await send(sockets[0], 5)  # after: refused at once
+        engine = gateway.gateway.engine
+        await asyncio.to_thread(wait_until, lambda: engine.subscription_count == 0, FRAME_TIMEOUT_S)
+        await set_dim(client, writer, 14)
+        outcome: dict[str, list[str]] = {}
+        for ws in sockets:
+            while True:
+                try:
+                    reply: dict[str, Any] = await receive(ws, timeout=3.0)
+                except TimeoutError:
+                    break
+                alias = reply.get("alias") or reply.get("notification", {}).get("alias")
+                kind = reply.get("error") or f"notification {reply['notification']['sequence']}"
+                outcome.setdefault(str(alias), []).append(kind)
+        assert sorted(outcome) == sorted(f"s{i}" for i in range(sent)), outcome
+        for alias, kinds in outcome.items():
+            assert kinds[-1] == "invalid_grant", (alias, kinds)
+            assert "notification 1" not in kinds, (alias, kinds)
+        assert gateway.gateway.engine.subscription_count == 0
+        for ws in sockets:
+            await ws.close()
+
+    run_secure(gateway, test)
+
+
+def test_a_thousand_subscriptions_of_one_token_end_together_and_the_others_on_the_socket_go_on(
+    gateway: InProcessGateway,
+) -> None:
+    """1,000 subscriptions made with one token on one socket, beside one made with another token of
+    the same client: the revocation ends the 1,000 (1,000 frames, each naming its spuid) and leaves
+    the other, which is then notified."""
+    count = 1000
+
+    async def test(client: SecureClient) -> None:
+        viewer = await credentials(client, "viewer")
+        stolen, kept = await client.token(viewer), await client.token(viewer)
+        writer = await client.login("writer")
+        ws = await client.socket()
+        owner = await subscribe(ws, kept, "owner")
+        for i in range(count):  # sent at once, read after: the socket's turns keep them in order
+            await ws.send_json({"subscribe": {"sparql": WATCHED, "alias": f"t{i}", "authorization": stolen}})
+        spuids = set()
+        for _ in range(count):
+            reply = await receive(ws, timeout=FRAME_TIMEOUT_S * 4)
+            assert reply.get("notification", {}).get("sequence") == 0, reply
+            spuids.add(reply["notification"]["spuid"])
+        assert gateway.gateway.engine.subscription_count == count + 1
+        started = time.monotonic()
+        await revoke(client, stolen)
+        ended = set()
+        for _ in range(count):
+            reply = await receive(ws, timeout=FRAME_TIMEOUT_S)
+            assert (reply.get("error"), reply.get("status_code")) == ("invalid_grant", 401), reply
+            ended.add(reply["spuid"])
+        took = time.monotonic() - started
+        assert ended == spuids
+        assert gateway.gateway.engine.subscription_count == 1
+        await set_dim(client, writer, 15)
+        await added(ws, owner, 15)
+        assert await revoked_count(client, gateway) == count
+        print(f"{count} subscriptions ended {took:.2f} s after the revocation was sent")
+        await ws.close()
+
+    run_secure(gateway, test)
+
+
+def test_past_the_bound_of_revocations_the_subscriptions_of_every_token_issued_until_then_end(
+    gateway: InProcessGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut-off path: past REVOKED_PER_CLIENT revoked tokens, every token of the client issued
+    until then is refused, and the subscriptions made with any of them end too (here with a token
+    never revoked by its jti); one made with a token issued after the cut-off goes on."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 3)
+
+    async def test(client: SecureClient) -> None:
+        viewer = await credentials(client, "viewer")
+        covered = await client.token(viewer)
+        writer = await client.login("writer")
+        ws = await client.socket()
+        spuid = await subscribe(ws, covered, "covered")
+        for _ in range(tokens.REVOKED_PER_CLIENT + 1):
+            await revoke(client, await client.token(viewer))
+        ended = await receive(ws, timeout=FRAME_TIMEOUT_S)
+        assert (ended.get("error"), ended.get("spuid")) == ("invalid_grant", spuid), ended
+        await asyncio.sleep(1.1)  # a token issued in the cut-off's second is covered by it
+        later = await subscribe(ws, await client.token(viewer), "later")
+        await asyncio.sleep(2.5)  # two turns of the watch
+        await set_dim(client, writer, 16)
+        await added(ws, later, 16)
+        await ws.close()
+
+    run_secure(gateway, test)
