@@ -194,20 +194,23 @@ class SecureGate:
         it gets tokens, and each scan checks every secure subscription; polled, it costs one scan
         a second whatever the rate. A subscription confirmed after the revocation is refused where
         it is registered (WebSocketGate.subscribe), so none made with the token outlives the scan."""
-        seen_clients, seen_tokens = -1, -1
+        seen = -1
         while True:
             try:
-                registry, tokens = self.authority.registry, self.authority.tokens
+                registry = self.authority.registry
                 registry.current()
-                if (registry.generation, tokens.generation) != (seen_clients, seen_tokens):
-                    clients_changed = registry.generation != seen_clients
-                    seen_clients, seen_tokens = registry.generation, tokens.generation
+                tokens_revoked = self.authority.tokens_revoked()  # forgotten now: the full check sees them too
+                ended = 0
+                if registry.generation != seen:
+                    seen = registry.generation
                     ended = await self.websocket.end_invalid(self.authority.validity())
-                    if ended:
-                        log.info("subscriptions of revoked clients or tokens ended", extra={"count": ended})
-                    if clients_changed:
-                        await self.http.scheduler.delayed.drop_unregistered()
+                    await self.http.scheduler.delayed.drop_unregistered()
+                elif tokens_revoked is not None:
+                    ended = await self.websocket.end_invalid(tokens_revoked)
+                if ended:
+                    log.info("subscriptions of revoked clients or tokens ended", extra={"count": ended})
             except Exception:  # the watch must outlive any one failure (a vanished directory...)
+                seen = -1  # the full check next time: it covers the tokens revoked since, forgotten now
                 log.exception("revocation watch failed; trying again")
             await asyncio.sleep(WATCH_INTERVAL_S)
 

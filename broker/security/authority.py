@@ -229,6 +229,19 @@ class Authority:
         registrations = self.registry.registrations()
         return lambda principal: self.still_valid(principal, registrations)
 
+    def tokens_revoked(self) -> Callable[[Principal], bool] | None:
+        """Whether a principal's token still stands, for the clients that revoked a token since the
+        last call (None: none did); the registry is not looked at. Why: any client with credentials
+        can revoke a token a second, and :meth:`validity` over 10,000 subscriptions takes 44-46 ms
+        of CPU (32-34 ms before the token was checked too); this takes 5.7-6.0 ms when all 10,000 are
+        the revoking client's, 1.4-1.9 ms when none is (medians of 20, 2-core machine at load 7-9,
+        2026-12-07, `PYTHONPATH=. python /tmp/atk-rvk/scan.py`)."""
+        clients = self.tokens.clients_revoked()
+        if not clients:
+            return None
+        revoked = self.tokens.revoked
+        return lambda p: p.client_id not in clients or not p.jti or not revoked(p.client_id, p.jti, p.iat)
+
     def standing(self) -> Callable[[str, str | None], bool]:
         """Whether a delayed update (owner, registration) may still run, as :meth:`access_of` decides
         when it falls due, over the registry as it is now, looked at once."""

@@ -19,10 +19,11 @@ at most REVOKED_PER_CLIENT a client; past that, every token of that client issue
 refused (its ``iat`` is not after the client's cut-off), and its list starts again. Kept in memory:
 a restart forgets revocations (the tokens then live to their expiry).
 
-Why :attr:`TokenAuthority.generation` and :meth:`TokenAuthority.revoked`: a WSS subscription keeps
-the ``jti`` and ``iat`` of the token it was made with (broker.security.authority Principal), and the
-secure gates' revocation watch ends those whose token a revocation names (or a cut-off covers)
-when the generation moved. Nothing more is kept per token than the list above.
+Why :meth:`TokenAuthority.revoked` and :meth:`TokenAuthority.clients_revoked`: a WSS subscription
+keeps the ``jti`` and ``iat`` of the token it was made with (broker.security.authority Principal),
+and the secure gates' revocation watch ends those whose token a revocation names (or a cut-off
+covers), looking only at the clients that revoked a token since its last look. Nothing more is
+kept per token than the list above; the clients since the last look are registered ones.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class TokenAuthority:
         self._verified: OrderedDict[str, Claims] = OrderedDict()
         self._revoked: dict[str, dict[str, int]] = {}  # client_id -> jti -> exp, of revoked live tokens
         self._cut_off: dict[str, int] = {}  # client_id -> tokens issued at or before this are refused
-        self.generation = 0  # bumped by every revocation that changed something: the watch compares it
+        self._since: set[str] = set()  # client_ids with a token revoked since clients_revoked() last ran
 
     def jwk(self) -> dict[str, Any]:
         """The public signing key as a JWK (the registration reply's ``signature``)."""
@@ -119,8 +120,13 @@ class TokenAuthority:
             self._cut_off[claims.sub] = self._new_cut_off(claims.sub, int(at), revoked)
             revoked = {}
         self._revoked[claims.sub] = revoked
-        self.generation += 1
+        self._since.add(claims.sub)
         return True
+
+    def clients_revoked(self) -> set[str]:
+        """The client_ids that revoked a token (one that was valid) since the last call, forgotten now."""
+        since, self._since = self._since, set()
+        return since
 
     def _new_cut_off(self, sub: str, at: int, revoked: dict[str, int]) -> int:
         """The cut-off replacing `sub`'s list of `revoked` tokens (jti -> exp): every token of it

@@ -166,21 +166,27 @@ def test_the_watch_finds_the_subscriptions_of_a_revoked_token_by_its_jti_or_its_
 
     stolen, kept, spare = token(), token(), token()
     thief, owner, other = (authority.authenticate(f"Bearer {t}") for t in (stolen, kept, spare))
-    generation = authority.tokens.generation
+    stranger = dataclasses.replace(thief, client_id="another client")  # same jti, another client
+    assert authority.tokens_revoked() is None
     authority.revoke(stolen)
-    still_valid = authority.validity()
-    assert not still_valid(thief) and still_valid(owner) and still_valid(other)
-    assert still_valid(dataclasses.replace(owner, jti="expired long ago", iat=int(time.time()) - 7200))
-    assert authority.tokens.generation == generation + 1
+    still_valid, tokens_revoked = authority.validity(), authority.tokens_revoked()
+    assert tokens_revoked is not None and authority.tokens_revoked() is None  # each revocation looked at once
+    for check in (still_valid, tokens_revoked):
+        assert not check(thief) and check(owner) and check(other)
+        assert check(dataclasses.replace(owner, jti="expired long ago", iat=int(time.time()) - 7200))
+    assert tokens_revoked(stranger)
     authority.revoke(stolen)  # twice, and garbage: nothing changed, the watch has nothing to do
     authority.revoke("not a token")
-    assert authority.tokens.generation == generation + 1
+    assert authority.tokens_revoked() is None
     for _ in range(tokens.REVOKED_PER_CLIENT):
         authority.revoke(token())
     assert authority.tokens._revoked[owner.client_id] == {}  # a cut-off instead of the list
-    assert not still_valid(owner) and not still_valid(other)
+    tokens_revoked = authority.tokens_revoked()
+    assert tokens_revoked is not None
     issued_later = dataclasses.replace(owner, jti="a later token", iat=int(time.time()) + 2)
-    assert still_valid(issued_later)
+    for check in (still_valid, tokens_revoked):
+        assert not check(owner) and not check(other)
+        assert check(issued_later)
 
 
 def test_registries_creating_the_same_new_directory_at_once_all_succeed(tmp_path: Path) -> None:
