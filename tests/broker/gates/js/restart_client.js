@@ -7,8 +7,7 @@
 // its connection's own "connection-lost" and "reconnected" events.
 const { SEPA, client } = require("@arces-wot/sepa-js");
 
-const [mode, port, wsPort, sockets, perSocket] = process.argv.slice(2);
-const host = "127.0.0.1";
+const [mode, port, wsPort, sockets, perSocket, host = "127.0.0.1"] = process.argv.slice(2);
 const say = (step, detail) => console.log(JSON.stringify({ step, ...detail }));
 const plain = {
   host,
