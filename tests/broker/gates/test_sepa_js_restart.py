@@ -13,6 +13,10 @@ know").
   is not open: readyState 0" thrown from an event listener (lib/connection.js:21) ends the Node
   process. A killed gateway cannot keep its sockets, so nothing it does avoids that; one
   subscription per client object does.
+- Secure, back after its token expired: sepa-js subscribes again with that token; the gateway
+  refuses it (401) without charging the host's failure budget, and the client renews and resumes
+  (25 clients of one host were throttled, and their Node process crashed on the 429 of a token
+  renewal). Its dropped stream then doubles each notification: the client's doing.
 """
 
 from __future__ import annotations
@@ -230,7 +234,8 @@ def test_secure_sepa_js_clients_of_one_host_all_resume_after_their_tokens_expire
         client.wait_until(everyone("added", values=True), "every client notified")
         assert client.process.poll() is None
         assert gateway.metric('sepa_security_auth_failures_total{reason="rate_limited"}') == 0
-        assert gateway.metric('sepa_security_auth_failures_total{reason="bad_token"}') == 25
+        # 25 at least: one refused at each reconnection (more if a slow start let one expire before it subscribed)
+        assert gateway.metric('sepa_security_auth_failures_total{reason="bad_token"}') >= 25
     finally:
         client.end()
         stop_and_check(gateway)
