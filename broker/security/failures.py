@@ -19,6 +19,11 @@ The rules, each a decision:
   attacker (a NAT) waits until the attack stops; a bearer token the gateway already verified
   (broker.security.tokens caches them) is not an attempt and still passes, since checking it is
   a dictionary lookup;
+- a token the gateway signed and only past its expiry is refused but not charged
+  (broker.security.authority): nobody guesses one, its signature is checked once (the tokens'
+  cache keeps it), and after a restart every secure sepa-js subscription of a host sends the
+  token it subscribed with: 25 expired ones spent the burst, the clients' renewals got 429 and
+  their Node process exited (docs/security.md);
 - this board (loopback, a Unix socket: `peer` None) is not limited: its processes share one
   address, and they have the plain gates, unauthenticated, anyway. A reverse proxy on the board
   would make every client loopback, and so unlimited;

@@ -98,6 +98,10 @@ class TokenAuthority:
         ``jti`` (kept until it expires), or by its client's cut-off."""
         return jti in self._revoked.get(sub, ()) or iat <= self._cut_off.get(sub, -1)
 
+    def expired(self, claims: Claims, now: float | None = None) -> bool:
+        """Whether verified `claims` are past their expiry (at `now`, the wall clock by default)."""
+        return claims.exp <= (time.time() if now is None else now)
+
     def verify(self, token: str, *, expired_ok: bool = False) -> Claims:
         """The claims of a valid token; Unauthorized for anything else (never says which check failed
         beyond a short reason, and never echoes the token). `expired_ok`: a token past its expiry
@@ -171,8 +175,8 @@ class TokenAuthority:
         claims = Claims(sub, exp, jti, iat)
         if iat > now:  # pyjwt checks it too, on its own reading of the clock
             raise Unauthorized("the token is not valid yet")
-        if exp <= now:  # taken with expired_ok: not kept, whatever asks next
-            return claims
+        # kept expired too (taken with expired_ok): the cache re-checks the expiry of whatever asks
+        # next, and a replayed expired token costs a lookup, not a signature check
         self._verified[token] = claims
         if len(self._verified) > CACHE_SIZE:
             self._verified.popitem(last=False)

@@ -21,16 +21,20 @@ from __future__ import annotations
 import json
 import logging
 import queue
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from sepy.SAPObject import SAPObject
 from sepy.SEPA import SEPA
+from websocket import WebSocketConnectionClosedException
 
 from tests.broker.gates.subscribe_support import HOST, RunningGateway
+from tests.conftest import stop_and_check
 
 TEST_NS = "http://wot.arces.unibo.it/test#"
 Notification = tuple[list[dict[str, Any]], list[dict[str, Any]]]
@@ -58,15 +62,21 @@ def test_sepy_default_profile_uses_the_documented_paths_and_ports() -> None:
     )
 
 
-@pytest.fixture
-def sepa(gateway: RunningGateway) -> Iterator[Any]:
-    """sepy's SEPA engine over its own profile, pointed at the test gateway's host and ports."""
+def sepy_engine(gateway: RunningGateway) -> Any:
+    """sepy's SEPA engine over its own profile, pointed at `gateway`'s host and ports."""
     profile = sepy_profile()
     profile["host"] = HOST
     profile["sparql11protocol"]["port"] = gateway.http_port
     profile["sparql11seprotocol"]["availableProtocols"]["ws"]["port"] = gateway.ws_port
     engine = SEPA(sapObject=SAPObject(profile, log=logging.ERROR), logLevel=logging.ERROR)
     assert engine.sap.subscribe_url == f"ws://{HOST}:{gateway.ws_port}/subscribe"
+    return engine
+
+
+@pytest.fixture
+def sepa(gateway: RunningGateway) -> Iterator[Any]:
+    """sepy's SEPA engine over its own profile, pointed at the test gateway's host and ports."""
+    engine = sepy_engine(gateway)
     yield engine
     for socket in list(engine.get_subscriptions().values()):
         socket.close()
@@ -173,3 +183,48 @@ def test_sepy_profile_with_a_graph_and_a_typed_forced_binding(gateway: RunningGa
     finally:
         for socket in list(engine.get_subscriptions().values()):
             socket.close()
+
+
+def test_sepy_across_a_gateway_restart(
+    start_gateway: Callable[..., RunningGateway], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """sepy does not reconnect (docs/protocol.md, "What clients should know"): at a stop its socket
+    hears the gateway's 1001 and ends, its handler is not called again, its `unsubscribe` of the
+    dead subscription raises; the application subscribes again, and sequence 0 brings what
+    changed meanwhile. Pinned: the 1001 close frame (websocket-client logs its code and reason,
+    the only sign a sepy application gets), and that a new subscription on the same ports works."""
+    gateway = start_gateway(data_dir=tmp_path / "data")
+    engine = sepy_engine(gateway)
+    inbox: queue.Queue[Notification] = queue.Queue()
+
+    def notified(added: list[dict[str, Any]], removed: list[dict[str, Any]]) -> None:
+        inbox.put((added, removed))
+
+    spuid = engine.subscribe("QUERY_GREETINGS", "greetings", handler=notified)
+    assert next_notification(inbox) == ([], [])
+    socket = engine.get_subscriptions()[spuid]
+    with caplog.at_level(logging.ERROR, logger="websocket"):
+        assert gateway.stop() == 0
+        deadline = time.monotonic() + 30
+        while socket.sock is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert socket.sock is None, "sepy's socket is still open after the gateway stopped"
+    assert "Connection closed (code 1001): gateway shutting down" in caplog.text, caplog.text
+    restarted = gateway.restart()
+    try:
+        engine.update("INSERT_GREETING")
+        time.sleep(1.0)  # room for a notification sepy will not get: it has no reconnection code
+        assert inbox.empty()
+        with pytest.raises(WebSocketConnectionClosedException):
+            engine.unsubscribe(spuid)
+        again = engine.subscribe("QUERY_GREETINGS", "greetings", handler=notified)
+        assert again != spuid
+        added, removed = next_notification(inbox)  # sequence 0: the greeting written while it was away
+        assert (rows(added), removed) == (rows([binding("Francesco", "Ciao")]), [])
+        engine.update("INSERT_VARIABLE_GREETING", forcedBindings={"nome": TEST_NS + "Fabio", "qualcosa": "Hello"})
+        added, removed = next_notification(inbox)
+        assert (rows(added), removed) == (rows([binding("Fabio", "Hello")]), [])
+    finally:
+        for open_socket in list(engine.get_subscriptions().values()):
+            open_socket.close()
+        stop_and_check(restarted)

@@ -68,7 +68,7 @@ def test_an_expired_token_is_taken_only_when_asked_and_only_if_ours_and_not_revo
     with pytest.raises(Unauthorized, match="expired"):
         authority.verify(old)
     assert authority.verify(old, expired_ok=True).sub == "client-a"
-    with pytest.raises(Unauthorized, match="expired"):  # not kept as verified by the relaxed check
+    with pytest.raises(Unauthorized, match="expired"):  # kept by the relaxed check, the expiry checked again
         authority.verify(old)
     foreign = TokenAuthority(ec.generate_private_key(ec.SECP256R1()), "https://gw.test", 3600)
     with pytest.raises(Unauthorized):
@@ -115,3 +115,14 @@ def test_a_token_issued_after_now_is_refused_from_the_cache_too(
         authority.verify(token)
     with pytest.raises(Unauthorized):  # and again, no longer from the cache
         authority.verify(token)
+
+
+def test_an_expired_token_of_ours_is_checked_once_then_a_replay_is_a_lookup(authority: TokenAuthority) -> None:
+    """The secure gates refuse such a token without charging the address's failure budget
+    (broker.security.authority), so its signature check must not be repeatable at will: the cache
+    keeps it. Seen here by swapping the public key: a second check never looks at the signature."""
+    old, _ = authority.issue("client-a", now=time.time() - 7200)
+    assert authority.verify(old, expired_ok=True).sub == "client-a"
+    authority.public_key = ec.generate_private_key(ec.SECP256R1()).public_key()
+    claims = authority.verify(old, expired_ok=True)
+    assert claims.sub == "client-a" and authority.expired(claims)
