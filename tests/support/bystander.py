@@ -1,13 +1,16 @@
 """What a hostile request costs the other clients: a bystander's one-triple update, sent while the
-hostile request runs on the same gateway, and how long it waited (the update thread is one)."""
+hostile request runs on the same gateway, and how long it waited (the update thread is one); or a
+client asking back to back for as long as hostile input is being processed (:func:`asking_meanwhile`)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
-from tools.launcher import Reply, RunningGateway
+from tools.launcher import Endpoint, Reply, RunningGateway
 
 
 def bystander_wait(
@@ -28,3 +31,49 @@ def bystander_wait(
     waited = time.monotonic() - started
     attack.join()
     return replies[0], waited
+
+
+@dataclass
+class Asked:
+    """The answers of a client that asked back to back: (monotonic time sent, seconds waited) each."""
+
+    answers: list[tuple[float, float]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def between(self, start: float, end: float) -> list[float]:
+        """The waits of the asks that were in flight at some moment of [start, end]."""
+        return [waited for sent, waited in self.answers if sent <= end and sent + waited >= start]
+
+
+@contextmanager
+def asking_meanwhile(gateway: Endpoint, query: str = "ASK { }", every_s: float = 0.01) -> Iterator[Asked]:
+    """A client on a thread sending `query` every `every_s` while the block runs (and the ask in
+    flight when it ends), each answer timed. A reply other than 200, or an exception, is kept in
+    `failures` and fails the test on leaving the block: an assert on the thread would only end the
+    thread, and its answers would merely stop coming."""
+    asked = Asked()
+    stop = threading.Event()
+
+    def ask() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                reply = gateway.query(query)
+            except Exception as error:  # a refused or timed-out connection: the failure is the finding
+                asked.failures.append(repr(error))
+                return
+            asked.answers.append((sent, time.monotonic() - sent))
+            if reply.status != 200:
+                asked.failures.append(f"{reply.status} {reply.body[:200]!r}")
+                return
+            stop.wait(every_s)
+
+    asker = threading.Thread(target=ask, name="asking-meanwhile", daemon=True)
+    asker.start()
+    try:
+        yield asked
+    finally:
+        stop.set()
+        asker.join(120)
+    assert not asker.is_alive(), "the asker's last ask had no answer in 120 s"
+    assert not asked.failures, asked.failures
