@@ -1,13 +1,14 @@
 """What a hostile request costs the other clients: a bystander's one-triple update, sent while the
 hostile request runs on the same gateway, and how long it waited (the update thread is one); or a
-client asking back to back for as long as hostile input is being processed (:func:`asking_meanwhile`)."""
+client asking back to back for as long as hostile input is being processed (:func:`served_meanwhile`)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from tools.launcher import Endpoint, Reply, RunningGateway
@@ -40,27 +41,34 @@ class Asked:
     answers: list[tuple[float, float]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
+    @property
+    def waits(self) -> list[float]:
+        return [waited for _, waited in self.answers]
+
     def between(self, start: float, end: float) -> list[float]:
         """The waits of the asks that were in flight at some moment of [start, end]."""
         return [waited for sent, waited in self.answers if sent <= end and sent + waited >= start]
 
 
 @contextmanager
-def asking_meanwhile(gateway: Endpoint, query: str = "ASK { }", every_s: float = 0.01) -> Iterator[Asked]:
-    """A client on a thread sending `query` every `every_s` while the block runs (and the ask in
-    flight when it ends), each answer timed. A reply other than 200, or an exception, is kept in
-    `failures` and fails the test on leaving the block: an assert on the thread would only end the
-    thread, and its answers would merely stop coming."""
+def served_meanwhile(send: Callable[[int], Reply], every_s: float = 0.01) -> Iterator[Asked]:
+    """A client on a thread calling `send(n)` (n = 1, 2, ...) every `every_s` while the block runs
+    (and the request in flight when it ends), each reply timed. A reply other than 200, or an
+    exception, is kept in `failures` and fails the test on leaving the block: an assert on the
+    thread would only end the thread (pytest merely warns), and the test then measured the replies
+    that came before, a request that hung past its timeout never counted."""
     asked = Asked()
     stop = threading.Event()
 
     def ask() -> None:
-        while not stop.is_set():
+        for number in itertools.count(1):
+            if stop.is_set():
+                return
             sent = time.monotonic()
             try:
-                reply = gateway.query(query)
+                reply = send(number)
             except Exception as error:  # a refused or timed-out connection: the failure is the finding
-                asked.failures.append(repr(error))
+                asked.failures.append(f"after {time.monotonic() - sent:.2f} s: {error!r}")
                 return
             asked.answers.append((sent, time.monotonic() - sent))
             if reply.status != 200:
@@ -68,12 +76,17 @@ def asking_meanwhile(gateway: Endpoint, query: str = "ASK { }", every_s: float =
                 return
             stop.wait(every_s)
 
-    asker = threading.Thread(target=ask, name="asking-meanwhile", daemon=True)
-    asker.start()
+    client = threading.Thread(target=ask, name="served-meanwhile", daemon=True)
+    client.start()
     try:
         yield asked
     finally:
         stop.set()
-        asker.join(120)
-    assert not asker.is_alive(), "the asker's last ask had no answer in 120 s"
+        client.join(120)
+    assert not client.is_alive(), "the last request had no reply in 120 s"
     assert not asked.failures, asked.failures
+
+
+def asking_meanwhile(gateway: Endpoint, query: str = "ASK { }", every_s: float = 0.01) -> AbstractContextManager[Asked]:
+    """`served_meanwhile` with a client sending `query` to `gateway`."""
+    return served_meanwhile(lambda _: gateway.query(query), every_s)
