@@ -1,5 +1,6 @@
 """Fixtures of the observation layer, shared by its tests and the MQTT adapter's: a Mapper with the
-ready-made profiles, and `read(topic, payload)` giving the readings of one message."""
+ready-made profiles, and `read(topic, payload)` giving the readings of one message; and a mapping
+whose pattern backtracks exponentially, with a payload that makes it (both adapters' tests)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,17 @@ import pytest
 
 from adapters.mqtt.profiles import default_profiles
 from gateway.observations import Mapper, Reading
+
+# `evil/{sensor}` read by `^(a|aa)+$`: the payload below costs the pattern ~6 s unlimited (the
+# `regex` module, 2026-12-07), against a limit of 50 ms (gateway.observations.extractors)
+CATASTROPHIC_MAPPING = (
+    "PREFIX gw: <http://w3id.org/sepa-gateway/ns#> "
+    "INSERT DATA { GRAPH <http://w3id.org/sepa-gateway/graph/mappings> { "
+    '<urn:sepa-gateway:mapping:evil> a gw:TopicMapping ; gw:mappingId "evil" ; '
+    'gw:topicFilter "evil/{sensor}" ; gw:extract "regex" ; gw:pattern "^(?P<value>(a|aa)+)$" ; '
+    'gw:sensorTemplate "urn:example:{sensor}" ; gw:propertyTemplate "temperature" } }'
+)
+CATASTROPHIC_PAYLOAD = "a" * 34 + "!"
 
 
 @pytest.fixture

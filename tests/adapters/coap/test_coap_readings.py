@@ -10,6 +10,7 @@ import asyncio
 import json
 import socket
 import struct
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,9 @@ from aiocoap import Code
 from adapters.coap import datagrams
 from broker.api import meminfo
 from gateway.kernel_clock import kernel_synchronised
+from tests.support.bystander import asking_meanwhile
 from tests.support.coap import DEG_C, SENSOR, add_sensor, host_address, observations, sensor_side
+from tests.support.readings import CATASTROPHIC_MAPPING, CATASTROPHIC_PAYLOAD
 from tools.coap import libcoap
 from tools.coap.relay import LossyRelay
 
@@ -150,6 +153,43 @@ def test_a_mapping_added_with_sparql_takes_a_new_resource_without_a_restart(star
     )
     wait_for(lambda: libcoap.succeeded(libcoap.run(["-m", "post", "-e", "3.5", uri])))
     assert observations(gateway)[0][:2] == ("urn:example:flow/room1", 3.5)
+
+
+def test_a_catastrophic_mapping_regex_costs_its_request_only(start_gateway, coap_client) -> None:
+    """The MQTT adapter's catastrophic pattern (issue 16) over CoAP: one mapping serves both
+    transports, so a mapping written over SPARQL whose pattern backtracks exponentially is met by
+    POSTs too, matched on the event loop. Each is refused 4.00 at the pattern's time limit, and a
+    client asking back to back all the while is answered. No test covered this path. Measured with
+    coap-client, 2026-12-07 (load 3-8, `pytest tests/adapters/coap/test_coap_readings.py -k
+    catastrophic`): the slowest ask 0.12-0.17 s with the 50 ms limit; without it the asker's
+    request timed out (30 s), and with a limit of 2 s an ask waited 29.0 s for four requests (30 s,
+    timed out, in a second run): a request refused on the fast path is mapped again on aiocoap's
+    (adapters.coap.fastpath), the pattern ran 8 times for the 4 requests."""
+    gateway = start_gateway(coap=True)
+    assert gateway.update(CATASTROPHIC_MAPPING).status == 200
+    uri = f"{gateway.coap_url}/evil/x"
+    probe = f"{gateway.coap_url}/evil/probe"
+
+    def refused(done: subprocess.CompletedProcess[str]) -> bool:
+        return (done.stdout + done.stderr).startswith("4.00")
+
+    wait_for(lambda: refused(libcoap.run(["-m", "post", "-e", "a!", probe])))  # 4.04 until the mapping takes it
+    answers: list[str] = []
+    with asking_meanwhile(gateway) as asked:
+        wait_for(lambda: len(asked.answers) >= 5)  # answered before the requests, as after
+        first = time.monotonic()
+        for _ in range(4):
+            done = libcoap.run(["-m", "post", "-e", CATASTROPHIC_PAYLOAD, uri], timeout=120)
+            answers.append((done.stdout + done.stderr).strip())
+            time.sleep(0.3)
+        last = time.monotonic()
+    during = asked.between(first, last)
+    assert max(during) < 1.0, f"an ask waited {max(during):.2f} s while the pattern ran"
+    assert len(during) >= 10, f"{len(during)} asks while the requests were processed"
+    assert answers[0].startswith("4.00") and "took over 50 ms on this payload" in answers[0], answers
+    assert all(answer.startswith("4.00") for answer in answers), answers  # the rest: the limit or the budget
+    assert gateway.metrics()['sepa_coap_bad_input_by_resource{source="evil/x"}'] == 4
+    assert libcoap.succeeded(libcoap.run(["-m", "post", "-e", "20", f"{gateway.coap_url}/s/boiler/temperature"]))
 
 
 def _confirmable_post(mid: int, path: list[str], payload: bytes) -> bytes:

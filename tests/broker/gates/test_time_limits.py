@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
 import aiohttp
 
-from tests.support.bystander import bystander_wait
+from tests.support.bystander import asking_meanwhile, bystander_wait
 from tools.launcher import RunningGateway
 
 LIMIT_S = 1.0
@@ -38,25 +37,11 @@ def _seeded(start_gateway: Callable[..., RunningGateway]) -> RunningGateway:
 
 def test_an_endless_query_is_stopped_and_other_clients_are_served(start_gateway) -> None:
     gateway = _seeded(start_gateway)
-    latencies: list[float] = []
-    stop = threading.Event()
-
-    def other_client() -> None:
-        while not stop.is_set():
-            started = time.perf_counter()
-            assert gateway.query(f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}").status == 200
-            latencies.append(time.perf_counter() - started)
-            time.sleep(0.01)
-
-    meanwhile = threading.Thread(target=other_client)
-    meanwhile.start()
-    try:
+    with asking_meanwhile(gateway, f"SELECT ?o WHERE {{ <{EX}a> <{EX}p> ?o }}") as other_client:
         started = time.monotonic()
         reply = gateway.query(ENDLESS_COUNT)
         waited = time.monotonic() - started
-    finally:
-        stop.set()
-        meanwhile.join()
+    latencies = other_client.waits
     assert reply.status == 503 and json.loads(reply.body)["error"] == "timeout", reply.body
     assert LIMIT_S <= waited < LIMIT_S + 1
     # Served meanwhile: most answers as quick as on an idle gateway, and none held for anything

@@ -802,14 +802,17 @@ def test_a_large_subscription_does_not_hold_the_updates(
         ws = await session.ws_connect(gateway.ws_url + "/subscribe")
         await ws.send_json({"subscribe": {"sparql": sparql, "alias": "large"}})
         reply = asyncio.ensure_future(ws.receive_json(timeout=60))
-        waited = 0.0
+        waited, sent = 0.0, 0
         while not reply.done():  # updates all along, until the subscription is confirmed
             before = time.monotonic()
             await post_update(session, gateway, f"INSERT DATA {{ <{EX}other> <{EX}p> {values} }}")
-            waited = max(waited, time.monotonic() - before)
+            waited, sent = max(waited, time.monotonic() - before), sent + 1
             await asyncio.sleep(0.05)
         confirmed = await reply
         assert confirmed.get("notification", {}).get("alias") == "large", str(confirmed)[:300]
+        # the bar means something only if an update met the subscribe: confirmed before the first
+        # one was sent, `waited` stays 0.0 whatever the updates would have waited
+        assert sent >= 1, "the subscription was confirmed before any update was sent"
         assert waited < 1.0, f"an update waited {waited:.1f} s behind a subscribe"
         await ws.close()
 

@@ -9,13 +9,13 @@ import json
 import os
 import signal
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
+from tests.support.bystander import served_meanwhile
 from tools.launcher import RunningGateway
 
 EX = "http://example.org/"
@@ -51,30 +51,17 @@ def test_other_clients_updates_are_not_held_by_one_clients_re_evaluations(
                 assert json.loads((await ws.receive(timeout=60)).data)["notification"]["sequence"] == 0
             # started by the first of them (until then the query workers re-evaluate, as with 0)
             await asyncio.to_thread(gateway.wait_for_metric, "sepa_reeval_workers", lambda n: n >= 1, 30)
-            latencies: list[float] = []
-            stop = threading.Event()
-
-            def bystander() -> None:
-                n = 0
-                while not stop.is_set():
-                    n += 1
-                    started = time.perf_counter()
-                    assert gateway.update(f"INSERT DATA {{ <{EX}b{n}> <{EX}r> {n} }}").status == 200
-                    latencies.append(time.perf_counter() - started)
-                    time.sleep(0.02)
-
-            other = threading.Thread(target=bystander)
-            other.start()
-            started = time.perf_counter()
-            try:
-                for value in range(2):
-                    insert = f"INSERT DATA {{ <{EX}a{value}> <{EX}p> {value} }}"
-                    reply = await asyncio.to_thread(gateway.update, insert, timeout=300)  # after ~1.6 s of them
-                    assert reply.status == 200
-            finally:
-                matching = time.perf_counter() - started
-                stop.set()
-                await asyncio.to_thread(other.join)
+            bystander = served_meanwhile(lambda n: gateway.update(f"INSERT DATA {{ <{EX}b{n}> <{EX}r> {n} }}"), 0.02)
+            with bystander as served:
+                started = time.perf_counter()
+                try:
+                    for value in range(2):
+                        insert = f"INSERT DATA {{ <{EX}a{value}> <{EX}p> {value} }}"
+                        reply = await asyncio.to_thread(gateway.update, insert, timeout=300)  # after ~1.6 s of them
+                        assert reply.status == 200
+                finally:
+                    matching = time.perf_counter() - started
+            latencies = served.waits
             # every notification arrived before the replies: in the socket already, in order
             frames = []
             while True:
