@@ -263,7 +263,14 @@ class SpuManager:
                     self.held.forget(each)
         if spu is None:
             spu = self._reevaluating(
-                sparql, default_graph_uri, named_graph_uri, prefixes, probed, admit, coalesce_s if deferred else 0.0
+                sparql,
+                default_graph_uri,
+                named_graph_uri,
+                prefixes,
+                probed,
+                admit,
+                coalesce_s if deferred else 0.0,
+                self.max_rows if limited else None,
             )
             spu.limited = spu.limited or limited
             if limited and not deferred:
@@ -344,10 +351,7 @@ class SpuManager:
                 if not group.spus:
                     self._index_group(group, add=False)
                     del self.groups[key]
-                raise ResultTooLarge(
-                    f"the subscription's result has more than {limit} rows ({WEIGHED}; "
-                    "the limit of one subscription: [websocket] max_subscription_rows)"
-                ) from None
+                raise _refused(limit) from None
             group.spus[shaped.params] = spu
             for index, params in enumerate(shaped.params):
                 group.routes[index].setdefault(params, set()).add(spu)
@@ -391,7 +395,11 @@ class SpuManager:
         probed: Probed | None = None,
         admit: Callable[[], None] | None = None,
         coalesce_s: float = 0.0,
+        limit: int | None = None,
     ) -> ReevalSpu:
+        """The re-evaluated SPU of `sparql` (made and loaded if new: `admit` first). `limit` (a
+        network client's): a new SPU with more results is refused, its evaluation stopped there, as
+        :meth:`_incremental` does and for the same reason: a write between the probe and this."""
         key = (sparql, default_graph_uri, named_graph_uri, tuple(sorted((prefixes or {}).items())), coalesce_s)
         spu = self.reeval.get(key)
         if spu is None:
@@ -401,7 +409,10 @@ class SpuManager:
             spu = ReevalSpu(key, sparql, arguments, prefixes, self.rows)
             spu.coalesce_s = coalesce_s
             started = spu.refreshed_at = _now()
-            spu.load(self.store, probed)
+            try:
+                spu.load(self.store, probed, limit)
+            except TooManyRows:  # nothing held yet
+                raise _refused(limit) from None
             spu.cost_s = _now() - started
             self.reeval[key] = spu
             if not self.naive:
@@ -1115,6 +1126,14 @@ class SpuManager:
                 raise
             except Exception:
                 log.exception("incremental evaluation failed", extra={"shape": str(group.shape.branches)})
+
+
+def _refused(limit: int | None) -> ResultTooLarge:
+    """Why a new SPU of a network client's subscription was refused at `limit` rows."""
+    return ResultTooLarge(
+        f"the subscription's result has more than {limit} rows ({WEIGHED}; "
+        "the limit of one subscription: [websocket] max_subscription_rows)"
+    )
 
 
 def _settle(job: Future[Any]) -> Outcome:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from broker.api import Engine, Notification, RdfStore
+from broker.api import Engine, Notification, RdfStore, ResultTooLarge
 from broker.workers.pool import QueryWorkers
 from tests.polling import wait_until
 from tools.launcher import RunningGateway
@@ -134,6 +134,33 @@ def test_a_pipelined_reevaluation_past_the_limit_ends_its_subscription() -> None
         engine.close()
         workers.close()
         reevaluators.close()
+
+
+@pytest.mark.parametrize("coalesce_s", [0.0, 0.25])
+def test_a_write_between_the_probe_and_the_subscribe_does_not_take_a_new_subscription_past_the_limit(
+    coalesce_s: float,
+) -> None:
+    """The probe found 0 rows; 64 were written before the subscribe, which evaluated them itself
+    (the store had changed since the probe) and held them all, past the limit of 50, with no error:
+    the dashboard's tiles (coalesced, 0.25 s) showed 20 sensors with `max_subscription_rows = 50`
+    and never said their view had ended (tests/gateway/dashboard/test_dashboard_volume.py). Now
+    refused, as a probe past the limit is; not coalesced, the same."""
+    store = RdfStore.memory()
+    workers = QueryWorkers(store, count=1, time_limit_s=30.0)
+    workers.start()
+    engine = Engine(store, workers=workers, max_subscription_rows=50)
+    engine.on_deferred(lambda due: None)
+    try:
+        probed = engine.probe(PRODUCT_REEVALUATED)
+        assert probed is not None and probed.rows == 0
+        insert(engine, 0, 8)  # 64 rows
+        seen: list[Notification] = []
+        with pytest.raises(ResultTooLarge, match="more than 50 rows"):
+            engine.subscribe(PRODUCT_REEVALUATED, seen.append, limited=True, probed=probed, coalesce_s=coalesce_s)
+        assert seen == [] and engine.spus.subscription_count == 0 and not engine.spus.reeval
+    finally:
+        engine.close()
+        workers.close()
 
 
 @pytest.mark.parametrize("triples", [5, 20, 30])

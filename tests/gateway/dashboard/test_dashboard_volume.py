@@ -30,6 +30,11 @@ LARGE_RESULT_TASK_MS = 200
 # how long a console query of LARGE_RESULT rows is given to come back: 2.4 s unloaded
 SLOW_QUERY_S = 20
 TILE_COUNT = "document.getElementById('tiles').childElementCount"
+# drawn once the tiles' subscription, and the lamps', sent their first notification (made, not just sent)
+SENSOR_COUNT = "document.getElementById('sensor-count').textContent"
+ACTUATORS = "document.getElementById('actuators').textContent"
+# how long a view is given to be made or ended: ~0.3 s at load 8-10; time is not the point there
+VIEW_S = 60
 LONG_TASKS = (
     "window.longTasks = [];"
     "new PerformanceObserver((list) => {"
@@ -110,7 +115,13 @@ def test_a_sensors_view_the_gateway_ends_says_so(in_process_gateway) -> None:
     ends the tiles' subscription with a 413 error frame. The page dropped it: every tile froze at
     its last value with nothing to say why, and after a reload the panel was empty, silently (a
     publisher allowed a templated topic did it to every operator's page with 26,000 sensors). The
-    actuators' lists the same."""
+    actuators' lists the same.
+
+    Each view's first notification is waited for before the rows are written, so that it is the
+    ending of a view that is tested: "live" is the socket open, the subscriptions sent, not made.
+    Written in between (the probe saw 0 rows), the tiles' subscription was made with 80 rows, past
+    the limit, and never ended: 1 run in 10 failed here (2026-12-07, idle); the gateway now refuses
+    it (tests/broker/core/test_subscription_growth.py, a write between the probe and the subscribe)."""
     config = Config()
     config.websocket.max_subscription_rows = 50  # 20 sensors: 80 rows
     gateway = in_process_gateway(config)
@@ -123,21 +134,24 @@ def test_a_sensors_view_the_gateway_ends_says_so(in_process_gateway) -> None:
     with chromium() as driver:
         driver.get(gateway.http_url + "/")
         wait_until_live(driver)
+        tiles_made = f"return {SENSOR_COUNT} === '0 sensors, 0 values'"
+        wait_for(driver, tiles_made, timeout=VIEW_S, what="the tiles' first notification")
+        lamps_made = f"return {ACTUATORS}.includes('none yet')"
+        wait_for(driver, lamps_made, timeout=VIEW_S, what="the lamps' first notification")
         assert driver.execute_script(error) == ""
         assert gateway.update(f"PREFIX gw: <{GW}> INSERT DATA {{ GRAPH <{GRAPH_LATEST}> {{ {rows} }} }}").status == 200
-        shown = wait_for(driver, error, what="the sensors' error")
+        shown = wait_for(driver, error, timeout=VIEW_S, what="the sensors' error")
         assert "no longer updated" in shown and "max_subscription_rows" in shown
         lamps = " ".join(f"sl:Lamp{index} a sl:Lamp ; sl:status sl:OFF ." for index in range(60))  # a row each
         assert (
             gateway.update(f"PREFIX sl: <{SL}> INSERT DATA {{ GRAPH <{SMART_LIGHTING}> {{ {lamps} }} }}").status == 200
         )
-        shown = wait_for(
-            driver, "return document.getElementById('actuators-error').textContent", what="the lamps' error"
-        )
+        lamps_error = "return document.getElementById('actuators-error').textContent"
+        shown = wait_for(driver, lamps_error, timeout=VIEW_S, what="the lamps' error")
         assert "no longer updated" in shown and "max_subscription_rows" in shown
         driver.refresh()  # subscribed again: refused at once
         wait_until_live(driver)
-        shown = wait_for(driver, error, what="the sensors' error after a reload")
+        shown = wait_for(driver, error, timeout=VIEW_S, what="the sensors' error after a reload")
         assert "max_subscription_rows" in shown
 
 
