@@ -232,20 +232,25 @@ def test_a_large_subscription_does_not_hold_the_page(in_process_gateway) -> None
     later notifications still shown."""
     gateway = in_process_gateway(Config())
     insert_large_result(gateway)
-    sparql = "SELECT ?s ?o WHERE { ?s <urn:p> ?o }"
     with chromium() as driver:
         driver.get(gateway.http_url + "/")
         wait_until_live(driver)
         driver.find_element("css selector", "#console-panel > summary").click()
-        driver.execute_script("document.getElementById('sparql').value = arguments[0]", sparql)
-        driver.execute_script(LONG_TASKS)
-        driver.find_element("id", "run-subscribe").click()
-        note = f"const rows = (() => {{ {CONSOLE_ROWS} }})(); return rows && rows[0]"
-        shown = wait_for(driver, note, "<urn:p>", ".rows-left-out", timeout=60, what="the subscription's rows")
-        assert shown == f"{LARGE_RESULT} rows: the first 500 are shown"
-        assert len(driver.execute_script(CONSOLE_ROWS, "<urn:p>", "table.current tbody tr")) == 500
-        longest = longest_task_ms(driver)
-        assert longest < LARGE_RESULT_TASK_MS, f"the page's main thread was held {longest:.0f} ms in one task"
+        longest = []
+        for marker in ("# first", "# second"):
+            sparql = f"SELECT ?s ?o WHERE {{ ?s <urn:p> ?o }} {marker}"
+            driver.execute_script("document.getElementById('sparql').value = arguments[0]", sparql)
+            driver.execute_script(LONG_TASKS)
+            driver.find_element("id", "run-subscribe").click()
+            note = f"const rows = (() => {{ {CONSOLE_ROWS} }})(); return rows && rows[0]"
+            shown = wait_for(driver, note, marker, ".rows-left-out", timeout=60, what="the subscription's rows")
+            assert shown == f"{LARGE_RESULT} rows: the first 500 are shown"
+            assert len(driver.execute_script(CONSOLE_ROWS, marker, "table.current tbody tr")) == 500
+            longest.append(longest_task_ms(driver))
+        # the shorter of two subscriptions' longest tasks: one task stretched by a loaded machine
+        # (397 ms once, load ~10) fails neither, the main thread's parse fails both (2026-12-07, idle:
+        # [503, 487] ms with the page before b34e86f, [83, 69] now)
+        assert min(longest) < LARGE_RESULT_TASK_MS, f"the page's main thread was held {longest} ms in one task"
         change = 'DELETE DATA { <urn:s:0> <urn:p> "value 0" } ; INSERT DATA { <urn:s:new> <urn:p> "new" }'
         assert gateway.update(change).status == 200
         added = wait_for(driver, CONSOLE_ROWS, "<urn:p>", "table.changes tr.row-added", what="the added row")
