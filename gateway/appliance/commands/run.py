@@ -79,12 +79,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         gateway = _build(config)
-        asyncio.run(gateway.serve())
+        _serve(gateway)
     except StartupError as error:
         print(f"sepa-gateway: {error}", file=sys.stderr)
         return error.exit_status
-    for signum in STOP_SIGNALS:  # asyncio.run gave them back their default action, which kills: see _stopped
-        signal.signal(signum, _stopped(gateway.exit_status))
     if gateway.scheduler.queries_running:
         # stopped cleanly (store flushed, sockets closed), but a query thread is blocked in pyoxigraph
         # on a SERVICE endpoint that never answered: the interpreter would wait for it forever
@@ -96,6 +94,32 @@ def run(args: argparse.Namespace) -> int:
             if thread is not threading.current_thread() and not thread.daemon:
                 thread.join()
     _leave(gateway.exit_status)
+
+
+def _serve(gateway: Gateway) -> None:
+    """asyncio.run(gateway.serve()), but the loop's signal handlers are replaced by _stopped's and
+    never reset to the default action: the process ends with _leave, so the loop is not closed.
+
+    Why: asyncio.run's close of the loop gave the stop signals back their default action, which kills
+    (exit 143), until run installed _stopped's after it returned. A second SIGTERM sent as the line
+    "sepa-gateway stopped" was read fell in between once in CI (2026-12-07, test_run.py
+    test_a_second_sigterm_after_the_stop_still_exits_0); a flood of SIGTERMs from that line on hits
+    it every time (test_a_flood_of_stop_signals_after_the_stop_still_exits_0)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(gateway.serve())
+    except BaseException:
+        loop.close()
+        raise
+    for signum in STOP_SIGNALS:  # handler for handler: the default action is never in between
+        signal.signal(signum, _stopped(gateway.exit_status))
+    leftover = asyncio.all_tasks(loop)  # what asyncio.run does before it closes the loop
+    for task in leftover:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.run_until_complete(loop.shutdown_default_executor())
 
 
 def _leave(status: int) -> NoReturn:
