@@ -102,9 +102,9 @@ def _serve(gateway: Gateway) -> None:
 
     Why: asyncio.run's close of the loop gave the stop signals back their default action, which kills
     (exit 143), until run installed _stopped's after it returned. A second SIGTERM sent as the line
-    "sepa-gateway stopped" was read fell in between once in CI (2026-12-07, test_run.py
-    test_a_second_sigterm_after_the_stop_still_exits_0); a flood of SIGTERMs from that line on hits
-    it every time (test_a_flood_of_stop_signals_after_the_stop_still_exits_0)."""
+    "sepa-gateway stopped" was read fell in between once in a full run of the suite (2026-12-07, test_run.py
+    test_a_second_sigterm_after_the_stop_still_exits_0); a flood of SIGTERMs from that line on hit
+    it in 1 of 3 runs (test_a_flood_of_stop_signals_after_the_stop_still_exits_0), never since."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
