@@ -31,16 +31,21 @@ ENDLESS = "SELECT (COUNT(*) AS ?n) WHERE { " + " ".join(f"?s{i} ?p{i} ?o{i} ." f
 EVERYTHING = "SELECT ?g ?s ?p ?o WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?o } } }"
 
 
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (R, S, T: stopped, Z: a zombie...); "" once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0]
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead too
-            return stat.read().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):  # reaped in between
-        return False
+    return _state(pid) not in ("", "Z")  # a zombie is dead too
 
 
 @pytest.fixture(scope="module")
@@ -222,9 +227,14 @@ def test_a_stopped_worker_holds_a_request_only_until_it_should_have_started(monk
     stopped = next(iter(pool._workers)).process.pid
     try:
         os.kill(stopped, signal.SIGSTOP)
+        wait_until(lambda: _state(stopped) == "T")  # stopped indeed, not only signalled
         started = time.monotonic()
-        with pytest.raises(TimeLimitExceeded):
+        try:
             engine.query("ASK { }")
+        except TimeLimitExceeded:
+            pass
+        else:  # once in CI (2026-12-07), not reproduced in 70 runs here: say what served it
+            pytest.fail(f"served with its only worker stopped: {dict(pool.stats)}, state {_state(stopped)!r}")
         assert time.monotonic() - started < 5
         wait_until(lambda: not _alive(stopped))
         wait_until(lambda: pool.ready)
