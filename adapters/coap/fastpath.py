@@ -10,8 +10,10 @@ as a request through aiocoap), and the 2.04 written from the commit's callback: 
 What takes this path, and only this: a CON POST or PUT with Uri-Path and Content-Format options
 only, to a path the site routes to the readings, from a peer the access rule trusts without
 authentication (any peer without `[security]`, this board with it). Everything else goes to aiocoap
-unchanged: OSCORE, block-wise, NON, other options, `/q`, `/.well-known/core`, and every request that
-would be refused before its commit (aiocoap then answers it with its diagnostic, and counts it).
+unchanged: OSCORE, block-wise, NON, other options, `/q`, `/.well-known/core`. A reading refused
+before its commit (no mapping, a payload that cannot be read, a pattern past its time limit, too many
+waiting) is answered here with the diagnostic aiocoap's path gives, counted the same: handed to
+aiocoap, it was mapped a second time there (a catastrophic pattern ran twice per request).
 
 Requests from the network that aiocoap must read are rationed (:class:`NetworkBudget`): aiocoap keeps
 a deduplication record of every confirmable request (with its response, about 2 KB in all) for
@@ -37,10 +39,9 @@ check still refuses what it sends. Memory: each reserve may add its count of aio
 
 Duplicates: a retransmission whose original is still waiting for its commit is dropped (its answer is
 on the way); one that comes after is recognised by the delivery record and answered 2.04 without
-being stored again (:mod:`adapters.coap.deliveries`, which also covers a restart). A datagram takes
-one path unless the fast path's offer was refused 5.03 and aiocoap's then got in: a retransmission
-may then come by the fast path while the first copy waits, and is answered with that copy's commit
-(:meth:`Batcher.queued <adapters.coap.batcher.Batcher.queued>`), not stored twice.
+being stored again (:mod:`adapters.coap.deliveries`, which also covers a restart). Both paths share
+the records: a copy that comes by one path while another waits by the other is answered with that
+copy's commit (:meth:`Batcher.queued <adapters.coap.batcher.Batcher.queued>`), not stored twice.
 
 How it attaches: aiocoap reads its UDP socket in `MessageInterfaceUDP6.datagram_msg_received`;
 :meth:`FastPath.attach` wraps that method on the context's interfaces. aiocoap has no public hook
@@ -233,11 +234,17 @@ class FastPath:
             self.retransmissions_dropped += 1
             return None
         item = delivery(hostinfo, request.mid, request.path, request.payload)
+        self.resource.requests += 1
         try:
             stored = self.resource.offer(request.path, request.content_format, request.payload, None, item)
-        except Refused:
-            return self._slow(interface, slow, local, data, ancdata, flags, address)
-        self.resource.requests += 1
+        except Refused as refused:
+            # answered here: handed to aiocoap, the request was mapped again, its pattern run twice
+            # (a mapping's catastrophic pattern with a 2 s limit: 8 runs for 4 requests)
+            if not (local or self.network.take()):  # no free amplifier, as for the 4.01 above
+                self.network_shed += 1
+                return None
+            refusal = self.resource.refuse(request.path, refused)
+            return self._send(interface, address, _pktinfo(ancdata), request, refusal)
         reply = partial(self._reply, interface, address, _pktinfo(ancdata), request, key)
         if stored is None:
             reply(None)

@@ -163,8 +163,8 @@ def test_a_catastrophic_mapping_regex_costs_its_request_only(start_gateway, coap
     coap-client, 2026-12-07 (load 3-8, `pytest tests/adapters/coap/test_coap_readings.py -k
     catastrophic`): the slowest ask 0.12-0.17 s with the 50 ms limit; without it the asker's
     request timed out (30 s), and with a limit of 2 s an ask waited 29.0 s for four requests (30 s,
-    timed out, in a second run): a request refused on the fast path is mapped again on aiocoap's
-    (adapters.coap.fastpath), the pattern ran 8 times for the 4 requests."""
+    timed out, in a second run): a request refused on the fast path was mapped again on aiocoap's,
+    the pattern ran 8 times for the 4 requests (now answered where it is refused, once)."""
     gateway = start_gateway(coap=True)
     assert gateway.update(CATASTROPHIC_MAPPING).status == 200
     uri = f"{gateway.coap_url}/evil/x"
@@ -237,6 +237,25 @@ def test_plain_readings_take_the_fast_path_and_a_burst_of_one_message_is_one_obs
     assert metrics["sepa_coap_fast_path_answered"] >= 2
     assert metrics["sepa_coap_readings"] == 1
     assert metrics["sepa_coap_requests"] >= 2
+
+
+def test_a_reading_refused_on_the_fast_path_is_answered_there_and_mapped_once(start_gateway) -> None:
+    """A payload that cannot be read is refused 4.00 by the fast path itself, with aiocoap's
+    diagnostic and counters. Before, it was handed to aiocoap, which mapped it again: a mapping's
+    pattern ran twice per refused request (fast_path_answered stayed 0 here)."""
+    gateway = start_gateway(coap=True)
+    port = int(gateway.coap_url.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(10)
+        sock.sendto(datagrams.request(0x3456, b"\x09", "s/boiler/temperature", b"warm"), ("127.0.0.1", port))
+        reply = sock.recv(1500)
+    assert reply[:5] == bytes([0x61, 0x80, 0x34, 0x56, 0x09]), reply  # ACK 4.00, same MID and token
+    assert b"warm" in reply or b"number" in reply, reply  # the diagnostic says what was wrong
+    metrics = gateway.metrics()
+    assert metrics["sepa_coap_fast_path_answered"] == 1
+    assert metrics["sepa_coap_requests"] == 1
+    assert metrics['sepa_coap_bad_input_by_resource{source="s/boiler/temperature"}'] == 1
+    assert observations(gateway) == []
 
 
 def test_with_security_a_peer_on_the_network_is_refused_and_this_board_is_not(start_gateway, coap_client) -> None:
