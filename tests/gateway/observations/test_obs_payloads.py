@@ -7,11 +7,15 @@ seconds or ms, RFC 3339) come out as exact Unix microseconds.
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.observations import MappingError, PayloadError
+from gateway.observations import Mapper, Mapping, MappingError, PayloadError
+from gateway.observations.extractors import REGEX_TIME_LIMIT_S, REGEX_TOTAL_BUDGET_S
 from gateway.observations.payloads import (
     BooleanWords,
     compile_path,
@@ -20,6 +24,7 @@ from gateway.observations.payloads import (
     parse_number,
     timestamp_us,
 )
+from tests.support.readings import CATASTROPHIC_PAYLOAD
 
 
 @pytest.mark.parametrize(("text", "value"), [("21.5", 21.5), (" -3 ", -3.0), ("1e3", 1000.0), (".5", 0.5), ("7.", 7.0)])
@@ -108,3 +113,39 @@ def test_timestamps(value: object, micros: int) -> None:
 def test_bad_timestamps(value: object) -> None:
     with pytest.raises(PayloadError):
         timestamp_us(value)
+
+
+def test_the_patterns_of_many_mappings_take_at_most_their_shared_budget_of_each_second() -> None:
+    """Ten mappings of a catastrophic pattern, fed back to back: each within its own budget, together
+    they took the whole of every second (the event loop's, where adapters map). Each run of the
+    pattern stops at its time limit (it took ~0.1 s here), so a second holds at most
+    REGEX_TOTAL_BUDGET_S / REGEX_TIME_LIMIT_S runs now; without the shared budget, as many as fit in
+    the second (9-10 idle; 2026-12-07)."""
+    mapper = Mapper(
+        [
+            Mapping(
+                id=f"evil{index}",
+                topic=f"evil{index}/{{sensor}}",
+                extract="regex",
+                sensor="urn:example:{sensor}",
+                property="temperature",
+                pattern="^(?P<value>(a|aa)+)$",
+            )
+            for index in range(10)
+        ]
+    )
+    runs: Counter[int] = Counter()  # second -> runs of a pattern (refused at its time limit)
+    refused_by_all = 0
+    ends = time.monotonic() + 4.5
+    index = 0
+    while (now := time.monotonic()) < ends:
+        try:
+            mapper.readings(f"evil{index % 10}/x", CATASTROPHIC_PAYLOAD.encode(), 1)
+        except PayloadError as error:
+            runs[int(now)] += "on this payload" in str(error)
+            refused_by_all += "the mappings' patterns" in str(error)
+        index += 1
+    full_seconds = sorted(runs)[1:-1]  # the first and last are partial
+    assert len(full_seconds) >= 3, runs
+    assert max(runs[second] for second in full_seconds) <= REGEX_TOTAL_BUDGET_S / REGEX_TIME_LIMIT_S, runs
+    assert refused_by_all > 0
