@@ -30,7 +30,7 @@ from tools.launcher import (
     start_in_process,
 )
 
-pytest_plugins = ("tests.support.readings", "tests.support.artifacts", "tests.support.clock")
+pytest_plugins = ("tests.support.readings", "tests.support.artifacts", "tests.support.clock", "tests.support.leftovers")
 
 # Every subprocess a test starts (`sepa-gateway run`, a CLI command) imports this checkout's code,
 # not the checkout the virtualenv's editable install points at: run from a git worktree, the tests
