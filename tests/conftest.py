@@ -30,7 +30,7 @@ from tools.launcher import (
     start_in_process,
 )
 
-pytest_plugins = ("tests.support.readings", "tests.support.artifacts", "tests.support.clock")
+pytest_plugins = ("tests.support.readings", "tests.support.artifacts", "tests.support.clock", "tests.support.leftovers")
 
 # Every subprocess a test starts (`sepa-gateway run`, a CLI command) imports this checkout's code,
 # not the checkout the virtualenv's editable install points at: run from a git worktree, the tests
@@ -63,8 +63,10 @@ def gateway() -> Iterator[RunningGateway]:
 @pytest.fixture
 def start_gateway(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
     """Factory: start `sepa-gateway run` with extra options, a config file or a config text (`toml`);
-    every one still running at teardown gets SIGTERM and must exit 0."""
+    every one still running at teardown gets SIGTERM and must exit 0 (each is stopped, also after
+    another's non-zero exit)."""
     started: list[RunningGateway] = []
+    stack = contextlib.ExitStack()
 
     def start(
         *args: str,
@@ -82,12 +84,11 @@ def start_gateway(tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
         running = launch_gateway(
             *args, config=config, data_dir=data_dir, http_port=http_port, ws_port=ws_port, mqtt=mqtt, coap=coap
         )
-        started.append(running)
+        started.append(stack.enter_context(running))
         return running
 
-    yield start
-    for running in started:
-        stop_and_check(running)
+    with stack:
+        yield start
 
 
 @pytest.fixture

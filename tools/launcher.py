@@ -268,6 +268,18 @@ class RunningGateway(Endpoint):
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def __enter__(self) -> RunningGateway:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        """Stopped on the way out, whatever ended the block: a test that failed between a start and
+        its `finally` left a `sepa-gateway run` holding its ports for the rest of the session
+        (2026-12-07). Without an exception in flight, the SIGTERM must end it with 0 (a clean
+        shutdown); with one, that exception is the test's failure and is left alone."""
+        if self.running:
+            code = self.stop()
+            assert kind is not None or code == 0, f"gateway exited {code} on SIGTERM: {self.stderr_lines}"
+
     def kill(self) -> int:
         """SIGKILL: no close frames, no flush; the OS resets the sockets."""
         return self.stop(signal.SIGKILL)

@@ -102,11 +102,23 @@ class Mosquitto:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        """Start it and wait until it listens (5 s); one that does not is killed before the error is
+        raised: the caller's fixture never reaches its stop(), so it would outlive pytest."""
         self.process = subprocess.Popen([MOSQUITTO, "-c", str(self.config)], stderr=subprocess.PIPE)
+        try:
+            self._wait_listening(self.process)
+        except BaseException:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+            raise
+
+    def _wait_listening(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.process.stderr.read().decode()} {self._log_tail()}")
+            if process.poll() is not None:
+                assert process.stderr is not None
+                raise RuntimeError(f"mosquitto exited: {process.stderr.read().decode()} {self._log_tail()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return

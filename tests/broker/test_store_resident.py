@@ -24,6 +24,7 @@ from broker.errors import StoreFailed
 from broker.store import JOURNAL, JOURNALS, SNAPSHOT, RdfStore, encode_journal_entry, lock, rdf_store
 from broker.store.live_copy import SLICE_BYTES
 from tests.support.dump_watch import DumpWatch
+from tests.support.leftovers import ended
 from tests.support.traced import traced_peak
 
 EX = "http://example.org/"
@@ -316,13 +317,14 @@ def test_a_data_directory_is_one_processs_until_that_process_ends(tmp_path: Path
     deltas at a checkpoint); the holder's kill -9 frees it, and so does a close."""
     child = _HOLDER.format(path=str(tmp_path), resident=resident)
     holder = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline() == "open\n"
-    started = time.monotonic()
-    with pytest.raises(StoreFailed, match=rf"{tmp_path} is in use by another process \(pid {holder.pid},"):
-        RdfStore.open(tmp_path, resident=resident)
-    assert time.monotonic() - started >= lock.LOCK_WAIT_S  # it waited for a holder still stopping
-    holder.kill()
-    holder.wait()
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        started = time.monotonic()
+        with pytest.raises(StoreFailed, match=rf"{tmp_path} is in use by another process \(pid {holder.pid},"):
+            RdfStore.open(tmp_path, resident=resident)
+        assert time.monotonic() - started >= lock.LOCK_WAIT_S  # it waited for a holder still stopping
+    finally:
+        ended(holder)  # the kill -9 of the docstring; it waits for a line on stdin until then
     store = RdfStore.open(tmp_path, resident=resident)
     store.close()
     del store  # RocksDB's own lock goes with the store

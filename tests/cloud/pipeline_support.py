@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cloud.settings import LandingSettings
 from cloud.stream import StreamOptions, start
 from tests.cloud.cloud_support import TOKEN, LandingServer
+from tests.support.leftovers import ended
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto
 
@@ -45,6 +46,7 @@ class Pipeline:
     landing_settings: LandingSettings
     landing: LandingServer | None = None
     gateway: RunningGateway | None = None
+    publishers: list[subprocess.Popen[bytes]] = field(default_factory=list)  # ended by close()
 
     @property
     def config(self) -> Path:
@@ -115,7 +117,7 @@ class Pipeline:
     def publish_generic(self, first: int, count: int, *, processes: int = 1) -> list[subprocess.Popen[bytes]]:
         """Readings k = first..first+count-1, value k, on `gateway/bench<k % 100>/temperature` (QoS 1)."""
         per = count // processes
-        return [
+        started = [
             subprocess.Popen(
                 [sys.executable, "-m", "tools.mqtt_bench.publisher", "--port", str(self.mosquitto.port),
                  "--first", str(first + i * per), "--count", str(per), "--sensors", "100"],
@@ -123,6 +125,8 @@ class Pipeline:
             )
             for i in range(processes)
         ]  # fmt: skip
+        self.publishers += started
+        return started
 
     def publish_senml(self, first: int, count: int) -> subprocess.Popen[bytes]:
         """SenML readings with their own timestamps (stable observation IRIs across redeliveries)."""
@@ -130,6 +134,7 @@ class Pipeline:
             ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(self.mosquitto.port), "-q", "1", "-t", "senml/k9", "-l"],
             stdin=subprocess.PIPE,
         )
+        self.publishers.append(publisher)
         assert publisher.stdin is not None
         lines = (
             f'[{{"n":"temperature","u":"Cel","v":{k},"t":{1_795_000_000 + k / 1000:.3f}}}]\n'
@@ -162,6 +167,8 @@ class Pipeline:
         return spark.read.parquet(str(table))
 
     def close(self) -> None:
+        for publisher in self.publishers:  # a test that failed before waiting for them
+            ended(publisher)
         if self.gateway is not None and self.gateway.running:
             self.gateway.stop()
         self.stop_landing()

@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 
 from gateway.kernel_clock import kernel_synchronised
+from tests.support.leftovers import ended
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ("pyproject.toml", "README.md", "broker", "adapters", "gateway", "cloud", "tools", "ontologies", "examples")
@@ -202,8 +203,11 @@ def namespace(
                 time.sleep(0.5)
         yield machine
     finally:
-        os.kill(int(first), signal.SIGKILL)  # the namespace's first process: every process in it goes
-        holder.wait(30)
+        # the namespace's first process: every process in it goes. Looked up again here: a failure
+        # before `first` was known (no "ready", not one child) left the namespace running
+        for child in subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(child), signal.SIGKILL)
+        ended(holder)
 
 
 @pytest.fixture

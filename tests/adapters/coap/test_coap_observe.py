@@ -61,7 +61,11 @@ class Sensor:
             text=True,
         )
         threading.Thread(target=self._read, daemon=True).start()
-        self.port = int(self.wait_for("ready ").split()[1])
+        try:
+            self.port = int(self.wait_for("ready ").split()[1])
+        except BaseException:  # no object for the `sensors` fixture to kill at teardown
+            self.kill()
+            raise
 
     def _read(self) -> None:
         assert self.process.stdout is not None

@@ -334,16 +334,15 @@ def test_a_retransmission_after_a_kill_and_restart_is_not_a_second_observation(s
         sock.sendto(datagram, ("127.0.0.1", port))
         assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x21])
         gateway.kill()
-        again = gateway.restart()
-        assert int(again.coap_url.rsplit(":", 1)[1]) == port
-        sock.sendto(datagram, ("127.0.0.1", port))  # from the same endpoint, as a retransmission is
-        assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x21])
-        assert observations(again) == [(SENSOR + "boiler", 71.5, DEG_C)]
-        assert again.metrics()["sepa_coap_duplicates_skipped"] == 1
-        sock.sendto(_confirmable_post(0x4322, ["s", "boiler", "temperature"], b"71.5"), ("127.0.0.1", port))
-        assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x22])  # a new message with the same value
-    assert len(observations(again)) == 2  # is a new reading
-    again.stop()
+        with gateway.restart() as again:  # start_gateway stops the first one only
+            assert int(again.coap_url.rsplit(":", 1)[1]) == port
+            sock.sendto(datagram, ("127.0.0.1", port))  # from the same endpoint, as a retransmission is
+            assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x21])
+            assert observations(again) == [(SENSOR + "boiler", 71.5, DEG_C)]
+            assert again.metrics()["sepa_coap_duplicates_skipped"] == 1
+            sock.sendto(_confirmable_post(0x4322, ["s", "boiler", "temperature"], b"71.5"), ("127.0.0.1", port))
+            assert sock.recv(1500)[:4] == bytes([0x60, 0x44, 0x43, 0x22])  # a new message with the same value
+            assert len(observations(again)) == 2  # is a new reading
 
 
 def test_short_of_memory_a_reading_gets_5_03_and_is_stored_when_sent_again_with_room(

@@ -17,6 +17,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from broker.api import meminfo
 from tests.support.bystander import asking_meanwhile
+from tests.support.leftovers import ended
 from tests.support.readings import CATASTROPHIC_MAPPING, CATASTROPHIC_PAYLOAD
 from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, paho_publish
@@ -172,28 +173,41 @@ def test_a_subscription_change_is_published_as_an_actuator_command(mosquitto: Mo
         "query = '''SELECT ?lamp ?power WHERE { ?lamp <urn:example:on> ?on "
         'BIND(IF(?on, "ON", "OFF") AS ?power) }\'\'\'\n'
     )
-    gateway = launch_gateway(config=config_file(tmp_path, mosquitto, actuator))
-    listener = subprocess.Popen(
-        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", "cmnd/#", "-v", "-C", "2", "-W", "20"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
-        time.sleep(0.3)  # mosquitto_sub subscribed
-        assert gateway.update("INSERT DATA { <urn:example:lamp1> <urn:example:on> true }").status == 200
-        assert (
-            gateway.update(
-                "DELETE { <urn:example:lamp1> <urn:example:on> true } INSERT { <urn:example:lamp1> <urn:example:on> "
-                "false } WHERE {}"
-            ).status
-            == 200
+    with launch_gateway(config=config_file(tmp_path, mosquitto, actuator)) as gateway:
+        listener = subprocess.Popen(
+            [
+                "mosquitto_sub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(mosquitto.port),
+                "-t",
+                "cmnd/#",
+                "-v",
+                "-C",
+                "2",
+                "-W",
+                "20",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        out, _ = listener.communicate(timeout=25)
-        assert out.splitlines() == ["cmnd/lamp1/POWER ON", "cmnd/lamp1/POWER OFF"]
-    finally:
-        listener.kill()
-        assert gateway.stop() == 0
+        try:
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+            time.sleep(0.3)  # mosquitto_sub subscribed
+            assert gateway.update("INSERT DATA { <urn:example:lamp1> <urn:example:on> true }").status == 200
+            assert (
+                gateway.update(
+                    "DELETE { <urn:example:lamp1> <urn:example:on> true } "
+                    "INSERT { <urn:example:lamp1> <urn:example:on> false } WHERE {}"
+                ).status
+                == 200
+            )
+            out, _ = listener.communicate(timeout=25)
+            assert out.splitlines() == ["cmnd/lamp1/POWER ON", "cmnd/lamp1/POWER OFF"]
+        finally:
+            listener.kill()
+            listener.wait()
 
 
 def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
@@ -201,9 +215,9 @@ def test_readings_published_while_the_gateway_is_down_are_stored_after_restart(
 ) -> None:
     config = config_file(tmp_path, mosquitto)
     data = tmp_path / "data"
-    gateway = launch_gateway(config=config, data_dir=data)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
-    assert gateway.stop() == 0
+    with launch_gateway(config=config, data_dir=data) as gateway:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        assert gateway.stop() == 0
     paho_publish(mosquitto.port, "gateway/boiler/temperature", [str(40 + k).encode() for k in range(20)])
     restarted = launch_gateway(config=config, data_dir=data)
     try:
@@ -302,30 +316,16 @@ def test_kill_9_during_ingestion_loses_no_acknowledged_reading(mosquitto: Mosqui
     config = config_file(tmp_path, mosquitto)
     data = tmp_path / "data"
     total = 2000
-    gateway = launch_gateway(config=config, data_dir=data)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
-    publisher = subprocess.Popen(
-        [
-            "mosquitto_pub",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(mosquitto.port),
-            "-q",
-            "1",
-            "-t",
-            "gateway/k9/temperature",
-            "-l",
-        ],
-        stdin=subprocess.PIPE,
-    )
-    assert publisher.stdin is not None
-    publisher.stdin.write("".join(f"{k}\n" for k in range(total)).encode())
-    publisher.stdin.close()
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > 100, timeout=30)
-    acked_before_kill = gateway.metrics()["sepa_mqtt_ingest_acked"]
-    gateway.stop(signal.SIGKILL)
-    assert publisher.wait(30) == 0
+    with launch_gateway(config=config, data_dir=data) as gateway:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        publisher = _publish_lines(mosquitto, "gateway/k9/temperature", range(total))
+        try:
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > 100, timeout=30)
+            acked_before_kill = gateway.metrics()["sepa_mqtt_ingest_acked"]
+            gateway.stop(signal.SIGKILL)
+            assert publisher.wait(30) == 0
+        finally:
+            ended(publisher)
     restarted = launch_gateway(config=config, data_dir=data)
     try:
 
@@ -428,14 +428,17 @@ def test_kill_9_cycles_store_every_reading_exactly_once(mosquitto: Mosquitto, tm
     topic, per_cycle, cycles = "gateway/once/temperature", 1000, 3
     skipped = 0.0
     for cycle in range(cycles):
-        gateway = launch_gateway(config=config, data_dir=data)
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)  # noqa: B023
-        before = gateway.metrics().get("sepa_mqtt_ingest_acked", 0)
-        publisher = _publish_lines(mosquitto, topic, range(cycle * per_cycle, (cycle + 1) * per_cycle))
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > before + 100, timeout=30)  # noqa: B023
-        skipped += gateway.metrics().get("sepa_mqtt_duplicates_skipped", 0)
-        gateway.stop(signal.SIGKILL)  # mid-stream: hundreds committed, the rest in flight
-        assert publisher.wait(30) == 0
+        with launch_gateway(config=config, data_dir=data) as gateway:
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)  # noqa: B023
+            before = gateway.metrics().get("sepa_mqtt_ingest_acked", 0)
+            publisher = _publish_lines(mosquitto, topic, range(cycle * per_cycle, (cycle + 1) * per_cycle))
+            try:
+                wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > before + 100, timeout=30)  # noqa: B023
+                skipped += gateway.metrics().get("sepa_mqtt_duplicates_skipped", 0)
+                gateway.stop(signal.SIGKILL)  # mid-stream: hundreds committed, the rest in flight
+                assert publisher.wait(30) == 0
+            finally:
+                ended(publisher)
     restarted = launch_gateway(config=config, data_dir=data)
     try:
         total = cycles * per_cycle
@@ -470,29 +473,29 @@ def test_dropped_connections_store_every_reading_exactly_once(mosquitto: Mosquit
     them on the next, with messages already received but not yet committed. 0 lost, 0 duplicates."""
     config = config_file(tmp_path, mosquitto, "\n[observations]\nretain_count = 1000000\n")
     topic, total = "gateway/flap/temperature", 3000
-    gateway = launch_gateway(config=config)
-    try:
+    with launch_gateway(config=config) as gateway:
         wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         publisher = _publish_lines(mosquitto, topic, range(total))
-        for drop in range(3):
-            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connects") == drop + 1, timeout=30)  # noqa: B023
-            wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > (drop + 1) * 500, timeout=30)  # noqa: B023
-            _drop_connection(gateway, mosquitto)
-        assert publisher.wait(30) == 0
-        found = _stored_values(gateway, topic, total)
-        # the third reconnect may come after every reading is in: three short connections in a row are backed off
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_reconnects", 0) >= 3, timeout=30)
-        metrics = gateway.metrics()
-        duplicated = sorted(value for value, n in found.items() if n > 1)
-        print(
-            f"3 dropped connections: {len(duplicated)} duplicates, "
-            f"{metrics.get('sepa_mqtt_duplicates_skipped', 0):.0f} redeliveries recognised, "
-            f"{metrics.get('sepa_mqtt_connection_stale_acks', 0):.0f} stale acknowledgements"
-        )
-        assert set(found) == {float(k) for k in range(total)}
-        assert duplicated == []
-    finally:
-        assert gateway.stop() == 0
+        try:
+            for drop in range(3):
+                wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_connects") == drop + 1, timeout=30)  # noqa: B023
+                wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) > (drop + 1) * 500, timeout=30)  # noqa: B023
+                _drop_connection(gateway, mosquitto)
+            assert publisher.wait(30) == 0
+            found = _stored_values(gateway, topic, total)
+            # the third reconnect may come after every reading is in: three short connections in a row are backed off
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_reconnects", 0) >= 3, timeout=30)
+            metrics = gateway.metrics()
+            duplicated = sorted(value for value, n in found.items() if n > 1)
+            print(
+                f"3 dropped connections: {len(duplicated)} duplicates, "
+                f"{metrics.get('sepa_mqtt_duplicates_skipped', 0):.0f} redeliveries recognised, "
+                f"{metrics.get('sepa_mqtt_connection_stale_acks', 0):.0f} stale acknowledgements"
+            )
+            assert set(found) == {float(k) for k in range(total)}
+            assert duplicated == []
+        finally:
+            ended(publisher)
 
 
 def test_a_broker_restart_mid_stream_stores_every_reading_once(mosquitto: Mosquitto, tmp_path: Path) -> None:

@@ -529,9 +529,13 @@ def test_a_templated_grant_gets_no_new_slots_at_a_restart(mosquitto: Mosquitto, 
     def start(rooms: range) -> RunningGateway:
         """A gateway on the same data dir after `rooms` of the mapping published a reading each."""
         gateway = launch_gateway(config=config, data_dir=tmp_path / "data")
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
-        publish(mosquitto.port, [(f"plant/r{room}/temperature", b"20") for room in rooms])
-        wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= len(rooms))
+        try:
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+            publish(mosquitto.port, [(f"plant/r{room}/temperature", b"20") for room in rooms])
+            wait_for(lambda: gateway.metrics().get("sepa_mqtt_ingest_acked", 0) >= len(rooms))
+        except BaseException:
+            gateway.stop()
+            raise
         return gateway
 
     first = start(range(6))

@@ -4,6 +4,7 @@ taken over by another client is backed off from, not fought over."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -18,7 +19,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.appliance import mqtt_acl
-from tools.launcher import launch_gateway
+from tools.launcher import RunningGateway, launch_gateway
 from tools.mosquitto import Mosquitto, missing_tools
 
 CLI = [sys.executable, "-c", "import sys; from gateway.appliance.cli import main; sys.exit(main())"]
@@ -138,14 +139,23 @@ def test_the_optional_tls_listener_takes_the_same_logins(tmp_path: Path) -> None
         broker.stop()
 
 
-def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquitto: Mosquitto, tmp_path: Path) -> None:
-    """No client id configured: each derives its own (the bug: both used `sepa-gateway`)."""
+def two_gateways(started: contextlib.ExitStack, tmp_path: Path, toml: str) -> list[RunningGateway]:
+    """Gateways "one" and "two" of the config text `toml` (its `{name}`: theirs), each on a data
+    directory of its own and stopped by `started` on the way out, whatever fails (the second's
+    failed start too)."""
     gateways = []
     for name in ("one", "two"):
         config = tmp_path / f"{name}.toml"
-        config.write_text(f'[mqtt]\nport = {mosquitto.port}\n[observations]\ngateway_id = "{name}"\n')
-        gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
-    try:
+        config.write_text(toml.replace("{name}", name))
+        gateways.append(started.enter_context(launch_gateway(config=config, data_dir=tmp_path / name)))
+    return gateways
+
+
+def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquitto: Mosquitto, tmp_path: Path) -> None:
+    """No client id configured: each derives its own (the bug: both used `sepa-gateway`)."""
+    with contextlib.ExitStack() as started:
+        toml = f"[mqtt]\nport = {mosquitto.port}\n[observations]\n" + 'gateway_id = "{name}"\n'
+        gateways = two_gateways(started, tmp_path, toml)
         for gateway in gateways:
             wait_for(lambda gateway=gateway: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
         for value in range(11):  # more than 10 s: the old loop took the session every second or so
@@ -156,19 +166,12 @@ def test_two_gateways_on_one_broker_both_ingest_without_a_reconnect_loop(mosquit
             metrics = gateway.metrics()
             assert metrics["sepa_mqtt_connection_reconnects"] == 0, metrics
             assert metrics["sepa_mqtt_connection_session_takeovers"] == 0
-    finally:
-        for gateway in gateways:
-            assert gateway.stop() == 0
 
 
 def test_a_taken_over_session_is_logged_and_backed_off(mosquitto: Mosquitto, tmp_path: Path) -> None:
     """Two gateways configured with one client id: they no longer knock each other off in a loop."""
-    gateways = []
-    for name in ("one", "two"):
-        config = tmp_path / f"{name}.toml"
-        config.write_text(f'[mqtt]\nport = {mosquitto.port}\nclient_id = "same-id"\n')
-        gateways.append(launch_gateway(config=config, data_dir=tmp_path / name))
-    try:
+    with contextlib.ExitStack() as started:
+        gateways = two_gateways(started, tmp_path, f'[mqtt]\nport = {mosquitto.port}\nclient_id = "same-id"\n')
         time.sleep(12)
         metrics = [gateway.metrics() for gateway in gateways]
         connects = [m["sepa_mqtt_connection_connects"] for m in metrics]
@@ -176,9 +179,6 @@ def test_a_taken_over_session_is_logged_and_backed_off(mosquitto: Mosquitto, tmp
         assert sum(connects) <= 12, connects  # measured: 8 backed off, 33 without the backoff
         log = "\n".join(line for gateway in gateways for line in gateway.stderr_lines)
         assert "mqtt session taken over" in log and "client_id=same-id" in log
-    finally:
-        for gateway in gateways:
-            assert gateway.stop() == 0
 
 
 class Intruder:

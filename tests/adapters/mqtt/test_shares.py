@@ -175,9 +175,9 @@ def test_a_backlog_queued_during_an_outage_is_stored_whole(mosquitto: Mosquitto,
     the gateway's session. At the restart both backlogs are stored whole; before, A's share ran out
     part-way and the rest of its packs were dropped while B's readings came in between."""
     config = config_file(tmp_path, mosquitto, "device_readings_per_s = 10\n")
-    gateway = launch_gateway(config=config)
-    wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
-    assert gateway.stop() == 0
+    with launch_gateway(config=config) as gateway:
+        wait_for(lambda: gateway.metrics().get("sepa_mqtt_connection_subscribed") == 1.0)
+        assert gateway.stop() == 0
     messages = []
     for k in range(30):
         records = [{"bn": "A/", "bt": 1_700_000_000 + k, "n": f"r{i}", "u": "Cel", "v": k} for i in range(40)]

@@ -32,11 +32,11 @@ COUNT = "SELECT (COUNT(*) AS ?n) WHERE { { ?s ?p ?o } UNION { GRAPH ?g { ?s ?p ?
 def target(tmp_path_factory) -> RunningGateway:
     from tools.launcher import launch_gateway
 
-    gateway = launch_gateway(data_dir=tmp_path_factory.mktemp("fuzz") / "data")
-    assert gateway.update("INSERT DATA { <urn:canary> <urn:p> 1 }").status == 200
-    yield gateway
-    assert gateway.running, gateway.stderr_lines[-20:]
-    assert gateway.stop() == 0
+    with launch_gateway(data_dir=tmp_path_factory.mktemp("fuzz") / "data") as gateway:
+        assert gateway.update("INSERT DATA { <urn:canary> <urn:p> 1 }").status == 200
+        yield gateway
+        assert gateway.running, gateway.stderr_lines[-20:]
+        assert gateway.stop() == 0
 
 
 def _count(gateway: RunningGateway) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tools.launcher import RunningGateway, launch_gateway
+from tools.launcher import launch_gateway
 
 JS = Path(__file__).parent / "js"
 EX = "http://example.org/app#"
@@ -42,35 +42,33 @@ def read_step(client: subprocess.Popen[str], steps: dict[str, Any]) -> str:
 
 
 def test_a_jsap_application_over_the_plain_gates() -> None:
-    gateway: RunningGateway = launch_gateway()
-    client = subprocess.Popen(
-        node_command("jsap_client.js", str(gateway.http_port), str(gateway.ws_port)),
-        cwd=JS,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    steps: dict[str, Any] = {}
-    try:
-        while read_step(client, steps) != "unsubscribed":
-            pass
-        both = sorted([{"lamp": EX + "lamp1", "level": "10"}, {"lamp": EX + "lamp2", "level": "70"}], key=str)
-        assert sorted(steps["query"]["rows"], key=str) == both
-        first = steps["first"]
-        assert sorted(first["LEVELS"], key=str) == both
-        assert first["LEVEL"] == [{"level": "10"}]
-        assert first["HIGH"] is True
-        assert first["BROKEN"] == {"error": "invalid_request", "status": 400}  # its error event, no hang
-        assert steps["sockets"]["count"] == 1
-        assert steps["notified"] == {"step": "notified", "added": [{"level": "55"}], "removed": [{"level": "10"}]}
-        assert steps["forced"]["rows"] == [{"name": "shelf"}]
-        assert sorted(row["level"] for row in steps["values"]["rows"]) == ["55", "70"]
-        assert steps["query-error"] == {"step": "query-error", "status": 400, "error": "invalid_request"}
-        gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 0)
-        assert client.wait(timeout=30) == 0
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait()
-        if gateway.running:
-            assert gateway.stop() == 0
+    with launch_gateway() as gateway:
+        client = subprocess.Popen(
+            node_command("jsap_client.js", str(gateway.http_port), str(gateway.ws_port)),
+            cwd=JS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        steps: dict[str, Any] = {}
+        try:
+            while read_step(client, steps) != "unsubscribed":
+                pass
+            both = sorted([{"lamp": EX + "lamp1", "level": "10"}, {"lamp": EX + "lamp2", "level": "70"}], key=str)
+            assert sorted(steps["query"]["rows"], key=str) == both
+            first = steps["first"]
+            assert sorted(first["LEVELS"], key=str) == both
+            assert first["LEVEL"] == [{"level": "10"}]
+            assert first["HIGH"] is True
+            assert first["BROKEN"] == {"error": "invalid_request", "status": 400}  # its error event, no hang
+            assert steps["sockets"]["count"] == 1
+            assert steps["notified"] == {"step": "notified", "added": [{"level": "55"}], "removed": [{"level": "10"}]}
+            assert steps["forced"]["rows"] == [{"name": "shelf"}]
+            assert sorted(row["level"] for row in steps["values"]["rows"]) == ["55", "70"]
+            assert steps["query-error"] == {"step": "query-error", "status": 400, "error": "invalid_request"}
+            gateway.wait_for_metric("sepa_subscriptions", lambda value: value == 0)
+            assert client.wait(timeout=30) == 0
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()

@@ -21,6 +21,7 @@ know").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -32,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.broker.gates.test_sepa_js_apps import JS, node_command
-from tests.conftest import stop_and_check
 from tests.support.coap import host_address
 from tools.launcher import HOST, RunningGateway, free_ports, launch_gateway
 
@@ -119,30 +119,30 @@ def launch(tmp_path: Path, secure: bool, security: str = "") -> RunningGateway:
 def resumes_across_a_restart(tmp_path: Path, *, secure: bool, kill: bool, down_s: float) -> None:
     """Two sepa-js clients of one subscription each; the gateway stopped or killed, down for
     `down_s`, started again on the same ports: both subscribe again and are notified."""
-    gateway = launch(tmp_path, secure)
-    client = start_client(gateway, sockets=2, per_socket=1, secure=secure, data=tmp_path / "data")
-    try:
-        client.wait_for("subscribed", 2)
-        if kill:
-            gateway.kill()
-        else:
-            assert gateway.stop() == 0
-        closed = client.wait_for("closed", 2)
-        # 1001 "going away": the gateway's close frame; 1006: the socket ended without one (kill -9)
-        assert sorted(event["code"] for event in closed) == ([1006, 1006] if kill else [1001, 1001]), closed
-        client.wait_for("connection-lost", 2)
-        time.sleep(down_s)
-        gateway = gateway.restart()
-        client.wait_for("reconnected", 2)
-        client.wait_for("subscribed", 4)  # each a second time: sequence 0 of its new subscription
-        gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
-        # sepa-js emits "added" for sequence 0 too (no rows here, before and after the restart)
-        added = [event for event in client.wait_for("added", 6) if event["values"]]
-        assert sorted((event["socket"], event["values"]) for event in added) == [(0, ["42"]), (1, ["42"])], added
-        assert client.process.poll() is None
-    finally:
-        client.end()
-        stop_and_check(gateway)
+    with contextlib.ExitStack() as gateways:  # every one started, restarts too, stopped on the way out
+        gateway = gateways.enter_context(launch(tmp_path, secure))
+        client = start_client(gateway, sockets=2, per_socket=1, secure=secure, data=tmp_path / "data")
+        try:
+            client.wait_for("subscribed", 2)
+            if kill:
+                gateway.kill()
+            else:
+                assert gateway.stop() == 0
+            closed = client.wait_for("closed", 2)
+            # 1001 "going away": the gateway's close frame; 1006: the socket ended without one (kill -9)
+            assert sorted(event["code"] for event in closed) == ([1006, 1006] if kill else [1001, 1001]), closed
+            client.wait_for("connection-lost", 2)
+            time.sleep(down_s)
+            gateway = gateways.enter_context(gateway.restart())
+            client.wait_for("reconnected", 2)
+            client.wait_for("subscribed", 4)  # each a second time: sequence 0 of its new subscription
+            gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
+            # sepa-js emits "added" for sequence 0 too (no rows here, before and after the restart)
+            added = [event for event in client.wait_for("added", 6) if event["values"]]
+            assert sorted((event["socket"], event["values"]) for event in added) == [(0, ["42"]), (1, ["42"])], added
+            assert client.process.poll() is None
+        finally:
+            client.end()
 
 
 def test_sepa_js_resumes_its_subscriptions_after_the_gateway_is_stopped_and_started(tmp_path: Path) -> None:
@@ -156,21 +156,21 @@ def test_secure_sepa_js_resumes_after_the_gateway_is_killed_and_back_seconds_lat
 def test_two_subscriptions_on_one_socket_crash_sepa_js_when_it_reconnects(tmp_path: Path) -> None:
     """The client's own bug, pinned so that docs/protocol.md stays true: a sepa-js that no longer
     crashes here (a new version) fails this test, and the note can go."""
-    gateway = launch(tmp_path, secure=False)
-    client = start_client(gateway, sockets=1, per_socket=4, secure=False, data=tmp_path / "data")
-    try:
-        client.wait_for("subscribed", 4)
-        assert gateway.stop() == 0
-        assert client.wait_for("closed", 1)[0]["code"] == 1001
-        client.wait_for("connection-lost", 4)  # four listeners on one socket: four reconnection loops
-        gateway = gateway.restart()
-        assert client.process.wait(timeout=EVENT_TIMEOUT_S) == 1
-        stderr = client.stderr()
-        assert "WebSocket is not open: readyState 0" in stderr, stderr
-        assert "sepa-js/lib/connection.js:21" in stderr, stderr
-    finally:
-        client.end()
-        stop_and_check(gateway)
+    with contextlib.ExitStack() as gateways:  # every one started, restarts too, stopped on the way out
+        gateway = gateways.enter_context(launch(tmp_path, secure=False))
+        client = start_client(gateway, sockets=1, per_socket=4, secure=False, data=tmp_path / "data")
+        try:
+            client.wait_for("subscribed", 4)
+            assert gateway.stop() == 0
+            assert client.wait_for("closed", 1)[0]["code"] == 1001
+            client.wait_for("connection-lost", 4)  # four listeners on one socket: four reconnection loops
+            gateway = gateways.enter_context(gateway.restart())
+            assert client.process.wait(timeout=EVENT_TIMEOUT_S) == 1
+            stderr = client.stderr()
+            assert "WebSocket is not open: readyState 0" in stderr, stderr
+            assert "sepa-js/lib/connection.js:21" in stderr, stderr
+        finally:
+            client.end()
 
 
 def test_secure_sepa_js_back_after_its_token_expired_gets_each_notification_twice(tmp_path: Path) -> None:
@@ -180,24 +180,24 @@ def test_secure_sepa_js_back_after_its_token_expired_gets_each_notification_twic
     subscribes again: it resumes. But the stream it killed stays bound to its connection's
     "reconnected" event, so the application gets each notification twice while the gateway holds
     one subscription: the client's doing, pinned with the note in docs/protocol.md."""
-    gateway = launch(tmp_path, secure=True, security="token_lifetime_s = 10\n")
-    client = start_client(gateway, sockets=1, per_socket=1, secure=True, data=tmp_path / "data")
-    try:
-        client.wait_for("subscribed", 1)
-        gateway.kill()
-        client.wait_for("connection-lost", 1)
-        time.sleep(12.0)  # past the 10 s token's expiry
-        gateway = gateway.restart()
-        client.wait_for("subscribed", 3)  # once before; after the renewal, twice
-        gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
-        added = [event for event in client.wait_for("added", 5) if event["values"]]
-        assert [(event["socket"], event["i"], event["values"]) for event in added] == [(0, 0, ["42"])] * 2, added
-        assert gateway.metric("sepa_subscriptions") == 1
-        failures = gateway.metrics()
-        assert failures.get('sepa_security_auth_failures_total{reason="bad_token"}', 0) >= 1, failures
-    finally:
-        client.end()
-        stop_and_check(gateway)
+    with contextlib.ExitStack() as gateways:  # every one started, restarts too, stopped on the way out
+        gateway = gateways.enter_context(launch(tmp_path, secure=True, security="token_lifetime_s = 10\n"))
+        client = start_client(gateway, sockets=1, per_socket=1, secure=True, data=tmp_path / "data")
+        try:
+            client.wait_for("subscribed", 1)
+            gateway.kill()
+            client.wait_for("connection-lost", 1)
+            time.sleep(12.0)  # past the 10 s token's expiry
+            gateway = gateways.enter_context(gateway.restart())
+            client.wait_for("subscribed", 3)  # once before; after the renewal, twice
+            gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
+            added = [event for event in client.wait_for("added", 5) if event["values"]]
+            assert [(event["socket"], event["i"], event["values"]) for event in added] == [(0, 0, ["42"])] * 2, added
+            assert gateway.metric("sepa_subscriptions") == 1
+            failures = gateway.metrics()
+            assert failures.get('sepa_security_auth_failures_total{reason="bad_token"}', 0) >= 1, failures
+        finally:
+            client.end()
 
 
 def test_secure_sepa_js_clients_of_one_host_all_resume_after_their_tokens_expired(tmp_path: Path) -> None:
@@ -207,35 +207,37 @@ def test_secure_sepa_js_clients_of_one_host_all_resume_after_their_tokens_expire
     the next subscribes and the renewals got 429, sepa-js's renewal has no catch, and the Node
     process exited 1 with no subscription resumed (docs/security.md)."""
     lan = host_address()
-    gateway = launch(tmp_path, secure=True, security=f'host = "{lan}"\ntoken_lifetime_s = 10\n')
-    client = start_client(gateway, sockets=25, per_socket=1, secure=True, data=tmp_path / "data", host=lan)
-    try:
-        client.wait_for("subscribed", 25)
-        gateway.kill()
-        client.wait_for("connection-lost", 25)
-        time.sleep(12.0)  # past the 10 s tokens' expiry
-        gateway = gateway.restart()
+    with contextlib.ExitStack() as gateways:  # every one started, restarts too, stopped on the way out
+        gateway = gateways.enter_context(
+            launch(tmp_path, secure=True, security=f'host = "{lan}"\ntoken_lifetime_s = 10\n')
+        )
+        client = start_client(gateway, sockets=25, per_socket=1, secure=True, data=tmp_path / "data", host=lan)
+        try:
+            client.wait_for("subscribed", 25)
+            gateway.kill()
+            client.wait_for("connection-lost", 25)
+            time.sleep(12.0)  # past the 10 s tokens' expiry
+            gateway = gateways.enter_context(gateway.restart())
 
-        def everyone(step: str, values: bool = False) -> Callable[[list[dict[str, Any]]], bool]:
-            """Whether each client had `step` since the restart (one with values, if asked)."""
+            def everyone(step: str, values: bool = False) -> Callable[[list[dict[str, Any]]], bool]:
+                """Whether each client had `step` since the restart (one with values, if asked)."""
 
-            def done(events: list[dict[str, Any]]) -> bool:
-                since = events[restarted_at:]
-                return {e["socket"] for e in since if e["step"] == step and (e.get("values") or not values)} == set(
-                    range(25)
-                )
+                def done(events: list[dict[str, Any]]) -> bool:
+                    since = events[restarted_at:]
+                    return {e["socket"] for e in since if e["step"] == step and (e.get("values") or not values)} == set(
+                        range(25)
+                    )
 
-            return done
+                return done
 
-        restarted_at = len(client.events)
-        client.wait_until(everyone("subscribed"), "every client subscribed again")
-        gateway.wait_for_metric("sepa_subscriptions", lambda count: count == 25, timeout=EVENT_TIMEOUT_S)
-        gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
-        client.wait_until(everyone("added", values=True), "every client notified")
-        assert client.process.poll() is None
-        assert gateway.metric('sepa_security_auth_failures_total{reason="rate_limited"}') == 0
-        # 25 at least: one refused at each reconnection (more if a slow start let one expire before it subscribed)
-        assert gateway.metric('sepa_security_auth_failures_total{reason="bad_token"}') >= 25
-    finally:
-        client.end()
-        stop_and_check(gateway)
+            restarted_at = len(client.events)
+            client.wait_until(everyone("subscribed"), "every client subscribed again")
+            gateway.wait_for_metric("sepa_subscriptions", lambda count: count == 25, timeout=EVENT_TIMEOUT_S)
+            gateway.update(f"INSERT DATA {{ {SUBJECT} 42 }}")
+            client.wait_until(everyone("added", values=True), "every client notified")
+            assert client.process.poll() is None
+            assert gateway.metric('sepa_security_auth_failures_total{reason="rate_limited"}') == 0
+            # 25 at least: one refused at each reconnection (more if a slow start let one expire before it subscribed)
+            assert gateway.metric('sepa_security_auth_failures_total{reason="bad_token"}') >= 25
+        finally:
+            client.end()

@@ -209,16 +209,16 @@ def test_sigterm_stops_the_gateway_while_a_service_call_hangs(tmp_path) -> None:
     try:
         config = tmp_path / "gateway.toml"
         config.write_text(f'[engine]\nservice_allow = ["http://127.0.0.1:{silent.port}/*"]\nservice_timeout_s = 0.5\n')
-        gateway = launch_gateway(config=config, mqtt=False)
-        query = f"SELECT * WHERE {{ SERVICE <http://127.0.0.1:{silent.port}/sparql> {{ ?s ?p ?o }} }}"
-        assert gateway.query(query).status == 504
-        # the evaluation was stopped with its client's wait: its worker was killed, not left hanging
-        deadline = time.monotonic() + 3
-        while gateway.metrics().get("sepa_query_worker_timeouts_total") != 1:
-            assert time.monotonic() < deadline, "the worker of the hanging SERVICE call was not stopped"
-            time.sleep(0.05)
-        started = time.monotonic()
-        assert gateway.stop() == 0
-        assert time.monotonic() - started < 10
+        with launch_gateway(config=config, mqtt=False) as gateway:
+            query = f"SELECT * WHERE {{ SERVICE <http://127.0.0.1:{silent.port}/sparql> {{ ?s ?p ?o }} }}"
+            assert gateway.query(query).status == 504
+            # the evaluation was stopped with its client's wait: its worker was killed, not left hanging
+            deadline = time.monotonic() + 3
+            while gateway.metrics().get("sepa_query_worker_timeouts_total") != 1:
+                assert time.monotonic() < deadline, "the worker of the hanging SERVICE call was not stopped"
+                time.sleep(0.05)
+            started = time.monotonic()
+            assert gateway.stop() == 0
+            assert time.monotonic() - started < 10
     finally:
         silent.close()

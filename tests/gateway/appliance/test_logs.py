@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from gateway.appliance.logs import KeyValueFormatter, setup_logging, under_journald
+from tests.support.leftovers import ended
 from tools.launcher import HOST, free_ports
 
 LINE = "x" * 100
@@ -61,21 +62,28 @@ def gateway_with_stderr(
     with stderr.open("wb") as sink:
         process = subprocess.Popen([*argv, "--no-mqtt", "--no-coap", *args], stderr=sink, env=env)
     deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, stderr.read_text()
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{http}/health/live", timeout=2) as reply:
-                if reply.status == 200:
-                    return process, http
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, stderr.read_text()
-        time.sleep(0.1)
+    try:
+        while True:
+            assert process.poll() is None, stderr.read_text()
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{http}/health/live", timeout=2) as reply:
+                    if reply.status == 200:
+                        return process, http
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, stderr.read_text()
+            time.sleep(0.1)
+    except BaseException:  # not answering in time: the caller never gets it to stop
+        ended(process)
+        raise
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
-    assert process.wait(20) == 0
+    try:
+        assert process.wait(20) == 0
+    finally:
+        ended(process)
 
 
 def test_run_logs_to_the_file_without_systemd(tmp_path: Path, gateway_command: list[str]) -> None:

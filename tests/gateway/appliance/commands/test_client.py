@@ -25,6 +25,7 @@ import pytest
 
 from gateway.appliance.commands.client import broker_endpoints, jsap_with_endpoints
 from tests.gateway.client.client_support import GatewayProcess, free_ports, gateway_command
+from tests.support.leftovers import ended
 from tools.launcher import RunningGateway
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -184,13 +185,16 @@ def test_subscribe_json_count_prints_sequence_0_then_the_update(empty: RunningGa
     command = [*gateway_command(), "subscribe", *url_of(empty), "--json", "--count", "2", "--alias", "levels"]
     command.append(PREFIX + "SELECT ?s ?level WHERE { ?s ex:level ?level }")
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        first = json.loads(read_line(process))["notification"]
-        assert (first["sequence"], first["alias"]) == (0, "levels")
-        assert first["addedResults"]["head"]["vars"] == ["s", "level"]
-        assert [b["s"]["value"] for b in first["addedResults"]["results"]["bindings"]] == [f"{EX}a"]
-        assert first["removedResults"]["results"]["bindings"] == []
-        empty.post_update(f"DELETE DATA {{ <{EX}a> <{EX}level> 1 }} ; INSERT DATA {{ <{EX}a> <{EX}level> 2 }}")
-        out, err = process.communicate(timeout=TIMEOUT_S)
+        try:
+            first = json.loads(read_line(process))["notification"]
+            assert (first["sequence"], first["alias"]) == (0, "levels")
+            assert first["addedResults"]["head"]["vars"] == ["s", "level"]
+            assert [b["s"]["value"] for b in first["addedResults"]["results"]["bindings"]] == [f"{EX}a"]
+            assert first["removedResults"]["results"]["bindings"] == []
+            empty.post_update(f"DELETE DATA {{ <{EX}a> <{EX}level> 1 }} ; INSERT DATA {{ <{EX}a> <{EX}level> 2 }}")
+            out, err = process.communicate(timeout=TIMEOUT_S)
+        finally:  # a failed assertion: Popen's exit would wait for ever for a subscriber
+            ended(process)
     assert process.returncode == 0 and err == ""
     [line] = out.splitlines()
     second = json.loads(line)["notification"]
@@ -208,13 +212,16 @@ def test_subscribe_human_output_until_a_signal(empty: RunningGateway, signum: in
         PREFIX + "SELECT ?s ?level WHERE { ?s ex:level ?level }",
     ]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        assert read_line(process).startswith("sequence 0: 0 added, 0 removed [sepa://subscription/")
-        empty.post_update(f"INSERT DATA {{ <{EX}b> <{EX}level> 3 }}")
-        lines = [read_line(process) for _ in range(4)]
-        empty.post_update(f"DELETE DATA {{ <{EX}b> <{EX}level> 3 }}")
-        lines += [read_line(process) for _ in range(4)]
-        process.send_signal(signum)
-        out, err = process.communicate(timeout=TIMEOUT_S)
+        try:
+            assert read_line(process).startswith("sequence 0: 0 added, 0 removed [sepa://subscription/")
+            empty.post_update(f"INSERT DATA {{ <{EX}b> <{EX}level> 3 }}")
+            lines = [read_line(process) for _ in range(4)]
+            empty.post_update(f"DELETE DATA {{ <{EX}b> <{EX}level> 3 }}")
+            lines += [read_line(process) for _ in range(4)]
+            process.send_signal(signum)
+            out, err = process.communicate(timeout=TIMEOUT_S)
+        finally:  # a failed assertion: Popen's exit would wait for ever for a subscriber
+            ended(process)
     assert process.returncode == 0, err
     assert err == "" and out == ""
     assert [line.rstrip("\n") for line in lines] == [
@@ -287,9 +294,12 @@ def test_subscription_dropped_without_reconnect(restartable: Callable[..., Gatew
     gateway = restartable(on_disk=False).start()
     command = [*gateway_command(), "subscribe", *url_of(gateway), "--no-reconnect", "ASK { ?s ?p ?o }"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        assert read_line(process) == "sequence 0: false\n"
-        gateway.kill()
-        out, err = process.communicate(timeout=TIMEOUT_S)
+        try:
+            assert read_line(process) == "sequence 0: false\n"
+            gateway.kill()
+            out, err = process.communicate(timeout=TIMEOUT_S)
+        finally:  # a failed assertion: Popen's exit would wait for ever for a subscriber
+            ended(process)
     done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
     assert "connection" in one_error_line(done, "subscribe")
 
