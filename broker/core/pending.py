@@ -13,7 +13,8 @@ A secure client's row keeps the `jti` and `iat` of the bearer token it was sched
 revocation of that token finds its rows by the `pending_jti` index, not by a scan of the table
 (broker.delayed, "Revoked tokens"). A table of a gateway before 2026-12-07 lacks the two columns:
 they are added when it is opened (ALTER TABLE ADD COLUMN keeps every row, with none), and its rows
-run as before.
+run as before. An older gateway cannot read a migrated table (it unpacks `SELECT *` into six
+fields: ValueError); README.md says how to drop the two columns before going back to one.
 """
 
 from __future__ import annotations
