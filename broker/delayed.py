@@ -38,6 +38,21 @@ the heap held each PendingUpdate whole, text included: measured 2026-12-06, a re
 100,000 pending updates of 150 characters was RSS 86 -> 153 MB (+670 B an update), now
 86 -> 121 MB (+350 B); tracemalloc of `start` over 100,000 rows of ~90 characters, 465 -> 225 B
 an update. Up to max_pending_bytes (64 MB) of text no longer waits in memory.
+
+Revoked tokens: a secure client's update keeps the `jti` and `iat` of the bearer token it was
+scheduled with, and never runs once that token is revoked (RFC 7009, by its `jti` or by its
+client's cut-off, broker.security.tokens). Before, a thief with a stolen token scheduled updates
+that ran after the owner revoked it, until the operator reset the client. The secure gates drop
+the token's pending updates (:meth:`DelayedUpdates.drop_revoked`) before they answer the revocation
+200: dropped, not refused when due, because revocations are kept in memory only, and a restart
+forgets them while the table keeps its rows; GET /scheduled stops listing them at once. A
+revocation finds them by `jti` (the table's index; a cut-off, once per REVOKED_PER_CLIENT of a
+client's revocations, looks at that client's tokens only), never by a scan of every pending update.
+Two checks close what the drop alone leaves: an update scheduled with the token after the
+revocation is refused (401) on the update thread, where the drop also runs, so none is stored
+after it; and one handed over as it fell due is refused when it runs. Counted in
+sepa_delayed_revoked_total, logged once a minute at most. A token's expiry drops nothing: an
+update legitimately outlives its token's hour.
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ from typing import TYPE_CHECKING
 
 from broker.core.access import GraphAccess
 from broker.core.pending import PendingUpdate, PendingUpdates
-from broker.errors import Forbidden, NotFound, SepaError
+from broker.errors import Forbidden, NotFound, SepaError, Unauthorized
 from broker.quiet_log import QuietLog
 from broker.store import ApplyMark
 
@@ -69,6 +84,8 @@ log = logging.getLogger(__name__)
 # 582 KB, ~290 B each; the rotated files cycle in minutes). Counted in sepa_delayed_failed_total;
 # the log gets one line a minute at most, the last failure's, with the count since (`refused`)
 FAILED = QuietLog(log, "delayed update failed", level=logging.WARNING)
+# any client with credentials can schedule and revoke at its own pace: one line a minute at most
+REVOKED = QuietLog(log, "delayed update of a revoked token dropped")
 
 MAX_SLEEP_S = 1.0  # wake at least this often, to notice wall-clock steps
 # a change of the wall clock against CLOCK_BOOTTIME larger than this between two wakes of the timer
@@ -126,6 +143,7 @@ class DelayedStats:
     cancelled: int = 0  # by their client, or dropped: the registration that scheduled them ended
     recovered: int = 0
     abandoned: int = 0  # the gateway died while running them, MAX_STARTS times (see _fire)
+    revoked: int = 0  # dropped, or refused when due: the token that scheduled them was revoked
     clock_steps: int = 0  # wall-clock steps seen by the timer (each moved the `delay` updates)
     lateness_us: deque[int] = field(default_factory=lambda: deque(maxlen=LATENESS_SAMPLES))
     max_lateness_us: int = 0
@@ -171,6 +189,12 @@ class DelayedUpdates:
         # owner -> registration -> ids of the secure clients' pending updates: what a reset or a
         # revocation leaves is found by registration, not by a scan of every pending update
         self._owned: dict[str, dict[str | None, set[str]]] = {}
+        # registration -> jti -> (iat, how many of its updates are pending): which tokens a cut-off
+        # covers. A count, not the ids: with a set of ids per token, what `start` held for 100,000
+        # pending secure updates was 716 B an update when each had a token of its own (a set each),
+        # 500 B with a count; 453 -> 340 B with 5,000 tokens shared by them (tracemalloc,
+        # 2026-12-07, `PYTHONPATH=. python /tmp/atk-drv/tokmem.py each|shared`)
+        self._tokens: dict[str, dict[str, tuple[int, int]]] = {}
         # id -> the clock offset (clock_offset_us) a pending `delay` update's due time was set in
         self._frames: dict[str, int] = {}
         self._offset = clock_offset_us()
@@ -181,6 +205,8 @@ class DelayedUpdates:
         self.access_of: Callable[[str, str | None], GraphAccess] | None = None
         # whether an (owner, registration) still stands, over the registry now (set by the secure gates)
         self.standing: Callable[[], Callable[[str, str | None], bool]] | None = None
+        # whether the token (registration, jti, iat) was revoked (set by the secure gates)
+        self.revoked: Callable[[str, str, int], bool] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -197,15 +223,16 @@ class DelayedUpdates:
                 self.stats.recovered += 1
                 log.info("delayed update ran before the restart", extra={"id": tag})
         store.recovered_tags.clear()
-        holds: list[tuple[str, int, str | None, str | None]] = []
+        holds: list[tuple[str, int, str | None, str | None, str | None, int | None]] = []
         self._heap = []
-        owners: dict[str, str] = {}  # one string per owner, not one per row read
-        for id, due_us, seq, size, owner, registration in self.pending.timings():
+        owners: dict[str, str] = {}  # one string per owner (and token), not one per row read
+        for id, due_us, seq, size, owner, registration, jti, iat in self.pending.timings():
             if owner is not None:
                 owner = owners.setdefault(owner, owner)
                 registration = owners.setdefault(registration, registration) if registration is not None else None
+                jti = owners.setdefault(jti, jti) if jti is not None else None
             self._heap.append((due_us, seq, id, owner))
-            holds.append((id, size, owner, registration))
+            holds.append((id, size, owner, registration, jti, iat))
         heapq.heapify(self._heap)
         # updates a previous run scheduled are instants now: their due time was set on that run's
         # clock, which NTP had set, whereas this run's may be fake-hwclock's until NTP steps it
@@ -216,8 +243,9 @@ class DelayedUpdates:
         self._client_count.clear()
         self._client_bytes.clear()
         self._owned.clear()
-        for id, size, owner, registration in holds:
-            self._hold(id, size, owner, owner, registration)
+        self._tokens.clear()
+        for id, size, owner, registration, jti, iat in holds:
+            self._hold(id, size, owner, owner, registration, jti, iat)
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._timer(), name="delayed-updates")
 
@@ -246,6 +274,8 @@ class DelayedUpdates:
         client: str | None = None,
         access: GraphAccess | None = None,
         relative: bool = False,
+        jti: str | None = None,
+        iat: int | None = None,
     ) -> PendingUpdate:
         """Check and store an update due at `due_us`; raises what the update would raise if malformed.
 
@@ -254,7 +284,9 @@ class DelayedUpdates:
 
         An `owner` (a secure client's identity) must still hold its rights when the update falls due,
         under the same `registration` (its client_id then): a reset of its secret drops what the old
-        secret scheduled, as a revocation does.
+        secret scheduled, as a revocation does. `jti` and `iat`: the owner's bearer token the request
+        came with; a revocation of it drops the update (see the module docstring), and one already
+        revoked when the update would be stored refuses it (401).
         The per-client limits count it for `owner`, else for `client` (an address). With `access`
         (the owner's rights now), a WHERE dataset naming a graph it may not read is refused now
         (403), as for an update now: it was accepted (202) and failed unseen when due."""
@@ -264,6 +296,8 @@ class DelayedUpdates:
         using, named = tuple(using_graph_uri), tuple(using_named_graph_uri)
 
         def check_and_store() -> PendingUpdate:
+            if self._revoked(registration, jti, iat):  # after a drop_revoked of it: see the module docstring
+                raise Unauthorized("the token was revoked")
             if self._count >= self.max_pending:
                 raise TooManyPending(f"{self.max_pending} delayed updates are already pending; retry later")
             size = _size(sparql)
@@ -294,10 +328,12 @@ class DelayedUpdates:
                 base_iri=base_iri,
                 owner=owner,
                 registration=registration,
+                jti=jti,
+                iat=iat,
             )
             if relative:
                 self._frames[entry.id] = frame
-            self._hold(entry.id, size, holder, owner, registration)
+            self._hold(entry.id, size, holder, owner, registration, jti, iat)
             return entry
 
         dropped: list[PendingUpdate] = []
@@ -350,9 +386,43 @@ class DelayedUpdates:
                         dropped.append(entry)
         return dropped
 
-    def _forget(self, entries: list[PendingUpdate]) -> None:
-        """On the loop: count updates cancelled or dropped, and let the timer's heap forget them."""
-        self.stats.cancelled += len(entries)
+    async def drop_revoked(self, registration: str, jti: str, cut_off: int | None = None) -> int:
+        """Drop the pending updates the token `jti` of `registration` scheduled, and with `cut_off`
+        those of every token of it issued at or before then; how many. Why here and now: see the
+        module docstring ("Revoked tokens"). Queued as due (ahead of the shared lane's calls, never
+        refused by the queue's admission: a 429 here would leave them to run after a restart)."""
+        dropped: list[PendingUpdate] = await self.scheduler.submit_due(
+            lambda: self._drop_revoked(registration, jti, cut_off)
+        )
+        self._forget(dropped, cancelled=False)
+        self.stats.revoked += len(dropped)
+        for entry in dropped:
+            REVOKED(id=entry.id)
+        return len(dropped)
+
+    def _drop_revoked(self, registration: str, jti: str, cut_off: int | None) -> list[PendingUpdate]:
+        """On the update thread: remove the pending updates of the revoked tokens; the entries removed."""
+        tokens = self._tokens.get(registration, {})
+        if cut_off is None:
+            revoked = [jti]
+        else:  # this client's tokens with pending updates only: ~10,000 at most (max_pending_per_client)
+            revoked = [token for token, (iat, _) in tokens.items() if token == jti or iat <= cut_off]
+        dropped = self.pending.take_tokens([token for token in revoked if token in tokens])
+        for entry in dropped:
+            self._release(entry)
+        return dropped
+
+    def _revoked(self, registration: str | None, jti: str | None, iat: int | None) -> bool:
+        """Whether the token a secure update came with was revoked (never for a plain gate's)."""
+        if registration is None or jti is None or self.revoked is None:
+            return False
+        return self.revoked(registration, jti, iat if iat is not None else 0)
+
+    def _forget(self, entries: list[PendingUpdate], *, cancelled: bool = True) -> None:
+        """On the loop: count updates cancelled or dropped (unless `cancelled` is False: the caller
+        counts them), and let the timer's heap forget them."""
+        if cancelled:
+            self.stats.cancelled += len(entries)
         # Why: the limits count pending updates only, so a client could schedule ten years ahead and
         # cancel, again and again; the heap kept every cancelled update and its text until its due
         # time (400 cycles of a 100 kB update: 400 entries, 40 MB, held for ten years). Rebuilt once
@@ -374,8 +444,18 @@ class DelayedUpdates:
         self._release(entry)  # the heap entry is dropped when it falls due
         return entry
 
-    def _hold(self, id: str, size: int, client: str | None, owner: str | None, registration: str | None) -> None:
-        """Count a pending update against the limits (on the update thread, or before the timer starts)."""
+    def _hold(
+        self,
+        id: str,
+        size: int,
+        client: str | None,
+        owner: str | None,
+        registration: str | None,
+        jti: str | None = None,
+        iat: int | None = None,
+    ) -> None:
+        """Count a pending update against the limits, and file it under its token (on the update
+        thread, or before the timer starts)."""
         self._count += 1
         self._bytes += size
         if client is not None:
@@ -384,6 +464,10 @@ class DelayedUpdates:
             self._client_bytes[client] += size
         if owner is not None:
             self._owned.setdefault(owner, {}).setdefault(registration, set()).add(id)
+        if registration is not None and jti is not None:
+            tokens = self._tokens.setdefault(registration, {})
+            issued, count = tokens.get(jti, (iat or 0, 0))
+            tokens[jti] = (issued, count + 1)
 
     def _release(self, entry: PendingUpdate) -> None:
         self._frames.pop(entry.id, None)
@@ -404,6 +488,15 @@ class DelayedUpdates:
                 registrations.pop(entry.registration, None)
                 if not registrations:
                     del self._owned[entry.owner]  # type: ignore[arg-type]
+        tokens = self._tokens.get(entry.registration) if entry.registration is not None else None
+        if tokens is not None and entry.jti is not None and entry.jti in tokens:
+            issued, count = tokens[entry.jti]
+            if count > 1:
+                tokens[entry.jti] = (issued, count - 1)
+            else:
+                del tokens[entry.jti]
+                if not tokens:
+                    del self._tokens[entry.registration]  # type: ignore[arg-type]
 
     async def list(self) -> list[PendingUpdate]:
         """Every pending update, in due order."""
@@ -512,6 +605,13 @@ class DelayedUpdates:
                 # an instant not reached yet: the wall clock was stepped back. A `delay` update
                 # the timer found due is due: the timer measured it in one frame of the clock
                 early.append(entry)
+                continue
+            if self._revoked(entry.registration, entry.jti, entry.iat):
+                # handed over before the revocation's drop ran: see the module docstring
+                self.stats.revoked += 1
+                if self.pending.remove(entry.id):
+                    self._release(entry)
+                REVOKED(id=entry.id)
                 continue
             if self.pending.attempt(entry.id) > MAX_STARTS:
                 # the process died while running it, MAX_STARTS times: running it again would be a crash loop

@@ -218,12 +218,14 @@ class HttpGate:
         access: GraphAccess | None = None,
         owner: str | None = None,
         registration: str | None = None,
+        token: tuple[str, int] | None = None,
     ) -> web.Response:
         """An update now (200 after end of processing), or later with `delay`/`at` (202 with its id).
 
         With `access` (secure gates) it reads and writes only what the client may; a delayed update
         remembers its `owner` and the `registration` (client_id) that scheduled it, and runs with the
-        owner's rights when it falls due, if that registration still stands."""
+        owner's rights when it falls due, if that registration still stands; and the `token` (jti,
+        iat) it came with, whose revocation drops it (broker.delayed, "Revoked tokens")."""
         if (
             request.method == "POST"
             and request.headers.get(hdrs.CONTENT_TYPE) == UPDATE_TYPE
@@ -261,6 +263,8 @@ class HttpGate:
                 owner=owner,
                 registration=registration,
                 client=client,
+                jti=token[0] if token is not None else None,
+                iat=token[1] if token is not None else None,
                 access=access,
                 **options,  # type: ignore[arg-type]
             )

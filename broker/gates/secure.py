@@ -87,7 +87,11 @@ class SecureGate:
         if principal.access.write == frozenset():  # refused now, not when a delayed update falls due
             raise Forbidden("this client may not write to any graph")
         return await self.http.update(
-            request, principal.access, owner=principal.identity, registration=principal.client_id
+            request,
+            principal.access,
+            owner=principal.identity,
+            registration=principal.client_id,
+            token=(principal.jti, principal.iat) if principal.jti else None,
         )
 
     async def scheduled(self, request: web.BaseRequest) -> web.Response:
@@ -157,7 +161,11 @@ class SecureGate:
     async def revoke(self, request: web.BaseRequest) -> web.Response:
         """RFC 7009: the token named by a form's ``token`` field, or else the request's own bearer
         token, is refused from now on (a logout). 200 whether or not it was a valid token, as the
-        RFC asks: the reply tells nothing about a token."""
+        RFC asks: the reply tells nothing about a token.
+
+        The delayed updates scheduled with the token (or with any token a new cut-off covers) are
+        dropped before the reply: once it is 200, none of them runs, after a restart either
+        (revocations are kept in memory, the pending table on disk; broker.delayed)."""
         body = await read_within(request, request.read())
         token = None
         if request.content_type == "application/x-www-form-urlencoded":
@@ -168,7 +176,9 @@ class SecureGate:
             token = rest.strip() if scheme.lower() == "bearer" else None
         if not token:
             raise InvalidRequest("name the token to revoke: a form's token field, or Authorization: Bearer <JWT>")
-        self.authority.revoke(token, peer_of(request))
+        revoked = self.authority.revoke(token, peer_of(request))
+        if revoked is not None:
+            await self.http.scheduler.delayed.drop_revoked(revoked.sub, revoked.jti, revoked.cut_off)
         return _json({}, 200)
 
     # -- revocation ---------------------------------------------------------------------------

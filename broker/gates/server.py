@@ -133,6 +133,7 @@ class Gates:
             }
             scheduler.delayed.access_of = authority.access_of
             scheduler.delayed.standing = authority.standing
+            scheduler.delayed.revoked = authority.tokens.revoked
 
     def add_page(self, path: str, handler: Handler) -> None:
         """Serve `handler` for GET (and HEAD) `path` on the HTTP port and, when secure, the HTTPS port.
@@ -350,6 +351,7 @@ def delayed_metrics(delayed: DelayedUpdates) -> list[str]:
         f"sepa_delayed_cancelled_total {stats.cancelled}",
         f"sepa_delayed_recovered_total {stats.recovered}",
         f"sepa_delayed_abandoned_total {stats.abandoned}",
+        f"sepa_delayed_revoked_total {stats.revoked}",
         f"sepa_delayed_lateness_max_seconds {stats.max_lateness_us / 1e6}",
     ]
     samples = sorted(stats.lateness_us)

@@ -23,7 +23,7 @@ from broker.quiet_log import QuietLog
 from broker.security.clients import Client, ClientRegistry, RegistryError, secret_digest
 from broker.security.failures import BURST, PER_S, FailureBudget, TooManyFailures
 from broker.security.keys import signing_key
-from broker.security.tokens import TokenAuthority
+from broker.security.tokens import Revoked, TokenAuthority
 
 log = logging.getLogger(__name__)
 # a line per revoked token let a client with credentials write the log at its own pace (a token
@@ -200,21 +200,26 @@ class Authority:
             raise Unauthorized("the token has expired")
         return Principal(client.identity, claims.sub, client.access, claims.jti, claims.iat)
 
-    def revoke(self, token: str, peer: str | None = None) -> None:
-        """Refuse `token` from now on (RFC 7009; see broker.security.tokens); a token that is not
-        valid changes nothing. One not verified before costs a signature check: charged to `peer`'s
-        failure budget like any bearer token, counted as `bad_token` when it is not valid (the reply
-        is 200 all the same, as RFC 7009 asks), TooManyFailures (429) when the address has none left."""
+    def revoke(self, token: str, peer: str | None = None) -> Revoked | None:
+        """Refuse `token` from now on (RFC 7009; see broker.security.tokens); what was refused, None
+        when it was not a valid token (nothing changes). One not verified before costs a signature
+        check: charged to `peer`'s failure budget like any bearer token, counted as `bad_token` when
+        it is not valid (the reply is 200 all the same, as RFC 7009 asks), TooManyFailures (429) when
+        the address has none left."""
         if self.tokens.cached(token) is None:
             try:
                 with self.attempt(peer, "bad_token"):
-                    if not self.tokens.revoke(token):
+                    revoked = self.tokens.revoke(token)
+                    if revoked is None:
                         raise Unauthorized("not a valid token")
             except Unauthorized:
-                return
-        elif not self.tokens.revoke(token):
-            return
+                return None
+        else:
+            revoked = self.tokens.revoke(token)
+            if revoked is None:
+                return None
         REVOKED()
+        return revoked
 
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
         """Whether `principal` is still registered with the same rights, and the token it came with

@@ -24,6 +24,11 @@ keeps the ``jti`` and ``iat`` of the token it was made with (broker.security.aut
 and the secure gates' revocation watch ends those whose token a revocation names (or a cut-off
 covers), looking only at the clients that revoked a token since its last look. Nothing more is
 kept per token than the list above; the clients since the last look are registered ones.
+
+Why :meth:`TokenAuthority.revoke` says what it revoked (:class:`Revoked`): a delayed update keeps
+the ``jti`` and ``iat`` of the token it was scheduled with, and the secure gates drop those of the
+token (or of every token the new cut-off covers) before they answer the revocation
+(broker.delayed, "Revoked tokens").
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ class Claims:
     exp: int
     jti: str
     iat: int = 0
+
+
+@dataclass(frozen=True)
+class Revoked:
+    """What one revocation refused: the token `jti` of client `sub`, and when it set a cut-off,
+    every token of `sub` issued at or before `cut_off` too."""
+
+    sub: str
+    jti: str
+    cut_off: int | None = None
 
 
 class TokenAuthority:
@@ -111,21 +126,22 @@ class TokenAuthority:
             raise Unauthorized("the token was revoked")
         return claims
 
-    def revoke(self, token: str, now: float | None = None) -> bool:
-        """Refuse `token` from now on; False if it was not a valid token (nothing to do)."""
+    def revoke(self, token: str, now: float | None = None) -> Revoked | None:
+        """Refuse `token` from now on; what was refused, None if it was not a valid token (nothing to do)."""
         try:
             claims = self.verify(token)
         except Unauthorized:
-            return False
+            return None
         at = time.time() if now is None else now
         revoked = {jti: exp for jti, exp in self._revoked.get(claims.sub, {}).items() if exp > at}
         revoked[claims.jti] = claims.exp
+        cut_off = None
         if len(revoked) > REVOKED_PER_CLIENT:
-            self._cut_off[claims.sub] = self._new_cut_off(claims.sub, int(at), revoked)
+            cut_off = self._cut_off[claims.sub] = self._new_cut_off(claims.sub, int(at), revoked)
             revoked = {}
         self._revoked[claims.sub] = revoked
         self._since.add(claims.sub)
-        return True
+        return Revoked(claims.sub, claims.jti, cut_off)
 
     def clients_revoked(self) -> set[str]:
         """The client_ids that revoked a token (one that was valid) since the last call, forgotten now."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import re
 import sys
 import time
@@ -425,3 +426,65 @@ def test_the_timer_holds_no_update_text_for_a_pending_update(tmp_path: Path) -> 
     pending = PendingUpdates(tmp_path)
     assert len(pending) == count and padding in pending.all()[0].sparql
     pending.close()
+
+
+def test_an_update_of_a_revoked_token_is_refused_when_due_and_none_is_stored_after_the_revocation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the revocation's drop (tests/broker/gates/test_token_revocation.py) leaves: an update
+    already handed over when its token is revoked is refused as it runs (counted, one log line a
+    minute), and one scheduled with the token once revoked is refused (401) rather than stored for a
+    restart, which forgets revocations, to run. Another token's update runs; a plain one too."""
+    from broker.core.access import GraphAccess
+    from broker.errors import Unauthorized
+    from broker.quiet_log import QuietLog
+
+    monkeypatch.setattr(
+        delayed_module, "REVOKED", QuietLog(delayed_module.log, "delayed update of a revoked token dropped")
+    )
+    revoked: set[str] = set()
+
+    async def scenario() -> None:
+        scheduler = Scheduler(Engine())
+        delayed = scheduler.delayed
+        delayed.access_of = lambda owner, registration: GraphAccess(read=None, write=None)
+        delayed.revoked = lambda registration, jti, iat: jti in revoked
+        try:
+            soon = now_micros() + 300_000
+            for n in range(3):
+                await delayed.schedule(
+                    f"INSERT DATA {{ <{EX}stolen> <{EX}n> {n} }}",
+                    soon,
+                    owner="app",
+                    registration="id",
+                    jti="stolen",
+                    iat=1,
+                )
+            await delayed.schedule(
+                f"INSERT DATA {{ <{EX}kept> <{EX}n> 1 }}", soon, owner="app", registration="id", jti="kept", iat=1
+            )
+            await delayed.schedule(f"INSERT DATA {{ <{EX}plain> <{EX}n> 1 }}", soon, client="address 10.0.0.1")
+            revoked.add("stolen")  # the drop held back: the three are due and handed over as they are
+            with pytest.raises(Unauthorized):
+                await delayed.schedule(
+                    "INSERT DATA { <urn:s> <urn:p> 1 }", soon, owner="app", registration="id", jti="stolen", iat=1
+                )
+            for _ in range(300):
+                if delayed.count == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert (delayed.count, delayed.stats.revoked, delayed.stats.fired) == (0, 3, 2)
+            ran = {
+                name
+                for name in ("stolen", "kept", "plain")
+                if scheduler.engine.query(f"ASK {{ <{EX}{name}> ?p ?o }}").boolean
+            }
+            assert ran == {"kept", "plain"}
+        finally:
+            await delayed.stop()
+            scheduler.close()
+
+    with caplog.at_level(logging.INFO, logger="broker.delayed"):
+        asyncio.run(scenario())
+    lines = [record for record in caplog.records if record.getMessage() == "delayed update of a revoked token dropped"]
+    assert len(lines) == 1 and lines[0].refused == 1  # type: ignore[attr-defined]

@@ -8,8 +8,10 @@ reset the client (docs/security.md, "Revocation")."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from broker.security import tokens
 from tests.broker.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
 from tests.broker.gates.test_secure_gates import EX, PUBLIC, VIEWER, WRITER, attack_tokens, run_secure
 from tests.polling import wait_until
-from tools.launcher import InProcessGateway
+from tools.launcher import STOP_TIMEOUT_S, InProcessGateway, start_in_process
 
 WATCHED = f"SELECT ?o WHERE {{ GRAPH <{PUBLIC}> {{ <{EX}lamp> <{EX}dim> ?o }} }}"
 # not timing: on a loaded CI machine the watch's second can take several; the test's point is
@@ -305,3 +307,142 @@ def test_past_the_bound_of_revocations_the_subscriptions_of_every_token_issued_u
         await ws.close()
 
     run_secure(gateway, test)
+
+
+# -- delayed updates (broker.delayed, "Revoked tokens") ----------------------------------------------
+
+# how far ahead the updates of the revocation tests are due: the revocation is sent at once, and
+# must be answered before, which takes milliseconds; generous for a loaded CI machine
+DUE_S = 5.0
+
+
+def planted(name: str) -> str:
+    return f"INSERT DATA {{ GRAPH <{PUBLIC}> {{ <{EX}{name}> <{EX}ran> true }} }}"
+
+
+async def ran(client: SecureClient, admin: str) -> set[str]:
+    """The names of the `planted` updates that ran."""
+    rows = await client.rows(admin, f"SELECT ?s WHERE {{ GRAPH <{PUBLIC}> {{ ?s <{EX}ran> true }} }}")
+    return {row[0][1].removeprefix(EX) for row in rows}
+
+
+async def schedule(client: SecureClient, token: str, name: str, delay: str) -> tuple[str, float]:
+    """Schedule `planted(name)` with `token`, `delay` ahead; its id and due time (Unix seconds)."""
+    status, reply = await client.update(token, planted(name), delay=delay)
+    assert status == 202, reply
+    due = datetime.fromisoformat(reply["scheduled"]["due"]).timestamp()
+    return str(reply["scheduled"]["id"]), due
+
+
+async def listed(client: SecureClient, token: str) -> list[str]:
+    """The ids GET /secure/scheduled shows the client of `token`."""
+    url, headers = f"{client.https_url}/secure/scheduled", {"Authorization": f"Bearer {token}"}
+    async with client.session.get(url, headers=headers, ssl=client.ssl) as reply:
+        assert reply.status == 200
+        return [entry["id"] for entry in (await reply.json())["scheduled"]]
+
+
+async def metric(client: SecureClient, gateway: InProcessGateway, name: str) -> float:
+    async with client.session.get(f"{gateway.http_url}/metrics") as reply:
+        for line in (await reply.text()).splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return float(value)
+    raise AssertionError(f"{name} is not on /metrics")
+
+
+def test_the_delayed_updates_of_a_revoked_token_never_run_and_the_clients_others_do(
+    gateway: InProcessGateway,
+) -> None:
+    """A thief's delayed updates, one due seconds after the revocation and one in ten minutes, are
+    dropped by the revocation (no longer listed, counted); the same client's updates made with
+    another token run, and so does one made with a token that expired before it fell due."""
+
+    async def test(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        stolen, kept = await client.token(writer), await client.token(writer)
+        admin = await client.login("admin")
+        authority = gateway.gateway.secure.authority  # type: ignore[union-attr]
+        # a token of ours with DUE_S of its life left: it expires before its update falls due
+        expiring, _ = authority.tokens.issue(writer.client_id, now=time.time() - authority.tokens.lifetime_s + DUE_S)
+        await schedule(client, expiring, "expired", f"PT{2 * DUE_S}S")
+        await schedule(client, kept, "kept", f"PT{DUE_S}S")
+        later, _ = await schedule(client, stolen, "later", "PT10M")
+        soon, due = await schedule(client, stolen, "soon", f"PT{DUE_S}S")  # the last before the revocation
+        await revoke(client, stolen)
+        answered = time.time()
+        assert answered < due, f"the revocation was answered {answered - due:.1f} s after the update fell due"
+        assert not {soon, later} & set(await listed(client, kept))
+        give_up = time.monotonic() + FRAME_TIMEOUT_S
+        while not {"kept", "expired"} <= await ran(client, admin) and time.monotonic() < give_up:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(max(0.0, due + 1.0 - time.time()))
+        assert await ran(client, admin) == {"kept", "expired"}
+        assert await metric(client, gateway, "sepa_delayed_revoked_total") == 2
+        assert await metric(client, gateway, "sepa_delayed_pending") == 0
+
+    run_secure(gateway, test)
+
+
+def test_past_the_bound_of_revocations_the_delayed_updates_of_every_token_issued_until_then_are_dropped(
+    gateway: InProcessGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut-off path: an update scheduled with a token never revoked by its jti is dropped when
+    the client's cut-off covers that token; one scheduled with a token issued after stays."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 3)
+
+    async def test(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        covered = await client.token(writer)
+        await schedule(client, covered, "covered", "PT10M")
+        for _ in range(tokens.REVOKED_PER_CLIENT + 1):
+            await revoke(client, await client.token(writer))
+        assert await metric(client, gateway, "sepa_delayed_revoked_total") == 1
+        await asyncio.sleep(1.1)  # a token issued in the cut-off's second is covered by it
+        fresh = await client.token(writer)
+        after, _ = await schedule(client, fresh, "after", "PT10M")
+        assert await listed(client, fresh) == [after]
+
+    run_secure(gateway, test)
+
+
+def test_a_restart_after_the_revocation_does_not_bring_the_tokens_delayed_updates_back(tmp_path: Path) -> None:
+    """Revocations are kept in memory and a restart forgets them; the pending table is on disk. The
+    revoked token's update, due after the restart, must not run then; the other token's does."""
+    config = secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data"))
+    first, thread = start_in_process(config)
+    try:
+
+        async def before(client: SecureClient) -> None:
+            writer = await credentials(client, "writer")
+            stolen, kept = await client.token(writer), await client.token(writer)
+            # due after the restart, if it is quick; overdue ones run as it starts, which is the same test
+            await schedule(client, kept, "kept", f"PT{2 * DUE_S}S")
+            await schedule(client, stolen, "stolen", f"PT{2 * DUE_S}S")
+            await revoke(client, stolen)
+
+        run_secure(first, before)
+    finally:
+        stop_in_process(first, thread)
+    second, thread = start_in_process(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data")))
+    try:
+
+        async def after(client: SecureClient) -> None:
+            admin = await client.login("admin")
+            give_up = time.monotonic() + FRAME_TIMEOUT_S
+            while "kept" not in await ran(client, admin) and time.monotonic() < give_up:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)  # both were due at the same time
+            assert await ran(client, admin) == {"kept"}
+
+        run_secure(second, after)
+    finally:
+        stop_in_process(second, thread)
+
+
+def stop_in_process(endpoint: InProcessGateway, thread: threading.Thread) -> None:
+    """Stop a gateway of start_in_process as the in_process_gateway fixture does (a test that restarts one)."""
+    endpoint.call(endpoint.gateway.stop(), timeout=STOP_TIMEOUT_S)
+    endpoint.loop.call_soon_threadsafe(endpoint.loop.stop)
+    thread.join(STOP_TIMEOUT_S)
+    endpoint.loop.close()
