@@ -43,7 +43,7 @@ if [ -f /etc/mosquitto/conf.d/sepa-gateway.conf ]; then
         systemctl daemon-reload
         systemctl try-restart mosquitto || true
     elif pkill -f "mosquitto -d -c /etc/mosquitto/mosquitto.conf"; then
-        sleep 1
+        for _ in $(seq 1 100); do pgrep -f "mosquitto -d -c /etc/mosquitto/mosquitto.conf" >/dev/null || break; sleep 0.1; done
         mosquitto -d -c /etc/mosquitto/mosquitto.conf
     fi
 fi

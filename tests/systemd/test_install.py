@@ -244,6 +244,14 @@ def ready_components(machine: Machine) -> dict[str, str]:
     return {name: component["status"] for name, component in body["components"].items()}  # type: ignore[union-attr]
 
 
+def squat_websocket_port(machine: Machine) -> None:
+    """Another program on the gateway's WebSocket port (9000), its pid in /run/squatter, once it
+    accepts: asked every 0.1 s, within 60 s (it was a fixed second's sleep, then one connect)."""
+    machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
+    connect = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)' 2>/dev/null"
+    machine.ok(f"until {connect}; do [ $SECONDS -lt 60 ] || exit 1; sleep 0.1; done")
+
+
 def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp_path: Path) -> None:
     clone = tmp_path / "sepa-gateway"
     copy_source(clone)
@@ -353,8 +361,7 @@ def test_install_upgrade_bad_configuration_uninstall_purge(machine: Machine, tmp
     # a start that fails (another program took the WebSocket port while the gateway was stopped): its
     # reason, at once
     machine.ok(f"pkill -f {GATEWAY}; while pgrep -f {GATEWAY}; do sleep 0.1; done")
-    machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
-    machine.ok("sleep 1; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)'")
+    squat_websocket_port(machine)
     failed = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert (
@@ -477,8 +484,7 @@ def test_install_on_a_machine_that_runs_systemd(tmp_path: Path, wheelhouse: Path
 
         # a start that fails: its reason from the journal, at once
         machine.ok("systemctl stop sepa-gateway")
-        machine.ok("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & echo $! > /run/squatter")
-        machine.ok("sleep 1; python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 9000), 2)'")
+        squat_websocket_port(machine)
         failed = machine.run(f"cd {clone} && ./systemd/install.sh", timeout=INSTALL_TIMEOUT_S)
         assert failed.returncode == 1, failed.stdout + failed.stderr
         assert "cannot listen on 127.0.0.1:9000" in failed.stderr, failed.stderr
