@@ -8,14 +8,13 @@ seconds or ms, RFC 3339) come out as exact Unix microseconds.
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.observations import Mapper, Mapping, MappingError, PayloadError
-from gateway.observations.extractors import REGEX_TIME_LIMIT_S, REGEX_TOTAL_BUDGET_S
+from gateway.observations.extractors import REGEX_TOTAL_BUDGET_S
 from gateway.observations.payloads import (
     BooleanWords,
     compile_path,
@@ -119,7 +118,7 @@ def test_the_patterns_of_many_mappings_take_at_most_their_shared_budget_of_each_
     """Ten mappings of a catastrophic pattern, fed back to back: each within its own budget, together
     they took the whole of every second (the event loop's, where adapters map). Each run of the
     pattern stops at its time limit (it took ~0.1 s here), so a second holds at most
-    REGEX_TOTAL_BUDGET_S / REGEX_TIME_LIMIT_S runs now; without the shared budget, as many as fit in
+    REGEX_TOTAL_BUDGET_S of runs now, and the one past it; without the shared budget, as many as fit in
     the second (9-10 idle; 2026-12-07)."""
     mapper = Mapper(
         [
@@ -134,7 +133,7 @@ def test_the_patterns_of_many_mappings_take_at_most_their_shared_budget_of_each_
             for index in range(10)
         ]
     )
-    runs: Counter[int] = Counter()  # second -> runs of a pattern (refused at its time limit)
+    runs: dict[int, list[float]] = {}  # second -> how long each run of a pattern (refused at its limit) took
     refused_by_all = 0
     ends = time.monotonic() + 4.5
     index = 0
@@ -142,10 +141,14 @@ def test_the_patterns_of_many_mappings_take_at_most_their_shared_budget_of_each_
         try:
             mapper.readings(f"evil{index % 10}/x", CATASTROPHIC_PAYLOAD.encode(), 1)
         except PayloadError as error:
-            runs[int(now)] += "on this payload" in str(error)
+            if "on this payload" in str(error):
+                runs.setdefault(int(now), []).append(time.monotonic() - now)
             refused_by_all += "the mappings' patterns" in str(error)
         index += 1
     full_seconds = sorted(runs)[1:-1]  # the first and last are partial
     assert len(full_seconds) >= 3, runs
-    assert max(runs[second] for second in full_seconds) <= REGEX_TOTAL_BUDGET_S / REGEX_TIME_LIMIT_S, runs
+    # the budget is checked before a run: a second holds the budget, and the run that went past it
+    # (the pattern's time limit fires early now and then: 6 runs in a second in a CI run, 2026-12-07)
+    spent = {second: sum(runs[second]) - max(runs[second]) for second in full_seconds}
+    assert max(spent.values()) < REGEX_TOTAL_BUDGET_S + 0.05, runs
     assert refused_by_all > 0
