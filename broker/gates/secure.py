@@ -163,9 +163,10 @@ class SecureGate:
         token, is refused from now on (a logout). 200 whether or not it was a valid token, as the
         RFC asks: the reply tells nothing about a token.
 
-        The delayed updates scheduled with the token (or with any token a new cut-off covers) are
-        dropped before the reply: once it is 200, none of them runs, after a restart either
-        (revocations are kept in memory, the pending table on disk; broker.delayed)."""
+        The revocation is on disk before the reply (broker.security.revocations): once it is 200, a
+        restart refuses the token too. The delayed updates scheduled with the token (or with any
+        token a new cut-off covers) are dropped before the reply too: none of them runs
+        (broker.delayed)."""
         body = await read_within(request, request.read())
         token = None
         if request.content_type == "application/x-www-form-urlencoded":
@@ -178,7 +179,10 @@ class SecureGate:
             raise InvalidRequest("name the token to revoke: a form's token field, or Authorization: Bearer <JWT>")
         revoked = self.authority.revoke(token, peer_of(request))
         if revoked is not None:
-            await self.http.scheduler.delayed.drop_revoked(revoked.sub, revoked.jti, revoked.cut_off)
+            await asyncio.gather(
+                self.http.scheduler.delayed.drop_revoked(revoked.sub, revoked.jti, revoked.cut_off),
+                self.authority.store(revoked),
+            )
         return _json({}, 200)
 
     # -- revocation ---------------------------------------------------------------------------

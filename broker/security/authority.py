@@ -23,6 +23,7 @@ from broker.quiet_log import QuietLog
 from broker.security.clients import Client, ClientRegistry, RegistryError, secret_digest
 from broker.security.failures import BURST, PER_S, FailureBudget, TooManyFailures
 from broker.security.keys import signing_key
+from broker.security.revocations import REVOCATIONS_FILE, RevocationLog
 from broker.security.tokens import Revoked, TokenAuthority
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class Authority:
     ) -> None:
         self.registry = ClientRegistry(directory, configured)
         self.tokens = TokenAuthority(signing_key(directory), issuer, lifetime_s)
+        # the revocations of tokens survive a restart (broker.security.revocations): read at start
+        self.revocations = RevocationLog(directory / REVOCATIONS_FILE)
+        self.tokens.restore(self.revocations.load())
         # failed authentications per network address (broker.security.failures), and why each failed
         self.budget = FailureBudget(failure_burst, failures_per_s)
         self.failures: Counter[str] = Counter({reason: 0 for reason in FAILURE_REASONS})
@@ -220,6 +224,11 @@ class Authority:
                 return None
         REVOKED()
         return revoked
+
+    async def store(self, revoked: Revoked) -> None:
+        """Return once `revoked` is on disk (its 200 waits for it): the next start refuses the token
+        too. RevocationNotStored (503) when it could not be written; the token stays refused until then."""
+        await self.revocations.record(revoked.line(), self.tokens.kept)
 
     def still_valid(self, principal: Principal, registrations: dict[str, Client] | None = None) -> bool:
         """Whether `principal` is still registered with the same rights, and the token it came with

@@ -16,8 +16,10 @@ Why revocation of one token (RFC 7009, :meth:`TokenAuthority.revoke`): a token i
 expires (an hour by default), and a dashboard's logout only forgot it in the browser, so a copy
 (a shared machine, a proxy's log) stayed good. A revoked token's ``jti`` is kept until it expires,
 at most REVOKED_PER_CLIENT a client; past that, every token of that client issued until then is
-refused (its ``iat`` is not after the client's cut-off), and its list starts again. Kept in memory:
-a restart forgets revocations (the tokens then live to their expiry).
+refused (its ``iat`` is not after the client's cut-off), and its list starts again. Kept on disk
+too (broker.security.revocations): :meth:`TokenAuthority.restore` takes them back at start, and
+:attr:`TokenAuthority.kept` is what the file is rewritten from; before 2026-12-07 a restart forgot
+them and the revoked tokens lived to their expiry.
 
 Why :meth:`TokenAuthority.revoked` and :meth:`TokenAuthority.clients_revoked`: a WSS subscription
 keeps the ``jti`` and ``iat`` of the token it was made with (broker.security.authority Principal),
@@ -43,6 +45,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from broker.errors import Unauthorized
+from broker.security.revocations import Kept
 
 ALGORITHM = "ES256"
 CACHE_SIZE = 4096
@@ -66,6 +69,13 @@ class Revoked:
     sub: str
     jti: str
     cut_off: int | None = None
+    exp: int = 0  # the token's expiry: its revocation is kept until then
+
+    def line(self) -> dict[str, Any]:
+        """This revocation as a line of the revocation file (broker.security.revocations)."""
+        if self.cut_off is not None:
+            return {"sub": self.sub, "cut_off": self.cut_off}
+        return {"sub": self.sub, "jti": self.jti, "exp": self.exp}
 
 
 class TokenAuthority:
@@ -77,9 +87,14 @@ class TokenAuthority:
         self.issuer = issuer
         self.lifetime_s = lifetime_s
         self._verified: OrderedDict[str, Claims] = OrderedDict()
-        self._revoked: dict[str, dict[str, int]] = {}  # client_id -> jti -> exp, of revoked live tokens
-        self._cut_off: dict[str, int] = {}  # client_id -> tokens issued at or before this are refused
+        self.restore(Kept())
         self._since: set[str] = set()  # client_ids with a token revoked since clients_revoked() last ran
+
+    def restore(self, kept: Kept) -> None:
+        """Refuse what `kept` refuses (the revocations on disk, at start), and keep it up to date."""
+        self.kept = kept
+        self._revoked = kept.revoked  # client_id -> jti -> exp, of revoked live tokens
+        self._cut_off = kept.cut_off  # client_id -> tokens issued at or before this are refused
 
     def jwk(self) -> dict[str, Any]:
         """The public signing key as a JWK (the registration reply's ``signature``)."""
@@ -111,7 +126,7 @@ class TokenAuthority:
     def revoked(self, sub: str, jti: str, iat: int) -> bool:
         """Whether the token of client `sub` with this `jti`, issued at `iat`, was revoked: by its
         ``jti`` (kept until it expires), or by its client's cut-off."""
-        return jti in self._revoked.get(sub, ()) or iat <= self._cut_off.get(sub, -1)
+        return jti in self._revoked.get(sub, ()) or iat <= self._cut_off.get(sub, -1) or iat <= self.kept.all
 
     def expired(self, claims: Claims, now: float | None = None) -> bool:
         """Whether verified `claims` are past their expiry (at `now`, the wall clock by default)."""
@@ -141,7 +156,7 @@ class TokenAuthority:
             revoked = {}
         self._revoked[claims.sub] = revoked
         self._since.add(claims.sub)
-        return Revoked(claims.sub, claims.jti, cut_off)
+        return Revoked(claims.sub, claims.jti, cut_off, claims.exp)
 
     def clients_revoked(self) -> set[str]:
         """The client_ids that revoked a token (one that was valid) since the last call, forgotten now."""

@@ -8,6 +8,7 @@ reset the client (docs/security.md, "Revocation")."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker.security import tokens
+from broker.security import revocations, tokens
 from tests.broker.gates.secure_support import ADMIN, Credentials, SecureClient, receive, secure_config
 from tests.broker.gates.test_secure_gates import EX, PUBLIC, VIEWER, WRITER, attack_tokens, run_secure
 from tests.polling import wait_until
@@ -407,37 +408,148 @@ def test_past_the_bound_of_revocations_the_delayed_updates_of_every_token_issued
 
 
 def test_a_restart_after_the_revocation_does_not_bring_the_tokens_delayed_updates_back(tmp_path: Path) -> None:
-    """Revocations are kept in memory and a restart forgets them; the pending table is on disk. The
-    revoked token's update, due after the restart, must not run then; the other token's does."""
-    config = secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data"))
-    first, thread = start_in_process(config)
+    """The pending table is on disk. The revoked token's update, due after the restart, must not
+    run then; the other token's does."""
+
+    async def before(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        stolen, kept = await client.token(writer), await client.token(writer)
+        # due after the restart, if it is quick; overdue ones run as it starts, which is the same test
+        await schedule(client, kept, "kept", f"PT{2 * DUE_S}S")
+        await schedule(client, stolen, "stolen", f"PT{2 * DUE_S}S")
+        await revoke(client, stolen)
+
+    async def after(client: SecureClient) -> None:
+        admin = await client.login("admin")
+        give_up = time.monotonic() + FRAME_TIMEOUT_S
+        while "kept" not in await ran(client, admin) and time.monotonic() < give_up:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)  # both were due at the same time
+        assert await ran(client, admin) == {"kept"}
+
+    run_started(tmp_path / "data", before)
+    run_started(tmp_path / "data", after)
+
+
+# -- revocations kept across a restart (broker.security.revocations) ---------------------------------
+
+
+async def refused_everywhere(client: SecureClient, token: str) -> None:
+    """`token` gets 401 invalid_grant on query, update and WSS subscribe."""
+    status, reply = await client.query(token, WATCHED)
+    assert (status, reply.get("error")) == (401, "invalid_grant"), reply
+    status, reply = await client.update(token, planted("thief"))
+    assert (status, reply.get("error")) == (401, "invalid_grant"), reply
+    ws = await client.socket()
+    await ws.send_json({"subscribe": {"sparql": WATCHED, "alias": "thief", "authorization": f"Bearer {token}"}})
+    reply = await receive(ws, timeout=FRAME_TIMEOUT_S)
+    assert (reply.get("error"), reply.get("status_code"), reply.get("alias")) == ("invalid_grant", 401, "thief")
+    await ws.close()
+
+
+async def served_everywhere(client: SecureClient, token: str, value: int) -> None:
+    """`token` subscribes, updates (dim := `value`) and queries."""
+    ws = await client.socket()
+    await subscribe(ws, token, "owner")
+    await set_dim(client, token, value)
+    assert (await client.rows(token, WATCHED)) == {(("o", str(value)),)}
+    await ws.close()
+
+
+def test_a_revoked_token_stays_revoked_after_a_restart_and_the_clients_other_tokens_work(tmp_path: Path) -> None:
+    """A token revoked (a thief's copy), the gateway restarted over the same data directory (a power
+    cut, an upgrade): the token gets 401 on query, update and WSS subscribe, the client's other
+    token (issued before the revocation) and a new one are served. Before, the revocation was kept
+    in memory only and the stolen token was good again until its expiry."""
+    held: dict[str, Any] = {}
+
+    async def before(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        held["stolen"], held["kept"] = await client.token(writer), await client.token(writer)
+        held["writer"] = writer
+        await revoke(client, held["stolen"])
+        await refused_everywhere(client, held["stolen"])
+
+    async def after(client: SecureClient) -> None:
+        await refused_everywhere(client, held["stolen"])
+        await served_everywhere(client, held["kept"], 21)
+        await served_everywhere(client, await client.token(held["writer"]), 22)
+
+    run_started(tmp_path / "data", before)
+    run_started(tmp_path / "data", after)
+
+
+def test_the_cut_off_survives_a_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past REVOKED_PER_CLIENT revocations, a token never revoked by its jti but issued before the
+    cut-off is refused after a restart too; one issued after the restart is served."""
+    monkeypatch.setattr(tokens, "REVOKED_PER_CLIENT", 3)
+    held: dict[str, Any] = {}
+
+    async def before(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        held["covered"], held["writer"] = await client.token(writer), writer
+        for _ in range(tokens.REVOKED_PER_CLIENT + 1):
+            await revoke(client, await client.token(writer))
+        await refused_everywhere(client, held["covered"])
+
+    async def after(client: SecureClient) -> None:
+        await refused_everywhere(client, held["covered"])
+        await asyncio.sleep(1.1)  # a token issued in the cut-off's second is covered by it
+        await served_everywhere(client, await client.token(held["writer"]), 23)
+
+    run_started(tmp_path / "data", before)
+    run_started(tmp_path / "data", after)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"\x00" * 64, b'{"sub": "x", "jti"', b"garbage\n", b"\xff\xfe\n"],
+    ids=["zeros", "torn-line", "garbage", "not-utf8"],
+)
+def test_a_damaged_revocation_file_at_start_refuses_every_token_issued_before_it(
+    tmp_path: Path, damage: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever the damage (zeros a power cut left, a torn line, garbage, bytes not UTF-8), the
+    gateway starts, warns naming the file, and refuses every token issued before the start, revoked
+    or not (which lines were lost is unknown); a token issued after it is served, and so is one
+    after the next start, the file rewritten clean."""
+    held: dict[str, Any] = {}
+    path = tmp_path / "data" / "security" / revocations.REVOCATIONS_FILE
+
+    async def before(client: SecureClient) -> None:
+        writer = await credentials(client, "writer")
+        held["never_revoked"], held["writer"] = await client.token(writer), writer
+        await revoke(client, await client.token(writer))
+
+    async def after(client: SecureClient) -> None:
+        await refused_everywhere(client, held["never_revoked"])
+        await asyncio.sleep(1.1)  # a token issued in the start's second is covered
+        held["fresh"] = await client.token(held["writer"])
+        await served_everywhere(client, held["fresh"], 24)
+
+    async def again(client: SecureClient) -> None:
+        await refused_everywhere(client, held["never_revoked"])
+        await served_everywhere(client, held["fresh"], 25)
+
+    run_started(tmp_path / "data", before)
+    with path.open("ab") as file:
+        file.write(damage)
+    caplog.set_level(logging.WARNING, logger=revocations.__name__)
+    run_started(tmp_path / "data", after)
+    warned = [r for r in caplog.records if r.name == revocations.__name__ and "damaged" in r.getMessage()]
+    assert [getattr(r, "path", None) for r in warned] == [str(path)]
+    caplog.clear()
+    run_started(tmp_path / "data", again)
+    assert not [r for r in caplog.records if r.name == revocations.__name__]
+
+
+def run_started(data_dir: Path, test: Callable[[SecureClient], Any]) -> None:
+    """Start a secure gateway over `data_dir`, run `test` against it, stop it (a test that restarts one)."""
+    endpoint, thread = start_in_process(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(data_dir)))
     try:
-
-        async def before(client: SecureClient) -> None:
-            writer = await credentials(client, "writer")
-            stolen, kept = await client.token(writer), await client.token(writer)
-            # due after the restart, if it is quick; overdue ones run as it starts, which is the same test
-            await schedule(client, kept, "kept", f"PT{2 * DUE_S}S")
-            await schedule(client, stolen, "stolen", f"PT{2 * DUE_S}S")
-            await revoke(client, stolen)
-
-        run_secure(first, before)
+        run_secure(endpoint, test)
     finally:
-        stop_in_process(first, thread)
-    second, thread = start_in_process(secure_config(ADMIN, VIEWER, WRITER, data_dir=str(tmp_path / "data")))
-    try:
-
-        async def after(client: SecureClient) -> None:
-            admin = await client.login("admin")
-            give_up = time.monotonic() + FRAME_TIMEOUT_S
-            while "kept" not in await ran(client, admin) and time.monotonic() < give_up:
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(1.0)  # both were due at the same time
-            assert await ran(client, admin) == {"kept"}
-
-        run_secure(second, after)
-    finally:
-        stop_in_process(second, thread)
+        stop_in_process(endpoint, thread)
 
 
 def stop_in_process(endpoint: InProcessGateway, thread: threading.Thread) -> None:
