@@ -44,8 +44,9 @@ scheduled with, and never runs once that token is revoked (RFC 7009, by its `jti
 client's cut-off, broker.security.tokens). Before, a thief with a stolen token scheduled updates
 that ran after the owner revoked it, until the operator reset the client. The secure gates drop
 the token's pending updates (:meth:`DelayedUpdates.drop_revoked`) before they answer the revocation
-200: dropped, not refused when due, because revocations are kept in memory only, and a restart
-forgets them while the table keeps its rows; GET /scheduled stops listing them at once. A
+200: dropped, not only refused when due, so that GET /scheduled stops listing them at once and
+they hold no quota (when revocations were kept in memory only, a restart forgot them while the
+table kept its rows; they are on disk now too, broker.security.revocations). A
 revocation finds them by `jti` (the table's index; a cut-off, once per REVOKED_PER_CLIENT of a
 client's revocations, looks at that client's tokens only), never by a scan of every pending update.
 Two checks close what the drop alone leaves: an update scheduled with the token after the

@@ -7,8 +7,8 @@ next start refuses the token again (``tests/broker/gates/test_token_revocation.p
 
 Why a log of lines appended, not a file rewritten whole: any client with credentials can issue and
 revoke tokens in a loop, and what is kept is bounded like memory (REVOKED_PER_CLIENT live ``jti``
-a client, then one cut-off): rewritten whole, each revocation wrote up to ~45 KB of that client's
-list, plus a new inode and two fsyncs (file and directory). Appended, it writes one line (~90 bytes)
+a client, then one cut-off): rewritten whole, each revocation wrote up to ~94 KB of that client's
+list, plus a new inode and two fsyncs (file and directory). Appended, it writes one line (~95 bytes)
 and one fdatasync; the revocations that arrive while a sync runs share the next (group commit:
 :meth:`RevocationLog.record`), so a flood costs one sync at a time, never one a request. The file is
 rewritten whole (owned_files.write_file: atomic, the directory synced) at start and once the lines
@@ -78,6 +78,12 @@ class Kept:
         for sub, tokens in self.revoked.items():
             lines += [{"sub": sub, "jti": jti, "exp": exp} for jti, exp in tokens.items() if exp > now]
         return lines
+
+    def copy(self) -> Kept:
+        """A copy a writer's thread can read while the event loop changes this one. Why not the
+        lines themselves: with 100 clients of 1,000 revoked tokens each, building them took 48.5 ms
+        of CPU, copying 5.1 ms (medians, 2-core machine, 2026-12-07, /tmp/atk-rp/cost.py)."""
+        return Kept({sub: dict(tokens) for sub, tokens in self.revoked.items()}, dict(self.cut_off), self.all)
 
     def apply(self, line: Any) -> bool:
         """Replay one line of the file; False if it is not one this module writes."""
@@ -152,7 +158,7 @@ class RevocationLog:
             kept.revoked[sub] = {jti: exp for jti, exp in kept.revoked[sub].items() if exp > at}
             if not kept.revoked[sub]:
                 del kept.revoked[sub]
-        self._rewrite(kept.lines(at))
+        self._rewrite(kept, at)
         return kept
 
     # -- on the event loop ----------------------------------------------------------------------
@@ -178,7 +184,7 @@ class RevocationLog:
                 rewrite = not self._exists or self._appended + len(lines) > max(COMPACT_LINES, self._live)
                 try:
                     if rewrite:
-                        await loop.run_in_executor(None, self._rewrite, self._snapshot.lines(time.time()))
+                        await loop.run_in_executor(None, self._rewrite, self._snapshot.copy(), None)
                     else:
                         await loop.run_in_executor(None, self._append, lines)
                 except OSError as error:
@@ -195,9 +201,10 @@ class RevocationLog:
 
     # -- on the writer's thread (or at start) ---------------------------------------------------
 
-    def _rewrite(self, lines: list[dict[str, Any]]) -> None:
-        """Replace the file with `lines` (atomic, synced with its directory); nothing when there is no
-        file and nothing to keep."""
+    def _rewrite(self, kept: Kept, now: float | None) -> None:
+        """Replace the file with what `kept` refuses at `now` (atomic, synced with its directory);
+        nothing when there is no file and nothing to keep."""
+        lines = kept.lines(time.time() if now is None else now)
         if not lines and not self._exists and not self.path.exists():
             return
         write_file(self.path, _encoded(lines), 0o600)
