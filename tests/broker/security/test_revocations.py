@@ -110,3 +110,17 @@ def test_a_revocation_that_cannot_be_written_is_503_and_the_token_stays_refused(
     asyncio.run(revoke_with_a_link())
     with pytest.raises(Unauthorized, match="revoked"):
         authority.verify(second)
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink"])
+def test_a_revocation_file_that_cannot_be_opened_stops_the_start_naming_it(tmp_path: Path, kind: str) -> None:
+    """Not a damaged file (that one fails closed and starts): one the gateway could not keep a
+    revocation in either; a symlink is not followed (the service user controls the directory)."""
+    path = tmp_path / REVOCATIONS_FILE
+    if kind == "directory":
+        path.mkdir()
+    else:
+        (tmp_path / "elsewhere").write_text("")
+        path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=REVOCATIONS_FILE):
+        started(tmp_path)
