@@ -29,60 +29,149 @@ What it offers, in the order a newcomer meets it (docs/architecture.md walks the
 
 from __future__ import annotations
 
-from broker.compaction import THREAD_NAME as COMPACTOR_THREAD
-from broker.compaction import Compactor
-from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
-from broker.core.budget import OverBudget
-from broker.core.clock import FUNCTIONS_NS, EngineClock, micros_to_datetime, rfc3339
-from broker.core.due import due_micros, parse_at, parse_delay
-from broker.core.engine import Engine
-from broker.core.notification import Notification, QuadRows
-from broker.core.pending import PendingUpdate, PendingUpdates
-from broker.core.results import QueryResult, UpdateResult
-from broker.core.subscription import Subscription
-from broker.delayed import clock_offset_us, now_micros
-from broker.errors import (
-    EvaluationCrashed,
-    Forbidden,
-    InvalidRequest,
-    NotFound,
-    ResultTooLarge,
-    SepaError,
-    SparqlSyntaxError,
-    StoreFailed,
-    StoreFull,
-    TimeLimitExceeded,
-    Unauthorized,
-    UpdateFailed,
-)
-from broker.gates.connections import Admission, Shares, peer_host
-from broker.gates.health import ComponentHealth
-from broker.gates.quota import QuotaLimits, TooManySubscriptions
-from broker.gates.secure import SECURE_PATHS
-from broker.gates.server import Gates, GateSettings
-from broker.handoff import loop_handoff
-from broker.headroom import Headroom, meminfo
-from broker.quiet_log import QuietLog
-from broker.scheduler import Scheduler, TooManyRequests
-from broker.security.authority import Authority
-from broker.security.clients import Client, ClientRegistry, RegistryError, configured_client, secret_digest
-from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
-from broker.security.owned_files import (
-    directory_owner,
-    give_root_entries,
-    make_directories,
-    open_directory,
-    write_file,
-)
-from broker.sparql.canonical import XSD, canonical
-from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
-from broker.sparql.patterns import QuadPattern
-from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Template, Update, Var
-from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
-from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
-from broker.store import RdfStore, sync_directory
-from broker.version import gateway_version
-from broker.workers.pool import QueryWorkers
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.compaction import THREAD_NAME as COMPACTOR_THREAD
+    from broker.compaction import Compactor
+    from broker.core.access import DEFAULT_GRAPH_IRI, NO_GRAPH_IRI, GraphAccess
+    from broker.core.budget import OverBudget
+    from broker.core.clock import FUNCTIONS_NS, EngineClock, micros_to_datetime, rfc3339
+    from broker.core.due import due_micros, parse_at, parse_delay
+    from broker.core.engine import Engine
+    from broker.core.notification import Notification, QuadRows
+    from broker.core.pending import PendingUpdate, PendingUpdates
+    from broker.core.results import QueryResult, UpdateResult
+    from broker.core.subscription import Subscription
+    from broker.delayed import clock_offset_us, now_micros
+    from broker.errors import (
+        EvaluationCrashed,
+        Forbidden,
+        InvalidRequest,
+        NotFound,
+        ResultTooLarge,
+        SepaError,
+        SparqlSyntaxError,
+        StoreFailed,
+        StoreFull,
+        TimeLimitExceeded,
+        Unauthorized,
+        UpdateFailed,
+    )
+    from broker.gates.connections import Admission, Shares, peer_host
+    from broker.gates.health import ComponentHealth
+    from broker.gates.quota import QuotaLimits, TooManySubscriptions
+    from broker.gates.secure import SECURE_PATHS
+    from broker.gates.server import Gates, GateSettings
+    from broker.handoff import loop_handoff
+    from broker.headroom import Headroom, meminfo
+    from broker.quiet_log import QuietLog
+    from broker.scheduler import Scheduler, TooManyRequests
+    from broker.security.authority import Authority
+    from broker.security.clients import Client, ClientRegistry, RegistryError, configured_client, secret_digest
+    from broker.security.keys import TlsFiles, fingerprint, private_directory, tls_files
+    from broker.security.owned_files import (
+        directory_owner,
+        give_root_entries,
+        make_directories,
+        open_directory,
+        write_file,
+    )
+    from broker.sparql.canonical import XSD, canonical
+    from broker.sparql.limits import MAX_GROUP_ELEMENTS, MAX_NESTING, check_structure
+    from broker.sparql.patterns import QuadPattern
+    from broker.sparql.syntax import DeleteData, Digest, InsertData, Modify, Template, Update, Var
+    from broker.sparql.terms import Row, Term, rows_to_bindings, term_from_json, term_to_json
+    from broker.sparql.tokens import PN_CHARS, PN_CHARS_U, PN_PREFIX, Token, line_column, matching_brace, tokenize
+    from broker.store import RdfStore, sync_directory
+    from broker.version import gateway_version
+    from broker.workers.pool import QueryWorkers
+
+# Which module defines each public name. Why not plain imports: every `sepa-gateway` command reaches
+# the broker through this module, and importing all of it (engine, gates, aiohttp, cryptography)
+# cost 1.4-2.2 CPU-s per command on 2026-12-07 (`sepa-gateway --version`, x86; 5-8x that on a
+# Raspberry Pi 3/4). A name is imported on first use (PEP 562) and then kept in this module's globals.
+_MODULES: dict[str, tuple[str, ...]] = {
+    "broker.compaction": ("COMPACTOR_THREAD", "Compactor"),
+    "broker.core.access": ("DEFAULT_GRAPH_IRI", "NO_GRAPH_IRI", "GraphAccess"),
+    "broker.core.budget": ("OverBudget",),
+    "broker.core.clock": ("FUNCTIONS_NS", "EngineClock", "micros_to_datetime", "rfc3339"),
+    "broker.core.due": ("due_micros", "parse_at", "parse_delay"),
+    "broker.core.engine": ("Engine",),
+    "broker.core.notification": ("Notification", "QuadRows"),
+    "broker.core.pending": ("PendingUpdate", "PendingUpdates"),
+    "broker.core.results": ("QueryResult", "UpdateResult"),
+    "broker.core.subscription": ("Subscription",),
+    "broker.delayed": ("clock_offset_us", "now_micros"),
+    "broker.errors": (
+        "EvaluationCrashed",
+        "Forbidden",
+        "InvalidRequest",
+        "NotFound",
+        "ResultTooLarge",
+        "SepaError",
+        "SparqlSyntaxError",
+        "StoreFailed",
+        "StoreFull",
+        "TimeLimitExceeded",
+        "Unauthorized",
+        "UpdateFailed",
+    ),
+    "broker.gates.connections": ("Admission", "Shares", "peer_host"),
+    "broker.gates.health": ("ComponentHealth",),
+    "broker.gates.quota": ("QuotaLimits", "TooManySubscriptions"),
+    "broker.gates.secure": ("SECURE_PATHS",),
+    "broker.gates.server": ("Gates", "GateSettings"),
+    "broker.handoff": ("loop_handoff",),
+    "broker.headroom": ("Headroom", "meminfo"),
+    "broker.quiet_log": ("QuietLog",),
+    "broker.scheduler": ("Scheduler", "TooManyRequests"),
+    "broker.security.authority": ("Authority",),
+    "broker.security.clients": ("Client", "ClientRegistry", "RegistryError", "configured_client", "secret_digest"),
+    "broker.security.keys": ("TlsFiles", "fingerprint", "private_directory", "tls_files"),
+    "broker.security.owned_files": (
+        "directory_owner",
+        "give_root_entries",
+        "make_directories",
+        "open_directory",
+        "write_file",
+    ),
+    "broker.sparql.canonical": ("XSD", "canonical"),
+    "broker.sparql.limits": ("MAX_GROUP_ELEMENTS", "MAX_NESTING", "check_structure"),
+    "broker.sparql.patterns": ("QuadPattern",),
+    "broker.sparql.syntax": ("DeleteData", "Digest", "InsertData", "Modify", "Template", "Update", "Var"),
+    "broker.sparql.terms": ("Row", "Term", "rows_to_bindings", "term_from_json", "term_to_json"),
+    "broker.sparql.tokens": (
+        "PN_CHARS",
+        "PN_CHARS_U",
+        "PN_PREFIX",
+        "Token",
+        "line_column",
+        "matching_brace",
+        "tokenize",
+    ),
+    "broker.store": ("RdfStore", "sync_directory"),
+    "broker.version": ("gateway_version",),
+    "broker.workers.pool": ("QueryWorkers",),
+}
+_RENAMED = {"COMPACTOR_THREAD": "THREAD_NAME"}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module defining `name` on first use (PEP 562), then keep the name here."""
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "DEFAULT_GRAPH_IRI",

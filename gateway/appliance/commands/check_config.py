@@ -17,7 +17,7 @@ from gateway.appliance.config import ConfigError, load_config
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "check-config", help="check a TOML configuration: FILE:LINE: problem and exit 2, or exit 0"
+        "check-config", description="Check a TOML configuration: FILE:LINE: problem and exit 2, or exit 0."
     )
     parser.add_argument("file", metavar="FILE", help="the TOML file (e.g. /etc/sepa-gateway/sepa-gateway.toml)")
     parser.set_defaults(handler=check)

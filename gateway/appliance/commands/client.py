@@ -548,7 +548,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for command in ("query", "update", "subscribe"):
         parser = subparsers.add_parser(
             command,
-            help=_HELP[command],
             description=f"{_HELP[command][0].upper()}{_HELP[command][1:]}. "
             "Give the SPARQL text, or --jsap FILE ID to use an entry of a JSAP file.",
             epilog="-b var=value: with --jsap the value is typed by the entry's forced-binding declaration; "

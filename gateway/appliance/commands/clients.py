@@ -37,7 +37,6 @@ INSTALLED_DATA_DIR = Path("/var/lib/sepa-gateway/data")
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "clients",
-        help="manage the clients of the secure gates (who may register, which graphs they read and write)",
         description="Manage the OAuth clients of the secure gates. Graphs: '*' (every graph), 'default' "
         "(the default graph) or an IRI. A running gateway applies a change on the next request.",
     )

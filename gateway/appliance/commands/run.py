@@ -21,7 +21,7 @@ from gateway.appliance.logs import setup_logging
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("run", help="run the gateway (HTTP + WebSocket gates)")
+    parser = subparsers.add_parser("run", description="Run the gateway (HTTP + WebSocket gates).")
     parser.add_argument("--config", metavar="FILE", help="TOML configuration (see systemd/sepa-gateway.toml)")
     parser.add_argument("--data-dir", metavar="DIR", help="on-disk store directory (default: in-memory store)")
     parser.add_argument(

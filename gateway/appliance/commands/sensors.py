@@ -133,7 +133,6 @@ def _mosquitto_pid(pid_file: Path) -> int | None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sensors",
-        help="manage the MQTT logins of sensors (Mosquitto's password file)",
         description="Create, list and remove the logins sensors use to publish to the gateway's Mosquitto.",
     )
     parser.add_argument(

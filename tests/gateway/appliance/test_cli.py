@@ -1,15 +1,20 @@
 """The `sepa-gateway` command itself: `--version` as an operator types it.
 
 Protects: the version printed is the installed package's, which is pyproject.toml's (one source of
-truth), and it needs no subcommand.
+truth), and it needs no subcommand; `--version`, `--help` and the commands' own help import only
+what they need (not the store, the gates, the adapters or Spark), and so does `sepa-cloud --help`.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -19,3 +24,29 @@ def test_version_is_the_packages(gateway_command: list[str]) -> None:
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert (done.returncode, done.stdout, done.stderr) == (0, f"sepa-gateway {declared}\n", "")
     assert version("sepa-gateway") == declared
+
+
+# what a light command must not import: the store, the gates, the adapters' protocols, Spark
+HEAVY = ("pyoxigraph", "aiohttp", "aiocoap", "paho", "pyspark")
+
+
+def _imported(command: list[str]) -> set[str]:
+    """The top-level packages `command` imported, as Python's -X importtime reports them."""
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert lines, done.stderr[-2000:]  # the report is there: an empty set is not a silent pass
+    return {line.rpartition("|")[2].strip().partition(".")[0] for line in lines}
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["bench", "--help"]])
+def test_light_commands_import_neither_the_store_nor_the_gates(gateway_command: list[str], args: list[str]) -> None:
+    """Why: every command imported the whole broker (1.4-2.2 CPU-s on 2026-12-07, 5-8x on a Pi)."""
+    assert _imported([*gateway_command, *args]) & set(HEAVY) == set()
+
+
+def test_cloud_help_imports_neither_the_landing_nor_spark() -> None:
+    """`sepa-cloud --help` (and the Spark commands' start) need not load aiohttp and the broker."""
+    assert _imported([sys.executable, "-m", "cloud.cli", "--help"]) & set(HEAVY) == set()
