@@ -52,19 +52,26 @@ def approved_params(cases: Sequence[ManifestEntry], expected_failures: Mapping[s
     return params
 
 
-def load(gateway: RunningGateway, spec: DatasetSpec) -> None:
-    """Empty the store, then INSERT DATA each file (one update per file: blank nodes stay per file)."""
-    gateway.post_update("DROP ALL")
+def dataset_updates(spec: DatasetSpec) -> list[str]:
+    """One INSERT DATA per file (blank nodes stay per file); qt:graphData files into their graphs."""
+    updates = []
     files = [(None, path) for path in spec.default] + [(iri, path) for iri, path in spec.named]
     for graph, path in files:
         fmt = RdfFormat.from_extension(path.suffix.lstrip("."))
         triples = " .\n".join(
             f"{t.subject} {t.predicate} {t.object}" for t in parse(path=path, format=fmt, base_iri=path.as_uri())
         )
-        if not triples:
-            continue
-        body = f"GRAPH <{graph}> {{ {triples} }}" if graph else triples
-        gateway.post_update(f"INSERT DATA {{ {body} }}")
+        if triples:
+            body = f"GRAPH <{graph}> {{ {triples} }}" if graph else triples
+            updates.append(f"INSERT DATA {{ {body} }}")
+    return updates
+
+
+def load(gateway: RunningGateway, spec: DatasetSpec) -> None:
+    """Empty the store, then load the dataset through /update."""
+    gateway.post_update("DROP ALL")
+    for update in dataset_updates(spec):
+        gateway.post_update(update)
 
 
 def with_base(query_file: Path) -> str:
@@ -171,14 +178,22 @@ def check_reply(reply: Reply, expected: Result | Graph, query: str) -> None:
     )
 
 
+def _results(added_or_removed: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return rows(parse_results(json.dumps(added_or_removed).encode(), "json"))
+
+
+async def _receive(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    message = await ws.receive(timeout=SUBSCRIBE_TIMEOUT_S)
+    assert message.type == aiohttp.WSMsgType.TEXT, f"socket ended: {message}"
+    frame: dict[str, Any] = json.loads(message.data)
+    return frame
+
+
 async def _first_notification(gateway: RunningGateway, query: str) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=SUBSCRIBE_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session, session.ws_connect(gateway.subscribe_url) as ws:
         await ws.send_json({"subscribe": {"sparql": query, "alias": "w3c"}})
-        message = await ws.receive(timeout=SUBSCRIBE_TIMEOUT_S)
-        assert message.type == aiohttp.WSMsgType.TEXT, f"socket ended: {message}"
-        reply: dict[str, Any] = json.loads(message.data)
-        return reply
+        return await _receive(ws)
 
 
 def subscribe(gateway: RunningGateway, query: str) -> dict[str, Any]:
@@ -190,5 +205,60 @@ def check_subscription(gateway: RunningGateway, query: str, expected: Result) ->
     """Notification 0's added bindings are the query's results (as a multiset: no order)."""
     frame = subscribe(gateway, query)
     assert "notification" in frame, frame
-    added = parse_results(json.dumps(frame["notification"]["addedResults"]).encode(), "json")
-    assert same_rows(rows(expected), rows(added)), f"expected {rows(expected)}\n got {rows(added)}"
+    added = _results(frame["notification"]["addedResults"])
+    assert same_rows(rows(expected), added), f"expected {rows(expected)}\n got {added}"
+
+
+async def _follow(gateway: RunningGateway, query: str, phases: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
+    """Subscribe on an empty store, run the phases' updates, and apply every notification in order
+    (each update's reply says how many it sent): the rows a client following the subscription holds
+    after notification 0 and after each phase."""
+    held: Counter[str] = Counter()
+    snapshots = []
+
+    def apply(notification: Mapping[str, Any]) -> None:
+        for binding in notification["addedResults"]["results"]["bindings"]:
+            held[json.dumps(binding, sort_keys=True)] += 1
+        for binding in notification["removedResults"]["results"]["bindings"]:
+            key = json.dumps(binding, sort_keys=True)
+            assert held[key] > 0, f"removed a row the client does not hold: {key}"
+            held[key] -= 1
+
+    def snapshot() -> None:
+        bindings = [json.loads(key) for key, count in held.items() for _ in range(count)]
+        snapshots.append(_results({"head": head, "results": {"bindings": bindings}}))
+
+    timeout = aiohttp.ClientTimeout(total=SUBSCRIBE_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(gateway.update_url, data={"update": "DROP ALL"}) as reply:
+            assert reply.status == 200, await reply.text()
+        async with session.ws_connect(gateway.subscribe_url) as ws:
+            await ws.send_json({"subscribe": {"sparql": query, "alias": "w3c"}})
+            frame = await _receive(ws)
+            assert "notification" in frame, frame
+            head = frame["notification"]["addedResults"]["head"]
+            apply(frame["notification"])
+            snapshot()
+            for updates in phases:
+                for update in updates:
+                    async with session.post(gateway.update_url, data={"update": update}) as reply:
+                        assert reply.status == 200, await reply.text()
+                        sent = (await reply.json())["notifications"]
+                    for _ in range(sent):
+                        frame = await _receive(ws)
+                        assert "notification" in frame, frame
+                        apply(frame["notification"])
+                snapshot()
+    return snapshots
+
+
+def check_followed_subscription(gateway: RunningGateway, query: str, spec: DatasetSpec, expected: Result) -> None:
+    """A subscription made before the data arrives follows it: the notifications of the updates
+    that load the data, applied in order (docs/protocol.md, "Notification semantics"), give the W3C
+    expected results; those of a DROP ALL then give the empty store's results again (notification 0's),
+    and reloading gives the expected ones again. Leaves the dataset loaded."""
+    load_updates = dataset_updates(spec)
+    empty, loaded, dropped, reloaded = asyncio.run(_follow(gateway, query, [load_updates, ["DROP ALL"], load_updates]))
+    assert same_rows(rows(expected), loaded), f"after loading: expected {rows(expected)}\n held {loaded}"
+    assert same_rows(empty, dropped), f"after DROP ALL: expected {empty}\n held {dropped}"
+    assert same_rows(rows(expected), reloaded), f"after reloading: expected {rows(expected)}\n held {reloaded}"
