@@ -161,15 +161,15 @@ def same_rows(expected: Sequence[Row], actual: Sequence[Row], ordered: bool = Fa
     return _match(expected, actual, ordered, {})
 
 
-def check_reply(reply: Reply, expected: Result | Graph, query: str) -> None:
-    """Assert that a /query reply carries the expected results."""
+def check_reply(reply: Reply, expected: Result | Graph, query: str, fmt: str = "json") -> None:
+    """Assert that a /query reply (results in `fmt`, an rdflib result format) carries the expected results."""
     assert reply.status == 200, f"{reply.status}: {reply.body[:500]!r}"
     if isinstance(expected, Graph):
         assert reply.media_type == "application/n-triples", reply.media_type
         actual = Graph().parse(data=reply.text, format="nt")
         assert isomorphic(actual, expected), f"graph differs:\n{reply.text}"
         return
-    actual_result = parse_results(reply.body, "json")
+    actual_result = parse_results(reply.body, fmt)
     if expected.type == "ASK":
         assert actual_result.askAnswer == expected.askAnswer
         return

@@ -67,6 +67,7 @@ NEGATIVE_SYNTAX = ("NegativeUpdateSyntaxTest11", "NegativeSyntaxTest11")
 QUERY_EVALUATION = "QueryEvaluationTest"
 POSITIVE_QUERY_SYNTAX = "PositiveSyntaxTest11"
 NEGATIVE_QUERY_SYNTAX = "NegativeSyntaxTest11"
+CSV_RESULT_FORMAT = "CSVResultFormatTest"
 
 
 @dataclass(frozen=True, slots=True)
