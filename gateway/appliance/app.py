@@ -4,6 +4,7 @@ until SIGTERM/SIGINT, then finish in-flight updates, close sockets cleanly and f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -74,158 +75,178 @@ def _transient(error: BaseException) -> bool:
 
 class Gateway:
     def __init__(self, config: Config) -> None:
-        self.config = config
-        clock = ClockFloor(config.store.data_dir)  # before the store writes anything (its docstring says why)
-        self.store = (
-            RdfStore.open(config.store.data_dir, resident=config.store.resident)
-            if config.store.data_dir
-            else RdfStore.memory()
-        )
-        # the floor under which the store may not grow; the store is given it once started
-        headroom = self.headroom = Headroom((config.store.memory_floor_mb << 20) or None)
-        self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
-        # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
-        # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit); started
-        # by the first network subscription that is re-evaluated, stopped a minute after the last
-        self.reevaluators: QueryWorkers | None = None
-        if config.engine.reeval_workers and config.engine.mode in ("sequential", "incremental"):
-            try:
+        """Build every part from `config`; what was opened is closed again if a later part fails.
+
+        Why: a configuration refused here (a [shipper] on an in-memory store, an adapter that cannot
+        be built) left the query workers it had started running, and the store open: in a process
+        that goes on (tests, an embedding application) they outlived the refusal (2026-12-07: two
+        `broker.workers.replica` processes per refusal, found by tests/support/leftovers.py)."""
+        with contextlib.ExitStack() as opened:
+            self.config = config
+            clock = ClockFloor(config.store.data_dir)  # before the store writes anything (its docstring says why)
+            self.store = (
+                RdfStore.open(config.store.data_dir, resident=config.store.resident)
+                if config.store.data_dir
+                else RdfStore.memory()
+            )
+            opened.callback(self.store.close)
+            # the floor under which the store may not grow; the store is given it once started
+            headroom = self.headroom = Headroom((config.store.memory_floor_mb << 20) or None)
+            self.workers = _started_pool(self.store, config, config.engine.query_workers, "worker")
+            opened.callback(self.workers.close)
+            # a pool of its own: 1,000 re-evaluations queued for one update must not wait ahead of other
+            # clients' queries in the query workers (broker.core.spu_manager, SpuManager.submit); started
+            # by the first network subscription that is re-evaluated, stopped a minute after the last
+            self.reevaluators: QueryWorkers | None = None
+            if config.engine.reeval_workers and config.engine.mode in ("sequential", "incremental"):
                 self.reevaluators = _started_pool(
                     self.store, config, config.engine.reeval_workers, "reeval", on_demand=True
                 )
-            except StartupError:
-                self.workers.close()
-                raise
-        self.compactor = Compactor(self.store)
-        self.compactor.start()
-        self.gateway_id = config.observations.gateway_id or socket.gethostname()
-        self.engine = Engine(
-            self.store,
-            workers=self.workers,
-            base_iri=config.engine.base_iri or f"urn:sepa-gateway:{quote(self.gateway_id, safe='')}/",
-            mode=config.engine.mode,
-            boosters=config.engine.workers or max(1, len(os.sched_getaffinity(0)) - 1),
-            allow_load=config.engine.allow_load,
-            service_allow=config.engine.service_allow,
-            service_timeout_s=config.engine.service_timeout_s,
-            reevaluators=self.reevaluators,
-            max_update_quads=config.engine.max_update_quads,
-            max_subscription_rows=config.websocket.max_subscription_rows,
-            max_held_rows=config.websocket.max_held_rows,
-            max_held_rows_per_client=config.websocket.max_held_rows_per_client,
-            max_reeval_seconds_per_client=config.websocket.max_reeval_seconds_per_client or None,
-        )
-        self.pending = PendingUpdates(config.store.data_dir or None)
-        self.scheduler = Scheduler(
-            self.engine,
-            queue_size=config.scheduler.queue_size,
-            query_threads=config.scheduler.query_threads,
-            pending=self.pending,
-            max_pending=config.scheduler.max_pending,
-            max_pending_bytes=config.scheduler.max_pending_bytes,
-            max_pending_per_client=config.scheduler.max_pending_per_client,
-            max_pending_bytes_per_client=config.scheduler.max_pending_bytes_per_client,
-        )
-        self.secure: SecureParts | None = None
-        if config.security.enabled:
-            try:
-                self.secure = secure_parts(config, self.gateway_id)
-            except (OSError, ValueError, ssl.SSLError) as error:
-                raise StartupError(f"cannot set up the secure gates: {error}") from error
-        self.gates = Gates(
-            self.scheduler,
-            GateSettings(
-                query_path=config.http.query_path,
-                update_path=config.http.update_path,
-                scheduled_path=config.http.scheduled_path,
-                subscribe_path=config.websocket.path,
-                max_request_bytes=config.http.max_request_bytes,
-                request_bytes_total=config.http.request_bytes_total,
-                max_result_bytes=config.http.max_result_bytes,
-                reply_bytes_total=config.http.reply_bytes_total,
-                heartbeat_s=config.websocket.heartbeat_s,
-                queue_limit=config.websocket.queue_limit,
-                queue_rows=config.websocket.queue_rows,
-                queue_bytes=config.websocket.queue_bytes,
-                queue_bytes_total=config.websocket.queue_bytes_total,
-                max_notification_bytes=config.websocket.max_notification_bytes,
-                max_message_bytes=config.websocket.max_message_bytes,
-                subscription_limits=QuotaLimits(
-                    per_client=config.websocket.max_subscriptions_per_client,
-                    per_client_bytes=config.websocket.max_subscription_bytes_per_client,
-                    total=config.websocket.max_subscriptions,
-                    total_bytes=config.websocket.max_subscription_bytes,
+                opened.callback(self.reevaluators.close)
+            self.compactor = Compactor(self.store)
+            self.compactor.start()
+            opened.callback(self.compactor.close)
+            self.gateway_id = config.observations.gateway_id or socket.gethostname()
+            self.engine = Engine(
+                self.store,
+                workers=self.workers,
+                base_iri=config.engine.base_iri or f"urn:sepa-gateway:{quote(self.gateway_id, safe='')}/",
+                mode=config.engine.mode,
+                boosters=config.engine.workers or max(1, len(os.sched_getaffinity(0)) - 1),
+                allow_load=config.engine.allow_load,
+                service_allow=config.engine.service_allow,
+                service_timeout_s=config.engine.service_timeout_s,
+                reevaluators=self.reevaluators,
+                max_update_quads=config.engine.max_update_quads,
+                max_subscription_rows=config.websocket.max_subscription_rows,
+                max_held_rows=config.websocket.max_held_rows,
+                max_held_rows_per_client=config.websocket.max_held_rows_per_client,
+                max_reeval_seconds_per_client=config.websocket.max_reeval_seconds_per_client or None,
+            )
+            opened.callback(self.engine.close)  # its BOOSTER workers (parallel mode)
+            self.pending = PendingUpdates(config.store.data_dir or None)
+            opened.callback(self.pending.close)
+            self.scheduler = Scheduler(
+                self.engine,
+                queue_size=config.scheduler.queue_size,
+                query_threads=config.scheduler.query_threads,
+                pending=self.pending,
+                max_pending=config.scheduler.max_pending,
+                max_pending_bytes=config.scheduler.max_pending_bytes,
+                max_pending_per_client=config.scheduler.max_pending_per_client,
+                max_pending_bytes_per_client=config.scheduler.max_pending_bytes_per_client,
+            )
+            self.secure: SecureParts | None = None
+            if config.security.enabled:
+                try:
+                    self.secure = secure_parts(config, self.gateway_id)
+                except (OSError, ValueError, ssl.SSLError) as error:
+                    raise StartupError(f"cannot set up the secure gates: {error}") from error
+                if self.secure.temporary is not None:
+                    opened.callback(self.secure.temporary.cleanup)
+            self.gates = Gates(
+                self.scheduler,
+                GateSettings(
+                    query_path=config.http.query_path,
+                    update_path=config.http.update_path,
+                    scheduled_path=config.http.scheduled_path,
+                    subscribe_path=config.websocket.path,
+                    max_request_bytes=config.http.max_request_bytes,
+                    request_bytes_total=config.http.request_bytes_total,
+                    max_result_bytes=config.http.max_result_bytes,
+                    reply_bytes_total=config.http.reply_bytes_total,
+                    heartbeat_s=config.websocket.heartbeat_s,
+                    queue_limit=config.websocket.queue_limit,
+                    queue_rows=config.websocket.queue_rows,
+                    queue_bytes=config.websocket.queue_bytes,
+                    queue_bytes_total=config.websocket.queue_bytes_total,
+                    max_notification_bytes=config.websocket.max_notification_bytes,
+                    max_message_bytes=config.websocket.max_message_bytes,
+                    subscription_limits=QuotaLimits(
+                        per_client=config.websocket.max_subscriptions_per_client,
+                        per_client_bytes=config.websocket.max_subscription_bytes_per_client,
+                        total=config.websocket.max_subscriptions,
+                        total_bytes=config.websocket.max_subscription_bytes,
+                    ),
+                    cors_origins=tuple(config.http.cors_origins),
+                    allowed_hosts=tuple(config.http.allowed_hosts),
+                    idle_timeout_s=config.http.idle_timeout_s,
+                    request_timeout_s=config.http.request_timeout_s,
+                    max_connections=config.http.max_connections,
+                    max_connections_per_address=config.http.max_connections_per_address,
+                    auth_timeout_s=config.security.auth_timeout_s,
                 ),
-                cors_origins=tuple(config.http.cors_origins),
-                allowed_hosts=tuple(config.http.allowed_hosts),
-                idle_timeout_s=config.http.idle_timeout_s,
-                request_timeout_s=config.http.request_timeout_s,
-                max_connections=config.http.max_connections,
-                max_connections_per_address=config.http.max_connections_per_address,
-                auth_timeout_s=config.security.auth_timeout_s,
-            ),
-            authority=self.secure.authority if self.secure is not None else None,
-        )
-        paths = DashboardPaths(  # where the plain gates serve what the page uses
-            query=config.http.query_path,
-            update=config.http.update_path,
-            scheduled=config.http.scheduled_path,
-            subscribe=config.websocket.path,
-        )
-        if config.http.dashboard:  # `/` on the HTTP port, and on the HTTPS port when secure
-            Dashboard(paths).add_to(self.gates)
-        self.gates.metric_sources["store"] = lambda: {
-            "garbage_quads": self.store.garbage,
-            **self.compactor.stats,
-            **headroom.metrics(),
-        }
-        self.runners: list[web.BaseRunner] = []
-        self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
-        self.stopped = asyncio.Event()
-        self.exit_status = 0  # 1 once the store failed: the service manager starts the gateway again
-        # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
-        self.client = SepaClient(InProcessTransport(self.scheduler))
-        self.shipper: Shipper | None = None
-        if config.shipper.enabled:
-            from gateway.appliance.shipping import build_shipper
+                authority=self.secure.authority if self.secure is not None else None,
+            )
+            paths = DashboardPaths(  # where the plain gates serve what the page uses
+                query=config.http.query_path,
+                update=config.http.update_path,
+                scheduled=config.http.scheduled_path,
+                subscribe=config.websocket.path,
+            )
+            if config.http.dashboard:  # `/` on the HTTP port, and on the HTTPS port when secure
+                Dashboard(paths).add_to(self.gates)
+            self.gates.metric_sources["store"] = lambda: {
+                "garbage_quads": self.store.garbage,
+                **self.compactor.stats,
+                **headroom.metrics(),
+            }
+            self.runners: list[web.BaseRunner] = []
+            self.ports: dict[str, int] = {}  # what each gate listens on (port 0 in the config: the OS chose)
+            self.stopped = asyncio.Event()
+            self.exit_status = 0  # 1 once the store failed: the service manager starts the gateway again
+            # the gateway's own agents (ARCHITECTURE.md principle 1): clients of the in-process transport
+            self.client = SepaClient(InProcessTransport(self.scheduler))
+            self.shipper: Shipper | None = None
+            if config.shipper.enabled:
+                from gateway.appliance.shipping import build_shipper
 
-            self.shipper = build_shipper(config, self.client, self.gateway_id)
-            self.gates.metric_sources["shipper"] = self.shipper.metrics
-        shipper = self.shipper
-        # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
-        writer = ObservationWriter(
-            self.client,
-            self.gateway_id,
-            max_nodes=config.observations.max_sensor_properties,
-            max_nodes_per_sensor=config.observations.max_properties_per_sensor,
-            max_nodes_per_device=config.observations.max_properties_per_device,
-            max_nodes_per_mapping=config.observations.max_properties_per_mapping,
-        )
-        self.retention = Retention(
-            self.client,
-            config.observations,
-            hold=None if shipper is None else lambda: shipper.holding,
-            writer=writer,
-        )
-        self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
-        context = AdapterContext(
-            self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled, self.peer_client
-        )
-        self.adapters: dict[str, Adapter] = {}
-        for name, plugin in adapter_plugins().items():
-            section = config.adapter(name)
-            if section.enabled:
-                self.adapters[name] = adapter = plugin.build(section, context)
-                self.gates.metric_sources[name] = adapter.metrics
-        self.gates.metric_sources["retention"] = self.retention.metrics
-        self.handshakes = Handshakes()
-        handshakes = self.handshakes
-        self.gates.metric_sources["listen"] = lambda: {"accept_errors": ACCEPT_ERRORS.total, **handshakes.metrics()}
-        add_checks(self.gates, self.adapters, self.shipper, config.shipper.spool_budget_bytes, clock)
+                self.shipper = build_shipper(config, self.client, self.gateway_id)
+                self.gates.metric_sources["shipper"] = self.shipper.metrics
+            shipper = self.shipper
+            # the adapter plug-ins (gateway.appliance.plugins), in name order, each under its own name
+            writer = ObservationWriter(
+                self.client,
+                self.gateway_id,
+                max_nodes=config.observations.max_sensor_properties,
+                max_nodes_per_sensor=config.observations.max_properties_per_sensor,
+                max_nodes_per_device=config.observations.max_properties_per_device,
+                max_nodes_per_mapping=config.observations.max_properties_per_mapping,
+            )
+            self.retention = Retention(
+                self.client,
+                config.observations,
+                hold=None if shipper is None else lambda: shipper.holding,
+                writer=writer,
+            )
+            self.peer_client = SepaClient(InProcessTransport(self.scheduler, trusted=False))
+            context = AdapterContext(
+                self.client, self.gateway_id, config.store.data_dir, writer, config.security.enabled, self.peer_client
+            )
+            self.adapters: dict[str, Adapter] = {}
+            for name, plugin in adapter_plugins().items():
+                section = config.adapter(name)
+                if section.enabled:
+                    self.adapters[name] = adapter = plugin.build(section, context)
+                    self.gates.metric_sources[name] = adapter.metrics
+            self.gates.metric_sources["retention"] = self.retention.metrics
+            self.handshakes = Handshakes()
+            handshakes = self.handshakes
+            self.gates.metric_sources["listen"] = lambda: {"accept_errors": ACCEPT_ERRORS.total, **handshakes.metrics()}
+            add_checks(self.gates, self.adapters, self.shipper, config.shipper.spool_budget_bytes, clock)
+            opened.pop_all()  # built: Gateway.stop closes it all from now on
 
     async def start(self) -> list[str]:
         """Run the delayed updates that fell due while stopped, listen on the HTTP and WebSocket ports;
-        returns the URLs served."""
+        returns the URLs served. Whatever fails on the way, what was started is stopped (workers,
+        listeners, store) before the error goes on: see :meth:`__init__` for why."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> list[str]:
         quiet_accept_errors(asyncio.get_running_loop())
         await self.scheduler.delayed.start()
         await self.client.update(ontology_update())
@@ -264,7 +285,6 @@ class Gateway:
                 )
                 await listening.start()
             except OSError as error:
-                await self.stop()
                 raise StartupError(
                     f"cannot listen on {address}:{port}: {error.strerror or error}", transient=_transient(error)
                 ) from error
@@ -279,7 +299,6 @@ class Gateway:
             except Exception as error:  # noqa: BLE001 - a port taken, TLS files it cannot load...: one line, exit 2
                 # Why every exception: the MQTT adapter's MqttError (a TLS file it could not load)
                 # escaped as a 45-line traceback, and systemd restarted the gateway in a loop
-                await self.stop()
                 said = str(error)
                 line = said if said.startswith(f"{name}:") else f"{name}: {said}"
                 raise StartupError(line, transient=_transient(error)) from error

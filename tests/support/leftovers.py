@@ -13,7 +13,10 @@ fixture ends at its own teardown. So the verdict waits for the end of the sessio
 fixture's teardown: a suspect still running then was left by nobody's fixture, and is a leak. Those
 are killed (they would outlive pytest) and the run's exit status is made a failure. Processes of
 session fixtures (a shared Mosquitto, the Spark JVM that pyspark keeps for the life of the
-interpreter) were running before every test began, so they are never suspects.
+interpreter) were running before every test began, so they are never suspects. multiprocessing's
+resource tracker is one of those by design: `tracker` starts it before the first test (it lives as
+long as the interpreter, started lazily by the first semaphore or queue of a multiprocessing context;
+started inside tools/reeval's test it was the guard's one false alarm of its first full run).
 
 Cost: one read of /proc/self/task/*/children and of each child's stat before and after each test:
 0.55-0.73 ms for the pair with 3 children at load ~5 (2026-12-07, `timeit.timeit(leftovers.children,
@@ -29,6 +32,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -84,6 +88,14 @@ def command(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tracker() -> None:
+    """multiprocessing's resource tracker, started now (it does not wait for the process: 0.7-16 ms,
+    2026-12-07), so that it is a session process and not the suspect of whichever test first makes a
+    semaphore; a second start is a no-op (multiprocessing.resource_tracker.ensure_running)."""
+    resource_tracker.ensure_running()
 
 
 @pytest.fixture(autouse=True)
