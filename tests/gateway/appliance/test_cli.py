@@ -3,7 +3,8 @@
 Protects: the version printed is the installed package's, which is pyproject.toml's (one source of
 truth), and it needs no subcommand; `--version`, `--help` and the commands' own help import only
 what they need (not the store, the gates, the adapters or Spark), and so does `sepa-cloud --help`;
-the network client commands load no in-process transport (the broker's pipeline).
+the network client commands load no in-process transport (the broker's pipeline), and the landing
+no broker.
 """
 
 from __future__ import annotations
@@ -66,3 +67,11 @@ def test_network_client_commands_load_no_in_process_transport(gateway_command: l
     modules = _modules([*gateway_command, command, "--help"])
     assert {module.partition(".")[0] for module in modules} & set(HEAVY) == {"aiohttp", "pyoxigraph"}
     assert {"gateway.client.inprocess", "broker.core.pipeline", "broker.core.engine"} & modules == set()
+
+
+def test_landing_imports_neither_the_broker_nor_the_client() -> None:
+    """Why: the landing's contract is the shipper's (gateway/shipper/contract.py), and importing it
+    imported the shipper, the client and the broker. The landing needs aiohttp (its server) only."""
+    modules = _modules([sys.executable, "-c", "import cloud.cli, cloud.server"])
+    assert {module.partition(".")[0] for module in modules} & set(HEAVY) == {"aiohttp"}
+    assert {module for module in modules if module.startswith(("broker.", "gateway.client"))} == set()
