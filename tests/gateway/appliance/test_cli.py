@@ -3,8 +3,8 @@
 Protects: the version printed is the installed package's, which is pyproject.toml's (one source of
 truth), and it needs no subcommand; `--version`, `--help` and the commands' own help import only
 what they need (not the store, the gates, the adapters or Spark), and so does `sepa-cloud --help`;
-the network client commands load no in-process transport (the broker's pipeline), and the landing
-no broker.
+`check-config` checks every plug-in's section without a network library, the network client
+commands load no in-process transport (the broker's pipeline), and the landing no broker.
 """
 
 from __future__ import annotations
@@ -57,6 +57,51 @@ def test_light_commands_import_neither_the_store_nor_the_gates(gateway_command: 
 def test_cloud_help_imports_neither_the_landing_nor_spark() -> None:
     """`sepa-cloud --help` (and the Spark commands' start) need not load aiohttp and the broker."""
     assert _imported([sys.executable, "-m", "cloud.cli", "--help"]) & set(HEAVY) == set()
+
+
+# every check of the adapters' sections that could need their runtime: actuators, observed
+# resources, subscriptions (parsed by pyoxigraph), mappings
+EVERY_PLUGIN_CHECK = """
+[[mqtt.actuators]]
+id = "lamp-power"
+query = 'SELECT ?lamp ?power WHERE { ?lamp <urn:example:on> ?power }'
+topic = "cmnd/{lamp}/POWER"
+payload = "{power}"
+
+[[mqtt.mappings]]
+id = "boiler"
+topic = "boiler/temperature"
+extract = "number"
+property = "temperature"
+sensor = "urn:example:boiler"
+
+[[coap.subscriptions]]
+name = "lamps"
+sparql = "SELECT ?lamp ?on WHERE { ?lamp <urn:example:on> ?on }"
+
+[[coap.observe]]
+uri = "coap://[fd00::12]/temperature"
+
+[[coap.actuators]]
+id = "valve"
+query = 'SELECT ?valve ?open WHERE { ?valve <urn:example:open> ?open }'
+uri = "coap://valve-{valve}.local/open"
+payload = "{open}"
+"""
+
+
+@pytest.mark.parametrize("which", ["annotated", "every-plugin-check"])
+def test_check_config_imports_no_network_library(gateway_command: list[str], tmp_path: Path, which: str) -> None:
+    """Why: the adapters' checks imported aiocoap, paho, aiohttp and the broker's pipeline (2.1 CPU-s on
+    2026-12-07, 5-8x on a Pi), and the installer runs check-config at every install and upgrade.
+    pyoxigraph it needs: IRIs and the subscriptions' SPARQL are checked by its parsers."""
+    path = REPO / "systemd" / "sepa-gateway.toml"
+    if which == "every-plugin-check":
+        path = tmp_path / "sepa-gateway.toml"
+        path.write_text(EVERY_PLUGIN_CHECK)
+    modules = _modules([*gateway_command, "check-config", str(path)])
+    assert {module.partition(".")[0] for module in modules} & set(HEAVY) == {"pyoxigraph"}
+    assert {"gateway.client.inprocess", "broker.core.engine"} & modules == set()
 
 
 @pytest.mark.parametrize("command", ["query", "update", "subscribe"])
