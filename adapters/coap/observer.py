@@ -47,7 +47,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
 
 import aiocoap
 from aiocoap import Code
@@ -57,10 +56,11 @@ from pyoxigraph import Literal, NamedNode
 from adapters.coap.batcher import Overloaded
 from adapters.coap.errors import Refused
 from adapters.coap.readings import payload_readings
+from adapters.coap.targets import ObserveError, ObserveTarget
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import Mapper, PayloadError, Reading
 from gateway.observations.counters import SourceCounters
-from gateway.observations.vocabulary import COAP_OBSERVATION, GRAPH_MAPPINGS, GW, RDF_TYPE, URN
+from gateway.observations.vocabulary import COAP_OBSERVATION, GRAPH_MAPPINGS, GW, RDF_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,6 @@ REGISTER_TIMEOUT_S = 10.0  # a registration unanswered this long failed (a confi
 FIRST_BACKOFF_S = 1.0
 DEFAULT_MAX_AGE_S = 60
 MAX_WAITING = 8  # notifications held behind one whose blocks are being fetched
-OBSERVATION_PREFIX = URN + "coap-observation:"
-_KEYS = {"uri", "source"}
 
 OBSERVE_QUERY = (
     f"SELECT ?observation ?uri ?source WHERE {{ GRAPH <{GRAPH_MAPPINGS}> {{\n"
@@ -78,65 +76,6 @@ OBSERVE_QUERY = (
 )
 
 Store = Callable[[Sequence[Reading]], Awaitable[None]]
-
-
-class ObserveError(ValueError):
-    """A resource to observe that cannot be: the message says which and why."""
-
-
-@dataclass(frozen=True)
-class ObserveTarget:
-    """A resource to observe and the source path its notifications are mapped as."""
-
-    uri: str
-    source: str
-
-    @classmethod
-    def of(cls, uri: Any, source: Any = None) -> ObserveTarget:
-        """Checked: a coap:// URI with a host, and a source (by default the URI's path)."""
-        if not isinstance(uri, str) or not uri or any(c.isspace() for c in uri):
-            raise ObserveError(f"uri {uri!r} is not a coap:// URI")
-        try:
-            parts = urlsplit(uri)
-            port = parts.port
-        except ValueError as error:
-            raise ObserveError(f"uri {uri!r}: {error}") from None
-        if parts.scheme != "coap" or not parts.hostname or parts.username is not None or parts.fragment:
-            raise ObserveError(f"uri {uri!r} is not a coap://host[:port]/path URI")
-        if port == 0:
-            raise ObserveError(f"uri {uri!r}: port 0")
-        if source is None:
-            source = unquote(parts.path)
-        if not isinstance(source, str):
-            raise ObserveError(f"uri {uri!r}: source must be a string")
-        source = source.strip("/")
-        if not source:
-            raise ObserveError(f"uri {uri!r}: no source (give `source`, or a uri with a path)")
-        return cls(uri, source)
-
-    @property
-    def node(self) -> str:
-        """Its IRI in the mappings graph (stable: a restart rewrites the same node)."""
-        return OBSERVATION_PREFIX + quote(self.uri, safe="") + "," + quote(self.source, safe="")
-
-
-def observe_from_config(entries: Iterable[Any]) -> list[ObserveTarget]:
-    """The `[[coap.observe]]` tables as targets; ObserveError naming the first bad one."""
-    targets: list[ObserveTarget] = []
-    for position, entry in enumerate(entries):
-        name = f"coap.observe[{position}]"
-        if not isinstance(entry, Mapping):
-            raise ObserveError(f"{name}: expected a table")
-        unknown = sorted(set(entry) - _KEYS)
-        if unknown:
-            raise ObserveError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
-        if "uri" not in entry:
-            raise ObserveError(f"{name}: 'uri' is required")
-        try:
-            targets.append(ObserveTarget.of(entry["uri"], entry.get("source")))
-        except ObserveError as error:
-            raise ObserveError(f"{name}: {error}") from None
-    return list(dict.fromkeys(targets))
 
 
 def observe_update(targets: Sequence[ObserveTarget]) -> str:

@@ -1,19 +1,28 @@
-"""The CoAP adapter as a plug-in of the appliance: the `[coap]` section, its checks, the adapter."""
+"""The CoAP adapter as a plug-in of the appliance: the `[coap]` section, its checks, the adapter.
+
+Why the adapter is imported in `build` only: checking a section (`sepa-gateway check-config`, which
+the installer runs at every install and upgrade) needs none of aiocoap, the client or the broker's
+pipeline; the checks use the modules that hold what they check (targets.py, query_checks.py,
+CoapActuator.from_config) and none of them imports a network library.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters.coap.actuators import ActuatorError, CoapActuator
-from adapters.coap.adapter import CoapAdapter
-from adapters.coap.observer import ObserveError, ObserveTarget, observe_from_config
-from adapters.coap.queries import QueryLimits, configured_queries
+from adapters.coap.query_checks import QueryLimits, configured_queries
+from adapters.coap.targets import ObserveError, ObserveTarget, observe_from_config
 from gateway.appliance.config import ConfigError
 from gateway.appliance.oscore_sensors import OSCORE_DIR
 from gateway.appliance.plugins import AdapterContext
 from gateway.observations import Mapping, MappingError, mappings_from_config
+
+if TYPE_CHECKING:
+    from adapters.coap.adapter import CoapAdapter
 
 
 @dataclass
@@ -102,6 +111,8 @@ class CoapPlugin:
         check_client(section)
 
     def build(self, section: CoapConfig, context: AdapterContext) -> CoapAdapter:
+        from adapters.coap.adapter import CoapAdapter  # the runtime: see the module's docstring
+
         oscore_dir = section.oscore_dir or (str(Path(context.data_dir) / OSCORE_DIR) if context.data_dir else "")
         observe, actuators = check_client(section)
         return CoapAdapter(

@@ -37,12 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aiocoap
@@ -51,18 +49,17 @@ from aiocoap.numbers.contentformat import ContentFormat
 from aiocoap.pipe import Pipe
 from aiocoap.resource import Resource
 from aiocoap.util.linkformat import Link, LinkFormat
-from pyoxigraph import QueryBoolean, QuerySolutions, Store
 
 from adapters.coap import formats, results
 from adapters.coap.access import Access, network_peer
 from adapters.coap.blockwise import assemble_with_refusals, bound_block2
 from adapters.coap.errors import Refused, refusal
+from adapters.coap.query_checks import NAME, QueryLimits
 from adapters.coap.readings import UNAUTHENTICATED
-from broker.api import InvalidRequest, Notification, SparqlSyntaxError, check_structure, tokenize
+from broker.api import Notification
 from gateway.client import ClientSubscription, SepaClient, SepaClientError
 from gateway.observations.counters import SourceCounters
 
-NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 WINDOW = 16  # messages aiocoap may hold for one observer before its notifications wait here
 WINDOW_BYTES = 16_384  # ...and bytes: what one observer may have handed aiocoap and not had acknowledged
 PEER_WINDOW_BYTES = 65_536  # the same for all the observers of one network peer (an OSCORE sensor, an address)
@@ -92,77 +89,8 @@ CHECK_S = 86_400.0
 PROBE_IDLE_S = 60.0
 PROBE_EVERY_S = 30.0
 PROBE_SPACING_S = 600.0
-_KEYS = {"name", "sparql"}
 # a refused subscribe (SEPA status) as the CoAP code of a refused creation; any other: 5.03
 _CREATE_CODES = {400: Code.BAD_REQUEST, 413: Code.REQUEST_ENTITY_TOO_LARGE}
-
-
-@dataclass(frozen=True)
-class QueryLimits:
-    """Bounds on what CoAP clients may create and follow."""
-
-    max_created: int = 100  # subscriptions created by POST and alive at once
-    max_sparql_bytes: int = 65_536  # the SPARQL of one created subscription
-    max_observers: int = 1_000  # observations of /q/NAME at once
-    # ...of them, by one network peer (an OSCORE sensor, else an address): one sensor key held all
-    # 1,000 (every other peer got 5.03), and its ~980 observers took another sensor's readings from
-    # p95 18 to 277 ms; peers on this board are not counted against it
-    max_observers_per_peer: int = 100
-
-
-def check_query(sparql: str) -> None:
-    """Raise ValueError unless `sparql` is a SELECT or ASK query a subscription can take.
-
-    For the config file, so a mistake is one line at start-up rather than a failed start: the
-    engine's structure bounds (a crash otherwise), the query form, no SERVICE (the broker refuses it
-    in subscriptions), then pyoxigraph's parser (on an empty store: nothing is evaluated that costs).
-    """
-    try:
-        check_structure(sparql)
-        tokens = tokenize(sparql)
-    except (InvalidRequest, SparqlSyntaxError) as error:
-        raise ValueError(str(error)) from None
-    position = 0
-    while position < len(tokens) and tokens[position].upper in ("BASE", "PREFIX"):
-        position += 3 if tokens[position].upper == "PREFIX" else 2
-    form = tokens[position].upper if position < len(tokens) else ""
-    if form not in ("SELECT", "ASK"):
-        raise ValueError(f"a subscription is a SELECT or ASK query, not {form or 'empty text'}")
-    if any(token.is_keyword("SERVICE") for token in tokens):
-        raise ValueError("SERVICE is not allowed in subscriptions")
-    try:
-        result = Store().query(sparql, base_iri="http://localhost/")
-    except SyntaxError as error:
-        raise ValueError(f"SPARQL syntax error: {error}") from None
-    if not isinstance(result, QuerySolutions | QueryBoolean):
-        raise ValueError("a subscription is a SELECT or ASK query")
-
-
-def configured_queries(entries: Any, label: str = "coap.subscriptions") -> list[tuple[str, str]]:
-    """`[[coap.subscriptions]]` as (name, sparql) pairs; ValueError naming the entry otherwise."""
-    if not isinstance(entries, list):
-        raise ValueError(f"{label} must be a list of tables")
-    found: list[tuple[str, str]] = []
-    for position, entry in enumerate(entries):
-        where = f"{label}[{position}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: expected a table with name and sparql")
-        unknown = sorted(set(entry) - _KEYS)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: name, sparql")
-        name, sparql = entry.get("name"), entry.get("sparql")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ValueError(f"{where}: name must be 1-64 of A-Z a-z 0-9 . _ - (got {name!r})")
-        if any(name == other for other, _ in found):
-            raise ValueError(f"{where}: name {name!r} is used twice")
-        if not isinstance(sparql, str) or not sparql.strip():
-            raise ValueError(f"{where} ({name}): sparql is required (a SELECT or ASK query)")
-        try:
-            check_query(sparql)
-        except ValueError as error:
-            raise ValueError(f"{where} ({name}): {error}") from None
-        found.append((name, sparql))
-    return found
 
 
 def queued_messages(context: aiocoap.Context | None, remote: Any) -> int:

@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.mqtt.connection import MqttConnection
 from gateway.actuation import ActuatorError, added_rows, checked_entry, fill, row_values
-from gateway.client import ClientSubscription, SepaClient
+
+if TYPE_CHECKING:  # only annotations: `sepa-gateway check-config` checks the entries without paho and the client
+    from adapters.mqtt.connection import MqttConnection
+    from gateway.client import ClientSubscription, SepaClient
 
 log = logging.getLogger(__name__)
 

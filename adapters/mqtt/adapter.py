@@ -30,7 +30,7 @@ from adapters.mqtt.actuators import Actuator
 from adapters.mqtt.connection import Message, MqttConnection
 from adapters.mqtt.ingest import Ingestor
 from adapters.mqtt.profiles import default_profiles
-from adapters.mqtt.settings import MqttSettings
+from adapters.mqtt.settings import PROFILE_IDS, MqttSettings
 from adapters.mqtt.shares import LOGIN_DEVICE, DeviceShares, device_key
 from gateway.client import ClientSubscription, SepaClient
 from gateway.observations import (
@@ -50,14 +50,6 @@ from gateway.observations.iris import MAPPING_DEVICE
 from gateway.observations.writer import ObservationWriter
 
 log = logging.getLogger(__name__)
-
-PROFILE_IDS = {
-    "homie": ("homie-value", "homie-unit", "homie-description"),
-    "zigbee2mqtt": ("zigbee2mqtt-bridge", "zigbee2mqtt"),
-    "tasmota": ("tasmota",),
-    "senml": ("senml",),
-    "generic": ("gateway-generic",),
-}
 
 
 def profiles(names: Sequence[str]) -> list[Mapping]:

@@ -3,6 +3,8 @@ built from it (settings, mappings, profiles, actuators). gateway.appliance.plugi
 
 The adapter itself (adapter.py) knows nothing of the TOML file; this module is the only one that
 does. `check` runs when the config is validated, so a bad section is one line at start-up (exit 2).
+It needs neither paho nor the client: the adapter is imported by `build_adapter` only, so that
+`sepa-gateway check-config` (the installer runs it at every install and upgrade) does not load them.
 """
 
 from __future__ import annotations
@@ -11,16 +13,19 @@ import re
 import secrets
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from adapters.mqtt.actuators import Actuator, ActuatorError
-from adapters.mqtt.adapter import PROFILE_IDS, MqttAdapter
-from adapters.mqtt.settings import MqttSettings, MqttSettingsError, TlsSettings
+from adapters.mqtt.settings import PROFILE_IDS, MqttSettings, MqttSettingsError, TlsSettings
 from broker.api import write_file
 from gateway.appliance.config import ConfigError, is_file
 from gateway.appliance.plugins import AdapterContext
-from gateway.client import SepaClient
 from gateway.observations import Mapping, MappingError, mappings_from_config
-from gateway.observations.writer import ObservationWriter
+
+if TYPE_CHECKING:
+    from adapters.mqtt.adapter import MqttAdapter
+    from gateway.client import SepaClient
+    from gateway.observations.writer import ObservationWriter
 
 
 @dataclass
@@ -173,6 +178,8 @@ def build_adapter(
     data_dir: str = "",
     writer: ObservationWriter | None = None,
 ) -> MqttAdapter:
+    from adapters.mqtt.adapter import MqttAdapter  # the runtime: see the module's docstring
+
     _, mappings, actuators = check(config)
     mqtt_settings = replace(
         settings(config, client_id(config, gateway_id, data_dir)), password=password(config) or None

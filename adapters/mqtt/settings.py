@@ -6,6 +6,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 PROTOCOLS = ("3.1.1", "5")
+# the ready-made profiles `mqtt.profiles` may name, and their mappings (adapters/mqtt/profiles.py)
+PROFILE_IDS = {
+    "homie": ("homie-value", "homie-unit", "homie-description"),
+    "zigbee2mqtt": ("zigbee2mqtt-bridge", "zigbee2mqtt"),
+    "tasmota": ("tasmota",),
+    "senml": ("senml",),
+    "generic": ("gateway-generic",),
+}
 
 
 class MqttSettingsError(ValueError):

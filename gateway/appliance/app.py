@@ -44,7 +44,7 @@ from gateway.observations import ontology_update
 from gateway.observations.writer import ObservationWriter
 
 if TYPE_CHECKING:
-    from gateway.shipper import Shipper
+    from gateway.shipper.shipper import Shipper
 
 log = logging.getLogger("sepa_gateway")
 

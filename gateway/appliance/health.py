@@ -42,7 +42,7 @@ from gateway.kernel_clock import kernel_synchronised
 if TYPE_CHECKING:
     from broker.api import Gates
     from gateway.appliance.plugins import Adapter
-    from gateway.shipper import Shipper
+    from gateway.shipper.shipper import Shipper
 
 # the shipper fails its check past this share of its spool budget (the oldest data goes at 100 %)
 SHIPPER_BACKLOG_SHARE = 0.5

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gateway.appliance.config import Config, ConfigError
 from gateway.client import SepaClient
-from gateway.shipper import Shipper, ShipperSettings
+from gateway.shipper.shipper import Shipper, ShipperSettings
 
 
 def build_shipper(config: Config, client: SepaClient, gateway_id: str) -> Shipper:

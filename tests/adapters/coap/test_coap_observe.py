@@ -31,8 +31,8 @@ from aiocoap.optiontypes import BlockOption
 from pyoxigraph import Literal, NamedNode
 
 from adapters.coap.actuators import CoapActuator
-from adapters.coap.observer import ObserveTarget, observe_from_config
 from adapters.coap.plugin import PLUGIN, CoapConfig
+from adapters.coap.targets import ObserveTarget, observe_from_config
 from gateway.appliance.config import ConfigError
 from tests.conftest import stop_and_check
 from tools.coap import libcoap
