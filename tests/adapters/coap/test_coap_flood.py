@@ -116,10 +116,14 @@ def test_junk_from_the_network_cannot_keep_an_oscore_sensor_out(start_gateway, t
     assert asyncio.run(post(uri, b"64.5", sensor)).code == Code.CHANGED
     assert observations(gateway) == [(SENSOR + "boiler", 64.5, DEG_C)]
     metrics = gateway.metrics()
-    assert metrics["sepa_coap_network_requests_reserved_total"] == 1, metrics
-    assert metrics["sepa_coap_network_requests_shed_total"] == 20, metrics
+    # 1, or 2 if the POST took aiocoap's 2-3 s to answer and the client sent it again (CI load);
+    # shed: 20 GETs, and the client's empty ACK of a separate response when the POST took more than
+    # aiocoap's 0.1 s (CI, 2026-12-08: 21): it names no kid, so the spent shared budget sheds it
+    reserved = metrics["sepa_coap_network_requests_reserved_total"]
+    shed = metrics["sepa_coap_network_requests_shed_total"]
+    assert reserved in (1, 2) and 20 <= shed <= 22, metrics
 
-    # a forger with the sensor's kid (sent in clear): its junk takes the reserve left (2), no more
+    # a forger with the sensor's kid (sent in clear): its junk takes the reserve left, no more
     kid = bytes.fromhex(settings["sender-id_hex"])
     option = bytes([0x09, 0x01]) + kid  # OSCORE: Partial IV of 1 byte, kid
     forged = [
@@ -129,7 +133,7 @@ def test_junk_from_the_network_cannot_keep_an_oscore_sensor_out(start_gateway, t
     answers(lan, port, forged, wait_s=1.0)
     metrics = gateway.metrics()
     assert metrics["sepa_coap_network_requests_reserved_total"] == 3, metrics
-    assert metrics["sepa_coap_network_requests_shed_total"] == 28, metrics
+    assert metrics["sepa_coap_network_requests_shed_total"] == shed + len(forged) - (3 - reserved), metrics
 
 
 def exchange(sock: socket.socket, port: int, request: bytes, wait_s: float) -> bytes | None:
